@@ -1,0 +1,19 @@
+"""swpipe: the face package. ``import swpipe`` re-exports the public API of swpipe_core and autosched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import autosched
+import swpipe_core
+from swpipe_core import *  # noqa: F401,F403  (the plan model, validate)
+
+__all__ = sorted(set(swpipe_core.__all__) | set(autosched.__all__))
+
+
+def __getattr__(name: str) -> Any:
+    if name in swpipe_core.__all__:
+        return getattr(swpipe_core, name)
+    if name in autosched.__all__:
+        return getattr(autosched, name)
+    raise AttributeError(f"module 'swpipe' has no attribute {name!r}")

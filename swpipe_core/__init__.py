@@ -1,0 +1,54 @@
+"""swpipe_core: the engine that runs a software-pipelined training loop from a PipelinePlan.
+
+Only the standard library, torch and networkx are imported here; heavy
+modules load on first attribute access so ``import swpipe_core`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .plan import (
+    DeclaredIO,
+    IterContext,
+    PipelinePlan,
+    PipelineTask,
+    ProfileResult,
+    TaskRef,
+    TaskSchedule,
+    ref_name,
+    stream_name,
+)
+from .validate import PlanError, validate
+
+_LAZY = {
+    "period_local_graph": "order",
+    "stall_cost": "order",
+    "ready_first_order": "order",
+    "stage_descending_order": "order",
+    "enqueue_order": "order",
+    "SWPipeline": "engine",
+    "PipelineTaskError": "engine",
+    "with_thread_map": "workers",
+    "TaskProfiler": "profiler",
+    "format_schedule": "analysis",
+    "format_stage_analysis": "analysis",
+    "min_depth": "analysis",
+    "lds": "analysis",
+    "TimelineRecorder": "trace",
+    "pipelines": "pipelines",
+}
+
+__all__ = [
+    "DeclaredIO", "IterContext", "PipelinePlan", "PipelineTask", "ProfileResult", "TaskRef",
+    "TaskSchedule", "PlanError", "validate", "ref_name", "stream_name", *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swpipe_core' has no attribute {name!r}")
+    mod = importlib.import_module(f".{module}", __name__)
+    return mod if name == module else getattr(mod, name)

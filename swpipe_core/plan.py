@@ -1,0 +1,367 @@
+"""The plan model: what a pipeline runs (tasks) and how (schedule, dependencies).
+
+These are data classes with no behaviour beyond normalisation helpers; the
+rules a plan must satisfy live in :mod:`swpipe_core.validate`, the order in
+which a period's tasks are enqueued in :mod:`swpipe_core.order`, and the
+execution in :mod:`swpipe_core.engine`.
+
+A task is referred to either by its :class:`PipelineTask` object or by its
+name (``TaskRef``); the two are interchangeable everywhere, because a
+``PipelineTask`` hashes and compares equal to its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "IterContext",
+    "DeclaredIO",
+    "PipelineTask",
+    "TaskSchedule",
+    "PipelinePlan",
+    "ProfileResult",
+    "TaskRef",
+    "StreamSpec",
+    "ENQUEUE_POLICIES",
+    "ref_name",
+    "stream_name",
+]
+
+
+class IterContext:
+    """Per-iteration context passed to every task function.
+
+    ``batch`` is the raw item produced by the data iterator and ``iter_idx``
+    the 0-based iteration index. Tasks pass intermediate results by setting
+    attributes (``ctx.x = ...``) and free memory early with ``del ctx.x``.
+    Each in-flight iteration owns its own context, so iterations never share
+    intermediate state.
+
+    Examples
+    --------
+    >>> ctx = IterContext(batch={"x": 1}, iter_idx=3)
+    >>> ctx.y = ctx.batch["x"] + 1
+    >>> ctx
+    IterContext(iter_idx=3, attrs=['y'])
+    """
+
+    def __init__(self, batch: Any, iter_idx: int) -> None:
+        self.batch = batch
+        self.iter_idx = iter_idx
+
+    def __repr__(self) -> str:
+        attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
+        return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
+
+
+@dataclass
+class DeclaredIO:
+    """A task's read/write contract with state outside :class:`IterContext`.
+
+    ``capture`` is called after the task runs while shortcut caching and
+    returns a snapshot of the external state; ``restore`` receives a fresh
+    copy of that snapshot when the task is shortcut and writes it back.
+    Tensors in the snapshot are detached and cloned on capture.
+
+    Examples
+    --------
+    >>> shared = {"step": 0}
+    >>> io = DeclaredIO(capture=lambda: dict(shared), restore=shared.update)
+    >>> snap = io.capture(); shared["step"] = 5; io.restore(snap); shared
+    {'step': 0}
+    """
+
+    capture: Callable[[], Any]
+    restore: Callable[[Any], None]
+
+
+@dataclass(eq=False)
+class PipelineTask:
+    """One schedulable unit of computation: a name, a function and its side effects.
+
+    The task only says *what* runs; *how* (stage, stream, thread group) is in
+    :class:`PipelinePlan`. Equality and hashing use the name, and a task
+    compares equal to its name string, so ``plan.schedule["Forward"]`` finds
+    the entry keyed by the ``PipelineTask("Forward", ...)`` object.
+
+    ``fn`` may be ``None`` for an analysis-only (unbound) task: such a plan
+    can be printed, validated and simulated, but running it raises an error
+    naming the unbound tasks.
+
+    Examples
+    --------
+    >>> fwd = PipelineTask("Forward", lambda ctx: None)
+    >>> fwd == PipelineTask("Forward", print), fwd == "Forward", hash(fwd) == hash("Forward")
+    (True, True, True)
+    >>> PipelineTask("Backward")
+    PipelineTask('Backward', unbound)
+    """
+
+    name: str
+    fn: Optional[Callable[[IterContext], None]] = None
+    io: List[DeclaredIO] = field(default_factory=list)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PipelineTask):
+            return self.name == other.name
+        if isinstance(other, str):
+            return self.name == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        bound = "unbound" if self.fn is None else getattr(self.fn, "__name__", "fn")
+        return f"PipelineTask({self.name!r}, {bound})"
+
+
+TaskRef = Union[str, PipelineTask]
+# None is the device's default stream, a str names a stream (one per name per
+# device, created on first use), or a torch stream object is used as given.
+StreamSpec = Any
+
+ENQUEUE_POLICIES = ("ready_first", "stage_descending")
+
+
+@dataclass
+class TaskSchedule:
+    """How one task is scheduled in a plan.
+
+    Parameters
+    ----------
+    stage : int
+        Pipeline stage; in period ``p`` the task works on iteration ``p - stage``.
+    stream : None, str or torch stream
+        ``None`` is the default stream; a string names a stream.
+    thread_group : str
+        CPU worker thread; tasks of one group run one after another.
+    globally_ordered : bool
+        Run in a fixed global sequence (identical on every rank), for collectives.
+
+    Examples
+    --------
+    >>> TaskSchedule(stage=1, stream="data_dist", globally_ordered=True)
+    TaskSchedule(stage=1, stream='data_dist', thread_group='default', globally_ordered=True)
+    """
+
+    stage: int = 0
+    stream: StreamSpec = None
+    thread_group: str = "default"
+    globally_ordered: bool = False
+
+
+def ref_name(ref: TaskRef) -> str:
+    """Return the task name a ``TaskRef`` refers to.
+
+    Parameters
+    ----------
+    ref : str or PipelineTask
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    TypeError
+        If ``ref`` is neither a string nor a ``PipelineTask``.
+
+    Examples
+    --------
+    >>> ref_name("H2D"), ref_name(PipelineTask("H2D"))
+    ('H2D', 'H2D')
+    """
+    if isinstance(ref, PipelineTask):
+        return ref.name
+    if isinstance(ref, str):
+        return ref
+    raise TypeError(
+        f"a task reference must be a task name (str) or a PipelineTask, got {type(ref).__name__}: {ref!r}"
+    )
+
+
+def stream_name(stream: StreamSpec) -> str:
+    """Return a readable name for a stream spec.
+
+    Parameters
+    ----------
+    stream : None, str or torch stream
+
+    Returns
+    -------
+    str
+        ``"default"`` for ``None``, the string itself for a name, and for a
+        stream object its ``swpipe_name`` attribute if set, else
+        ``"stream<id>"``.
+
+    Examples
+    --------
+    >>> stream_name(None), stream_name("memcpy")
+    ('default', 'memcpy')
+    """
+    if stream is None:
+        return "default"
+    if isinstance(stream, str):
+        return stream
+    named = getattr(stream, "swpipe_name", None)
+    if named:
+        return str(named)
+    sid = getattr(stream, "stream_id", None)
+    return f"stream{sid}" if sid is not None else repr(stream)
+
+
+def _stage_of(sched: Any) -> Optional[int]:
+    stage = getattr(sched, "stage", None)
+    return stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+
+
+@dataclass
+class PipelinePlan:
+    """A complete scheduling plan: the task set with each task's schedule and dependencies.
+
+    Parameters
+    ----------
+    schedule : dict
+        ``{TaskRef: TaskSchedule}``; the keys define the task set.
+    intra_iter_deps : list of (task, depends_on)
+        Same-iteration data dependencies: ``task(i)`` waits ``depends_on(i)``.
+    inter_iter_deps : list of (task, depends_on) or (task, depends_on, N)
+        Cross-iteration dependencies: ``task(i)`` waits ``depends_on(i - N)``
+        (``N`` defaults to 1; the first ``N`` iterations wait for nothing).
+    pipeline_depth : int, optional
+        Number of iterations in flight, ``max(stage) + 1``; inferred when omitted.
+    enqueue_order : list of TaskRef, optional
+        An explicit per-period enqueue order (a topological order of the
+        period-local graph), e.g. a fire order found by the searcher.
+    enqueue_policy : {"ready_first", "stage_descending"}
+        The policy used when ``enqueue_order`` is not given.
+
+    Examples
+    --------
+    >>> plan = PipelinePlan(
+    ...     schedule={"H2D": TaskSchedule(stage=0, stream="memcpy"), "Forward": TaskSchedule(stage=1)},
+    ...     intra_iter_deps=[("Forward", "H2D")],
+    ... )
+    >>> plan.pipeline_depth, plan.task_names
+    (2, ['H2D', 'Forward'])
+    >>> plan.inter_edges()
+    []
+    """
+
+    schedule: Dict[TaskRef, TaskSchedule]
+    intra_iter_deps: List[Tuple[TaskRef, TaskRef]] = field(default_factory=list)
+    inter_iter_deps: List[tuple] = field(default_factory=list)
+    pipeline_depth: Optional[int] = None
+    enqueue_order: Optional[List[TaskRef]] = None
+    enqueue_policy: str = "ready_first"
+
+    def __post_init__(self) -> None:
+        self.intra_iter_deps = list(self.intra_iter_deps)
+        self.inter_iter_deps = list(self.inter_iter_deps)
+        if self.pipeline_depth is None:
+            self.pipeline_depth = self.inferred_depth()
+
+    # -- normalised views (tolerant of malformed input; validate() reports it) --
+
+    def inferred_depth(self) -> int:
+        """``max(stage) + 1`` over the schedule's integer stages (1 for an empty plan)."""
+        stages = [s for s in (_stage_of(v) for v in self.schedule.values()) if s is not None]
+        return max(stages) + 1 if stages else 1
+
+    @property
+    def tasks(self) -> List[PipelineTask]:
+        """The tasks in schedule order; a string key becomes an unbound ``PipelineTask``."""
+        return [k if isinstance(k, PipelineTask) else PipelineTask(ref_name(k)) for k in self.schedule]
+
+    @property
+    def task_names(self) -> List[str]:
+        """Task names in schedule order."""
+        return [ref_name(k) for k in self.schedule]
+
+    def task(self, ref: TaskRef) -> PipelineTask:
+        """The ``PipelineTask`` for a reference (unbound if the schedule key is a string)."""
+        name = ref_name(ref)
+        for k in self.schedule:
+            if ref_name(k) == name:
+                return k if isinstance(k, PipelineTask) else PipelineTask(name)
+        raise KeyError(f"task {name!r} is not in the plan's schedule; tasks: {self.task_names}")
+
+    def sched(self, ref: TaskRef) -> TaskSchedule:
+        """The ``TaskSchedule`` of a task, looked up by name or object."""
+        name = ref_name(ref)
+        for k, v in self.schedule.items():
+            if ref_name(k) == name:
+                return v
+        raise KeyError(f"task {name!r} is not in the plan's schedule; tasks: {self.task_names}")
+
+    def stage(self, ref: TaskRef) -> int:
+        return self.sched(ref).stage
+
+    def stream_of(self, ref: TaskRef) -> str:
+        """Readable stream name of a task (``"default"`` for ``None``)."""
+        return stream_name(self.sched(ref).stream)
+
+    def intra_edges(self) -> List[Tuple[str, str]]:
+        """Intra-iteration dependencies as ``(task_name, dep_name)`` pairs."""
+        return [(ref_name(d[0]), ref_name(d[1])) for d in self.intra_iter_deps]
+
+    def inter_edges(self) -> List[Tuple[str, str, int]]:
+        """Inter-iteration dependencies as ``(task_name, dep_name, distance)`` triples."""
+        out = []
+        for d in self.inter_iter_deps:
+            dist = d[2] if len(d) > 2 else 1
+            out.append((ref_name(d[0]), ref_name(d[1]), dist))
+        return out
+
+    def unbound_tasks(self) -> List[str]:
+        """Names of tasks with no function (analysis-only)."""
+        return [t.name for t in self.tasks if t.fn is None]
+
+    def replace(self, **changes: Any) -> "PipelinePlan":
+        """A copy of the plan with some fields replaced (depth re-inferred unless given)."""
+        fields = dict(
+            schedule=dict(self.schedule),
+            intra_iter_deps=list(self.intra_iter_deps),
+            inter_iter_deps=list(self.inter_iter_deps),
+            pipeline_depth=None,
+            enqueue_order=None if self.enqueue_order is None else list(self.enqueue_order),
+            enqueue_policy=self.enqueue_policy,
+        )
+        fields.update(changes)
+        return PipelinePlan(**fields)
+
+    def bind(self, fns: Dict[str, Callable[[IterContext], None]], io: Optional[Dict[str, Sequence[DeclaredIO]]] = None) -> "PipelinePlan":
+        """A copy of the plan whose tasks carry the given functions (by task name).
+
+        Tasks without an entry in ``fns`` keep their current function.
+        """
+        io = io or {}
+        new_sched = {}
+        for k, v in self.schedule.items():
+            t = k if isinstance(k, PipelineTask) else PipelineTask(ref_name(k))
+            fn = fns.get(t.name, t.fn)
+            new_sched[PipelineTask(t.name, fn, list(io.get(t.name, t.io)))] = v
+        return self.replace(schedule=new_sched, pipeline_depth=self.pipeline_depth)
+
+
+@dataclass
+class ProfileResult:
+    """Result of :meth:`TaskProfiler.profile`: the serial baseline and each task's exposed time.
+
+    ``exposed_s[T] = max(0, baseline_s - median(serial iteration with T shortcut))``.
+
+    Examples
+    --------
+    >>> r = ProfileResult(baseline_s=0.010, exposed_s={"A": 0.004, "B": 0.005})
+    >>> round(sum(r.exposed_s.values()) / r.baseline_s, 2)
+    0.9
+    """
+
+    baseline_s: float
+    exposed_s: Dict[str, float] = field(default_factory=dict)
+    host_s: Optional[Dict[str, float]] = None
+    device_s: Optional[Dict[str, float]] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
