@@ -6,7 +6,8 @@ from typing import Any
 
 import autosched
 import swpipe_core
-from swpipe_core import *  # noqa: F401,F403  (the plan model, validate)
+from swpipe_core.plan import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule  # noqa: F401
+from swpipe_core.validate import PlanError, validate  # noqa: F401
 
 __all__ = sorted(set(swpipe_core.__all__) | set(autosched.__all__))
 

@@ -15,6 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+# ProfileResult lives with the profiler that makes it; re-exported here
+# because it is plain data too. profiler.py imports nothing from this package
+# at module level, so there is no import cycle.
+from .profiler import ProfileResult
+
 __all__ = [
     "IterContext",
     "DeclaredIO",
@@ -345,23 +350,3 @@ class PipelinePlan:
             fn = fns.get(t.name, t.fn)
             new_sched[PipelineTask(t.name, fn, list(io.get(t.name, t.io)))] = v
         return self.replace(schedule=new_sched, pipeline_depth=self.pipeline_depth)
-
-
-@dataclass
-class ProfileResult:
-    """Result of :meth:`TaskProfiler.profile`: the serial baseline and each task's exposed time.
-
-    ``exposed_s[T] = max(0, baseline_s - median(serial iteration with T shortcut))``.
-
-    Examples
-    --------
-    >>> r = ProfileResult(baseline_s=0.010, exposed_s={"A": 0.004, "B": 0.005})
-    >>> round(sum(r.exposed_s.values()) / r.baseline_s, 2)
-    0.9
-    """
-
-    baseline_s: float
-    exposed_s: Dict[str, float] = field(default_factory=dict)
-    host_s: Optional[Dict[str, float]] = None
-    device_s: Optional[Dict[str, float]] = None
-    meta: Dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,374 @@
+"""The search problem, normalised once: tasks, dependencies, costs and what may be chosen.
+
+``auto_schedule`` accepts a task graph, a plan or ``(tasks, intra, inter)``;
+the CP-SAT model, the beam search and the brute-force enumerator all work on
+this one :class:`Problem` so they search exactly the same plan space:
+
+* ``stage[t]`` in ``0 .. max_depth - 1`` (or frozen),
+* ``thread_group[t]``: at most ``max_threads`` distinct groups (or frozen),
+* ``stream[t]`` from ``stream_choices[t]`` (matters only on CUDA),
+* the enqueue order: a topological order of the period-local graph.
+
+It also holds the timing the models use (:meth:`Problem.thread_time` etc.)
+and :func:`build_plan`, which turns a choice of the four into a
+``PipelinePlan``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+import networkx as nx
+
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name, stream_name
+
+__all__ = ["Problem", "make_problem", "build_plan", "DEFAULT_GROUP"]
+
+DEFAULT_GROUP = "default"
+
+
+@dataclass
+class Problem:
+    """Everything a searcher needs, with names as keys (see the module docstring)."""
+
+    names: Tuple[str, ...]
+    tasks: Dict[str, PipelineTask]
+    intra: Tuple[Tuple[str, str], ...]
+    inter: Tuple[Tuple[str, str, int], ...]
+    costs: Any
+    device: str
+    host: Dict[str, float]
+    dev: Dict[str, float]
+    comm: Dict[str, Optional[str]]
+    pcie: FrozenSet[str]
+    ordered: FrozenSet[str]
+    frozen_stage: Dict[str, int]
+    frozen_stream: Dict[str, Any]
+    frozen_group: Dict[str, str]
+    stream_choices: Dict[str, Tuple[Any, ...]]
+    init_stream: Dict[str, Any]
+    max_depth: int
+    max_threads: int
+    unit_s: float = 1e-6
+    base_plan: Optional[PipelinePlan] = None
+    _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
+
+    # -- timing ------------------------------------------------------------
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    def thread_time(self, name: str) -> float:
+        """Seconds the task holds its thread (on CPU all of its time is host time)."""
+        return self.host[name] if self.cuda else self.host[name] + self.dev[name]
+
+    def signal_time(self, name: str) -> float:
+        """Seconds from a task's start on its thread to its CPU signal."""
+        return self.thread_time(name)
+
+    def units(self, seconds: float) -> int:
+        """Seconds as integer time units (the models' clock)."""
+        return int(round(seconds / self.unit_s))
+
+    def dur(self, name: str) -> int:
+        """Thread time of a task in time units."""
+        return self.units(self.thread_time(name))
+
+    def ddur(self, name: str) -> int:
+        """Device (stream) time of a task in time units; 0 on CPU."""
+        return self.units(self.dev[name]) if self.cuda else 0
+
+    # -- structure ---------------------------------------------------------
+
+    @property
+    def dag(self) -> nx.DiGraph:
+        """The intra-iteration dependency DAG (``dep -> task``)."""
+        if self._dag is None:
+            g = nx.DiGraph()
+            g.add_nodes_from(self.names)
+            g.add_edges_from((d, t) for t, d in self.intra)
+            self._dag = g
+        return self._dag
+
+    def preds(self, name: str) -> List[Tuple[str, int]]:
+        """``(dep, distance)`` for every dependency of ``name`` (distance 0 = intra)."""
+        out = [(d, 0) for t, d in self.intra if t == name]
+        out += [(d, n) for t, d, n in self.inter if t == name]
+        return out
+
+    def sum_time(self) -> float:
+        return sum(self.thread_time(n) for n in self.names)
+
+    def stage_ok(self, stage: Mapping[str, int]) -> bool:
+        """Corollaries 1 and 3, the depth cap and frozen stages."""
+        if any(not 0 <= stage[n] < self.max_depth for n in self.names):
+            return False
+        if any(stage[n] != s for n, s in self.frozen_stage.items()):
+            return False
+        if any(stage[d] > stage[t] for t, d in self.intra):
+            return False
+        return all(stage[d] - stage[t] <= n for t, d, n in self.inter)
+
+
+def _cost_of(costs: Any, name: str) -> Any:
+    table = getattr(costs, "tasks", None)
+    if isinstance(table, Mapping):
+        if name not in table:
+            raise KeyError(
+                f"the cost model has no entry for task {name!r}; it covers {sorted(table)}. "
+                f"Add a TaskCost for {name!r} (e.g. costs.replace({name!r}, host_s=...))"
+            )
+        return table[name]
+    return costs[name]
+
+
+def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[tuple], Optional[PipelinePlan]]:
+    """``(task refs, intra (task, dep), inter (task, dep, N), plan or None)`` from any accepted input."""
+    if isinstance(tasks_or_graph, PipelinePlan):
+        plan = tasks_or_graph
+        return list(plan.schedule), plan.intra_edges(), plan.inter_edges(), plan
+    if isinstance(tasks_or_graph, nx.DiGraph):
+        g = tasks_or_graph
+        refs = [g.nodes[n].get("task", n) for n in g.nodes]
+        intra, inter = [], []
+        for d, t, data in g.edges(data=True):
+            n = int(data.get("distance", 0))
+            (inter.append((t, d, n)) if n > 0 else intra.append((t, d)))
+        return refs, intra, inter, None
+    if isinstance(tasks_or_graph, tuple) and len(tasks_or_graph) in (2, 3):
+        refs = list(tasks_or_graph[0])
+        intra = [(ref_name(t), ref_name(d)) for t, d in tasks_or_graph[1]]
+        inter_raw = tasks_or_graph[2] if len(tasks_or_graph) == 3 else []
+        inter = [(ref_name(d[0]), ref_name(d[1]), int(d[2]) if len(d) > 2 else 1) for d in inter_raw]
+        return refs, intra, inter, None
+    raise TypeError(
+        "auto_schedule takes a task graph (networkx.DiGraph from autosched.graph.task_graph), a PipelinePlan, "
+        f"or a tuple (tasks, intra_deps[, inter_deps]); got {type(tasks_or_graph).__name__}"
+    )
+
+
+def _frozen_fields(value: Any) -> Dict[str, Any]:
+    if isinstance(value, TaskSchedule):
+        return {"stage": value.stage, "stream": value.stream, "thread_group": value.thread_group}
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"stage", "stream", "thread_group"}
+        if unknown:
+            raise ValueError(f"frozen fields must be among stage/stream/thread_group, got {sorted(unknown)}")
+        return dict(value)
+    raise TypeError(f"a frozen entry is a dict of stage/stream/thread_group or a TaskSchedule, got {value!r}")
+
+
+def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
+    """Normalise the inputs of :func:`autosched.search.auto_schedule`.
+
+    Parameters
+    ----------
+    tasks_or_graph : networkx.DiGraph, PipelinePlan or tuple
+        See :func:`autosched.search.auto_schedule`.
+    costs : CostModel
+        Must cover every task.
+    constraints : Constraints
+
+    Returns
+    -------
+    Problem
+
+    Raises
+    ------
+    KeyError
+        A task has no cost.
+    ValueError
+        Bad constraints: unknown task named, too many frozen thread groups, an
+        intra-iteration cycle, a dependency on an unknown task.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> costs = NS(tasks={"A": NS(host_s=1.0, device_s=0.0, resources=()), "B": NS(host_s=2.0, device_s=0.0, resources=())})
+    >>> from autosched.search import Constraints
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2))
+    >>> p.names, p.intra, p.thread_time("B")
+    (('A', 'B'), (('B', 'A'),), 2.0)
+    """
+    refs, intra, inter, plan = _as_graph_parts(tasks_or_graph)
+    tasks: Dict[str, PipelineTask] = {}
+    for r in refs:
+        t = r if isinstance(r, PipelineTask) else PipelineTask(ref_name(r))
+        if t.name in tasks:
+            raise ValueError(f"task {t.name!r} appears twice in the input")
+        tasks[t.name] = t
+    names = tuple(tasks)
+    known = set(names)
+    for t, d in intra:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r}) names a task that is not in the task set {list(names)}")
+    for t, d, n in inter:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r} of {n} earlier) names an unknown task")
+        if n < 1:
+            raise ValueError(f"inter-iteration dependency ({t!r}, {d!r}) needs a distance >= 1, got {n}")
+    dag = nx.DiGraph()
+    dag.add_nodes_from(names)
+    dag.add_edges_from((d, t) for t, d in intra)
+    if not nx.is_directed_acyclic_graph(dag):
+        cycle = [u for u, _ in nx.find_cycle(dag)]
+        raise ValueError(f"intra-iteration dependencies form a cycle {' -> '.join(cycle + cycle[:1])}; "
+                         "no plan can run it (remove one dependency)")
+
+    c = constraints
+    if c.max_depth < 1 or c.max_threads < 1:
+        raise ValueError(f"max_depth and max_threads must be >= 1, got {c.max_depth} and {c.max_threads}")
+    device = c.device
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+    host, dev, comm, pcie = {}, {}, {}, set()
+    for n in names:
+        cost = _cost_of(costs, n)
+        host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
+        if host[n] < 0 or dev[n] < 0:
+            raise ValueError(f"task {n!r} has a negative cost (host_s={host[n]}, device_s={dev[n]})")
+        tags = tuple(getattr(cost, "resources", ()) or ())
+        comms = [t.split(":", 1)[1] for t in tags if t.startswith("comm:")]
+        comm[n] = comms[0] if comms else None
+        if "pcie" in tags:
+            pcie.add(n)
+
+    frozen = {ref_name(k): _frozen_fields(v) for k, v in (c.frozen or {}).items()}
+    unknown = sorted(set(frozen) - known)
+    if unknown:
+        raise ValueError(f"frozen names unknown task(s) {unknown}; tasks: {list(names)}")
+    frozen_stage = {n: int(f["stage"]) for n, f in frozen.items() if "stage" in f}
+    frozen_stream = {n: f["stream"] for n, f in frozen.items() if "stream" in f}
+    frozen_group = {n: str(f["thread_group"]) for n, f in frozen.items() if "thread_group" in f}
+    for n, s in frozen_stage.items():
+        if not 0 <= s < c.max_depth:
+            raise ValueError(f"{n!r} is frozen to stage {s}, outside 0..max_depth-1 = 0..{c.max_depth - 1}")
+    if len(set(frozen_group.values())) > c.max_threads:
+        raise ValueError(f"frozen thread groups {sorted(set(frozen_group.values()))} exceed max_threads={c.max_threads}")
+
+    if c.globally_ordered is not None:
+        ordered = {ref_name(r) for r in c.globally_ordered}
+        if ordered - known:
+            raise ValueError(f"globally_ordered names unknown task(s) {sorted(ordered - known)}")
+    elif plan is not None:
+        ordered = {ref_name(k) for k, v in plan.schedule.items() if v.globally_ordered}
+    else:
+        ordered = {n for n in names if comm[n] is not None}
+
+    init_stream = {n: (plan.sched(n).stream if plan is not None else None) for n in names}
+    init_stream.update(frozen_stream)
+    if c.streams is None:
+        allowed: List[Any] = []
+        for s in init_stream.values():
+            if s not in allowed:
+                allowed.append(s)
+    else:
+        allowed = list(c.streams)
+        if not allowed:
+            raise ValueError("constraints.streams is empty; list at least one stream (None = default stream)")
+    choices = {}
+    for n in names:
+        if n in frozen_stream:
+            choices[n] = (frozen_stream[n],)
+        elif c.device != "cuda":
+            # On CPU a stream is only a name: keep the given one, searching it gains nothing.
+            choices[n] = (init_stream[n] if init_stream[n] in allowed else allowed[0],)
+        else:
+            choices[n] = tuple(allowed)
+    for n in names:
+        if init_stream[n] not in choices[n]:
+            init_stream[n] = choices[n][0]
+
+    total = sum(host.values()) + sum(dev.values())
+    if c.time_unit_s is not None:
+        unit = float(c.time_unit_s)
+    elif total > 0:
+        # About 1e5..1e6 units per serial iteration: exact for costs given in round numbers,
+        # fine enough (1e-5 relative) for measured ones, small enough for CP-SAT.
+        unit = 10.0 ** math.floor(math.log10(total / 1e5))
+    else:
+        unit = 1e-6
+    return Problem(
+        names=names, tasks=tasks, intra=tuple(intra), inter=tuple(inter), costs=costs, device=device,
+        host=host, dev=dev, comm=comm, pcie=frozenset(pcie), ordered=frozenset(ordered),
+        frozen_stage=frozen_stage, frozen_stream=frozen_stream, frozen_group=frozen_group,
+        stream_choices=choices, init_stream=init_stream, max_depth=c.max_depth, max_threads=c.max_threads,
+        unit_s=unit, base_plan=plan, _dag=dag,
+    )
+
+
+def _group_names(problem: Problem, group: Mapping[str, Any], stream: Mapping[str, Any]) -> Dict[Any, str]:
+    """Readable thread-group names: frozen names kept, else the dominant stream's name."""
+    members: Dict[Any, List[str]] = {}
+    for n in problem.names:
+        members.setdefault(group[n], []).append(n)
+    names: Dict[Any, str] = {}
+    used = set()
+    for g, ms in members.items():
+        fixed = {problem.frozen_group[m] for m in ms if m in problem.frozen_group}
+        if isinstance(g, str) and g in problem.frozen_group.values():
+            fixed.add(g)
+        if fixed:
+            names[g] = sorted(fixed)[0]
+            used.add(names[g])
+    # Largest group of default-stream work first, so "default" lands where the model's compute is.
+    order = sorted((g for g in members if g not in names),
+                   key=lambda g: (-sum(problem.thread_time(m) for m in members[g]), str(g)))
+    for g in order:
+        weights: Dict[str, float] = {}
+        for m in members[g]:
+            key = stream_name(stream[m])
+            weights[key] = weights.get(key, 0.0) + problem.thread_time(m) + 1e-12
+        pref = max(sorted(weights), key=lambda k: weights[k])
+        base = DEFAULT_GROUP if pref == "default" else pref
+        cand, k = base, 1
+        while cand in used:
+            k += 1
+            cand = f"{base}{k}"
+        names[g] = cand
+        used.add(cand)
+    return names
+
+
+def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, Any],
+               stream: Optional[Mapping[str, Any]] = None, priority: Optional[Sequence[str]] = None,
+               offset: Optional[Mapping[str, float]] = None) -> PipelinePlan:
+    """A ``PipelinePlan`` from per-task choices.
+
+    Parameters
+    ----------
+    problem : Problem
+    stage, group : dict
+        Stage and thread-group key per task (group keys are renamed readably).
+    stream : dict, optional
+        Stream per task (default: the problem's initial streams).
+    priority : sequence of str, optional
+        Tie-break order for the enqueue order (default: declaration order).
+    offset : dict, optional
+        Start offset within the period: the enqueue order sorts by it first.
+
+    Returns
+    -------
+    PipelinePlan
+        With ``enqueue_order`` a topological order of its period-local graph.
+    """
+    from swpipe_core.order import period_local_graph
+
+    stream = dict(problem.init_stream) if stream is None else dict(stream)
+    gname = _group_names(problem, group, stream)
+    schedule = {
+        problem.tasks[n]: TaskSchedule(stage=int(stage[n]), stream=stream[n], thread_group=gname[group[n]],
+                                       globally_ordered=n in problem.ordered)
+        for n in problem.names
+    }
+    plan = PipelinePlan(schedule, intra_iter_deps=list(problem.intra),
+                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter])
+    pos = {n: i for i, n in enumerate(priority or problem.names)}
+    off = offset or {}
+    graph = period_local_graph(plan)
+    order = list(nx.lexicographical_topological_sort(graph, key=lambda n: (off.get(n, 0.0), pos.get(n, 0), n)))
+    return plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth)

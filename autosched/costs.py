@@ -1,0 +1,547 @@
+"""Per-task cost models: what each task costs on the host and on the device, and what it contends for.
+
+A :class:`CostModel` maps task names to :class:`TaskCost` (``host_s``: CPU time
+on the task's thread; ``device_s``: time on the task's stream on CUDA;
+``resources``: tags ``"comm:<name>"`` for collectives that serialise on one
+communicator even across streams, ``"pcie"`` for copies that contend for the
+bus). It is built by hand, from a :class:`~swpipe_core.plan.ProfileResult`,
+or from an engine timeline, and stored as JSON (schema version 1, documented
+in ``cost_models/README.md``)::
+
+    {"schema": "swpipe-cost-model", "version": 1,
+     "machine": "...", "method": "...", "notes": "...", "pipeline": "...",
+     "tasks": {"H2D": {"host_s": 5e-05, "device_s": 0.0012, "resources": ["pcie"]}, ...}}
+
+On a CPU run there is no device queue, so the simulator charges
+``host_s + device_s`` to the thread (:meth:`TaskCost.cpu_s`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, field, replace as _dc_replace
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
+
+__all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION"]
+
+SCHEMA = "swpipe-cost-model"
+SCHEMA_VERSION = 1
+_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks"}
+_TASK_FIELDS = {"host_s", "device_s", "resources"}
+
+
+class CostModelError(ValueError):
+    """A cost model (or cost file) is malformed or does not cover a plan.
+
+    Examples
+    --------
+    >>> print(CostModelError("negative cost", where="tasks.H2D.host_s", fix="use a time >= 0 in seconds"))
+    tasks.H2D.host_s: negative cost. Fix: use a time >= 0 in seconds
+    """
+
+    def __init__(self, what: str, where: str = "", fix: str = "") -> None:
+        self.what = what
+        self.where = where
+        self.fix = fix
+        msg = f"{where}: {what}" if where else what
+        if fix:
+            msg += f". Fix: {fix}"
+        super().__init__(msg)
+
+
+def _check_time(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CostModelError(f"cost is {value!r} ({type(value).__name__}), not a number", where,
+                             "give a time in seconds, e.g. 0.0012")
+    if not math.isfinite(value):
+        raise CostModelError(f"cost is {value!r}, not finite", where, "give a finite time in seconds")
+    if value < 0:
+        raise CostModelError(f"negative cost {value!r}", where, "use a time >= 0 in seconds")
+    return float(value)
+
+
+def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise CostModelError(f"resources is {value!r}, not a list of tags", where,
+                             'write e.g. ["comm:nccl"] or ["pcie"] or []')
+    tags = []
+    for tag in value:
+        ok = isinstance(tag, str) and (tag == "pcie" or (tag.startswith("comm:") and len(tag) > 5))
+        if not ok:
+            raise CostModelError(f"unknown resource tag {tag!r}", where,
+                                 'use "comm:<communicator>" for collectives or "pcie" for host<->device copies')
+        tags.append(tag)
+    if len(set(tags)) != len(tags):
+        raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
+    return tuple(tags)
+
+
+@dataclass(frozen=True)
+class TaskCost:
+    """The cost of one task for one iteration.
+
+    Parameters
+    ----------
+    host_s : float
+        Seconds of CPU time on the task's thread group (kernel launches, Python).
+    device_s : float
+        Seconds of device time on the task's stream (CUDA); 0 for pure host tasks.
+    resources : tuple of str
+        ``"comm:<name>"`` (serialises with every task on that communicator, even on
+        another stream) and/or ``"pcie"`` (contends with every other pcie task).
+
+    Raises
+    ------
+    CostModelError
+        For a negative, non-finite or non-numeric time, or an unknown resource tag.
+
+    Examples
+    --------
+    >>> c = TaskCost(host_s=0.0001, device_s=0.002, resources=("comm:nccl",))
+    >>> c.cpu_s
+    0.0021
+    >>> TaskCost(-1.0)
+    Traceback (most recent call last):
+    ...
+    autosched.costs.CostModelError: host_s: negative cost -1.0. Fix: use a time >= 0 in seconds
+    """
+
+    host_s: float
+    device_s: float = 0.0
+    resources: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_s", _check_time(self.host_s, "host_s"))
+        object.__setattr__(self, "device_s", _check_time(self.device_s, "device_s"))
+        object.__setattr__(self, "resources", _check_resources(list(self.resources), "resources"))
+
+    @property
+    def cpu_s(self) -> float:
+        """Time on the thread when there is no device queue (CPU runs): ``host_s + device_s``."""
+        return self.host_s + self.device_s
+
+    @property
+    def comms(self) -> Tuple[str, ...]:
+        """The communicator names of the task's ``comm:`` tags."""
+        return tuple(t[5:] for t in self.resources if t.startswith("comm:"))
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON form of the cost (``resources`` only when non-empty)."""
+        out: Dict[str, Any] = {"host_s": self.host_s, "device_s": self.device_s}
+        if self.resources:
+            out["resources"] = list(self.resources)
+        return out
+
+
+def _task_cost_from_dict(name: str, entry: Any) -> TaskCost:
+    where = f"tasks.{name}"
+    if not isinstance(entry, Mapping):
+        raise CostModelError(f"entry is {entry!r}, not an object", where,
+                             'write {"host_s": ..., "device_s": ..., "resources": [...]}')
+    unknown = sorted(set(entry) - _TASK_FIELDS)
+    if unknown:
+        raise CostModelError(f"unknown field(s) {unknown}", where, f"a task entry has only {sorted(_TASK_FIELDS)}")
+    if "host_s" not in entry:
+        raise CostModelError("missing host_s", where, "every task needs host_s (seconds on its thread)")
+    host = _check_time(entry["host_s"], f"{where}.host_s")
+    device = _check_time(entry.get("device_s", 0.0), f"{where}.device_s")
+    res = _check_resources(entry.get("resources", []), f"{where}.resources")
+    return TaskCost(host, device, res)
+
+
+def _names_of(plan_or_names: Any) -> list:
+    names = getattr(plan_or_names, "task_names", None)
+    if names is not None:
+        return list(names)
+    if hasattr(plan_or_names, "nodes"):  # a networkx task graph
+        return list(plan_or_names.nodes)
+    return [getattr(n, "name", n) for n in plan_or_names]
+
+
+@dataclass
+class CostModel:
+    """Per-task costs with the machine and method they came from.
+
+    Parameters
+    ----------
+    tasks : dict
+        ``{task_name: TaskCost}``.
+    machine, method, notes : str
+        Where and how the numbers were obtained (kept in the JSON file).
+    pipeline : str
+        Optional name of the pipeline the model is for.
+
+    Examples
+    --------
+    >>> m = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.001, 0.003)}, machine="laptop", method="by hand")
+    >>> m["B"].device_s, len(m), "A" in m
+    (0.003, 2, True)
+    >>> m.scaled("A", 2.0)["A"].host_s
+    0.004
+    >>> m.replace("B", device_s=0.0)["B"]
+    TaskCost(host_s=0.001, device_s=0.0, resources=())
+    """
+
+    tasks: Dict[str, TaskCost]
+    machine: str = ""
+    method: str = ""
+    notes: str = ""
+    pipeline: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tasks, Mapping):
+            raise CostModelError(f"tasks is {type(self.tasks).__name__}, not a dict", "tasks",
+                                 "pass {task_name: TaskCost(...)}")
+        clean: Dict[str, TaskCost] = {}
+        for name, cost in self.tasks.items():
+            name = getattr(name, "name", name)
+            if not isinstance(name, str) or not name:
+                raise CostModelError(f"task name {name!r} is not a non-empty string", "tasks")
+            if isinstance(cost, Mapping):
+                cost = _task_cost_from_dict(name, cost)
+            elif isinstance(cost, (int, float)) and not isinstance(cost, bool):
+                cost = TaskCost(cost)
+            if not isinstance(cost, TaskCost):
+                raise CostModelError(f"cost is {cost!r}, not a TaskCost", f"tasks.{name}",
+                                     "use TaskCost(host_s, device_s, resources)")
+            clean[name] = cost
+        self.tasks = clean
+
+    # -- mapping interface --
+
+    def __getitem__(self, name: Any) -> TaskCost:
+        name = getattr(name, "name", name)
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise KeyError(f"no cost for task {name!r}; the cost model has {sorted(self.tasks)}") from None
+
+    def __contains__(self, name: Any) -> bool:
+        return getattr(name, "name", name) in self.tasks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    # -- checks --
+
+    def check(self, plan_or_names: Any) -> None:
+        """Raise unless every task of a plan (or task graph, or list of names) has a cost.
+
+        Parameters
+        ----------
+        plan_or_names : PipelinePlan, networkx graph or iterable of names
+
+        Raises
+        ------
+        CostModelError
+            Naming the tasks without a cost.
+
+        Examples
+        --------
+        >>> CostModel({"A": TaskCost(1e-3)}).check(["A", "B"])
+        Traceback (most recent call last):
+        ...
+        autosched.costs.CostModelError: tasks: no cost for task(s) ['B'] (the model has ['A']). Fix: add them to the cost model, e.g. model.tasks['B'] = TaskCost(host_s=...)
+        """
+        missing = [n for n in _names_of(plan_or_names) if n not in self.tasks]
+        if missing:
+            raise CostModelError(
+                f"no cost for task(s) {missing} (the model has {sorted(self.tasks)})", "tasks",
+                f"add them to the cost model, e.g. model.tasks[{missing[0]!r}] = TaskCost(host_s=...)")
+
+    # -- what-if edits --
+
+    def scaled(self, task: Optional[Any], factor: float, part: str = "both") -> "CostModel":
+        """A copy with one task's (or every task's, for ``None``) cost multiplied by ``factor``.
+
+        Parameters
+        ----------
+        task : str, PipelineTask or None
+            The task to scale; ``None`` scales every task.
+        factor : float
+            Multiplier, ``>= 0``.
+        part : {"both", "host", "device"}
+            Which part of the cost to scale.
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        KeyError
+            For a task without a cost.
+        CostModelError
+            For a negative factor or an unknown part.
+
+        Examples
+        --------
+        >>> m = CostModel({"A": TaskCost(0.001, 0.002)})
+        >>> m.scaled(None, 3, part="device")["A"]
+        TaskCost(host_s=0.001, device_s=0.006, resources=())
+        """
+        factor = _check_time(factor, "factor")
+        if part not in ("both", "host", "device"):
+            raise CostModelError(f"unknown part {part!r}", "part", 'use "both", "host" or "device"')
+        names = list(self.tasks) if task is None else [getattr(task, "name", task)]
+        new = dict(self.tasks)
+        for name in names:
+            c = self[name]
+            host = c.host_s * factor if part in ("both", "host") else c.host_s
+            dev = c.device_s * factor if part in ("both", "device") else c.device_s
+            new[name] = TaskCost(host, dev, c.resources)
+        return self._copy(new, f"{'all' if task is None else names[0]} x{factor:g}")
+
+    def replace(self, task: Any, **fields: Any) -> "CostModel":
+        """A copy with some fields of one task's cost replaced (``host_s``, ``device_s``, ``resources``).
+
+        Parameters
+        ----------
+        task : str or PipelineTask
+        **fields
+            New values for :class:`TaskCost` fields.
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        KeyError
+            For a task without a cost.
+        CostModelError
+            For an unknown field or a bad value.
+
+        Examples
+        --------
+        >>> CostModel({"A": TaskCost(0.001)}).replace("A", resources=["pcie"])["A"].resources
+        ('pcie',)
+        """
+        name = getattr(task, "name", task)
+        unknown = sorted(set(fields) - _TASK_FIELDS)
+        if unknown:
+            raise CostModelError(f"unknown field(s) {unknown}", f"tasks.{name}", f"use {sorted(_TASK_FIELDS)}")
+        new = dict(self.tasks)
+        new[name] = _dc_replace(self[name], **fields)
+        return self._copy(new, f"{name} replaced")
+
+    def _copy(self, tasks: Dict[str, TaskCost], edit: str) -> "CostModel":
+        notes = f"{self.notes}; what-if: {edit}" if self.notes else f"what-if: {edit}"
+        return CostModel(tasks, self.machine, self.method, notes, self.pipeline)
+
+    # -- builders --
+
+    @classmethod
+    def from_profile(cls, result: Any, machine: str = "", notes: str = "") -> "CostModel":
+        """Build a model from a :class:`~swpipe_core.plan.ProfileResult`.
+
+        ``host_s`` / ``device_s`` are used where the profile measured them; otherwise a
+        task's exposed time becomes its ``host_s`` (on CPU all time is host time).
+
+        Parameters
+        ----------
+        result : ProfileResult
+        machine, notes : str
+
+        Returns
+        -------
+        CostModel
+
+        Examples
+        --------
+        >>> from swpipe_core.plan import ProfileResult
+        >>> r = ProfileResult(baseline_s=0.01, exposed_s={"A": 0.004, "B": 0.005}, meta={"device": "cpu"})
+        >>> m = CostModel.from_profile(r, machine="2-core CPU")
+        >>> m["A"].host_s, m.method
+        (0.004, 'profile: exposed time (baseline 10.000 ms)')
+        """
+        host = result.host_s or {}
+        device = result.device_s or {}
+        names = list(dict.fromkeys([*result.exposed_s, *host, *device]))
+        tasks = {}
+        for name in names:
+            h = host.get(name, result.exposed_s.get(name, 0.0))
+            tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))))
+        kind = "host/device time" if result.host_s else "exposed time"
+        meta = getattr(result, "meta", None) or {}
+        extra = ", ".join(f"{k}={v}" for k, v in sorted(meta.items()) if isinstance(v, (str, int, float)))
+        return cls(tasks, machine=machine or str(meta.get("machine", "")),
+                   method=f"profile: {kind} (baseline {result.baseline_s * 1e3:.3f} ms)",
+                   notes="; ".join(x for x in (notes, extra) if x))
+
+    @classmethod
+    def from_timeline(cls, events: Iterable[Any], machine: str = "", notes: str = "") -> "CostModel":
+        """Build a model from recorded timeline events: the median duration per task.
+
+        ``kind == "host"`` events give ``host_s`` and ``kind == "device"`` events give
+        ``device_s``.
+
+        Parameters
+        ----------
+        events : iterable of TimelineEvent
+            E.g. ``SWPipeline(plan, record_timeline=True).timeline``.
+        machine, notes : str
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        CostModelError
+            If there are no events.
+
+        Examples
+        --------
+        >>> from types import SimpleNamespace as E
+        >>> ev = [E(task="A", kind="host", start=0.0, end=0.002), E(task="A", kind="host", start=0.01, end=0.014),
+        ...       E(task="A", kind="host", start=0.02, end=0.023)]
+        >>> CostModel.from_timeline(ev)["A"].host_s
+        0.003
+        """
+        host: Dict[str, list] = {}
+        device: Dict[str, list] = {}
+        for ev in events:
+            target = device if getattr(ev, "kind", "host") == "device" else host
+            target.setdefault(ev.task, []).append(ev.end - ev.start)
+        if not host and not device:
+            raise CostModelError("no timeline events", "events",
+                                 "run the pipeline with SWPipeline(plan, record_timeline=True) first")
+        tasks = {}
+        for name in dict.fromkeys([*host, *device]):
+            h = statistics.median(host[name]) if name in host else 0.0
+            d = statistics.median(device[name]) if name in device else 0.0
+            tasks[name] = TaskCost(max(0.0, round(h, 12)), max(0.0, round(d, 12)))
+        n = max((len(v) for v in [*host.values(), *device.values()]), default=0)
+        return cls(tasks, machine=machine, method=f"timeline: median of {n} executions per task", notes=notes)
+
+    # -- JSON --
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON document of the model (schema version 1)."""
+        doc: Dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION, "machine": self.machine,
+                               "method": self.method, "notes": self.notes}
+        if self.pipeline:
+            doc["pipeline"] = self.pipeline
+        doc["tasks"] = {name: c.to_dict() for name, c in self.tasks.items()}
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "") -> "CostModel":
+        """Build a model from its JSON document, checking every field.
+
+        Parameters
+        ----------
+        doc : dict
+        where : str
+            Prefix for error messages (e.g. the file path).
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        CostModelError
+            For a wrong schema or version, an unknown field, a missing or negative cost.
+
+        Examples
+        --------
+        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 2, "tasks": {}})
+        Traceback (most recent call last):
+        ...
+        autosched.costs.CostModelError: version: version 2 is not supported (this swpipe reads version 1). Fix: convert the file to version 1 (see cost_models/README.md)
+        """
+        def at(fieldname: str) -> str:
+            return f"{where}: {fieldname}" if where and fieldname else (where or fieldname)
+
+        if not isinstance(doc, Mapping):
+            raise CostModelError(f"top level is {type(doc).__name__}, not an object", at(""),
+                                 "see cost_models/README.md for the schema")
+        if doc.get("schema") != SCHEMA:
+            raise CostModelError(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}", at("schema"),
+                                 f'start the file with {{"schema": "{SCHEMA}", "version": {SCHEMA_VERSION}, ...}}')
+        if doc.get("version") != SCHEMA_VERSION:
+            raise CostModelError(f"version {doc.get('version')!r} is not supported (this swpipe reads version "
+                                 f"{SCHEMA_VERSION})", at("version"),
+                                 f"convert the file to version {SCHEMA_VERSION} (see cost_models/README.md)")
+        unknown = sorted(set(doc) - _TOP_FIELDS)
+        if unknown:
+            raise CostModelError(f"unknown field(s) {unknown}", at("top level"),
+                                 f"the top level has only {sorted(_TOP_FIELDS)}")
+        tasks = doc.get("tasks")
+        if not isinstance(tasks, Mapping) or not tasks:
+            raise CostModelError(f"tasks is {tasks!r}, not a non-empty object", at("tasks"),
+                                 'write "tasks": {"TaskName": {"host_s": ..., "device_s": ...}, ...}')
+        for key in ("machine", "method", "notes", "pipeline"):
+            if not isinstance(doc.get(key, ""), str):
+                raise CostModelError(f"{key} is {doc[key]!r}, not a string", at(key), "use a string")
+        try:
+            parsed = {name: _task_cost_from_dict(name, entry) for name, entry in tasks.items()}
+        except CostModelError as exc:
+            raise CostModelError(exc.what, at(exc.where), exc.fix) from None
+        return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""))
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write the model as JSON (schema version 1).
+
+        Parameters
+        ----------
+        path : str or path-like
+
+        Examples
+        --------
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "c.json")
+        >>> CostModel({"A": TaskCost(0.001, resources=("pcie",))}, machine="m").save(p)
+        >>> CostModel.load(p)["A"].resources
+        ('pcie',)
+        """
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=2)
+            fh.write("\n")
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "CostModel":
+        """Read a cost model JSON file, checking every field.
+
+        Parameters
+        ----------
+        path : str or path-like
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        CostModelError
+            For invalid JSON, a wrong schema or version, an unknown field, a missing or negative cost.
+        FileNotFoundError
+            If the file does not exist.
+
+        Examples
+        --------
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "bad.json")
+        >>> _ = open(p, "w").write('{"schema": "swpipe-cost-model", "version": 1, "tasks": {"A": {"host_s": -2}}}')
+        >>> CostModel.load(p)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        autosched.costs.CostModelError: ...bad.json: tasks.A.host_s: negative cost -2. Fix: use a time >= 0 in seconds
+        """
+        path = os.fspath(path)
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"not valid JSON ({exc})", path,
+                                 "fix the syntax; see cost_models/README.md for the schema") from None
+        return cls.from_dict(doc, where=path)

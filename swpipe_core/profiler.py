@@ -1,0 +1,492 @@
+"""Per-task exposed time, measured on the real training step by shortcutting.
+
+``exposed(T) = max(0, baseline - median(serial iteration with T shortcut))``:
+how much one serial iteration speeds up when task ``T`` is replaced by a
+replay of its cached output (:mod:`swpipe_core.shortcut`). A task that
+overlaps others (device work hidden behind host work) exposes less than it
+takes; the exposed times are what an auto-scheduler has to hide.
+
+This module imports only the standard library at import time (torch when a
+profile runs, tqdm when a progress bar is asked for, pandas inside
+:meth:`ProfileResult.to_dataframe`), so :mod:`swpipe_core.plan` can re-export
+:class:`ProfileResult` without making ``import swpipe_core`` heavy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+__all__ = ["TaskProfiler", "ProfileResult"]
+
+_log = logging.getLogger(__name__)
+
+_SCHEMA_VERSION = 1
+_CPU_DEVICE_NOTE = "not measured on CPU: there is no device queue, all of a task's time is host time (host_s)"
+
+
+@dataclass
+class ProfileResult:
+    """Result of :meth:`TaskProfiler.profile`: the serial baseline and each task's exposed time.
+
+    ``exposed_s[T] = max(0, baseline_s - median(serial iteration with T shortcut))``.
+
+    Parameters
+    ----------
+    baseline_s : float
+        Median wall-clock seconds of one serial iteration.
+    exposed_s : dict
+        ``{task name: exposed seconds}``, in the plan's task order.
+    host_s : dict, optional
+        ``{task name: median seconds the task's function held its CPU thread}``.
+    device_s : dict, optional
+        ``{task name: median seconds on its stream}`` (CUDA events; None on CPU).
+    meta : dict
+        How it was measured: device, counts, per-round samples, the
+        profiler's own wall time (``wall_s``), torch version, date.
+
+    Examples
+    --------
+    >>> r = ProfileResult(baseline_s=0.010, exposed_s={"A": 0.004, "B": 0.005})
+    >>> round(sum(r.exposed_s.values()) / r.baseline_s, 2)
+    0.9
+    >>> r.print_report()
+    Baseline serial iteration: 10.000 ms
+    <BLANKLINE>
+      Task                       Exposed   % baseline
+      ------------------------ ---------- ------------
+      A                          4.000ms       40.0%
+      B                          5.000ms       50.0%
+      ------------------------ ---------- ------------
+      SUM                        9.000ms       90.0%
+    """
+
+    baseline_s: float
+    exposed_s: Dict[str, float] = field(default_factory=dict)
+    host_s: Optional[Dict[str, float]] = None
+    device_s: Optional[Dict[str, float]] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def format_report(self) -> str:
+        """The report :meth:`print_report` prints, as a string.
+
+        One row per task with its exposed time in ms and as a percentage of
+        the baseline, then the sum. A SUM above 100 % means tasks overlap on
+        the critical path (shortcutting either one removes the shared time).
+
+        Returns
+        -------
+        str
+
+        Examples
+        --------
+        >>> print(ProfileResult(0.002, {"H2D": 0.0005}).format_report().splitlines()[4])
+          H2D                        0.500ms       25.0%
+        """
+        width = max([24, *(len(n) for n in self.exposed_s)])
+        pct = (lambda s: 100.0 * s / self.baseline_s) if self.baseline_s > 0 else (lambda s: 0.0)
+        rule = f"  {'-' * width} {'-' * 10} {'-' * 12}"
+        lines = [
+            f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms",
+            "",
+            f"  {'Task':<{width}} {'Exposed':>9}  {'% baseline':>11}",
+            rule,
+        ]
+        for name, s in self.exposed_s.items():
+            lines.append(f"  {name:<{width}} {s * 1e3:>7.3f}ms{pct(s):>11.1f}%")
+        total = sum(self.exposed_s.values())
+        lines += [rule, f"  {'SUM':<{width}} {total * 1e3:>7.3f}ms{pct(total):>11.1f}%"]
+        return "\n".join(lines)
+
+    def print_report(self) -> None:
+        """Print :meth:`format_report` (baseline, per-task exposed ms and %, SUM)."""
+        print(self.format_report())
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict (schema ``version`` 1) of all fields."""
+        return {
+            "version": _SCHEMA_VERSION,
+            "baseline_s": self.baseline_s,
+            "exposed_s": dict(self.exposed_s),
+            "host_s": None if self.host_s is None else dict(self.host_s),
+            "device_s": None if self.device_s is None else dict(self.device_s),
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "ProfileResult":
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        ValueError
+            If the schema version is not one this code reads, or a field is missing.
+        """
+        version = data.get("version", _SCHEMA_VERSION)
+        if version != _SCHEMA_VERSION:
+            raise ValueError(f"ProfileResult schema version {version!r} is not supported (this code reads {_SCHEMA_VERSION})")
+        if "baseline_s" not in data:
+            raise ValueError("not a ProfileResult: the 'baseline_s' field is missing")
+        return cls(
+            baseline_s=float(data["baseline_s"]),
+            exposed_s={str(k): float(v) for k, v in data.get("exposed_s", {}).items()},
+            host_s=data.get("host_s"),
+            device_s=data.get("device_s"),
+            meta=dict(data.get("meta") or {}),
+        )
+
+    def save(self, path: str) -> None:
+        """Write the result to ``path`` as JSON.
+
+        Parameters
+        ----------
+        path : str or path-like
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> p = os.path.join(tempfile.mkdtemp(), "profile.json")
+        >>> ProfileResult(0.01, {"A": 0.002}, meta={"device": "cpu"}).save(p)
+        >>> ProfileResult.load(p)
+        ProfileResult(baseline_s=0.01, exposed_s={'A': 0.002}, host_s=None, device_s=None, meta={'device': 'cpu'})
+        """
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=False)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str) -> "ProfileResult":
+        """Read a result written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or path-like
+
+        Returns
+        -------
+        ProfileResult
+
+        Raises
+        ------
+        ValueError
+            If the file is not a ProfileResult of a supported schema version.
+        """
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dataframe(self) -> Any:
+        """One row per task: exposed seconds and % of baseline, host and device seconds.
+
+        pandas is imported here, not at module import.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Indexed by task name, columns ``exposed_s``, ``pct_baseline``,
+            ``host_s``, ``device_s`` (NaN where not measured).
+
+        Examples
+        --------
+        >>> df = ProfileResult(0.01, {"A": 0.002, "B": 0.005}, host_s={"A": 0.003, "B": 0.006}).to_dataframe()
+        >>> df["pct_baseline"].round(1).tolist(), df.index.tolist()
+        ([20.0, 50.0], ['A', 'B'])
+        """
+        import pandas as pd
+
+        names = list(self.exposed_s) + [n for n in (self.host_s or {}) if n not in self.exposed_s]
+        rows = []
+        for n in names:
+            exposed = self.exposed_s.get(n)
+            rows.append({
+                "task": n,
+                "exposed_s": exposed,
+                "pct_baseline": None if exposed is None or self.baseline_s <= 0 else 100.0 * exposed / self.baseline_s,
+                "host_s": (self.host_s or {}).get(n),
+                "device_s": (self.device_s or {}).get(n),
+            })
+        df = pd.DataFrame(rows, columns=["task", "exposed_s", "pct_baseline", "host_s", "device_s"])
+        return df.set_index("task").astype(float)
+
+
+class TaskProfiler:
+    """Measure each task's exposed time on a :class:`~swpipe_core.engine.SWPipeline`.
+
+    Shortcuts one task at a time and times serial iterations
+    (``pipe.run_one_serial_iter``); ``exposed(T) = max(0, baseline - median
+    shortcut time)``. Optionally also times each task's host (CPU) time and,
+    on CUDA, its device time with CUDA events.
+
+    Parameters
+    ----------
+    pipeline : SWPipeline
+        A pipeline whose plan is bound to task functions. It must have no
+        shortcut enabled when :meth:`profile` starts.
+
+    Examples
+    --------
+    >>> import time
+    >>> from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
+    >>> from swpipe_core.engine import SWPipeline
+    >>> plan = PipelinePlan(schedule={
+    ...     PipelineTask("Load", lambda ctx: setattr(ctx, "x", ctx.batch)): TaskSchedule(),
+    ...     PipelineTask("Work", lambda ctx: time.sleep(0.002)): TaskSchedule()},
+    ...     intra_iter_deps=[("Work", "Load")])
+    >>> with SWPipeline(plan, device="cpu") as pipe:
+    ...     result = TaskProfiler(pipe).profile(1, num_warmup=1, num_measure=2, num_rounds=1)
+    >>> sorted(result.exposed_s), result.baseline_s > 0, result.device_s
+    (['Load', 'Work'], True, None)
+    """
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipe = pipeline
+
+    def profile(
+        self,
+        batch: Any,
+        num_warmup: int = 3,
+        num_measure: int = 10,
+        num_rounds: int = 3,
+        skip_tasks: Optional[Iterable[str]] = None,
+        progress: bool = False,
+        *,
+        task_times: bool = True,
+    ) -> ProfileResult:
+        """Four phases: warmup, baseline, per-task shortcut, exposed time.
+
+        (1) ``num_warmup`` serial iterations. (2) Baseline: ``num_rounds``
+        rounds of ``num_measure`` serial iterations, median of the per-round
+        means. (3) For each task not in ``skip_tasks``: shortcut it, run one
+        caching iteration (untimed), then the same rounds; disable it
+        (dropping its cache). (4) ``exposed = max(0, baseline - median)``.
+        Each round synchronises the device exactly twice on CUDA (before and
+        after its iterations) and never on CPU. With ``task_times``, a last
+        phase wraps each task execution to record host time (and device time
+        with CUDA events on CUDA) over ``num_measure`` iterations.
+
+        Parameters
+        ----------
+        batch : Any
+            A representative batch; every iteration runs on it.
+        num_warmup, num_measure, num_rounds : int
+            Warmup iterations, iterations per round, rounds.
+        skip_tasks : iterable of str, optional
+            Tasks not to shortcut (those that cannot be shortcut on their own,
+            e.g. a backward whose loss another task consumes).
+        progress : bool
+            Show a tqdm bar over (1 + tasks) x rounds (the 1 is the baseline).
+        task_times : bool
+            Also record per-task host (and on CUDA device) time.
+
+        Returns
+        -------
+        ProfileResult
+
+        Raises
+        ------
+        ValueError
+            Unknown task names in ``skip_tasks`` (valid names listed), counts
+            out of range, or shortcuts already enabled on the pipeline.
+        """
+        if num_warmup < 0 or num_measure < 1 or num_rounds < 1:
+            raise ValueError(
+                f"need num_warmup >= 0, num_measure >= 1 and num_rounds >= 1; got "
+                f"num_warmup={num_warmup}, num_measure={num_measure}, num_rounds={num_rounds}"
+            )
+        pipe = self.pipe
+        names = list(pipe.plan.task_names)
+        skip = set(skip_tasks or ())
+        unknown = sorted(skip - set(names))
+        if unknown:
+            raise ValueError(f"skip_tasks names unknown tasks {unknown}; valid task names: {names}")
+        active = sorted(getattr(getattr(pipe, "_shortcut", None), "tasks", ()) or ())
+        if active:
+            raise ValueError(
+                f"tasks {active} are already shortcut; the profile measures against the full step. "
+                f"Call pipe.disable_shortcut({', '.join(map(repr, active))}) first."
+            )
+        targets = [n for n in names if n not in skip]
+
+        import torch
+
+        device = torch.device(getattr(pipe, "device", "cpu"))
+        cuda = device.type == "cuda"
+        sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+        counter = itertools.count()
+        bar = _progress_bar((1 + len(targets)) * num_rounds, enabled=progress)
+        wall0 = time.perf_counter()
+
+        def one_round() -> float:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(num_measure):
+                pipe.run_one_serial_iter(batch, iter_idx=next(counter))
+            sync()
+            return (time.perf_counter() - t0) / num_measure
+
+        def rounds(label: str) -> List[float]:
+            out = []
+            for _ in range(num_rounds):
+                bar.set_postfix_str(label)
+                out.append(one_round())
+                bar.update(1)
+            return out
+
+        try:
+            # (1) warmup
+            for _ in range(num_warmup):
+                pipe.run_one_serial_iter(batch, iter_idx=next(counter))
+            # (2) baseline
+            baseline_rounds = rounds("baseline")
+            baseline = statistics.median(baseline_rounds)
+            _log.debug("baseline %.3f ms (rounds %s)", baseline * 1e3, baseline_rounds)
+            # (3) one task shortcut at a time
+            shortcut_rounds: Dict[str, List[float]] = {}
+            for name in targets:
+                pipe.enable_shortcut(name)
+                try:
+                    pipe.run_one_serial_iter(batch, iter_idx=next(counter))  # caching, untimed
+                    shortcut_rounds[name] = rounds(name)
+                finally:
+                    pipe.disable_shortcut(name)
+        finally:
+            bar.close()
+        # (4) exposed time
+        shortcut_s = {n: statistics.median(r) for n, r in shortcut_rounds.items()}
+        exposed = {n: max(0.0, baseline - s) for n, s in shortcut_s.items()}
+
+        host_s = device_s = None
+        if task_times:
+            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync)
+        meta: Dict[str, Any] = {
+            "device": str(device),
+            "num_warmup": num_warmup,
+            "num_measure": num_measure,
+            "num_rounds": num_rounds,
+            "skip_tasks": sorted(skip),
+            "baseline_rounds_s": baseline_rounds,
+            "shortcut_s": shortcut_s,
+            "shortcut_rounds_s": shortcut_rounds,
+            "host_time": "median perf_counter time of each task's execution on its thread" if task_times else "not measured",
+            "device_time": ("CUDA events around each task on its stream" if cuda else _CPU_DEVICE_NOTE)
+            if task_times else "not measured",
+            "wall_s": time.perf_counter() - wall0,
+            "torch": torch.__version__,
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
+        return ProfileResult(baseline_s=baseline, exposed_s=exposed, host_s=host_s, device_s=device_s, meta=meta)
+
+    def profile_many(
+        self,
+        batches: Iterable[Any],
+        num_warmup: int = 3,
+        num_measure: int = 10,
+        num_rounds: int = 3,
+        skip_tasks: Optional[Iterable[str]] = None,
+        progress: bool = False,
+        *,
+        task_times: bool = True,
+    ) -> List[ProfileResult]:
+        """Profile each batch independently (how exposed time varies with the data).
+
+        Parameters
+        ----------
+        batches : iterable
+            One :meth:`profile` per batch, with the same settings.
+        num_warmup, num_measure, num_rounds, skip_tasks, progress, task_times
+            As in :meth:`profile`.
+
+        Returns
+        -------
+        list of ProfileResult
+            In the order of ``batches``; ``meta["batch_index"]`` says which.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`profile`.
+        """
+        skip = None if skip_tasks is None else set(skip_tasks)
+        results = []
+        for i, batch in enumerate(batches):
+            r = self.profile(batch, num_warmup, num_measure, num_rounds, skip, progress, task_times=task_times)
+            r.meta["batch_index"] = i
+            results.append(r)
+        return results
+
+
+class _NoBar:
+    """The progress bar used when none is asked for."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="profile", unit="round")
+
+
+def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None]):
+    """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
+
+    Wraps the engine's ``_exec_task`` on the instance for the duration, so
+    the timing covers exactly one task execution. Device time is the span
+    between CUDA events recorded before and after the task on the current
+    (task's) stream.
+    """
+    import torch
+
+    cuda = device.type == "cuda"
+    host: Dict[str, List[float]] = {}
+    events: List[tuple] = []
+    original = pipe._exec_task
+    had_instance_attr = "_exec_task" in vars(pipe)
+
+    def timed(task: Any, ctx: Any) -> None:
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        original(task, ctx)
+        host.setdefault(task.name, []).append(time.perf_counter() - t0)
+        if cuda:
+            end.record()
+            events.append((task.name, start, end))
+
+    pipe._exec_task = timed
+    try:
+        sync()
+        for _ in range(n):
+            pipe.run_one_serial_iter(batch, iter_idx=next(counter))
+        sync()
+    finally:
+        if had_instance_attr:
+            pipe._exec_task = original
+        else:
+            del pipe._exec_task
+    if not host:
+        _log.warning("per-task times not recorded: the pipeline did not run its tasks through _exec_task")
+        return None, None
+    host_s = {name: statistics.median(v) for name, v in host.items()}
+    device_s = None
+    if cuda:
+        spans: Dict[str, List[float]] = {}
+        for name, start, end in events:
+            spans.setdefault(name, []).append(start.elapsed_time(end) / 1e3)
+        device_s = {name: statistics.median(v) for name, v in spans.items()}
+    return host_s, device_s

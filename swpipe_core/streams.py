@@ -1,0 +1,176 @@
+"""Streams and device events: phase 2 of the two-phase sync (no-ops on CPU).
+
+A task's stream spec is ``None`` (the device's default stream), a name (one
+``torch.cuda.Stream`` per name per device, created on first use and reused),
+or a torch stream object used as given. On a CPU device there is no device
+queue: a stream is just a name, events are ``None`` and waiting on them does
+nothing, so CPU signals alone carry the order and the same engine runs on
+both.
+
+Device events order *device* work: the producer records an event on its
+stream after launching its kernels, and the consumer makes its own stream
+wait on that event before launching its kernels (``stream.wait_event``),
+without blocking the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, ContextManager, Dict, Optional, Union
+
+import torch
+
+from .plan import StreamSpec, stream_name
+
+__all__ = ["resolve_device", "StreamPool", "set_thread_device"]
+
+
+def resolve_device(device: Union[int, str, torch.device, None]) -> torch.device:
+    """The ``torch.device`` a pipeline runs on.
+
+    An integer means CUDA device ``device`` when CUDA is available and the CPU
+    otherwise (so code written for a GPU runs unchanged on a CPU-only machine);
+    a string or ``torch.device`` is taken literally.
+
+    Parameters
+    ----------
+    device : int, str, torch.device or None
+        ``None`` is the same as ``0``.
+
+    Returns
+    -------
+    torch.device
+
+    Raises
+    ------
+    RuntimeError
+        A CUDA device was named explicitly but CUDA is not available, or the
+        index is out of range.
+    ValueError
+        The device type is neither ``cpu`` nor ``cuda``.
+
+    Examples
+    --------
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    >>> resolve_device(0) == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    True
+    """
+    if device is None:
+        device = 0
+    if isinstance(device, int) and not isinstance(device, bool):
+        if torch.cuda.is_available():
+            dev = torch.device("cuda", device)
+        else:
+            return torch.device("cpu")
+    else:
+        dev = torch.device(device)
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"SWPipeline runs on 'cpu' or 'cuda' devices, got {dev}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device {dev} was requested but CUDA is not available; use device='cpu' "
+                           "(or an integer, which falls back to the CPU)")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise RuntimeError(f"device cuda:{index} does not exist; this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def set_thread_device(device: torch.device) -> None:
+    """Make ``device`` the calling thread's current CUDA device (nothing on CPU).
+
+    CUDA's current device is per thread, so every worker calls this first.
+
+    Examples
+    --------
+    >>> set_thread_device(torch.device("cpu"))
+    """
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+class StreamPool:
+    """Resolves stream specs to streams on one device and makes/waits device events.
+
+    Parameters
+    ----------
+    device : torch.device
+
+    Examples
+    --------
+    On a CPU device a stream is a name and events are no-ops:
+
+    >>> pool = StreamPool(torch.device("cpu"))
+    >>> pool.resolve("memcpy") is None, pool.name("memcpy"), pool.record(None) is None
+    (True, 'memcpy', True)
+    >>> pool.wait(None, None)
+    >>> with pool.use(None):
+    ...     pass
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self._named: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, spec: StreamSpec) -> Optional[Any]:
+        """The stream object for a spec; ``None`` on CPU.
+
+        ``None`` is the device's default stream, a name gets one stream per
+        name (created on first use, then reused), and a stream object is used
+        as given.
+        """
+        if not self.is_cuda:
+            return None
+        if spec is None:
+            return torch.cuda.default_stream(self.device)
+        if isinstance(spec, str):
+            stream = self._named.get(spec)
+            if stream is None:
+                with self._lock:  # two workers may ask for a new name at once
+                    stream = self._named.get(spec)
+                    if stream is None:
+                        stream = torch.cuda.Stream(device=self.device)
+                        stream.swpipe_name = spec
+                        self._named[spec] = stream
+            return stream
+        return spec
+
+    @staticmethod
+    def name(spec: StreamSpec) -> str:
+        """Readable name of a stream spec (``"default"`` for ``None``)."""
+        return stream_name(spec)
+
+    def use(self, stream: Optional[Any]) -> ContextManager:
+        """Context manager making ``stream`` current (a no-op on CPU)."""
+        if stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(stream)
+
+    def record(self, stream: Optional[Any]) -> Optional[Any]:
+        """Record and return a new device event on ``stream`` (``None`` on CPU)."""
+        if stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    @staticmethod
+    def wait(stream: Optional[Any], event: Optional[Any]) -> None:
+        """Make ``stream`` wait for ``event`` on the device; the CPU does not block."""
+        if stream is not None and event is not None:
+            stream.wait_event(event)
+
+    @staticmethod
+    def query(event: Optional[Any]) -> bool:
+        """Whether the device work before ``event`` has completed (always true on CPU)."""
+        return event is None or event.query()
+
+    def synchronize(self) -> None:
+        """Wait for all device work on the device (nothing on CPU)."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)

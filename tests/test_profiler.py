@@ -1,0 +1,195 @@
+"""TaskProfiler and ProfileResult: exposed-time accuracy, phases, syncs, report, persistence."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.profiler import ProfileResult, TaskProfiler
+from swpipe_core.shortcut import _ShortcutState
+
+
+def _sleep(seconds):
+    def fn(ctx):
+        time.sleep(seconds)
+        ctx.out = getattr(ctx, "out", 0) + 1
+    return fn
+
+
+def _serial_plan(costs):
+    """A one-stage plan of sleep tasks run one after another."""
+    names = list(costs)
+    schedule = {PipelineTask(n, _sleep(s)): TaskSchedule() for n, s in costs.items()}
+    return PipelinePlan(schedule=schedule, intra_iter_deps=list(zip(names[1:], names[:-1])))
+
+
+class FakePipe:
+    """The slice of SWPipeline the profiler uses, with a device it can pretend to have."""
+
+    def __init__(self, plan, device="cpu"):
+        self.plan = plan
+        self.device = torch.device(device)
+        self._shortcut = _ShortcutState()
+        self.iterations = 0
+
+    def enable_shortcut(self, *names):
+        self._shortcut.enable(names)
+
+    def disable_shortcut(self, *names):
+        self._shortcut.disable(names)
+
+    def _exec_task(self, task, ctx):
+        if task.name in self._shortcut.tasks:
+            self._shortcut.execute(task, ctx)
+        else:
+            task.fn(ctx)
+
+    def run_one_serial_iter(self, batch, iter_idx=0):
+        self.iterations += 1
+        ctx = IterContext(batch, iter_idx)
+        for task in self.plan.tasks:
+            self._exec_task(task, ctx)
+
+
+# -- ProfileResult -----------------------------------------------------------
+
+SPEC_REPORT = """\
+Baseline serial iteration: 8.503 ms
+
+  Task                       Exposed   % baseline
+  ------------------------ ---------- ------------
+  CopyBatch                  0.521ms        6.1%
+  EmbLookup                  1.234ms       14.5%
+  ------------------------ ---------- ------------
+  SUM                        1.755ms       20.6%"""
+
+
+def test_report_matches_spec_format(capsys):
+    r = ProfileResult(baseline_s=0.008503, exposed_s={"CopyBatch": 0.000521, "EmbLookup": 0.001234})
+    assert r.format_report() == SPEC_REPORT
+    r.print_report()
+    assert capsys.readouterr().out == SPEC_REPORT + "\n"
+
+
+def test_report_widens_for_long_names_and_shows_overlap_above_100_percent():
+    long = "InputDistStartAndWaitForEverything"
+    text = ProfileResult(0.001, {long: 0.0008, "B": 0.0007}).format_report()
+    lines = text.splitlines()
+    assert lines[4].startswith(f"  {long} ")
+    assert len({len(lines[3]), len(lines[-2])}) == 1  # both rules equally wide
+    assert lines[-1].endswith("150.0%")
+
+
+def test_save_load_roundtrip(tmp_path):
+    r = ProfileResult(0.01, {"A": 0.004}, host_s={"A": 0.005}, device_s=None, meta={"device": "cpu", "rounds": [1.0]})
+    path = tmp_path / "p.json"
+    r.save(path)
+    assert json.loads(path.read_text())["version"] == 1
+    assert ProfileResult.load(path) == r
+
+
+def test_load_rejects_unknown_version(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"version": 99, "baseline_s": 1.0}))
+    with pytest.raises(ValueError, match="version 99"):
+        ProfileResult.load(path)
+
+
+def test_to_dataframe_has_exposed_pct_host_and_device_columns():
+    df = ProfileResult(0.02, {"A": 0.01, "B": 0.0}, host_s={"A": 0.012, "B": 0.003, "C": 0.001}).to_dataframe()
+    assert list(df.columns) == ["exposed_s", "pct_baseline", "host_s", "device_s"]
+    assert df.loc["A", "pct_baseline"] == pytest.approx(50.0)
+    assert df.loc["C", "host_s"] == pytest.approx(0.001) and math.isnan(df.loc["C", "exposed_s"])
+    assert df["device_s"].isna().all()
+
+
+# -- TaskProfiler with a fake pipe (phases, syncs, validation) ----------------
+
+def test_two_device_syncs_per_round_on_cuda(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0, "C": 0.0}), device="cuda")
+    TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=4, num_rounds=3, task_times=False)
+    rounds = 3 * (1 + 3)  # baseline + one per task
+    assert len(calls) == 2 * rounds
+    assert pipe.iterations == 2 + rounds * 4 + 3  # + one caching iteration per task
+
+
+def test_no_device_sync_on_cpu(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    TaskProfiler(FakePipe(_serial_plan({"A": 0.0}))).profile(None, num_warmup=1, num_measure=2, num_rounds=2)
+    assert calls == []
+
+
+def test_unknown_skip_task_raises_listing_valid_names():
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
+    with pytest.raises(ValueError, match=r"\['Nope'\].*valid task names: \['A', 'B'\]"):
+        TaskProfiler(pipe).profile(None, skip_tasks={"Nope"})
+
+
+@pytest.mark.parametrize("kw", [{"num_measure": 0}, {"num_rounds": 0}, {"num_warmup": -1}])
+def test_bad_counts_raise(kw):
+    with pytest.raises(ValueError, match="num_measure >= 1"):
+        TaskProfiler(FakePipe(_serial_plan({"A": 0.0}))).profile(None, **kw)
+
+
+def test_refuses_when_a_shortcut_is_already_enabled():
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
+    pipe.enable_shortcut("B")
+    with pytest.raises(ValueError, match=r"\['B'\] are already shortcut.*disable_shortcut\('B'\)"):
+        TaskProfiler(pipe).profile(None)
+
+
+def test_skip_tasks_are_not_shortcut_but_still_timed():
+    pipe = FakePipe(_serial_plan({"A": 0.0, "Loss": 0.0}))
+    r = TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=1, num_rounds=1, skip_tasks=["Loss"])
+    assert list(r.exposed_s) == ["A"] and set(r.host_s) == {"A", "Loss"}
+    assert r.meta["skip_tasks"] == ["Loss"]
+
+
+def test_shortcut_disabled_after_task_failure():
+    state = {"n": 0}
+
+    def flaky(ctx):
+        state["n"] += 1
+        if state["n"] > 3:
+            raise RuntimeError("boom")
+
+    plan = PipelinePlan(schedule={PipelineTask("A", lambda ctx: None): TaskSchedule(), PipelineTask("F", flaky): TaskSchedule()})
+    pipe = FakePipe(plan)
+    with pytest.raises(RuntimeError, match="boom"):
+        TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=2, num_rounds=1)
+    assert pipe._shortcut.tasks == frozenset() and pipe._shortcut.cached == frozenset()
+    assert "_exec_task" not in vars(pipe)
+
+
+def test_progress_bar_counts_baseline_and_task_rounds(capsys):
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
+    TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=1, num_rounds=2, progress=True)
+    err = capsys.readouterr().err
+    assert "profile" in err and "6/6" in err  # (1 + 2 tasks) x 2 rounds
+
+
+def test_profile_many_one_result_per_batch_tracks_the_data():
+    plan = PipelinePlan(schedule={
+        PipelineTask("Work", lambda ctx: time.sleep(ctx.batch)): TaskSchedule(),
+        PipelineTask("Tiny", lambda ctx: None): TaskSchedule(),
+    })
+    results = TaskProfiler(FakePipe(plan)).profile_many([0.001, 0.02], num_warmup=0, num_measure=3, num_rounds=1)
+    assert [r.meta["batch_index"] for r in results] == [0, 1]
+    # the 20 ms batch exposes more Work than the 1 ms one (19 ms apart: far above scheduler noise)
+    assert results[1].exposed_s["Work"] > results[0].exposed_s["Work"] + 0.005
+
+
+def test_cpu_records_host_time_only_and_says_so():
+    pipe = FakePipe(_serial_plan({"A": 0.002, "B": 0.0}))
+    r = TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=3, num_rounds=1)
+    assert r.device_s is None and "not measured on CPU" in r.meta["device_time"]
+    assert r.host_s["A"] >= 0.002 and r.host_s["B"] < r.host_s["A"]
+    assert r.meta["wall_s"] > 0 and r.meta["device"] == "cpu"
