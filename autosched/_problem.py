@@ -54,6 +54,7 @@ class Problem:
     unit_s: float = 1e-6
     base_plan: Optional[PipelinePlan] = None
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
+    _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
 
     # -- timing ------------------------------------------------------------
 
@@ -95,9 +96,14 @@ class Problem:
 
     def preds(self, name: str) -> List[Tuple[str, int]]:
         """``(dep, distance)`` for every dependency of ``name`` (distance 0 = intra)."""
-        out = [(d, 0) for t, d in self.intra if t == name]
-        out += [(d, n) for t, d, n in self.inter if t == name]
-        return out
+        if self._preds is None:
+            table: Dict[str, List[Tuple[str, int]]] = {n: [] for n in self.names}
+            for t, d in self.intra:
+                table[t].append((d, 0))
+            for t, d, n in self.inter:
+                table[t].append((d, n))
+            self._preds = table
+        return self._preds[name]
 
     def sum_time(self) -> float:
         return sum(self.thread_time(n) for n in self.names)
@@ -111,6 +117,34 @@ class Problem:
         if any(stage[d] > stage[t] for t, d in self.intra):
             return False
         return all(stage[d] - stage[t] <= n for t, d, n in self.inter)
+
+
+def _auto_unit(times: Sequence[float]) -> float:
+    """The models' clock: a sixth of the costs' common grain when they have one, else ~1e-4 of an iteration.
+
+    Costs written by hand (1 ms, 2.5 ms, ...) share a grain ``g``; with ``g / 6``
+    as the unit every task time is exact and so is any period of the form
+    ``k * g / d`` for ``d`` in 1, 2, 3, 6 (cycles spanning 2 or 3 iterations).
+    Measured costs have no useful grain: then about 1e4..1e5 units per serial
+    iteration keep CP-SAT's domains small at a 1e-4 relative resolution.
+
+    Examples
+    --------
+    >>> round(_auto_unit([0.001, 0.002, 0.0035]) * 1e6, 3)   # grain 0.5 ms
+    83.333
+    >>> _auto_unit([0.0123457, 0.0234568])
+    1e-06
+    """
+    total = sum(times)
+    if total <= 0:
+        return 1e-6
+    ticks = [int(round(t * 1e9)) for t in times if t > 0]
+    grain = 0
+    for t in ticks:
+        grain = math.gcd(grain, t)
+    if grain and total * 1e9 / grain <= 2e3:
+        return grain * 1e-9 / 6
+    return 10.0 ** math.floor(math.log10(total / 1e4))
 
 
 def _cost_of(costs: Any, name: str) -> Any:
@@ -135,8 +169,8 @@ def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[t
         refs = [g.nodes[n].get("task", n) for n in g.nodes]
         intra, inter = [], []
         for d, t, data in g.edges(data=True):
-            n = int(data.get("distance", 0))
-            (inter.append((t, d, n)) if n > 0 else intra.append((t, d)))
+            for n in data.get("distances", [data.get("distance", 0)]):
+                (inter.append((t, d, int(n))) if int(n) > 0 else intra.append((t, d)))
         return refs, intra, inter, None
     if isinstance(tasks_or_graph, tuple) and len(tasks_or_graph) in (2, 3):
         refs = list(tasks_or_graph[0])
@@ -283,15 +317,7 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
         if init_stream[n] not in choices[n]:
             init_stream[n] = choices[n][0]
 
-    total = sum(host.values()) + sum(dev.values())
-    if c.time_unit_s is not None:
-        unit = float(c.time_unit_s)
-    elif total > 0:
-        # About 1e5..1e6 units per serial iteration: exact for costs given in round numbers,
-        # fine enough (1e-5 relative) for measured ones, small enough for CP-SAT.
-        unit = 10.0 ** math.floor(math.log10(total / 1e5))
-    else:
-        unit = 1e-6
+    unit = float(c.time_unit_s) if c.time_unit_s is not None else _auto_unit(list(host.values()) + list(dev.values()))
     return Problem(
         names=names, tasks=tasks, intra=tuple(intra), inter=tuple(inter), costs=costs, device=device,
         host=host, dev=dev, comm=comm, pcie=frozenset(pcie), ordered=frozenset(ordered),

@@ -36,6 +36,7 @@ _LAZY = {
     "format_stage_analysis": "analysis",
     "min_depth": "analysis",
     "lds": "analysis",
+    "format_plan_repr": "analysis",
     "TimelineRecorder": "trace",
     "pipelines": "pipelines",
 }

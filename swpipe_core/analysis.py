@@ -47,6 +47,7 @@ import networkx as nx
 
 from .order import enqueue_order, stage_descending_order
 from .plan import PipelinePlan, TaskRef, ref_name
+from .validate import validate
 
 __all__ = [
     "format_schedule",
@@ -391,9 +392,8 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
 
     Raises
     ------
-    ValueError
-        If the plan's enqueue order admits no stage assignment (only for an
-        invalid plan).
+    PlanError
+        If the plan does not pass :func:`~swpipe_core.validate.validate`.
 
     Examples
     --------
@@ -419,6 +419,7 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
       ✓  LDS == depth (Dilworth-optimal)
     Minimum depth for this enqueue order = 2 (exact; LDS <= minimum depth <= depth)
     """
+    validate(plan)
     index = {n: i for i, n in enumerate(plan.task_names)}
     rows = _topological_rows(plan)
     w_task = max([16] + [len(n) for n in rows])
@@ -447,13 +448,13 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
     else:
         ks = removable_boundaries(plan, order)
         if ks:
-            where = ", ".join(f"{k}|{k + 1}" for k in ks)
-            fix = f"the stage boundary {where} can be removed" if len(ks) == 1 else f"any one of the stage boundaries {where} can be removed"
+            fix = "removable stage boundaries " + ", ".join(f"{k}|{k + 1}" for k in ks) + " (each alone"
         else:
             stages = min_stages(plan, order)
-            fix = "no single boundary can be removed, but the stages " + ", ".join(f"{n}={s}" for n, s in stages.items()) + " suffice"
-        out.append(f"  ✗  depth {depth} > minimum depth {minimum} for this enqueue order: {fix} and the order "
-                   f"stays deadlock-free (the extra stages buy overlap, not correctness)")
+            fix = "no single stage boundary is removable, but stages " + ", ".join(
+                f"{n}={s}" for n, s in stages.items()) + " suffice (they"
+        out.append(f"  ✗  depth {depth} > minimum depth {minimum} for this enqueue order: {fix} keeps the order "
+                   f"deadlock-free; extra stages buy overlap, not correctness)")
     out.append(f"Minimum depth for this enqueue order = {minimum} (exact; LDS <= minimum depth <= depth)")
     return "\n".join(out)
 

@@ -8,8 +8,14 @@ Every other dependency was satisfied in an earlier period. Any topological
 order of this graph is deadlock-free (000's proof); among them
 
 * **ready-first** (default) picks, among ready tasks, the smallest
-  ``(stall_cost, name)``: tasks whose stream need not wait on another stream
-  go first, so they do not sit behind a ``wait_event`` on a FIFO stream;
+  ``(stall_cost, ready_at, name)``: tasks whose stream need not wait on
+  another stream go first, so they do not sit behind a ``wait_event`` on a
+  FIFO stream; among those, the task that became ready first (``ready_at`` =
+  how many tasks had been enqueued when its last same-period dependency was),
+  then the name. The ``ready_at`` term is what 000's SparseDist worked example
+  does ([H2D, InputDistStart, ZeroGrad, InputDistWait, ...]); 000's pseudocode
+  re-sorts the whole ready list by ``(stall_cost, name)`` after each release,
+  which would put InputDistWait before ZeroGrad and contradicts that example;
 * **stage-descending** picks the smallest ``(-stage, stall_cost, name)``:
   older iterations first.
 
@@ -19,6 +25,7 @@ dependency runs on a different stream.
 
 from __future__ import annotations
 
+import heapq
 from typing import Dict, List
 
 import networkx as nx
@@ -89,7 +96,11 @@ def stall_cost(plan: PipelinePlan, graph: nx.DiGraph = None) -> Dict[str, int]:
 
 
 def ready_first_order(plan: PipelinePlan) -> List[str]:
-    """Topological order of the period-local graph by ``(stall_cost, name)``.
+    """Topological order of the period-local graph by ``(stall_cost, ready_at, name)``.
+
+    Kahn's algorithm: among the tasks whose same-period dependencies are all
+    enqueued, take the one with the fewest cross-stream waits, then the one
+    that became ready earliest, then by name (deterministic across ranks).
 
     Parameters
     ----------
@@ -116,7 +127,20 @@ def ready_first_order(plan: PipelinePlan) -> List[str]:
     """
     graph = period_local_graph(plan)
     cost = stall_cost(plan, graph)
-    return list(nx.lexicographical_topological_sort(graph, key=lambda n: (cost[n], n)))
+    indegree = dict(graph.in_degree())
+    ready = [(cost[n], 0, n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: List[str] = []
+    while ready:
+        _, _, name = heapq.heappop(ready)
+        order.append(name)
+        for succ in graph.successors(name):
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                heapq.heappush(ready, (cost[succ], len(order), succ))
+    if len(order) != len(indegree):
+        raise nx.NetworkXUnfeasible("the period-local graph has a cycle; validate() names it")
+    return order
 
 
 def stage_descending_order(plan: PipelinePlan) -> List[str]:

@@ -193,3 +193,67 @@ def test_cpu_records_host_time_only_and_says_so():
     assert r.device_s is None and "not measured on CPU" in r.meta["device_time"]
     assert r.host_s["A"] >= 0.002 and r.host_s["B"] < r.host_s["A"]
     assert r.meta["wall_s"] > 0 and r.meta["device"] == "cpu"
+
+
+# -- TaskProfiler on the real engine -------------------------------------------
+
+from swpipe_core.engine import SWPipeline  # noqa: E402
+
+
+def test_sleep_workload_exposed_times_match_truth():
+    truth = {"A": 0.005, "B": 0.010, "C": 0.020}
+    with SWPipeline(_serial_plan(truth), device="cpu") as pipe:
+        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=5, num_rounds=3)
+    for name, true_s in truth.items():
+        # max(10 %, 2 ms) as the issue asks; medians of 3 rounds x 5 iterations stay well inside
+        # it even with other processes competing for the 2 cores
+        assert abs(r.exposed_s[name] - true_s) <= max(0.1 * true_s, 0.002), (name, r.exposed_s, r.meta)
+    assert sum(truth.values()) <= r.baseline_s < sum(truth.values()) + 0.02
+    assert all(r.host_s[n] >= s for n, s in truth.items())
+    assert "_exec_task" not in vars(pipe)  # the per-task timing wrapper is removed again
+
+
+def test_hidden_task_exposes_nothing():
+    # Job runs 15 ms on a background thread from Start to Wait; Compute (5 ms) hides under it
+    import threading
+
+    def start(ctx):
+        ctx.job = threading.Thread(target=time.sleep, args=(0.015,), name="test-hidden-job")
+        ctx.job.start()
+
+    plan = PipelinePlan(
+        schedule={PipelineTask("Start", start): TaskSchedule(),
+                  PipelineTask("Compute", lambda ctx: time.sleep(0.005)): TaskSchedule(),
+                  PipelineTask("Wait", lambda ctx: ctx.job.join()): TaskSchedule()},
+        intra_iter_deps=[("Compute", "Start"), ("Wait", "Compute")],
+    )
+    with SWPipeline(plan, device="cpu") as pipe:
+        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=5, num_rounds=3)
+    # Compute takes 5 ms of host time but removing it does not shorten the 15 ms iteration
+    assert r.host_s["Compute"] >= 0.005
+    assert r.exposed_s["Compute"] < 0.003, r.exposed_s
+    assert r.exposed_s["Wait"] > r.exposed_s["Compute"] + 0.004  # shortcut Wait frees ~10 ms
+
+
+def test_profile_multi_stage_plan_with_skip_and_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def fwd(ctx):
+        ctx.loss = model(ctx.batch).pow(2).mean()
+
+    plan = PipelinePlan(
+        schedule={PipelineTask("ZeroGrad", lambda ctx: opt.zero_grad()): TaskSchedule(stage=0, thread_group="io"),
+                  PipelineTask("Forward", fwd): TaskSchedule(stage=1),
+                  PipelineTask("Backward", lambda ctx: ctx.loss.backward()): TaskSchedule(stage=1),
+                  PipelineTask("Step", lambda ctx: opt.step()): TaskSchedule(stage=1)},
+        intra_iter_deps=[("Forward", "ZeroGrad"), ("Backward", "Forward"), ("Step", "Backward")],
+    )
+    with SWPipeline(plan, device="cpu") as pipe:
+        r = TaskProfiler(pipe).profile(torch.randn(16, 8), num_warmup=1, num_measure=2, num_rounds=1,
+                                       skip_tasks={"Step"})
+        assert pipe.shortcuts == []
+    assert list(r.exposed_s) == ["ZeroGrad", "Forward", "Backward"]
+    assert set(r.host_s) == {"ZeroGrad", "Forward", "Backward", "Step"}
+    assert all(v >= 0 for v in r.exposed_s.values())

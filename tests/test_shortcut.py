@@ -286,3 +286,146 @@ def test_first_write_wins_under_concurrent_caching():
     replay = IterContext(None, 5)
     state.execute(task, replay)
     assert replay.v in (0, 1)
+
+
+
+# -- integration with SWPipeline ----------------------------------------------
+
+import time  # noqa: E402
+
+from swpipe_core.engine import SWPipeline  # noqa: E402
+
+
+def _produce_consume(calls, seen, depth=1):
+    """Produce (thread "io") writes ctx.x from the batch and deletes ctx.batch_tmp; Consume reads it."""
+
+    def produce(ctx):
+        calls.append(ctx.iter_idx)
+        ctx.x = torch.tensor([float(ctx.batch)])
+
+    def consume(ctx):
+        seen.append(float(ctx.x))
+
+    return PipelinePlan(
+        schedule={
+            PipelineTask("Produce", produce): TaskSchedule(stage=0, thread_group="io"),
+            PipelineTask("Consume", consume): TaskSchedule(stage=depth - 1, thread_group="compute"),
+        },
+        intra_iter_deps=[("Consume", "Produce")],
+    )
+
+
+def test_engine_unknown_shortcut_name_raises_listing_valid_names():
+    with SWPipeline(_produce_consume([], []), device="cpu") as pipe:
+        with pytest.raises(ValueError, match=r"\['Nope'\].*\['Produce', 'Consume'\]"):
+            pipe.enable_shortcut("Produce", "Nope")
+        with pytest.raises(ValueError, match=r"\['Nope'\]"):
+            pipe.disable_shortcut("Nope")
+        assert pipe.shortcuts == []  # nothing half-enabled
+
+
+@pytest.mark.parametrize("mode", ["run_one_serial_iter", "run_serial", "run"])
+def test_engine_shortcut_replays_in_every_run_mode(mode):
+    calls, seen = [], []
+    with SWPipeline(_produce_consume(calls, seen, depth=2), device="cpu") as pipe:
+        pipe.enable_shortcut("Produce")
+        batches = [1, 2, 3, 4]
+        if mode == "run_one_serial_iter":
+            for i, b in enumerate(batches):
+                pipe.run_one_serial_iter(b, iter_idx=i)
+        else:
+            getattr(pipe, mode)(batches)
+    assert calls == [0]  # cached on the first iteration, replayed after
+    assert seen == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_engine_drain_keeps_cache_disable_clears_it():
+    calls, seen = [], []
+    with SWPipeline(_produce_consume(calls, seen, depth=2), device="cpu") as pipe:
+        pipe.enable_shortcut("Produce")
+        it = pipe.fill_pipeline([5, 6, 7])
+        pipe.progress(it)
+        pipe.drain()
+        pipe.run([8, 9])  # still replaying iteration 0's output
+        assert calls == [0] and seen == [5.0] * 5
+        pipe.disable_shortcut("Produce")
+        assert pipe._shortcut.cached == frozenset()
+        pipe.run([10])
+    assert calls == [0, 0] and seen[-1] == 10.0
+
+
+def test_engine_print_schedule_marks_shortcut_tasks(capsys):
+    with SWPipeline(_produce_consume([], [], depth=2), device="cpu") as pipe:
+        pipe.enable_shortcut("Produce")
+        pipe.print_schedule(2)
+        text = capsys.readouterr().out
+        assert "Produce [skip]" in text and "Consume [skip]" not in text
+        assert "Produce" in repr(pipe) and "shortcuts=['Produce']" in repr(pipe)
+
+
+def test_engine_globally_ordered_shortcut_keeps_its_sequence_turn():
+    order = []
+    g1_io = DeclaredIO(capture=lambda: None, restore=lambda _: order.append("G1"))
+    plan = PipelinePlan(
+        schedule={
+            # Slow delays G1's thread, so G2's idle thread would run first if G1 skipped its turn
+            PipelineTask("Slow", lambda ctx: time.sleep(0.02)): TaskSchedule(thread_group="a"),
+            PipelineTask("G1", lambda ctx: order.append("G1"), io=[g1_io]): TaskSchedule(thread_group="a", globally_ordered=True),
+            PipelineTask("G2", lambda ctx: order.append("G2")): TaskSchedule(thread_group="b", globally_ordered=True),
+        },
+        intra_iter_deps=[("G1", "Slow")],
+        enqueue_order=["Slow", "G1", "G2"],
+    )
+    with SWPipeline(plan, device="cpu", sequencer_timeout=10.0) as pipe:
+        pipe.enable_shortcut("G1")
+        pipe.run(range(4))
+    assert order == ["G1", "G2"] * 4  # caching run, then three replays, each before G2
+
+
+def _training_plan(model, emb, opt, log):
+    def zero_grad(ctx):
+        opt.zero_grad(set_to_none=True)
+
+    def embed(ctx):
+        ctx.h = emb(ctx.batch[0])
+
+    def forward(ctx):
+        ctx.loss = torch.nn.functional.mse_loss(model(ctx.h), ctx.batch[1])
+
+    def backward(ctx):
+        ctx.loss.backward()
+        log.append((float(ctx.loss.detach()), emb.weight.grad.clone() if emb.weight.grad is not None else None,
+                    model.weight.grad))
+
+    def step(ctx):
+        opt.step()
+
+    fns = [("ZeroGrad", zero_grad), ("Embed", embed), ("Forward", forward), ("Backward", backward), ("Step", step)]
+    return PipelinePlan(
+        schedule={PipelineTask(n, f): TaskSchedule() for n, f in fns},
+        intra_iter_deps=[(b[0], a[0]) for a, b in zip(fns, fns[1:])],
+    )
+
+
+@pytest.mark.parametrize("mode", ["run_one_serial_iter", "run"])
+def test_engine_shortcut_forward_then_real_backward_trains(mode):
+    torch.manual_seed(0)
+    emb, model = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(list(emb.parameters()) + list(model.parameters()), lr=0.1)
+    log = []
+    batch = (torch.randn(8, 4), torch.randn(8, 2))
+    with SWPipeline(_training_plan(model, emb, opt, log), device="cpu") as pipe:
+        pipe.enable_shortcut("Forward")
+        if mode == "run":
+            pipe.run([batch] * 5)
+        else:
+            for i in range(5):
+                pipe.run_one_serial_iter(batch, iter_idx=i)
+    assert len(log) == 5  # five backwards, none raised
+    # iteration 0 ran Forward for real; replays feed back the same loss value...
+    assert len({round(loss, 6) for loss, _, _ in log}) == 1
+    # ...and gradients: upstream parameters (emb) get zeros, Forward's own parameters get none
+    assert log[0][1].abs().sum() > 0 and log[0][2] is not None
+    for _, emb_grad, model_grad in log[1:]:
+        assert emb_grad is not None and emb_grad.abs().sum() == 0
+        assert model_grad is None

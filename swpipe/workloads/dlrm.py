@@ -92,7 +92,7 @@ class DLRMConfig:
     id_skew: float = 2.0
     dense_optimizer: str = "sgd"
     dense_lr: float = 0.05
-    emb_lr: float = 0.1
+    emb_lr: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -419,17 +419,17 @@ class DLRM(nn.Module):
         self.config = config
         self.owned_tables = [t for t in range(config.num_tables) if t % world_size == rank]
         self.tables = nn.ModuleDict()
-        for t in self.owned_tables:
-            bag = nn.EmbeddingBag(config.num_embeddings, config.embedding_dim, mode="sum")
-            g = torch.Generator().manual_seed(config.seed * 7919 + 1 + t)
-            with torch.no_grad():
-                bound = 1.0 / math.sqrt(config.num_embeddings)
-                bag.weight.copy_(torch.rand(bag.weight.shape, generator=g) * 2 * bound - bound)
-            # Tables are updated by the fused SGD in DLRMWorkload.emb_update, never through .grad.
-            bag.weight.requires_grad_(False)
-            self.tables[f"t{t}"] = bag
-        fork = torch.random.fork_rng(devices=[])
-        with fork:
+        # fork_rng: building the model must not move the caller's global RNG
+        with torch.random.fork_rng(devices=[]):
+            for t in self.owned_tables:
+                bag = nn.EmbeddingBag(config.num_embeddings, config.embedding_dim, mode="sum")
+                g = torch.Generator().manual_seed(config.seed * 7919 + 1 + t)
+                with torch.no_grad():
+                    bound = 1.0 / math.sqrt(config.embedding_dim)
+                    bag.weight.copy_(torch.rand(bag.weight.shape, generator=g) * 2 * bound - bound)
+                # Tables are updated by the fused SGD in DLRMWorkload.emb_update, never through .grad.
+                bag.weight.requires_grad_(False)
+                self.tables[f"t{t}"] = bag
             torch.manual_seed(config.seed)
             self.dense_arch = DenseArch(config)
 
@@ -589,12 +589,9 @@ class DLRMWorkload:
         per_source = torch.split(state.recv_values, state.value_recv_splits)
         ids: Dict[int, torch.Tensor] = {}
         offsets: Dict[int, torch.Tensor] = {}
+        per_source_table = [torch.split(per_source[s], lengths[s].sum(1).tolist()) for s in range(w)]
         for j, t in enumerate(own):
-            chunks = []
-            for s in range(w):
-                counts = lengths[s].sum(1).tolist()
-                chunks.append(torch.split(per_source[s], counts)[j])
-            ids[t] = torch.cat(chunks)
+            ids[t] = torch.cat([per_source_table[s][j] for s in range(w)])
             table_lengths = lengths[:, j, :].reshape(-1)
             offsets[t] = torch.cat([table_lengths.new_zeros(1), torch.cumsum(table_lengths, 0)[:-1]])
         return ShardInput(ids, offsets)

@@ -26,6 +26,8 @@ def _stage_names(stages: Optional[Union[int, str, Sequence[str]]]) -> list:
     names = list(stages)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"stages must be a count or non-empty names, got {stages!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"stage names must be unique, got {names}")
     return names
 
 

@@ -1,0 +1,153 @@
+"""Brute force over the whole plan space of a small problem (the ground truth the tests hold searchers to).
+
+The space is exactly the one the searchers cover (:mod:`autosched._problem`):
+
+* stage vectors allowed by corollaries 1 and 3, the depth cap and frozen
+  stages (without frozen stages, vectors whose smallest stage is above 0 are
+  skipped: they relabel periods, same timing, deeper pipeline);
+* thread maps: every partition of the tasks into at most ``max_threads``
+  groups (frozen groups respected); group names do not change timing;
+* streams: every combination of each task's stream choices;
+* enqueue orders: every topological order of the period-local graph. Orders
+  that put each thread's queue and the sequencer in the same sequence behave
+  the same (a period is enqueued at one instant), so one per class is scored,
+  unless tasks share a communicator or PCIe (then first-come ties may differ and
+  every order is scored).
+
+Only for a handful of tasks: the count grows as depth^n x Bell(n) x n!.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import networkx as nx
+
+from swpipe_core.order import period_local_graph
+from swpipe_core.plan import PipelinePlan
+
+from ._problem import Problem, build_plan
+
+__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult"]
+
+
+def thread_maps(problem: Problem) -> Iterator[Dict[str, str]]:
+    """Every partition of the tasks into at most ``max_threads`` groups, frozen groups respected.
+
+    Yields
+    ------
+    dict
+        ``{task: group label}`` (labels ``g0, g1, ...`` or the frozen names).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=1.0, device_s=0.0, resources=()) for n in "ABC"})
+    >>> p = make_problem((list("ABC"), []), c, Constraints(max_threads=2))
+    >>> len(list(thread_maps(p)))   # {ABC}, {A|BC}, {AB|C}, {AC|B}
+    4
+    """
+    names = problem.names
+    fixed = sorted(set(problem.frozen_group.values()))
+
+    def rec(i: int, labels: List[str], opened: int) -> Iterator[Dict[str, str]]:
+        if i == len(names):
+            yield dict(zip(names, labels))
+            return
+        n = names[i]
+        if n in problem.frozen_group:
+            yield from rec(i + 1, labels + [problem.frozen_group[n]], opened)
+            return
+        for g in fixed:
+            yield from rec(i + 1, labels + [g], opened)
+        for j in range(opened):
+            yield from rec(i + 1, labels + [f"g{j}"], opened)
+        if len(fixed) + opened < problem.max_threads:
+            yield from rec(i + 1, labels + [f"g{opened}"], opened + 1)
+
+    yield from rec(0, [], 0)
+
+
+def _order_key(problem: Problem, plan: PipelinePlan, order: Tuple[str, ...], exact: bool) -> tuple:
+    if exact:
+        return order
+    by_group: Dict[str, List[str]] = {}
+    for n in order:
+        by_group.setdefault(plan.sched(n).thread_group, []).append(n)
+    ordered = tuple(n for n in order if n in problem.ordered)
+    return tuple(sorted((g, tuple(v)) for g, v in by_group.items())) + (ordered,)
+
+
+def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
+    """Every distinct plan of the space (see the module docstring).
+
+    Yields
+    ------
+    PipelinePlan
+        Each with an explicit ``enqueue_order``; each passes ``validate``.
+    """
+    from .beam import stage_assignments
+
+    exact = any(problem.comm[n] is not None for n in problem.names) or bool(problem.pcie)
+    stream_sets = list(itertools.product(*(problem.stream_choices[n] for n in problem.names)))
+    groups = list(thread_maps(problem))
+    for stage in stage_assignments(problem):
+        for smap in stream_sets:
+            stream = dict(zip(problem.names, smap))
+            for group in groups:
+                base = build_plan(problem, stage, group, stream)
+                seen = set()
+                for order in nx.all_topological_sorts(period_local_graph(base)):
+                    key = _order_key(problem, base, tuple(order), exact)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    yield base.replace(enqueue_order=list(order), pipeline_depth=base.pipeline_depth)
+
+
+@dataclass
+class BruteForceResult:
+    """The best simulated period over the space, a plan reaching it, and how many plans were scored."""
+
+    period: float
+    plan: PipelinePlan
+    count: int
+
+
+def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, float]],
+                limit: Optional[int] = 200_000) -> BruteForceResult:
+    """Score every plan of the space; the minimum period is the ground truth.
+
+    Parameters
+    ----------
+    problem : Problem
+    scorer : callable
+        ``plan -> (period_s, latency_s)``, e.g. :func:`autosched.beam.sim_scorer`.
+    limit : int, optional
+        Refuse spaces larger than this many plans.
+
+    Returns
+    -------
+    BruteForceResult
+
+    Raises
+    ------
+    ValueError
+        The space exceeds ``limit`` plans.
+    """
+    best_period, best_plan, count = math.inf, None, 0
+    for plan in enumerate_plans(problem):
+        count += 1
+        if limit is not None and count > limit:
+            raise ValueError(f"the plan space has more than {limit} plans; brute force is for small problems")
+        period, _ = scorer(plan)
+        if period < best_period:
+            best_period, best_plan = period, plan
+    if best_plan is None:
+        raise ValueError("the plan space is empty (frozen stages and caps leave no valid plan)")
+    return BruteForceResult(best_period, best_plan, count)

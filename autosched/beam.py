@@ -1,0 +1,943 @@
+"""Beam search over thread map x stream map x fire order, stages derived by modulo list scheduling.
+
+This is 002 §5.5's joint search, written for our plan model:
+
+* a **candidate** is a thread map (task -> group), a stream map (task ->
+  stream) and a fire order (a topological order of the intra-iteration DAG
+  used as list-scheduling priority);
+* its **stages** are derived by *modulo list scheduling*: for a target period
+  ``II`` every task, in fire order, is placed at the earliest time its
+  dependencies allow where its thread (and, if it has them, the sequencer,
+  its communicator, PCIe, its stream) is free modulo ``II``; its stage is
+  ``start // II`` (capped by ``max_depth``). The smallest ``II`` that places
+  every task is found by bisection. The enqueue order sorts tasks by their
+  offset ``start % II`` (a topological order of the period-local graph);
+* every candidate is **scored by the simulator** (the engine's semantics:
+  progress barrier, FIFO threads, sequencer), lower is better, ties broken by
+  smaller depth (memory) then latency;
+* each round **mutates** the beam: thread-map presets (single, by_stream,
+  per_task, io_compute, io_collective_compute, balanced) and single-task moves;
+  stream-group moves (CUDA only: on CPU a stream is just a name); fire-order
+  policies (critical-chain-first, longest-off-default-first,
+  collective-early, PCIe-prep-early, min-slack-first) and adjacent swaps;
+  then **dominance-prunes** (per thread map x stream map x stages keep the best
+  order) and keeps the best ``width``;
+* for small graphs the best candidates also try **every** valid stage
+  assignment (exact for the stage axis).
+
+The search stops after ``rounds`` rounds, ``patience`` rounds without
+improvement, or its time limit, and always returns the best plan seen.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import networkx as nx
+
+from swpipe_core.plan import PipelinePlan, stream_name
+
+from ._problem import Problem, build_plan
+
+__all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
+           "thread_presets", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
+
+log = logging.getLogger(__name__)
+
+FIRE_POLICIES = ("declared", "critical_chain_first", "longest_off_default_first", "collective_early",
+                 "pcie_prep_early", "min_slack_first")
+
+Scorer = Callable[[PipelinePlan], Tuple[float, float]]
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space (stages are derived, not searched)."""
+
+    group: Tuple[str, ...]      # thread-group label per task, in problem.names order
+    stream: Tuple[Any, ...]     # stream per task, in problem.names order
+    priority: Tuple[str, ...]   # fire order: a topological order of the intra DAG
+    origin: str = field(default="", compare=False)
+
+    def key(self) -> tuple:
+        return (self.group, tuple(stream_name(s) for s in self.stream), self.priority)
+
+
+@dataclass
+class Scored:
+    """A candidate with its derived stages, its plan and its simulated score."""
+
+    cand: Candidate
+    ii: int                      # period of the modulo timetable, in time units
+    stage: Dict[str, int]
+    offset: Dict[str, int]
+    plan: PipelinePlan
+    period: float = math.inf     # simulated steady-state period, seconds
+    latency: float = math.inf
+
+    @property
+    def depth(self) -> int:
+        return self.plan.pipeline_depth
+
+    @property
+    def threads(self) -> int:
+        return len(set(self.cand.group))
+
+    def rank(self, unit: float) -> tuple:
+        return (round(self.period / unit, 3), self.depth, round(self.latency / unit, 3), self.threads)
+
+
+@dataclass
+class BeamResult:
+    """Best plan found and what the search tried."""
+
+    best: Scored
+    counts: Dict[str, int]
+    history: List[float]
+    time_s: float
+    stopped: str
+
+
+def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
+    """Score a plan by the simulator: ``(period_s, latency_s)``.
+
+    Parameters
+    ----------
+    problem : Problem
+        Gives the cost model and the device.
+    num_iterations : int
+        Iterations simulated per plan.
+
+    Returns
+    -------
+    callable
+        ``plan -> (period, latency)``.
+    """
+    from .simulate import simulate
+
+    def score(plan: PipelinePlan) -> Tuple[float, float]:
+        res = simulate(plan, problem.costs, num_iterations=num_iterations, device=problem.device)
+        return float(res.period), float(res.latency)
+
+    return score
+
+
+# --------------------------------------------------------------------------- modulo list scheduling
+
+
+class _Ring:
+    """Busy intervals of one resource on a circle of length ``ii`` (integer time units)."""
+
+    __slots__ = ("ii", "starts", "ends")
+
+    def __init__(self, ii: int) -> None:
+        self.ii = ii
+        self.starts: List[int] = []
+        self.ends: List[int] = []   # sorted like starts; only the last may exceed ii (wraps)
+
+    def _conflict_end(self, r: int, dur: int) -> Optional[int]:
+        """End of some busy interval overlapping ``[r, r + dur)`` (``0 <= r < ii``), or None."""
+        if not self.starts:
+            return None
+        e = r + dur
+        found = None
+        tail = self.ends[-1] - self.ii          # the wrapped part of the last interval: [0, tail)
+        if tail > r:
+            found = tail
+        i = bisect.bisect_left(self.starts, e) - 1
+        if dur == 0:
+            # a zero-length task waits only for an interval strictly around r
+            i = bisect.bisect_right(self.starts, r - 1) - 1
+            if i >= 0 and self.starts[i] < r < self.ends[i]:
+                found = max(found or 0, self.ends[i])
+            return found
+        if i >= 0 and self.ends[i] > r:
+            found = max(found or 0, self.ends[i])
+        if e > self.starts[0] + self.ii:        # next turn's first interval
+            found = max(found or 0, self.ends[0] + self.ii)
+        return found
+
+    def earliest(self, x: int, dur: int) -> Optional[int]:
+        """Earliest ``s >= x`` with ``[s, s + dur)`` free modulo ``ii``; None if it never fits."""
+        if dur > self.ii:
+            return None
+        base, r = divmod(x, self.ii)
+        base *= self.ii
+        wraps = 0
+        for _ in range(2 * len(self.starts) + 4):
+            end = self._conflict_end(r, dur)
+            if end is None:
+                return base + r
+            r = end
+            while r >= self.ii:
+                r -= self.ii
+                base += self.ii
+                wraps += 1
+            if wraps > 1:
+                return None
+        return None
+
+    def add(self, s: int, dur: int) -> None:
+        if dur <= 0:
+            return
+        r = s % self.ii
+        i = bisect.bisect_left(self.starts, r)
+        self.starts.insert(i, r)
+        self.ends.insert(i, r + dur)
+
+
+@dataclass
+class _Timetable:
+    ii: int
+    start: Dict[str, int]       # host start, units, iteration 0
+    stage: Dict[str, int]
+    offset: Dict[str, int]
+
+
+def _resources(problem: Problem, name: str, group: str, stream: Any) -> Tuple[List[tuple], List[tuple]]:
+    """Resource keys a task holds during its host part and during its device part."""
+    host = [("thread", group)]
+    if name in problem.ordered:
+        host.append(("sequencer",))
+    shared = []
+    if problem.comm[name] is not None:
+        shared.append(("comm", problem.comm[name]))
+    if name in problem.pcie:
+        shared.append(("pcie",))
+    if problem.cuda:
+        return host, [("stream", stream_name(stream))] + shared
+    return host + shared, []
+
+
+def _place(rings: Dict[tuple, _Ring], keys: Sequence[tuple], est: int, dur: int, ii: int) -> Optional[int]:
+    s = est
+    for _ in range(64):
+        moved = False
+        for k in keys:
+            ring = rings.get(k)
+            if ring is None:
+                ring = rings[k] = _Ring(ii)
+            s2 = ring.earliest(s, dur)
+            if s2 is None:
+                return None
+            if s2 != s:
+                s, moved = s2, True
+        if not moved:
+            return s
+    return None
+
+
+def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any],
+                    priority: Sequence[str], ii: int, max_depth: Optional[int] = None) -> Optional[_Timetable]:
+    """Place one iteration's tasks on a modulo-``ii`` reservation table, in ``priority`` order.
+
+    Parameters
+    ----------
+    problem : Problem
+    group, stream : dict
+        Thread group and stream of each task.
+    priority : sequence of str
+        A topological order of the intra-iteration DAG.
+    ii : int
+        Target period in time units.
+    max_depth : int, optional
+        Stage cap (default the problem's).
+
+    Returns
+    -------
+    _Timetable or None
+        None when some task does not fit, a stage would exceed the cap, an
+        inter-iteration dependency or the progress barrier is violated.
+    """
+    cap = problem.max_depth if max_depth is None else max_depth
+    if ii <= 0:
+        return None
+    rings: Dict[tuple, _Ring] = {}
+    start: Dict[str, int] = {}
+    signal: Dict[str, int] = {}
+    dev_end: Dict[str, int] = {}
+    for t in priority:
+        host_keys, dev_keys = _resources(problem, t, group[t], stream[t])
+        est = ii * problem.frozen_stage.get(t, 0)
+        dest = 0
+        for d, n in problem.preds(t):
+            if d in start:
+                est = max(est, signal[d] - ii * n)
+                if problem.cuda:
+                    dest = max(dest, dev_end[d] - ii * n)
+        s = _place(rings, host_keys, est, problem.dur(t), ii)
+        if s is None:
+            return None
+        stage = s // ii
+        if stage >= cap or (t in problem.frozen_stage and stage != problem.frozen_stage[t]):
+            return None
+        for k in host_keys:
+            rings[k].add(s, problem.dur(t))
+        start[t] = s
+        signal[t] = s + problem.dur(t)
+        if problem.cuda:
+            dd = problem.ddur(t)
+            ds = _place(rings, dev_keys, max(signal[t], dest), dd, ii) if dd > 0 else max(signal[t], dest)
+            if ds is None:
+                return None
+            for k in dev_keys:
+                rings[k].add(ds, dd)
+            dev_end[t] = ds + dd
+    # dependencies on tasks placed later (inter-iteration) must hold too
+    for t in problem.names:
+        for d, n in problem.preds(t):
+            if start[t] < signal[d] - ii * n:
+                return None
+    stage = {t: start[t] // ii for t in problem.names}
+    offset = {t: start[t] % ii for t in problem.names}
+    depth = max(stage.values()) + 1
+    # progress barrier: period p + depth is enqueued when iteration p has retired
+    if min(offset.values()) < max(signal.values()) - ii * depth:
+        return None
+    return _Timetable(ii, start, stage, offset)
+
+
+# --------------------------------------------------------------------------- bounds used by the search
+
+
+def recurrence_bound(problem: Problem) -> int:
+    """RecMII in time units: the smallest ``II`` leaving no positive cycle of ``time - II * distance``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=0.001, device_s=0.0, resources=()) for n in "AB"})
+    >>> p = make_problem((["A", "B"], [("B", "A")], [("A", "B", 1)]), c, Constraints(time_unit_s=1e-6))
+    >>> recurrence_bound(p)
+    2000
+    """
+    if not problem.inter:
+        return 0
+    g = nx.DiGraph()
+    for t, d in problem.intra:
+        g.add_edge(d, t, w=problem.dur(d), n=0)
+    for t, d, n in problem.inter:
+        w = problem.dur(d)
+        if g.has_edge(d, t):
+            # keep the tighter of parallel edges at each II: store both as a list
+            g.edges[d, t].setdefault("alt", []).append((w, n))
+        else:
+            g.add_edge(d, t, w=w, n=n)
+
+    def feasible(ii: int) -> bool:
+        h = nx.DiGraph()
+        for u, v, data in g.edges(data=True):
+            opts = [(data["w"], data["n"])] + data.get("alt", [])
+            h.add_edge(u, v, c=min(ii * n - w for w, n in opts))
+        return not nx.negative_edge_cycle(h, weight="c")
+
+    lo, hi = 0, max(1, sum(problem.dur(n) for n in problem.names))
+    if not feasible(hi):
+        raise ValueError("a dependency cycle has zero total distance; the intra-iteration graph must be a DAG")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def critical_path_units(problem: Problem) -> int:
+    """Longest chain of the intra DAG in time units (thread time; device time added on CUDA)."""
+    best: Dict[str, int] = {}
+    for n in nx.topological_sort(problem.dag):
+        w = problem.dur(n)
+        best[n] = w + max((best[p] for p in problem.dag.predecessors(n)), default=0)
+    return max(best.values(), default=0)
+
+
+def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], rec: int, cap: int) -> int:
+    load: Dict[tuple, int] = {}
+    for t in problem.names:
+        host_keys, dev_keys = _resources(problem, t, group[t], stream[t])
+        for k in host_keys:
+            load[k] = load.get(k, 0) + problem.dur(t)
+        for k in dev_keys:
+            load[k] = load.get(k, 0) + problem.ddur(t)
+    longest = max((problem.dur(t) for t in problem.names), default=0)
+    crit = -(-critical_path_units(problem) // cap)
+    return max([1, rec, longest, crit, *load.values()])
+
+
+def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Optional[int] = None,
+                     rel_tol: float = 1e-3) -> Optional[_Timetable]:
+    """Smallest (by bisection) ``II`` at which :func:`modulo_schedule` places the candidate."""
+    cap = problem.max_depth if max_depth is None else max_depth
+    group = dict(zip(problem.names, cand.group))
+    stream = dict(zip(problem.names, cand.stream))
+    lo = _candidate_bound(problem, group, stream, rec, cap)
+    found = modulo_schedule(problem, group, stream, cand.priority, lo, cap)
+    if found is not None:
+        return found
+    hi = max(lo + 1, sum(problem.dur(n) + problem.ddur(n) for n in problem.names))
+    for _ in range(4):
+        found = modulo_schedule(problem, group, stream, cand.priority, hi, cap)
+        if found is not None:
+            break
+        hi *= 2
+    if found is None:
+        return None
+    lo += 1
+    while hi - lo > max(1, int(hi * rel_tol)):
+        mid = (lo + hi) // 2
+        got = modulo_schedule(problem, group, stream, cand.priority, mid, cap)
+        if got is not None:
+            hi, found = mid, got
+        else:
+            lo = mid + 1
+    return found
+
+
+# --------------------------------------------------------------------------- fire orders
+
+
+def _levels(problem: Problem) -> Tuple[Dict[str, int], Dict[str, int]]:
+    top: Dict[str, int] = {}
+    order = list(nx.topological_sort(problem.dag))
+    for n in order:
+        top[n] = max((top[p] + problem.dur(p) for p in problem.dag.predecessors(n)), default=0)
+    bottom: Dict[str, int] = {}
+    for n in reversed(order):
+        bottom[n] = problem.dur(n) + max((bottom[s] for s in problem.dag.successors(n)), default=0)
+    return top, bottom
+
+
+def fire_order(problem: Problem, policy: str, stream: Optional[Mapping[str, Any]] = None) -> Tuple[str, ...]:
+    """A topological order of the intra DAG by one of :data:`FIRE_POLICIES`.
+
+    Parameters
+    ----------
+    problem : Problem
+    policy : str
+        ``declared``, ``critical_chain_first`` (longest remaining chain first),
+        ``longest_off_default_first`` (off-default-stream work first, longest
+        first), ``collective_early`` (collectives and what feeds them first),
+        ``pcie_prep_early`` (PCIe copies and what feeds them first) or
+        ``min_slack_first``.
+    stream : dict, optional
+        Streams to judge "off default" by (default: the problem's initial ones).
+
+    Returns
+    -------
+    tuple of str
+
+    Raises
+    ------
+    ValueError
+        Unknown policy.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={"A": NS(host_s=1.0, device_s=0, resources=()), "B": NS(host_s=5.0, device_s=0, resources=()),
+    ...               "C": NS(host_s=1.0, device_s=0, resources=())})
+    >>> p = make_problem((["A", "B", "C"], [("C", "B")]), c, Constraints())
+    >>> fire_order(p, "declared"), fire_order(p, "critical_chain_first")
+    (('A', 'B', 'C'), ('B', 'A', 'C'))
+    """
+    idx = {n: i for i, n in enumerate(problem.names)}
+    stream = problem.init_stream if stream is None else stream
+    dag = problem.dag
+    if policy == "declared":
+        key = lambda n: idx[n]  # noqa: E731
+    elif policy == "critical_chain_first":
+        _, bottom = _levels(problem)
+        key = lambda n: (-bottom[n], idx[n])  # noqa: E731
+    elif policy == "longest_off_default_first":
+        key = lambda n: (stream[n] is None, -(problem.dur(n) + problem.ddur(n)), idx[n])  # noqa: E731
+    elif policy in ("collective_early", "pcie_prep_early"):
+        hot = ({n for n in problem.names if n in problem.ordered or problem.comm[n]} if policy == "collective_early"
+               else set(problem.pcie))
+        feeds = set(hot)
+        for n in hot:
+            feeds |= nx.ancestors(dag, n)
+        key = lambda n: (n not in feeds, idx[n])  # noqa: E731
+    elif policy == "min_slack_first":
+        top, bottom = _levels(problem)
+        crit = max((top[n] + bottom[n] for n in problem.names), default=0)
+        key = lambda n: (crit - top[n] - bottom[n], idx[n])  # noqa: E731
+    else:
+        raise ValueError(f"unknown fire-order policy {policy!r}; use one of {FIRE_POLICIES}")
+    return tuple(nx.lexicographical_topological_sort(dag, key=key))
+
+
+def _adjacent_swaps(problem: Problem, priority: Sequence[str]) -> Iterable[Tuple[str, ...]]:
+    for i in range(len(priority) - 1):
+        a, b = priority[i], priority[i + 1]
+        if not problem.dag.has_edge(a, b):
+            p = list(priority)
+            p[i], p[i + 1] = b, a
+            yield tuple(p)
+
+
+# --------------------------------------------------------------------------- thread maps
+
+
+def _canonical_groups(problem: Problem, labels: Mapping[str, str]) -> Tuple[str, ...]:
+    """Relabel free groups ``g0, g1, ...`` by first use; frozen group names stay."""
+    fixed = set(problem.frozen_group.values())
+    rename: Dict[str, str] = {}
+    out = []
+    for n in problem.names:
+        lab = problem.frozen_group.get(n, labels[n])
+        if lab in fixed:
+            out.append(lab)
+            continue
+        if lab not in rename:
+            rename[lab] = f"g{len(rename)}"
+        out.append(rename[lab])
+    return tuple(out)
+
+
+def _cap_groups(problem: Problem, labels: Dict[str, str]) -> Dict[str, str]:
+    """Merge the lightest free groups until at most ``max_threads`` remain."""
+    labels = {n: problem.frozen_group.get(n, labels[n]) for n in problem.names}
+    fixed = set(problem.frozen_group.values())
+    while len(set(labels.values())) > problem.max_threads:
+        load: Dict[str, int] = {}
+        for n, g in labels.items():
+            load[g] = load.get(g, 0) + problem.dur(n)
+        free = sorted((g for g in load if g not in fixed), key=lambda g: (load[g], g))
+        if not free:
+            break
+        victim = free[0]
+        target = min((g for g in load if g != victim), key=lambda g: (load[g], g))
+        labels = {n: (target if g == victim else g) for n, g in labels.items()}
+    return labels
+
+
+def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tuple[str, ...]]:
+    """Named thread maps (002 §4.1/§5.5), each within ``max_threads``.
+
+    Parameters
+    ----------
+    problem : Problem
+    stream : dict
+        Current stream per task (``by_stream`` follows it).
+
+    Returns
+    -------
+    dict
+        ``{preset_name: canonical group labels}``; presets that would need more
+        threads than allowed are reduced by merging their lightest groups
+        (``per_task`` is dropped instead).
+    """
+    names = problem.names
+    out: Dict[str, Dict[str, str]] = {}
+    fixed = sorted(set(problem.frozen_group.values()))
+    home = fixed[0] if fixed else "main"
+    out["single"] = {n: home for n in names}
+    out["by_stream"] = {n: stream_name(stream[n]) for n in names}
+    if len(names) <= problem.max_threads:
+        out["per_task"] = {n: n for n in names}
+    io = {n for n in names if stream[n] is not None or n in problem.pcie}
+    out["io_compute"] = {n: ("io" if n in io else "compute") for n in names}
+    coll = {n for n in names if n in problem.ordered or problem.comm[n]}
+    out["io_collective_compute"] = {n: ("coll" if n in coll else "io" if n in io else "compute") for n in names}
+    # balanced: longest-processing-time first onto the least loaded group
+    load = [0] * problem.max_threads
+    bal: Dict[str, str] = {}
+    for n in sorted(names, key=lambda n: (-problem.dur(n), names.index(n))):
+        k = min(range(len(load)), key=lambda i: (load[i], i))
+        load[k] += problem.dur(n)
+        bal[n] = f"b{k}"
+    out["balanced"] = bal
+    # critical chain alone, the rest balanced over the other groups
+    _, bottom = _levels(problem)
+    chain, n = [], max(names, key=lambda x: (bottom[x], -names.index(x)), default=None)
+    top_nodes = [x for x in names if problem.dag.in_degree(x) == 0]
+    if top_nodes:
+        n = max(top_nodes, key=lambda x: (bottom[x], -names.index(x)))
+        while n is not None:
+            chain.append(n)
+            succ = list(problem.dag.successors(n))
+            n = max(succ, key=lambda x: (bottom[x], -names.index(x))) if succ else None
+        out["critical_chain"] = {x: ("chain" if x in chain else bal[x]) for x in names}
+    result: Dict[str, Tuple[str, ...]] = {}
+    for name, labels in out.items():
+        capped = _cap_groups(problem, labels)
+        if len(set(capped.values())) <= problem.max_threads:
+            result[name] = _canonical_groups(problem, capped)
+    return result
+
+
+# --------------------------------------------------------------------------- stages, small graphs
+
+
+def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable[Dict[str, int]]:
+    """Every stage assignment the corollaries, the depth cap and frozen stages allow.
+
+    Assignments whose smallest stage is above 0 are skipped when no stage is
+    frozen: they only relabel periods (same timing, deeper pipeline).
+
+    Parameters
+    ----------
+    problem : Problem
+    limit : int, optional
+        Stop after this many.
+
+    Yields
+    ------
+    dict
+        ``{task: stage}``.
+    """
+    names = list(nx.topological_sort(problem.dag))
+    inter_by_task: Dict[str, List[Tuple[str, int]]] = {}
+    for t, d, n in problem.inter:
+        inter_by_task.setdefault(t, []).append((d, n))
+        inter_by_task.setdefault(d, []).append((t, -n))
+    count = 0
+    stage: Dict[str, int] = {}
+
+    def rec(i: int) -> Iterable[Dict[str, int]]:
+        nonlocal count
+        if limit is not None and count >= limit:
+            return
+        if i == len(names):
+            if problem.frozen_stage or min(stage.values(), default=0) == 0:
+                count += 1
+                yield dict(stage)
+            return
+        n = names[i]
+        lo = max((stage[p] for p in problem.dag.predecessors(n)), default=0)
+        options = [problem.frozen_stage[n]] if n in problem.frozen_stage else range(lo, problem.max_depth)
+        for s in options:
+            if s < lo:
+                continue
+            ok = True
+            for other, k in inter_by_task.get(n, ()):
+                if other in stage:
+                    # k > 0: n waits `other` k earlier -> stage[other] - s <= k; k < 0: other waits n -> s - stage[other] <= -k
+                    if (k > 0 and stage[other] - s > k) or (k < 0 and s - stage[other] > -k):
+                        ok = False
+                        break
+            if ok:
+                stage[n] = s
+                yield from rec(i + 1)
+                del stage[n]
+
+    yield from rec(0)
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def _initial(problem: Problem) -> List[Candidate]:
+    stream = tuple(problem.init_stream[n] for n in problem.names)
+    smap = dict(zip(problem.names, stream))
+    presets = thread_presets(problem, smap)
+    orders = {p: fire_order(problem, p, smap) for p in FIRE_POLICIES}
+    cands = []
+    if problem.base_plan is not None:
+        from swpipe_core.order import enqueue_order
+
+        base = problem.base_plan
+        labels = _cap_groups(problem, {n: base.sched(n).thread_group for n in problem.names})
+        eo = enqueue_order(base)
+        try:
+            prio = tuple(nx.lexicographical_topological_sort(problem.dag, key=lambda n: eo.index(n)))
+        except ValueError:
+            prio = orders["declared"]
+        cands.append(Candidate(_canonical_groups(problem, labels), stream, prio, "given plan"))
+    for pname, groups in presets.items():
+        for oname in ("critical_chain_first", "declared"):
+            cands.append(Candidate(groups, stream, orders[oname], f"{pname}+{oname}"))
+    return cands
+
+
+def _mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: int) -> List[Candidate]:
+    out: List[Candidate] = []
+    smap = dict(zip(problem.names, cand.stream))
+    # MUTATE_THREAD_MAP: presets, then single-task moves
+    for pname, groups in thread_presets(problem, smap).items():
+        out.append(Candidate(groups, cand.stream, cand.priority, f"thread:{pname}"))
+    labels = list(cand.group)
+    groups = sorted(set(labels))
+    fresh = "new" if len(groups) < problem.max_threads else None
+    moves = []
+    for i, n in enumerate(problem.names):
+        if n in problem.frozen_group:
+            continue
+        for g in groups + ([fresh] if fresh else []):
+            if g != labels[i]:
+                moves.append((i, g))
+    rng.shuffle(moves)
+    for i, g in moves[:budget]:
+        new = dict(zip(problem.names, labels))
+        new[problem.names[i]] = g
+        out.append(Candidate(_canonical_groups(problem, new), cand.stream, cand.priority,
+                             f"move {problem.names[i]}->{g}"))
+    # MUTATE_STREAM_MAP: move a whole stream group (CUDA only)
+    if problem.cuda:
+        by_stream: Dict[str, List[str]] = {}
+        for n, s in smap.items():
+            if n not in problem.frozen_stream:
+                by_stream.setdefault(stream_name(s), []).append(n)
+        for sname, members in by_stream.items():
+            options = set.intersection(*(set(problem.stream_choices[m]) for m in members))
+            for s in options:
+                if stream_name(s) != sname:
+                    new = dict(smap)
+                    for m in members:
+                        new[m] = s
+                    out.append(Candidate(cand.group, tuple(new[n] for n in problem.names), cand.priority,
+                                         f"stream {sname}->{stream_name(s)}"))
+    # MUTATE_FIRE_ORDERING: policies and adjacent swaps
+    for p in FIRE_POLICIES:
+        out.append(Candidate(cand.group, cand.stream, fire_order(problem, p, smap), f"order:{p}"))
+    swaps = list(_adjacent_swaps(problem, cand.priority))
+    rng.shuffle(swaps)
+    for pr in swaps[:budget]:
+        out.append(Candidate(cand.group, cand.stream, pr, "swap"))
+    return out
+
+
+class _Evaluator:
+    """Derives stages for candidates, scores them, and counts what was tried."""
+
+    def __init__(self, problem: Problem, scorer: Scorer, rec: int) -> None:
+        self.problem, self.scorer, self.rec = problem, scorer, rec
+        self.counts = {"candidates": 0, "unique": 0, "derived": 0, "underivable": 0, "simulated": 0,
+                       "invalid": 0, "pruned": 0, "stage_enumerated": 0}
+        self.seen: Dict[tuple, Optional[Scored]] = {}
+        self.sim_cache: Dict[tuple, Tuple[float, float]] = {}
+
+    def plan_key(self, plan: PipelinePlan) -> tuple:
+        return tuple((n, plan.stage(n), plan.sched(n).thread_group, plan.stream_of(n)) for n in plan.task_names) + (
+            tuple(plan.enqueue_order),)
+
+    def score_plan(self, plan: PipelinePlan) -> Optional[Tuple[float, float]]:
+        key = self.plan_key(plan)
+        if key not in self.sim_cache:
+            try:
+                from swpipe_core.validate import validate
+
+                validate(plan)
+                self.sim_cache[key] = self.scorer(plan)
+                self.counts["simulated"] += 1
+            except Exception as exc:  # a plan the simulator rejects is just not a candidate
+                log.debug("candidate rejected: %s", exc)
+                self.counts["invalid"] += 1
+                self.sim_cache[key] = (math.inf, math.inf)
+        got = self.sim_cache[key]
+        return None if math.isinf(got[0]) else got
+
+    def evaluate(self, cand: Candidate, max_depth: Optional[int] = None) -> Optional[Scored]:
+        self.counts["candidates"] += 1
+        key = cand.key() + (max_depth,)
+        if key in self.seen:
+            return self.seen[key]
+        self.counts["unique"] += 1
+        tt = derive_timetable(self.problem, cand, self.rec, max_depth)
+        if tt is None:
+            self.counts["underivable"] += 1
+            self.seen[key] = None
+            return None
+        self.counts["derived"] += 1
+        group = dict(zip(self.problem.names, cand.group))
+        stream = dict(zip(self.problem.names, cand.stream))
+        plan = build_plan(self.problem, tt.stage, group, stream, cand.priority, tt.offset)
+        got = self.score_plan(plan)
+        sc = None
+        if got is not None:
+            sc = Scored(cand, tt.ii, tt.stage, tt.offset, plan, got[0], got[1])
+        self.seen[key] = sc
+        return sc
+
+    def with_stages(self, cand: Candidate, stage: Dict[str, int]) -> Optional[Scored]:
+        group = dict(zip(self.problem.names, cand.group))
+        stream = dict(zip(self.problem.names, cand.stream))
+        plan = build_plan(self.problem, stage, group, stream, cand.priority)
+        self.counts["stage_enumerated"] += 1
+        got = self.score_plan(plan)
+        if got is None:
+            return None
+        return Scored(cand, 0, dict(stage), {}, plan, got[0], got[1])
+
+
+def _prune(problem: Problem, scored: List[Scored]) -> List[Scored]:
+    """DOMINANCE_PRUNE: per (thread map, stream map, stages) keep the best fire order."""
+    best: Dict[tuple, Scored] = {}
+    for s in scored:
+        k = (s.cand.group, tuple(stream_name(x) for x in s.cand.stream), tuple(sorted(s.stage.items())))
+        if k not in best or s.rank(problem.unit_s) < best[k].rank(problem.unit_s):
+            best[k] = s
+    return sorted(best.values(), key=lambda s: s.rank(problem.unit_s))
+
+
+def _given_plan(problem: Problem, ev: _Evaluator) -> Optional[Scored]:
+    """The input plan as given, if it is within the constraints (so the search is never worse)."""
+    base = problem.base_plan
+    if base is None:
+        return None
+    stage = {n: base.stage(n) for n in problem.names}
+    groups = {n: base.sched(n).thread_group for n in problem.names}
+    if not problem.stage_ok(stage) or len(set(groups.values())) > problem.max_threads:
+        return None
+    if any(groups[n] != g for n, g in problem.frozen_group.items()):
+        return None
+    if any(base.sched(n).stream not in problem.stream_choices[n] for n in problem.names):
+        return None
+    from swpipe_core.order import enqueue_order
+
+    plan = base.replace(enqueue_order=enqueue_order(base), pipeline_depth=base.pipeline_depth)
+    got = ev.score_plan(plan)
+    if got is None:
+        return None
+    cand = Candidate(_canonical_groups(problem, groups), tuple(base.sched(n).stream for n in problem.names),
+                     tuple(plan.enqueue_order), "given plan as is")
+    return Scored(cand, 0, stage, {}, plan, got[0], got[1])
+
+
+def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience: int = 3,
+                time_limit_s: float = 10.0, seed: int = 0, scorer: Optional[Scorer] = None,
+                progress: bool = False, enumerate_stages_below: int = 400,
+                moves_per_round: Optional[int] = None) -> BeamResult:
+    """Search thread map x stream map x fire order; stages derived; score by the simulator.
+
+    Parameters
+    ----------
+    problem : Problem
+        From :func:`autosched._problem.make_problem`.
+    width : int
+        Beam width.
+    rounds, patience : int
+        At most ``rounds`` rounds; stop after ``patience`` rounds without improvement.
+    time_limit_s : float
+        Wall-clock budget; the best plan so far is returned when it runs out.
+    seed : int
+        Seeds the sampling of moves and swaps (the search is deterministic for a seed).
+    scorer : callable, optional
+        ``plan -> (period_s, latency_s)``; default the simulator (:func:`sim_scorer`).
+    progress : bool
+        Show a tqdm progress bar over rounds.
+    enumerate_stages_below : int
+        When the graph has at most this many valid stage assignments, the best
+        candidates also try all of them.
+    moves_per_round : int, optional
+        Thread moves and swaps sampled per beam member (default scales with size).
+
+    Returns
+    -------
+    BeamResult
+
+    Raises
+    ------
+    RuntimeError
+        No candidate could be placed (constraints leave no valid plan).
+    """
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    rng = random.Random(seed)
+    if scorer is None:
+        n_iter = max(12, min(40, 3000 // max(1, len(problem.names))))
+        scorer = sim_scorer(problem, n_iter)
+    rec = recurrence_bound(problem)
+    ev = _Evaluator(problem, scorer, rec)
+    budget = moves_per_round if moves_per_round is not None else (40 if len(problem.names) <= 12 else 12)
+    unit = problem.unit_s
+
+    pool = [s for s in (ev.evaluate(c) for c in _initial(problem)) if s is not None]
+    given = _given_plan(problem, ev)
+    if given is not None:
+        pool.append(given)
+    if not pool:
+        # last resort: everything serial on one thread at stage 0 always satisfies the corollaries
+        stage0 = {n: problem.frozen_stage.get(n, 0) for n in problem.names}
+        single = thread_presets(problem, problem.init_stream)["single"]
+        fallback = Candidate(single, tuple(problem.init_stream[n] for n in problem.names),
+                             fire_order(problem, "declared"), "fallback")
+        s = ev.with_stages(fallback, stage0) if problem.stage_ok(stage0) else None
+        if s is None:
+            raise RuntimeError("no plan satisfies the constraints (frozen stages/groups, depth and thread caps); "
+                               "relax max_depth, max_threads or the frozen entries")
+        pool = [s]
+    beam = _prune(problem, pool)[:width]
+    best = beam[0]
+    history = [best.period]
+    stale, stopped = 0, "rounds"
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=rounds, desc="beam search", unit="round")
+    for _ in range(rounds):
+        if time.perf_counter() > deadline:
+            stopped = "time limit"
+            break
+        expanded: List[Scored] = list(beam)
+        for member in beam:
+            for cand in _mutations(problem, member.cand, rng, budget):
+                if time.perf_counter() > deadline:
+                    break
+                s = ev.evaluate(cand)
+                if s is not None:
+                    expanded.append(s)
+        pruned = _prune(problem, expanded)
+        ev.counts["pruned"] += len(expanded) - len(pruned)
+        beam = pruned[:width]
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(period_ms=f"{beam[0].period * 1e3:.3f}")
+        if beam[0].rank(unit) < best.rank(unit):
+            best, stale = beam[0], 0
+        else:
+            stale += 1
+        history.append(best.period)
+        if stale >= patience:
+            stopped = "patience"
+            break
+    if bar is not None:
+        bar.close()
+
+    # small graphs: exact over the stage axis for the best few thread maps / orders
+    n_stage = sum(1 for _ in stage_assignments(problem, limit=enumerate_stages_below + 1))
+    if n_stage <= enumerate_stages_below:
+        for member in beam[:3]:
+            for stage in stage_assignments(problem):
+                if time.perf_counter() > deadline:
+                    break
+                s = ev.with_stages(member.cand, stage)
+                if s is not None and s.rank(unit) < best.rank(unit):
+                    best = s
+    ev.counts["rounds"] = len(history) - 1
+    return BeamResult(best, ev.counts, history, time.perf_counter() - t0, stopped)
+
+
+def reduce_depth(problem: Problem, best: Scored, scorer: Scorer, rec: int) -> Tuple[Scored, List[Tuple[int, float]]]:
+    """Try the best candidate at smaller depth caps; keep a shallower plan that is as fast.
+
+    Returns
+    -------
+    (Scored, list of (depth cap, period or inf))
+        The (possibly shallower) best and the periods seen at each smaller cap.
+    """
+    ev = _Evaluator(problem, scorer, rec)
+    seen: List[Tuple[int, float]] = []
+    cur = best
+    for cap in range(best.depth - 1, 0, -1):
+        s = ev.evaluate(best.cand, max_depth=cap)
+        seen.append((cap, s.period if s is not None else math.inf))
+        if s is not None and round(s.period / problem.unit_s, 3) <= round(cur.period / problem.unit_s, 3):
+            cur = s
+    return cur, seen

@@ -1,0 +1,401 @@
+"""CP-SAT joint model: stage x thread group x stream x fire order, by modulo scheduling.
+
+For a fixed period ``II`` (integer time units) every task ``t`` of iteration
+``i`` starts at ``i * II + start[t]`` with ``start[t] = II * stage[t] +
+offset[t]`` and ``0 <= offset[t] < II``; all tasks of one period start inside
+that period's window, so the enqueue order is simply the tasks sorted by
+offset. The model holds exactly the engine's rules (CPU semantics):
+
+* **dependencies** ``start[t] >= start[d] + time[d] - II * distance``
+  (intra: distance 0; inter: ``N``) — corollaries 1 and 3 follow;
+* **threads**: a task runs on one of ``max_threads`` groups (optional
+  intervals per (task, group)); a group's tasks never overlap on the circle of
+  length ``II`` (each interval and its copy shifted by ``II`` in one
+  ``NoOverlap``), which is also the FIFO order of its queue;
+* **sequencer**, **communicators** and **PCIe** likewise serialise their tasks;
+* the **progress barrier**: period ``p + depth`` is enqueued when iteration
+  ``p`` has retired, so ``offset[t] >= iter_end - II * depth`` with
+  ``depth = max(stage) + 1``;
+* ``stage[t] <= max_depth - 1`` and frozen stages, streams and groups.
+
+On CUDA the device part of each task is modelled on its stream (a choice) as a
+second circular interval starting after its host part; that part of the model
+is an approximation of the simulator's stream semantics, which is why the
+final plan is always scored by the simulator.
+
+The outer loop searches ``II`` from a lower bound upward (first the bound, then
+bisection up to a known feasible ``II``). A proven-infeasible ``II`` proves
+every smaller one infeasible (the constraints only loosen as ``II`` grows), so
+``OPTIMAL`` means: no plan in the space reaches a smaller period in this model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from swpipe_core.plan import PipelinePlan, stream_name
+
+from ._problem import Problem, build_plan
+
+__all__ = ["CpsatResult", "solve_cpsat", "model_lower_bound"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CpsatResult:
+    """What the CP-SAT search found.
+
+    ``status`` is ``OPTIMAL`` (the model's minimum period is proven),
+    ``FEASIBLE`` (a plan was found, optimality not proven in time) or
+    ``UNKNOWN`` (no plan in time). ``ii`` and ``bound`` are in time units
+    (``unit_s`` seconds each); ``bound`` is the largest period proven to be a
+    lower bound (every smaller ``II`` was proven infeasible or is below the
+    analytic bound).
+    """
+
+    status: str
+    ii: Optional[int]
+    bound: int
+    unit_s: float
+    plan: Optional[PipelinePlan] = None
+    stage: Dict[str, int] = field(default_factory=dict)
+    offset: Dict[str, int] = field(default_factory=dict)
+    group: Dict[str, str] = field(default_factory=dict)
+    stream: Dict[str, Any] = field(default_factory=dict)
+    tried: List[Tuple[int, str]] = field(default_factory=list)
+    solve_time_s: float = 0.0
+
+    @property
+    def period_s(self) -> Optional[float]:
+        return None if self.ii is None else self.ii * self.unit_s
+
+    @property
+    def bound_s(self) -> float:
+        return self.bound * self.unit_s
+
+
+def model_lower_bound(problem: Problem) -> int:
+    """A period no plan can beat, in time units (resources, recurrences, depth-limited critical path).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=0.003, device_s=0.0, resources=()) for n in "ABC"})
+    >>> p = make_problem((list("ABC"), [("B", "A"), ("C", "B")]), c, Constraints(max_threads=2, max_depth=3, time_unit_s=1e-3))
+    >>> model_lower_bound(p)   # 9 units of work on 2 threads
+    5
+    """
+    from .beam import critical_path_units, recurrence_bound
+
+    names = problem.names
+    threads = min(problem.max_threads, len(names))
+    bounds = [1, recurrence_bound(problem), max((problem.dur(n) for n in names), default=0),
+              -(-sum(problem.dur(n) for n in names) // max(1, threads)),
+              -(-critical_path_units(problem) // problem.max_depth)]
+    shared: Dict[tuple, int] = {}
+    for n in names:
+        keys = [("sequencer",)] if n in problem.ordered else []
+        part = problem.ddur(n) if problem.cuda else problem.dur(n)
+        if problem.comm[n] is not None:
+            shared[("comm", problem.comm[n])] = shared.get(("comm", problem.comm[n]), 0) + part
+        if n in problem.pcie:
+            shared[("pcie",)] = shared.get(("pcie",), 0) + part
+        for k in keys:
+            shared[k] = shared.get(k, 0) + problem.dur(n)
+    bounds += list(shared.values())
+    if problem.cuda:
+        streams = {stream_name(s) for n in names for s in problem.stream_choices[n]}
+        bounds.append(-(-sum(problem.ddur(n) for n in names) // max(1, len(streams))))
+        bounds.append(max((problem.ddur(n) for n in names), default=0))
+    return max(bounds)
+
+
+# --------------------------------------------------------------------------- build
+
+
+@dataclass
+class _Model:
+    model: Any
+    ii: int
+    stage: Dict[str, Any]
+    offset: Dict[str, Any]
+    in_group: Dict[Tuple[str, int], Any]
+    in_stream: Dict[Tuple[str, int], Any]
+    slots: List[str]
+    streams: List[Any]
+    depth_minus_1: Any
+    iter_end: Any
+
+
+def _build(problem: Problem, ii: int, hint: Optional[dict], optimise: bool) -> _Model:
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    names = problem.names
+    D = problem.max_depth
+    dur = {t: problem.dur(t) for t in names}
+    horizon = ii * (D + 1) + sum(dur.values()) + sum(problem.ddur(t) for t in names)
+
+    # -- when: stage and offset --
+    stage = {t: (m.NewConstant(problem.frozen_stage[t]) if t in problem.frozen_stage
+                 else m.NewIntVar(0, D - 1, f"stage[{t}]")) for t in names}
+    offset = {t: m.NewIntVar(0, ii - 1, f"offset[{t}]") for t in names}
+    start = {t: ii * stage[t] + offset[t] for t in names}
+
+    # -- where: thread group (frozen names first, then free slots) --
+    fixed = sorted(set(problem.frozen_group.values()))
+    n_slots = max(len(fixed), min(problem.max_threads, len(names)))
+    slots = fixed + [f"g{j}" for j in range(n_slots - len(fixed))]
+    in_group: Dict[Tuple[str, int], Any] = {}
+    free_rank = 0
+    for t in names:
+        for j in range(n_slots):
+            in_group[t, j] = m.NewBoolVar(f"in_group[{t},{slots[j]}]")
+        if t in problem.frozen_group:
+            for j in range(n_slots):
+                m.Add(in_group[t, j] == int(slots[j] == problem.frozen_group[t]))
+        else:
+            # symmetry: the k-th free task may open at most free slot k
+            for j in range(len(fixed) + free_rank + 1, n_slots):
+                m.Add(in_group[t, j] == 0)
+            free_rank += 1
+        m.AddExactlyOne(in_group[t, j] for j in range(n_slots))
+
+    # -- where: stream (a choice only on CUDA) --
+    streams: List[Any] = []
+    for t in names:
+        for s in problem.stream_choices[t]:
+            if s not in streams:
+                streams.append(s)
+    in_stream: Dict[Tuple[str, int], Any] = {}
+    for t in names:
+        for k, s in enumerate(streams):
+            if s in problem.stream_choices[t]:
+                in_stream[t, k] = m.NewBoolVar(f"in_stream[{t},{stream_name(s)}]")
+        m.AddExactlyOne(v for (tt, _), v in in_stream.items() if tt == t)
+
+    def circular(name: str, off: Any, size: int, present: Any = None) -> List[Any]:
+        """The interval at ``off`` and its copy one period later (both or neither present)."""
+        if size <= 0:
+            return []
+        if present is None:
+            return [m.NewFixedSizeIntervalVar(off, size, f"{name}"), m.NewFixedSizeIntervalVar(off + ii, size, f"{name}+II")]
+        return [m.NewOptionalFixedSizeIntervalVar(off, size, present, f"{name}"),
+                m.NewOptionalFixedSizeIntervalVar(off + ii, size, present, f"{name}+II")]
+
+    # -- threads, sequencer: host intervals on circles of length II --
+    for j in range(n_slots):
+        m.AddNoOverlap([iv for t in names for iv in circular(f"thread[{t},{slots[j]}]", offset[t], dur[t], in_group[t, j])])
+    ordered = [t for t in names if t in problem.ordered]
+    if len(ordered) > 1:
+        m.AddNoOverlap([iv for t in ordered for iv in circular(f"sequencer[{t}]", offset[t], dur[t])])
+
+    # -- device part (CUDA): on its stream, after its host part --
+    dev_start: Dict[str, Any] = {}
+    shared_off: Dict[str, Any] = dict(offset)
+    shared_size: Dict[str, int] = dict(dur)
+    if problem.cuda:
+        for t in names:
+            dev_turn = m.NewIntVar(0, 2 * D + 2, f"dev_turn[{t}]")
+            dev_off = m.NewIntVar(0, ii - 1, f"dev_offset[{t}]")
+            dev_start[t] = ii * dev_turn + dev_off
+            m.Add(dev_start[t] >= start[t] + dur[t])
+            shared_off[t], shared_size[t] = dev_off, problem.ddur(t)
+        for k, s in enumerate(streams):
+            m.AddNoOverlap([iv for t in names if (t, k) in in_stream
+                            for iv in circular(f"stream[{t},{stream_name(s)}]", shared_off[t], shared_size[t],
+                                               in_stream[t, k])])
+
+    # -- communicators and PCIe serialise (device part on CUDA, host part on CPU) --
+    groups: Dict[tuple, List[str]] = {}
+    for t in names:
+        if problem.comm[t] is not None:
+            groups.setdefault(("comm", problem.comm[t]), []).append(t)
+        if t in problem.pcie:
+            groups.setdefault(("pcie",), []).append(t)
+    for key, members in groups.items():
+        if len(members) > 1:
+            m.AddNoOverlap([iv for t in members for iv in circular(f"{key}[{t}]", shared_off[t], shared_size[t])])
+
+    # -- dependencies (intra distance 0, inter distance N) --
+    for t in names:
+        for d, n in problem.preds(t):
+            m.Add(start[t] >= start[d] + dur[d] - ii * n)
+            if problem.cuda:
+                m.Add(dev_start[t] >= dev_start[d] + problem.ddur(d) - ii * n)
+
+    # -- progress barrier: period p + depth waits until iteration p has retired --
+    iter_end = m.NewIntVar(0, horizon, "iter_end")
+    for t in names:
+        m.Add(iter_end >= start[t] + dur[t])
+    depth_minus_1 = m.NewIntVar(0, D - 1, "depth_minus_1")
+    m.AddMaxEquality(depth_minus_1, [stage[t] for t in names])
+    for t in names:
+        m.Add(offset[t] >= iter_end - ii * (depth_minus_1 + 1))
+
+    if optimise:
+        # at the best period: fewest batches in flight (memory), then the shortest iteration
+        m.Minimize(depth_minus_1 * (horizon + 1) + iter_end)
+
+    if hint:
+        for t in names:
+            if t not in problem.frozen_stage and t in hint.get("stage", {}):
+                m.AddHint(stage[t], min(D - 1, hint["stage"][t]))
+            if t in hint.get("offset", {}):
+                m.AddHint(offset[t], min(ii - 1, max(0, hint["offset"][t])))
+            if t in hint.get("slot", {}) and t not in problem.frozen_group:
+                for j in range(n_slots):
+                    m.AddHint(in_group[t, j], int(j == hint["slot"][t]))
+    return _Model(m, ii, stage, offset, in_group, in_stream, slots, streams, depth_minus_1, iter_end)
+
+
+# --------------------------------------------------------------------------- solve
+
+
+def _solve(mod: _Model, time_limit_s: float, num_workers: int, seed: int) -> Tuple[str, Any, float]:
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+    solver.parameters.num_workers = max(1, num_workers)
+    solver.parameters.random_seed = seed
+    code = solver.Solve(mod.model)
+    return solver.StatusName(code), solver, solver.WallTime()
+
+
+# --------------------------------------------------------------------------- read
+
+
+def _read(problem: Problem, mod: _Model, solver: Any) -> Dict[str, dict]:
+    names = problem.names
+    stage = {t: int(solver.Value(mod.stage[t])) for t in names}
+    offset = {t: int(solver.Value(mod.offset[t])) for t in names}
+    group = {t: next(mod.slots[j] for j in range(len(mod.slots)) if solver.Value(mod.in_group[t, j])) for t in names}
+    stream = {t: next(mod.streams[k] for (tt, k), v in mod.in_stream.items() if tt == t and solver.Value(v))
+              for t in names}
+    return {"stage": stage, "offset": offset, "group": group, "stream": stream}
+
+
+def _hint_from(problem: Problem, hint: Any, ii: int) -> Optional[dict]:
+    """A CP-SAT hint from a beam-search result (a ``Scored``), rescaled to ``ii``."""
+    if hint is None:
+        return None
+    slots: Dict[str, int] = {}
+    fixed = sorted(set(problem.frozen_group.values()))
+    free: Dict[str, int] = {}
+    for t, g in zip(problem.names, hint.cand.group):
+        if g in fixed:
+            slots[t] = fixed.index(g)
+        else:
+            slots[t] = len(fixed) + free.setdefault(g, len(free))
+    offset = {}
+    if hint.ii and hint.offset:
+        offset = {t: int(o * ii / hint.ii) for t, o in hint.offset.items()}
+    return {"stage": dict(hint.stage), "offset": offset, "slot": slots}
+
+
+def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: int = 2, seed: int = 0,
+                hint: Any = None, upper: Optional[int] = None) -> CpsatResult:
+    """Minimise the period over the joint space with CP-SAT (outer loop over ``II``).
+
+    Parameters
+    ----------
+    problem : Problem
+    time_limit_s : float
+        Total budget over all solves.
+    num_workers : int
+        CP-SAT worker threads.
+    seed : int
+        CP-SAT random seed.
+    hint : Scored, optional
+        A beam-search result: its stages, offsets and groups seed each solve.
+    upper : int, optional
+        A period (time units) known to be reachable, e.g. the beam's.
+
+    Returns
+    -------
+    CpsatResult
+        With ``plan`` built (enqueue order by offset) when a solution was found.
+
+    Examples
+    --------
+    Two 2 ms tasks in a chain, two threads, depth up to 2: pipelining them gives a 2 ms period.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=0.002, device_s=0.0, resources=()) for n in "AB"})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), c, Constraints(max_depth=2, max_threads=2, time_unit_s=1e-3))
+    >>> r = solve_cpsat(p, time_limit_s=10)
+    >>> r.status, r.ii, sorted(r.stage.items())
+    ('OPTIMAL', 2, [('A', 0), ('B', 1)])
+    """
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    lower = model_lower_bound(problem)
+    proven = lower
+    best: Optional[Tuple[int, dict]] = None
+    tried: List[Tuple[int, str]] = []
+    solve_time = 0.0
+
+    def attempt(ii: int, optimise: bool = False) -> Optional[dict]:
+        nonlocal proven, solve_time
+        left = deadline - time.perf_counter()
+        if left <= 0.05:
+            return None
+        mod = _build(problem, ii, _hint_from(problem, hint, ii), optimise)
+        status, solver, wall = _solve(mod, left, num_workers, seed)
+        solve_time += wall
+        tried.append((ii, status))
+        log.debug("II=%d: %s in %.2fs", ii, status, wall)
+        if status in ("OPTIMAL", "FEASIBLE"):
+            return _read(problem, mod, solver)
+        if status == "INFEASIBLE":
+            proven = max(proven, ii + 1)
+        return None
+
+    lo, hi = lower, None
+    got = attempt(lo)
+    if got is not None:
+        best = (lo, got)
+        hi = lo
+    else:
+        lo += 1
+        if upper is not None and upper >= lo:
+            got = attempt(upper)
+            if got is not None:
+                best, hi = (upper, got), upper
+        if hi is None:
+            # gallop upward from the bound until something is feasible
+            step = max(1, lo // 8)
+            while time.perf_counter() < deadline:
+                ii = lo + step
+                got = attempt(ii)
+                if got is not None:
+                    best, hi = (ii, got), ii
+                    break
+                lo, step = ii + 1, step * 2
+        while hi is not None and lo < hi and time.perf_counter() < deadline:
+            mid = (lo + hi) // 2
+            got = attempt(mid)
+            if got is not None:
+                best, hi = (mid, got), mid
+            else:
+                lo = mid + 1
+    if best is None:
+        return CpsatResult("UNKNOWN", None, proven, problem.unit_s, tried=tried, solve_time_s=solve_time)
+    ii, sol = best
+    refined = attempt(ii, optimise=True)
+    if refined is not None:
+        sol = refined
+    status = "OPTIMAL" if proven >= ii else "FEASIBLE"
+    plan = build_plan(problem, sol["stage"], sol["group"], sol["stream"], None, sol["offset"])
+    return CpsatResult(status, ii, min(proven, ii), problem.unit_s, plan, sol["stage"], sol["offset"], sol["group"],
+                       sol["stream"], tried, solve_time)

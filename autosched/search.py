@@ -1,0 +1,423 @@
+"""``auto_schedule``: the best PipelinePlan for a task graph and a cost model, and why it is best.
+
+The search space is stage x thread group x stream x enqueue order (see
+:mod:`autosched._problem`). Two searchers cover it:
+
+* :mod:`autosched.beam` — beam search with stages derived by modulo list
+  scheduling, scored by the simulator; any size;
+* :mod:`autosched.cpsat` — the exact joint CP-SAT model, for graphs up to
+  ``Constraints.cpsat_max_tasks`` tasks, hinted by the beam's best plan; it
+  proves the minimum period of its model (``OPTIMAL``) or reports the gap.
+
+Whatever the searchers say, the returned plan is the one with the best
+*simulated* period (the simulator models the engine: progress barrier, FIFO
+thread queues, sequencer), it passes ``validate`` and never deadlocks. When
+the input is a plan (e.g. a hand-written TorchRec pipeline) that plan, as
+given, is a candidate too, so the result is never worse than it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from swpipe_core.plan import PipelinePlan, stream_name
+
+from ._problem import Problem, make_problem
+
+__all__ = ["Constraints", "SearchReport", "auto_schedule"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Constraints:
+    """What the searcher may choose, and how long it may take.
+
+    Parameters
+    ----------
+    max_depth : int
+        Most iterations in flight (memory): stages ``0 .. max_depth - 1``.
+    max_threads : int
+        Most CPU thread groups.
+    streams : list of (str or None), optional
+        Streams available (``None`` = default stream). Default: the streams the
+        input plan uses (only the default stream for a bare graph). Streams are
+        searched only for ``device="cuda"``; on CPU a stream is just a name.
+    frozen : dict
+        ``{task: {"stage": s, "stream": x, "thread_group": g}}`` (any subset),
+        or ``{task: TaskSchedule}`` to freeze all three.
+    globally_ordered : list of str, optional
+        Collective tasks run in one global sequence. Default: the input plan's
+        flags, or for a bare graph the tasks with a ``comm:`` cost tag.
+    time_limit_s : float
+        Wall-clock budget of the whole search.
+    seed : int
+        Makes the beam's sampling and CP-SAT's search reproducible.
+    device : {"cpu", "cuda"}
+        Which semantics the simulator (and the models) use.
+    method : {"auto", "cpsat", "beam"}
+        ``auto``: beam, then CP-SAT when the graph has at most
+        ``cpsat_max_tasks`` tasks.
+    cpsat_max_tasks : int
+    beam_width, beam_rounds : int
+    num_workers : int
+        CP-SAT worker threads.
+    num_iterations : int
+        Simulated iterations for the final score.
+    time_unit_s : float, optional
+        The models' integer clock (default: about 1e-5 of a serial iteration).
+    progress : bool
+        tqdm progress bar over beam rounds.
+
+    Examples
+    --------
+    >>> Constraints(max_depth=2, frozen={"Forward": {"stream": None}}).max_threads
+    2
+    """
+
+    max_depth: int = 3
+    max_threads: int = 2
+    streams: Optional[Sequence[Optional[str]]] = None
+    frozen: Dict[Any, Any] = field(default_factory=dict)
+    globally_ordered: Optional[Sequence[str]] = None
+    time_limit_s: float = 30.0
+    seed: int = 0
+    device: str = "cpu"
+    method: str = "auto"
+    cpsat_max_tasks: int = 20
+    beam_width: int = 6
+    beam_rounds: int = 20
+    num_workers: int = 2
+    num_iterations: int = 60
+    time_unit_s: Optional[float] = None
+    progress: bool = False
+
+
+@dataclass
+class SearchReport:
+    """What ``auto_schedule`` found, how good it is, and why.
+
+    Times are seconds. ``period_s``/``latency_s`` are simulated (steady state);
+    ``lower_bound_s`` is a period no plan in the space can beat; ``gap_pct`` =
+    ``100 * (period / bound - 1)``. ``status`` is ``OPTIMAL`` when CP-SAT proved
+    its model's minimum and the simulator agrees, else ``FEASIBLE`` (CP-SAT)
+    or ``HEURISTIC`` (beam only). Print it (``str(report)``) for the summary,
+    the schedule table and the stage analysis; :meth:`explain` says it in words.
+    """
+
+    plan: PipelinePlan
+    period_s: float
+    latency_s: float
+    lower_bound_s: float
+    gap_pct: float
+    binding: str
+    depth: int
+    max_depth: int
+    depth_reason: str
+    threads: int
+    method: str
+    status: str
+    model_period_s: Optional[float]
+    proven_bound_s: Optional[float]
+    solver_time_s: float
+    search_time_s: float
+    tried: Dict[str, int]
+    device: str
+    serial_period_s: float
+    baseline_period_s: Optional[float] = None
+    binding_detail: Dict[str, float] = field(default_factory=dict)
+    what_if: List[Tuple[str, float]] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """A few lines: period, bound, gap, depth, status, what was tried."""
+        ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+        lines = [
+            f"auto_schedule ({self.method}, {self.status}, device={self.device}): "
+            f"period {ms(self.period_s)}  latency {ms(self.latency_s)}",
+            f"  lower bound {ms(self.lower_bound_s)} ({self.binding}); gap {self.gap_pct:.1f}%",
+            f"  serial {ms(self.serial_period_s)} -> speed-up x{self.serial_period_s / self.period_s:.2f}"
+            if self.period_s > 0 else f"  serial {ms(self.serial_period_s)}",
+        ]
+        if self.baseline_period_s is not None:
+            lines.append(f"  input plan {ms(self.baseline_period_s)} -> "
+                         f"{100 * (1 - self.period_s / self.baseline_period_s):.1f}% faster"
+                         if self.baseline_period_s > 0 else f"  input plan {ms(self.baseline_period_s)}")
+        lines.append(f"  depth {self.depth} of max {self.max_depth}: {self.depth_reason}")
+        lines.append(f"  thread groups {self.threads}")
+        if self.model_period_s is not None:
+            bound = "" if self.proven_bound_s is None else f", proven bound {ms(self.proven_bound_s)}"
+            lines.append(f"  CP-SAT model period {ms(self.model_period_s)}{bound}, solver {self.solver_time_s:.2f}s")
+        tried = ", ".join(f"{k} {v}" for k, v in self.tried.items() if v)
+        lines.append(f"  tried: {tried}; search {self.search_time_s:.2f}s")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def format(self, num_iterations: int = 3) -> str:
+        """Summary, schedule table and stage analysis of the plan."""
+        parts = [self.summary(), "", _plan_tables(self.plan, num_iterations)]
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def explain(self) -> str:
+        """Why the plan is fast and what would make it faster, in plain words.
+
+        Returns
+        -------
+        str
+        """
+        ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+        groups: Dict[str, List[str]] = {}
+        for n in self.plan.task_names:
+            groups.setdefault(self.plan.sched(n).thread_group, []).append(n)
+        out = [
+            f"This plan finishes one iteration every {ms(self.period_s)} in steady state "
+            f"(x{self.serial_period_s / max(self.period_s, 1e-30):.2f} the serial loop's {ms(self.serial_period_s)}).",
+        ]
+        if self.depth > 1:
+            by_stage: Dict[int, List[str]] = {}
+            for n in self.plan.task_names:
+                by_stage.setdefault(self.plan.stage(n), []).append(n)
+            stages = "; ".join(f"stage {s}: {', '.join(v)}" for s, v in sorted(by_stage.items()))
+            members = "; ".join(f"{g}: " + ", ".join(v) for g, v in groups.items())
+            out.append(f"It is fast because it keeps {self.depth} iterations in flight ({stages}), so work of "
+                       f"different iterations overlaps on {len(groups)} thread group(s) ({members}).")
+        else:
+            out.append(f"It runs one iteration at a time (depth 1) on {len(groups)} thread group(s); "
+                       f"{self.depth_reason}.")
+        if self.gap_pct <= 0.5:
+            out.append(f"It reaches the lower bound {ms(self.lower_bound_s)} set by {self.binding}: no plan with these "
+                       f"costs and constraints can be faster.")
+        else:
+            out.append(f"The lower bound is {ms(self.lower_bound_s)} ({self.binding}); the plan is {self.gap_pct:.1f}% "
+                       f"above it" + (" and CP-SAT proved no plan in its model does better."
+                                      if self.status == "OPTIMAL" else "."))
+        if self.binding_detail:
+            busiest = max(self.binding_detail, key=self.binding_detail.get)
+            out.append(f"What binds the period: {busiest} is busy {100 * self.binding_detail[busiest]:.0f}% of it.")
+        for text, period in self.what_if:
+            gain = 100 * (1 - period / self.period_s) if self.period_s > 0 else 0.0
+            out.append(f"What would make it faster: {text} -> period {ms(period)} ({gain:.1f}% faster).")
+        if not self.what_if:
+            out.append("What would make it faster: cheaper tasks on the binding resource.")
+        return "\n".join(out)
+
+
+def _plan_tables(plan: PipelinePlan, num_iterations: int) -> str:
+    try:
+        from swpipe_core.analysis import format_schedule, format_stage_analysis
+    except ImportError:  # analysis is another room's module; the summary stays useful without it
+        rows = [f"  {n:<24} stage {plan.stage(n)}  stream {plan.stream_of(n):<10} thread {plan.sched(n).thread_group}"
+                for n in plan.enqueue_order or plan.task_names]
+        return "enqueue order:\n" + "\n".join(rows)
+    return format_schedule(plan, num_iterations) + "\n\n" + format_stage_analysis(plan)
+
+
+# --------------------------------------------------------------------------- analysis of the result
+
+
+def _serial_period(problem: Problem) -> float:
+    return sum(problem.host[n] + problem.dev[n] for n in problem.names)
+
+
+def _busy(problem: Problem, plan: PipelinePlan, period: float) -> Dict[str, float]:
+    """Fraction of the period each resource is busy (thread groups, sequencer, comms, PCIe, streams)."""
+    load: Dict[str, float] = {}
+    for n in problem.names:
+        sched = plan.sched(n)
+        keys = [f"thread {sched.thread_group}"]
+        if sched.globally_ordered:
+            keys.append("sequencer")
+        if problem.comm[n] is not None:
+            keys.append(f"comm {problem.comm[n]}")
+        if n in problem.pcie:
+            keys.append("pcie")
+        for k in keys:
+            load[k] = load.get(k, 0.0) + problem.thread_time(n) * (0 if k.startswith(("comm", "pcie")) and problem.cuda else 1)
+        if problem.cuda:
+            dev_keys = [f"stream {stream_name(sched.stream)}"]
+            dev_keys += [k for k in keys if k.startswith(("comm", "pcie"))]
+            for k in dev_keys:
+                load[k] = load.get(k, 0.0) + problem.dev[n]
+    return {k: v / period for k, v in load.items() if period > 0 and v > 0}
+
+
+def _what_ifs(problem: Problem, plan: PipelinePlan, period: float, busy: Dict[str, float],
+              num_iterations: int) -> List[Tuple[str, float]]:
+    """Simulated effect of halving the biggest task on the busiest resource (same plan)."""
+    from .simulate import simulate
+
+    if not busy or not hasattr(problem.costs, "scaled"):
+        return []
+    resource = max(busy, key=busy.get)
+    on = []
+    for n in problem.names:
+        s = plan.sched(n)
+        if (resource == f"thread {s.thread_group}" or (resource == "sequencer" and s.globally_ordered)
+                or resource == f"comm {problem.comm[n]}" or (resource == "pcie" and n in problem.pcie)
+                or resource == f"stream {stream_name(s.stream)}"):
+            on.append(n)
+    if not on:
+        return []
+    task = max(on, key=lambda n: problem.host[n] + problem.dev[n])
+    try:
+        res = simulate(plan, problem.costs.scaled(task, 0.5), num_iterations=num_iterations, device=problem.device)
+    except Exception as exc:  # what-if is advice, never a failure of the search
+        log.debug("what-if failed: %s", exc)
+        return []
+    return [(f"halving {task} (the largest task on {resource})", float(res.period))]
+
+
+def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float], graph_input: Any) -> Tuple[float, str]:
+    """Best lower bound available: the model's, CP-SAT's proof, and autosched.bounds' if present."""
+    value, why = model_lb_s, "resources / recurrences / depth-limited critical path (model bound)"
+    if proven_s is not None and proven_s > value:
+        value, why = proven_s, "CP-SAT proof over the whole plan space"
+    try:
+        from .bounds import lower_bounds
+
+        b = lower_bounds(graph_input, problem.costs, max_threads=problem.max_threads)
+        if float(b.value) > value * (1 + 1e-9):
+            value, why = float(b.value), str(b.binding)
+        elif abs(float(b.value) - value) <= value * 1e-9 and why.endswith("(model bound)"):
+            why = str(b.binding)
+    except Exception as exc:  # bounds belong to another module; the model bound stands alone
+        log.debug("autosched.bounds unavailable: %s", exc)
+    return value, why
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None
+                  ) -> Tuple[PipelinePlan, SearchReport]:
+    """Search the best plan: stages, thread groups, streams and enqueue order, jointly.
+
+    Parameters
+    ----------
+    tasks_or_graph : networkx.DiGraph, PipelinePlan or tuple
+        A task graph from ``autosched.graph.task_graph(tasks, intra, inter)``
+        (edges ``dep -> task`` with ``distance`` 0 or N); a plan (its tasks and
+        dependencies, its schedule as a starting point and a baseline); or
+        ``(tasks, intra_deps[, inter_deps])`` with ``(task, dep)`` /
+        ``(task, dep, N)`` pairs. ``PipelineTask`` objects keep their
+        functions, so the returned plan runs as is.
+    costs : CostModel
+        A cost for every task (``host_s``, ``device_s``, ``comm:``/``pcie`` tags).
+    constraints : Constraints, optional
+
+    Returns
+    -------
+    (PipelinePlan, SearchReport)
+        The plan (validated; ``enqueue_order`` set) and the report.
+
+    Raises
+    ------
+    KeyError
+        A task has no cost.
+    ValueError
+        Bad input (dependency cycle, unknown task in constraints, impossible caps).
+    RuntimeError
+        No plan satisfies the constraints.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    >>> plan, report = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs,
+    ...                              Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    >>> plan.stage("Load"), plan.stage("Step"), round(report.period_s * 1e3, 3), report.status
+    (0, 1, 3.0, 'OPTIMAL')
+    """
+    from swpipe_core.validate import validate
+
+    from . import beam as beam_mod
+    from .cpsat import model_lower_bound, solve_cpsat
+
+    c = constraints or Constraints()
+    if c.method not in ("auto", "cpsat", "beam"):
+        raise ValueError(f"method must be 'auto', 'cpsat' or 'beam', got {c.method!r}")
+    t0 = time.perf_counter()
+    problem = make_problem(tasks_or_graph, costs, c)
+    use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
+    final_scorer = beam_mod.sim_scorer(problem, c.num_iterations)
+
+    beam_budget = c.time_limit_s * (0.3 if use_cpsat else 1.0)
+    beam = beam_mod.beam_search(problem, width=c.beam_width, rounds=c.beam_rounds, time_limit_s=beam_budget,
+                                seed=c.seed, progress=c.progress)
+    best = beam.best
+    best.period, best.latency = final_scorer(best.plan)
+    rec = beam_mod.recurrence_bound(problem)
+    shallower, depth_tries = beam_mod.reduce_depth(problem, best, final_scorer, rec)
+    if shallower is not best:
+        best = shallower
+    chosen_plan, period, latency, method = best.plan, best.period, best.latency, "beam"
+    tried = {f"beam {k}": v for k, v in beam.counts.items()}
+    status, model_period, proven, solver_time = "HEURISTIC", None, None, 0.0
+    notes: List[str] = []
+
+    if use_cpsat:
+        left = max(1.0, c.time_limit_s - (time.perf_counter() - t0))
+        upper = best.ii if best.ii else int(math.ceil(best.period / problem.unit_s))
+        res = solve_cpsat(problem, time_limit_s=left, num_workers=c.num_workers, seed=c.seed, hint=best, upper=upper)
+        tried["CP-SAT periods tried"] = len(res.tried)
+        solver_time = res.solve_time_s
+        proven = res.bound_s
+        if res.plan is not None:
+            model_period = res.period_s
+            cp_period, cp_latency = final_scorer(res.plan)
+            key = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
+            if key(cp_period, res.plan.pipeline_depth, cp_latency) <= key(period, chosen_plan.pipeline_depth, latency):
+                chosen_plan, period, latency, method = res.plan, cp_period, cp_latency, "cpsat"
+            else:
+                method = "beam (CP-SAT's plan simulated slower)"
+            if cp_period > res.period_s * (1 + 1e-3) + problem.unit_s:
+                notes.append(f"CP-SAT's model predicted {res.period_s * 1e3:.3f} ms but its plan simulates at "
+                             f"{cp_period * 1e3:.3f} ms (the model approximates {problem.device} semantics)")
+        status = res.status if res.plan is not None else "HEURISTIC"
+        if res.status == "OPTIMAL" and period > res.period_s * (1 + 1e-3) + problem.unit_s:
+            status = "FEASIBLE"
+
+    validate(chosen_plan)
+    model_lb_s = model_lower_bound(problem) * problem.unit_s
+    lb, binding = _lower_bound(problem, model_lb_s, proven, tasks_or_graph)
+    lb = min(lb, period)
+    gap = 100.0 * (period / lb - 1.0) if lb > 0 else 0.0
+
+    depth = chosen_plan.pipeline_depth
+    if depth == 1:
+        depth_reason = "one iteration in flight already reaches this period"
+    else:
+        worse = [(d, p) for d, p in depth_tries if d < depth]
+        if worse:
+            d, p = max(worse)
+            depth_reason = (f"the same thread map at depth {d} gives "
+                            + (f"{p * 1e3:.3f} ms (+{100 * (p / period - 1):.1f}%)" if math.isfinite(p) else "no plan"))
+        else:
+            depth_reason = "the shallowest depth found at this period"
+        if method == "cpsat":
+            depth_reason += "; CP-SAT minimised depth at the optimal period"
+    busy = _busy(problem, chosen_plan, period)
+    what_if = _what_ifs(problem, chosen_plan, period, busy, c.num_iterations)
+    baseline = None
+    if problem.base_plan is not None:
+        try:
+            baseline = final_scorer(problem.base_plan)[0]
+        except Exception as exc:  # an input plan outside the engine's rules has no baseline
+            notes.append(f"input plan could not be simulated as given: {exc}")
+    report = SearchReport(
+        plan=chosen_plan, period_s=period, latency_s=latency, lower_bound_s=lb, gap_pct=gap, binding=binding,
+        depth=depth, max_depth=problem.max_depth, depth_reason=depth_reason,
+        threads=len({chosen_plan.sched(n).thread_group for n in chosen_plan.task_names}), method=method,
+        status=status, model_period_s=model_period, proven_bound_s=proven, solver_time_s=solver_time,
+        search_time_s=time.perf_counter() - t0, tried=tried, device=problem.device,
+        serial_period_s=_serial_period(problem), baseline_period_s=baseline, binding_detail=busy,
+        what_if=what_if, notes=notes,
+    )
+    return chosen_plan, report

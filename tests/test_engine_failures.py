@@ -1,0 +1,356 @@
+"""Failures never hang and never get lost: they surface fast, name the task, and leave no thread behind."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import traceback
+
+import pytest
+
+from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.order import enqueue_order
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.validate import PlanError, validate
+
+pytestmark = pytest.mark.timeout(60)
+
+SURFACE_S = 5.0
+
+# name: (stage, stream, thread group, globally ordered)
+LAYOUT = {
+    "H2D": (0, "memcpy", "io", False),
+    "DistStart": (1, "data_dist", "dist", True),
+    "DistWait": (1, "data_dist", "dist", False),
+    "Fwd": (2, None, "compute", False),
+    "Bwd": (2, None, "compute", False),
+    "Opt": (2, None, "compute", True),
+}
+CHAIN = list(LAYOUT)
+
+
+class Boom(Exception):
+    pass
+
+
+def swpipe_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
+
+
+def make_plan(fail_task=None, fail_iter=None, exc=Boom):
+    def fn_for(name):
+        def fn(ctx):
+            if name == fail_task and ctx.iter_idx == fail_iter:
+                raise exc(f"injected in {name} at iteration {ctx.iter_idx}")
+        return fn
+
+    sched = {PipelineTask(n, fn_for(n)): TaskSchedule(s, st, g, o) for n, (s, st, g, o) in LAYOUT.items()}
+    deps = [(CHAIN[k], CHAIN[k - 1]) for k in range(1, len(CHAIN))]
+    return PipelinePlan(sched, intra_iter_deps=deps, inter_iter_deps=[("Fwd", "Opt", 1)])
+
+
+def assert_usable(pipe):
+    """The pipeline runs a fresh set of batches to completion after drain()."""
+    pipe.drain()
+    assert swpipe_threads() == []
+    plan_ok = pipe.plan.bind({n: (lambda ctx: None) for n in pipe.plan.task_names})
+    pipe2 = SWPipeline(plan_ok, device="cpu")
+    assert pipe2.run(range(4)) > 0
+
+
+CASES = [
+    # first / middle / last task in the chain, each thread group and each stage
+    ("H2D", 0), ("H2D", 7), ("DistStart", 3), ("DistWait", 5), ("Fwd", 0), ("Bwd", 4), ("Opt", 9), ("Opt", 0),
+]
+
+
+@pytest.mark.parametrize("task,iteration", CASES)
+def test_exception_surfaces_fast_with_task_and_iteration(task, iteration):
+    pipe = SWPipeline(make_plan(task, iteration), device="cpu")
+    t0 = time.perf_counter()
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(12))
+    assert time.perf_counter() - t0 < SURFACE_S
+    err = info.value
+    stage, _, group, _ = LAYOUT[task]
+    assert (err.task, err.iteration, err.thread_group, err.stage) == (task, iteration, group, stage)
+    assert isinstance(err.__cause__, Boom) and f"iteration {iteration}" in str(err.__cause__)
+    # the original traceback is kept: it ends in the task function
+    frames = traceback.extract_tb(err.__cause__.__traceback__)
+    assert frames[-1].name == "fn"
+    assert swpipe_threads() == []
+    assert_usable(pipe)
+
+
+@pytest.mark.parametrize("task,iteration", [("H2D", 2), ("DistWait", 1), ("Opt", 3)])
+def test_exception_surfaces_through_progress_and_pipeline_refills(task, iteration):
+    pipe = SWPipeline(make_plan(task, iteration), device="cpu")
+    it = pipe.fill_pipeline(range(50))
+    retired = []
+    with pytest.raises(PipelineTaskError) as info:
+        while True:
+            retired.append(pipe.progress(it))
+    assert info.value.task == task and info.value.iteration == iteration
+    assert all(i < iteration for i in retired)
+    assert swpipe_threads() == []
+    # the failure is reported once; later calls say what to do
+    with pytest.raises(RuntimeError, match="drain"):
+        pipe.progress(it)
+    # a new fill_pipeline without drain also works (fresh batches never hit the injected iteration)
+    assert pipe.fill_pipeline(range(iteration)) is not None
+    got = []
+    while True:
+        try:
+            got.append(pipe.progress())
+        except StopIteration:
+            break
+    assert got == list(range(iteration))
+
+
+def test_unreported_failure_is_raised_by_drain():
+    done = threading.Event()
+
+    def boom(ctx):
+        try:
+            raise Boom("late")
+        finally:
+            done.set()
+
+    plan = PipelinePlan({PipelineTask("A", boom): TaskSchedule(0, thread_group="w")})
+    pipe = SWPipeline(plan, device="cpu")
+    pipe.fill_pipeline(range(3))
+    assert done.wait(5)
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.drain()
+    assert info.value.task == "A" and isinstance(info.value.__cause__, Boom)
+    assert swpipe_threads() == []
+    pipe.drain()  # now clean: nothing raised again
+    assert pipe.plan.bind({"A": lambda ctx: None}) is not None
+
+
+def test_failure_during_fill_pipeline_leaves_no_thread():
+    pipe = SWPipeline(make_plan("H2D", 0), device="cpu")
+    with pytest.raises(PipelineTaskError):
+        it = pipe.fill_pipeline(range(10))
+        pipe.progress(it)
+    assert swpipe_threads() == []
+    assert_usable(pipe)
+
+
+def test_data_iterator_exception_propagates_as_itself_and_pipeline_stays_usable():
+    def data():
+        yield from range(4)
+        raise KeyError("bad batch 4")
+
+    log = []
+    plan = make_plan().bind({"Opt": lambda ctx: log.append(ctx.iter_idx)})
+    pipe = SWPipeline(plan, device="cpu")
+    it = pipe.fill_pipeline(data())
+    retired = []
+    with pytest.raises(KeyError, match="bad batch 4"):
+        while True:
+            retired.append(pipe.progress(it))
+    assert retired == [0]  # fill took batches 0-2; progress took 3, then next() raised
+    pipe.drain()  # completes what is in flight
+    assert sorted(log) == [0, 1, 2, 3]
+    assert swpipe_threads() == []
+
+
+def test_data_iterator_exception_in_fill_propagates_and_leaves_no_thread():
+    def data():
+        yield 0
+        raise ValueError("loader broke")
+
+    pipe = SWPipeline(make_plan(), device="cpu")
+    with pytest.raises(ValueError, match="loader broke"):
+        pipe.fill_pipeline(data())
+    assert swpipe_threads() == []
+    assert pipe.run(range(3)) > 0
+
+
+def test_data_iterator_exception_in_run_propagates_and_leaves_no_thread():
+    def data():
+        yield from range(6)
+        raise ValueError("loader broke at 6")
+
+    pipe = SWPipeline(make_plan(), device="cpu")
+    with pytest.raises(ValueError, match="at 6"):
+        pipe.run(data())
+    assert swpipe_threads() == []
+    assert pipe.run(range(3)) > 0
+
+
+def test_blocked_dependency_times_out_naming_waiter_dependency_and_iteration():
+    release = threading.Event()
+
+    def stuck(ctx):
+        if ctx.iter_idx == 2:
+            release.wait(1.5)  # a workload that outlives the waiter's patience
+
+    plan = make_plan().bind({"DistWait": stuck})
+    pipe = SWPipeline(plan, device="cpu", signal_timeout=0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(10))
+    assert time.perf_counter() - t0 < SURFACE_S
+    cause = str(info.value.__cause__)
+    assert info.value.task == "Fwd" and info.value.iteration == 2
+    assert "'DistWait' of iteration 2" in cause and "signal_timeout" in cause
+    assert swpipe_threads() == []
+    assert_usable(pipe)
+
+
+def test_progress_timeout_names_iteration_and_unfinished_tasks():
+    def slow(ctx):
+        if ctx.iter_idx == 0:
+            time.sleep(0.6)  # workload longer than progress_timeout
+
+    plan = make_plan().bind({"Bwd": slow})
+    pipe = SWPipeline(plan, device="cpu", progress_timeout=0.2)
+    it = pipe.fill_pipeline(range(10))
+    with pytest.raises(RuntimeError, match=r"iteration 0 to complete; tasks not done: \[.*'Bwd'.*'Opt'") as info:
+        pipe.progress(it)
+    assert not isinstance(info.value, PipelineTaskError)
+    assert swpipe_threads() == []
+    assert_usable(pipe)
+
+
+def test_sequencer_timeout_surfaces_as_task_error():
+    """A globally ordered task whose turn never comes fails with the sequencer's message."""
+    plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.5)): TaskSchedule(0, thread_group="g1", globally_ordered=True),
+                         PipelineTask("B", lambda ctx: None): TaskSchedule(0, thread_group="g2", globally_ordered=True)})
+    pipe = SWPipeline(plan, device="cpu", sequencer_timeout=0.1)
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(3))
+    assert info.value.task == "B"
+    assert "waiting for A (iteration 0)" in str(info.value.__cause__)
+    assert swpipe_threads() == []
+
+
+def test_keyboard_interrupt_in_caller_stops_workers():
+    main = threading.main_thread().ident
+
+    def interrupt(ctx):
+        if ctx.iter_idx == 3:
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.3)  # keep the caller waiting in progress() when the signal lands
+
+    plan = make_plan().bind({"Opt": interrupt})
+    pipe = SWPipeline(plan, device="cpu")
+    with pytest.raises(KeyboardInterrupt):
+        pipe.run(range(1000))
+    assert swpipe_threads() == []
+    assert_usable(pipe)
+
+
+def test_keyboard_interrupt_from_data_iterator_stops_workers():
+    def data():
+        yield from range(5)
+        raise KeyboardInterrupt
+
+    pipe = SWPipeline(make_plan(), device="cpu")
+    it = pipe.fill_pipeline(data())
+    with pytest.raises(KeyboardInterrupt):
+        while True:
+            pipe.progress(it)
+    assert swpipe_threads() == []
+    with pytest.raises(RuntimeError, match="interrupted"):
+        pipe.progress(it)
+    assert_usable(pipe)
+
+
+def test_failure_while_draining_is_raised_and_pipeline_reset():
+    pipe = SWPipeline(make_plan("Opt", 3), device="cpu")
+    it = pipe.fill_pipeline(range(10))
+    assert pipe.progress(it) == 0
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.drain()
+    assert info.value.task == "Opt" and info.value.iteration == 3
+    assert swpipe_threads() == [] and pipe.in_flight == 0
+    assert_usable(pipe)
+
+
+def test_serial_failure_is_a_task_error_too():
+    pipe = SWPipeline(make_plan("Bwd", 1), device="cpu")
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run_serial(range(3))
+    assert (info.value.task, info.value.iteration, info.value.thread_group) == ("Bwd", 1, "compute")
+    with pytest.raises(PipelineTaskError):
+        pipe.run_one_serial_iter(None, iter_idx=1)
+    pipe.run_one_serial_iter(None, iter_idx=2)
+
+
+def test_base_exception_in_task_is_caught_and_reported():
+    pipe = SWPipeline(make_plan("Fwd", 2, exc=SystemExit), device="cpu")
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(6))
+    assert isinstance(info.value.__cause__, SystemExit)
+    assert swpipe_threads() == []
+
+
+# ---- deadlock scenarios of 000 and the head-of-line deadlock ready-first avoids ----
+
+def scenario_1(**kw):
+    """A(s=0, T1), B(s=1, T1), A waits B of the previous iteration (k=1): same period."""
+    return PipelinePlan({PipelineTask("A", lambda ctx: None): TaskSchedule(0, thread_group="T1"),
+                         PipelineTask("B", lambda ctx: None): TaskSchedule(1, thread_group="T1")},
+                        inter_iter_deps=[("A", "B")], **kw)
+
+
+def scenario_2(**kw):
+    """T1: A(s=0), D(s=1); T2: C(s=0), B(s=1); A waits B(i-1), C waits D(i-1)."""
+    return PipelinePlan({PipelineTask("A", lambda ctx: None): TaskSchedule(0, thread_group="T1"),
+                         PipelineTask("D", lambda ctx: None): TaskSchedule(1, thread_group="T1"),
+                         PipelineTask("C", lambda ctx: None): TaskSchedule(0, thread_group="T2"),
+                         PipelineTask("B", lambda ctx: None): TaskSchedule(1, thread_group="T2")},
+                        inter_iter_deps=[("A", "B"), ("C", "D")], **kw)
+
+
+@pytest.mark.parametrize("scenario", [scenario_1, scenario_2])
+@pytest.mark.parametrize("policy", ["ready_first", "stage_descending"])
+def test_seed_deadlock_scenarios_complete(scenario, policy):
+    pipe = SWPipeline(scenario(enqueue_policy=policy), device="cpu", record_timeline=True)
+    pipe.run(range(25))
+    ev = {(e.task, e.iteration): e for e in pipe.timeline}
+    assert len(ev) == 25 * len(pipe.plan.task_names)
+    for waiter, dep, _ in pipe.plan.inter_edges():
+        for i in range(1, 25):
+            assert ev[(waiter, i)].start >= ev[(dep, i - 1)].end
+
+
+@pytest.mark.parametrize("scenario,ascending", [(scenario_1, ["A", "B"]), (scenario_2, ["A", "C", "D", "B"])])
+def test_ascending_order_deadlocks_and_validate_rejects_it(scenario, ascending):
+    """The seed's ascending orders deadlock; validation refuses them, and forced past validation the block
+    surfaces as an error (short signal_timeout) rather than a hang."""
+    with pytest.raises(PlanError, match="enqueue-order"):
+        validate(scenario(enqueue_order=ascending))
+    pipe = SWPipeline(scenario(), device="cpu", signal_timeout=0.3)
+    assert enqueue_order(pipe.plan) != ascending
+    pipe._order = [next(ti for ti in pipe._order if ti.name == n) for n in ascending]  # bypass validation
+    t0 = time.perf_counter()
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(10))
+    assert time.perf_counter() - t0 < SURFACE_S
+    assert info.value.iteration == 1 and "waited 0.3 s" in str(info.value.__cause__)
+    assert swpipe_threads() == []
+
+
+def test_ready_first_avoids_head_of_line_deadlock():
+    """X waits Y in the same period on the same thread. Ready-first enqueues Y first and runs; the
+    non-topological queue [X, Y] would leave X blocking the head of the queue, with Y stuck behind it."""
+    ran = []
+    plan = PipelinePlan({PipelineTask("X", lambda ctx: ran.append("X")): TaskSchedule(0, thread_group="T"),
+                         PipelineTask("Y", lambda ctx: ran.append("Y")): TaskSchedule(0, thread_group="T")},
+                        intra_iter_deps=[("X", "Y")])
+    assert enqueue_order(plan) == ["Y", "X"]
+    SWPipeline(plan, device="cpu").run(range(20))
+    assert ran == ["Y", "X"] * 20
+    with pytest.raises(PlanError, match=r"enqueue-order.*block the head"):
+        validate(plan.replace(enqueue_order=["X", "Y"]))
+    blocked = SWPipeline(plan, device="cpu", signal_timeout=0.3)
+    blocked._order = list(reversed(blocked._order))  # [X, Y], bypassing validation
+    with pytest.raises(PipelineTaskError) as info:
+        blocked.run(range(3))
+    assert info.value.task == "X" and "'Y' of iteration 0" in str(info.value.__cause__)
+    assert swpipe_threads() == []
