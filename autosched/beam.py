@@ -75,26 +75,41 @@ class Candidate:
 
 @dataclass
 class Scored:
-    """A candidate with its derived stages, its plan and its simulated score."""
+    """A candidate with its derived stages and its scores.
+
+    ``ii``/``span`` (time units) come from the modulo timetable and rank
+    candidates cheaply; ``period``/``latency`` (seconds) are the simulator's
+    and are set once the candidate is simulated (``plan`` is built then).
+    """
 
     cand: Candidate
-    ii: int                      # period of the modulo timetable, in time units
+    ii: int                      # period of the modulo timetable, in time units (0: stages not derived)
     stage: Dict[str, int]
     offset: Dict[str, int]
-    plan: PipelinePlan
+    span: int = 0                # one iteration's length in the timetable, time units
+    plan: Optional[PipelinePlan] = None
     period: float = math.inf     # simulated steady-state period, seconds
     latency: float = math.inf
 
     @property
+    def simulated(self) -> bool:
+        return math.isfinite(self.period)
+
+    @property
     def depth(self) -> int:
-        return self.plan.pipeline_depth
+        return max(self.stage.values()) + 1 if self.stage else 1
 
     @property
     def threads(self) -> int:
         return len(set(self.cand.group))
 
     def rank(self, unit: float) -> tuple:
+        """Simulated rank: period, then depth (memory), latency, threads."""
         return (round(self.period / unit, 3), self.depth, round(self.latency / unit, 3), self.threads)
+
+    def proxy_rank(self) -> tuple:
+        """Timetable rank, before simulation."""
+        return (self.ii, self.depth, self.span, self.threads)
 
 
 @dataclass
@@ -278,8 +293,7 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
         s = _place(rings, host_keys, est, problem.dur(t), ii)
         if s is None:
             return None
-        stage = s // ii
-        if stage >= cap or (t in problem.frozen_stage and stage != problem.frozen_stage[t]):
+        if s // ii >= cap:
             return None
         for k in host_keys:
             rings[k].add(s, problem.dur(t))
@@ -298,13 +312,22 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
         for d, n in problem.preds(t):
             if start[t] < signal[d] - ii * n:
                 return None
-    stage = {t: start[t] // ii for t in problem.names}
-    offset = {t: start[t] % ii for t in problem.names}
-    depth = max(stage.values()) + 1
-    # progress barrier: period p + depth is enqueued when iteration p has retired
-    if min(offset.values()) < max(signal.values()) - ii * depth:
-        return None
-    return _Timetable(ii, start, stage, offset)
+    # Dependencies and the circular reservations only see differences of start times, so the
+    # whole iteration may slide by any shift; the shift decides which period window each task
+    # falls in (its stage) and so whether the progress barrier holds. Try shift 0, then the
+    # shifts that open a window at some task's start.
+    shifts = [0] + sorted({(-s) % ii for s in start.values()} - {0})
+    end = max(signal.values())
+    for shift in shifts:
+        stage = {t: (s + shift) // ii for t, s in start.items()}
+        depth = max(stage.values()) + 1
+        if depth > cap or any(stage[t] != fs for t, fs in problem.frozen_stage.items()):
+            continue
+        offset = {t: (s + shift) % ii for t, s in start.items()}
+        # progress barrier: period p + depth is enqueued when iteration p has retired
+        if min(offset.values()) >= end + shift - ii * depth:
+            return _Timetable(ii, {t: s + shift for t, s in start.items()}, stage, offset)
+    return None
 
 
 # --------------------------------------------------------------------------- bounds used by the search
@@ -665,6 +688,37 @@ def _initial(problem: Problem) -> List[Candidate]:
     return cands
 
 
+def _balancing_moves(problem: Problem, labels: Sequence[str], k: int) -> List[Dict[str, str]]:
+    """Moves and swaps from the busiest thread group to the idlest that shrink the busiest load most.
+
+    A transfer of ``x`` time units improves the larger of the two loads when
+    ``0 < x < heavy - light``; the best is ``x`` closest to half the difference.
+    """
+    load: Dict[str, int] = {}
+    for n, g in zip(problem.names, labels):
+        load[g] = load.get(g, 0) + problem.dur(n)
+    if len(load) < 2:
+        return []
+    heavy = max(load, key=lambda g: (load[g], g))
+    light = min(load, key=lambda g: (load[g], g))
+    diff = load[heavy] - load[light]
+    movable = [n for n in problem.names if n not in problem.frozen_group]
+    cur = dict(zip(problem.names, labels))
+    on_h = [n for n in movable if cur[n] == heavy]
+    on_l = [n for n in movable if cur[n] == light]
+    options: List[Tuple[int, Dict[str, str]]] = []
+    for a in on_h:
+        x = problem.dur(a)
+        if 0 < x < diff:
+            options.append((abs(diff - 2 * x), {**cur, a: light}))
+        for b in on_l:
+            x = problem.dur(a) - problem.dur(b)
+            if 0 < x < diff:
+                options.append((abs(diff - 2 * x), {**cur, a: light, b: heavy}))
+    options.sort(key=lambda o: o[0])
+    return [m for _, m in options[:k]]
+
+
 def _mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: int) -> List[Candidate]:
     out: List[Candidate] = []
     smap = dict(zip(problem.names, cand.stream))
@@ -682,6 +736,8 @@ def _mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: in
             if g != labels[i]:
                 moves.append((i, g))
     rng.shuffle(moves)
+    for new in _balancing_moves(problem, labels, budget // 2 or 1):
+        out.append(Candidate(_canonical_groups(problem, new), cand.stream, cand.priority, "balance"))
     for i, g in moves[:budget]:
         new = dict(zip(problem.names, labels))
         new[problem.names[i]] = g
@@ -713,7 +769,7 @@ def _mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: in
 
 
 class _Evaluator:
-    """Derives stages for candidates, scores them, and counts what was tried."""
+    """Derives stages for candidates (cheap), simulates the promising ones, counts what was tried."""
 
     def __init__(self, problem: Problem, scorer: Scorer, rec: int) -> None:
         self.problem, self.scorer, self.rec = problem, scorer, rec
@@ -722,9 +778,10 @@ class _Evaluator:
         self.seen: Dict[tuple, Optional[Scored]] = {}
         self.sim_cache: Dict[tuple, Tuple[float, float]] = {}
 
-    def plan_key(self, plan: PipelinePlan) -> tuple:
+    @staticmethod
+    def plan_key(plan: PipelinePlan) -> tuple:
         return tuple((n, plan.stage(n), plan.sched(n).thread_group, plan.stream_of(n)) for n in plan.task_names) + (
-            tuple(plan.enqueue_order),)
+            tuple(plan.enqueue_order or ()),)
 
     def score_plan(self, plan: PipelinePlan) -> Optional[Tuple[float, float]]:
         key = self.plan_key(plan)
@@ -742,7 +799,8 @@ class _Evaluator:
         got = self.sim_cache[key]
         return None if math.isinf(got[0]) else got
 
-    def evaluate(self, cand: Candidate, max_depth: Optional[int] = None) -> Optional[Scored]:
+    def derive(self, cand: Candidate, max_depth: Optional[int] = None) -> Optional[Scored]:
+        """Stages from the modulo list scheduler; not simulated yet."""
         self.counts["candidates"] += 1
         key = cand.key() + (max_depth,)
         if key in self.seen:
@@ -754,25 +812,34 @@ class _Evaluator:
             self.seen[key] = None
             return None
         self.counts["derived"] += 1
-        group = dict(zip(self.problem.names, cand.group))
-        stream = dict(zip(self.problem.names, cand.stream))
-        plan = build_plan(self.problem, tt.stage, group, stream, cand.priority, tt.offset)
-        got = self.score_plan(plan)
-        sc = None
-        if got is not None:
-            sc = Scored(cand, tt.ii, tt.stage, tt.offset, plan, got[0], got[1])
+        span = max(tt.start[t] + self.problem.dur(t) for t in self.problem.names) - min(tt.start.values())
+        sc = Scored(cand, tt.ii, tt.stage, tt.offset, span)
         self.seen[key] = sc
         return sc
 
-    def with_stages(self, cand: Candidate, stage: Dict[str, int]) -> Optional[Scored]:
-        group = dict(zip(self.problem.names, cand.group))
-        stream = dict(zip(self.problem.names, cand.stream))
-        plan = build_plan(self.problem, stage, group, stream, cand.priority)
-        self.counts["stage_enumerated"] += 1
-        got = self.score_plan(plan)
+    def simulate(self, sc: Scored) -> bool:
+        """Build the candidate's plan and score it by the simulator; False if it is rejected."""
+        if sc.simulated:
+            return True
+        if sc.plan is None:
+            group = dict(zip(self.problem.names, sc.cand.group))
+            stream = dict(zip(self.problem.names, sc.cand.stream))
+            sc.plan = build_plan(self.problem, sc.stage, group, stream, sc.cand.priority, sc.offset or None)
+        got = self.score_plan(sc.plan)
         if got is None:
-            return None
-        return Scored(cand, 0, dict(stage), {}, plan, got[0], got[1])
+            return False
+        sc.period, sc.latency = got
+        return True
+
+    def evaluate(self, cand: Candidate, max_depth: Optional[int] = None) -> Optional[Scored]:
+        """Derive and simulate."""
+        sc = self.derive(cand, max_depth)
+        return sc if sc is not None and self.simulate(sc) else None
+
+    def with_stages(self, cand: Candidate, stage: Dict[str, int]) -> Optional[Scored]:
+        self.counts["stage_enumerated"] += 1
+        sc = Scored(cand, 0, dict(stage), {})
+        return sc if self.simulate(sc) else None
 
 
 def _prune(problem: Problem, scored: List[Scored]) -> List[Scored]:
@@ -780,9 +847,14 @@ def _prune(problem: Problem, scored: List[Scored]) -> List[Scored]:
     best: Dict[tuple, Scored] = {}
     for s in scored:
         k = (s.cand.group, tuple(stream_name(x) for x in s.cand.stream), tuple(sorted(s.stage.items())))
-        if k not in best or s.rank(problem.unit_s) < best[k].rank(problem.unit_s):
+        if k not in best or _key(problem, s) < _key(problem, best[k]):
             best[k] = s
-    return sorted(best.values(), key=lambda s: s.rank(problem.unit_s))
+    return sorted(best.values(), key=lambda s: _key(problem, s))
+
+
+def _key(problem: Problem, s: Scored) -> tuple:
+    """Simulated candidates by their simulated rank, ahead of unsimulated ones ranked by timetable."""
+    return (0,) + s.rank(problem.unit_s) if s.simulated else (1,) + s.proxy_rank()
 
 
 def _given_plan(problem: Problem, ev: _Evaluator) -> Optional[Scored]:
@@ -798,15 +870,25 @@ def _given_plan(problem: Problem, ev: _Evaluator) -> Optional[Scored]:
         return None
     if any(base.sched(n).stream not in problem.stream_choices[n] for n in problem.names):
         return None
+    if any((n in problem.ordered) != bool(base.sched(n).globally_ordered) for n in problem.names):
+        return None
     from swpipe_core.order import enqueue_order
 
     plan = base.replace(enqueue_order=enqueue_order(base), pipeline_depth=base.pipeline_depth)
-    got = ev.score_plan(plan)
-    if got is None:
-        return None
     cand = Candidate(_canonical_groups(problem, groups), tuple(base.sched(n).stream for n in problem.names),
                      tuple(plan.enqueue_order), "given plan as is")
-    return Scored(cand, 0, stage, {}, plan, got[0], got[1])
+    sc = Scored(cand, 0, stage, {}, plan=plan)
+    return sc if ev.simulate(sc) else None
+
+
+def _simulate_top(problem: Problem, ev: _Evaluator, pool: List[Scored], k: int, deadline: float) -> List[Scored]:
+    """Simulate the ``k`` best-by-timetable unsimulated candidates; return every simulated one."""
+    fresh = sorted((s for s in pool if not s.simulated), key=lambda s: s.proxy_rank())
+    for s in fresh[:k]:
+        if time.perf_counter() > deadline and any(x.simulated for x in pool):
+            break
+        ev.simulate(s)
+    return [s for s in pool if s.simulated]
 
 
 def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience: int = 3,
@@ -850,24 +932,26 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
     deadline = t0 + time_limit_s
     rng = random.Random(seed)
     if scorer is None:
-        n_iter = max(12, min(40, 3000 // max(1, len(problem.names))))
+        n_iter = max(12, min(40, 2000 // max(1, len(problem.names))))
         scorer = sim_scorer(problem, n_iter)
     rec = recurrence_bound(problem)
     ev = _Evaluator(problem, scorer, rec)
     budget = moves_per_round if moves_per_round is not None else (40 if len(problem.names) <= 12 else 12)
     unit = problem.unit_s
+    n_sim = 2 * width
 
-    pool = [s for s in (ev.evaluate(c) for c in _initial(problem)) if s is not None]
+    derived = [s for s in (ev.derive(c) for c in _initial(problem)) if s is not None]
+    pool = _simulate_top(problem, ev, _prune(problem, derived), n_sim, deadline)
     given = _given_plan(problem, ev)
     if given is not None:
         pool.append(given)
     if not pool:
-        # last resort: everything serial on one thread at stage 0 always satisfies the corollaries
-        stage0 = {n: problem.frozen_stage.get(n, 0) for n in problem.names}
+        # last resort: everything on one thread at the lowest stages the corollaries allow
+        stage0 = next(iter(stage_assignments(problem, limit=1)), None)
         single = thread_presets(problem, problem.init_stream)["single"]
         fallback = Candidate(single, tuple(problem.init_stream[n] for n in problem.names),
                              fire_order(problem, "declared"), "fallback")
-        s = ev.with_stages(fallback, stage0) if problem.stage_ok(stage0) else None
+        s = ev.with_stages(fallback, stage0) if stage0 is not None else None
         if s is None:
             raise RuntimeError("no plan satisfies the constraints (frozen stages/groups, depth and thread caps); "
                                "relax max_depth, max_threads or the frozen entries")
@@ -890,12 +974,13 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
             for cand in _mutations(problem, member.cand, rng, budget):
                 if time.perf_counter() > deadline:
                     break
-                s = ev.evaluate(cand)
+                s = ev.derive(cand)
                 if s is not None:
                     expanded.append(s)
         pruned = _prune(problem, expanded)
         ev.counts["pruned"] += len(expanded) - len(pruned)
-        beam = pruned[:width]
+        simulated = _simulate_top(problem, ev, pruned, n_sim, deadline)
+        beam = _prune(problem, simulated)[:width]
         if bar is not None:
             bar.update(1)
             bar.set_postfix(period_ms=f"{beam[0].period * 1e3:.3f}")
@@ -911,15 +996,16 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
         bar.close()
 
     # small graphs: exact over the stage axis for the best few thread maps / orders
-    n_stage = sum(1 for _ in stage_assignments(problem, limit=enumerate_stages_below + 1))
-    if n_stage <= enumerate_stages_below:
-        for member in beam[:3]:
-            for stage in stage_assignments(problem):
-                if time.perf_counter() > deadline:
-                    break
-                s = ev.with_stages(member.cand, stage)
-                if s is not None and s.rank(unit) < best.rank(unit):
-                    best = s
+    if len(problem.names) <= 8:
+        n_stage = sum(1 for _ in stage_assignments(problem, limit=enumerate_stages_below + 1))
+        if n_stage <= enumerate_stages_below:
+            for member in beam[:3]:
+                for stage in stage_assignments(problem):
+                    if time.perf_counter() > deadline:
+                        break
+                    s = ev.with_stages(member.cand, stage)
+                    if s is not None and s.rank(unit) < best.rank(unit):
+                        best = s
     ev.counts["rounds"] = len(history) - 1
     return BeamResult(best, ev.counts, history, time.perf_counter() - t0, stopped)
 

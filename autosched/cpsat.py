@@ -348,7 +348,10 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
     def attempt(ii: int, optimise: bool = False) -> Optional[dict]:
         nonlocal proven, solve_time
         left = deadline - time.perf_counter()
-        if left <= 0.05:
+        if optimise:
+            # depth and latency at the best period are a refinement: a bounded share of the budget
+            left = max(0.5, min(left, 0.2 * time_limit_s))
+        elif left <= 0.05:
             return None
         mod = _build(problem, ii, _hint_from(problem, hint, ii), optimise)
         status, solver, wall = _solve(mod, left, num_workers, seed)

@@ -40,7 +40,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, ref_name
@@ -58,8 +58,7 @@ class SimDeadlock(RuntimeError):
     """The simulated plan stopped making progress (every worker waits on something that never comes)."""
 
 
-@dataclass(frozen=True)
-class Stall:
+class Stall(NamedTuple):
     """One wait of one task instance.
 
     ``part`` is ``"host"`` (waiting on its thread) or ``"device"`` (waiting on its
@@ -226,11 +225,17 @@ class SimResult:
 
 
 class _Sim:
-    """State of one simulation run; integers everywhere, one heap of events."""
+    """State of one simulation run: integers and flat lists everywhere, one heap of events.
+
+    A task instance ``(task k, iteration i)`` is the integer ``k * n + i``; its host
+    part is op ``inst`` and its device part op ``T * n + inst``. For every op the
+    binding predecessor (the op whose end let it start) and the kind of that wait
+    are kept, which is what :func:`_critical_cycle` walks back.
+    """
 
     def __init__(self, plan: PipelinePlan, costs: CostModel, n: int, cuda: bool,
                  task_overhead_s: float, period_overhead_s: float) -> None:
-        self.plan, self.n, self.cuda = plan, n, cuda
+        self.n, self.cuda = n, cuda
         names = plan.task_names
         self.names = names
         idx = {name: k for k, name in enumerate(names)}
@@ -238,12 +243,13 @@ class _Sim:
         sched = [plan.sched(name) for name in names]
         self.stage = [s.stage for s in sched]
         self.depth = plan.pipeline_depth
-        groups = sorted({s.thread_group for s in sched})
-        self.group_names = groups
-        self.thread = [groups.index(s.thread_group) for s in sched]
-        streams = sorted({plan.stream_of(name) for name in names})
-        self.stream_names = streams
-        self.stream = [streams.index(plan.stream_of(name)) for name in names]
+        self.group_names = sorted({s.thread_group for s in sched})
+        self.thread = [self.group_names.index(s.thread_group) for s in sched]
+        self.thread_label = [f"thread:{g}" for g in self.group_names]
+        self.fifo_label = [f"fifo:{g}" for g in self.group_names]
+        self.stream_names = sorted({plan.stream_of(name) for name in names})
+        self.stream = [self.stream_names.index(plan.stream_of(name)) for name in names]
+        self.stream_label = [f"stream:{st}" for st in self.stream_names]
         self.seqd = [bool(s.globally_ordered) for s in sched]
         tc = [costs[name] for name in names]
         if cuda:
@@ -252,22 +258,17 @@ class _Sim:
         else:
             self.host = [c.cpu_s + task_overhead_s for c in tc]
             self.dev = [0.0] * len(tc)
-        res_names = sorted({r for c in tc for r in c.resources})
-        self.res_names = res_names
-        self.res = [tuple(res_names.index(r) for r in c.resources) for c in tc]
+        self.res_names = sorted({r for c in tc for r in c.resources})
+        self.res = [tuple(self.res_names.index(r) for r in c.resources) for c in tc]
+        self.comm = [r.startswith("comm:") for r in self.res_names]
         self.period_overhead = period_overhead_s
-        deps: List[List[Tuple[int, int]]] = [[] for _ in names]
-        labels: List[List[str]] = [[] for _ in names]
+        # deps[k]: (dep task, distance, label of the CPU-signal wait, label of the device-event wait)
+        self.deps: List[List[Tuple[int, int, str, str]]] = [[] for _ in names]
         for t, d in plan.intra_edges():
-            deps[idx[t]].append((idx[d], 0))
-            labels[idx[t]].append(d)
+            self.deps[idx[t]].append((idx[d], 0, f"dep:{d}", f"event:{d}"))
         for t, d, dist in plan.inter_edges():
-            deps[idx[t]].append((idx[d], dist))
-            labels[idx[t]].append(f"{d}[i-{dist}]")
-        self.deps = deps
-        self.dep_labels = labels
-        T = len(names)
-        self.T = T
+            self.deps[idx[t]].append((idx[d], dist, f"dep:{d}[i-{dist}]", f"event:{d}[i-{dist}]"))
+        T = self.T = len(names)
         N = T * n
         self.host_start = [-1.0] * N
         self.host_end = [-1.0] * N
@@ -276,33 +277,31 @@ class _Sim:
         self.enq = [-1.0] * N
         self.enq_pred = [-1] * N
         self.ticket: Dict[int, int] = {}
-        # predecessor (op id, kind) per op: host op = inst, device op = N + inst
         self.pred_op = [-1] * (2 * N)
         self.pred_kind: List[str] = [""] * (2 * N)
         self.stalls: List[Stall] = []
         self.events_host: List[Tuple[int, float, float]] = []
         self.events_dev: List[Tuple[int, float, float]] = []
-        G = len(groups)
-        self.queue = [deque() for _ in range(G)]
+        G = len(self.group_names)
+        self.queue: List[deque] = [deque() for _ in range(G)]
         self.cur = [-1] * G
         self.busy = [False] * G
         self.free_t = [0.0] * G
         self.free_op = [-1] * G
-        S = len(streams)
-        self.squeue = [deque() for _ in range(S)]
+        S = len(self.stream_names)
+        self.squeue: List[deque] = [deque() for _ in range(S)]
         self.sbusy = [False] * S
         self.sfree_t = [0.0] * S
         self.sfree_op = [-1] * S
         self.running = [-1] * S
-        R = len(res_names)
+        R = len(self.res_names)
         self.rbusy = [False] * R
         self.rfree_t = [0.0] * R
         self.rfree_op = [-1] * R
-        self.rwait: List[List[Tuple[str, int]]] = [[] for _ in range(R)]
-        self.comm = [r.startswith("comm:") for r in res_names]
-        self.rqueue = [deque() for _ in range(R)]  # CUDA: submission order per communicator
-        self.waiters: Dict[int, List[Tuple[str, int]]] = {}
-        self.dwaiters: Dict[int, List[int]] = {}
+        self.rwait: List[List[Tuple[bool, int]]] = [[] for _ in range(R)]
+        self.rqueue: List[deque] = [deque() for _ in range(R)]  # CUDA: submission order per communicator
+        self.waiters: Dict[int, List[int]] = {}   # CPU signal -> waiting thread groups
+        self.dwaiters: Dict[int, List[int]] = {}  # device event -> waiting streams
         self.seq_next = 0
         self.seq_issued = 0
         self.seq_free_t = 0.0
@@ -317,8 +316,6 @@ class _Sim:
         self.heap: List[Tuple[float, int, int, int]] = []
         self.counter = 0
 
-    # -- events --
-
     def push(self, t: float, kind: int, arg: int) -> None:
         self.counter += 1
         heapq.heappush(self.heap, (t, self.counter, kind, arg))
@@ -329,15 +326,16 @@ class _Sim:
             self.main_t += self.period_overhead
             self.push(self.main_t, _ENQUEUE, p)
         heap = self.heap
+        pop = heapq.heappop
         while heap:
-            t, _, kind, arg = heapq.heappop(heap)
+            t, _, kind, arg = pop(heap)
             if kind == _HOST_END:
                 self.host_done(arg, t)
             elif kind == _DEV_END:
                 self.dev_done(arg, t)
             else:
                 self.enqueue(arg, t)
-        if self.next_retire < self.n or (self.cuda and any(e < 0 for e in self.dev_end)):
+        if self.next_retire < self.n or (self.cuda and min(self.dev_end) < 0):
             raise SimDeadlock(self.describe_block())
 
     def describe_block(self) -> str:
@@ -350,14 +348,14 @@ class _Sim:
             if q:
                 k, i = divmod(q[0], self.n)
                 parts.append(f"stream {self.stream_names[s]} head {self.names[k]}(iter {i})")
-        return ("the simulated plan deadlocked at iteration "
-                f"{self.next_retire}: " + ("; ".join(parts) or "nothing is runnable") +
-                ". validate(plan) should have rejected it; please report this plan")
+        return (f"the simulated plan stopped at iteration {self.next_retire}: "
+                + ("; ".join(parts) or "nothing is runnable")
+                + ". validate(plan) should have rejected it; please report this plan")
 
     def enqueue(self, p: int, t: float) -> None:
         n = self.n
         pred = self.retire_op[p - self.depth] if p >= self.depth else -1
-        touched = []
+        touched: List[int] = []
         if 0 <= p < n:
             self.entry[p] = t
         for k in self.order:
@@ -379,6 +377,7 @@ class _Sim:
     # -- host side --
 
     def try_host(self, g: int, now: float) -> None:
+        """Start the task at the head of thread ``g`` if Phase 1, the sequencer and resources allow."""
         if self.busy[g]:
             return
         inst = self.cur[g]
@@ -390,52 +389,51 @@ class _Sim:
         n = self.n
         k, i = divmod(inst, n)
         host_end = self.host_end
-        for d, dist in self.deps[k]:
+        for d, dist, _, _ in self.deps[k]:
             j = i - dist
-            if j >= 0:
-                key = d * n + j
-                if host_end[key] < 0:
-                    self.waiters.setdefault(key, []).append(("h", g))
-                    return
+            if j >= 0 and host_end[d * n + j] < 0:
+                self.waiters.setdefault(d * n + j, []).append(g)
+                return
         if self.seqd[k] and self.ticket[inst] != self.seq_next:
             self.seq_waiter[self.ticket[inst]] = g
             return
-        if not self.cuda and self.res[k]:
-            for r in self.res[k]:
-                if self.rbusy[r]:
-                    if ("h", g) not in self.rwait[r]:
-                        self.rwait[r].append(("h", g))
-                    return
-            for r in self.res[k]:
-                self.rbusy[r] = True
-        self.start_host(g, inst, k, i, now)
+        res = self.res[k] if not self.cuda else ()
+        for r in res:
+            if self.rbusy[r]:
+                if (True, g) not in self.rwait[r]:
+                    self.rwait[r].append((True, g))
+                return
+        for r in res:
+            self.rbusy[r] = True
+        self.start_host(g, inst, k, i, res, now)
 
-    def start_host(self, g: int, inst: int, k: int, i: int, now: float) -> None:
+    def start_host(self, g: int, inst: int, k: int, i: int, res: Tuple[int, ...], now: float) -> None:
         n = self.n
         self.busy[g] = True
         self.host_start[inst] = now
-        # binding predecessor: the latest of the constraints that held the start back
-        cands = [(self.enq[inst], 0, self.enq_pred[inst], "barrier"),
-                 (self.free_t[g], 1, self.free_op[g], f"thread:{self.group_names[g]}")]
-        for (d, dist), label in zip(self.deps[k], self.dep_labels[k]):
-            j = i - dist
-            if j >= 0:
-                key = d * n + j
-                cands.append((self.host_end[key], 4, key, f"dep:{label}"))
-        if self.seqd[k]:
-            cands.append((self.seq_free_t, 3, self.seq_free_op, "sequencer"))
-        if not self.cuda:
-            for r in self.res[k]:
-                cands.append((self.rfree_t[r], 2, self.rfree_op[r], self.res_names[r]))
-        t_b, _, op, kind = max(cands, key=lambda c: (c[0], c[1]))
-        self.pred_op[inst] = op
-        self.pred_kind[inst] = kind
+        # the binding wait is the latest constraint; on ties: dep > sequencer > resource > thread > barrier
         enq = self.enq[inst]
-        fifo_end = max(enq, self.free_t[g])
+        bt, bop, bkind = enq, self.enq_pred[inst], "barrier"
+        ft = self.free_t[g]
+        if ft >= bt:
+            bt, bop, bkind = ft, self.free_op[g], self.thread_label[g]
+        fifo_end = bt
+        for r in res:
+            if self.rfree_t[r] >= bt:
+                bt, bop, bkind = self.rfree_t[r], self.rfree_op[r], self.res_names[r]
+        if self.seqd[k] and self.seq_free_t >= bt:
+            bt, bop, bkind = self.seq_free_t, self.seq_free_op, "sequencer"
+        host_end = self.host_end
+        for d, dist, label, _ in self.deps[k]:
+            j = i - dist
+            if j >= 0 and host_end[d * n + j] >= bt:
+                bt, bop, bkind = host_end[d * n + j], d * n + j, label
+        self.pred_op[inst] = bop
+        self.pred_kind[inst] = bkind
         if fifo_end > enq:
-            self.stalls.append(Stall(self.names[k], i, "host", f"fifo:{self.group_names[g]}", fifo_end - enq))
-        if now > fifo_end and kind not in ("barrier",) and not kind.startswith("thread:"):
-            self.stalls.append(Stall(self.names[k], i, "host", kind, now - fifo_end))
+            self.stalls.append(Stall(self.names[k], i, "host", self.fifo_label[g], fifo_end - enq))
+        if now > fifo_end:
+            self.stalls.append(Stall(self.names[k], i, "host", bkind, now - fifo_end))
         self.push(now + self.host[k], _HOST_END, g)
 
     def host_done(self, g: int, t: float) -> None:
@@ -448,28 +446,28 @@ class _Sim:
         self.busy[g] = False
         self.free_t[g] = t
         self.free_op[g] = inst
-        wake: List[Tuple[str, int]] = self.waiters.pop(inst, [])
+        wake_threads = self.waiters.pop(inst, [])
         if self.seqd[k]:
             self.seq_next += 1
             self.seq_free_t = t
             self.seq_free_op = inst
             w = self.seq_waiter.pop(self.seq_next, None)
             if w is not None:
-                wake.append(("h", w))
+                wake_threads.append(w)
         if not self.cuda:
             for r in self.res[k]:
                 self.rbusy[r] = False
                 self.rfree_t[r] = t
                 self.rfree_op[r] = inst
-                wake.extend(self.rwait[r])
+                wake_threads.extend(x for _, x in self.rwait[r])
                 self.rwait[r] = []
         else:
-            s = self.stream[k]
-            self.squeue[s].append(inst)
+            # the device part is submitted when the host part ends
+            self.squeue[self.stream[k]].append(inst)
             for r in self.res[k]:
                 if self.comm[r]:
                     self.rqueue[r].append(inst)
-        # retire bookkeeping (CPU signals only, as progress() does)
+        # progress() waits CPU signals only: retire in order, then enqueue the next period
         self.remaining[i] -= 1
         if self.remaining[i] == 0:
             self.cpu_done[i] = t
@@ -481,11 +479,8 @@ class _Sim:
                     self.main_t = max(self.main_t, self.cpu_done[self.next_retire]) + self.period_overhead
                     self.push(self.main_t, _ENQUEUE, p)
                 self.next_retire += 1
-        for kind, x in wake:
-            if kind == "h":
-                self.try_host(x, t)
-            else:
-                self.try_stream(x, t)
+        for x in wake_threads:
+            self.try_host(x, t)
         self.try_host(g, t)
         if self.cuda:
             self.try_stream(self.stream[k], t)
@@ -493,26 +488,25 @@ class _Sim:
     # -- device side --
 
     def try_stream(self, s: int, now: float) -> None:
+        """Start the device part at the head of stream ``s`` if its events and resources allow."""
         if self.sbusy[s] or not self.squeue[s]:
             return
         inst = self.squeue[s][0]
         n = self.n
         k, i = divmod(inst, n)
         dev_end = self.dev_end
-        for d, dist in self.deps[k]:
+        for d, dist, _, _ in self.deps[k]:
             j = i - dist
-            if j >= 0:
-                key = d * n + j
-                if dev_end[key] < 0:
-                    self.dwaiters.setdefault(key, []).append(s)
-                    return
-        for r in self.res[k]:
-            busy = self.rbusy[r] or (self.comm[r] and self.rqueue[r][0] != inst)
-            if busy:
-                if ("d", s) not in self.rwait[r]:
-                    self.rwait[r].append(("d", s))
+            if j >= 0 and dev_end[d * n + j] < 0:
+                self.dwaiters.setdefault(d * n + j, []).append(s)
                 return
-        for r in self.res[k]:
+        res = self.res[k]
+        for r in res:
+            if self.rbusy[r] or (self.comm[r] and self.rqueue[r][0] != inst):
+                if (False, s) not in self.rwait[r]:
+                    self.rwait[r].append((False, s))
+                return
+        for r in res:
             self.rbusy[r] = True
             if self.comm[r]:
                 self.rqueue[r].popleft()
@@ -521,23 +515,21 @@ class _Sim:
         self.running[s] = inst
         self.dev_start[inst] = now
         N = self.T * n
-        cands = [(self.host_end[inst], 0, inst, "submit"),
-                 (self.sfree_t[s], 1, N + self.sfree_op[s] if self.sfree_op[s] >= 0 else -1,
-                  f"stream:{self.stream_names[s]}")]
-        for (d, dist), label in zip(self.deps[k], self.dep_labels[k]):
-            j = i - dist
-            if j >= 0:
-                key = d * n + j
-                cands.append((dev_end[key], 3, N + key, f"event:{label}"))
-        for r in self.res[k]:
-            op = self.rfree_op[r]
-            cands.append((self.rfree_t[r], 2, N + op if op >= 0 else -1, self.res_names[r]))
-        _, _, op, kind = max(cands, key=lambda c: (c[0], c[1]))
-        self.pred_op[N + inst] = op
-        self.pred_kind[N + inst] = kind
         sub = self.host_end[inst]
+        bt, bop, bkind = sub, inst, "submit"
+        if self.sfree_t[s] >= bt and self.sfree_op[s] >= 0:
+            bt, bop, bkind = self.sfree_t[s], N + self.sfree_op[s], self.stream_label[s]
+        for r in res:
+            if self.rfree_t[r] >= bt and self.rfree_op[r] >= 0:
+                bt, bop, bkind = self.rfree_t[r], N + self.rfree_op[r], self.res_names[r]
+        for d, dist, _, label in self.deps[k]:
+            j = i - dist
+            if j >= 0 and dev_end[d * n + j] >= bt:
+                bt, bop, bkind = dev_end[d * n + j], N + d * n + j, label
+        self.pred_op[N + inst] = bop
+        self.pred_kind[N + inst] = bkind
         if now > sub:
-            self.stalls.append(Stall(self.names[k], i, "device", kind, now - sub))
+            self.stalls.append(Stall(self.names[k], i, "device", bkind, now - sub))
         self.push(now + self.dev[k], _DEV_END, s)
 
     def dev_done(self, s: int, t: float) -> None:
@@ -550,14 +542,14 @@ class _Sim:
         self.sfree_t[s] = t
         self.sfree_op[s] = inst
         self.running[s] = -1
-        wake: List[Tuple[str, int]] = [("d", x) for x in self.dwaiters.pop(inst, [])]
+        wake = self.dwaiters.pop(inst, [])
         for r in self.res[k]:
             self.rbusy[r] = False
             self.rfree_t[r] = t
             self.rfree_op[r] = inst
-            wake.extend(self.rwait[r])
+            wake.extend(x for _, x in self.rwait[r])
             self.rwait[r] = []
-        for _, x in wake:
+        for x in wake:
             self.try_stream(x, t)
         self.try_stream(s, t)
 
@@ -591,10 +583,6 @@ def _steady_period(c: Sequence[float], w0: int, w1: int) -> float:
         if all(abs((c[i + k] - c[i]) - ref) <= tol for i in range(mid, w1 - k + 1)):
             return ref / k
     return (c[w1] - c[w0]) / span
-
-
-def _busy(intervals: List[Tuple[float, float]], lo: float, hi: float) -> float:
-    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in intervals)
 
 
 def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
@@ -716,36 +704,35 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     latency = sum(win) / len(win)
 
     events: List[TimelineEvent] = []
-    intervals: Dict[str, List[Tuple[float, float]]] = {}
+    busy: Dict[str, float] = {f"thread:{g}": 0.0 for g in sim.group_names}
+    if cuda:
+        busy.update({f"stream:{st}": 0.0 for st in sim.stream_names})
+    busy.update({r: 0.0 for r in sim.res_names})
+
+    def charge(name: str, i: int, seconds: float) -> None:
+        if w0 <= i <= w1:
+            busy[name] += seconds
+
     for inst, s, e in sim.events_host:
         k, i = divmod(inst, n)
         g = sim.group_names[sim.thread[k]]
         events.append(TimelineEvent(names[k], i, g, sim.stream_names[sim.stream[k]], s, e, "host"))
-        intervals.setdefault(f"thread:{g}", []).append((s, e))
+        charge(f"thread:{g}", i, e - s)
         if not cuda:
             for r in sim.res[k]:
-                intervals.setdefault(sim.res_names[r], []).append((s, e))
+                charge(sim.res_names[r], i, e - s)
     for inst, s, e in sim.events_dev:
         k, i = divmod(inst, n)
         st = sim.stream_names[sim.stream[k]]
         events.append(TimelineEvent(names[k], i, sim.group_names[sim.thread[k]], st, s, e, "device"))
-        intervals.setdefault(f"stream:{st}", []).append((s, e))
+        charge(f"stream:{st}", i, e - s)
         for r in sim.res[k]:
-            intervals.setdefault(sim.res_names[r], []).append((s, e))
+            charge(sim.res_names[r], i, e - s)
     events.sort(key=lambda e: (e.start, e.kind, e.thread_group if e.kind == "host" else e.stream))
-    for g in sim.group_names:
-        intervals.setdefault(f"thread:{g}", [])
-    if cuda:
-        for st in sim.stream_names:
-            intervals.setdefault(f"stream:{st}", [])
-    lo, hi = completion[w0], completion[w1]
-    width = hi - lo
-    utilisation: Dict[str, float] = {}
-    idle: Dict[str, float] = {}
-    for name, iv in sorted(intervals.items()):
-        u = _busy(iv, lo, hi) / width if width > 0 else 0.0
-        utilisation[name] = u
-        idle[name] = (1.0 - u) * period
+    # per-iteration busy time over the window / period: independent of where the window's edges fall
+    count = w1 - w0 + 1
+    utilisation = {name: (b / count) / period if period > 0 else 0.0 for name, b in sorted(busy.items())}
+    idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
 
     cycle = _critical_cycle(sim, last_op[w1])
     top = max(utilisation.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))

@@ -12,9 +12,11 @@ SWPipeline on the CPU:
   each (SUM < baseline). This is the CPU stand-in for device work that
   overlaps host work on a GPU.
 
-For each workload it prints true vs measured exposed time per task, the
-error, and the profiler's own wall time (absolute and in baseline
-iterations), at the default settings (3 warmup, 10 per round, 3 rounds).
+For each workload it prints true vs measured exposed time per task and the
+error, for the default interleaved rounds and for 000's phased order (all
+baseline rounds first), side by side, and the profiler's own wall time
+(absolute and in baseline iterations), at the default settings (3 warmup,
+10 per round, 3 rounds).
 
 Run: ``python benchmarks/profiler_accuracy.py [--rounds 3 --measure 10]``.
 """
@@ -80,22 +82,30 @@ def main() -> None:
 
     print(f"# machine: {platform.machine()} {platform.system()}, torch {torch.__version__}, "
           f"settings: warmup={args.warmup} measure={args.measure} rounds={args.rounds}")
-    print(f"{'workload':<9} {'task':<11} {'true ms':>8} {'measured':>9} {'error':>7}")
+    print("# 'interleaved' = default (baseline and task rounds alternate); 'phased' = 000's order (all baseline first)")
+    print(f"{'workload':<9} {'task':<11} {'true ms':>8} {'interleaved':>11} {'error':>7} {'phased':>8} {'error':>7}")
     summary = []
     for wname, make in WORKLOADS.items():
         plan, truth = make()
+        results = {}
         with SWPipeline(plan, device="cpu") as pipe:
-            r = TaskProfiler(pipe).profile(None, args.warmup, args.measure, args.rounds)
-        errs = []
+            for mode in ("interleaved", "phased"):
+                results[mode] = TaskProfiler(pipe).profile(None, args.warmup, args.measure, args.rounds,
+                                                           interleave=mode == "interleaved")
+        errs = {mode: [] for mode in results}
         for task, true_s in truth.items():
-            m = r.exposed_s[task]
-            errs.append(abs(m - true_s))
-            print(f"{wname:<9} {task:<11} {true_s * 1e3:>8.2f} {m * 1e3:>9.2f} {(m - true_s) * 1e3:>+7.2f}")
-        summary.append((wname, r.baseline_s, max(errs), r.meta["wall_s"]))
+            row = f"{wname:<9} {task:<11} {true_s * 1e3:>8.2f}"
+            for mode, width in (("interleaved", 11), ("phased", 8)):
+                m = results[mode].exposed_s[task]
+                errs[mode].append(abs(m - true_s))
+                row += f" {m * 1e3:>{width}.2f} {(m - true_s) * 1e3:>+7.2f}"
+            print(row)
+        for mode, r in results.items():
+            summary.append((wname, mode, r.baseline_s, max(errs[mode]), r.meta["wall_s"]))
     print()
-    print(f"{'workload':<9} {'baseline ms':>11} {'max |err| ms':>12} {'profile wall s':>14} {'wall / baseline':>15}")
-    for wname, base, err, wall in summary:
-        print(f"{wname:<9} {base * 1e3:>11.2f} {err * 1e3:>12.2f} {wall:>14.2f} {wall / base:>15.0f}")
+    print(f"{'workload':<9} {'mode':<11} {'baseline ms':>11} {'max |err| ms':>12} {'profile wall s':>14} {'wall / baseline':>15}")
+    for wname, mode, base, err, wall in summary:
+        print(f"{wname:<9} {mode:<11} {base * 1e3:>11.2f} {err * 1e3:>12.2f} {wall:>14.2f} {wall / base:>15.0f}")
 
 
 if __name__ == "__main__":

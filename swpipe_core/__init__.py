@@ -32,12 +32,15 @@ _LAZY = {
     "PipelineTaskError": "engine",
     "with_thread_map": "workers",
     "TaskProfiler": "profiler",
+    "ShortcutCorruptedError": "shortcut",
     "format_schedule": "analysis",
     "format_stage_analysis": "analysis",
     "min_depth": "analysis",
     "lds": "analysis",
     "format_plan_repr": "analysis",
-    "TimelineRecorder": "trace",
+    "TimelineEvent": "trace",
+    "to_chrome_trace": "trace",
+    "write_chrome_trace": "trace",
     "pipelines": "pipelines",
 }
 

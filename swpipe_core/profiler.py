@@ -256,14 +256,16 @@ class TaskProfiler:
         progress: bool = False,
         *,
         task_times: bool = True,
+        interleave: bool = True,
     ) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
         (1) ``num_warmup`` serial iterations. (2) Baseline: ``num_rounds``
         rounds of ``num_measure`` serial iterations, median of the per-round
         means. (3) For each task not in ``skip_tasks``: shortcut it, run one
-        caching iteration (untimed), then the same rounds; disable it
-        (dropping its cache). (4) ``exposed = max(0, baseline - median)``.
+        caching iteration (untimed), then time rounds; disable it (dropping
+        its cache). (4) ``exposed = max(0, baseline - median)``. By default
+        the rounds of (2) and (3) are interleaved (see ``interleave``).
         Each round synchronises the device exactly twice on CUDA (before and
         after its iterations) and never on CPU. With ``task_times``, a last
         phase wraps each task execution to record host time (and device time
@@ -282,6 +284,13 @@ class TaskProfiler:
             Show a tqdm bar over (1 + tasks) x rounds (the 1 is the baseline).
         task_times : bool
             Also record per-task host (and on CUDA device) time.
+        interleave : bool
+            Take the rounds interleaved (a baseline round, then one round per
+            task, repeated) rather than all baseline rounds first as in 000.
+            Slow drift in machine load (other processes, clocks) then shifts
+            baseline and shortcut rounds alike instead of biasing every
+            exposed time; the price is one untimed caching iteration per task
+            per round instead of per task.
 
         Returns
         -------
@@ -329,33 +338,48 @@ class TaskProfiler:
             sync()
             return (time.perf_counter() - t0) / num_measure
 
-        def rounds(label: str) -> List[float]:
-            out = []
-            for _ in range(num_rounds):
-                bar.set_postfix_str(label)
-                out.append(one_round())
-                bar.update(1)
-            return out
+        def timed(label: str) -> float:
+            bar.set_postfix_str(label)
+            seconds = one_round()
+            bar.update(1)
+            return seconds
 
+        def shortcut_round(name: str) -> float:
+            pipe.enable_shortcut(name)
+            try:
+                pipe.run_one_serial_iter(batch, iter_idx=next(counter))  # caching, untimed
+                return timed(name)
+            finally:
+                pipe.disable_shortcut(name)  # also drops the cache
+
+        baseline_rounds: List[float] = []
+        shortcut_rounds: Dict[str, List[float]] = {n: [] for n in targets}
         try:
             # (1) warmup
             for _ in range(num_warmup):
                 pipe.run_one_serial_iter(batch, iter_idx=next(counter))
-            # (2) baseline
-            baseline_rounds = rounds("baseline")
-            baseline = statistics.median(baseline_rounds)
-            _log.debug("baseline %.3f ms (rounds %s)", baseline * 1e3, baseline_rounds)
-            # (3) one task shortcut at a time
-            shortcut_rounds: Dict[str, List[float]] = {}
-            for name in targets:
-                pipe.enable_shortcut(name)
-                try:
-                    pipe.run_one_serial_iter(batch, iter_idx=next(counter))  # caching, untimed
-                    shortcut_rounds[name] = rounds(name)
-                finally:
-                    pipe.disable_shortcut(name)
+            if interleave:
+                # (2) + (3) a baseline round, then one round per task, num_rounds times;
+                # the task order rotates so no task always follows the baseline
+                for r in range(num_rounds):
+                    baseline_rounds.append(timed("baseline"))
+                    k = r % len(targets) if targets else 0
+                    for name in targets[k:] + targets[:k]:
+                        shortcut_rounds[name].append(shortcut_round(name))
+            else:
+                # (2) every baseline round, then (3) every round of each task in turn
+                baseline_rounds = [timed("baseline") for _ in range(num_rounds)]
+                for name in targets:
+                    pipe.enable_shortcut(name)
+                    try:
+                        pipe.run_one_serial_iter(batch, iter_idx=next(counter))  # caching, untimed
+                        shortcut_rounds[name] = [timed(name) for _ in range(num_rounds)]
+                    finally:
+                        pipe.disable_shortcut(name)
         finally:
             bar.close()
+        baseline = statistics.median(baseline_rounds)
+        _log.debug("baseline %.3f ms (rounds %s)", baseline * 1e3, baseline_rounds)
         # (4) exposed time
         shortcut_s = {n: statistics.median(r) for n, r in shortcut_rounds.items()}
         exposed = {n: max(0.0, baseline - s) for n, s in shortcut_s.items()}
@@ -365,9 +389,11 @@ class TaskProfiler:
             host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync)
         meta: Dict[str, Any] = {
             "device": str(device),
+            "machine": _machine(device),
             "num_warmup": num_warmup,
             "num_measure": num_measure,
             "num_rounds": num_rounds,
+            "interleave": interleave,
             "skip_tasks": sorted(skip),
             "baseline_rounds_s": baseline_rounds,
             "shortcut_s": shortcut_s,
@@ -391,6 +417,7 @@ class TaskProfiler:
         progress: bool = False,
         *,
         task_times: bool = True,
+        interleave: bool = True,
     ) -> List[ProfileResult]:
         """Profile each batch independently (how exposed time varies with the data).
 
@@ -398,7 +425,7 @@ class TaskProfiler:
         ----------
         batches : iterable
             One :meth:`profile` per batch, with the same settings.
-        num_warmup, num_measure, num_rounds, skip_tasks, progress, task_times
+        num_warmup, num_measure, num_rounds, skip_tasks, progress, task_times, interleave
             As in :meth:`profile`.
 
         Returns
@@ -414,10 +441,28 @@ class TaskProfiler:
         skip = None if skip_tasks is None else set(skip_tasks)
         results = []
         for i, batch in enumerate(batches):
-            r = self.profile(batch, num_warmup, num_measure, num_rounds, skip, progress, task_times=task_times)
+            r = self.profile(batch, num_warmup, num_measure, num_rounds, skip, progress,
+                             task_times=task_times, interleave=interleave)
             r.meta["batch_index"] = i
             results.append(r)
         return results
+
+
+def _machine(device: Any) -> str:
+    """A one-line description of where the profile ran (recorded in cost models)."""
+    import os
+    import platform
+
+    import torch
+
+    host = f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}"
+    if device.type == "cuda":
+        try:
+            name = torch.cuda.get_device_name(device)
+        except (RuntimeError, AssertionError):  # no usable CUDA runtime (e.g. a stubbed device)
+            name = str(device)
+        return f"{name}; {host}"
+    return host
 
 
 class _NoBar:

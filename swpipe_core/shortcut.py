@@ -97,9 +97,10 @@ def _object_attrs(v: Any) -> Optional[Dict[str, Any]]:
     d = getattr(v, "__dict__", None)
     if isinstance(d, dict):
         attrs.update(d)
-    for klass in type(v).__mro__:
-        for slot in getattr(klass, "__slots__", ()) if klass is not object else ():
-            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
+    for klass in type(v).__mro__[:-1]:  # every class but object
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
                 attrs[slot] = getattr(v, slot)
     if not attrs and d is None:
         return None
@@ -454,7 +455,7 @@ class _ShortcutState:
             changes=_cache_val(changes),
             deleted=deleted,
             io=[_cache_val(io.capture()) for io in task.io],
-            needs_graft=any(getattr(t, "requires_grad", False) for t in _grad_tensors(changes.values())),
+            needs_graft=bool(_grad_tensors(changes.values())),
         )
         with self._lock:
             if task.name in self.tasks:  # a disable() racing with this run drops it
@@ -462,7 +463,13 @@ class _ShortcutState:
 
     def _replay(self, task: Any, ctx: Any, cache: _TaskCache) -> None:
         graft = _graft_to(_grad_tensors(vars(ctx).values())) if cache.needs_graft else None
-        values = _restore_val(cache.changes, graft)
+        memo: Dict[int, Any] = {}  # shared, so aliasing between attributes survives
+        values = {}
+        for k, rec in cache.changes[2].items():
+            try:
+                values[k] = _restore_val(rec, graft, False, memo)
+            except ShortcutCorruptedError as exc:
+                raise ShortcutCorruptedError(f"replaying shortcut task {task.name!r}, ctx.{k}: {exc}") from None
         for k in cache.deleted:
             if k in vars(ctx):
                 delattr(ctx, k)

@@ -163,6 +163,7 @@ class _Workers:
         self._on_crash = on_crash
         self._queues: Dict[str, "queue.SimpleQueue[Any]"] = {g: queue.SimpleQueue() for g in self.groups}
         self._threads: Dict[str, threading.Thread] = {}
+        self._stuck: set = set()  # names of threads a stop() already waited for in vain
 
     def start(self) -> None:
         """Start one named daemon thread per group."""
@@ -211,12 +212,16 @@ class _Workers:
                 self._queues[group].put(_STOP)
         stuck = []
         for t in self._threads.values():
-            t.join(timeout)
+            # A thread an earlier stop() gave up on is blocked in user code: waiting for it
+            # again would only delay the caller's error by another timeout.
+            t.join(0 if t.name in self._stuck else timeout)
             if t.is_alive():
                 stuck.append(t.name)
-        if stuck:
+        new = [name for name in stuck if name not in self._stuck]
+        self._stuck.update(stuck)
+        if new:
             _log.warning("worker thread(s) %s did not stop within %.1f s (a task is blocked in user code); "
-                         "they are daemon threads and will not keep the process alive", stuck, timeout)
+                         "they are daemon threads and will not keep the process alive", new, timeout)
         return stuck
 
     def alive(self) -> List[str]:

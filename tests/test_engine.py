@@ -282,7 +282,13 @@ def test_invalid_plan_rejected_at_construction():
         SWPipeline(plan, device="cpu")
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, "5"])
+def test_infinite_timeouts_mean_no_limit():
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu", signal_timeout=float("inf"),
+                      sequencer_timeout=float("inf"), progress_timeout=float("inf"))
+    assert pipe.run(range(3)) > 0 and pipe.progress_timeout == threading.TIMEOUT_MAX
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "5", float("nan"), True])
 def test_bad_timeout_rejected(bad):
     with pytest.raises(ValueError, match="signal_timeout"):
         SWPipeline(three_stage_plan(Log()), device="cpu", signal_timeout=bad)
@@ -474,3 +480,21 @@ def test_iter_context_is_fresh_per_iteration():
                         intra_iter_deps=[("R", "W")])
     SWPipeline(plan, device="cpu").run(["a", "b", "c"])
     assert seen == [("a", IterContext), ("b", IterContext), ("c", IterContext)]
+
+
+def test_signal_flag_wakes_every_waiter_and_tolerates_concurrent_sets():
+    from swpipe_core.engine import _Flag
+
+    flag = _Flag()
+    assert flag.wait(0.01) is False
+    woke = []
+    waiters = [threading.Thread(target=lambda: woke.append(flag.wait(10)), name=f"flag-{k}") for k in range(4)]
+    for t in waiters:
+        t.start()
+    setters = [threading.Thread(target=flag.set, name=f"flag-set-{k}") for k in range(4)]
+    for t in setters:
+        t.start()
+    for t in setters + waiters:
+        t.join(10)
+    assert woke == [True] * 4 and flag.is_set and flag.wait(0) is True
+    flag.set()  # idempotent

@@ -218,7 +218,7 @@ def test_progress_timeout_names_iteration_and_unfinished_tasks():
 
 def test_sequencer_timeout_surfaces_as_task_error():
     """A globally ordered task whose turn never comes fails with the sequencer's message."""
-    plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.5)): TaskSchedule(0, thread_group="g1", globally_ordered=True),
+    plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.8)): TaskSchedule(0, thread_group="g1", globally_ordered=True),
                          PipelineTask("B", lambda ctx: None): TaskSchedule(0, thread_group="g2", globally_ordered=True)})
     pipe = SWPipeline(plan, device="cpu", sequencer_timeout=0.1)
     with pytest.raises(PipelineTaskError) as info:

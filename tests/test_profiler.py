@@ -110,14 +110,28 @@ def test_to_dataframe_has_exposed_pct_host_and_device_columns():
 
 # -- TaskProfiler with a fake pipe (phases, syncs, validation) ----------------
 
-def test_two_device_syncs_per_round_on_cuda(monkeypatch):
+@pytest.mark.parametrize("interleave", [True, False])
+def test_two_device_syncs_per_round_on_cuda(monkeypatch, interleave):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
     pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0, "C": 0.0}), device="cuda")
-    TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=4, num_rounds=3, task_times=False)
+    r = TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=4, num_rounds=3, task_times=False,
+                                   interleave=interleave)
     rounds = 3 * (1 + 3)  # baseline + one per task
     assert len(calls) == 2 * rounds
-    assert pipe.iterations == 2 + rounds * 4 + 3  # + one caching iteration per task
+    caching = 3 * 3 if interleave else 3  # one untimed caching iteration per task (per round if interleaved)
+    assert pipe.iterations == 2 + rounds * 4 + caching
+    assert {n: len(v) for n, v in r.meta["shortcut_rounds_s"].items()} == {"A": 3, "B": 3, "C": 3}
+    assert len(r.meta["baseline_rounds_s"]) == 3 and r.meta["interleave"] is interleave
+
+
+def test_interleaved_rounds_rotate_task_order():
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
+    enabled = []
+    real_enable = pipe.enable_shortcut
+    pipe.enable_shortcut = lambda *n: (enabled.append(n[0]), real_enable(*n))
+    TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=1, num_rounds=3, task_times=False)
+    assert enabled == ["A", "B", "B", "A", "A", "B"]  # round r starts at task r mod 2
 
 
 def test_no_device_sync_on_cpu(monkeypatch):
@@ -257,3 +271,25 @@ def test_profile_multi_stage_plan_with_skip_and_backward():
     assert list(r.exposed_s) == ["ZeroGrad", "Forward", "Backward"]
     assert set(r.host_s) == {"ZeroGrad", "Forward", "Backward", "Step"}
     assert all(v >= 0 for v in r.exposed_s.values())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_records_host_and_device_time_and_shortcut_skips_kernels():
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def matmul(ctx):
+        ctx.y = a @ a @ a
+
+    plan = PipelinePlan(
+        schedule={PipelineTask("MatMul", matmul): TaskSchedule(),
+                  PipelineTask("Reduce", lambda ctx: setattr(ctx, "s", ctx.y.sum())): TaskSchedule()},
+        intra_iter_deps=[("Reduce", "MatMul")],
+    )
+    with SWPipeline(plan, device="cuda") as pipe:
+        r = TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=5, num_rounds=3)
+    assert set(r.device_s) == {"MatMul", "Reduce"} and r.device_s["MatMul"] > r.device_s["Reduce"]
+    assert "CUDA events" in r.meta["device_time"]
+    # host time is submission only: launching two matmuls is far cheaper than running them
+    assert r.host_s["MatMul"] < r.device_s["MatMul"]
+    assert r.exposed_s["MatMul"] > 0.5 * r.device_s["MatMul"]

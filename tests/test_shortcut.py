@@ -218,6 +218,36 @@ def test_disable_clears_cache_and_enable_recaches():
     assert calls == [0, 1, 2] and ctx.out["emb"].item() == 10.0
 
 
+def test_failed_caching_run_caches_nothing_and_retries():
+    calls = []
+
+    def fn(ctx):
+        calls.append(ctx.iter_idx)
+        if ctx.iter_idx == 0:
+            raise RuntimeError("first run fails")
+        ctx.y = ctx.iter_idx
+
+    task, state = PipelineTask("T", fn), _ShortcutState()
+    state.enable(["T"])
+    with pytest.raises(RuntimeError, match="first run fails"):
+        state.execute(task, IterContext(None, 0))
+    assert state.cached == frozenset()
+    for i in (1, 2):
+        ctx = IterContext(None, i)
+        state.execute(task, ctx)
+        assert ctx.y == 1
+    assert calls == [0, 1]
+
+
+def test_cache_val_single_string_slot():
+    class One:
+        __slots__ = "t"
+
+    o = One()
+    o.t = torch.ones(1)
+    assert torch.equal(_restore_val(_cache_val(o)).t, torch.ones(1))
+
+
 def test_declared_io_restores_external_state():
     table = {"rows": torch.zeros(3), "step": 0}
 
@@ -429,3 +459,23 @@ def test_engine_shortcut_forward_then_real_backward_trains(mode):
     for _, emb_grad, model_grad in log[1:]:
         assert emb_grad is not None and emb_grad.abs().sum() == 0
         assert model_grad is None
+
+
+def test_engine_in_place_write_to_replayed_output_is_reported_with_task_and_attr():
+    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.shortcut import ShortcutCorruptedError
+
+    plan = PipelinePlan(
+        schedule={PipelineTask("Make", lambda ctx: setattr(ctx, "buf", torch.zeros(2))): TaskSchedule(),
+                  PipelineTask("Scale", lambda ctx: ctx.buf.add_(1)): TaskSchedule()},
+        intra_iter_deps=[("Scale", "Make")],
+    )
+    with SWPipeline(plan, device="cpu") as pipe:
+        pipe.enable_shortcut("Make")
+        pipe.run_one_serial_iter(None, 0)  # caching: Scale writes into Make's real output, cache untouched
+        pipe.run_one_serial_iter(None, 1)  # replay: Scale writes into the cache's storage
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run_one_serial_iter(None, 2)
+    assert info.value.task == "Make" and info.value.iteration == 2
+    assert isinstance(info.value.__cause__, ShortcutCorruptedError)
+    assert "ctx.buf" in str(info.value.__cause__) and "'Make'" in str(info.value.__cause__)

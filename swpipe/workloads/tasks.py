@@ -20,7 +20,7 @@ task                does
 ``EmbPrefetch``     wait phase 2 and dedup ids per table: the lookup plan (``ctx.shard``)
 ``EmbLookup``       gather rows, pool, output all-to-all (``ctx.emb``)
 ``ZeroGrad``        dense ``zero_grad(set_to_none=True)``
-``WaitBatch``       make the batch usable on the compute stream (``record_stream`` on CUDA)
+``WaitBatch``       a synchronisation point only: the engine's stream waits do the work
 ``Forward``         dense forward + loss; records ``workload.losses[i]`` (or eval outputs)
 ``Backward``        backward, dense all-reduce, fused embedding SGD (dense only in semi-sync)
 ``EmbBackward``     semi-sync: embedding backward + fused embedding SGD
@@ -194,12 +194,11 @@ class _Tasks:
         self.wl.zero_grad()
 
     def WaitBatch(self, ctx: IterContext) -> None:
-        dev = self._dev(ctx, "WaitBatch")
-        if dev.dense.is_cuda:
-            # the batch was produced on the memcpy stream; keep its memory alive for this stream's use
-            stream = torch.cuda.current_stream()
-            for t in (dev.dense, dev.labels, dev.sparse.values, dev.sparse.lengths):
-                t.record_stream(stream)
+        # The wait *is* the task's dependencies: the engine makes this task's stream wait the device
+        # events of its dependencies on other streams and keeps retired contexts alive until their
+        # device work completes, so TorchRec's record_stream has nothing left to do here. (In
+        # fused_sparse_dist WaitBatch depends only on ZeroGrad, so it must not touch the batch.)
+        return None
 
     def Forward(self, ctx: IterContext) -> None:
         if not self.train:

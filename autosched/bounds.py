@@ -1,0 +1,443 @@
+"""Lower bounds on the period of a plan, or of every plan a task graph allows, each naming what binds.
+
+Every bound is the ratio ``Σ time / Σ distance`` of a cycle of constraints
+``start(v, i + δ) >= start(u, i) + w`` (an edge ``u -> v`` of weight ``w`` and
+distance ``δ``): a schedule repeating every ``λ`` seconds satisfies all of them
+only if ``λ >= Σw / Σδ`` around every cycle. The maximum ratio is found without
+enumerating cycles: ``λ`` is feasible iff the weights ``λ·δ - w`` leave no
+negative cycle (networkx Bellman-Ford), so a binary search on ``λ`` brackets
+the maximum and the negative cycle found just below it names the binding
+cycle (:func:`max_cycle_ratio`).
+
+The bounds:
+
+* **ResMII** — each resource does all of its work once per iteration: the host
+  time of a thread group, the device time of a stream (CUDA), the time of
+  every task on a communicator or on PCIe. For a task graph with ``T``
+  allowed threads: total host time / ``T``, and the longest single task.
+* **RecMII** — cycles of data dependencies (intra edges distance 0, inter
+  edges distance ``N``); on CUDA, host and device cycles separately (the host
+  waits CPU signals, a stream waits device events).
+* **Critical path** — ``progress()`` admits iteration ``i + depth`` only once
+  iteration ``i`` retired, and retiring takes at least the longest chain of
+  intra-iteration dependencies, so ``period >= critical path / depth``.
+* **Schedule cycle** (plans only) — the max cycle ratio over everything a plan
+  fixes: data dependencies, the FIFO order of each thread group (and, on CUDA,
+  of each stream's work submitted by one thread), the sequencer's turn order
+  and the progress barrier. It is at least as large as the thread and
+  recurrence bounds and the critical-path bound, and can exceed them all when
+  a thread's FIFO order chains with a dependency.
+
+None of these exceeds the period the simulator (or the engine) achieves.
+For a valid plan every cycle has positive distance: each edge moves forward
+in periods (``δ + stage(v) - stage(u) >= 0``) and the zero-period edges follow
+the enqueue order, a topological order of the period-local graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import networkx as nx
+
+from swpipe_core.order import enqueue_order
+from swpipe_core.plan import PipelinePlan
+from swpipe_core.validate import validate
+
+from .costs import CostModel
+
+__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Lower bounds on the period (seconds per iteration) and what binds.
+
+    Attributes
+    ----------
+    res_mii, rec_mii, critical_path, schedule_cycle : float
+        The four bounds (``schedule_cycle`` is 0 for a task graph).
+    value : float
+        Their maximum: no plan (or no run of this plan) has a shorter period.
+    binding : str
+        The largest bound's resource (``"thread:<group>"``, ``"stream:<name>"``,
+        ``"comm:<name>"``, ``"pcie"``, ``"host work / T threads"``,
+        ``"longest task <name>"``) or cycle (``"recurrence: ..."``,
+        ``"critical path: ..."``, ``"schedule cycle: ..."``).
+    components : tuple of (kind, value, what)
+        Every bound with its description.
+    """
+
+    res_mii: float
+    rec_mii: float
+    critical_path: float
+    schedule_cycle: float
+    value: float
+    binding: str
+    components: Tuple[Tuple[str, float, str], ...]
+
+    def summary(self) -> str:
+        """One line per bound, the binding one marked."""
+        lines = [f"lower bound {self.value * 1e3:.3f} ms/iter, binding: {self.binding}"]
+        for kind, value, what in self.components:
+            lines.append(f"  {kind:<15} {value * 1e3:10.3f} ms  {what}")
+        return "\n".join(lines)
+
+
+# -- max cycle ratio --------------------------------------------------------------------------------------------
+
+
+def _collapse(graph: nx.DiGraph, weight: str, distance: str) -> Dict[Tuple[Hashable, Hashable], List[Tuple[float, int, Any]]]:
+    pairs: Dict[Tuple[Hashable, Hashable], List[Tuple[float, int, Any]]] = {}
+    edges = graph.edges(keys=True, data=True) if graph.is_multigraph() else ((u, v, None, d) for u, v, d in graph.edges(data=True))
+    for u, v, key, data in edges:
+        pairs.setdefault((u, v), []).append((float(data.get(weight, 0.0)), int(data.get(distance, 0)), data))
+    return pairs
+
+
+def max_cycle_ratio(graph: nx.DiGraph, weight: str = "weight", distance: str = "distance",
+                    rel_tol: float = 1e-12) -> Tuple[float, List[Hashable]]:
+    """The maximum over cycles of ``Σ weight / Σ distance``, and a cycle attaining it.
+
+    An edge ``u -> v`` with weight ``w`` and distance ``δ`` is the constraint
+    ``start(v, i + δ) >= start(u, i) + w``. ``λ`` is feasible iff no cycle has
+    ``Σ (w - λ·δ) > 0``, i.e. iff the weights ``λ·δ - w`` leave no negative cycle
+    (Bellman-Ford); a binary search brackets the maximum, and the negative cycle
+    found just below it is returned with its exact ratio. Cycles are never
+    enumerated. Parallel edges (a multigraph) are allowed.
+
+    Parameters
+    ----------
+    graph : networkx.DiGraph or MultiDiGraph
+    weight, distance : str
+        Edge attribute names (missing = 0).
+    rel_tol : float
+        Relative width at which the search stops.
+
+    Returns
+    -------
+    (float, list)
+        The ratio (0 with ``[]`` if no cycle has positive weight; ``inf`` if a cycle of
+        positive weight has distance <= 0, i.e. the constraints deadlock) and the
+        cycle's nodes in order.
+
+    Examples
+    --------
+    A 2-cycle of weight 3 over distance 1 and a self-loop of weight 5 over distance 2:
+
+    >>> g = nx.DiGraph()
+    >>> g.add_edge("a", "b", weight=1.0, distance=0)
+    >>> g.add_edge("b", "a", weight=2.0, distance=1)
+    >>> g.add_edge("c", "c", weight=5.0, distance=2)
+    >>> ratio, cycle = max_cycle_ratio(g)
+    >>> ratio, sorted(cycle)
+    (3.0, ['a', 'b'])
+    """
+    pairs = _collapse(graph, weight, distance)
+    if not pairs:
+        return 0.0, []
+    nodes = list(graph.nodes)
+    source = ("__source__",)
+    aux = nx.DiGraph()
+    aux.add_nodes_from(nodes)
+    aux.add_edges_from(pairs)
+    aux.add_edges_from((source, n) for n in nodes)
+
+    def weight_at(lam: float):
+        def w(u: Hashable, v: Hashable, _: Any) -> float:
+            lst = pairs.get((u, v))  # None for the helper source edges (ours and networkx's)
+            return 0.0 if lst is None else min(lam * d - wt for wt, d, _ in lst)
+        return w
+
+    def infeasible(lam: float) -> bool:
+        return nx.negative_edge_cycle(aux, weight=weight_at(lam), heuristic=True)
+
+    total = sum(max(0.0, wt) for lst in pairs.values() for wt, _, _ in lst)
+    hi = total + 1.0
+    if infeasible(hi):
+        cycle = nx.find_negative_cycle(aux, source, weight=weight_at(hi))
+        return math.inf, [n for n in cycle[:-1] if n != source]
+    lo = 0.0
+    if not infeasible(lo + 1e-15 * hi):
+        return 0.0, []
+    for _ in range(200):
+        if hi - lo <= rel_tol * hi:
+            break
+        mid = (lo + hi) / 2
+        if infeasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    cycle = nx.find_negative_cycle(aux, source, weight=weight_at(lo))
+    cycle = [n for n in cycle if n != source]
+    if len(cycle) > 1 and cycle[0] == cycle[-1]:
+        cycle = cycle[:-1]
+    return _cycle_ratio(pairs, cycle, lo), cycle
+
+
+def _cycle_ratio(pairs: Dict, cycle: Sequence[Hashable], lam: float) -> float:
+    """Exact ratio of a cycle, taking on each step the parallel edge that binds at ``lam``."""
+    w_sum, d_sum = 0.0, 0
+    for u, v in zip(cycle, list(cycle[1:]) + [cycle[0]]):
+        wt, d, _ = min(pairs[(u, v)], key=lambda e: lam * e[1] - e[0])
+        w_sum += wt
+        d_sum += d
+    return w_sum / d_sum if d_sum > 0 else (math.inf if w_sum > 0 else 0.0)
+
+
+def _cycle_edges(graph: nx.DiGraph, cycle: Sequence[Hashable], lam: float) -> List[Dict[str, Any]]:
+    pairs = _collapse(graph, "weight", "distance")
+    out = []
+    for u, v in zip(cycle, list(cycle[1:]) + [cycle[0]]):
+        out.append(min(pairs[(u, v)], key=lambda e: lam * e[1] - e[0])[2])
+    return out
+
+
+# -- the constraint graphs ----------------------------------------------------------------------------------------
+
+
+def _label(node: Hashable) -> str:
+    if isinstance(node, tuple) and len(node) == 2 and node[0] in ("h", "d"):
+        return node[1] if node[0] == "h" else f"{node[1]}@dev"
+    return str(node)
+
+
+def _describe(graph: nx.DiGraph, cycle: Sequence[Hashable], ratio: float) -> str:
+    if not cycle:
+        return "(no cycle)"
+    edges = _cycle_edges(graph, cycle, ratio)
+    total_w = sum(e.get("weight", 0.0) for e in edges)
+    total_d = sum(e.get("distance", 0) for e in edges)
+    parts = [f"{_label(n)} -{e.get('kind', 'dep')}->" for n, e in zip(cycle, edges)]
+    return (" ".join(parts) + f" {_label(cycle[0])} ({total_w * 1e3:.3f} ms over {total_d} iteration(s))")
+
+
+def _times(costs: CostModel, name: str, cuda: bool) -> Tuple[float, float]:
+    c = costs[name]
+    return (c.host_s, c.device_s) if cuda else (c.cpu_s, 0.0)
+
+
+def _dep_graph(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], inter: Sequence[Tuple[str, str, int]],
+               costs: CostModel, cuda: bool) -> nx.MultiDiGraph:
+    g = nx.MultiDiGraph()
+    for t in tasks:
+        g.add_node(("h", t))
+        if cuda:
+            g.add_node(("d", t))
+    for t, d, n in [(t, d, 0) for t, d in intra] + list(inter):
+        host, dev = _times(costs, d, cuda)
+        g.add_edge(("h", d), ("h", t), weight=host, distance=n, kind="dep")
+        if cuda:
+            g.add_edge(("d", d), ("d", t), weight=dev, distance=n, kind="event")
+    if cuda:
+        for t in tasks:
+            g.add_edge(("h", t), ("d", t), weight=_times(costs, t, True)[0], distance=0, kind="submit")
+    return g
+
+
+def event_graph(plan: PipelinePlan, costs: CostModel, device: str = "cpu") -> nx.MultiDiGraph:
+    """Every constraint a plan fixes, as edges ``u -> v`` with ``weight`` and ``distance``.
+
+    Nodes are ``("h", task)`` (host part), ``("d", task)`` (device part, CUDA) and
+    ``"retire"``. Edge ``kind``: ``"dep"`` / ``"event"`` (data dependencies),
+    ``"submit"``, ``"thread:<g>"`` (FIFO order of a thread group across periods),
+    ``"stream:<s>"`` (device FIFO of work one thread submits to one stream),
+    ``"sequencer"``, ``"barrier"`` (``retire(i) -> start of period i + depth``).
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+    costs : CostModel
+    device : {"cpu", "cuda"}
+
+    Returns
+    -------
+    networkx.MultiDiGraph
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> from autosched.costs import TaskCost
+    >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
+    >>> g = event_graph(plan, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}))
+    >>> sorted((_label(u), _label(v), d["kind"], d["distance"]) for u, v, d in g.edges(data=True) if d["kind"] != "barrier")
+    [('A', 'B', 'dep', 0), ('A', 'B', 'thread:default', -1), ('B', 'A', 'thread:default', 2)]
+    """
+    cuda = str(device).startswith("cuda")
+    names = plan.task_names
+    g = _dep_graph(names, plan.intra_edges(), plan.inter_edges(), costs, cuda)
+    stage = {t: plan.stage(t) for t in names}
+    order = enqueue_order(plan)
+
+    def chain(seq: Sequence[str], kind: str, part: str) -> None:
+        # consecutive tasks in one FIFO within a period, and the last of a period before the first of the next
+        for a, b in zip(seq, list(seq[1:]) + [seq[0]]):
+            wrap = 1 if b == seq[0] else 0
+            w = _times(costs, a, cuda)[0 if part == "h" else 1]
+            g.add_edge((part, a), (part, b), weight=w, distance=stage[a] - stage[b] + wrap, kind=kind)
+
+    for group in sorted({plan.sched(t).thread_group for t in names}):
+        seq = [t for t in order if plan.sched(t).thread_group == group]
+        chain(seq, f"thread:{group}", "h")
+        if cuda:
+            for stream in sorted({plan.stream_of(t) for t in seq}):
+                chain([t for t in seq if plan.stream_of(t) == stream], f"stream:{stream}", "d")
+    ordered = [t for t in order if plan.sched(t).globally_ordered]
+    if ordered:
+        chain(ordered, "sequencer", "h")
+    depth = plan.pipeline_depth
+    for t in names:
+        g.add_edge(("h", t), "retire", weight=_times(costs, t, cuda)[0], distance=0, kind="barrier")
+        g.add_edge("retire", ("h", t), weight=0.0, distance=depth - stage[t], kind="barrier")
+    return g
+
+
+def _critical_path(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], costs: CostModel,
+                   cuda: bool) -> Tuple[float, List[str]]:
+    dag = nx.DiGraph()
+    dag.add_nodes_from(tasks)
+    dag.add_edges_from((d, t) for t, d in intra)
+    best: Dict[str, Tuple[float, Optional[str]]] = {}
+    for t in nx.lexicographical_topological_sort(dag):
+        own = _times(costs, t, cuda)[0]
+        prev = max(((best[d][0], d) for d in dag.predecessors(t)), default=(0.0, None))
+        best[t] = (prev[0] + own, prev[1])
+    if not best:
+        return 0.0, []
+    end = max(best, key=lambda t: (best[t][0], t))
+    path = [end]
+    while best[path[-1]][1] is not None:
+        path.append(best[path[-1]][1])
+    return best[end][0], path[::-1]
+
+
+# -- the public entry point ---------------------------------------------------------------------------------------
+
+
+def _graph_parts(graph: nx.DiGraph) -> Tuple[List[str], List[Tuple[str, str]], List[Tuple[str, str, int]]]:
+    intra, inter = [], []
+    for d, t, data in graph.edges(data=True):
+        for n in data.get("distances", [data.get("distance", 0)]):
+            if n == 0:
+                intra.append((t, d))
+            else:
+                inter.append((t, d, n))
+    return list(graph.nodes), intra, inter
+
+
+def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int] = None,
+                 max_depth: Optional[int] = None, device: str = "cpu") -> Bounds:
+    """Lower bounds on the steady-state period, for one plan or for every plan of a task graph.
+
+    Parameters
+    ----------
+    plan_or_graph : PipelinePlan or networkx.DiGraph
+        A plan (its threads, streams, stages and order are fixed) or a task graph
+        (:func:`autosched.graph.task_graph`; any plan the constraints allow).
+    costs : CostModel
+        Must cost every task.
+    max_threads : int, optional
+        Task graph only: thread groups a plan may use (bounds host work / T).
+    max_depth : int, optional
+        Task graph only: the deepest pipeline allowed (bounds critical path / depth).
+    device : {"cpu", "cuda"}
+        As in :func:`autosched.simulate.simulate`.
+
+    Returns
+    -------
+    Bounds
+
+    Raises
+    ------
+    swpipe_core.validate.PlanError
+        For an invalid plan.
+    autosched.costs.CostModelError
+        If a task has no cost.
+    ValueError
+        For ``max_threads`` or ``max_depth`` < 1.
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> from autosched.costs import TaskCost
+    >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
+    >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
+    ...                     intra_iter_deps=[("B", "A")])
+    >>> b = lower_bounds(plan, costs)
+    >>> round(b.value * 1e3, 6), b.binding
+    (2.0, 'thread:b')
+    >>> from autosched.graph import task_graph
+    >>> g = task_graph(["A", "B"], [("B", "A")], [("A", "B")])
+    >>> b = lower_bounds(g, costs, max_threads=2)
+    >>> round(b.rec_mii * 1e3, 6), b.binding
+    (3.0, 'recurrence: A -dep-> B -dep-> A (3.000 ms over 1 iteration(s))')
+    """
+    cuda = str(device).startswith("cuda")
+    if str(device) != "cpu" and not cuda:
+        raise ValueError(f"device={device!r}: use 'cpu' or 'cuda'")
+    for name, value in (("max_threads", max_threads), ("max_depth", max_depth)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r}: use an integer >= 1 or None")
+    is_plan = isinstance(plan_or_graph, PipelinePlan)
+    if is_plan:
+        validate(plan_or_graph)
+        plan: PipelinePlan = plan_or_graph
+        tasks, intra, inter = plan.task_names, plan.intra_edges(), plan.inter_edges()
+    else:
+        tasks, intra, inter = _graph_parts(plan_or_graph)
+    costs.check(tasks)
+    components: List[Tuple[str, float, str]] = []
+
+    # ResMII: each resource's work per iteration
+    load: Dict[str, float] = {}
+    for t in tasks:
+        host, dev = _times(costs, t, cuda)
+        if is_plan:
+            key = f"thread:{plan.sched(t).thread_group}"
+            load[key] = load.get(key, 0.0) + host
+            if cuda:
+                key = f"stream:{plan.stream_of(t)}"
+                load[key] = load.get(key, 0.0) + dev
+        for r in costs[t].resources:
+            load[r] = load.get(r, 0.0) + (dev if cuda else host)
+    if not is_plan:
+        total_host = sum(_times(costs, t, cuda)[0] for t in tasks)
+        if max_threads is not None:
+            load[f"host work / {max_threads} thread(s)"] = total_host / max_threads
+        longest = max(tasks, key=lambda t: (max(_times(costs, t, cuda)), t))
+        load[f"longest task {longest}"] = max(_times(costs, longest, cuda))
+    res_name, res = max(load.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
+    components.append(("resource", res, f"{res_name} ({res * 1e3:.3f} ms of work per iteration)"))
+
+    # RecMII: data-dependency cycles
+    dep = _dep_graph(tasks, intra, inter, costs, cuda)
+    rec, rec_cycle = max_cycle_ratio(dep)
+    rec_what = _describe(dep, rec_cycle, rec)
+    components.append(("recurrence", rec, rec_what))
+
+    # critical path over the deepest pipeline allowed
+    depth = plan.pipeline_depth if is_plan else max_depth
+    cp_len, cp_path = _critical_path(tasks, intra, costs, cuda)
+    cp = cp_len / depth if depth else 0.0
+    cp_what = (f"{' -> '.join(cp_path)} ({cp_len * 1e3:.3f} ms) / depth {depth}" if depth
+               else "unbounded depth: no critical-path bound")
+    components.append(("critical path", cp, cp_what))
+
+    sched_cycle, sched_what = 0.0, "task graph: no schedule fixed"
+    if is_plan:
+        eg = event_graph(plan, costs, device)
+        sched_cycle, cyc = max_cycle_ratio(eg)
+        sched_what = _describe(eg, cyc, sched_cycle)
+    components.append(("schedule cycle", sched_cycle, sched_what))
+
+    value = max(c[1] for c in components)
+    # the first component within rounding of the maximum binds (resource before cycles)
+    kind, _, what = next(c for c in components if c[1] >= value * (1 - 1e-9))
+    if kind == "resource":
+        binding = res_name
+    else:
+        binding = f"{kind}: {what}"
+    return Bounds(res_mii=res, rec_mii=rec, critical_path=cp, schedule_cycle=sched_cycle, value=value,
+                  binding=binding, components=tuple(components))

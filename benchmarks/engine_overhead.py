@@ -1,0 +1,190 @@
+"""Engine overhead, measured side by side in one run.
+
+(a) Dispatch overhead of SWPipeline per task per iteration, for no-op tasks,
+    against a plain Python loop calling the same functions, on several plan
+    shapes. Next to it, the floor no threaded engine can beat on this
+    machine: one round trip between two Python threads (queue put/get), since
+    each period hands work to a worker and waits for it once.
+(b) Overlap: a two-thread plan of sleep workloads (io 10 ms at stage 0 on
+    thread "io", compute 10 ms at stage 1 on thread "compute"); the measured
+    steady-state period against the ideal max(io, compute), and against the
+    serial run.
+
+Targets (issue 4): overhead <= 30 us per task; overlap period within 5 % of the ideal.
+
+    python benchmarks/engine_overhead.py            # full
+    python benchmarks/engine_overhead.py --quick    # fewer iterations
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import queue
+import statistics
+import threading
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+from swpipe_core.engine import SWPipeline
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+
+def noop(ctx) -> None:
+    return None
+
+
+def chain_plan(n_tasks: int, groups: List[str], depth: int) -> PipelinePlan:
+    """n no-op tasks in a dependency chain, spread over stages 0..depth-1 and the given groups."""
+    sched = {}
+    for k in range(n_tasks):
+        stage = k * depth // n_tasks
+        sched[PipelineTask(f"T{k}", noop)] = TaskSchedule(stage, None, groups[stage % len(groups)])
+    deps = [(f"T{k}", f"T{k - 1}") for k in range(1, n_tasks)]
+    return PipelinePlan(sched, intra_iter_deps=deps)
+
+
+def example_plan() -> PipelinePlan:
+    """000's full example: H2D (stage 0, io) -> Forward, Backward, Optim (stage 1, compute)."""
+    t = {n: PipelineTask(n, noop) for n in ("H2D", "Forward", "Backward", "Optim")}
+    return PipelinePlan(
+        {t["H2D"]: TaskSchedule(0, "memcpy", "io"), t["Forward"]: TaskSchedule(1, None, "compute"),
+         t["Backward"]: TaskSchedule(1, None, "compute"), t["Optim"]: TaskSchedule(1, None, "compute")},
+        intra_iter_deps=[("Forward", "H2D"), ("Backward", "Forward"), ("Optim", "Backward")],
+    )
+
+
+def plain_loop(n_tasks: int, iters: int) -> float:
+    fns = [noop] * n_tasks
+    t0 = time.perf_counter()
+    for i in range(iters):
+        ctx = None
+        for fn in fns:
+            fn(ctx)
+    return time.perf_counter() - t0
+
+
+def thread_round_trip(n: int) -> float:
+    """Seconds per put/get round trip between the main thread and one worker thread."""
+    to_worker: "queue.SimpleQueue" = queue.SimpleQueue()
+    back: "queue.SimpleQueue" = queue.SimpleQueue()
+
+    def echo() -> None:
+        while True:
+            item = to_worker.get()
+            back.put(item)
+            if item is None:
+                return
+
+    t = threading.Thread(target=echo, name="bench-echo")
+    t.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        to_worker.put(i)
+        back.get()
+    el = time.perf_counter() - t0
+    to_worker.put(None)
+    back.get()
+    t.join()
+    return el / n
+
+
+def median_of(fn: Callable[[], float], rounds: int) -> float:
+    return statistics.median(fn() for _ in range(rounds))
+
+
+def overhead_rows(iters: int, rounds: int) -> List[Tuple[str, int, int, float, float, float, float]]:
+    shapes = [
+        ("1 task, 1 thread, depth 1", chain_plan(1, ["default"], 1)),
+        ("4 tasks, 1 thread, depth 2", chain_plan(4, ["default"], 2)),
+        ("000 example: 4 tasks, 2 threads, depth 2", example_plan()),
+        ("8 tasks, 1 thread, depth 3", chain_plan(8, ["default"], 3)),
+        ("8 tasks, 3 threads, depth 3", chain_plan(8, ["io", "dist", "compute"], 3)),
+        ("32 tasks, 1 thread, depth 2", chain_plan(32, ["default"], 2)),
+    ]
+    rows = []
+    for label, plan in shapes:
+        n = len(plan.task_names)
+        pipe = SWPipeline(plan, device="cpu")
+        pipe.run(range(50))  # warm up threads, allocator, caches
+        pipelined = median_of(lambda: pipe.run(range(iters)), rounds)
+        serial = median_of(lambda: pipe.run_serial(range(iters)), rounds)
+        loop = median_of(lambda: plain_loop(n, iters), rounds)
+        per_task = (pipelined - loop) / (n * iters)
+        per_task_serial = (serial - loop) / (n * iters)
+        per_period = (pipelined - loop) / iters
+        rows.append((label, n, len({plan.sched(x).thread_group for x in plan.task_names}),
+                     loop / (n * iters), per_task, per_task_serial, per_period))
+    return rows
+
+
+def overlap(io_s: float, compute_s: float, iters: int) -> Dict[str, float]:
+    durations: Dict[str, List[float]] = {"io": [], "compute": []}
+
+    def sleeper(kind: str, seconds: float) -> Callable:
+        def fn(ctx) -> None:
+            t0 = time.perf_counter()
+            time.sleep(seconds)
+            durations[kind].append(time.perf_counter() - t0)
+        return fn
+
+    plan = PipelinePlan({PipelineTask("IO", sleeper("io", io_s)): TaskSchedule(0, "memcpy", "io"),
+                         PipelineTask("Compute", sleeper("compute", compute_s)): TaskSchedule(1, None, "compute")},
+                        intra_iter_deps=[("Compute", "IO")])
+    pipe = SWPipeline(plan, device="cpu")
+    it = pipe.fill_pipeline(range(iters))
+    stamps = []
+    while True:
+        try:
+            pipe.progress(it)
+        except StopIteration:
+            break
+        stamps.append(time.perf_counter())
+    pipe.drain()
+    steady = stamps[2:-2]  # skip fill and drain periods
+    period = (steady[-1] - steady[0]) / (len(steady) - 1)
+    actual_io = statistics.mean(durations["io"])
+    actual_compute = statistics.mean(durations["compute"])
+    serial = pipe.run_serial(range(max(10, iters // 4))) / max(10, iters // 4)
+    return {
+        "period": period,
+        "ideal": max(io_s, compute_s),
+        "ideal_actual": max(actual_io, actual_compute),
+        "io_actual": actual_io,
+        "compute_actual": actual_compute,
+        "serial": serial,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    args = parser.parse_args()
+    iters, rounds, overlap_iters = (300, 3, 40) if args.quick else (2000, 5, 150)
+
+    print(f"machine: {platform.processor() or platform.machine()}, {threading.active_count()} threads at start, "
+          f"python {platform.python_version()}, torch {torch.__version__}")
+    rt = statistics.median(thread_round_trip(2000) for _ in range(rounds))
+    print(f"\n(a) dispatch overhead, no-op tasks, {iters} iterations, median of {rounds} rounds")
+    print(f"    floor: one main<->worker thread round trip (queue put/get) = {rt * 1e6:.1f} us\n")
+    header = f"{'plan':44s} {'tasks':>5s} {'thr':>3s} {'loop us/task':>12s} {'pipelined us/task':>17s} " \
+             f"{'serial us/task':>14s} {'pipelined us/period':>19s} {'period/round trip':>17s}"
+    print(header)
+    print("-" * len(header))
+    for label, n, groups, loop, per_task, per_serial, per_period in overhead_rows(iters, rounds):
+        print(f"{label:44s} {n:5d} {groups:3d} {loop * 1e6:12.2f} {per_task * 1e6:17.1f} {per_serial * 1e6:14.2f} "
+              f"{per_period * 1e6:19.1f} {per_period / rt:17.2f}")
+
+    print(f"\n(b) overlap: io 10 ms (stage 0, thread io) | compute 10 ms (stage 1, thread compute), {overlap_iters} iterations")
+    r = overlap(0.010, 0.010, overlap_iters)
+    print(f"    sleep(10 ms) actually took: io {r['io_actual'] * 1e3:.3f} ms, compute {r['compute_actual'] * 1e3:.3f} ms")
+    print(f"    steady-state period     {r['period'] * 1e3:8.3f} ms")
+    print(f"    ideal max(io, compute)  {r['ideal'] * 1e3:8.3f} ms   -> period / ideal = {r['period'] / r['ideal']:.3f}")
+    print(f"    ideal with actual sleeps{r['ideal_actual'] * 1e3:8.3f} ms   -> period / ideal = {r['period'] / r['ideal_actual']:.3f}")
+    print(f"    serial per iteration    {r['serial'] * 1e3:8.3f} ms   -> speedup = {r['serial'] / r['period']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""Measure the DLRM workload: the plain serial loop next to each plan, side by side in one run.
+
+Used by ``swpipe demo`` and ``benchmarks/pipelines.py``. Every plan runs on a
+fresh workload built from the same seed over the same pre-generated batches;
+its losses (or, for eval plans, predictions) are compared bit for bit with the
+plain serial loop of :mod:`swpipe.workloads.reference`, and its speed with
+that loop's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from swpipe_core.plan import PipelinePlan, ref_name
+
+from .dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
+from .reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
+from .tasks import EVAL_PIPELINES, plan_for
+
+__all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table",
+           "auto_spec", "safe_task_plan", "TORCHREC_PLANS"]
+
+_log = logging.getLogger(__name__)
+
+TORCHREC_PLANS = ("base", "pt2", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "prefetch",
+                  "eval_sparse_dist", "eval_fused_sparse_dist", "staged", "sparse_dist_comp_autograd")
+# Plans also shown with one thread per stream: their side streams carry enough work to overlap.
+_BY_STREAM = ("sparse_dist", "fused_sparse_dist", "prefetch", "semi_sync")
+
+
+@dataclass
+class PlanSpec:
+    """One row of the comparison: a pipeline (or a plan builder) and an optional thread map."""
+
+    label: str
+    pipeline: str
+    thread_map: Optional[str] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+    build: Optional[Callable[[DLRMWorkload], PipelinePlan]] = None
+    note: str = ""
+
+    def plan(self, workload: DLRMWorkload) -> PipelinePlan:
+        """The runnable plan on ``workload``."""
+        from swpipe_core.workers import with_thread_map
+
+        plan = self.build(workload) if self.build is not None else plan_for(self.pipeline, workload, **self.options)
+        return with_thread_map(plan, self.thread_map) if self.thread_map else plan
+
+    @property
+    def is_eval(self) -> bool:
+        return self.pipeline in EVAL_PIPELINES
+
+
+@dataclass
+class PlanResult:
+    """A measured row; ``matches`` is None when there was nothing to compare."""
+
+    label: str
+    depth: int
+    streams: int
+    thread_groups: int
+    iters_per_s: float
+    speedup: float
+    matches: Optional[bool]
+    note: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Measurement:
+    """All rows of one run plus the serial baselines and the best plan's timeline."""
+
+    serial_iters_per_s: float
+    eval_serial_iters_per_s: Optional[float]
+    rows: List[PlanResult]
+    best_label: Optional[str] = None
+    best_timeline: List[Any] = field(default_factory=list)
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+def default_specs(names: Sequence[str] = TORCHREC_PLANS, by_stream: bool = True,
+                  compile_backend: Optional[str] = None) -> List[PlanSpec]:
+    """One spec per TorchRec pipeline (as TorchRec threads it) plus ``+by_stream`` variants.
+
+    Parameters
+    ----------
+    names : sequence of str
+        Pipeline names of ``swpipe_core.pipelines``.
+    by_stream : bool
+        Add ``<name>+by_stream`` (one thread group per stream) for the plans
+        whose side streams carry work worth overlapping.
+    compile_backend : str, optional
+        ``torch.compile`` backend for ``pt2`` and compiled-autograd backend for
+        ``sparse_dist_comp_autograd``; ``None`` runs them eager.
+
+    Returns
+    -------
+    list of PlanSpec
+
+    Examples
+    --------
+    >>> [s.label for s in default_specs(["base", "sparse_dist"])]
+    ['base', 'sparse_dist', 'sparse_dist+by_stream']
+    """
+    specs = []
+    for name in names:
+        opts: Dict[str, Any] = {}
+        note = ""
+        if name == "pt2":
+            opts["compile_backend"] = compile_backend
+            note = f"torch.compile({compile_backend})" if compile_backend else "eager (no torch.compile)"
+        elif name == "sparse_dist_comp_autograd":
+            opts["compiled_autograd"] = compile_backend
+            note = f"compiled autograd ({compile_backend})" if compile_backend else "eager (no compiled autograd)"
+        specs.append(PlanSpec(name, name, None, opts, note=note))
+        if by_stream and name in _BY_STREAM:
+            specs.append(PlanSpec(f"{name}+by_stream", name, "by_stream", dict(opts), note="one thread per stream"))
+    return specs
+
+
+def safe_task_plan(workload: DLRMWorkload) -> PipelinePlan:
+    """The workload's finest task graph as a plan, with every dependency its shared state needs.
+
+    FusedSparseDist's tasks and dependencies, plus ``ZeroGrad(i)`` waiting
+    ``OptimizerStep(i-1)`` (TorchRec relies on the default stream's FIFO for
+    that; a searcher may put the two on different threads). This is the
+    input :func:`auto_spec` hands to the auto-scheduler, so any plan it
+    returns computes what the serial loop computes.
+
+    Examples
+    --------
+    >>> from swpipe.workloads.dlrm import init_distributed
+    >>> env = init_distributed()
+    >>> plan = safe_task_plan(DLRMWorkload(DLRMConfig.preset("test"), env))
+    >>> ("ZeroGrad", "OptimizerStep", 1) in plan.inter_edges(), plan.unbound_tasks()
+    (True, [])
+    >>> env.close()
+    """
+    plan = plan_for("fused_sparse_dist", workload)
+    return plan.replace(inter_iter_deps=[*plan.inter_iter_deps, ("ZeroGrad", "OptimizerStep", 1)],
+                        pipeline_depth=plan.pipeline_depth)
+
+
+# ---------------------------------------------------------------------------------------------
+# HOOK: the auto-generated plan (room E's autosched.search.auto_schedule). Used whenever
+# ``autosched.search`` imports; otherwise the demo simply has no "auto" row.
+# ---------------------------------------------------------------------------------------------
+def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_depth: int = 3,
+              max_threads: int = 2, time_limit_s: float = 10.0) -> Optional[PlanSpec]:
+    """A spec for the plan ``autosched.search.auto_schedule`` finds for this workload, or None.
+
+    The cost model comes from a serial run's timeline (median host time per
+    task) on the same batches; the task graph is :func:`safe_task_plan`.
+    Returns None (with a warning saying why) when autosched is unavailable or
+    the search fails, so the demo still runs.
+    """
+    try:
+        from autosched.costs import CostModel
+        from autosched.search import Constraints, auto_schedule
+    except ImportError as exc:
+        _log.info("no auto plan: autosched.search is not importable (%s)", exc)
+        return None
+    from swpipe_core.engine import SWPipeline
+
+    try:
+        wl = DLRMWorkload(config, env)
+        base = safe_task_plan(wl)
+        with SWPipeline(base, device=env.device, record_timeline=True) as pipe:
+            pipe.run_serial(iter(batches))
+            events = [e for e in pipe.timeline if e.iteration >= min(2, len(batches) - 1)]
+        costs = CostModel.from_timeline(events, machine=f"{torch.get_num_threads()} intra-op thread(s)")
+        found, report = auto_schedule(base, costs, Constraints(max_depth=max_depth, max_threads=max_threads,
+                                                               time_limit_s=time_limit_s, device=env.device.type))
+    except Exception as exc:  # noqa: BLE001 - the hook must never break the demo
+        warnings.warn(f"auto plan skipped: auto_schedule failed ({type(exc).__name__}: {exc})", RuntimeWarning)
+        return None
+    sched = {n: dataclasses.replace(found.sched(n)) for n in found.task_names}
+    order = [ref_name(n) for n in found.enqueue_order] if found.enqueue_order is not None else None
+    intra, inter, depth, policy = found.intra_edges(), found.inter_edges(), found.pipeline_depth, found.enqueue_policy
+
+    def build(workload: DLRMWorkload) -> PipelinePlan:
+        fns = {t.name: t.fn for t in safe_task_plan(workload).tasks}
+        return PipelinePlan(dict(sched), intra_iter_deps=intra, inter_iter_deps=inter, pipeline_depth=depth,
+                            enqueue_order=order, enqueue_policy=policy).bind(fns)
+
+    return PlanSpec("auto", "auto", None, {}, build=build,
+                    note=f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}")
+
+
+def _compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: int = 40, repeats: int = 2,
+            warmup: int = 4, progress: bool = False, record_best: bool = True) -> Measurement:
+    """Run the serial loop and every spec on the same batches; rate, speedup and equality per row.
+
+    Each run (serial or plan) is repeated ``repeats`` times on a fresh
+    workload and the fastest counts (the machine is shared; the minimum is
+    the least disturbed). All ranks must call this with the same arguments.
+
+    Parameters
+    ----------
+    config : DLRMConfig
+    env : DistEnv
+    specs : sequence of PlanSpec
+    iters : int
+        Batches per run.
+    repeats : int
+    warmup : int
+        Serial iterations run first and discarded (allocator, lazy init).
+    progress : bool
+        tqdm bar over the runs.
+    record_best : bool
+        Re-run the fastest plan with ``record_timeline=True`` for a trace.
+
+    Returns
+    -------
+    Measurement
+
+    Raises
+    ------
+    ValueError
+        If ``iters < 1`` or ``repeats < 1``.
+    """
+    from swpipe_core.engine import SWPipeline
+
+    if iters < 1 or repeats < 1:
+        raise ValueError(f"measure: iters and repeats must be >= 1, got iters={iters}, repeats={repeats}")
+    data = SyntheticData(config, env.world_size, env.rank)
+    batches = data.batches(iters)
+    train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
+    need_eval = any(s.is_eval for s in specs)
+    total = repeats * (1 + int(need_eval) + len(specs))
+    bar = _bar(total, progress and env.rank == 0)
+
+    serial_s, eval_s = [], []
+    ref_losses: List[torch.Tensor] = []
+    ref_preds: List[torch.Tensor] = []
+    for _ in range(repeats):
+        wl = DLRMWorkload(config, env)
+        serial_s.append(_timed(lambda: ref_losses.__setitem__(slice(None), train_reference(wl, batches))))
+        bar.update(1)
+        if need_eval:
+            wl = DLRMWorkload(config, env)
+            eval_s.append(_timed(lambda: ref_preds.__setitem__(slice(None), eval_reference(wl, batches))))
+            bar.update(1)
+    serial_rate = iters / min(serial_s)
+    eval_rate = iters / min(eval_s) if eval_s else None
+
+    rows: List[PlanResult] = []
+    semi_refs: Dict[int, List[torch.Tensor]] = {0: ref_losses}
+    for spec in specs:
+        times, matches = [], True
+        plan = None
+        for _ in range(repeats):
+            wl = DLRMWorkload(config, env)
+            plan = spec.plan(wl)
+            with SWPipeline(plan, device=env.device) as pipe:
+                times.append(pipe.run(iter(batches)))
+            if spec.is_eval:
+                got = [wl.outputs[i] for i in range(iters)]
+                matches = matches and _compare(got, ref_preds)
+            else:
+                matches = matches and _compare(wl.loss_list(), ref_losses)
+            bar.update(1)
+        assert plan is not None
+        note = spec.note
+        if not spec.is_eval:
+            lag = _lag(plan)
+            if lag:
+                if lag not in semi_refs:
+                    semi_refs[lag] = semi_sync_reference(DLRMWorkload(config, env), batches, lag)
+                stale_ok = _compare(_losses_of(spec, config, env, batches), semi_refs[lag])
+                note = (note + "; " if note else "") + (f"embedding staleness {lag}: "
+                                                        f"{'equals' if stale_ok else 'DIFFERS from'} the semi-sync reference")
+        rate = iters / min(times)
+        base_rate = eval_rate if spec.is_eval else serial_rate
+        rows.append(PlanResult(spec.label, plan.pipeline_depth, len({plan.stream_of(t) for t in plan.task_names}),
+                               len({plan.sched(t).thread_group for t in plan.task_names}), rate,
+                               rate / base_rate if base_rate else float("nan"), matches, note, min(times)))
+    bar.close()
+
+    result = Measurement(serial_rate, eval_rate, rows, meta=dict(iters=iters, repeats=repeats,
+                                                                  world_size=env.world_size,
+                                                                  num_threads=torch.get_num_threads()))
+    train_rows = [r for r in rows if not any(s.label == r.label and s.is_eval for s in specs)]
+    if train_rows:
+        best = max(train_rows, key=lambda r: r.speedup)
+        result.best_label = best.label
+        if record_best:
+            spec = next(s for s in specs if s.label == best.label)
+            wl = DLRMWorkload(config, env)
+            with SWPipeline(spec.plan(wl), device=env.device, record_timeline=True) as pipe:
+                pipe.run(iter(batches))
+                result.best_timeline = list(pipe.timeline)
+    return result
+
+
+def _lag(plan: PipelinePlan) -> int:
+    try:
+        return emb_staleness(plan)
+    except ValueError:
+        return 0
+
+
+def _losses_of(spec: PlanSpec, config: DLRMConfig, env: DistEnv, batches: Sequence[Batch]) -> List[torch.Tensor]:
+    from swpipe_core.engine import SWPipeline
+
+    wl = DLRMWorkload(config, env)
+    with SWPipeline(spec.plan(wl), device=env.device) as pipe:
+        pipe.run(iter(batches))
+    return wl.loss_list()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="swpipe demo", unit="run", leave=False)
+
+
+def format_table(m: Measurement) -> str:
+    """The comparison as a fixed-width table (one line per row, serial first).
+
+    Examples
+    --------
+    >>> m = Measurement(10.0, None, [PlanResult("sparse_dist", 3, 3, 1, 12.5, 1.25, True)])
+    >>> print(format_table(m))  # doctest: +NORMALIZE_WHITESPACE
+    plan         depth  streams  threads  iter/s  speedup  loss = serial  note
+    -----------  -----  -------  -------  ------  -------  -------------  ----
+    serial           1        1        1    10.0    1.00x  (reference)
+    sparse_dist      3        3        1    12.5    1.25x  yes
+    """
+    header = ["plan", "depth", "streams", "threads", "iter/s", "speedup", "loss = serial", "note"]
+    body = [["serial", "1", "1", "1", f"{m.serial_iters_per_s:.1f}", "1.00x", "(reference)", ""]]
+    if m.eval_serial_iters_per_s is not None:
+        body.append(["serial eval", "1", "1", "1", f"{m.eval_serial_iters_per_s:.1f}", "1.00x", "(reference)",
+                     "model.eval() loop; eval plans compare with it"])
+    for r in m.rows:
+        match = "n/a" if r.matches is None else ("yes" if r.matches else "no")
+        body.append([r.label, str(r.depth), str(r.streams), str(r.thread_groups), f"{r.iters_per_s:.1f}",
+                     f"{r.speedup:.2f}x", match, r.note])
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
+    right = {1, 2, 3, 4, 5}
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths[:-1]] + ["----"])] + [line(r) for r in body])

@@ -1,0 +1,127 @@
+"""_SubmissionSequencer: tickets in issue order, turn-taking across threads, timeout and abort."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from swpipe_core.sequencer import SequencerAborted, _SubmissionSequencer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_tickets_are_issued_in_call_order():
+    seq = _SubmissionSequencer()
+    assert [seq.ticket(f"t{k}") for k in range(5)] == [0, 1, 2, 3, 4]
+
+
+def test_threads_execute_in_sequence_order_whatever_their_arrival():
+    seq = _SubmissionSequencer(timeout=10)
+    tickets = [seq.ticket(k) for k in range(40)]
+    order = []
+    rng = random.Random(3)
+    shuffled = tickets[:]
+    rng.shuffle(shuffled)
+    # 4 threads, each owning a shuffled slice, call in sorted order within their slice (like FIFO queues)
+    slices = [sorted(shuffled[k::4]) for k in range(4)]
+
+    def worker(mine):
+        for s in mine:
+            seq.execute_ordered(s, lambda s=s: order.append(s))
+
+    threads = [threading.Thread(target=worker, args=(m,), name=f"seq-test-{k}") for k, m in enumerate(slices)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert order == tickets
+    assert seq.next_seq == 40
+
+
+def test_timeout_names_waiting_task_and_the_turn_it_waits_for():
+    seq = _SubmissionSequencer(timeout=0.05)
+    seq.ticket("DistStart (iteration 4)")
+    mine = seq.ticket("AllReduce (iteration 2)")
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError) as info:
+        seq.execute_ordered(mine, lambda: None)
+    assert time.perf_counter() - t0 < 2
+    msg = str(info.value)
+    assert "AllReduce (iteration 2)" in msg and "sequence 1" in msg
+    assert "waiting for DistStart (iteration 4)" in msg and not isinstance(info.value, SequencerAborted)
+
+
+def test_abort_wakes_every_waiter_promptly():
+    seq = _SubmissionSequencer(timeout=30)
+    errors = []
+
+    def wait(s):
+        try:
+            seq.execute_ordered(s, lambda: None)
+        except SequencerAborted as exc:
+            errors.append((s, time.perf_counter()))
+
+    threads = [threading.Thread(target=wait, args=(s,), name=f"seq-wait-{s}") for s in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)  # workload: let them block (the assertion does not depend on it)
+    t0 = time.perf_counter()
+    seq.abort("task X failed")
+    for t in threads:
+        t.join(5)
+    assert sorted(s for s, _ in errors) == [1, 2, 3]
+    assert all(t - t0 < 2 for _, t in errors)
+    with pytest.raises(SequencerAborted, match="task X failed"):
+        seq.execute_ordered(0, lambda: None)
+
+
+def test_failing_fn_aborts_so_later_tickets_do_not_hang():
+    seq = _SubmissionSequencer(timeout=30)
+
+    def bad():
+        raise ValueError("collective failed")
+
+    with pytest.raises(ValueError):
+        seq.execute_ordered(0, bad)
+    t0 = time.perf_counter()
+    with pytest.raises(SequencerAborted, match="sequence 0 raised ValueError"):
+        seq.execute_ordered(1, lambda: None)
+    assert time.perf_counter() - t0 < 1
+
+
+def test_reset_restarts_at_zero_and_clears_abort():
+    seq = _SubmissionSequencer()
+    seq.ticket(); seq.ticket()
+    seq.execute_ordered(0, lambda: None)
+    seq.abort()
+    seq.reset()
+    assert seq.aborted is None and seq.next_seq == 0 and seq.ticket() == 0
+    assert seq.execute_ordered(0, lambda: "ok") == "ok"
+
+
+def test_same_sequence_on_every_rank_for_the_same_enqueue_order():
+    """Two 'ranks' with different thread timing produce the same execution order."""
+    def rank(seed):
+        seq = _SubmissionSequencer(timeout=10)
+        labels = [f"{n}{i}" for i in range(10) for n in ("A", "B")]
+        tickets = {lab: seq.ticket(lab) for lab in labels}
+        out = []
+        rng = random.Random(seed)
+
+        def worker(prefix):
+            for lab in labels:
+                if lab.startswith(prefix):
+                    time.sleep(rng.random() * 1e-3)  # workload jitter, differs per rank
+                    seq.execute_ordered(tickets[lab], lambda lab=lab: out.append(lab))
+
+        ts = [threading.Thread(target=worker, args=(p,), name=f"rank{seed}-{p}") for p in "AB"]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        return out
+
+    assert rank(1) == rank(2) == [f"{n}{i}" for i in range(10) for n in ("A", "B")]
