@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -31,7 +32,7 @@ from swpipe_core.plan import PipelinePlan
 
 from ._problem import Problem, build_plan
 
-__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult"]
+__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph"]
 
 
 def thread_maps(problem: Problem) -> Iterator[Dict[str, str]]:
@@ -151,3 +152,80 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
     if best_plan is None:
         raise ValueError("the plan space is empty (frozen stages and caps leave no valid plan)")
     return BruteForceResult(best_period, best_plan, count)
+
+
+def random_problem(seed: int, n: int = 4, p_edge: float = 0.4, tags: bool = False) -> Tuple[tuple, "CostModel"]:
+    """A small random task graph with whole-millisecond costs (for brute-force comparisons).
+
+    Tasks ``T0 .. T{n-1}``; each pair ``(Ti, Tj)``, ``i < j``, is an intra
+    dependency ``Tj waits Ti`` with probability ``p_edge``; with probability
+    0.6 one inter-iteration dependency ``Ti waits Tj`` of distance 1 or 2 closes
+    a recurrence; ``tags`` puts two tasks on one communicator and one on PCIe.
+
+    Returns
+    -------
+    ((tasks, intra_deps, inter_deps), CostModel)
+
+    Examples
+    --------
+    >>> (tasks, intra, inter), costs = random_problem(3, 4, 0.8)
+    >>> tasks, inter, costs["T3"].host_s
+    (['T0', 'T1', 'T2', 'T3'], [('T1', 'T3', 2)], 0.005)
+    """
+    from .costs import CostModel, TaskCost
+
+    rng = random.Random(seed)
+    names = [f"T{i}" for i in range(n)]
+    intra = [(names[j], names[i]) for i in range(n) for j in range(i + 1, n) if rng.random() < p_edge]
+    inter = []
+    if rng.random() < 0.6:
+        i, j = sorted(rng.sample(range(n), 2))
+        inter.append((names[i], names[j], rng.choice([1, 1, 2])))
+    res: Dict[str, tuple] = {t: () for t in names}
+    if tags:
+        for t in rng.sample(names, 2):
+            res[t] = ("comm:nccl",)
+        res[rng.choice(names)] += ("pcie",)
+    costs = CostModel({t: TaskCost(rng.randint(1, 5) * 1e-3, 0.0, res[t]) for t in names},
+                      method="random_problem", notes=f"seed {seed}")
+    return (names, intra, inter), costs
+
+
+def random_graph(seed: int, n: int, cuda: bool = False) -> Tuple[tuple, "CostModel"]:
+    """A larger random task graph shaped like a training step (for search-time benchmarks).
+
+    Each task waits 1 to 3 of the 6 tasks declared before it; ``n // 10`` inter
+    dependencies of distance 1 close recurrences; host costs 0.2..3 ms (and on
+    ``cuda`` device costs 0..4 ms on tasks spread over three streams); a tenth
+    of the tasks are collectives on one communicator.
+
+    Returns
+    -------
+    ((tasks, intra_deps, inter_deps), CostModel)
+
+    Examples
+    --------
+    >>> (tasks, intra, inter), costs = random_graph(0, 20)
+    >>> len(tasks), len(inter), all(costs[t].host_s > 0 for t in tasks)
+    (20, 2, True)
+    """
+    from .costs import CostModel, TaskCost
+
+    rng = random.Random(seed)
+    names = [f"T{i:03d}" for i in range(n)]
+    intra = []
+    for j in range(1, n):
+        k = rng.choice([1, 1, 2, 2, 3])
+        for i in rng.sample(range(max(0, j - 6), j), min(k, j)):
+            intra.append((names[j], names[i]))
+    inter = []
+    for _ in range(max(1, n // 10)):
+        i, j = sorted(rng.sample(range(n), 2))
+        inter.append((names[i], names[j], 1))
+    tasks = {}
+    for t in names:
+        host = round(rng.uniform(0.2, 3.0) * 1e-3, 7)
+        dev = round(rng.uniform(0.0, 4.0) * 1e-3, 7) if cuda else 0.0
+        tags = ("comm:nccl",) if rng.random() < 0.1 else ()
+        tasks[t] = TaskCost(host, dev, tags)
+    return (names, intra, inter), CostModel(tasks, method="random_graph", notes=f"seed {seed}")

@@ -326,7 +326,8 @@ def _read_doc(path: PathLike, fmt: str) -> Tuple[str, Dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise GraphFileError(path, "", f"not valid JSON ({exc})", "fix the syntax") from None
     if not isinstance(doc, dict):
-        raise GraphFileError(path, "", f"top level is {type(doc).__name__}, not an object")
+        raise GraphFileError(path, "", f"top level is {type(doc).__name__}, not an object",
+                             f'the file holds one JSON object {{"format": "{fmt}", "version": 1, ...}}')
     if doc.get("format") != fmt:
         raise GraphFileError(path, "format", f"format is {doc.get('format')!r}, expected {fmt!r}",
                              f"load a {fmt} file (save_plan writes swpipe-plan, save_task_graph swpipe-task-graph)")
@@ -338,13 +339,13 @@ def _read_doc(path: PathLike, fmt: str) -> Tuple[str, Dict[str, Any]]:
 
 def _check_keys(path: str, where: str, obj: Any, allowed: set, required: set) -> None:
     if not isinstance(obj, dict):
-        raise GraphFileError(path, where, f"{obj!r} is not an object")
+        raise GraphFileError(path, where, f"{obj!r} is not an object", f"write {where} as a JSON object {{...}}")
     unknown = sorted(set(obj) - allowed)
     if unknown:
         raise GraphFileError(path, where, f"unknown field(s) {unknown}", f"allowed fields: {sorted(allowed)}")
     missing = sorted(required - set(obj))
     if missing:
-        raise GraphFileError(path, where, f"missing field(s) {missing}")
+        raise GraphFileError(path, where, f"missing field(s) {missing}", f"add {missing} to {where}")
 
 
 def _deps_from_doc(path: str, doc: Dict[str, Any], names: List[str]) -> Tuple[list, list]:
@@ -353,7 +354,8 @@ def _deps_from_doc(path: str, doc: Dict[str, Any], names: List[str]) -> Tuple[li
     for field, sizes in (("intra_iter_deps", (2,)), ("inter_iter_deps", (2, 3))):
         deps = doc.get(field, [])
         if not isinstance(deps, list):
-            raise GraphFileError(path, field, f"{deps!r} is not a list")
+            raise GraphFileError(path, field, f"{deps!r} is not a list",
+                                 f'write "{field}": [[task, depends_on], ...] (or [] for none)')
         parsed = []
         for j, dep in enumerate(deps):
             where = f"{field}[{j}]"
@@ -364,7 +366,8 @@ def _deps_from_doc(path: str, doc: Dict[str, Any], names: List[str]) -> Tuple[li
                 if end not in known:
                     raise GraphFileError(path, where, f"names unknown task {end!r}", f"tasks are {names}")
             if len(dep) == 3 and (not isinstance(dep[2], int) or isinstance(dep[2], bool) or dep[2] < 1):
-                raise GraphFileError(path, where, f"distance {dep[2]!r} is not an integer >= 1")
+                raise GraphFileError(path, where, f"distance {dep[2]!r} is not an integer >= 1",
+                                     "use N >= 1 iterations back; a same-iteration dependency goes in intra_iter_deps")
             parsed.append(tuple(dep))
         out.append(parsed)
     return out[0], out[1]
@@ -410,20 +413,22 @@ def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> P
     >>> load_plan(p)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    autosched.graph.GraphFileError: ...plan.json: tasks[0]: missing field(s) ['name']
+    autosched.graph.GraphFileError: ...plan.json: tasks[0]: missing field(s) ['name']. Fix: add ['name'] to tasks[0]
     """
     path, doc = _read_doc(path, _PLAN_FORMAT)
     _check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps",
                                          "pipeline_depth", "enqueue_order", "enqueue_policy"}, {"tasks"})
     if not isinstance(doc["tasks"], list) or not doc["tasks"]:
-        raise GraphFileError(path, "tasks", f"{doc['tasks']!r} is not a non-empty list")
+        raise GraphFileError(path, "tasks", f"{doc['tasks']!r} is not a non-empty list",
+                             'write "tasks": [{"name": "H2D", "stage": 0}, ...]')
     schedule = {}
     for j, entry in enumerate(doc["tasks"]):
         where = f"tasks[{j}]"
         _check_keys(path, where, entry, {"name", "stage", "stream", "thread_group", "globally_ordered"}, {"name"})
         name = entry["name"]
         if not isinstance(name, str) or not name:
-            raise GraphFileError(path, where, f"name {name!r} is not a non-empty string")
+            raise GraphFileError(path, where, f"name {name!r} is not a non-empty string",
+                                 "give every task a non-empty string name")
         if name in schedule:
             raise GraphFileError(path, where, f"task {name!r} appears twice", "give every task a unique name")
         schedule[name] = TaskSchedule(stage=entry.get("stage", 0), stream=entry.get("stream"),
@@ -433,7 +438,8 @@ def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> P
     intra, inter = _deps_from_doc(path, doc, names)
     order = doc.get("enqueue_order")
     if order is not None and not isinstance(order, list):
-        raise GraphFileError(path, "enqueue_order", f"{order!r} is not a list or null")
+        raise GraphFileError(path, "enqueue_order", f"{order!r} is not a list or null",
+                             "list every task name once in enqueue order, or null to use enqueue_policy")
     if fns:
         _check_fns(fns, names, path)
     tasks = {n: PipelineTask(n, (fns or {}).get(n)) for n in names}
@@ -501,7 +507,8 @@ def load_task_graph(path: PathLike, fns: Optional[Mapping[str, Callable]] = None
     _check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps"}, {"tasks"})
     names = doc["tasks"]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise GraphFileError(path, "tasks", f"{names!r} is not a non-empty list of task names")
+        raise GraphFileError(path, "tasks", f"{names!r} is not a non-empty list of task names",
+                             'write "tasks": ["H2D", "Forward", ...]')
     if len(set(names)) != len(names):
         raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name")
     intra, inter = _deps_from_doc(path, doc, names)

@@ -282,7 +282,11 @@ def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float],
     try:
         from .bounds import lower_bounds
 
-        b = lower_bounds(graph_input, problem.costs, max_threads=problem.max_threads)
+        from .graph import task_graph
+
+        graph = task_graph(list(problem.names), list(problem.intra), list(problem.inter))
+        b = lower_bounds(graph, problem.costs, max_threads=problem.max_threads, max_depth=problem.max_depth,
+                         device=problem.device)
         if float(b.value) > value * (1 + 1e-9):
             value, why = float(b.value), str(b.binding)
         elif abs(float(b.value) - value) <= value * 1e-9 and why.endswith("(model bound)"):

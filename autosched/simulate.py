@@ -52,6 +52,8 @@ from .costs import CostModel
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
 _HOST_END, _DEV_END, _ENQUEUE = 0, 1, 2
+_MIN_WINDOW = 8  # iterations in the steady-state window before the run is lengthened
+_MAX_TASK_ITERATIONS = 200_000
 
 
 class SimDeadlock(RuntimeError):
@@ -166,6 +168,12 @@ class SimResult:
     window: Tuple[int, int]
 
     @property
+    def latency_growth(self) -> float:
+        """Seconds per iteration by which latency grows over the window (> 0: the host runs ahead of the device)."""
+        w0, w1 = self.window
+        return (self.latencies[w1] - self.latencies[w0]) / (w1 - w0) if w1 > w0 else 0.0
+
+    @property
     def makespan(self) -> float:
         """Seconds until the last iteration completed."""
         return max(self.completion) if self.completion else 0.0
@@ -202,9 +210,12 @@ class SimResult:
 
     def summary(self) -> str:
         """A few readable lines: period, latency, binding, utilisation, top stalls."""
+        growth = self.latency_growth
+        ahead = (f" (host runs ahead of the device: latency grows {growth * 1e3:.3f} ms per iteration)"
+                 if growth > 1e-6 * max(self.period, 1e-12) else "")
         lines = [
             f"simulated {self.num_iterations} iterations on {self.device}: period {self.period * 1e3:.3f} ms/iter, "
-            f"latency {self.latency * 1e3:.3f} ms",
+            f"latency {self.latency * 1e3:.3f} ms{ahead}",
             f"binding: {self.binding}",
             "utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(self.utilisation.items(), key=lambda kv: -kv[1])),
         ]
@@ -519,6 +530,7 @@ class _Sim:
         bt, bop, bkind = sub, inst, "submit"
         if self.sfree_t[s] >= bt and self.sfree_op[s] >= 0:
             bt, bop, bkind = self.sfree_t[s], N + self.sfree_op[s], self.stream_label[s]
+        fifo_end = bt
         for r in res:
             if self.rfree_t[r] >= bt and self.rfree_op[r] >= 0:
                 bt, bop, bkind = self.rfree_t[r], N + self.rfree_op[r], self.res_names[r]
@@ -528,8 +540,10 @@ class _Sim:
                 bt, bop, bkind = dev_end[d * n + j], N + d * n + j, label
         self.pred_op[N + inst] = bop
         self.pred_kind[N + inst] = bkind
-        if now > sub:
-            self.stalls.append(Stall(self.names[k], i, "device", bkind, now - sub))
+        if fifo_end > sub:
+            self.stalls.append(Stall(self.names[k], i, "device", self.stream_label[s], fifo_end - sub))
+        if now > fifo_end:
+            self.stalls.append(Stall(self.names[k], i, "device", bkind, now - fifo_end))
         self.push(now + self.dev[k], _DEV_END, s)
 
     def dev_done(self, s: int, t: float) -> None:
@@ -557,13 +571,23 @@ class _Sim:
 # -- measuring the result -----------------------------------------------------------------------------------------
 
 
-def _window(n: int, depth: int) -> Tuple[int, int]:
-    """Iterations whose periods are all full (no fill, no drain), skipping a warm-up quarter."""
-    w1 = n - depth if n - depth >= 1 else n - 1
-    w0 = max(depth, n // 4)
-    if w1 - w0 < 2:
-        w0 = max(0, min(w0, w1 - 2))
-    return w0, w1
+def _window(completion: Sequence[float], cpu_done: Sequence[float], n: int, depth: int) -> Tuple[int, int]:
+    """The iterations measured for the steady state.
+
+    The run is identical to one with endless data until the first period that
+    misses a batch would be enqueued, at the retirement of iteration
+    ``n - depth``. The window ends with the last iteration completed by then
+    (on CUDA the device may lag the host by many iterations) and skips the
+    first quarter as warm-up.
+    """
+    cut = cpu_done[n - depth] if n - depth >= 0 else math.inf
+    w1 = -1
+    for i in range(max(0, n - depth + 1) if n - depth >= 0 else n):
+        if completion[i] > cut:
+            break
+        w1 = i
+    w0 = max(w1 // 4, min(depth, w1 - 2), 0)
+    return w0, max(w1, w0)
 
 
 def _steady_period(c: Sequence[float], w0: int, w1: int) -> float:
@@ -629,8 +653,10 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     costs : CostModel
         Must cost every task of the plan.
     num_iterations : int
-        Iterations to run (>= 2); the period is measured on the full periods after
-        a warm-up quarter.
+        Iterations to run (>= 2). The period is measured on the iterations that
+        complete before the run stops admitting full periods, after a warm-up
+        quarter; when fewer than 8 such iterations remain (on CUDA the device can
+        lag the host by many iterations) the run is lengthened, up to 16 times.
     device : {"cpu", "cuda"}
         ``"cpu"``: all of a task's cost is host time. ``"cuda"``: ``host_s`` on the
         thread, ``device_s`` on the stream.
@@ -683,21 +709,25 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
             raise ValueError(f"{name}={value!r}: use a time >= 0 in seconds")
     cuda = dev.startswith("cuda")
     n = num_iterations
-    sim = _Sim(plan, costs, n, cuda, float(task_overhead_s), float(period_overhead_s))
-    sim.run()
-
-    T, names = sim.T, sim.names
-    completion = list(sim.cpu_done)
-    last_op = [sim.retire_op[i] for i in range(n)]
-    if cuda:
-        N = T * n
-        for i in range(n):
+    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // max(1, len(plan.schedule))))
+    while True:
+        sim = _Sim(plan, costs, n, cuda, float(task_overhead_s), float(period_overhead_s))
+        sim.run()
+        T, names = sim.T, sim.names
+        completion = list(sim.cpu_done)
+        last_op = [sim.retire_op[i] for i in range(n)]
+        if cuda:
+            N = T * n
             for k in range(T):
-                inst = k * n + i
-                if sim.dev_end[inst] > completion[i]:
-                    completion[i] = sim.dev_end[inst]
-                    last_op[i] = N + inst
-    w0, w1 = _window(n, sim.depth)
+                base = k * n
+                for i in range(n):
+                    if sim.dev_end[base + i] > completion[i]:
+                        completion[i] = sim.dev_end[base + i]
+                        last_op[i] = N + base + i
+        w0, w1 = _window(completion, sim.cpu_done, n, sim.depth)
+        if w1 - w0 >= _MIN_WINDOW or n >= cap:
+            break
+        n = min(cap, 2 * n)
     period = _steady_period(completion, w0, w1)
     latencies = [completion[i] - sim.entry[i] for i in range(n)]
     win = latencies[w0:w1 + 1]

@@ -265,6 +265,8 @@ class SWPipeline:
 
     Raises
     ------
+    TypeError
+        ``plan`` is not a :class:`~swpipe_core.plan.PipelinePlan`.
     PlanError
         The plan breaks a validation rule.
     ValueError
@@ -294,6 +296,9 @@ class SWPipeline:
     def __init__(self, plan: PipelinePlan, device: Any = 0, *, signal_timeout: float = 30.0,
                  sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
                  record_timeline: bool = False) -> None:
+        if not isinstance(plan, PipelinePlan):
+            raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
+                            "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
         validate(plan)
         for label, value in (("signal_timeout", signal_timeout), ("sequencer_timeout", sequencer_timeout),
                              ("progress_timeout", progress_timeout)):

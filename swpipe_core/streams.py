@@ -65,7 +65,11 @@ def resolve_device(device: Union[int, str, torch.device, None]) -> torch.device:
         else:
             return torch.device("cpu")
     else:
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {device!r} is not a device: {exc}; use 'cpu', 'cuda', 'cuda:N' or an "
+                             "integer") from None
     if dev.type == "cpu":
         return dev
     if dev.type != "cuda":

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
@@ -163,7 +164,7 @@ class _Workers:
         self._on_crash = on_crash
         self._queues: Dict[str, "queue.SimpleQueue[Any]"] = {g: queue.SimpleQueue() for g in self.groups}
         self._threads: Dict[str, threading.Thread] = {}
-        self._stuck: set = set()  # names of threads a stop() already waited for in vain
+        self._waited: Dict[str, float] = {}  # seconds stop() already waited in vain, per thread
 
     def start(self) -> None:
         """Start one named daemon thread per group."""
@@ -205,23 +206,27 @@ class _Workers:
         -------
         list of str
             Names of threads still alive after ``timeout`` seconds each (a task
-            blocked in user code cannot be interrupted); empty normally.
+            blocked in user code cannot be interrupted); empty normally. The
+            timeout is per thread over all calls: a later call waits only for
+            what is left of it.
         """
         for group, t in self._threads.items():
             if t.is_alive():
                 self._queues[group].put(_STOP)
         stuck = []
         for t in self._threads.values():
-            # A thread an earlier stop() gave up on is blocked in user code: waiting for it
-            # again would only delay the caller's error by another timeout.
-            t.join(0 if t.name in self._stuck else timeout)
+            # The wait is a budget per thread over all calls: a thread an earlier stop() already
+            # waited for in vain is blocked in user code, and waiting again (the engine stops its
+            # workers once when it reports a failure and once when it resets) only delays the caller.
+            budget = max(0.0, timeout - self._waited.get(t.name, 0.0))
+            t0 = time.perf_counter()
+            t.join(budget)
             if t.is_alive():
+                self._waited[t.name] = self._waited.get(t.name, 0.0) + time.perf_counter() - t0
                 stuck.append(t.name)
-        new = [name for name in stuck if name not in self._stuck]
-        self._stuck.update(stuck)
-        if new:
+        if stuck:
             _log.warning("worker thread(s) %s did not stop within %.1f s (a task is blocked in user code); "
-                         "they are daemon threads and will not keep the process alive", new, timeout)
+                         "they are daemon threads and will not keep the process alive", stuck, timeout)
         return stuck
 
     def alive(self) -> List[str]:

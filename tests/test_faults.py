@@ -264,7 +264,7 @@ def _keyboard_interrupt_signal(probe):
         if ctx.iter_idx == 4:
             probe.fire()
             signal.pthread_kill(main, signal.SIGINT)  # the real Ctrl-C path: a signal to the main thread
-            probe.release.wait(2.0)  # workload: keep the caller waiting in progress() when it lands
+            probe.release.wait(0.3)  # workload: keep the caller waiting in progress() when it lands
     pipe = SWPipeline(make_plan(probe, {"Opt": hook}), device="cpu")
     return pipe, run_all(pipe, range(1000))
 
@@ -391,25 +391,14 @@ def test_fault_surfaces_named_leaves_no_thread_and_pipeline_runs_again(fault):
     for part in fault.message:
         assert part in out.message, f"{part!r} not in {out.message!r}"
     assert out.seconds < SURFACE_GUARD_S + fault.timeout_s
+    if fault.blocks:
+        # the timeout plus one bounded join of the stuck worker, not one join per clean-up step
+        join_s = SWPipeline(make_plan(Probe()), device="cpu")._join_timeout  # grace for a worker stuck in user code
+        assert out.seconds < fault.timeout_s + 1.5 * join_s + 2.0, out.seconds
     if not (fault.blocks or fault.intact):
         assert out.threads_at_raise == []
     assert out.threads_after == []
     assert out.usable_after_drain, out.rerun_error
-
-
-def test_blocked_task_error_surfaces_without_waiting_twice_for_the_stuck_thread():
-    """The caller waits the timeout plus one bounded join of the stuck worker, not one join per clean-up step."""
-    fault = next(f for f in FAULTS if f.name == "task blocks forever: dependant times out")
-    probe = Probe()
-    pipe, trigger = fault.setup(probe)
-    t0 = time.perf_counter()
-    with pytest.raises(PipelineTaskError):
-        trigger()
-    elapsed = time.perf_counter() - t0
-    probe.disarm()
-    assert join_swpipe_threads(10.0) == []
-    join = pipe._join_timeout
-    assert elapsed < SHORT_TIMEOUT + 1.5 * join + 2.0, f"surfaced after {elapsed:.1f} s (join timeout {join} s)"
 
 
 def test_data_iterator_fault_in_fill_starts_no_thread_and_keeps_nothing_in_flight():

@@ -216,12 +216,19 @@ from swpipe_core.engine import SWPipeline  # noqa: E402
 
 def test_sleep_workload_exposed_times_match_truth():
     truth = {"A": 0.005, "B": 0.010, "C": 0.020}
+
+    def errors(r):
+        return {n: abs(r.exposed_s[n] - s) - max(0.1 * s, 0.002) for n, s in truth.items()}
+
     with SWPipeline(_serial_plan(truth), device="cpu") as pipe:
+        # Tolerance max(10 %, 2 ms) as the issue asks. With interleaved rounds it held in 18 of 18
+        # runs at load average 4-6 on the 2 shared cores, but failed 1 of 5 with 3 extra busy
+        # loops (load 7.5), where a sleeping task wakes late by several ms. So a second profile
+        # is allowed: a wrong profiler misses both times, a preempted one rarely twice.
         r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=5, num_rounds=3)
-    for name, true_s in truth.items():
-        # max(10 %, 2 ms) as the issue asks; medians of 3 rounds x 5 iterations stay well inside
-        # it even with other processes competing for the 2 cores
-        assert abs(r.exposed_s[name] - true_s) <= max(0.1 * true_s, 0.002), (name, r.exposed_s, r.meta)
+        if max(errors(r).values()) > 0:
+            r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=5, num_rounds=3)
+    assert max(errors(r).values()) <= 0, (r.exposed_s, r.meta)
     assert sum(truth.values()) <= r.baseline_s < sum(truth.values()) + 0.02
     assert all(r.host_s[n] >= s for n, s in truth.items())
     assert "_exec_task" not in vars(pipe)  # the per-task timing wrapper is removed again

@@ -198,12 +198,6 @@ def _compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: int = 40, repeats: int = 2,
             warmup: int = 4, progress: bool = False, record_best: bool = True) -> Measurement:
     """Run the serial loop and every spec on the same batches; rate, speedup and equality per row.
@@ -244,60 +238,67 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     batches = data.batches(iters)
     train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
     need_eval = any(s.is_eval for s in specs)
-    total = repeats * (1 + int(need_eval) + len(specs))
-    bar = _bar(total, progress and env.rank == 0)
+    bar = _bar(repeats * (1 + int(need_eval) + len(specs)), progress and env.rank == 0)
 
-    serial_s, eval_s = [], []
+    # Rounds outermost: every row is measured once per round, so a burst of load on the shared
+    # machine disturbs one sample of every row rather than all samples of one row.
+    serial_s: List[float] = []
+    eval_s: List[float] = []
+    times: Dict[str, List[float]] = {s.label: [] for s in specs}
+    matches: Dict[str, bool] = {s.label: True for s in specs}
+    plans: Dict[str, PipelinePlan] = {}
     ref_losses: List[torch.Tensor] = []
     ref_preds: List[torch.Tensor] = []
     for _ in range(repeats):
         wl = DLRMWorkload(config, env)
-        serial_s.append(_timed(lambda: ref_losses.__setitem__(slice(None), train_reference(wl, batches))))
+        t0 = time.perf_counter()
+        ref_losses = train_reference(wl, batches)
+        serial_s.append(time.perf_counter() - t0)
         bar.update(1)
         if need_eval:
             wl = DLRMWorkload(config, env)
-            eval_s.append(_timed(lambda: ref_preds.__setitem__(slice(None), eval_reference(wl, batches))))
+            t0 = time.perf_counter()
+            ref_preds = eval_reference(wl, batches)
+            eval_s.append(time.perf_counter() - t0)
             bar.update(1)
+        for spec in specs:
+            wl = DLRMWorkload(config, env)
+            plan = plans[spec.label] = spec.plan(wl)
+            with SWPipeline(plan, device=env.device) as pipe:
+                times[spec.label].append(pipe.run(iter(batches)))
+            if spec.is_eval:
+                same = _compare([wl.outputs[i] for i in range(iters)], ref_preds)
+            else:
+                same = _compare(wl.loss_list(), ref_losses)
+            matches[spec.label] = matches[spec.label] and same
+            bar.update(1)
+    bar.close()
     serial_rate = iters / min(serial_s)
     eval_rate = iters / min(eval_s) if eval_s else None
 
     rows: List[PlanResult] = []
     semi_refs: Dict[int, List[torch.Tensor]] = {0: ref_losses}
     for spec in specs:
-        times, matches = [], True
-        plan = None
-        for _ in range(repeats):
-            wl = DLRMWorkload(config, env)
-            plan = spec.plan(wl)
-            with SWPipeline(plan, device=env.device) as pipe:
-                times.append(pipe.run(iter(batches)))
-            if spec.is_eval:
-                got = [wl.outputs[i] for i in range(iters)]
-                matches = matches and _compare(got, ref_preds)
-            else:
-                matches = matches and _compare(wl.loss_list(), ref_losses)
-            bar.update(1)
-        assert plan is not None
+        plan = plans[spec.label]
         note = spec.note
-        if not spec.is_eval:
-            lag = _lag(plan)
-            if lag:
-                if lag not in semi_refs:
-                    semi_refs[lag] = semi_sync_reference(DLRMWorkload(config, env), batches, lag)
-                stale_ok = _compare(_losses_of(spec, config, env, batches), semi_refs[lag])
-                note = (note + "; " if note else "") + (f"embedding staleness {lag}: "
-                                                        f"{'equals' if stale_ok else 'DIFFERS from'} the semi-sync reference")
-        rate = iters / min(times)
+        lag = 0 if spec.is_eval else _lag(plan)
+        if lag:
+            if lag not in semi_refs:
+                semi_refs[lag] = semi_sync_reference(DLRMWorkload(config, env), batches, lag)
+            stale_ok = _compare(_losses_of(spec, config, env, batches), semi_refs[lag])
+            note = (note + "; " if note else "") + (f"embedding staleness {lag}: "
+                                                    f"{'equals' if stale_ok else 'DIFFERS from'} the semi-sync reference")
+        rate = iters / min(times[spec.label])
         base_rate = eval_rate if spec.is_eval else serial_rate
         rows.append(PlanResult(spec.label, plan.pipeline_depth, len({plan.stream_of(t) for t in plan.task_names}),
                                len({plan.sched(t).thread_group for t in plan.task_names}), rate,
-                               rate / base_rate if base_rate else float("nan"), matches, note, min(times)))
-    bar.close()
+                               rate / base_rate if base_rate else float("nan"), matches[spec.label], note,
+                               min(times[spec.label])))
 
     result = Measurement(serial_rate, eval_rate, rows, meta=dict(iters=iters, repeats=repeats,
                                                                   world_size=env.world_size,
                                                                   num_threads=torch.get_num_threads()))
-    train_rows = [r for r in rows if not any(s.label == r.label and s.is_eval for s in specs)]
+    train_rows = [r for r, s in zip(rows, specs) if not s.is_eval]
     if train_rows:
         best = max(train_rows, key=lambda r: r.speedup)
         result.best_label = best.label

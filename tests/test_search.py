@@ -1,0 +1,184 @@
+"""auto_schedule end to end: valid, runnable plans that keep the user's dependencies, honour constraints, explain themselves."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from autosched._enumerate import random_graph, random_problem
+from autosched.costs import CostModel, TaskCost
+from autosched.graph import task_graph
+from autosched.search import Constraints, SearchReport, auto_schedule
+from autosched.simulate import simulate
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.validate import validate
+
+
+class _Recorder:
+    """Task functions that log (task, iteration, start tick, end tick) without sleeping."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tick = itertools.count()
+        self.log = {}
+
+    def fn(self, name):
+        def run(ctx):
+            with self.lock:
+                start = next(self.tick)
+            with self.lock:
+                self.log[name, ctx.iter_idx] = (start, next(self.tick))
+        run.__name__ = name
+        return run
+
+
+def _run_on_engine(plan: PipelinePlan, iterations: int = 8) -> _Recorder:
+    from swpipe_core.engine import SWPipeline
+
+    rec = _Recorder()
+    bound = plan.bind({n: rec.fn(n) for n in plan.task_names})
+    with SWPipeline(bound, device="cpu", signal_timeout=20, progress_timeout=30) as pipe:
+        pipe.run(range(iterations))
+    return rec
+
+
+def _assert_dependencies_held(plan: PipelinePlan, rec: _Recorder, iterations: int) -> None:
+    for n in plan.task_names:
+        for i in range(iterations):
+            assert (n, i) in rec.log, f"{n} did not run for iteration {i}"
+    for t, d in plan.intra_edges():
+        for i in range(iterations):
+            assert rec.log[d, i][1] < rec.log[t, i][0], f"{t}({i}) started before {d}({i}) ended"
+    for t, d, n in plan.inter_edges():
+        for i in range(n, iterations):
+            assert rec.log[d, i - n][1] < rec.log[t, i][0], f"{t}({i}) started before {d}({i - n}) ended"
+
+
+@pytest.mark.parametrize("seed,method", [(0, "auto"), (3, "beam"), (5, "cpsat")])
+def test_returned_plan_validates_and_runs_on_the_engine(seed, method):
+    graph, costs = random_problem(seed, 5, 0.5, tags=True)
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, time_limit_s=20, method=method))
+    validate(plan)
+    rec = _run_on_engine(plan)
+    _assert_dependencies_held(plan, rec, 8)
+    assert report.period_s == pytest.approx(simulate(plan, costs, num_iterations=60).period, rel=1e-9)
+
+
+def test_larger_graph_plan_runs_on_the_engine():
+    graph, costs = random_graph(2, 30)
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=6))
+    validate(plan)
+    _assert_dependencies_held(plan, _run_on_engine(plan, 6), 6)
+    assert report.period_s <= report.serial_period_s
+
+
+def test_declared_dependencies_are_never_dropped():
+    (tasks, intra, inter), costs = random_problem(4, 5, 0.6)
+    inter = inter + [("T0", "T4", 1)]
+    plan, _ = auto_schedule((tasks, intra, inter), costs, Constraints(time_limit_s=10))
+    assert sorted(plan.intra_edges()) == sorted(intra)
+    assert sorted(plan.inter_edges()) == sorted(inter)
+
+
+def test_task_functions_travel_with_the_tasks():
+    fns = {n: (lambda ctx: None) for n in ("A", "B", "C")}
+    tasks = [PipelineTask(n, fns[n]) for n in fns]
+    graph = task_graph(tasks, [("B", "A"), ("C", "B")])
+    costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002), "C": TaskCost(0.001)})
+    plan, _ = auto_schedule(graph, costs, Constraints(time_limit_s=10))
+    assert plan.unbound_tasks() == []
+    assert all(plan.task(n).fn is fns[n] for n in fns)
+
+
+def test_caps_frozen_entries_and_collectives_are_honoured():
+    graph, costs = random_graph(6, 14)
+    frozen = {"T013": {"stage": 2, "thread_group": "compute"}, "T000": {"thread_group": "io"}}
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, frozen=frozen, time_limit_s=8))
+    assert plan.pipeline_depth <= 3 and report.depth == plan.pipeline_depth
+    assert {plan.sched(n).thread_group for n in plan.task_names} <= {"compute", "io"}
+    assert plan.stage("T013") == 2 and plan.sched("T013").thread_group == "compute"
+    assert plan.sched("T000").thread_group == "io"
+    comm = {n for n in plan.task_names if costs[n].comms}
+    assert comm and {n for n in plan.task_names if plan.sched(n).globally_ordered} == comm
+
+
+def test_never_worse_than_the_given_plan():
+    # a hand-written 2-stage plan on one thread; the search may use a second thread
+    costs = CostModel({"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)})
+    given = PipelinePlan({"Load": TaskSchedule(0), "Fwd": TaskSchedule(1), "Bwd": TaskSchedule(1), "Opt": TaskSchedule(1)},
+                         intra_iter_deps=[("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
+    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    base = simulate(given, costs).period
+    assert report.baseline_period_s == pytest.approx(base)
+    assert report.period_s <= base * (1 + 1e-9)
+    assert report.period_s == pytest.approx(0.008)  # Fwd+Bwd+Opt on one thread, Load beside it
+
+
+def test_given_plan_kept_when_nothing_beats_it():
+    costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.002)})
+    given = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
+                         intra_iter_deps=[("B", "A")])
+    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    assert report.period_s == pytest.approx(0.002) and report.status == "OPTIMAL"
+    assert report.gap_pct == pytest.approx(0.0, abs=1e-6)
+
+
+def test_report_says_what_binds_and_how_to_go_faster():
+    costs = CostModel({"H2D": TaskCost(0.001), "Fwd": TaskCost(0.004), "Bwd": TaskCost(0.006)})
+    graph = (["H2D", "Fwd", "Bwd"], [("Fwd", "H2D"), ("Bwd", "Fwd")], [("Fwd", "Bwd", 1)])
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    assert isinstance(report, SearchReport)
+    assert report.period_s == pytest.approx(0.010)   # Fwd(i) waits Bwd(i-1): a 10 ms recurrence
+    assert report.lower_bound_s == pytest.approx(0.010) and report.gap_pct == pytest.approx(0.0, abs=1e-6)
+    text = report.explain()
+    assert "10.000 ms" in text and "lower bound" in text
+    assert "halving Bwd" in text or "halving Fwd" in text
+    assert report.what_if and report.what_if[0][1] < report.period_s
+    shown = str(report)
+    assert "period 10.000 ms" in shown and "H2D" in shown and "depth" in shown
+
+
+def test_depth_is_chosen_for_memory_when_it_costs_nothing():
+    # one thread: nothing overlaps, so a deeper pipeline cannot help and depth 1 must be chosen
+    costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002), "C": TaskCost(0.003)})
+    plan, report = auto_schedule((["A", "B", "C"], [("B", "A"), ("C", "B")]), costs,
+                                 Constraints(max_depth=3, max_threads=1, time_limit_s=10))
+    assert plan.pipeline_depth == 1 and report.depth == 1
+    assert report.period_s == pytest.approx(0.006)
+
+
+def test_cuda_semantics_search_streams():
+    (tasks, intra, inter), _ = random_problem(2, 5, 0.5)
+    costs = CostModel({t: TaskCost(0.0002, 0.001 * (1 + i % 3)) for i, t in enumerate(tasks)})
+    c = Constraints(device="cuda", streams=[None, "side"], max_depth=3, max_threads=2, time_limit_s=15)
+    plan, report = auto_schedule((tasks, intra, inter), costs, c)
+    validate(plan)
+    assert {plan.sched(n).stream for n in plan.task_names} <= {None, "side"}
+    assert report.period_s == pytest.approx(simulate(plan, costs, 60, device="cuda").period, rel=1e-9)
+    assert report.period_s <= report.serial_period_s
+    assert report.device == "cuda"
+
+
+@pytest.mark.parametrize("bad,err", [
+    (dict(costs=CostModel({"A": TaskCost(0.001)})), KeyError),
+    (dict(graph=(["A", "B"], [("B", "A"), ("A", "B")])), ValueError),
+    (dict(constraints=Constraints(frozen={"Z": {"stage": 0}})), ValueError),
+    (dict(constraints=Constraints(max_depth=2, frozen={"A": {"stage": 5}})), ValueError),
+    (dict(constraints=Constraints(max_threads=1, frozen={"A": {"thread_group": "x"}, "B": {"thread_group": "y"}})), ValueError),
+    (dict(graph="not a graph"), TypeError),
+])
+def test_bad_input_is_a_clear_error(bad, err):
+    graph = bad.get("graph", (["A", "B"], [("B", "A")]))
+    costs = bad.get("costs", CostModel({"A": TaskCost(0.001), "B": TaskCost(0.001)}))
+    with pytest.raises(err) as info:
+        auto_schedule(graph, costs, bad.get("constraints", Constraints(time_limit_s=5)))
+    assert str(info.value)
+
+
+def test_frozen_stage_that_breaks_a_corollary_has_no_plan():
+    costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.001)})
+    with pytest.raises(RuntimeError, match="no plan satisfies"):
+        auto_schedule((["A", "B"], [("B", "A")]), costs,
+                      Constraints(max_depth=2, frozen={"A": {"stage": 1}, "B": {"stage": 0}}, time_limit_s=5))

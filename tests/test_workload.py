@@ -1,0 +1,292 @@
+"""The DLRM workload under every TorchRec plan, world size 1: pipelining changes when work runs, never what.
+
+Checked the way TorchRec checks its pipelines (``test_equal_to_non_pipelined``):
+per-iteration losses and final parameters of a pipelined run equal a plain
+serial loop over the same batches — here bit for bit (``torch.equal``), since
+on CPU the ops and their order are the same. Plus: determinism, thread maps,
+semi-sync staleness, eval outputs, and a proof that a dropped dependency is
+caught.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from swpipe_core import pipelines
+from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.plan import PipelinePlan, TaskSchedule
+from swpipe_core.workers import with_thread_map
+from swpipe.workloads.dlrm import KJT, DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
+from swpipe.workloads.reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
+from swpipe.workloads.tasks import fns_for, plan_for, task_fns
+
+pytestmark = pytest.mark.timeout(120)
+
+CFG = DLRMConfig.preset("test")
+N = 6
+# Plans whose semantics are a plain training loop (semi_sync's own plan has staleness 0 here, see below).
+SYNC_TRAIN = ["base", "pt2", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "prefetch",
+              "sparse_dist_comp_autograd", "staged", "semi_sync"]
+TORCHREC_SEMI_SYNC_ORDER = ["H2D", "InputDistStart", "ZeroGrad", "InputDistWait", "Forward", "Backward",
+                            "EmbLookup", "EmbBackward", "OptimizerStep"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    # On a shared 2-core machine OpenMP teams of 2 stall at barriers whenever a core is taken
+    # (ops become 10-100x slower); the pipeline's own threads are the parallelism here.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = init_distributed()
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return SyntheticData(CFG).batches(N)
+
+
+@pytest.fixture(scope="module")
+def reference(env, batches):
+    wl = DLRMWorkload(CFG, env)
+    losses = train_reference(wl, batches)
+    return losses, wl.snapshot()
+
+
+def _eager(name, wl, **options):
+    return plan_for(name, wl, compile_backend=None, compiled_autograd=None, **options)
+
+
+def _run(plan, batches, serial=False):
+    with SWPipeline(plan, device="cpu", signal_timeout=30, progress_timeout=60) as pipe:
+        (pipe.run_serial if serial else pipe.run)(iter(batches))
+
+
+def _train(env, batches, build, serial=False, thread_map=None):
+    wl = DLRMWorkload(CFG, env)
+    plan = build(wl)
+    if thread_map is not None:
+        plan = with_thread_map(plan, thread_map)
+    _run(plan, batches, serial)
+    return wl.loss_list(), wl.snapshot()
+
+
+def _assert_same(a, b):
+    (la, sa), (lb, sb) = a, b
+    assert len(la) == len(lb) == N
+    for i, (x, y) in enumerate(zip(la, lb)):
+        assert torch.equal(x, y), f"loss of iteration {i} differs: {x.item()!r} vs {y.item()!r}"
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), f"{k} differs by {(sa[k] - sb[k]).abs().max().item():.3g}"
+
+
+# ------------------------------------------------------------------------------------- model & data
+
+def test_synthetic_data_is_seeded_and_rank_slices_tile_the_global_batch():
+    whole = SyntheticData(CFG, world_size=2).global_batch(3)
+    r0, r1 = SyntheticData(CFG, 2, 0)[3], SyntheticData(CFG, 2, 1)[3]
+    assert torch.equal(torch.cat([r0.dense, r1.dense]), whole.dense)
+    assert torch.equal(torch.cat([r0.labels, r1.labels]), whole.labels)
+    for t in range(CFG.num_tables):
+        ids = torch.cat([r0.sparse.values_per_key()[t], r1.sparse.values_per_key()[t]])
+        assert torch.equal(ids, whole.sparse.values_per_key()[t])
+    assert torch.equal(SyntheticData(CFG)[5].sparse.values, SyntheticData(CFG)[5].sparse.values)
+    assert not torch.equal(SyntheticData(CFG)[5].dense, SyntheticData(CFG)[6].dense)
+    other_seed = SyntheticData(DLRMConfig.preset("test", seed=1))[5]
+    assert not torch.equal(other_seed.dense, SyntheticData(CFG)[5].dense)
+
+
+def test_kjt_rejects_lengths_that_do_not_split_over_keys():
+    with pytest.raises(ValueError, match="do not split evenly"):
+        KJT(["a", "b"], torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]))
+
+
+def test_lookup_equals_the_embedding_bag_tables_and_their_gradient(env, batches):
+    wl = DLRMWorkload(CFG, env)
+    dev = wl.h2d(batches[0])
+    emb = wl.lookup(wl.input_dist(dev.sparse))
+    weights = {t: wl.model.tables[f"t{t}"].weight.detach().clone().requires_grad_(True) for t in range(CFG.num_tables)}
+    lengths = dev.sparse.lengths.view(CFG.num_tables, -1)
+    grad = torch.randn_like(emb.pooled)
+    emb.pooled.backward(grad)
+    for t in range(CFG.num_tables):
+        ids = dev.sparse.values_per_key()[t]
+        offsets = torch.cumsum(lengths[t], 0) - lengths[t]
+        # the module itself (its weight is a view of the fused storage) ...
+        assert torch.equal(wl.model.tables[f"t{t}"](ids, offsets), emb.pooled[:, t])
+        # ... and autograd through a plain embedding_bag on a copy of it give the same rows' gradient
+        ref = torch.nn.functional.embedding_bag(ids, weights[t], offsets, mode="sum")
+        ref.backward(grad[:, t])
+    full = torch.cat([weights[t].grad for t in range(CFG.num_tables)])
+    assert torch.allclose(full[emb.uniq], emb.rows.grad, atol=1e-6)
+    untouched = torch.ones(full.shape[0], dtype=torch.bool)
+    untouched[emb.uniq] = False
+    assert torch.count_nonzero(full[untouched]) == 0
+
+
+def test_input_dist_is_two_async_all_to_alls_lengths_then_ids(env, batches):
+    wl = DLRMWorkload(CFG, env)
+    dev = wl.h2d(batches[1])
+    state = wl.input_dist_start(dev.sparse)
+    assert state.lengths_work is not None and state.values_work is None  # phase 2 not started yet
+    wl.input_dist_wait(state)
+    assert state.values_work is not None
+    assert state.value_recv_splits == [int(dev.sparse.lengths.sum())]
+    shard = wl.input_dist_finish(state)
+    assert torch.equal(shard.lengths, dev.sparse.lengths)
+    expected = torch.cat([v + t * CFG.num_embeddings for t, v in enumerate(dev.sparse.values_per_key())])
+    assert torch.equal(shard.ids, expected)
+
+
+def test_h2d_casts_to_model_dtypes(env, batches):
+    dev = DLRMWorkload(CFG, env).h2d(batches[0])
+    assert (dev.dense.dtype, dev.sparse.values.dtype, dev.labels.dtype) == (torch.float32, torch.int64, torch.float32)
+    assert torch.equal(dev.dense, batches[0].dense.float())
+
+
+# ------------------------------------------------------------------------------ plans == serial loop
+
+def test_every_torchrec_pipeline_gets_all_its_task_functions(env):
+    wl = DLRMWorkload(CFG, env)
+    for name in pipelines.PIPELINES:
+        plan = plan_for(name, wl)
+        assert plan.unbound_tasks() == [], name
+        assert set(fns_for(name, wl)) == set(plan.task_names), name
+
+
+@pytest.mark.parametrize("name", SYNC_TRAIN)
+def test_pipelined_training_equals_the_serial_loop(name, env, batches, reference):
+    _assert_same(_train(env, batches, lambda wl: _eager(name, wl)), reference)
+
+
+@pytest.mark.parametrize("emb_lookup", ["data_dist", "current"])
+def test_fused_sparse_dist_lookup_streams_equal_the_serial_loop(emb_lookup, env, batches, reference):
+    _assert_same(_train(env, batches, lambda wl: _eager("fused_sparse_dist", wl, emb_lookup=emb_lookup)), reference)
+
+
+@pytest.mark.parametrize("name", ["sparse_dist", "fused_sparse_dist", "prefetch", "semi_sync", "eval_sparse_dist"])
+def test_one_thread_per_stream_is_bit_identical_to_the_single_thread_serial_run(name, env, batches):
+    if name.startswith("eval"):
+        outs = []
+        for tm, serial in ((None, True), ("by_stream", False)):
+            wl = DLRMWorkload(CFG, env)
+            plan = _eager(name, wl)
+            _run(with_thread_map(plan, tm) if tm else plan, batches, serial)
+            outs.append([wl.outputs[i] for i in range(N)])
+        assert all(torch.equal(a, b) for a, b in zip(*outs))
+        return
+    serial = _train(env, batches, lambda wl: _eager(name, wl), serial=True)
+    threaded = _train(env, batches, lambda wl: _eager(name, wl), thread_map="by_stream")
+    assert len({g for g in ("memcpy", "data_dist", "default")}) == 3
+    _assert_same(threaded, serial)
+    assert any(k.startswith("grad.") for k in threaded[1])  # gradients are compared too
+
+
+def test_two_runs_of_one_plan_are_bit_identical(env, batches):
+    runs = [_train(env, batches, lambda wl: _eager("prefetch", wl), thread_map="by_stream") for _ in range(2)]
+    _assert_same(*runs)
+
+
+def test_safe_task_plan_is_correct_under_one_thread_per_task(env, batches, reference):
+    from swpipe.workloads.bench import safe_task_plan
+
+    _assert_same(_train(env, batches, safe_task_plan, thread_map="per_task"), reference)
+
+
+# ------------------------------------------------------------------------------ semi-sync & eval
+
+def test_semi_sync_equals_its_reference_at_its_documented_staleness(env, batches, reference):
+    plan = pipelines.get("semi_sync")
+    # our engine enqueues EmbBackward(i-1) before EmbLookup(i) in a period: no embedding staleness
+    assert emb_staleness(plan) == 0
+    stale_plan = plan.replace(enqueue_order=TORCHREC_SEMI_SYNC_ORDER)
+    assert emb_staleness(stale_plan) == 1
+    got = _train(env, batches, lambda wl: pipelines.get("semi_sync", fns_for("semi_sync", wl),
+                                                        ).replace(enqueue_order=TORCHREC_SEMI_SYNC_ORDER))
+    want_wl = DLRMWorkload(CFG, env)
+    want = semi_sync_reference(want_wl, batches, lag=1)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want))
+    snap = want_wl.snapshot()
+    assert all(torch.equal(got[1][k], snap[k]) for k in snap)
+    # and the staleness is real: losses after the first differ from synchronous training
+    assert torch.equal(got[0][0], reference[0][0])
+    assert any(not torch.equal(a, b) for a, b in zip(got[0][1:], reference[0][1:]))
+
+
+@pytest.mark.parametrize("name", ["eval_sparse_dist", "eval_fused_sparse_dist"])
+def test_eval_pipelines_equal_model_eval_inference(name, env, batches):
+    want = eval_reference(DLRMWorkload(CFG, env), batches)
+    wl = DLRMWorkload(CFG, env)
+    _run(_eager(name, wl), batches)
+    assert sorted(wl.outputs) == list(range(N))
+    for i in range(N):
+        assert torch.equal(wl.outputs[i], want[i])
+    assert not wl.model.training
+
+
+# ------------------------------------------------------------------------- mistakes are caught
+
+def _deep_fused(wl, with_dep: bool, order=None) -> PipelinePlan:
+    """FusedSparseDist with EmbLookup one stage ahead of the dense step (depth 4)."""
+    sched = {"H2D": TaskSchedule(0, "memcpy"), "InputDistStart": TaskSchedule(1, "data_dist", globally_ordered=True),
+             "InputDistWait": TaskSchedule(1, "data_dist"), "EmbLookup": TaskSchedule(2, "emb_lookup")}
+    sched.update({n: TaskSchedule(3) for n in ("ZeroGrad", "WaitBatch", "Forward", "Backward", "OptimizerStep")})
+    plan = PipelinePlan(sched, intra_iter_deps=[("InputDistStart", "H2D"), ("InputDistWait", "InputDistStart"),
+                                                ("EmbLookup", "InputDistWait"), ("Forward", "EmbLookup"),
+                                                ("WaitBatch", "ZeroGrad"), ("Forward", "WaitBatch"),
+                                                ("Backward", "Forward"), ("OptimizerStep", "Backward")],
+                        inter_iter_deps=[("Forward", "OptimizerStep")] + ([("EmbLookup", "Backward")] if with_dep else []),
+                        enqueue_order=order)
+    return plan.bind(task_fns(wl, plan.task_names))
+
+
+def test_dropping_the_embedding_dependency_makes_training_differ(env, batches, reference):
+    # with EmbLookup(i) waiting Backward(i-1) (which applies the fused embedding update) it is exact ...
+    _assert_same(_train(env, batches, lambda wl: _deep_fused(wl, True)), reference)
+    # ... without it, an order that looks up first reads embeddings one update stale: the test sees it
+    lookup_first = ["EmbLookup", "H2D", "InputDistStart", "InputDistWait", "ZeroGrad", "WaitBatch", "Forward",
+                    "Backward", "OptimizerStep"]
+    losses, _ = _train(env, batches, lambda wl: _deep_fused(wl, False, lookup_first))
+    assert torch.equal(losses[0], reference[0][0])  # nothing to be stale about yet
+    assert not torch.equal(losses[1], reference[0][1])  # EmbLookup(1) ran before Backward(0) updated the tables
+    with pytest.raises(AssertionError, match="differs"):
+        _assert_same((losses, reference[1]), reference)
+
+
+def test_a_missing_intra_dependency_is_reported_not_silently_recomputed(env, batches):
+    wl = DLRMWorkload(CFG, env)
+    plan = PipelinePlan({n: TaskSchedule(0) for n in ("H2D", "Forward", "Backward", "OptimizerStep")},
+                        intra_iter_deps=[("Backward", "Forward"), ("OptimizerStep", "Backward")],
+                        enqueue_order=["Forward", "H2D", "Backward", "OptimizerStep"])
+    plan = plan.bind(task_fns(wl, plan.task_names))
+    with pytest.raises(PipelineTaskError) as info:
+        _run(plan, batches)
+    assert info.value.task == "Forward" and info.value.iteration == 0
+    assert "('Forward', 'H2D')" in str(info.value.__cause__)
+
+
+def test_unknown_task_name_is_rejected(env):
+    with pytest.raises(ValueError, match="no task 'Fwd'"):
+        task_fns(DLRMWorkload(CFG, env), ["Fwd"])
+
+
+def test_pt2_falls_back_to_eager_with_a_warning_when_compile_fails(env, batches, reference):
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _train(env, batches, lambda wl: plan_for("pt2", wl, compile_backend=broken_backend))
+    assert any("runs eager" in str(w.message) for w in caught)
+    _assert_same(got, reference)
