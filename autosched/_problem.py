@@ -350,11 +350,15 @@ def _group_names(problem: Problem, group: Mapping[str, Any], stream: Mapping[str
             key = stream_name(stream[m])
             weights[key] = weights.get(key, 0.0) + problem.thread_time(m) + 1e-12
         pref = max(sorted(weights), key=lambda k: weights[k])
-        base = DEFAULT_GROUP if pref == "default" else pref
-        cand, k = base, 1
-        while cand in used:
-            k += 1
-            cand = f"{base}{k}"
+        if pref != "default" and pref not in used:
+            cand = pref
+        elif DEFAULT_GROUP not in used:
+            cand = DEFAULT_GROUP
+        else:
+            k = 1
+            while f"worker{k}" in used:
+                k += 1
+            cand = f"worker{k}"
         names[g] = cand
         used.add(cand)
     return names

@@ -13,7 +13,8 @@ The bounds:
 
 * **ResMII** — each resource does all of its work once per iteration: the host
   time of a thread group, the device time of a stream (CUDA), the time of
-  every task on a communicator or on PCIe. For a task graph with ``T``
+  every task on a communicator or on PCIe, the host time of the globally
+  ordered tasks (the sequencer's turn is held while they run). For a task graph with ``T``
   allowed threads: total host time / ``T``, and the longest single task.
 * **RecMII** — cycles of data dependencies (intra edges distance 0, inter
   edges distance ``N``); on CUDA, host and device cycles separately (the host
@@ -63,7 +64,7 @@ class Bounds:
         Their maximum: no plan (or no run of this plan) has a shorter period.
     binding : str
         The largest bound's resource (``"thread:<group>"``, ``"stream:<name>"``,
-        ``"comm:<name>"``, ``"pcie"``, ``"host work / T threads"``,
+        ``"comm:<name>"``, ``"pcie"``, ``"sequencer"``, ``"host work / T threads"``,
         ``"longest task <name>"``) or cycle (``"recurrence: ..."``,
         ``"critical path: ..."``, ``"schedule cycle: ..."``).
     components : tuple of (kind, value, what)
@@ -400,6 +401,8 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
             if cuda:
                 key = f"stream:{plan.stream_of(t)}"
                 load[key] = load.get(key, 0.0) + dev
+            if plan.sched(t).globally_ordered:  # the turn is held while the host part runs
+                load["sequencer"] = load.get("sequencer", 0.0) + host
         for r in costs[t].resources:
             load[r] = load.get(r, 0.0) + (dev if cuda else host)
     if not is_plan:

@@ -69,6 +69,7 @@ class CpsatResult:
     stream: Dict[str, Any] = field(default_factory=dict)
     tried: List[Tuple[int, str]] = field(default_factory=list)
     solve_time_s: float = 0.0
+    refined: str = ""            # status of the final solve minimising depth then latency at ``ii``
 
     @property
     def period_s(self) -> Optional[float]:
@@ -114,6 +115,12 @@ def model_lower_bound(problem: Problem) -> int:
         streams = {stream_name(s) for n in names for s in problem.stream_choices[n]}
         bounds.append(-(-sum(problem.ddur(n) for n in names) // max(1, len(streams))))
         bounds.append(max((problem.ddur(n) for n in names), default=0))
+        pinned: Dict[str, int] = {}
+        for n in names:
+            if len(problem.stream_choices[n]) == 1:
+                key = stream_name(problem.stream_choices[n][0])
+                pinned[key] = pinned.get(key, 0) + problem.ddur(n)
+        bounds += list(pinned.values())
     return max(bounds)
 
 
@@ -398,7 +405,8 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
     refined = attempt(ii, optimise=True)
     if refined is not None:
         sol = refined
+    refine_status = tried[-1][1] if tried and tried[-1][0] == ii else ""
     status = "OPTIMAL" if proven >= ii else "FEASIBLE"
     plan = build_plan(problem, sol["stage"], sol["group"], sol["stream"], None, sol["offset"])
     return CpsatResult(status, ii, min(proven, ii), problem.unit_s, plan, sol["stage"], sol["offset"], sol["group"],
-                       sol["stream"], tried, solve_time)
+                       sol["stream"], tried, solve_time, refine_status)

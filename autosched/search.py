@@ -102,11 +102,14 @@ class SearchReport:
     """What ``auto_schedule`` found, how good it is, and why.
 
     Times are seconds. ``period_s``/``latency_s`` are simulated (steady state);
-    ``lower_bound_s`` is a period no plan in the space can beat; ``gap_pct`` =
+    ``binding`` is what the simulator says limits this plan and
+    ``utilisation`` how busy each resource is. ``lower_bound_s`` is a period
+    no plan in the space can beat (``bound_binding`` says why); ``gap_pct`` =
     ``100 * (period / bound - 1)``. ``status`` is ``OPTIMAL`` when CP-SAT proved
-    its model's minimum and the simulator agrees, else ``FEASIBLE`` (CP-SAT)
-    or ``HEURISTIC`` (beam only). Print it (``str(report)``) for the summary,
-    the schedule table and the stage analysis; :meth:`explain` says it in words.
+    its model's minimum and the simulated plan reaches it, ``FEASIBLE`` when
+    CP-SAT ran out of time, ``HEURISTIC`` for beam search alone. Print it
+    (``str(report)``) for the summary, the schedule table and the stage
+    analysis; :meth:`explain` says it in words.
     """
 
     plan: PipelinePlan
@@ -115,6 +118,7 @@ class SearchReport:
     lower_bound_s: float
     gap_pct: float
     binding: str
+    bound_binding: str
     depth: int
     max_depth: int
     depth_reason: str
@@ -129,29 +133,27 @@ class SearchReport:
     device: str
     serial_period_s: float
     baseline_period_s: Optional[float] = None
-    binding_detail: Dict[str, float] = field(default_factory=dict)
+    utilisation: Dict[str, float] = field(default_factory=dict)
     what_if: List[Tuple[str, float]] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        """A few lines: period, bound, gap, depth, status, what was tried."""
-        ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+        """A few lines: period, what binds, bound and gap, depth, status, what was tried."""
         lines = [
             f"auto_schedule ({self.method}, {self.status}, device={self.device}): "
-            f"period {ms(self.period_s)}  latency {ms(self.latency_s)}",
-            f"  lower bound {ms(self.lower_bound_s)} ({self.binding}); gap {self.gap_pct:.1f}%",
-            f"  serial {ms(self.serial_period_s)} -> speed-up x{self.serial_period_s / self.period_s:.2f}"
-            if self.period_s > 0 else f"  serial {ms(self.serial_period_s)}",
+            f"period {_ms(self.period_s)}  latency {_ms(self.latency_s)}",
+            f"  binding: {self.binding}",
+            f"  lower bound {_ms(self.lower_bound_s)} ({self.bound_binding}); gap {self.gap_pct:.1f}%",
+            f"  serial {_ms(self.serial_period_s)} -> x{self.serial_period_s / max(self.period_s, 1e-30):.2f}",
         ]
         if self.baseline_period_s is not None:
-            lines.append(f"  input plan {ms(self.baseline_period_s)} -> "
-                         f"{100 * (1 - self.period_s / self.baseline_period_s):.1f}% faster"
-                         if self.baseline_period_s > 0 else f"  input plan {ms(self.baseline_period_s)}")
+            gain = 100 * (1 - self.period_s / self.baseline_period_s) if self.baseline_period_s > 0 else 0.0
+            lines.append(f"  input plan {_ms(self.baseline_period_s)} -> {gain:.1f}% faster")
         lines.append(f"  depth {self.depth} of max {self.max_depth}: {self.depth_reason}")
         lines.append(f"  thread groups {self.threads}")
         if self.model_period_s is not None:
-            bound = "" if self.proven_bound_s is None else f", proven bound {ms(self.proven_bound_s)}"
-            lines.append(f"  CP-SAT model period {ms(self.model_period_s)}{bound}, solver {self.solver_time_s:.2f}s")
+            bound = "" if self.proven_bound_s is None else f", proven bound {_ms(self.proven_bound_s)}"
+            lines.append(f"  CP-SAT model period {_ms(self.model_period_s)}{bound}, solver {self.solver_time_s:.2f}s")
         tried = ", ".join(f"{k} {v}" for k, v in self.tried.items() if v)
         lines.append(f"  tried: {tried}; search {self.search_time_s:.2f}s")
         lines += [f"  note: {n}" for n in self.notes]
@@ -159,8 +161,7 @@ class SearchReport:
 
     def format(self, num_iterations: int = 3) -> str:
         """Summary, schedule table and stage analysis of the plan."""
-        parts = [self.summary(), "", _plan_tables(self.plan, num_iterations)]
-        return "\n".join(parts)
+        return "\n".join([self.summary(), "", _plan_tables(self.plan, num_iterations)])
 
     def __str__(self) -> str:
         return self.format()
@@ -172,41 +173,41 @@ class SearchReport:
         -------
         str
         """
-        ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
         groups: Dict[str, List[str]] = {}
         for n in self.plan.task_names:
             groups.setdefault(self.plan.sched(n).thread_group, []).append(n)
-        out = [
-            f"This plan finishes one iteration every {ms(self.period_s)} in steady state "
-            f"(x{self.serial_period_s / max(self.period_s, 1e-30):.2f} the serial loop's {ms(self.serial_period_s)}).",
-        ]
+        members = "; ".join(f"{g}: " + ", ".join(v) for g, v in groups.items())
+        out = [f"This plan finishes one iteration every {_ms(self.period_s)} in steady state, "
+               f"x{self.serial_period_s / max(self.period_s, 1e-30):.2f} the serial loop ({_ms(self.serial_period_s)})."]
         if self.depth > 1:
             by_stage: Dict[int, List[str]] = {}
             for n in self.plan.task_names:
                 by_stage.setdefault(self.plan.stage(n), []).append(n)
             stages = "; ".join(f"stage {s}: {', '.join(v)}" for s, v in sorted(by_stage.items()))
-            members = "; ".join(f"{g}: " + ", ".join(v) for g, v in groups.items())
-            out.append(f"It is fast because it keeps {self.depth} iterations in flight ({stages}), so work of "
-                       f"different iterations overlaps on {len(groups)} thread group(s) ({members}).")
+            out.append(f"It is fast because {self.depth} iterations are in flight ({stages}), so work of different "
+                       f"iterations overlaps across {len(groups)} thread group(s) ({members}). "
+                       f"Depth {self.depth}: {self.depth_reason}.")
         else:
-            out.append(f"It runs one iteration at a time (depth 1) on {len(groups)} thread group(s); "
+            out.append(f"One iteration is in flight at a time, on {len(groups)} thread group(s) ({members}): "
                        f"{self.depth_reason}.")
-        if self.gap_pct <= 0.5:
-            out.append(f"It reaches the lower bound {ms(self.lower_bound_s)} set by {self.binding}: no plan with these "
-                       f"costs and constraints can be faster.")
+        out.append(f"What limits it: {self.binding}.")
+        if self.gap_pct <= 0.05:
+            out.append(f"It reaches the lower bound {_ms(self.lower_bound_s)} ({self.bound_binding}): "
+                       "no plan with these costs and constraints is faster.")
         else:
-            out.append(f"The lower bound is {ms(self.lower_bound_s)} ({self.binding}); the plan is {self.gap_pct:.1f}% "
-                       f"above it" + (" and CP-SAT proved no plan in its model does better."
-                                      if self.status == "OPTIMAL" else "."))
-        if self.binding_detail:
-            busiest = max(self.binding_detail, key=self.binding_detail.get)
-            out.append(f"What binds the period: {busiest} is busy {100 * self.binding_detail[busiest]:.0f}% of it.")
+            proof = " CP-SAT proved no plan in its model is faster." if self.status == "OPTIMAL" else ""
+            out.append(f"It is {self.gap_pct:.1f}% above the lower bound {_ms(self.lower_bound_s)} "
+                       f"({self.bound_binding}).{proof}")
         for text, period in self.what_if:
             gain = 100 * (1 - period / self.period_s) if self.period_s > 0 else 0.0
-            out.append(f"What would make it faster: {text} -> period {ms(period)} ({gain:.1f}% faster).")
+            out.append(f"What would make it faster: {text}: period {_ms(period)} ({gain:.1f}% faster).")
         if not self.what_if:
-            out.append("What would make it faster: cheaper tasks on the binding resource.")
+            out.append("What would make it faster: cheaper tasks on what limits it.")
         return "\n".join(out)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
 
 
 def _plan_tables(plan: PipelinePlan, num_iterations: int) -> str:
@@ -226,74 +227,79 @@ def _serial_period(problem: Problem) -> float:
     return sum(problem.host[n] + problem.dev[n] for n in problem.names)
 
 
-def _busy(problem: Problem, plan: PipelinePlan, period: float) -> Dict[str, float]:
-    """Fraction of the period each resource is busy (thread groups, sequencer, comms, PCIe, streams)."""
-    load: Dict[str, float] = {}
-    for n in problem.names:
-        sched = plan.sched(n)
-        keys = [f"thread {sched.thread_group}"]
-        if sched.globally_ordered:
-            keys.append("sequencer")
-        if problem.comm[n] is not None:
-            keys.append(f"comm {problem.comm[n]}")
-        if n in problem.pcie:
-            keys.append("pcie")
-        for k in keys:
-            load[k] = load.get(k, 0.0) + problem.thread_time(n) * (0 if k.startswith(("comm", "pcie")) and problem.cuda else 1)
-        if problem.cuda:
-            dev_keys = [f"stream {stream_name(sched.stream)}"]
-            dev_keys += [k for k in keys if k.startswith(("comm", "pcie"))]
-            for k in dev_keys:
-                load[k] = load.get(k, 0.0) + problem.dev[n]
-    return {k: v / period for k, v in load.items() if period > 0 and v > 0}
-
-
-def _what_ifs(problem: Problem, plan: PipelinePlan, period: float, busy: Dict[str, float],
-              num_iterations: int) -> List[Tuple[str, float]]:
-    """Simulated effect of halving the biggest task on the busiest resource (same plan)."""
-    from .simulate import simulate
-
-    if not busy or not hasattr(problem.costs, "scaled"):
-        return []
-    resource = max(busy, key=busy.get)
-    on = []
+def _tasks_on(problem: Problem, plan: PipelinePlan, resource: str) -> List[str]:
+    """Tasks that use a simulator resource name (``thread:<g>``, ``stream:<s>``, ``comm:<c>``, ``pcie``)."""
+    out = []
     for n in problem.names:
         s = plan.sched(n)
-        if (resource == f"thread {s.thread_group}" or (resource == "sequencer" and s.globally_ordered)
-                or resource == f"comm {problem.comm[n]}" or (resource == "pcie" and n in problem.pcie)
-                or resource == f"stream {stream_name(s.stream)}"):
-            on.append(n)
+        if (resource == f"thread:{s.thread_group}" or resource == f"stream:{stream_name(s.stream)}"
+                or resource == f"comm:{problem.comm[n]}" or (resource == "pcie" and n in problem.pcie)):
+            out.append(n)
+    return out
+
+
+def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: int) -> List[Tuple[str, float]]:
+    """Simulated effect (same plan) of halving the largest task on what binds it."""
+    from .simulate import simulate
+
+    if not hasattr(problem.costs, "scaled"):
+        return []
+    util = dict(sim.utilisation)
+    resource = max(util, key=lambda k: (util[k], k)) if util else ""
+    on = _tasks_on(problem, plan, resource) if util and util[resource] >= 0.999 else []
+    where = f"the largest task on {resource}"
+    if not on:
+        on = sorted({step[0] for step in sim.critical_cycle.steps})
+        where = "the largest task on the critical cycle"
     if not on:
         return []
-    task = max(on, key=lambda n: problem.host[n] + problem.dev[n])
+    task = max(on, key=lambda n: (problem.host[n] + problem.dev[n], n))
     try:
         res = simulate(plan, problem.costs.scaled(task, 0.5), num_iterations=num_iterations, device=problem.device)
     except Exception as exc:  # what-if is advice, never a failure of the search
         log.debug("what-if failed: %s", exc)
         return []
-    return [(f"halving {task} (the largest task on {resource})", float(res.period))]
+    return [(f"halving {task} ({where})", float(res.period))]
 
 
-def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float], graph_input: Any) -> Tuple[float, str]:
-    """Best lower bound available: the model's, CP-SAT's proof, and autosched.bounds' if present."""
-    value, why = model_lb_s, "resources / recurrences / depth-limited critical path (model bound)"
-    if proven_s is not None and proven_s > value:
-        value, why = proven_s, "CP-SAT proof over the whole plan space"
+def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float]) -> Tuple[float, str]:
+    """The best lower bound: autosched.bounds', the model's, or CP-SAT's proof, with what sets it."""
+    value, why = model_lb_s, "resource, recurrence and depth-limited critical path bounds of the model"
     try:
         from .bounds import lower_bounds
-
         from .graph import task_graph
 
         graph = task_graph(list(problem.names), list(problem.intra), list(problem.inter))
         b = lower_bounds(graph, problem.costs, max_threads=problem.max_threads, max_depth=problem.max_depth,
                          device=problem.device)
-        if float(b.value) > value * (1 + 1e-9):
-            value, why = float(b.value), str(b.binding)
-        elif abs(float(b.value) - value) <= value * 1e-9 and why.endswith("(model bound)"):
-            why = str(b.binding)
+        if float(b.value) >= value * (1 - 1e-9):
+            value, why = max(value, float(b.value)), str(b.binding)
     except Exception as exc:  # bounds belong to another module; the model bound stands alone
         log.debug("autosched.bounds unavailable: %s", exc)
+    if proven_s is not None and proven_s > value * (1 + 1e-9):
+        value, why = proven_s, f"CP-SAT proof: every shorter period is infeasible (analytic bounds give {_ms(value)})"
     return value, why
+
+
+def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int, period: float,
+                  depth_proven: bool, budget_s: float) -> str:
+    """Why this depth: the best period a quick search finds with one iteration fewer in flight."""
+    import dataclasses
+
+    from . import beam as beam_mod
+
+    if depth == 1:
+        return "one iteration in flight already reaches this period (least memory)"
+    proven = "; CP-SAT proved no shallower plan reaches this period" if depth_proven else ""
+    try:
+        shallow = make_problem(tasks_or_graph, costs, dataclasses.replace(c, max_depth=depth - 1))
+        got = beam_mod.beam_search(shallow, width=4, rounds=4, time_limit_s=budget_s, seed=c.seed).best
+        p = beam_mod.sim_scorer(shallow, c.num_iterations)(got.plan)[0]
+    except (ValueError, RuntimeError) as exc:
+        return f"depth {depth - 1} admits no plan ({exc})"
+    if p <= period * (1 + 1e-9):
+        return f"depth {depth - 1} reaches the same period in a quick search{proven}"
+    return f"the best plan found with {depth - 1} in flight runs at {_ms(p)} (+{100 * (p / period - 1):.1f}%){proven}"
 
 
 # --------------------------------------------------------------------------- entry point
@@ -343,6 +349,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
 
     from . import beam as beam_mod
     from .cpsat import model_lower_bound, solve_cpsat
+    from .simulate import simulate
 
     c = constraints or Constraints()
     if c.method not in ("auto", "cpsat", "beam"):
@@ -352,63 +359,54 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
     final_scorer = beam_mod.sim_scorer(problem, c.num_iterations)
 
-    beam_budget = c.time_limit_s * (0.3 if use_cpsat else 1.0)
+    # 1. beam search (any size); its best plan hints CP-SAT
+    beam_budget = c.time_limit_s * (0.3 if use_cpsat else 0.9)
     beam = beam_mod.beam_search(problem, width=c.beam_width, rounds=c.beam_rounds, time_limit_s=beam_budget,
                                 seed=c.seed, progress=c.progress)
     best = beam.best
     best.period, best.latency = final_scorer(best.plan)
-    rec = beam_mod.recurrence_bound(problem)
-    shallower, depth_tries = beam_mod.reduce_depth(problem, best, final_scorer, rec)
-    if shallower is not best:
-        best = shallower
+    shallower, _ = beam_mod.reduce_depth(problem, best, final_scorer, beam_mod.recurrence_bound(problem))
+    best = shallower
     chosen_plan, period, latency, method = best.plan, best.period, best.latency, "beam"
-    tried = {f"beam {k}": v for k, v in beam.counts.items()}
-    status, model_period, proven, solver_time = "HEURISTIC", None, None, 0.0
+    bc = beam.counts
+    tried = {"beam candidates": bc["candidates"], "beam distinct": bc["unique"], "beam simulated": bc["simulated"],
+             "beam stage vectors tried": bc["stage_enumerated"], "beam rounds": bc["rounds"]}
+    status, model_period, proven, solver_time, depth_proven = "HEURISTIC", None, None, 0.0, False
     notes: List[str] = []
 
+    # 2. CP-SAT (small graphs): exact in its model; the simulator has the last word
     if use_cpsat:
-        left = max(1.0, c.time_limit_s - (time.perf_counter() - t0))
+        left = max(1.0, c.time_limit_s * 0.9 - (time.perf_counter() - t0))
         upper = best.ii if best.ii else int(math.ceil(best.period / problem.unit_s))
         res = solve_cpsat(problem, time_limit_s=left, num_workers=c.num_workers, seed=c.seed, hint=best, upper=upper)
-        tried["CP-SAT periods tried"] = len(res.tried)
-        solver_time = res.solve_time_s
-        proven = res.bound_s
+        tried["CP-SAT solves"] = len(res.tried)
+        solver_time, proven = res.solve_time_s, res.bound_s
         if res.plan is not None:
             model_period = res.period_s
             cp_period, cp_latency = final_scorer(res.plan)
-            key = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
-            if key(cp_period, res.plan.pipeline_depth, cp_latency) <= key(period, chosen_plan.pipeline_depth, latency):
+            rank = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
+            if rank(cp_period, res.plan.pipeline_depth, cp_latency) <= rank(period, chosen_plan.pipeline_depth, latency):
                 chosen_plan, period, latency, method = res.plan, cp_period, cp_latency, "cpsat"
+                depth_proven = res.refined == "OPTIMAL"
+            elif round(cp_period / problem.unit_s, 3) > round(period / problem.unit_s, 3):
+                notes.append(f"CP-SAT's plan simulates at {_ms(cp_period)}, the beam's at {_ms(period)}: "
+                             f"the model approximates {problem.device} semantics")
             else:
-                method = "beam (CP-SAT's plan simulated slower)"
-            if cp_period > res.period_s * (1 + 1e-3) + problem.unit_s:
-                notes.append(f"CP-SAT's model predicted {res.period_s * 1e3:.3f} ms but its plan simulates at "
-                             f"{cp_period * 1e3:.3f} ms (the model approximates {problem.device} semantics)")
+                notes.append("CP-SAT's plan ties on period; the beam's needs less depth or latency")
         status = res.status if res.plan is not None else "HEURISTIC"
-        if res.status == "OPTIMAL" and period > res.period_s * (1 + 1e-3) + problem.unit_s:
+        if status == "OPTIMAL" and period > res.period_s * (1 + 1e-6) + problem.unit_s:
             status = "FEASIBLE"
 
+    # 3. judge the chosen plan with the simulator, and say why
     validate(chosen_plan)
-    model_lb_s = model_lower_bound(problem) * problem.unit_s
-    lb, binding = _lower_bound(problem, model_lb_s, proven, tasks_or_graph)
+    sim = simulate(chosen_plan, problem.costs, num_iterations=c.num_iterations, device=problem.device)
+    period, latency = float(sim.period), float(sim.latency)
+    lb, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, proven)
     lb = min(lb, period)
     gap = 100.0 * (period / lb - 1.0) if lb > 0 else 0.0
-
-    depth = chosen_plan.pipeline_depth
-    if depth == 1:
-        depth_reason = "one iteration in flight already reaches this period"
-    else:
-        worse = [(d, p) for d, p in depth_tries if d < depth]
-        if worse:
-            d, p = max(worse)
-            depth_reason = (f"the same thread map at depth {d} gives "
-                            + (f"{p * 1e3:.3f} ms (+{100 * (p / period - 1):.1f}%)" if math.isfinite(p) else "no plan"))
-        else:
-            depth_reason = "the shallowest depth found at this period"
-        if method == "cpsat":
-            depth_reason += "; CP-SAT minimised depth at the optimal period"
-    busy = _busy(problem, chosen_plan, period)
-    what_if = _what_ifs(problem, chosen_plan, period, busy, c.num_iterations)
+    remaining = c.time_limit_s - (time.perf_counter() - t0)
+    depth_reason = _depth_reason(tasks_or_graph, costs, c, chosen_plan.pipeline_depth, period, depth_proven,
+                                 budget_s=max(0.5, min(3.0, 0.1 * c.time_limit_s, remaining)))
     baseline = None
     if problem.base_plan is not None:
         try:
@@ -416,12 +414,12 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         except Exception as exc:  # an input plan outside the engine's rules has no baseline
             notes.append(f"input plan could not be simulated as given: {exc}")
     report = SearchReport(
-        plan=chosen_plan, period_s=period, latency_s=latency, lower_bound_s=lb, gap_pct=gap, binding=binding,
-        depth=depth, max_depth=problem.max_depth, depth_reason=depth_reason,
-        threads=len({chosen_plan.sched(n).thread_group for n in chosen_plan.task_names}), method=method,
-        status=status, model_period_s=model_period, proven_bound_s=proven, solver_time_s=solver_time,
+        plan=chosen_plan, period_s=period, latency_s=latency, lower_bound_s=lb, gap_pct=gap, binding=str(sim.binding),
+        bound_binding=bound_why, depth=chosen_plan.pipeline_depth, max_depth=problem.max_depth,
+        depth_reason=depth_reason, threads=len({chosen_plan.sched(n).thread_group for n in chosen_plan.task_names}),
+        method=method, status=status, model_period_s=model_period, proven_bound_s=proven, solver_time_s=solver_time,
         search_time_s=time.perf_counter() - t0, tried=tried, device=problem.device,
-        serial_period_s=_serial_period(problem), baseline_period_s=baseline, binding_detail=busy,
-        what_if=what_if, notes=notes,
+        serial_period_s=_serial_period(problem), baseline_period_s=baseline, utilisation=dict(sim.utilisation),
+        what_if=_what_ifs(problem, chosen_plan, sim, c.num_iterations), notes=notes,
     )
     return chosen_plan, report

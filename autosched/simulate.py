@@ -135,8 +135,10 @@ class SimResult:
         Every host part on its thread group, and (CUDA) every device part with
         device time on its stream.
     utilisation : dict
-        ``{resource: busy fraction}`` over the steady-state window, resources named
-        ``"thread:<group>"``, ``"stream:<name>"`` (CUDA), ``"comm:<name>"``, ``"pcie"``.
+        ``{resource: busy fraction}`` in steady state (busy time per iteration over the
+        period), resources named ``"thread:<group>"``, ``"stream:<name>"`` (CUDA),
+        ``"comm:<name>"``, ``"pcie"`` and ``"sequencer"`` (host time of globally
+        ordered tasks, which hold the turn while they run).
     idle : dict
         ``{resource: idle seconds per iteration}`` over the same window.
     stalls : list of Stall
@@ -144,8 +146,11 @@ class SimResult:
     critical_cycle : CriticalCycle
         The repeating chain of binding waits.
     binding : str
-        The saturated resource, else ``"progress barrier ..."`` or ``"recurrence ..."``
-        naming the critical cycle.
+        The saturated resource (``"thread:<g>"``, ``"stream:<s>"``, ``"comm:<c>"``,
+        ``"pcie"``, ``"sequencer"``), else the critical cycle:
+        ``"progress barrier (depth d): ..."`` if it passes the retire barrier,
+        ``"recurrence: ..."`` if it is made of data dependencies only, else
+        ``"cycle: ..."`` (dependencies chained with FIFO or resource order).
     window : (int, int)
         First and last iteration of the steady-state window.
     """
@@ -738,6 +743,8 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     if cuda:
         busy.update({f"stream:{st}": 0.0 for st in sim.stream_names})
     busy.update({r: 0.0 for r in sim.res_names})
+    if any(sim.seqd):
+        busy["sequencer"] = 0.0
 
     def charge(name: str, i: int, seconds: float) -> None:
         if w0 <= i <= w1:
@@ -748,6 +755,8 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         g = sim.group_names[sim.thread[k]]
         events.append(TimelineEvent(names[k], i, g, sim.stream_names[sim.stream[k]], s, e, "host"))
         charge(f"thread:{g}", i, e - s)
+        if sim.seqd[k]:
+            charge("sequencer", i, e - s)
         if not cuda:
             for r in sim.res[k]:
                 charge(sim.res_names[r], i, e - s)
@@ -770,8 +779,10 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         binding = top[0]
     elif "barrier" in cycle.kinds:
         binding = f"progress barrier (depth {sim.depth}): {cycle}"
-    else:
+    elif all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
         binding = f"recurrence: {cycle}"
+    else:
+        binding = f"cycle: {cycle}"
     return SimResult(plan=plan, costs=costs, device="cuda" if cuda else "cpu", num_iterations=n, period=period,
                      latency=latency, latencies=latencies, completion=completion, entry=list(sim.entry),
                      events=events, utilisation=utilisation, idle=idle, stalls=sim.stalls, critical_cycle=cycle,

@@ -142,7 +142,7 @@ def what_if(plan: PipelinePlan, costs: CostModel, changes: Changes, num_iteratio
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
     >>> t = what_if(plan, costs, {"A": 3.0})
     >>> [round(p * 1e3, 3) for p in t["period_s"]], list(t["binding"])
-    [2.0, 3.0], ['thread:b', 'thread:a']
+    ([2.0, 3.0], ['thread:b', 'thread:a'])
     """
     import pandas as pd
 

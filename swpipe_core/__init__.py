@@ -42,6 +42,8 @@ _LAZY = {
     "to_chrome_trace": "trace",
     "write_chrome_trace": "trace",
     "pipelines": "pipelines",
+    "agree_on_end": "distributed",
+    "AgreedIterator": "distributed",
 }
 
 __all__ = [

@@ -111,7 +111,9 @@ class AgreedIterator(Iterator[Any]):
 
         Examples
         --------
-        See :func:`agree_on_end`.
+        See :func:`agree_on_end` (one rank); with two ranks holding 12 and 9
+        batches, rank 0 stops after 9 with ``leftover == [9]`` and ``rest()``
+        yields 9, 10, 11 (``tests/test_multirank.py``).
         """
         while self.leftover:
             yield self.leftover.pop(0)
@@ -157,8 +159,8 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None) -> AgreedIter
     >>> import torch.distributed as dist
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     >>> it = agree_on_end(range(3))
-    >>> list(it), it.batches, it.ended_ranks, it.leftover
-    ([0, 1, 2], 3, (0,), [])
+    >>> list(it), it.batches, it.ended_ranks, it.leftover, list(it.rest())
+    ([0, 1, 2], 3, (0,), [], [])
     >>> dist.destroy_process_group()
     """
     import torch.distributed as dist

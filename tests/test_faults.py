@@ -43,7 +43,7 @@ LAYOUT = {
 }
 CHAIN = list(LAYOUT)
 N_BATCHES = 12
-SHORT_TIMEOUT = 0.5        # signal/sequencer/progress timeout of the blocking faults
+SHORT_TIMEOUT = 1.0        # signal/sequencer/progress timeout of the blocking faults
 SURFACE_GUARD_S = 20.0     # deadlock guard only; the measured times go to the table
 
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from swpipe_core.engine import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.validate import PlanError
+from swpipe_core.validate import RULES, PlanError
 
 N_ITERS = 10
 GROUPS = ["default", "io", "comm"]
@@ -102,12 +102,19 @@ def _mutate(spec: Spec, kind: str, draw) -> None:
         tasks[a]["stage"] = -1
     elif kind == "stage_type":
         tasks[a]["stage"] = draw(st.sampled_from(["1", 1.0, True, None]))
-    elif kind == "intra_backward":
-        spec["intra"].append([a, b])      # breaks corollary 1 if stage(b) > stage(a), a cycle or self edge may follow
+    elif kind == "intra_backward":  # a waits b of a later stage within an iteration: corollary 1
+        if a == b or not (_is_stage(tasks[a]["stage"]) and _is_stage(tasks[b]["stage"])):
+            spec["intra"].append([a, b])  # a self edge or a wrong stage already breaks a rule
+        else:
+            if tasks[b]["stage"] <= tasks[a]["stage"]:
+                tasks[b]["stage"] = tasks[a]["stage"] + 1
+            spec["intra"].append([a, b])
     elif kind == "intra_cycle":
         if spec["intra"]:
             t, d = draw(st.sampled_from(spec["intra"]))
             spec["intra"].append([d, t])
+        elif a != b:
+            spec["intra"] += [[a, b], [b, a]]
         else:
             spec["intra"].append([a, a])
     elif kind == "self_dep":
@@ -116,8 +123,11 @@ def _mutate(spec: Spec, kind: str, draw) -> None:
         spec[draw(st.sampled_from(["intra", "inter"]))].append([a, "Nope"])
     elif kind == "inter_distance":
         spec["inter"].append([a, b, draw(st.sampled_from([0, -1, "1", 1.5, True]))])
-    elif kind == "inter_gap":
-        spec["inter"].append([a, b, draw(st.integers(1, 2))])  # breaks corollary 3 when the gap exceeds it
+    elif kind == "inter_gap":  # a(i) waits b(i - N) but b's stage is more than N above a's: corollary 3
+        dist = draw(st.integers(1, 2))
+        if _is_stage(tasks[a]["stage"]) and _is_stage(tasks[b]["stage"]) and a != b:
+            tasks[b]["stage"] = max(tasks[b]["stage"], tasks[a]["stage"] + dist + 1)
+        spec["inter"].append([a, b, dist])
     elif kind == "depth":
         spec["depth"] = draw(st.integers(0, 5))              # right by chance sometimes: then still valid
     elif kind == "policy":
@@ -295,21 +305,24 @@ def test_random_plans_invalid_rejected_valid_run_1000(spec):
     check_spec(spec)
 
 
-def test_generator_mixes_valid_and_invalid_and_hits_every_mutation():
+def test_generator_mixes_valid_and_invalid_and_breaks_every_reachable_rule():
     """Without this the property could pass on a generator that only makes one kind of plan."""
     seen: Counter = Counter()
 
-    @settings(max_examples=300, database=None, deadline=None)
+    @settings(max_examples=500, database=None, deadline=None)
     @given(spec=plan_specs())
     def probe(spec):
-        seen["invalid" if reference_violations(spec) else "valid"] += 1
-        seen.update(spec["mutations"])
-        seen["explicit order valid"] += bool(spec["order"] is not None and not reference_violations(spec))
+        broken = reference_violations(spec)
+        seen["invalid" if broken else "valid"] += 1
+        seen.update(broken)
+        seen["explicit order valid"] += bool(spec["order"] is not None and not broken)
+        seen["deep valid"] += bool(not broken and max(t["stage"] for t in spec["tasks"].values()) >= 2)
 
     probe()
-    assert seen["valid"] > 60 and seen["invalid"] > 60, seen
-    assert seen["explicit order valid"] > 5, seen
-    assert all(seen[m] > 0 for m in MUTATIONS), [m for m in MUTATIONS if not seen[m]]
+    assert seen["valid"] > 100 and seen["invalid"] > 100, seen
+    assert seen["explicit order valid"] > 5 and seen["deep valid"] > 20, seen
+    reachable = set(RULES) - {"schedule-type", "unique-names", "foreign-task", "period-local-cycle"}
+    assert [r for r in sorted(reachable) if not seen[r]] == [], seen
 
 
 def test_reference_agrees_with_known_cases():

@@ -68,7 +68,7 @@ def test_returned_plan_validates_and_runs_on_the_engine(seed, method):
 
 def test_larger_graph_plan_runs_on_the_engine():
     graph, costs = random_graph(2, 30)
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=6))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=3))
     validate(plan)
     _assert_dependencies_held(plan, _run_on_engine(plan, 6), 6)
     assert report.period_s <= report.serial_period_s
@@ -94,8 +94,9 @@ def test_task_functions_travel_with_the_tasks():
 
 def test_caps_frozen_entries_and_collectives_are_honoured():
     graph, costs = random_graph(6, 14)
+    costs = costs.replace("T004", resources=("comm:nccl",)).replace("T009", resources=("comm:nccl",))
     frozen = {"T013": {"stage": 2, "thread_group": "compute"}, "T000": {"thread_group": "io"}}
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, frozen=frozen, time_limit_s=8))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, frozen=frozen, time_limit_s=4))
     assert plan.pipeline_depth <= 3 and report.depth == plan.pipeline_depth
     assert {plan.sched(n).thread_group for n in plan.task_names} <= {"compute", "io"}
     assert plan.stage("T013") == 2 and plan.sched("T013").thread_group == "compute"
@@ -113,7 +114,7 @@ def test_never_worse_than_the_given_plan():
     base = simulate(given, costs).period
     assert report.baseline_period_s == pytest.approx(base)
     assert report.period_s <= base * (1 + 1e-9)
-    assert report.period_s == pytest.approx(0.008)  # Fwd+Bwd+Opt on one thread, Load beside it
+    assert report.period_s == pytest.approx(0.005)  # 10 ms of work split evenly: Load+Fwd | Bwd+Opt
 
 
 def test_given_plan_kept_when_nothing_beats_it():
@@ -152,7 +153,7 @@ def test_depth_is_chosen_for_memory_when_it_costs_nothing():
 def test_cuda_semantics_search_streams():
     (tasks, intra, inter), _ = random_problem(2, 5, 0.5)
     costs = CostModel({t: TaskCost(0.0002, 0.001 * (1 + i % 3)) for i, t in enumerate(tasks)})
-    c = Constraints(device="cuda", streams=[None, "side"], max_depth=3, max_threads=2, time_limit_s=15)
+    c = Constraints(device="cuda", streams=[None, "side"], max_depth=3, max_threads=2, time_limit_s=6)
     plan, report = auto_schedule((tasks, intra, inter), costs, c)
     validate(plan)
     assert {plan.sched(n).stream for n in plan.task_names} <= {None, "side"}

@@ -20,6 +20,13 @@ from typing import Any, Dict, List
 __all__ = ["add_arguments", "run", "parse_freeze", "load_input"]
 
 
+def _message(exc: BaseException) -> str:
+    """An exception as one line (a KeyError's text without its quotes, a file error with its path)."""
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    return str(exc)
+
+
 def _stream(text: str) -> Any:
     return None if text in ("default", "None", "none", "") else text
 
@@ -112,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                                   device=args.device, method=args.method, progress=args.progress)
         plan, report = auto_schedule(graph, costs, constraints)
     except (OSError, KeyError, ValueError) as exc:
-        print(f"swpipe plan: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        print(f"swpipe plan: {_message(exc)}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
         print(f"swpipe plan: {exc}", file=sys.stderr)

@@ -14,6 +14,13 @@ import sys
 __all__ = ["add_arguments", "run"]
 
 
+def _message(exc: BaseException) -> str:
+    """An exception as one line (a KeyError's text without its quotes, a file error with its path)."""
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    return str(exc)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``swpipe simulate``."""
     src = parser.add_mutually_exclusive_group(required=True)
@@ -43,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         costs = CostModel.load(args.costs)
         result = simulate(plan, costs, num_iterations=args.iterations, device=args.device)
     except (OSError, KeyError, ValueError) as exc:
-        print(f"swpipe simulate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        print(f"swpipe simulate: {_message(exc)}", file=sys.stderr)
         return 2
     print(result.summary())
     if args.trace:

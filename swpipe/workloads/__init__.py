@@ -1,1 +1,26 @@
-"""Real workloads for swpipe: a DLRM-style model over torch.distributed and its pipeline task functions."""
+"""Real workloads for swpipe: a DLRM-style model over ``torch.distributed`` and its pipeline task functions.
+
+=====================  ================================================================
+module                 what
+=====================  ================================================================
+``dlrm``               model, synthetic data, process groups, the step's primitives
+``tasks``              task functions by name for every TorchRec plan (``fns_for``)
+``reference``          plain serial loops every plan is checked against
+``launch``             ``spawn``: run a function on N loopback ranks
+``bench``              serial vs each plan, side by side (``swpipe demo``, benchmarks)
+``checks``             everything a multi-rank equivalence test compares
+=====================  ================================================================
+"""
+
+from __future__ import annotations
+
+from .dlrm import DLRM, KJT, Batch, DistEnv, DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
+from .launch import spawn
+from .reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
+from .tasks import fns_for, plan_for, task_fns
+
+__all__ = [
+    "DLRM", "KJT", "Batch", "DistEnv", "DLRMConfig", "DLRMWorkload", "SyntheticData", "init_distributed",
+    "spawn", "emb_staleness", "eval_reference", "semi_sync_reference", "train_reference",
+    "fns_for", "plan_for", "task_fns",
+]

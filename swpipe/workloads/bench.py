@@ -358,7 +358,7 @@ def format_table(m: Measurement) -> str:
     header = ["plan", "depth", "streams", "threads", "iter/s", "speedup", "loss = serial", "note"]
     body = [["serial", "1", "1", "1", f"{m.serial_iters_per_s:.1f}", "1.00x", "(reference)", ""]]
     if m.eval_serial_iters_per_s is not None:
-        body.append(["serial eval", "1", "1", "1", f"{m.eval_serial_iters_per_s:.1f}", "1.00x", "(reference)",
+        body.append(["serial-eval", "1", "1", "1", f"{m.eval_serial_iters_per_s:.1f}", "1.00x", "(reference)",
                      "model.eval() loop; eval plans compare with it"])
     for r in m.rows:
         match = "n/a" if r.matches is None else ("yes" if r.matches else "no")

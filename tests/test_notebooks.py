@@ -1,0 +1,172 @@
+"""Every notebook in notebooks/ executes top to bottom on a fresh kernel, and what it shows is real.
+
+Each notebook runs with nbclient on a ``python3`` kernel whose spec this test
+writes itself (``ipykernel.kernelspec.write_kernel_spec``: this interpreter,
+whatever ``python`` is on PATH), so CI needs no ``jupyter kernelspec install``.
+After the notebook's own cells, a probe cell appended by the test re-checks the
+notebook's results with library calls of its own (the plan validates, the
+simulator predicts a period > 0, the pipelined run reproduced the serial loop).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+kernelspec = pytest.importorskip("ipykernel.kernelspec")
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+ALL = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+# Probes run in the notebook's kernel after its last cell; each prints one JSON line.
+PROBES = {
+    "01_profile_to_plan.ipynb": """\
+import json, math
+from swpipe import validate, simulate, PipelinePlan
+validate(auto)                                   # raises PlanError if the generated plan broke a rule
+again = simulate(auto, costs)
+print("PROBE " + json.dumps({
+    "is_plan": isinstance(auto, PipelinePlan),
+    "bound": auto.unbound_tasks() == [],
+    "tasks": sorted(auto.task_names),
+    "serial_tasks": sorted(serial.task_names),
+    "intra": sorted(map(list, auto.intra_edges())),
+    "serial_intra": sorted(map(list, serial.intra_edges())),
+    "inter": sorted(map(list, auto.inter_edges())),
+    "serial_inter": sorted(map(list, serial.inter_edges())),
+    "predicted_s": report.period_s,
+    "resimulated_s": again.period,
+    "lower_bound_s": report.lower_bound_s,
+    "serial_simulated_s": sim_serial.period,
+    "measured_s": [r["ms/it"] / 1e3 for r in runs],
+    "losses": [len(r["losses"]) for r in runs],
+    "losses_match": bool(losses_match),
+    "profiled": sorted(profile.exposed_s),
+    "host_timed": sorted(profile.host_s or {}),
+    "what_if_rows": list(what_if_table.index),
+    "what_if_periods": [float(p) for p in what_if_table["period_s"]],
+    "sweep_rows": len(sweep_table),
+}))
+""",
+}
+
+
+def _kernel_env(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point Jupyter at a ``python3`` kernelspec that launches this very interpreter."""
+    spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
+    spec_dir.parent.mkdir(parents=True)
+    kernelspec.write_kernel_spec(path=str(spec_dir))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+
+
+def _execute(path: pathlib.Path, extra: str = "") -> "nbformat.NotebookNode":
+    nb = nbformat.read(path, as_version=4)
+    if extra:
+        nb.cells.append(nbformat.v4.new_code_cell(extra))
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=240,
+                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()  # raises CellExecutionError naming the failing cell
+    return nb
+
+
+def _text(cell: "nbformat.NotebookNode") -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif "data" in out:
+            parts.append(out.data.get("text/plain", ""))
+    return "".join(parts)
+
+
+def _probe(nb: "nbformat.NotebookNode") -> dict:
+    lines = [ln for ln in _text(nb.cells[-1]).splitlines() if ln.startswith("PROBE ")]
+    assert len(lines) == 1, f"the probe cell printed no result: {_text(nb.cells[-1])!r}"
+    return json.loads(lines[0][len("PROBE "):])
+
+
+def test_the_python3_kernelspec_written_for_the_tests_runs_this_interpreter(tmp_path, monkeypatch):
+    _kernel_env(tmp_path, monkeypatch)
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.argv[0] == sys.executable
+    assert pathlib.Path(spec.resource_dir) == tmp_path / "jupyter" / "kernels" / "python3"
+
+
+def test_notebooks_folder_has_the_users_path():
+    names = {p.name for p in ALL}
+    assert "01_profile_to_plan.ipynb" in names
+    assert set(PROBES) <= names, "a probe names a notebook that is not there"
+
+
+@pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
+def test_committed_notebook_is_valid_and_carries_no_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, f"{path.name} has no code cell"
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs; regenerate with `python notebooks/_build.py`"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+def test_committed_notebooks_equal_what_the_generator_writes(tmp_path):
+    """notebooks/_build.py is the source; a hand edit to an .ipynb (or a stale one) fails here."""
+    script = NOTEBOOKS / "_build.py"
+    code = (f"import sys, pathlib; sys.path.insert(0, {str(NOTEBOOKS)!r}); import _build, nbformat\n"
+            f"for name, cells in _build.NOTEBOOKS.items():\n"
+            f"    nbformat.write(_build.build(cells), pathlib.Path({str(tmp_path)!r}) / name)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert script.exists()
+    for path in ALL:
+        fresh = tmp_path / path.name
+        assert fresh.exists(), f"{path.name} is not produced by notebooks/_build.py"
+        cells = lambda nb: [(c.cell_type, c.source) for c in nb.cells]  # noqa: E731 - not bytes: nbformat versions differ
+        assert cells(nbformat.read(fresh, as_version=4)) == cells(nbformat.read(path, as_version=4)), \
+            f"{path.name} differs from notebooks/_build.py's cells; run `python notebooks/_build.py`"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
+def test_notebook_executes_and_its_results_hold(path, tmp_path, monkeypatch):
+    _kernel_env(tmp_path, monkeypatch)
+    probe_src = PROBES.get(path.name, "")
+    nb = _execute(path, probe_src)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code_cells), "a cell did not run"
+    errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    if path.name != "01_profile_to_plan.ipynb":
+        return
+
+    text = "\n".join(_text(c) for c in code_cells)
+    # what the user is meant to see, printed by the library's own formatters
+    assert "Baseline serial iteration:" in text and "SUM" in text            # ProfileResult.print_report
+    assert "auto_schedule (" in text and "lower bound" in text                # SearchReport
+    assert "Pipeline depth =" in text and "LDS =" in text                     # stage analysis
+    assert "simulated 50 iterations on cpu: period" in text                   # SimResult.summary
+    images = [o for c in code_cells for o in c.outputs if "data" in o and "image/png" in o.data]
+    assert len(images) >= 2, "the Gantt chart and the sweep plot were not displayed"
+
+    p = _probe(nb)
+    assert p["is_plan"] and p["bound"], "auto_schedule did not return a runnable PipelinePlan"
+    # the searcher chose the schedule, not the semantics: same tasks, every declared dependency kept
+    assert p["tasks"] == p["serial_tasks"]
+    assert p["intra"] == p["serial_intra"] and p["inter"] == p["serial_inter"]
+    assert p["predicted_s"] > 0 and p["resimulated_s"] == pytest.approx(p["predicted_s"], rel=1e-9)
+    assert 0 < p["lower_bound_s"] <= p["predicted_s"] * (1 + 1e-9)
+    assert p["predicted_s"] <= p["serial_simulated_s"] * (1 + 1e-9), "the auto plan is predicted slower than serial"
+    assert all(m > 0 for m in p["measured_s"]) and len(p["measured_s"]) == 2
+    assert p["losses"] == [30, 30] and p["losses_match"], "the auto plan did not reproduce the serial loop"
+    assert {"InputDistStart", "InputDistWait"}.isdisjoint(p["profiled"]) and "EmbLookup" in p["profiled"]
+    assert {"InputDistStart", "InputDistWait"} <= set(p["host_timed"])
+    assert p["what_if_rows"] == ["before", "after"]
+    assert p["what_if_periods"][1] > p["what_if_periods"][0], "a slower EmbLookup did not slow the plan"
+    assert p["sweep_rows"] == 7
