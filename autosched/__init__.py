@@ -38,6 +38,13 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
+# The simulate() function shares its module's name: importing the submodule
+# (as search.py does) binds ``autosched.simulate`` to the module, shadowing
+# the lazy lookup. Binding the function eagerly after the module has loaded
+# keeps ``autosched.simulate`` the function; simulate.py is light (stdlib +
+# swpipe_core), so this costs little.
+from .simulate import simulate  # noqa: E402
+
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)

@@ -108,9 +108,9 @@ class CriticalCycle:
         base = self.steps[-1][2]
         parts = []
         for task, part, it, via in self.steps:
-            off = it - base
-            tag = f"{task}{'' if part == 'host' else '@dev'}[i{off:+d}]" if off else f"{task}{'' if part == 'host' else '@dev'}[i]"
-            parts.append(f"{tag} -{via}->")
+            where = "" if part == "host" else "@dev"
+            off = f"{it - base:+d}" if it != base else ""
+            parts.append(f"{task}{where}[i{off}] -{via}->")
         return " ".join(parts) + f" (repeats every {self.iterations} iteration(s), {self.ratio * 1e3:.3f} ms/iter)"
 
 
@@ -153,6 +153,24 @@ class SimResult:
         ``"cycle: ..."`` (dependencies chained with FIFO or resource order).
     window : (int, int)
         First and last iteration of the steady-state window.
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="a")})
+    >>> r = simulate(plan, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}), num_iterations=20)
+    >>> print(r.summary())
+    simulated 20 iterations on cpu: period 3.000 ms/iter, latency 3.000 ms
+    binding: thread:a
+    utilisation: thread:a 100%
+    largest waits per iteration: B on fifo:a 1.000 ms
+    >>> [(t, part, cause, round(sec, 9)) for t, part, cause, sec in r.stall_summary(top=1)]
+    [('B', 'host', 'fifo:a', 0.001)]
+    >>> sorted({e["name"] for e in r.to_chrome_trace()["traceEvents"] if e["ph"] == "M"})
+    ['process_name', 'thread_name', 'thread_sort_index']
+    >>> len(r.to_dataframe()) == 2 * r.num_iterations
+    True
     """
 
     plan: PipelinePlan

@@ -42,7 +42,6 @@ import tempfile, time, pathlib
 import torch
 import pandas as pd
 
-import swpipe
 from swpipe import (PipelinePlan, PipelineTask, TaskSchedule, SWPipeline, TaskProfiler, CostModel,
                     Constraints, auto_schedule, simulate, lower_bounds, what_if, validate,
                     format_schedule, format_stage_analysis)

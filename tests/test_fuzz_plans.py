@@ -125,7 +125,11 @@ def _mutate(spec: Spec, kind: str, draw) -> None:
         spec["inter"].append([a, b, draw(st.sampled_from([0, -1, "1", 1.5, True]))])
     elif kind == "inter_gap":  # a(i) waits b(i - N) but b's stage is more than N above a's: corollary 3
         dist = draw(st.integers(1, 2))
-        if _is_stage(tasks[a]["stage"]) and _is_stage(tasks[b]["stage"]) and a != b:
+        if a == b:  # one task waiting on itself is fine across iterations: use (or make) another task
+            others = [n for n in names if n != a]
+            b = others[0] if others else "TX"
+            tasks.setdefault(b, {"stage": 0, "stream": None, "group": "default", "ordered": False})
+        if _is_stage(tasks[a]["stage"]) and _is_stage(tasks[b]["stage"]):
             tasks[b]["stage"] = max(tasks[b]["stage"], tasks[a]["stage"] + dist + 1)
         spec["inter"].append([a, b, dist])
     elif kind == "depth":

@@ -123,7 +123,7 @@ def test_committed_notebooks_equal_what_the_generator_writes(tmp_path):
     code = (f"import sys, pathlib; sys.path.insert(0, {str(NOTEBOOKS)!r}); import _build, nbformat\n"
             f"for name, cells in _build.NOTEBOOKS.items():\n"
             f"    nbformat.write(_build.build(cells), pathlib.Path({str(tmp_path)!r}) / name)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-B", "-c", code], check=True, timeout=60)
     assert script.exists()
     for path in ALL:
         fresh = tmp_path / path.name
@@ -133,6 +133,7 @@ def test_committed_notebooks_equal_what_the_generator_writes(tmp_path):
             f"{path.name} differs from notebooks/_build.py's cells; run `python notebooks/_build.py`"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
 def test_notebook_executes_and_its_results_hold(path, tmp_path, monkeypatch):
