@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import autosched
@@ -17,7 +16,5 @@ def __getattr__(name: str) -> Any:
     if name in swpipe_core.__all__:
         return getattr(swpipe_core, name)
     if name in autosched.__all__:
-        # Through the submodule: once anything imports autosched.simulate, the package attribute
-        # ``autosched.simulate`` is that submodule, not the function of the same name.
-        return getattr(importlib.import_module(f"autosched.{autosched._LAZY[name]}"), name)
+        return getattr(autosched, name)
     raise AttributeError(f"module 'swpipe' has no attribute {name!r}")
