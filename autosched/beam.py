@@ -47,7 +47,7 @@ from swpipe_core.plan import PipelinePlan, stream_name
 from ._problem import Problem, build_plan
 
 __all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
-           "thread_presets", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
+           "thread_presets", "stream_presets", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,42 @@ def _resources(problem: Problem, name: str, group: str, stream: Any) -> Tuple[Li
     return host + shared, []
 
 
+def _place_fifo(fifos: Dict[tuple, List[Tuple[int, int, int]]], rings: Dict[tuple, _Ring], keys: Sequence[tuple],
+                submit: int, est: int, dur: int, ii: int) -> Optional[int]:
+    """Device start on FIFO resources (streams, communicators: submission order) and PCIe (any order).
+
+    Each FIFO keeps ``(submit, start, end)`` of the parts already placed (iteration 0).
+    The new part starts after every instance submitted no later than it, and must end
+    before the next instance of each of those starts; otherwise None.
+    """
+    fifo_keys = [k for k in keys if k[0] in ("stream", "comm")]
+    ring_keys = [k for k in keys if k[0] == "pcie"]
+    ds = est
+    for _ in range(8):
+        for k in fifo_keys:
+            for sub, _d, end in fifos.get(k, ()):
+                turns = (submit - sub) // ii      # latest instance submitted at or before us
+                ds = max(ds, end + turns * ii)
+        if ring_keys and dur > 0:
+            got = _place(rings, ring_keys, ds, dur, ii)
+            if got is None:
+                return None
+            if got != ds:
+                ds = got
+                continue
+        break
+    for k in fifo_keys:
+        for sub, d, _e in fifos.get(k, ()):
+            turns = (submit - sub) // ii + 1      # the next instance, submitted after us
+            if d + turns * ii < ds + dur:
+                return None
+    for k in fifo_keys:
+        fifos.setdefault(k, []).append((submit, ds, ds + dur))
+    for k in ring_keys:
+        rings.setdefault(k, _Ring(ii)).add(ds, dur)
+    return ds
+
+
 def _place(rings: Dict[tuple, _Ring], keys: Sequence[tuple], est: int, dur: int, ii: int) -> Optional[int]:
     s = est
     for _ in range(64):
@@ -278,6 +314,7 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
     if ii <= 0:
         return None
     rings: Dict[tuple, _Ring] = {}
+    fifos: Dict[tuple, List[Tuple[int, int, int]]] = {}
     start: Dict[str, int] = {}
     signal: Dict[str, int] = {}
     dev_end: Dict[str, int] = {}
@@ -301,11 +338,9 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
         signal[t] = s + problem.dur(t)
         if problem.cuda:
             dd = problem.ddur(t)
-            ds = _place(rings, dev_keys, max(signal[t], dest), dd, ii) if dd > 0 else max(signal[t], dest)
+            ds = _place_fifo(fifos, rings, dev_keys, signal[t], max(signal[t], dest), dd, ii)
             if ds is None:
                 return None
-            for k in dev_keys:
-                rings[k].add(ds, dd)
             dev_end[t] = ds + dd
     # dependencies on tasks placed later (inter-iteration) must hold too
     for t in problem.names:
@@ -604,6 +639,34 @@ def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tup
     return result
 
 
+def stream_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Named stream maps for CUDA: ``given``, ``default`` (all on the default stream where allowed),
+    ``balanced`` (longest device work first onto the least loaded allowed stream).
+
+    Parameters
+    ----------
+    problem : Problem
+    stream : dict
+        The current stream map.
+
+    Returns
+    -------
+    dict
+        ``{preset_name: {task: stream}}``, each respecting the stream choices.
+    """
+    out: Dict[str, Dict[str, Any]] = {"given": dict(problem.init_stream)}
+    out["default"] = {n: (None if None in problem.stream_choices[n] else stream[n]) for n in problem.names}
+    load: Dict[str, int] = {}
+    bal: Dict[str, Any] = {}
+    for n in sorted(problem.names, key=lambda n: (-problem.ddur(n), problem.names.index(n))):
+        choices = problem.stream_choices[n]
+        s = min(choices, key=lambda x: (load.get(stream_name(x), 0), stream_name(x)))
+        load[stream_name(s)] = load.get(stream_name(s), 0) + problem.ddur(n)
+        bal[n] = s
+    out["balanced"] = bal
+    return out
+
+
 # --------------------------------------------------------------------------- stages, small graphs
 
 
@@ -685,6 +748,13 @@ def _initial(problem: Problem) -> List[Candidate]:
     for pname, groups in presets.items():
         for oname in ("critical_chain_first", "declared"):
             cands.append(Candidate(groups, stream, orders[oname], f"{pname}+{oname}"))
+    if problem.cuda:
+        for sname, smap2 in stream_presets(problem, smap).items():
+            if sname == "given":
+                continue
+            st = tuple(smap2[n] for n in problem.names)
+            for pname, groups in thread_presets(problem, smap2).items():
+                cands.append(Candidate(groups, st, orders["critical_chain_first"], f"{sname} streams+{pname}"))
     return cands
 
 
@@ -743,8 +813,18 @@ def _mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: in
         new[problem.names[i]] = g
         out.append(Candidate(_canonical_groups(problem, new), cand.stream, cand.priority,
                              f"move {problem.names[i]}->{g}"))
-    # MUTATE_STREAM_MAP: move a whole stream group (CUDA only)
+    # MUTATE_STREAM_MAP: presets, whole stream groups, single tasks (CUDA only)
     if problem.cuda:
+        for pname, smap2 in stream_presets(problem, smap).items():
+            out.append(Candidate(cand.group, tuple(smap2[n] for n in problem.names), cand.priority, f"streams:{pname}"))
+        singles = [(n, s) for n in problem.names for s in problem.stream_choices[n]
+                   if stream_name(s) != stream_name(smap[n])]
+        rng.shuffle(singles)
+        for n, s in singles[:budget]:
+            new = dict(smap)
+            new[n] = s
+            out.append(Candidate(cand.group, tuple(new[x] for x in problem.names), cand.priority,
+                                 f"stream {n}->{stream_name(s)}"))
         by_stream: Dict[str, List[str]] = {}
         for n, s in smap.items():
             if n not in problem.frozen_stream:

@@ -31,6 +31,7 @@ every smaller one infeasible (the constraints only loosen as ``II`` grows), so
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -204,26 +205,51 @@ def _build(problem: Problem, ii: int, hint: Optional[dict], optimise: bool) -> _
     if len(ordered) > 1:
         m.AddNoOverlap([iv for t in ordered for iv in circular(f"sequencer[{t}]", offset[t], dur[t])])
 
-    # -- device part (CUDA): on its stream, after its host part --
+    # -- device part (CUDA) --
+    # A task's device part is submitted to its stream when its host part ends and runs in
+    # submission order (a FIFO), after the device parts it depends on. In window coordinates
+    # (the period in which it was submitted): sub_off in [0, II) and dev_rel = sub_off + lag.
     dev_start: Dict[str, Any] = {}
     shared_off: Dict[str, Any] = dict(offset)
     shared_size: Dict[str, int] = dict(dur)
     if problem.cuda:
+        sub_turn, sub_off, dev_rel = {}, {}, {}
         for t in names:
-            dev_turn = m.NewIntVar(0, 2 * D + 2, f"dev_turn[{t}]")
-            dev_off = m.NewIntVar(0, ii - 1, f"dev_offset[{t}]")
-            dev_start[t] = ii * dev_turn + dev_off
-            m.Add(dev_start[t] >= start[t] + dur[t])
-            shared_off[t], shared_size[t] = dev_off, problem.ddur(t)
-        for k, s in enumerate(streams):
-            m.AddNoOverlap([iv for t in names if (t, k) in in_stream
-                            for iv in circular(f"stream[{t},{stream_name(s)}]", shared_off[t], shared_size[t],
-                                               in_stream[t, k])])
+            sub_turn[t] = m.NewIntVar(0, D + 1, f"submit_turn[{t}]")
+            sub_off[t] = m.NewIntVar(0, ii - 1, f"submit_offset[{t}]")
+            m.Add(ii * sub_turn[t] + sub_off[t] == start[t] + dur[t])
+            lag = m.NewIntVar(0, horizon, f"device_lag[{t}]")
+            dev_rel[t] = sub_off[t] + lag
+            dev_start[t] = ii * sub_turn[t] + dev_rel[t]
+        fifo_pairs = {}
+        for a, b in itertools.combinations(names, 2):
+            shared_streams = [k for k in range(len(streams)) if (a, k) in in_stream and (b, k) in in_stream]
+            same_comm = problem.comm[a] is not None and problem.comm[a] == problem.comm[b]
+            if not shared_streams and not same_comm:
+                continue
+            first = m.NewBoolVar(f"submitted_first[{a},{b}]")
+            m.Add(sub_off[a] <= sub_off[b]).OnlyEnforceIf(first)
+            m.Add(sub_off[b] <= sub_off[a]).OnlyEnforceIf(first.Not())
+            conds = [[in_stream[a, k], in_stream[b, k]] for k in shared_streams] + ([[]] if same_comm else [])
+            for cond in conds:
+                # a then b in one window, and b before a of the next window (and the converse)
+                m.Add(dev_rel[b] >= dev_rel[a] + problem.ddur(a)).OnlyEnforceIf([first] + cond)
+                m.Add(dev_rel[a] + ii >= dev_rel[b] + problem.ddur(b)).OnlyEnforceIf([first] + cond)
+                m.Add(dev_rel[a] >= dev_rel[b] + problem.ddur(b)).OnlyEnforceIf([first.Not()] + cond)
+                m.Add(dev_rel[b] + ii >= dev_rel[a] + problem.ddur(a)).OnlyEnforceIf([first.Not()] + cond)
+            fifo_pairs[a, b] = first
+        pcie = [t for t in names if t in problem.pcie]
+        for t in pcie:
+            # PCIe copies take turns in any order: a circular NoOverlap on their device offsets
+            turn = m.NewIntVar(0, horizon // ii + 2, f"pcie_turn[{t}]")
+            off = m.NewIntVar(0, ii - 1, f"pcie_offset[{t}]")
+            m.Add(ii * turn + off == dev_start[t])
+            shared_off[t], shared_size[t] = off, problem.ddur(t)
 
-    # -- communicators and PCIe serialise (device part on CUDA, host part on CPU) --
+    # -- communicators (CPU: any order on host time) and PCIe serialise --
     groups: Dict[tuple, List[str]] = {}
     for t in names:
-        if problem.comm[t] is not None:
+        if problem.comm[t] is not None and not problem.cuda:
             groups.setdefault(("comm", problem.comm[t]), []).append(t)
         if t in problem.pcie:
             groups.setdefault(("pcie",), []).append(t)
@@ -360,6 +386,9 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
             left = max(0.5, min(left, 0.2 * time_limit_s))
         elif left <= 0.05:
             return None
+        elif best is None:
+            # until a plan is in hand, no single period may eat the whole budget
+            left = min(left, max(1.0, 0.25 * time_limit_s))
         mod = _build(problem, ii, _hint_from(problem, hint, ii), optimise)
         status, solver, wall = _solve(mod, left, num_workers, seed)
         solve_time += wall

@@ -106,11 +106,14 @@ class CriticalCycle:
         if not self.steps:
             return "(no cycle)"
         base = self.steps[-1][2]
-        parts = []
-        for task, part, it, via in self.steps:
-            where = "" if part == "host" else "@dev"
+
+        def node(task: str, part: str, it: int) -> str:
             off = f"{it - base:+d}" if it != base else ""
-            parts.append(f"{task}{where}[i{off}] -{via}->")
+            return f"{task}{'' if part == 'host' else '@dev'}[i{off}]"
+
+        parts = [f"{node(task, part, it)} -{via}->" for task, part, it, via in self.steps]
+        first = self.steps[0]
+        parts.append(node(first[0], first[1], first[2] + self.iterations))
         return " ".join(parts) + f" (repeats every {self.iterations} iteration(s), {self.ratio * 1e3:.3f} ms/iter)"
 
 

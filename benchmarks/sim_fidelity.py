@@ -24,7 +24,8 @@ worst <= 15%.
 
 ``--dlrm`` also compares, for each TorchRec plan on the DLRM workload of
 :mod:`swpipe.workloads` (one rank, CPU), the measured period with the one
-simulated from the cost model measured on that plan's run (target 10%).
+simulated from the cost model measured on that plan's run, without and with
+the fitted per-task overhead (target 10%).
 
 Usage::
 
@@ -35,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import statistics
@@ -153,12 +155,9 @@ def _err(sim: float, meas: float) -> float:
     return (sim - meas) / meas
 
 
-def run_sleep(args: argparse.Namespace) -> List[dict]:
+def run_sleep(args: argparse.Namespace, o_nominal: float, o_timeline: float) -> List[dict]:
     rng = random.Random(args.seed)
     rows = []
-    o_nominal, o_timeline = calibrate_overhead(args.iters, args.repeats, args.scale_ms)
-    print(f"engine overhead per task fitted on a separate calibration plan: {o_nominal * 1e6:.0f} us over the "
-          f"nominal sleep times, {o_timeline * 1e6:.0f} us over the times measured in the timeline")
     print(f"{'#':>3} {'tasks':>5} {'thr':>3} {'dep':>3} {'measured':>9} | {'nominal':>8} {'err':>6} | "
           f"{'+ovh':>8} {'err':>6} | {'timeline':>8} {'err':>6} | {'+ovh':>8} {'err':>6} | binding (nominal)")
     for k in range(args.plans):
@@ -190,8 +189,12 @@ def run_sleep(args: argparse.Namespace) -> List[dict]:
     return rows
 
 
-def run_dlrm(args: argparse.Namespace) -> Optional[List[dict]]:
+def run_dlrm(args: argparse.Namespace, o_timeline: float) -> Optional[List[dict]]:
     """TorchRec plans on the DLRM workload: measured vs simulated from each plan's measured cost model.
+
+    Every TorchRec plan as its factory builds it (one thread group), and the
+    four with side streams also with one thread per stream (``by_stream``),
+    where worker threads compete for the cores and the GIL.
 
     The cost model is the median host time per task in the fastest measured run
     (``CostModel.from_timeline``), so this checks the simulator's schedule
@@ -202,6 +205,7 @@ def run_dlrm(args: argparse.Namespace) -> Optional[List[dict]]:
         from swpipe.workloads.bench import TORCHREC_PLANS
         from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
         from swpipe.workloads.tasks import plan_for
+        from swpipe_core.workers import with_thread_map
     except ImportError as exc:  # the workload is another room's; the sleep part stands alone
         print(f"--dlrm skipped: swpipe.workloads is not importable ({exc})")
         return None
@@ -211,12 +215,17 @@ def run_dlrm(args: argparse.Namespace) -> Optional[List[dict]]:
         data = SyntheticData(config, env.world_size, env.rank)
         batches = data.batches(args.iters)
         print(f"\nDLRM workload (preset {args.dlrm_preset!r}, 1 rank, CPU), {args.iters} batches")
-        print(f"{'plan':<28} {'measured':>9} {'simulated':>9} {'err':>7}  binding")
-        for name in TORCHREC_PLANS:
+        print(f"{'plan':<30} {'measured':>9} | {'timeline':>8} {'err':>6} | {'+ovh':>8} {'err':>6} | binding")
+        rows_to_run = [(name, None) for name in TORCHREC_PLANS]
+        rows_to_run += [(name, "by_stream") for name in ("sparse_dist", "fused_sparse_dist", "prefetch", "semi_sync")]
+        for name, thread_map in rows_to_run:
+            label = name if thread_map is None else f"{name} ({thread_map})"
             try:
                 best, events = float("inf"), []
                 for _ in range(args.repeats):
                     plan = plan_for(name, DLRMWorkload(config, env))
+                    if thread_map:
+                        plan = with_thread_map(plan, thread_map)
                     with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
                         pipe.run(iter(batches))
                         run_events = list(pipe.timeline)
@@ -228,17 +237,30 @@ def run_dlrm(args: argparse.Namespace) -> Optional[List[dict]]:
                         best, events = period, run_events
                 # the cost model measured on the plan's own run: median host time per task after warm-up
                 costs = CostModel.from_timeline([e for e in events if e.iteration >= 2], machine=platform.node(),
-                                                notes=f"DLRM {name}")
+                                                notes=f"DLRM {label}")
+                if args.save_costs:
+                    os.makedirs(args.save_costs, exist_ok=True)
+                    costs.pipeline = name if thread_map is None else ""
+                    costs.method = f"timeline: median host time per task, pipelined run of {args.iters} batches"
+                    costs.machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPU(s), "
+                                     f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
+                    costs.notes = (f"DLRM workload preset {args.dlrm_preset!r}, 1 rank, CPU, plan {label}; measured "
+                                   f"{time.strftime('%Y-%m-%d')} by benchmarks/sim_fidelity.py --dlrm --save-costs")
+                    costs.save(os.path.join(args.save_costs, f"dlrm_{args.dlrm_preset}_{label.replace(' (', '_').rstrip(')')}.json"))
                 sim = simulate(plan, costs, num_iterations=args.iters)
+                sim_o = simulate(plan, costs, num_iterations=args.iters, task_overhead_s=o_timeline)
             except Exception as exc:  # noqa: BLE001 - report and go on with the other plans
-                print(f"{name:<28} failed: {type(exc).__name__}: {exc}")
+                print(f"{label:<30} failed: {type(exc).__name__}: {exc}")
                 continue
-            rows.append(dict(plan=name, measured=best, simulated=sim.period, binding=sim.binding))
-            print(f"{name:<28} {best * 1e3:>8.3f}m {sim.period * 1e3:>8.3f}m {_err(sim.period, best):>+7.1%}  "
-                  f"{sim.binding[:50]}")
-    if rows:
-        errs = [abs(_err(r["simulated"], r["measured"])) for r in rows]
-        print(f"DLRM: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} (target each <= 10%)")
+            rows.append(dict(plan=label, measured=best, timeline=sim.period, overhead=sim_o.period,
+                             binding=sim_o.binding))
+            print(f"{label:<30} {best * 1e3:>8.3f}m | {sim.period * 1e3:>7.3f}m {_err(sim.period, best):>+6.1%} | "
+                  f"{sim_o.period * 1e3:>7.3f}m {_err(sim_o.period, best):>+6.1%} | {sim_o.binding[:40]}")
+    for key in ("timeline", "overhead"):
+        if rows:
+            errs = [abs(_err(r[key], r["measured"])) for r in rows]
+            print(f"DLRM {key:>8}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
+                  f"(target each <= 10%)")
     return rows
 
 
@@ -250,13 +272,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale-ms", type=float, default=1.0, help="multiplies the 1-4 ms sleep costs")
     p.add_argument("--dlrm", action="store_true", help="also compare TorchRec plans on the DLRM workload")
-    p.add_argument("--dlrm-preset", default="test")
+    p.add_argument("--dlrm-preset", default="demo", help="DLRMConfig preset: demo (default) or test (tiny)")
+    p.add_argument("--save-costs", metavar="DIR", default=None,
+                   help="with --dlrm: write each plan's measured cost model to DIR/dlrm_<preset>_<plan>.json")
     args = p.parse_args(argv)
-    print(f"sim fidelity: {platform.machine()} {torch.__version__}, {len(__import__('os').sched_getaffinity(0))} "
+    print(f"sim fidelity: {platform.machine()} {torch.__version__}, {len(os.sched_getaffinity(0))} "
           f"CPU(s) available, {time.strftime('%Y-%m-%d')}")
-    run_sleep(args)
+    o_nominal, o_timeline = calibrate_overhead(args.iters, args.repeats, args.scale_ms)
+    print(f"engine overhead per task fitted on a separate calibration plan: {o_nominal * 1e6:.0f} us over the "
+          f"nominal sleep times, {o_timeline * 1e6:.0f} us over the times measured in the timeline")
+    if args.plans:
+        run_sleep(args, o_nominal, o_timeline)
     if args.dlrm:
-        run_dlrm(args)
+        run_dlrm(args, o_timeline)
     return 0
 
 

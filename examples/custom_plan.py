@@ -13,7 +13,8 @@ import argparse
 import torch
 
 from swpipe import PipelinePlan, SWPipeline, TaskSchedule, validate
-from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed, task_fns, train_reference
+from swpipe.workloads import (DLRMConfig, DLRMWorkload, SyntheticData, init_distributed, same_results, task_fns,
+                              train_reference)
 
 
 def lookup_ahead_plan() -> PipelinePlan:
@@ -49,12 +50,12 @@ def main() -> None:
     plan = lookup_ahead_plan()
     validate(plan)
     plan = plan.bind(task_fns(workload, plan.task_names))
-    with SWPipeline(plan, device="cpu") as pipe:
+    with SWPipeline(plan, device=env.device) as pipe:
         pipe.print_schedule(5)
         pipe.run(iter(batches))
 
     reference = train_reference(DLRMWorkload(config, env), batches)
-    same = all(torch.equal(a, b) for a, b in zip(workload.loss_list(), reference))
+    same = same_results(workload.loss_list(), reference)
     print(f"depth {plan.pipeline_depth}, threads {sorted({plan.sched(t).thread_group for t in plan.task_names})}; "
           f"losses equal to the plain loop: {same}")
     env.close()

@@ -12,7 +12,8 @@ import argparse
 import torch
 
 from swpipe import SWPipeline, pipelines
-from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, train_reference
+from swpipe.workloads import (DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, same_results,
+                              train_reference)
 from swpipe_core.workers import with_thread_map
 
 
@@ -33,11 +34,11 @@ def main() -> None:
     workload = DLRMWorkload(config, env)  # same seed: same initial model
     plan = pipelines.get("fused_sparse_dist", fns_for("fused_sparse_dist", workload))
     plan = with_thread_map(plan, "by_stream")
-    with SWPipeline(plan, device="cpu") as pipe:
+    with SWPipeline(plan, device=env.device) as pipe:
         pipe.print_schedule(4)
         seconds = pipe.run(iter(batches))
 
-    same = all(torch.equal(a, b) for a, b in zip(workload.loss_list(), serial.loss_list()))
+    same = same_results(workload.loss_list(), serial.loss_list())
     print(f"{args.iters} iterations in {seconds:.2f} s; first loss {workload.losses[0].item():.4f}, "
           f"last {workload.losses[args.iters - 1].item():.4f}; equal to the plain loop: {same}")
     env.close()

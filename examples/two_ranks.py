@@ -9,10 +9,8 @@ back by a second all-to-all. Every rank checks its losses against a plain loop.
 
 import argparse
 
-import torch
-
 from swpipe import SWPipeline, pipelines
-from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, spawn, train_reference
+from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, same_results, spawn, train_reference
 
 
 def on_rank(env, iters: int) -> str:
@@ -22,7 +20,7 @@ def on_rank(env, iters: int) -> str:
     workload = DLRMWorkload(config, env)
     with SWPipeline(pipelines.get("sparse_dist", fns_for("sparse_dist", workload)), device=env.device) as pipe:
         pipe.run(iter(batches))
-    same = all(torch.equal(a, b) for a, b in zip(workload.loss_list(), reference))
+    same = same_results(workload.loss_list(), reference)
     return (f"rank {env.rank}/{env.world_size} ({env.backend}): owns tables {workload.model.owned_tables}, "
             f"last loss {workload.losses[iters - 1].item():.4f}, equal to the plain loop: {same}")
 

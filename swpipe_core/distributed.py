@@ -25,6 +25,7 @@ them differently on each rank.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import torch
@@ -120,7 +121,8 @@ class AgreedIterator(Iterator[Any]):
         yield from self._source
 
 
-def agree_on_end(data: Iterable[Any], group: Optional[Any] = None) -> AgreedIterator:
+def agree_on_end(data: Iterable[Any], group: Optional[Any] = None,
+                 timeout: Optional[timedelta] = None) -> AgreedIterator:
     """Wrap a rank's data so that all ranks stop at the same batch.
 
     Every ``next()`` exchanges one status per rank (a gloo ``all_reduce`` of
@@ -137,6 +139,11 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None) -> AgreedIter
         ``torch.distributed.new_group(backend="gloo")``, which is itself a
         collective: every rank must call ``agree_on_end`` at the same point.
         Do not pass the group the pipeline's tasks use for their collectives.
+    timeout : datetime.timedelta, optional
+        Timeout of the group created when ``group`` is None. A new group does
+        not inherit ``init_process_group``'s timeout (its default is 30
+        minutes): set it so that a rank whose peer died fails, and can exit,
+        within that time.
 
     Returns
     -------
@@ -169,5 +176,5 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None) -> AgreedIter
         raise RuntimeError("agree_on_end needs torch.distributed: call torch.distributed.init_process_group(...) "
                            "on every rank first (a single process can use world_size=1)")
     if group is None:
-        group = dist.new_group(backend="gloo")
+        group = dist.new_group(backend="gloo", timeout=timeout)
     return AgreedIterator(data, group)

@@ -7,7 +7,11 @@ the same task and iteration on both ranks (a mispairing shows as a wrong
 sum). Then, on the same process group: uneven data wrapped in
 :func:`swpipe_core.distributed.agree_on_end` stops both ranks at the same
 iteration; and a rank whose task raises makes the other rank's pipeline fail
-(gloo timeout) instead of hanging, after which every process exits by itself.
+(gloo timeout) instead of hanging, after which every process exits by itself;
+and uneven data *without* ``agree_on_end`` makes the longer rank fail the
+same way (the hang of hand-written pipelines, turned into an error). Each
+scenario uses a process group of its own, so one that breaks its group spares
+the next.
 
 The ranks are spawned by the test (``spawn`` start method, ``FileStore``
 rendezvous); the test has a hard deadline and kills children that outlive
@@ -38,7 +42,8 @@ TASK_IDS = {"SyncA": 1, "SyncB": 2}
 
 # ----------------------------------------------------------------------------- rank side
 
-def _plan(rank: int, log: List[Any], bad: List[Any], fail_at: Optional[int] = None, ordered: bool = True):
+def _plan(rank: int, log: List[Any], bad: List[Any], group: Any, fail_at: Optional[int] = None,
+          ordered: bool = True):
     """Load (io) -> SyncA (comm_a) + SyncB (comm_b), both all_reduce, globally ordered -> Step (compute)."""
     import torch
     import torch.distributed as dist
@@ -57,7 +62,7 @@ def _plan(rank: int, log: List[Any], bad: List[Any], fail_at: Optional[int] = No
             # same shape for both tasks, so a mispairing gives a wrong sum instead of a shape error
             t = torch.tensor([tid, ctx.iter_idx, rank + 1], dtype=torch.int64)
             log.append((name, ctx.iter_idx))
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=group)
             want = [WORLD * tid, WORLD * ctx.iter_idx, WORLD * (WORLD + 1) // 2]
             if t.tolist() != want:
                 bad.append((name, ctx.iter_idx, t.tolist()))
@@ -77,6 +82,20 @@ def _plan(rank: int, log: List[Any], bad: List[Any], fail_at: Optional[int] = No
                                                 ("Step", "SyncA"), ("Step", "SyncB")])
 
 
+def _pipe(rank: int, log: List[Any], bad: List[Any], **kw: Any):
+    """A pipeline on a process group of its own, so a scenario that breaks its group spares the next ones
+    (``new_group`` rendezvous through the store, not through a possibly broken gloo group)."""
+    import torch.distributed as dist
+
+    from swpipe_core.engine import SWPipeline
+
+    # new_group does not inherit init_process_group's timeout (its default is 30 min): without one, a worker
+    # stuck in a collective whose peer is gone outlives the error and the process aborts at exit
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    return SWPipeline(_plan(rank, log, bad, group, **kw), device="cpu", signal_timeout=20, sequencer_timeout=20,
+                      progress_timeout=30)
+
+
 def _drive(pipe, data) -> List[int]:
     it = pipe.fill_pipeline(data)
     retired = []
@@ -87,76 +106,92 @@ def _drive(pipe, data) -> List[int]:
             return retired
 
 
-def scenario_order(rank: int, peer_done: Any, iters: int = ORDER_ITERS, ordered: bool = True) -> Dict[str, Any]:
-    from swpipe_core.engine import SWPipeline
+def _drive_until_error(pipe, data) -> Dict[str, Any]:
+    """Run to the end or the first error; what happened, and the seconds since the last retired iteration."""
+    import threading
 
+    from swpipe_core.engine import PipelineTaskError
+
+    out: Dict[str, Any] = {"error": None, "retired": []}
+    t_last = time.perf_counter()
+    it = pipe.fill_pipeline(data)
+    try:
+        while True:
+            out["retired"].append(pipe.progress(it))
+            t_last = time.perf_counter()
+    except StopIteration:
+        pass
+    except PipelineTaskError as err:
+        out.update(error=type(err).__name__, task=err.task, iteration=err.iteration, message=str(err),
+                   cause=type(err.__cause__).__name__)
+    except BaseException as err:  # recorded for the parent's assertion, not swallowed silently
+        out.update(error=type(err).__name__, message=str(err))
+    out["seconds"] = time.perf_counter() - t_last
+    pipe.close()
+    out["threads_after"] = [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
+    return out
+
+
+def scenario_order(rank: int, events: Dict[str, Any], iters: int = ORDER_ITERS, ordered: bool = True) -> Dict[str, Any]:
     log: List[Any] = []
     bad: List[Any] = []
-    pipe = SWPipeline(_plan(rank, log, bad, ordered=ordered), device="cpu", signal_timeout=20,
-                      sequencer_timeout=20, progress_timeout=30)
+    pipe = _pipe(rank, log, bad, ordered=ordered)
     t0 = time.perf_counter()
     retired = _drive(pipe, range(iters))
     pipe.close()
     return {"sequence": log, "mispaired": bad, "retired": len(retired), "seconds": time.perf_counter() - t0}
 
 
-def scenario_uneven(rank: int, peer_done: Any) -> Dict[str, Any]:
+def scenario_uneven(rank: int, events: Dict[str, Any]) -> Dict[str, Any]:
     from swpipe_core.distributed import agree_on_end
-    from swpipe_core.engine import SWPipeline
 
     log: List[Any] = []
     bad: List[Any] = []
-    pipe = SWPipeline(_plan(rank, log, bad), device="cpu", signal_timeout=20, sequencer_timeout=20,
-                      progress_timeout=30)
-    data = agree_on_end(range(UNEVEN[rank]))
+    pipe = _pipe(rank, log, bad)
+    data = agree_on_end(range(UNEVEN[rank]), timeout=timedelta(seconds=GLOO_TIMEOUT_S))
     retired = _drive(pipe, data)
     pipe.close()
     return {"retired": retired, "mispaired": bad, "leftover": list(data.leftover), "rest": list(data.rest()),
             "ended_ranks": list(data.ended_ranks), "batches": data.batches}
 
 
-def scenario_fail(rank: int, peer_done: Any) -> Dict[str, Any]:
-    """Rank FAIL_RANK raises in SyncA at FAIL_ITER and then stays alive (no collective, no exit) until
-    the peer has failed: the peer cannot rely on a closed connection, only on timeouts."""
-    import threading
-
-    from swpipe_core.engine import PipelineTaskError, SWPipeline
-
-    log: List[Any] = []
-    bad: List[Any] = []
-    fail_at = FAIL_ITER if rank == FAIL_RANK else None
-    pipe = SWPipeline(_plan(rank, log, bad, fail_at=fail_at), device="cpu", signal_timeout=20,
-                      sequencer_timeout=20, progress_timeout=30)
-    out: Dict[str, Any] = {"error": None}
-    t_last = [time.perf_counter()]
-    it = pipe.fill_pipeline(range(10 * FAIL_ITER))
-    try:
-        while True:
-            out.setdefault("retired", []).append(pipe.progress(it))
-            t_last[0] = time.perf_counter()
-    except PipelineTaskError as err:
-        out.update(error=type(err).__name__, task=err.task, iteration=err.iteration, message=str(err),
-                   cause=type(err.__cause__).__name__, seconds=time.perf_counter() - t_last[0])
-    except BaseException as err:  # recorded for the parent's assertion, not swallowed silently
-        out.update(error=type(err).__name__, message=str(err), seconds=time.perf_counter() - t_last[0])
-    pipe.close()
-    out["threads_after"] = [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
-    if rank == FAIL_RANK:
-        out["peer_failed_in_time"] = peer_done.wait(SESSION_DEADLINE_S / 2)
+def _wait_or_signal(rank: int, waiter: int, event: Any, out: Dict[str, Any]) -> None:
+    """Rank ``waiter`` stays alive (no collective, no exit) until the other rank has failed: that rank
+    cannot rely on a closed connection, only on timeouts."""
+    if rank == waiter:
+        out["peer_failed_in_time"] = event.wait(SESSION_DEADLINE_S / 2)
     else:
-        peer_done.set()
+        event.set()
+
+
+def scenario_fail(rank: int, events: Dict[str, Any]) -> Dict[str, Any]:
+    """Rank FAIL_RANK raises in SyncA at FAIL_ITER; the other rank blocks in that all_reduce."""
+    pipe = _pipe(rank, [], [], fail_at=FAIL_ITER if rank == FAIL_RANK else None)
+    out = _drive_until_error(pipe, range(10 * FAIL_ITER))
+    _wait_or_signal(rank, FAIL_RANK, events["fail"], out)
+    return out
+
+
+def scenario_uneven_raw(rank: int, events: Dict[str, Any]) -> Dict[str, Any]:
+    """Uneven data without agree_on_end: the hang of hand-written pipelines, turned into an error."""
+    pipe = _pipe(rank, [], [])
+    out = _drive_until_error(pipe, range(UNEVEN[rank]))
+    short = min(UNEVEN, key=UNEVEN.get)
+    _wait_or_signal(rank, short, events["uneven_raw"], out)
     return out
 
 
 SCENARIOS: Dict[str, Callable[..., Dict[str, Any]]] = {
     "order": scenario_order,
-    "order_unordered": lambda rank, peer_done: scenario_order(rank, peer_done, iters=200, ordered=False),
+    "order_unordered": lambda rank, events: scenario_order(rank, events, iters=200, ordered=False),
     "uneven": scenario_uneven,
     "fail": scenario_fail,
+    "uneven_raw": scenario_uneven_raw,
 }
 
 
-def _rank_main(rank: int, world: int, store_path: str, out_dir: str, scenarios: List[str], peer_done: Any) -> None:
+def _rank_main(rank: int, world: int, store_path: str, out_dir: str, scenarios: List[str],
+               events: Dict[str, Any]) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
@@ -168,7 +203,7 @@ def _rank_main(rank: int, world: int, store_path: str, out_dir: str, scenarios: 
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=GLOO_TIMEOUT_S))
         for name in scenarios:
-            results[name] = SCENARIOS[name](rank, peer_done)
+            results[name] = SCENARIOS[name](rank, events)
             with open(path, "w") as fh:  # after each scenario: partial results survive a crash
                 json.dump(results, fh)
         dist.destroy_process_group()
@@ -189,8 +224,8 @@ def run_ranks(scenarios: List[str], world: int = WORLD, deadline_s: float = SESS
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        peer_done = ctx.Event()
-        procs = [ctx.Process(target=_rank_main, args=(r, world, store, tmp, scenarios, peer_done),
+        events = {"fail": ctx.Event(), "uneven_raw": ctx.Event()}
+        procs = [ctx.Process(target=_rank_main, args=(r, world, store, tmp, scenarios, events),
                              name=f"rank{r}") for r in range(world)]
         t0 = time.perf_counter()
         for p in procs:
@@ -216,7 +251,7 @@ def run_ranks(scenarios: List[str], world: int = WORLD, deadline_s: float = SESS
 
 @pytest.fixture(scope="module")
 def session():
-    return run_ranks(["order", "uneven", "fail"])
+    return run_ranks(["order", "uneven", "fail", "uneven_raw"])
 
 
 def _no_crash(session):
@@ -263,3 +298,18 @@ def test_a_failing_rank_makes_the_peer_fail_within_the_timeout_and_every_process
     assert peer["seconds"] < GLOO_TIMEOUT_S + 20  # generous guard; the table reports the measured time
     assert failer["peer_failed_in_time"] is True
     assert failer["threads_after"] == [] and peer["threads_after"] == []
+
+
+def test_uneven_data_without_agreement_fails_the_longer_rank_within_the_timeout_instead_of_hanging(session):
+    """The field's hang, without agree_on_end: rank 0 waits in iteration 9's all_reduce for a rank that has
+    finished; gloo's timeout turns it into a PipelineTaskError naming the collective and the iteration."""
+    _no_crash(session)
+    short = min(UNEVEN, key=UNEVEN.get)
+    longer = 1 - short
+    s, lng = session["ranks"][short]["uneven_raw"], session["ranks"][longer]["uneven_raw"]
+    n = UNEVEN[short]
+    assert s["error"] is None and s["retired"] == list(range(n))
+    assert lng["error"] == "PipelineTaskError" and lng["task"] == "SyncA" and lng["iteration"] == n
+    assert lng["retired"] == list(range(n - 1)) or lng["retired"] == list(range(n))
+    assert lng["seconds"] < GLOO_TIMEOUT_S + 20
+    assert s["peer_failed_in_time"] is True and lng["threads_after"] == [] and s["threads_after"] == []

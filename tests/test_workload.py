@@ -46,7 +46,7 @@ def one_intra_op_thread():
 
 @pytest.fixture(scope="module")
 def env():
-    e = init_distributed()
+    e = init_distributed(backend="gloo", device=torch.device("cpu"))
     yield e
     e.close()
 
@@ -291,3 +291,35 @@ def test_pt2_falls_back_to_eager_with_a_warning_when_compile_fails(env, batches,
         got = _train(env, batches, lambda wl: plan_for("pt2", wl, compile_backend=broken_backend))
     assert any("runs eager" in str(w.message) for w in caught)
     _assert_same(got, reference)
+
+
+@pytest.mark.cuda
+def test_plans_on_cuda_match_the_serial_loop_to_tolerance():
+    from swpipe.workloads.checks import run_all
+    from swpipe.workloads.launch import spawn
+
+    # one NCCL rank in a fresh process (this one already holds a gloo group); CUDA's index_add_ uses
+    # atomics, so equality is to a tolerance here
+    (out,) = spawn(run_all, 1, CFG, ["sparse_dist", "fused_sparse_dist", "prefetch"], 4, (None, "by_stream"),
+                   backend="nccl", timeout=240)
+    want = out[("reference", None)]
+    for key, got in out.items():
+        if "losses" in got and key[0] in ("sparse_dist", "fused_sparse_dist", "prefetch"):
+            for a, b in zip(got["losses"], want["losses"]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            assert a.is_cuda
+
+
+def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batches, reference):
+    pytest.importorskip("autosched.search")
+    from swpipe.workloads.bench import auto_spec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the hook warns instead of failing: make it fail here
+        spec = auto_spec(CFG, env, batches, max_depth=3, max_threads=2, time_limit_s=3.0)
+    assert spec is not None and spec.label == "auto"
+    wl = DLRMWorkload(CFG, env)
+    plan = spec.plan(wl)
+    assert plan.unbound_tasks() == [] and plan.enqueue_order is not None
+    _run(plan, batches)
+    _assert_same((wl.loss_list(), wl.snapshot()), reference)

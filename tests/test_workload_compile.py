@@ -28,7 +28,7 @@ N = 6
 def env():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    e = init_distributed()
+    e = init_distributed(backend="gloo", device=torch.device("cpu"))
     yield e
     e.close()
     torch.set_num_threads(before)

@@ -29,7 +29,7 @@ THREAD_MAPS = (None, "by_stream")
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn(run_all, WORLD, CFG, SYNC + EVAL, ITERS, THREAD_MAPS, timeout=240)
+    return spawn(run_all, WORLD, CFG, SYNC + EVAL, ITERS, THREAD_MAPS, backend="gloo", timeout=240)
 
 
 def _same_training(a, b):
@@ -78,7 +78,7 @@ def test_two_ranks_compute_what_one_rank_computes_on_the_global_batch(ranks):
     # Same global batches on one rank (batch 32 = 2 x 16). Float sums are grouped differently
     # (two local means then an all-reduce), so equality holds to ~1e-6, not bit for bit.
     torch.set_num_threads(1)
-    env = init_distributed()
+    env = init_distributed(backend="gloo", device=torch.device("cpu"))
     try:
         wl = DLRMWorkload(DLRMConfig.preset("test", batch_size=32), env)
         single = train_reference(wl, SyntheticData(wl.config).batches(ITERS))

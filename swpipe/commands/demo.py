@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any, List
 
 __all__ = ["add_arguments", "run"]
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plans", default="all",
                         help="comma-separated pipeline names (see `swpipe list`), 'all' (default), "
                              "'+by_stream' variants included with 'all'")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per plan; the fastest counts (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over all plans; the fastest counts (default 3)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads per rank (default 1: pipeline threads use the other cores)")
     parser.add_argument("--compile", default="none", choices=["none", "inductor", "aot_eager", "eager"],

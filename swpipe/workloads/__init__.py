@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from .dlrm import DLRM, KJT, Batch, DistEnv, DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from .launch import spawn
-from .reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
+from .reference import emb_staleness, eval_reference, same_results, semi_sync_reference, train_reference
 from .tasks import fns_for, plan_for, task_fns
 
 __all__ = [
     "DLRM", "KJT", "Batch", "DistEnv", "DLRMConfig", "DLRMWorkload", "SyntheticData", "init_distributed",
-    "spawn", "emb_staleness", "eval_reference", "semi_sync_reference", "train_reference",
+    "spawn", "emb_staleness", "eval_reference", "same_results", "semi_sync_reference", "train_reference",
     "fns_for", "plan_for", "task_fns",
 ]

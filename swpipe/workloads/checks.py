@@ -63,7 +63,6 @@ def run_all(env: DistEnv, config: DLRMConfig, names: Sequence[str], iters: int,
     True
     >>> env.close()
     """
-    from swpipe_core import pipelines
     from swpipe_core.engine import SWPipeline
     from swpipe_core.workers import with_thread_map
 

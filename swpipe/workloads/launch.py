@@ -12,14 +12,26 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.multiprocessing as mp
 
 from .dlrm import DistEnv, init_distributed
 
-__all__ = ["spawn"]
+__all__ = ["spawn", "rank_info"]
+
+
+def rank_info(env: DistEnv) -> Tuple[int, int, str]:
+    """``(rank, world_size, backend)`` of a rank: the smallest function worth spawning.
+
+    Examples
+    --------
+    >>> from swpipe.workloads.dlrm import init_distributed
+    >>> env = init_distributed(); rank_info(env); env.close()
+    (0, 1, 'gloo')
+    """
+    return env.rank, env.world_size, env.backend
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, backend: Optional[str],
@@ -65,6 +77,11 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: Optional
         If a rank raised (carries its traceback).
     TimeoutError
         If the ranks did not finish in ``timeout`` seconds (they are terminated).
+
+    Examples
+    --------
+    >>> spawn(rank_info, 2, backend="gloo")
+    [(0, 2, 'gloo'), (1, 2, 'gloo')]
     """
     if world_size < 1:
         raise ValueError(f"spawn: world_size must be >= 1, got {world_size}")

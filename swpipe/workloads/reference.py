@@ -18,7 +18,7 @@ from swpipe_core.plan import PipelinePlan
 
 from .dlrm import Batch, DLRMWorkload
 
-__all__ = ["train_reference", "semi_sync_reference", "eval_reference", "emb_staleness"]
+__all__ = ["train_reference", "semi_sync_reference", "eval_reference", "emb_staleness", "same_results"]
 
 
 def train_reference(workload: DLRMWorkload, batches: Sequence[Batch]) -> List[torch.Tensor]:
@@ -183,3 +183,27 @@ def emb_staleness(plan: PipelinePlan) -> int:
     order = enqueue_order(plan)
     reader_first = order.index(reader) < order.index(writer)
     return (d - 1) + (1 if reader_first else 0)
+
+
+def same_results(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """Whether two runs' per-iteration results agree: bit for bit on CPU, to ``rtol=1e-5`` on CUDA.
+
+    On CPU the pipelined and serial runs execute the same ops in the same
+    order, so they are compared with ``torch.equal``. CUDA's ``index_add_``
+    (the embedding backward and update) accumulates with atomics, whose order
+    varies from run to run, so there the comparison allows float rounding.
+
+    Examples
+    --------
+    >>> same_results([torch.tensor(1.0)], [torch.tensor(1.0)]), same_results([torch.tensor(1.0)], [torch.tensor(1.0 + 1e-7)])
+    (True, False)
+    """
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.is_cuda or y.is_cuda:
+            if not torch.allclose(x, y, rtol=1e-5, atol=1e-6):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True

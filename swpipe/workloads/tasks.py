@@ -120,10 +120,11 @@ class _Tasks:
         return self._compiled
 
     def _run_dense(self, ctx: IterContext, pooled: torch.Tensor):
+        dev = self._dev(ctx, "Forward")
         fn = self._dense_fn(ctx.iter_idx)
         self.wl.dense_fn = fn
         try:
-            return self.wl.dense_forward(ctx.dev, pooled)
+            return self.wl.dense_forward(dev, pooled)
         except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager, loudly
             if fn is self.wl.model.dense_arch:
                 raise
@@ -132,7 +133,7 @@ class _Tasks:
                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                           "the PT2 plan runs eager", RuntimeWarning, stacklevel=2)
             self.wl.dense_fn = self.wl.model.dense_arch
-            return self.wl.dense_forward(ctx.dev, pooled)
+            return self.wl.dense_forward(dev, pooled)
 
     def _autograd_ctx(self, iter_idx: int):
         # TorchRec enables compiled autograd from the second iteration on.
