@@ -55,6 +55,9 @@ class Problem:
     base_plan: Optional[PipelinePlan] = None
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
     _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
+    _dur: Optional[Dict[str, int]] = field(default=None, repr=False)
+    _ddur: Optional[Dict[str, int]] = field(default=None, repr=False)
+    _memo: Dict[Any, Any] = field(default_factory=dict, repr=False)
 
     # -- timing ------------------------------------------------------------
 
@@ -76,11 +79,22 @@ class Problem:
 
     def dur(self, name: str) -> int:
         """Thread time of a task in time units."""
-        return self.units(self.thread_time(name))
+        if self._dur is None:
+            self._dur = {n: self.units(self.thread_time(n)) for n in self.names}
+            self._ddur = {n: (self.units(self.dev[n]) if self.cuda else 0) for n in self.names}
+        return self._dur[name]
 
     def ddur(self, name: str) -> int:
         """Device (stream) time of a task in time units; 0 on CPU."""
-        return self.units(self.dev[name]) if self.cuda else 0
+        if self._ddur is None:
+            self.dur(name)
+        return self._ddur[name]
+
+    def memo(self, key: Any, make: Any) -> Any:
+        """A value computed once per problem (presets, fire orders, levels)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     # -- structure ---------------------------------------------------------
 

@@ -32,6 +32,7 @@ improvement, or its time limit, and always returns the best plan seen.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import logging
 import math
@@ -42,12 +43,12 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import networkx as nx
 
-from swpipe_core.plan import PipelinePlan, stream_name
+from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 
 from ._problem import Problem, build_plan
 
 __all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
-           "thread_presets", "stream_presets", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
+           "thread_presets", "stream_presets", "simulate_steady", "plan_resource_bound", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class Candidate:
     stream: Tuple[Any, ...]     # stream per task, in problem.names order
     priority: Tuple[str, ...]   # fire order: a topological order of the intra DAG
     origin: str = field(default="", compare=False)
+    near: Optional[int] = field(default=None, compare=False)   # the parent's period, a bisection hint
 
     def key(self) -> tuple:
         return (self.group, tuple(stream_name(s) for s in self.stream), self.priority)
@@ -123,25 +125,64 @@ class BeamResult:
     stopped: str
 
 
+def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
+    """Seconds of work per iteration on the plan's busiest resource: no steady state is faster.
+
+    Threads (and on CUDA streams), the sequencer, each communicator and PCIe.
+    """
+    load: Dict[tuple, float] = {}
+    sched = {ref_name(k): v for k, v in plan.schedule.items()}
+    for n in problem.names:
+        s = sched[n]
+        host_keys, dev_keys = _resources(problem, n, s.thread_group, s.stream)
+        for k in host_keys:
+            load[k] = load.get(k, 0.0) + problem.thread_time(n)
+        for k in dev_keys:
+            load[k] = load.get(k, 0.0) + problem.dev[n]
+    return max(load.values(), default=0.0)
+
+
+def simulate_steady(problem: Problem, plan: PipelinePlan, num_iterations: int = 40) -> Any:
+    """Simulate ``plan``; lengthen the run while its period is still below the plan's busiest resource.
+
+    A queue that grows by a few microseconds per iteration can take many
+    iterations to bind; until it does, a short run reports the period of
+    another cycle. No steady state is faster than the busiest resource's work,
+    so a shorter period means "not steady yet": the run doubles (up to 16x).
+
+    Returns
+    -------
+    SimResult
+    """
+    from .simulate import simulate
+
+    floor = plan_resource_bound(problem, plan) * (1 - 1e-9)
+    n = num_iterations
+    while True:
+        res = simulate(plan, problem.costs, num_iterations=n, device=problem.device)
+        if res.period >= floor or n >= 16 * num_iterations:
+            return res
+        n *= 2
+
+
 def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
-    """Score a plan by the simulator: ``(period_s, latency_s)``.
+    """Score a plan by the simulator: ``(period_s, latency_s)`` (see :func:`simulate_steady`).
 
     Parameters
     ----------
     problem : Problem
         Gives the cost model and the device.
     num_iterations : int
-        Iterations simulated per plan.
+        Iterations simulated per plan (more while the run is not steady).
 
     Returns
     -------
     callable
         ``plan -> (period, latency)``.
     """
-    from .simulate import simulate
 
     def score(plan: PipelinePlan) -> Tuple[float, float]:
-        res = simulate(plan, problem.costs, num_iterations=num_iterations, device=problem.device)
+        res = simulate_steady(problem, plan, num_iterations)
         return float(res.period), float(res.latency)
 
     return score
@@ -289,7 +330,8 @@ def _place(rings: Dict[tuple, _Ring], keys: Sequence[tuple], est: int, dur: int,
 
 
 def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any],
-                    priority: Sequence[str], ii: int, max_depth: Optional[int] = None) -> Optional[_Timetable]:
+                    priority: Sequence[str], ii: int, max_depth: Optional[int] = None,
+                    repairs: int = 3) -> Optional[_Timetable]:
     """Place one iteration's tasks on a modulo-``ii`` reservation table, in ``priority`` order.
 
     Parameters
@@ -303,6 +345,10 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
         Target period in time units.
     max_depth : int, optional
         Stage cap (default the problem's).
+    repairs : int
+        When an inter-iteration dependency on a task placed later fails, the
+        waiting task is given that release time and the placement is redone,
+        at most this many times.
 
     Returns
     -------
@@ -313,14 +359,28 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
     cap = problem.max_depth if max_depth is None else max_depth
     if ii <= 0:
         return None
+    release: Dict[str, int] = {}
+    for _ in range(repairs + 1):
+        tt, need = _place_all(problem, group, stream, priority, ii, cap, release)
+        if tt is not None or not need:
+            return tt
+        for t, r in need.items():
+            release[t] = max(release.get(t, 0), r)
+    return None
+
+
+def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], priority: Sequence[str],
+               ii: int, cap: int, release: Mapping[str, int]) -> Tuple[Optional[_Timetable], Dict[str, int]]:
+    """One placement pass; on an inter-dependency violation also the release times that would fix it."""
     rings: Dict[tuple, _Ring] = {}
     fifos: Dict[tuple, List[Tuple[int, int, int]]] = {}
     start: Dict[str, int] = {}
     signal: Dict[str, int] = {}
+    dev_start: Dict[str, int] = {}
     dev_end: Dict[str, int] = {}
     for t in priority:
         host_keys, dev_keys = _resources(problem, t, group[t], stream[t])
-        est = ii * problem.frozen_stage.get(t, 0)
+        est = max(ii * problem.frozen_stage.get(t, 0), release.get(t, 0))
         dest = 0
         for d, n in problem.preds(t):
             if d in start:
@@ -328,10 +388,8 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
                 if problem.cuda:
                     dest = max(dest, dev_end[d] - ii * n)
         s = _place(rings, host_keys, est, problem.dur(t), ii)
-        if s is None:
-            return None
-        if s // ii >= cap:
-            return None
+        if s is None or s // ii >= cap:
+            return None, {}
         for k in host_keys:
             rings[k].add(s, problem.dur(t))
         start[t] = s
@@ -340,13 +398,19 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
             dd = problem.ddur(t)
             ds = _place_fifo(fifos, rings, dev_keys, signal[t], max(signal[t], dest), dd, ii)
             if ds is None:
-                return None
-            dev_end[t] = ds + dd
+                return None, {}
+            dev_start[t], dev_end[t] = ds, ds + dd
     # dependencies on tasks placed later (inter-iteration) must hold too
+    need: Dict[str, int] = {}
     for t in problem.names:
         for d, n in problem.preds(t):
             if start[t] < signal[d] - ii * n:
-                return None
+                need[t] = max(need.get(t, 0), signal[d] - ii * n)
+            elif problem.cuda and dev_start[t] < dev_end[d] - ii * n:
+                # the host part is not late, but its device part would be: start the host later
+                need[t] = max(need.get(t, 0), start[t] + dev_end[d] - ii * n - dev_start[t])
+    if need:
+        return None, need
     # Dependencies and the circular reservations only see differences of start times, so the
     # whole iteration may slide by any shift; the shift decides which period window each task
     # falls in (its stage) and so whether the progress barrier holds. Try shift 0, then the
@@ -361,8 +425,8 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
         offset = {t: (s + shift) % ii for t, s in start.items()}
         # progress barrier: period p + depth is enqueued when iteration p has retired
         if min(offset.values()) >= end + shift - ii * depth:
-            return _Timetable(ii, {t: s + shift for t, s in start.items()}, stage, offset)
-    return None
+            return _Timetable(ii, {t: s + shift for t, s in start.items()}, stage, offset), {}
+    return None, {}
 
 
 # --------------------------------------------------------------------------- bounds used by the search
@@ -436,27 +500,48 @@ def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping
 
 
 def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Optional[int] = None,
-                     rel_tol: float = 1e-3) -> Optional[_Timetable]:
-    """Smallest (by bisection) ``II`` at which :func:`modulo_schedule` places the candidate."""
+                     rel_tol: float = 1e-3, near: Optional[int] = None) -> Optional[_Timetable]:
+    """Smallest (by bisection) ``II`` at which :func:`modulo_schedule` places the candidate.
+
+    ``near`` (e.g. the parent candidate's ``II``) narrows the bisection: a
+    mutation rarely moves the period far.
+    """
     cap = problem.max_depth if max_depth is None else max_depth
     group = dict(zip(problem.names, cand.group))
     stream = dict(zip(problem.names, cand.stream))
+
+    def place(ii: int) -> Optional[_Timetable]:
+        return modulo_schedule(problem, group, stream, cand.priority, ii, cap)
+
     lo = _candidate_bound(problem, group, stream, rec, cap)
-    found = modulo_schedule(problem, group, stream, cand.priority, lo, cap)
+    found = place(lo)
     if found is not None:
         return found
-    hi = max(lo + 1, sum(problem.dur(n) + problem.ddur(n) for n in problem.names))
-    for _ in range(4):
-        found = modulo_schedule(problem, group, stream, cand.priority, hi, cap)
-        if found is not None:
-            break
-        hi *= 2
-    if found is None:
-        return None
     lo += 1
+    ceiling = max(lo, sum(problem.dur(n) + problem.ddur(n) for n in problem.names))
+    hi = None
+    if near is not None and near >= lo:
+        # gallop up from the parent's period: 0.5%, 1%, 2%, ... above it
+        step = max(1, near // 200)
+        probe = near
+        while probe <= 8 * ceiling:
+            found = place(probe)
+            if found is not None:
+                hi = probe
+                break
+            lo, probe, step = probe + 1, probe + step, step * 2
+    if hi is None:
+        hi = max(lo, ceiling)
+        for _ in range(4):
+            found = place(hi)
+            if found is not None:
+                break
+            hi *= 2
+        if found is None:
+            return None
     while hi - lo > max(1, int(hi * rel_tol)):
         mid = (lo + hi) // 2
-        got = modulo_schedule(problem, group, stream, cand.priority, mid, cap)
+        got = place(mid)
         if got is not None:
             hi, found = mid, got
         else:
@@ -468,6 +553,10 @@ def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Opt
 
 
 def _levels(problem: Problem) -> Tuple[Dict[str, int], Dict[str, int]]:
+    return problem.memo("levels", lambda: _compute_levels(problem))
+
+
+def _compute_levels(problem: Problem) -> Tuple[Dict[str, int], Dict[str, int]]:
     top: Dict[str, int] = {}
     order = list(nx.topological_sort(problem.dag))
     for n in order:
@@ -513,8 +602,13 @@ def fire_order(problem: Problem, policy: str, stream: Optional[Mapping[str, Any]
     >>> fire_order(p, "declared"), fire_order(p, "critical_chain_first")
     (('A', 'B', 'C'), ('B', 'A', 'C'))
     """
-    idx = {n: i for i, n in enumerate(problem.names)}
     stream = problem.init_stream if stream is None else stream
+    key = ("fire_order", policy, tuple(stream_name(stream[n]) for n in problem.names))
+    return problem.memo(key, lambda: _fire_order(problem, policy, stream))
+
+
+def _fire_order(problem: Problem, policy: str, stream: Mapping[str, Any]) -> Tuple[str, ...]:
+    idx = {n: i for i, n in enumerate(problem.names)}
     dag = problem.dag
     if policy == "declared":
         key = lambda n: idx[n]  # noqa: E731
@@ -585,7 +679,7 @@ def _cap_groups(problem: Problem, labels: Dict[str, str]) -> Dict[str, str]:
 
 
 def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tuple[str, ...]]:
-    """Named thread maps (002 §4.1/§5.5), each within ``max_threads``.
+    """Named thread maps (002 §4.1/§5.5), each within ``max_threads`` (memoised per stream map).
 
     Parameters
     ----------
@@ -600,6 +694,11 @@ def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tup
         threads than allowed are reduced by merging their lightest groups
         (``per_task`` is dropped instead).
     """
+    key = ("thread_presets", tuple(stream_name(stream[n]) for n in problem.names))
+    return dict(problem.memo(key, lambda: _thread_presets(problem, stream)))
+
+
+def _thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tuple[str, ...]]:
     names = problem.names
     out: Dict[str, Dict[str, str]] = {}
     fixed = sorted(set(problem.frozen_group.values()))
@@ -745,8 +844,9 @@ def _initial(problem: Problem) -> List[Candidate]:
         except ValueError:
             prio = orders["declared"]
         cands.append(Candidate(_canonical_groups(problem, labels), stream, prio, "given plan"))
+    first_orders = ("critical_chain_first", "declared") if len(problem.names) <= 60 else ("critical_chain_first",)
     for pname, groups in presets.items():
-        for oname in ("critical_chain_first", "declared"):
+        for oname in first_orders:
             cands.append(Candidate(groups, stream, orders[oname], f"{pname}+{oname}"))
     if problem.cuda:
         for sname, smap2 in stream_presets(problem, smap).items():
@@ -860,16 +960,14 @@ class _Evaluator:
 
     @staticmethod
     def plan_key(plan: PipelinePlan) -> tuple:
-        return tuple((n, plan.stage(n), plan.sched(n).thread_group, plan.stream_of(n)) for n in plan.task_names) + (
-            tuple(plan.enqueue_order or ()),)
+        return tuple((ref_name(k), s.stage, s.thread_group, stream_name(s.stream)) for k, s in plan.schedule.items()) + (
+            tuple(ref_name(r) for r in plan.enqueue_order or ()),)
 
     def score_plan(self, plan: PipelinePlan) -> Optional[Tuple[float, float]]:
         key = self.plan_key(plan)
         if key not in self.sim_cache:
             try:
-                from swpipe_core.validate import validate
-
-                validate(plan)
+                # the simulator validates the plan first
                 self.sim_cache[key] = self.scorer(plan)
                 self.counts["simulated"] += 1
             except Exception as exc:  # a plan the simulator rejects is just not a candidate
@@ -886,7 +984,8 @@ class _Evaluator:
         if key in self.seen:
             return self.seen[key]
         self.counts["unique"] += 1
-        tt = derive_timetable(self.problem, cand, self.rec, max_depth)
+        tol = 1e-3 if len(self.problem.names) <= 50 else 3e-3
+        tt = derive_timetable(self.problem, cand, self.rec, max_depth, rel_tol=tol, near=cand.near)
         if tt is None:
             self.counts["underivable"] += 1
             self.seen[key] = None
@@ -964,8 +1063,9 @@ def _given_plan(problem: Problem, ev: _Evaluator) -> Optional[Scored]:
 def _simulate_top(problem: Problem, ev: _Evaluator, pool: List[Scored], k: int, deadline: float) -> List[Scored]:
     """Simulate the ``k`` best-by-timetable unsimulated candidates; return every simulated one."""
     fresh = sorted((s for s in pool if not s.simulated), key=lambda s: s.proxy_rank())
-    for s in fresh[:k]:
-        if time.perf_counter() > deadline and any(x.simulated for x in pool):
+    for i, s in enumerate(fresh[:k]):
+        # past the deadline, still simulate the single most promising newcomer
+        if time.perf_counter() > deadline and i > 0:
             break
         ev.simulate(s)
     return [s for s in pool if s.simulated]
@@ -1016,9 +1116,10 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
         scorer = sim_scorer(problem, n_iter)
     rec = recurrence_bound(problem)
     ev = _Evaluator(problem, scorer, rec)
-    budget = moves_per_round if moves_per_round is not None else (40 if len(problem.names) <= 12 else 12)
+    n_tasks = len(problem.names)
+    budget = moves_per_round if moves_per_round is not None else (40 if n_tasks <= 12 else 12 if n_tasks <= 60 else 6)
     unit = problem.unit_s
-    n_sim = 2 * width
+    n_sim = 2 * width if n_tasks <= 60 else 3
 
     derived = [s for s in (ev.derive(c) for c in _initial(problem)) if s is not None]
     pool = _simulate_top(problem, ev, _prune(problem, derived), n_sim, deadline)
@@ -1054,6 +1155,8 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
             for cand in _mutations(problem, member.cand, rng, budget):
                 if time.perf_counter() > deadline:
                     break
+                if member.ii:
+                    cand = dataclasses.replace(cand, near=member.ii)
                 s = ev.derive(cand)
                 if s is not None:
                     expanded.append(s)

@@ -69,6 +69,18 @@ class Bounds:
         ``"critical path: ..."``, ``"schedule cycle: ..."``).
     components : tuple of (kind, value, what)
         Every bound with its description.
+
+    Examples
+    --------
+    >>> from autosched.costs import TaskCost
+    >>> from autosched.graph import task_graph
+    >>> g = task_graph(["A", "B"], [("B", "A")])
+    >>> print(lower_bounds(g, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}), max_depth=1).summary())
+    lower bound 3.000 ms/iter, binding: critical path: A -> B (3.000 ms) / depth 1
+      resource             2.000 ms  longest task B (2.000 ms of work per iteration)
+      recurrence           0.000 ms  (no cycle)
+      critical path        3.000 ms  A -> B (3.000 ms) / depth 1
+      schedule cycle       0.000 ms  task graph: no schedule fixed
     """
 
     res_mii: float
@@ -90,10 +102,17 @@ class Bounds:
 # -- max cycle ratio --------------------------------------------------------------------------------------------
 
 
-def _collapse(graph: nx.DiGraph, weight: str, distance: str) -> Dict[Tuple[Hashable, Hashable], List[Tuple[float, int, Any]]]:
-    pairs: Dict[Tuple[Hashable, Hashable], List[Tuple[float, int, Any]]] = {}
-    edges = graph.edges(keys=True, data=True) if graph.is_multigraph() else ((u, v, None, d) for u, v, d in graph.edges(data=True))
-    for u, v, key, data in edges:
+_Pairs = Dict[Tuple[Hashable, Hashable], List[Tuple[float, int, Any]]]
+
+
+def _collapse(graph: nx.DiGraph, weight: str, distance: str) -> _Pairs:
+    """``{(u, v): [(weight, distance, data), ...]}`` over all (parallel) edges."""
+    pairs: _Pairs = {}
+    if graph.is_multigraph():
+        edges = ((u, v, d) for u, v, _, d in graph.edges(keys=True, data=True))
+    else:
+        edges = graph.edges(data=True)
+    for u, v, data in edges:
         pairs.setdefault((u, v), []).append((float(data.get(weight, 0.0)), int(data.get(distance, 0)), data))
     return pairs
 
@@ -263,7 +282,8 @@ def event_graph(plan: PipelinePlan, costs: CostModel, device: str = "cpu") -> nx
     >>> from autosched.costs import TaskCost
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
     >>> g = event_graph(plan, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}))
-    >>> sorted((_label(u), _label(v), d["kind"], d["distance"]) for u, v, d in g.edges(data=True) if d["kind"] != "barrier")
+    >>> sorted((_label(u), _label(v), d["kind"], d["distance"])
+    ...        for u, v, d in g.edges(data=True) if d["kind"] != "barrier")
     [('A', 'B', 'dep', 0), ('A', 'B', 'thread:default', -1), ('B', 'A', 'thread:default', 2)]
     """
     cuda = str(device).startswith("cuda")

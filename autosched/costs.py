@@ -129,7 +129,13 @@ class TaskCost:
         return tuple(t[5:] for t in self.resources if t.startswith("comm:"))
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON form of the cost (``resources`` only when non-empty)."""
+        """The JSON form of the cost (``resources`` only when non-empty).
+
+        Examples
+        --------
+        >>> TaskCost(0.001, resources=("pcie",)).to_dict()
+        {'host_s': 0.001, 'device_s': 0.0, 'resources': ['pcie']}
+        """
         out: Dict[str, Any] = {"host_s": self.host_s, "device_s": self.device_s}
         if self.resources:
             out["resources"] = list(self.resources)
@@ -244,10 +250,10 @@ class CostModel:
 
         Examples
         --------
-        >>> CostModel({"A": TaskCost(1e-3)}).check(["A", "B"])
+        >>> CostModel({"A": TaskCost(1e-3)}).check(["A", "B"])  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.costs.CostModelError: tasks: no cost for task(s) ['B'] (the model has ['A']). Fix: add them to the cost model, e.g. model.tasks['B'] = TaskCost(host_s=...)
+        autosched.costs.CostModelError: tasks: no cost for task(s) ['B'] (the model has ['A']). Fix: add them ...
         """
         missing = [n for n in _names_of(plan_or_names) if n not in self.tasks]
         if missing:
@@ -424,7 +430,13 @@ class CostModel:
     # -- JSON --
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON document of the model (schema version 1)."""
+        """The JSON document of the model (schema version 1).
+
+        Examples
+        --------
+        >>> CostModel({"A": TaskCost(0.001)}, machine="m").to_dict()["tasks"]
+        {'A': {'host_s': 0.001, 'device_s': 0.0}}
+        """
         doc: Dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION, "machine": self.machine,
                                "method": self.method, "notes": self.notes}
         if self.pipeline:
@@ -453,10 +465,10 @@ class CostModel:
 
         Examples
         --------
-        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 2, "tasks": {}})
+        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 2, "tasks": {}})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.costs.CostModelError: version: version 2 is not supported (this swpipe reads version 1). Fix: convert the file to version 1 (see cost_models/README.md)
+        autosched.costs.CostModelError: version: version 2 is not supported (this swpipe reads version 1). Fix: ...
         """
         def at(fieldname: str) -> str:
             return f"{where}: {fieldname}" if where and fieldname else (where or fieldname)

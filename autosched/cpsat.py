@@ -78,7 +78,15 @@ class CpsatResult:
 
     @property
     def bound_s(self) -> float:
-        return self.bound * self.unit_s
+        """A lower bound on the real-valued period, in seconds.
+
+        An infeasible integer ``II = b - 1`` proves every period up to ``(b - 1)``
+        units impossible; a fractional period just above it is not excluded, so
+        the bound is ``(b - 1)`` units then, and ``b`` units when it is the
+        analytic bound itself.
+        """
+        proved = any(status == "INFEASIBLE" and ii == self.bound - 1 for ii, status in self.tried)
+        return (self.bound - 1 if proved else self.bound) * self.unit_s
 
 
 def model_lower_bound(problem: Problem) -> int:

@@ -278,7 +278,8 @@ def unroll(graph: Any, k: int) -> nx.DiGraph:
 def _plan_doc(plan: PipelinePlan) -> Dict[str, Any]:
     tasks = []
     for key, s in plan.schedule.items():
-        tasks.append({"name": ref_name(key), "stage": s.stage, "stream": None if s.stream is None else stream_name(s.stream),
+        stream = None if s.stream is None else stream_name(s.stream)
+        tasks.append({"name": ref_name(key), "stage": s.stage, "stream": stream,
                       "thread_group": s.thread_group, "globally_ordered": s.globally_ordered})
     return {
         "format": _PLAN_FORMAT,
@@ -497,7 +498,8 @@ def load_task_graph(path: PathLike, fns: Optional[Mapping[str, Callable]] = None
     --------
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "g.json")
-    >>> _ = open(p, "w").write('{"format": "swpipe-task-graph", "version": 1, "tasks": ["A"], "intra_iter_deps": [["A", "Z"]]}')
+    >>> doc = '{"format": "swpipe-task-graph", "version": 1, "tasks": ["A"], "intra_iter_deps": [["A", "Z"]]}'
+    >>> _ = open(p, "w").write(doc)
     >>> load_task_graph(p)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

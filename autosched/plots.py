@@ -44,7 +44,10 @@ def _draw(ax: Any, events: Sequence[Any], window: Optional[Tuple[float, float]],
           tracks: Optional[List[Tuple[str, str]]] = None) -> None:
     tracks = tracks or _tracks(events)
     row = {t: i for i, t in enumerate(tracks)}
-    lo, hi = window if window else (min((e.start for e in events), default=0.0), max((e.end for e in events), default=1.0))
+    if window:
+        lo, hi = window
+    else:
+        lo, hi = min((e.start for e in events), default=0.0), max((e.end for e in events), default=1.0)
     span = max(hi - lo, 1e-12)
     for e in events:
         if e.end < lo or e.start > hi:
@@ -162,7 +165,8 @@ def sweep_plot(table: Any, title: Optional[str] = None, path: Optional[str] = No
     Examples
     --------
     >>> import pandas as pd
-    >>> t = pd.DataFrame({"task_cost_s": [0.001, 0.002], "period_s": [0.003, 0.004], "binding": ["thread:a", "thread:a"]})
+    >>> t = pd.DataFrame({"task_cost_s": [0.001, 0.002], "period_s": [0.003, 0.004],
+    ...                   "binding": ["thread:a", "thread:a"]})
     >>> fig = sweep_plot(t)
     >>> fig.axes[0].get_ylabel()
     'period (ms/iteration)'

@@ -243,7 +243,8 @@ class SimResult:
             f"simulated {self.num_iterations} iterations on {self.device}: period {self.period * 1e3:.3f} ms/iter, "
             f"latency {self.latency * 1e3:.3f} ms{ahead}",
             f"binding: {self.binding}",
-            "utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(self.utilisation.items(), key=lambda kv: -kv[1])),
+            "utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in
+                                        sorted(self.utilisation.items(), key=lambda kv: -kv[1])),
         ]
         top = self.stall_summary(top=5)
         if top:

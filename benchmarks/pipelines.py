@@ -42,6 +42,28 @@ def _serial_rate(config: DLRMConfig, env, batches, threads: int, repeats: int) -
         torch.set_num_threads(before)
 
 
+def _utilisation(config: DLRMConfig, env, batches, specs) -> None:
+    """Per thread group busy time of the multi-thread plans: how many cores the pipeline really got."""
+    from swpipe_core.engine import SWPipeline
+
+    skip = min(5, len(batches) - 1)
+    print("\nwhere the time goes (one more run each, with the timeline recorded; ms per iteration):")
+    print(f"{'plan':28s} {'wall':>6s} {'busy':>6s} {'cores used':>10s}  busy per thread group")
+    for spec in specs:
+        wl = DLRMWorkload(config, env)
+        with SWPipeline(spec.plan(wl), device=env.device, record_timeline=True) as pipe:
+            wall = pipe.run(iter(batches))
+            events = [e for e in pipe.timeline if e.iteration >= skip]
+        n = len(batches) - skip
+        per_group: dict = {}
+        for e in events:
+            per_group[e.thread_group] = per_group.get(e.thread_group, 0.0) + e.duration
+        busy = sum(per_group.values())
+        groups = ", ".join(f"{g} {v / n * 1e3:.1f}" for g, v in sorted(per_group.items(), key=lambda kv: -kv[1]))
+        print(f"{spec.label:28s} {wall / len(batches) * 1e3:6.1f} {busy / n * 1e3:6.1f} "
+              f"{busy / n / (wall / len(batches)):10.2f}  {groups}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=60)
@@ -63,19 +85,24 @@ def main() -> None:
     t0 = time.perf_counter()
     m = measure(config, env, specs, iters=args.iters, repeats=args.repeats, progress=True, record_best=False)
     two = _serial_rate(config, env, SyntheticData(config).batches(args.iters), 2, args.repeats)
-    env.close()
-
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
+
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU(s), load average "
           f"{', '.join(f'{x:.1f}' for x in load)}; torch {torch.__version__}; gloo world size 1; "
           f"batch {args.batch_size}; {args.iters} iterations, best of {args.repeats} interleaved rounds; "
           f"{args.threads} intra-op thread(s)")
     print(format_table(m))
+    print(f"machine check: 2 threads of GIL-free matmuls ran {m.meta['parallel_probe']:.2f}x faster together than "
+          f"one after another (idle cores give ~2x): the ceiling of any multi-thread plan right now")
     print(f"serial loop with 2 intra-op threads: {two:.1f} iter/s ({two / m.serial_iters_per_s:.2f}x the "
           f"1-thread serial loop)")
     best = max((r for r in m.rows if not r.label.startswith("eval")), key=lambda r: r.speedup)
     print(f"fastest training plan: {best.label} at {best.speedup:.2f}x serial "
           f"({best.iters_per_s / two:.2f}x the 2-thread serial loop); measured in {time.perf_counter() - t0:.0f} s")
+    single = [s for s in specs if s.label in ("sparse_dist", "prefetch", "semi_sync")]
+    _utilisation(config, env, SyntheticData(config).batches(args.iters),
+                 single + [s for s in specs if s.thread_map])
+    env.close()
 
 
 if __name__ == "__main__":

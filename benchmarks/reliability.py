@@ -73,7 +73,7 @@ def fault_matrix() -> Dict[str, Any]:
         ok_text = all(p in out.message for p in fault.message)
         outcomes.append((fault, out, ok_type and ok_text))
         leaked = len(out.threads_after)
-        rows.append([fault.name, fault.where, out.error_type, _short(out.message) or "(no message)", _fmt_s(out.seconds),
+        rows.append([fault.name, fault.where, out.error_type, _short(out.message, 260) or "(no message)", _fmt_s(out.seconds),
                      f"{fault.timeout_s:g}" if fault.timeout_s else "-", len(out.threads_at_raise), leaked,
                      "yes" if out.usable_after_drain else f"NO ({out.rerun_error})"])
     surfaced = [o for f, o, ok in outcomes if ok]
@@ -171,7 +171,7 @@ def fuzz(examples: int) -> Dict[str, Any]:
 def multirank() -> Dict[str, Any]:
     import test_multirank as tm
 
-    session = tm.run_ranks(["order", "order_unordered", "uneven", "fail"])
+    session = tm.run_ranks(["order", "order_unordered", "uneven", "fail", "uneven_raw"])
     ranks = session["ranks"]
     out: Dict[str, Any] = {"exitcodes": session["exitcodes"], "killed": session["killed"],
                            "seconds": session["seconds"], "gloo_timeout_s": tm.GLOO_TIMEOUT_S}
@@ -189,6 +189,8 @@ def multirank() -> Dict[str, Any]:
                         "mispaired": len(ua["mispaired"]) + len(ub["mispaired"])}
     out["uneven"] = {r: ranks[r]["uneven"] for r in range(len(ranks))}
     out["fail"] = {r: ranks[r]["fail"] for r in range(len(ranks))}
+    out["uneven_raw"] = {r: ranks[r]["uneven_raw"] for r in range(len(ranks))}
+    out["uneven_sizes"] = dict(tm.UNEVEN)
     return out
 
 
@@ -338,6 +340,7 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
         lines += ["A rank crashed:", "", "```", mr["crash"], "```", ""]
     else:
         f0, f1 = mr["fail"][0], mr["fail"][1]
+        r0, r1 = mr["uneven_raw"][0], mr["uneven_raw"][1]
         u0, u1 = mr["uneven"][0], mr["uneven"][1]
         lines += [
             "Each rank runs Load (io) -> SyncA (comm_a) + SyncB (comm_b) -> Step (compute); SyncA and SyncB each "
@@ -346,7 +349,7 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
             f"rendezvous, gloo timeout {mr['gloo_timeout_s']:g} s); exit codes "
             f"{mr['exitcodes']}, killed by the deadline: {mr['killed'] or 'none'}; {mr['seconds']:.0f} s in all.",
             "",
-            _table(["run", "iterations", "collectives per rank", "sequences identical", "mispaired reductions"], [
+            _table(["run", "iterations", "collectives per rank", "sequences identical", "mispaired reductions (both ranks)"], [
                 ["globally_ordered=True", mr["order"]["iterations"], mr["order"]["collectives"],
                  "yes" if mr["order"]["identical"] else "NO", mr["order"]["mispaired"]],
                 ["control: globally_ordered=False", mr["unordered"]["iterations"], mr["unordered"]["collectives"],
@@ -367,6 +370,12 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
             f"{f0.get('iteration')} after {f0.get('seconds', float('nan')):.1f} s (cause: "
             f"{_short(f0.get('message', '').split('] ')[-1], 160)}). Threads left: rank 0 {f0.get('threads_after')}, rank 1 "
             f"{f1.get('threads_after')}; both processes exited by themselves.",
+            "",
+            f"**Uneven data without `agree_on_end`** (the hang of hand-written pipelines): rank 1 retires "
+            f"{len(r1['retired'])} iterations and finishes; rank 0 waits in the all_reduce of iteration "
+            f"{r0.get('iteration')} for a peer that is done and fails after {r0.get('seconds', float('nan')):.1f} s "
+            f"with {r0.get('error')} naming {r0.get('task')} iteration {r0.get('iteration')} (gloo timeout) instead "
+            "of hanging; both processes exit. It is an error, not a clean stop: use `agree_on_end`.",
             "",
         ]
     lines += [
@@ -409,6 +418,24 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
     ]
     if st_["problems"]:
         lines += [f"- {p}" for p in st_["problems"][:20]] + [""]
+    lines += [
+        "## Limits (what the engine cannot do, and what to do instead)",
+        "",
+        "- A task blocked in user code (or in a C++ collective) cannot be interrupted from Python. The engine "
+        "reports it after the timeout that detects it plus its bounded wait for the worker (5 s), and the worker "
+        "thread (a daemon) exits when the call returns.",
+        "- So give every process group a timeout no longer than the engine's: `torch.distributed.new_group` does "
+        "not inherit `init_process_group(timeout=...)` (its default is 30 minutes). Measured while building these "
+        "tests: with a default-timeout group, the rank whose peer failed got the engine's sequencer-timeout error "
+        "after 20 s, but its worker stayed blocked in gloo and the process aborted at exit (`terminate called "
+        "without an active exception`, exit code -6). With a 5 s group timeout, both ranks exit 0 (table above). "
+        "`agree_on_end(..., timeout=...)` passes it to the group it creates.",
+        "- The data iterator runs on the caller's thread: a loader that blocks inside `next()` blocks the caller "
+        "and no engine timeout applies (use the loader's own, e.g. `DataLoader(timeout=...)`). Driven by "
+        "`progress()`, a loader that raises leaves the pipeline filled so that the caller may go on; "
+        "`drain()`/`close()` or `with SWPipeline(...) as pipe:` stops the workers (`run()` does it itself).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -105,72 +105,78 @@ def steady_period(completion: Sequence[float], depth: int, k: int = 4) -> float:
     return statistics.median(spans) if spans else (completion[w1] - completion[w0]) / max(1, w1 - w0)
 
 
-def measure(plan: PipelinePlan, iters: int, repeats: int) -> Tuple[float, list]:
-    """Fastest measured period of ``repeats`` runs, and that run's timeline."""
-    best, best_events = float("inf"), []
-    for _ in range(repeats):
-        with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
-            pipe.run(range(iters))
-            events = list(pipe.timeline)
-        done: Dict[int, float] = {}
-        for e in events:
-            done[e.iteration] = max(done.get(e.iteration, 0.0), e.end)
-        period = steady_period([done[i] for i in range(iters)], plan.pipeline_depth)
-        if period < best:
-            best, best_events = period, events
-    return best, best_events
+def measure_once(plan: PipelinePlan, iters: int) -> Tuple[float, list]:
+    """One engine run: its steady period and its timeline."""
+    with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
+        pipe.run(range(iters))
+        events = list(pipe.timeline)
+    done: Dict[int, float] = {}
+    for e in events:
+        done[e.iteration] = max(done.get(e.iteration, 0.0), e.end)
+    return steady_period([done[i] for i in range(iters)], plan.pipeline_depth), events
 
 
-def calibrate_overhead(iters: int, repeats: int, scale_ms: float) -> Tuple[float, float]:
-    """Per-task engine overhead (seconds) that makes the simulator match one fixed calibration plan.
-
-    The plan (three threads, cross-thread dependencies, depth 2) is not one of
-    the random plans. Two constants are fitted by bisection: one to add to the
-    nominal sleep times (it absorbs the sleep's overshoot and the engine's
-    hand-off), one to add to the times measured from the timeline (the
-    hand-off only). Both are then used unchanged for every plan.
-    """
+def calibration_plan(scale_ms: float) -> Tuple[PipelinePlan, Dict[str, float]]:
+    """A fixed plan (three threads, cross-thread dependencies, depth 2), not one of the random plans."""
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="g0"), "B": TaskSchedule(1, thread_group="g1"),
                          "C": TaskSchedule(1, thread_group="g2"), "D": TaskSchedule(1, thread_group="g1")},
                         intra_iter_deps=[("B", "A"), ("C", "B"), ("D", "C")])
-    secs = {t: s * scale_ms * MS for t, s in {"A": 2.0, "B": 1.0, "C": 1.5, "D": 1.0}.items()}
-    bound = plan.bind({t: _sleeper(s) for t, s in secs.items()})
-    measured, events = measure(bound, iters, repeats)
+    return plan, {t: s * scale_ms * MS for t, s in {"A": 2.0, "B": 1.0, "C": 1.5, "D": 1.0}.items()}
 
-    def fit(costs: CostModel) -> float:
-        lo, hi = 0.0, 2 * MS
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if simulate(plan, costs, num_iterations=iters, task_overhead_s=mid).period < measured:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
 
-    nominal = CostModel({t: TaskCost(s) for t, s in secs.items()})
-    return fit(nominal), fit(CostModel.from_timeline([e for e in events if e.iteration >= 2]))
+def fit_overhead(plan: PipelinePlan, costs: CostModel, measured: float, iters: int) -> float:
+    """The per-task overhead (bisection, 0..2 ms) at which the simulated period matches ``measured``."""
+    lo, hi = 0.0, 2 * MS
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if simulate(plan, costs, num_iterations=iters, task_overhead_s=mid).period < measured:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def _err(sim: float, meas: float) -> float:
     return (sim - meas) / meas
 
 
-def run_sleep(args: argparse.Namespace, o_nominal: float, o_timeline: float) -> List[dict]:
+def run_sleep(args: argparse.Namespace) -> Tuple[List[dict], float]:
+    """Measure every plan (rounds outermost: a burst of load hits one sample of many plans) and simulate it.
+
+    Returns the rows and the per-task hand-off overhead fitted on the calibration plan.
+    """
     rng = random.Random(args.seed)
-    rows = []
+    entries = [calibration_plan(args.scale_ms)] + [random_plan(rng, args.scale_ms) for _ in range(args.plans)]
+    bound = [plan.bind({t: _sleeper(s) for t, s in secs.items()}) for plan, secs in entries]
+    best: List[Tuple[float, list]] = [(float("inf"), [])] * len(entries)
+    for _ in range(args.repeats):
+        for j, b in enumerate(bound):
+            got = measure_once(b, args.iters)
+            if got[0] < best[j][0]:
+                best[j] = got
+
+    def timeline_costs(events: list) -> CostModel:
+        return CostModel.from_timeline([e for e in events if e.iteration >= 2])
+
+    (cal_plan, cal_secs), (cal_period, cal_events) = entries[0], best[0]
+    o_nominal = fit_overhead(cal_plan, CostModel({t: TaskCost(s) for t, s in cal_secs.items()}), cal_period,
+                             args.iters)
+    o_timeline = fit_overhead(cal_plan, timeline_costs(cal_events), cal_period, args.iters)
+    print(f"engine overhead per task fitted on a separate calibration plan: {o_nominal * 1e6:.0f} us over the "
+          f"nominal sleep times, {o_timeline * 1e6:.0f} us over the times measured in the timeline")
+    if not args.plans:
+        return [], o_timeline
     print(f"{'#':>3} {'tasks':>5} {'thr':>3} {'dep':>3} {'measured':>9} | {'nominal':>8} {'err':>6} | "
           f"{'+ovh':>8} {'err':>6} | {'timeline':>8} {'err':>6} | {'+ovh':>8} {'err':>6} | binding (nominal)")
-    for k in range(args.plans):
-        plan, secs = random_plan(rng, args.scale_ms)
-        bound = plan.bind({t: _sleeper(s) for t, s in secs.items()})
-        measured, events = measure(bound, args.iters, args.repeats)
+    rows = []
+    for k, ((plan, secs), (measured, events)) in enumerate(zip(entries[1:], best[1:])):
         nominal_costs = CostModel({t: TaskCost(s) for t, s in secs.items()})
-        timeline_costs = CostModel.from_timeline([e for e in events if e.iteration >= 2])
+        measured_costs = timeline_costs(events)
         sims = {
             "nominal": simulate(plan, nominal_costs, num_iterations=args.iters),
             "nominal+overhead": simulate(plan, nominal_costs, num_iterations=args.iters, task_overhead_s=o_nominal),
-            "timeline": simulate(plan, timeline_costs, num_iterations=args.iters),
-            "timeline+overhead": simulate(plan, timeline_costs, num_iterations=args.iters,
+            "timeline": simulate(plan, measured_costs, num_iterations=args.iters),
+            "timeline+overhead": simulate(plan, measured_costs, num_iterations=args.iters,
                                           task_overhead_s=o_timeline),
         }
         row = dict(k=k, tasks=len(secs), threads=len({s.thread_group for s in plan.schedule.values()}),
@@ -180,13 +186,12 @@ def run_sleep(args: argparse.Namespace, o_nominal: float, o_timeline: float) -> 
         cells = " | ".join(f"{r.period * 1e3:>7.3f}m {_err(r.period, measured):>+6.1%}" for r in sims.values())
         print(f"{k:>3} {row['tasks']:>5} {row['threads']:>3} {row['depth']:>3} {measured * 1e3:>8.3f}m | {cells} | "
               f"{row['binding'][:44]}")
-        sys.stdout.flush()
     for key in ("nominal", "nominal+overhead", "timeline", "timeline+overhead"):
         errs = [abs(_err(r[key], r["measured"])) for r in rows]
         signed = [_err(r[key], r["measured"]) for r in rows]
         print(f"{key:>17}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
               f"mean signed {statistics.mean(signed):+.1%} (target median <= 5%, worst <= 15%)")
-    return rows
+    return rows, o_timeline
 
 
 def run_dlrm(args: argparse.Namespace, o_timeline: float) -> Optional[List[dict]]:
@@ -216,46 +221,59 @@ def run_dlrm(args: argparse.Namespace, o_timeline: float) -> Optional[List[dict]
         batches = data.batches(args.iters)
         print(f"\nDLRM workload (preset {args.dlrm_preset!r}, 1 rank, CPU), {args.iters} batches")
         print(f"{'plan':<30} {'measured':>9} | {'timeline':>8} {'err':>6} | {'+ovh':>8} {'err':>6} | binding")
-        rows_to_run = [(name, None) for name in TORCHREC_PLANS]
-        rows_to_run += [(name, "by_stream") for name in ("sparse_dist", "fused_sparse_dist", "prefetch", "semi_sync")]
-        for name, thread_map in rows_to_run:
-            label = name if thread_map is None else f"{name} ({thread_map})"
-            try:
-                best, events = float("inf"), []
-                for _ in range(args.repeats):
-                    plan = plan_for(name, DLRMWorkload(config, env))
-                    if thread_map:
-                        plan = with_thread_map(plan, thread_map)
+        specs = [(name, None) for name in TORCHREC_PLANS]
+        specs += [(name, "by_stream") for name in ("sparse_dist", "fused_sparse_dist", "prefetch", "semi_sync")]
+
+        def build(name: str, thread_map: Optional[str]) -> PipelinePlan:
+            plan = plan_for(name, DLRMWorkload(config, env))
+            return with_thread_map(plan, thread_map) if thread_map else plan
+
+        best: Dict[int, Tuple[float, list]] = {}
+        failed: Dict[int, str] = {}
+        for _ in range(args.repeats):  # rounds outermost, as for the sleep plans
+            for j, (name, thread_map) in enumerate(specs):
+                if j in failed:
+                    continue
+                try:
+                    plan = build(name, thread_map)
                     with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
                         pipe.run(iter(batches))
-                        run_events = list(pipe.timeline)
-                    done: Dict[int, float] = {}
-                    for e in run_events:
-                        done[e.iteration] = max(done.get(e.iteration, 0.0), e.end)
-                    period = steady_period([done[i] for i in range(args.iters)], plan.pipeline_depth)
-                    if period < best:
-                        best, events = period, run_events
-                # the cost model measured on the plan's own run: median host time per task after warm-up
-                costs = CostModel.from_timeline([e for e in events if e.iteration >= 2], machine=platform.node(),
-                                                notes=f"DLRM {label}")
-                if args.save_costs:
-                    os.makedirs(args.save_costs, exist_ok=True)
-                    costs.pipeline = name if thread_map is None else ""
-                    costs.method = f"timeline: median host time per task, pipelined run of {args.iters} batches"
-                    costs.machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPU(s), "
-                                     f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
-                    costs.notes = (f"DLRM workload preset {args.dlrm_preset!r}, 1 rank, CPU, plan {label}; measured "
-                                   f"{time.strftime('%Y-%m-%d')} by benchmarks/sim_fidelity.py --dlrm --save-costs")
-                    costs.save(os.path.join(args.save_costs, f"dlrm_{args.dlrm_preset}_{label.replace(' (', '_').rstrip(')')}.json"))
-                sim = simulate(plan, costs, num_iterations=args.iters)
-                sim_o = simulate(plan, costs, num_iterations=args.iters, task_overhead_s=o_timeline)
-            except Exception as exc:  # noqa: BLE001 - report and go on with the other plans
-                print(f"{label:<30} failed: {type(exc).__name__}: {exc}")
+                        events = list(pipe.timeline)
+                except Exception as exc:  # noqa: BLE001 - report and go on with the other plans
+                    failed[j] = f"{type(exc).__name__}: {exc}"
+                    continue
+                done: Dict[int, float] = {}
+                for e in events:
+                    done[e.iteration] = max(done.get(e.iteration, 0.0), e.end)
+                period = steady_period([done[i] for i in range(args.iters)], plan.pipeline_depth)
+                if period < best.get(j, (float("inf"), []))[0]:
+                    best[j] = (period, events)
+        for j, (name, thread_map) in enumerate(specs):
+            label = name if thread_map is None else f"{name} ({thread_map})"
+            if j in failed:
+                print(f"{label:<30} failed: {failed[j]}")
                 continue
-            rows.append(dict(plan=label, measured=best, timeline=sim.period, overhead=sim_o.period,
-                             binding=sim_o.binding))
-            print(f"{label:<30} {best * 1e3:>8.3f}m | {sim.period * 1e3:>7.3f}m {_err(sim.period, best):>+6.1%} | "
-                  f"{sim_o.period * 1e3:>7.3f}m {_err(sim_o.period, best):>+6.1%} | {sim_o.binding[:40]}")
+            measured, events = best[j]
+            plan = build(name, thread_map)
+            # the cost model measured on the plan's own fastest run: median host time per task after warm-up
+            costs = CostModel.from_timeline([e for e in events if e.iteration >= 2])
+            if args.save_costs:
+                os.makedirs(args.save_costs, exist_ok=True)
+                costs.pipeline = name if thread_map is None else ""
+                costs.method = f"timeline: median host time per task, pipelined run of {args.iters} batches"
+                costs.machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPU(s), "
+                                 f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
+                costs.notes = (f"DLRM workload preset {args.dlrm_preset!r}, 1 rank, CPU, plan {label}; measured "
+                               f"{time.strftime('%Y-%m-%d')} by benchmarks/sim_fidelity.py --dlrm --save-costs")
+                stem = label.replace(" (", "_").rstrip(")")
+                costs.save(os.path.join(args.save_costs, f"{stem}.json"))
+            sim = simulate(plan, costs, num_iterations=args.iters)
+            sim_o = simulate(plan, costs, num_iterations=args.iters, task_overhead_s=o_timeline)
+            rows.append(dict(plan=label, measured=measured, timeline=sim.period, overhead=sim_o.period,
+                             binding=sim.binding))
+            print(f"{label:<30} {measured * 1e3:>8.3f}m | {sim.period * 1e3:>7.3f}m "
+                  f"{_err(sim.period, measured):>+6.1%} | {sim_o.period * 1e3:>7.3f}m "
+                  f"{_err(sim_o.period, measured):>+6.1%} | {sim.binding[:40]}")
     for key in ("timeline", "overhead"):
         if rows:
             errs = [abs(_err(r[key], r["measured"])) for r in rows]
@@ -274,15 +292,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--dlrm", action="store_true", help="also compare TorchRec plans on the DLRM workload")
     p.add_argument("--dlrm-preset", default="demo", help="DLRMConfig preset: demo (default) or test (tiny)")
     p.add_argument("--save-costs", metavar="DIR", default=None,
-                   help="with --dlrm: write each plan's measured cost model to DIR/dlrm_<preset>_<plan>.json")
+                   help="with --dlrm: write each plan's measured cost model to DIR/<plan>.json")
     args = p.parse_args(argv)
     print(f"sim fidelity: {platform.machine()} {torch.__version__}, {len(os.sched_getaffinity(0))} "
           f"CPU(s) available, {time.strftime('%Y-%m-%d')}")
-    o_nominal, o_timeline = calibrate_overhead(args.iters, args.repeats, args.scale_ms)
-    print(f"engine overhead per task fitted on a separate calibration plan: {o_nominal * 1e6:.0f} us over the "
-          f"nominal sleep times, {o_timeline * 1e6:.0f} us over the times measured in the timeline")
-    if args.plans:
-        run_sleep(args, o_nominal, o_timeline)
+    _, o_timeline = run_sleep(args)
     if args.dlrm:
         run_dlrm(args, o_timeline)
     return 0

@@ -297,6 +297,10 @@ class PipelinePlan:
     def sched(self, ref: TaskRef) -> TaskSchedule:
         """The ``TaskSchedule`` of a task, looked up by name or object."""
         name = ref_name(ref)
+        # a PipelineTask key hashes and compares equal to its name: O(1) in the common case
+        found = self.schedule.get(name)
+        if found is not None:
+            return found
         for k, v in self.schedule.items():
             if ref_name(k) == name:
                 return v

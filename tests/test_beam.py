@@ -167,3 +167,16 @@ def test_beam_candidate_from_each_preset_is_valid():
         # the timetable is a valid schedule of the engine, so the simulation is never slower
         assert sc.period <= sc.ii * problem.unit_s * (1 + 1e-9)
         assert nx.is_directed_acyclic_graph(problem.dag)
+
+
+def test_beam_period_equals_cpsat_on_cuda_streams():
+    costs = CostModel({"A": TaskCost(0.001, 0.003), "B": TaskCost(0.001, 0.002),
+                       "C": TaskCost(0.0, 0.004, ("comm:nccl",)), "D": TaskCost(0.001, 0.001, ("comm:nccl",))})
+    graph = (["A", "B", "C", "D"], [("C", "A"), ("D", "B")], [("A", "D", 1)])
+    problem = make_problem(graph, costs, Constraints(device="cuda", streams=[None, "side"], max_depth=2, max_threads=1))
+    score = sim_scorer(problem, 24)
+    exact = solve_cpsat(problem, time_limit_s=30)
+    found = beam_search(problem, time_limit_s=30)
+    assert exact.status == "OPTIMAL"
+    assert score(found.best.plan)[0] == pytest.approx(score(exact.plan)[0], rel=1e-9)
+    assert score(exact.plan)[0] == pytest.approx(exact.period_s, rel=1e-9)   # the CUDA model is exact here

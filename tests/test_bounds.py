@@ -129,7 +129,8 @@ def test_schedule_cycle_chains_a_thread_fifo_with_a_dependency():
     # retires: retire -> t0 -> t1 -> t2 -> retire costs 3 ms per iteration, more than any other bound
     plan = PipelinePlan({"t0": TaskSchedule(2, thread_group="b"), "t1": TaskSchedule(2, thread_group="b"),
                          "t2": TaskSchedule(2, thread_group="a")},
-                        intra_iter_deps=[("t2", "t1")], inter_iter_deps=[("t0", "t0", 1)], enqueue_order=["t0", "t1", "t2"])
+                        intra_iter_deps=[("t2", "t1")], inter_iter_deps=[("t0", "t0", 1)],
+                        enqueue_order=["t0", "t1", "t2"])
     costs = CostModel({"t0": TaskCost(1 * MS), "t1": TaskCost(0.5 * MS), "t2": TaskCost(1.5 * MS)})
     b = lower_bounds(plan, costs)
     assert max(b.res_mii, b.rec_mii, b.critical_path) < 2 * MS

@@ -44,7 +44,8 @@ def test_save_load_round_trip_keeps_every_field(tmp_path):
     (_doc(tasks={"A": {"host_s": 0.001, "gpu_s": 0.1}}), "tasks.A", "unknown field(s) ['gpu_s']"),
     (_doc(tasks={"A": {"device_s": 0.001}}), "tasks.A", "missing host_s"),
     (_doc(tasks={"A": {"host_s": "fast"}}), "tasks.A.host_s", "not a number"),
-    (_doc(tasks={"A": {"host_s": 0.001, "resources": ["nvlink"]}}), "tasks.A.resources", "unknown resource tag 'nvlink'"),
+    (_doc(tasks={"A": {"host_s": 0.001, "resources": ["nvlink"]}}), "tasks.A.resources",
+     "unknown resource tag 'nvlink'"),
     (_doc(tasks={"A": {"host_s": 0.001, "resources": "pcie"}}), "tasks.A.resources", "not a list"),
     (_doc(tasks={}), "tasks", "not a non-empty object"),
     (_doc(version=2), "version", "version 2 is not supported"),
@@ -162,21 +163,26 @@ def test_scaled_and_replace_return_new_models_and_leave_the_original():
 
 
 def _shipped():
-    return sorted(f[:-5] for f in os.listdir(COST_DIR) if f.endswith(".json"))
+    out = []
+    for root, _, files in os.walk(COST_DIR):
+        out += [os.path.relpath(os.path.join(root, f), COST_DIR) for f in files if f.endswith(".json")]
+    return sorted(out)
 
 
 def test_every_torchrec_pipeline_has_a_hand_written_cost_model():
     from swpipe_core import pipelines
 
-    assert set(pipelines.PIPELINES) <= set(_shipped())
+    hand = {f[:-5] for f in _shipped() if os.sep not in f}
+    assert set(pipelines.PIPELINES) <= hand
+    for name in pipelines.PIPELINES:
+        assert CostModel.load(os.path.join(COST_DIR, f"{name}.json")).method == "by hand"
 
 
-@pytest.mark.parametrize("name", _shipped())
-def test_shipped_cost_model_loads_states_its_source_and_covers_its_pipeline(name):
+@pytest.mark.parametrize("path", _shipped())
+def test_shipped_cost_model_loads_states_its_source_and_covers_its_pipeline(path):
     from swpipe_core import pipelines
 
-    m = CostModel.load(os.path.join(COST_DIR, f"{name}.json"))
+    m = CostModel.load(os.path.join(COST_DIR, path))
     assert m.machine and m.method and m.notes
     if m.pipeline:
-        assert m.pipeline == name
-        m.check(pipelines.get(name))
+        m.check(pipelines.get(m.pipeline))

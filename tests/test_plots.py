@@ -40,7 +40,8 @@ def test_gantt_window_limits_the_time_axis():
 
 
 def test_compare_gantt_puts_measured_and_simulated_on_the_same_tracks_and_axis(tmp_path):
-    measured = [TimelineEvent("H2D", 0, "io", "memcpy", 0.0, 0.0011), TimelineEvent("Fwd", 0, "default", "default", 0.0012, 0.0030)]
+    measured = [TimelineEvent("H2D", 0, "io", "memcpy", 0.0, 0.0011),
+                TimelineEvent("Fwd", 0, "default", "default", 0.0012, 0.0030)]
     simulated = [TimelineEvent("H2D", 0, "io", "memcpy", 0.0, 0.0010)]
     fig = compare_gantt(measured, simulated, path=str(tmp_path / "c.svg"))
     top, bottom = fig.axes

@@ -286,7 +286,8 @@ def test_ten_thousand_task_iterations_simulate_quickly():
     sched = {n: TaskSchedule(k % 3, f"s{k % 4}", f"g{k % 3}", k == 5) for k, n in enumerate(names)}
     deps = [(names[k], names[k - 1]) for k in range(1, 20) if k % 3 >= (k - 1) % 3]
     plan = PipelinePlan(sched, intra_iter_deps=deps, inter_iter_deps=[("T0", "T19")])
-    costs = CostModel({n: TaskCost((1 + k % 5) * MS, 2 * MS, ("comm:x",) if k % 7 == 0 else ()) for k, n in enumerate(names)})
+    costs = CostModel({n: TaskCost((1 + k % 5) * MS, 2 * MS, ("comm:x",) if k % 7 == 0 else ())
+                       for k, n in enumerate(names)})
     for device in ("cpu", "cuda"):
         t0 = time.perf_counter()
         r = simulate(plan, costs, num_iterations=500, device=device)

@@ -27,7 +27,7 @@ import random
 import threading
 import time
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
-from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import validate
 
 GROUPS = ["default", "io", "comm", "aux"]

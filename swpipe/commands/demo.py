@@ -119,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     matches = [r for r in m.rows if r.matches is not None]
     print(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit; "
           f"fastest training plan: {m.best_label}")
+    probe = m.meta.get("parallel_probe")
+    if probe is not None:
+        print(f"machine check: 2 threads of GIL-free matmuls ran {probe:.2f}x faster together than one after "
+              f"another (idle cores give ~2x); multi-thread plans cannot beat that ceiling")
     if args.trace and m.best_timeline:
         from swpipe_core.trace import write_chrome_trace
 

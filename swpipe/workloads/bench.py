@@ -25,7 +25,7 @@ from .reference import emb_staleness, eval_reference, semi_sync_reference, train
 from .tasks import EVAL_PIPELINES, plan_for
 
 __all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table",
-           "auto_spec", "safe_task_plan", "TORCHREC_PLANS"]
+           "auto_spec", "safe_task_plan", "parallel_probe", "TORCHREC_PLANS"]
 
 _log = logging.getLogger(__name__)
 
@@ -194,6 +194,48 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
                     note=f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}")
 
 
+def parallel_probe(threads: int = 2, repeats: int = 3, size: int = 384, matmuls: int = 40) -> float:
+    """How much faster ``threads`` threads of GIL-free matmuls run together than one after another.
+
+    The ceiling for any multi-thread plan on this machine right now: about
+    ``threads`` on idle cores, about 1 when other processes hold the cores.
+    Best of ``repeats``; uses one intra-op thread per matmul.
+
+    Examples
+    --------
+    >>> probe = parallel_probe(threads=2, repeats=1, size=128, matmuls=10)
+    >>> isinstance(probe, float) and probe > 0
+    True
+    """
+    import threading
+
+    a = torch.randn(size, size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def work() -> None:
+        for _ in range(matmuls):
+            torch.mm(a, a)
+
+    try:
+        best = 0.0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(threads):
+                work()
+            sequential = time.perf_counter() - t0
+            workers = [threading.Thread(target=work, name=f"swpipe-probe-{k}") for k in range(threads)]
+            t0 = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = max(best, sequential / (time.perf_counter() - t0))
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
 def _compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
@@ -297,7 +339,8 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
 
     result = Measurement(serial_rate, eval_rate, rows, meta=dict(iters=iters, repeats=repeats,
                                                                   world_size=env.world_size,
-                                                                  num_threads=torch.get_num_threads()))
+                                                                  num_threads=torch.get_num_threads(),
+                                                                  parallel_probe=parallel_probe()))
     train_rows = [r for r, s in zip(rows, specs) if not s.is_eval]
     if train_rows:
         best = max(train_rows, key=lambda r: r.speedup)
