@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import logging
 import math
 import random

@@ -259,7 +259,11 @@ def run_dlrm(args: argparse.Namespace, o_timeline: float) -> Optional[List[dict]
             costs = CostModel.from_timeline([e for e in events if e.iteration >= 2])
             if args.save_costs:
                 os.makedirs(args.save_costs, exist_ok=True)
-                costs.pipeline = name if thread_map is None else ""
+                from swpipe_core import pipelines
+
+                # name the pipeline only when the plan is the factory's (same tasks, one thread group)
+                same = thread_map is None and plan.task_names == pipelines.get(name).task_names
+                costs.pipeline = name if same else ""
                 costs.method = f"timeline: median host time per task, pipelined run of {args.iters} batches"
                 costs.machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPU(s), "
                                  f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")

@@ -25,7 +25,16 @@ _log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The demo's options."""
+    """The demo's options.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> add_arguments(parser)
+    >>> args = parser.parse_args(["--plans", "sparse_dist+by_stream"])
+    >>> args.world_size, args.iters, args.batch_size, args.repeats, args.plans
+    (1, 40, 512, 3, 'sparse_dist+by_stream')
+    """
     parser.add_argument("--world-size", type=int, default=1, help="ranks (spawned on loopback when > 1); default 1")
     parser.add_argument("--iters", type=int, default=40, help="training iterations per run (default 40)")
     parser.add_argument("--batch-size", type=int, default=512, help="per-rank batch size (default 512)")
@@ -89,7 +98,18 @@ def _spawned(env: Any, args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; print the table; write the trace. Returns the exit code."""
+    """Run the demo; print the table; write the trace. Returns the exit code.
+
+    0 when every plan reproduces the serial loop, 1 when one does not, 2 for
+    bad options.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> add_arguments(parser)
+    >>> run(parser.parse_args(["--iters", "0"]))
+    2
+    """
     import torch
 
     from swpipe.workloads.bench import format_table
@@ -117,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
           f"{os.cpu_count()} CPU(s), torch {torch.__version__}")
     print(format_table(m))
     matches = [r for r in m.rows if r.matches is not None]
-    print(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit; "
-          f"fastest training plan: {m.best_label}")
+    close = sum(1 for r in matches if not r.matches and r.close)
+    print(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit"
+          + (f", {close} (compiled) to rtol 1e-5" if close else "") + f"; fastest training plan: {m.best_label}")
     probe = m.meta.get("parallel_probe")
     if probe is not None:
         print(f"machine check: 2 threads of GIL-free matmuls ran {probe:.2f}x faster together than one after "
@@ -129,4 +150,4 @@ def run(args: argparse.Namespace) -> int:
         path = write_chrome_trace(m.best_timeline, args.trace, name=f"swpipe demo: {m.best_label}")
         print(f"timeline of {m.best_label} written to {path} (open in https://ui.perfetto.dev)")
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
-    return 0 if all(r.matches for r in matches) else 1
+    return 0 if all(r.matches or r.close for r in matches) else 1

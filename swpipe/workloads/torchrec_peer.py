@@ -53,7 +53,7 @@ def peer_available() -> bool:
 
 @dataclass
 class PeerModel:
-    """A sharded TorchRec DLRM and its combined (fused embedding + dense) optimizer."""
+    """A sharded TorchRec DLRM and its combined (fused embedding + dense) optimizer (see :func:`run_swpipe`)."""
 
     model: Any
     optimizer: Any
@@ -173,7 +173,40 @@ def _tasks(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor]) -> Dict[
 
 def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optional[str] = None
                ) -> Tuple[List[torch.Tensor], float]:
-    """Drive ``peer`` with our plan ``name`` (``base``, ``sparse_dist``, ``sparse_dist_lite``)."""
+    """Drive ``peer`` with our plan ``name`` (``base``, ``sparse_dist``, ``sparse_dist_lite``).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`PEERS`.
+    peer : PeerModel
+        From :func:`build_model` (a fresh one per run: the plan rewrites its forward).
+    batches : list of torchrec Batch
+        From :func:`to_torchrec_batches`.
+    thread_map : str, optional
+        E.g. ``"by_stream"`` (world size 1 only: TorchRec issues all its
+        collectives on the default process group, so at world size > 1 its
+        tasks must stay on one thread).
+
+    Returns
+    -------
+    (list of Tensor, float)
+        Per-step logits and wall seconds.
+
+    Examples
+    --------
+    Runs where the ``[peer]`` extra is installed (``tests/test_vs_torchrec.py`` does the same):
+
+    >>> from swpipe.workloads.dlrm import init_distributed
+    >>> if peer_available():
+    ...     env = init_distributed()
+    ...     cfg = DLRMConfig.preset("test")
+    ...     batches = to_torchrec_batches(cfg, 3)
+    ...     ours, _ = run_swpipe("sparse_dist", build_model(cfg), batches)
+    ...     theirs, _ = run_torchrec("sparse_dist", build_model(cfg), batches)
+    ...     env.close()
+    ...     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    """
     from swpipe_core import pipelines
     from swpipe_core.engine import SWPipeline
     from swpipe_core.workers import with_thread_map
