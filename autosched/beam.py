@@ -275,12 +275,14 @@ def _resources(problem: Problem, name: str, group: str, stream: Any) -> Tuple[Li
 
 
 def _place_fifo(fifos: Dict[tuple, List[Tuple[int, int, int]]], rings: Dict[tuple, _Ring], keys: Sequence[tuple],
-                submit: int, est: int, dur: int, ii: int) -> Optional[int]:
+                submit: int, est: int, dur: int, ii: int) -> Tuple[Optional[int], Optional[int]]:
     """Device start on FIFO resources (streams, communicators: submission order) and PCIe (any order).
 
     Each FIFO keeps ``(submit, start, end)`` of the parts already placed (iteration 0).
     The new part starts after every instance submitted no later than it, and must end
-    before the next instance of each of those starts; otherwise None.
+    before the next instance of each of those starts. Returns ``(start, None)``, or
+    ``(None, t)`` where submitting at ``t`` or later would queue it behind the instance it
+    overlaps, or ``(None, None)``.
     """
     fifo_keys = [k for k in keys if k[0] in ("stream", "comm")]
     ring_keys = [k for k in keys if k[0] == "pcie"]
@@ -293,21 +295,25 @@ def _place_fifo(fifos: Dict[tuple, List[Tuple[int, int, int]]], rings: Dict[tupl
         if ring_keys and dur > 0:
             got = _place(rings, ring_keys, ds, dur, ii)
             if got is None:
-                return None
+                return None, None
             if got != ds:
                 ds = got
                 continue
         break
+    late = None
     for k in fifo_keys:
         for sub, d, _e in fifos.get(k, ()):
             turns = (submit - sub) // ii + 1      # the next instance, submitted after us
             if d + turns * ii < ds + dur:
-                return None
+                # we would overlap it: submitting after it instead may work (see _place_all)
+                late = max(late or 0, sub + turns * ii + 1)
+    if late is not None:
+        return None, late
     for k in fifo_keys:
         fifos.setdefault(k, []).append((submit, ds, ds + dur))
     for k in ring_keys:
         rings.setdefault(k, _Ring(ii)).add(ds, dur)
-    return ds
+    return ds, None
 
 
 def _place(rings: Dict[tuple, _Ring], keys: Sequence[tuple], est: int, dur: int, ii: int) -> Optional[int]:
@@ -395,9 +401,10 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
         signal[t] = s + problem.dur(t)
         if problem.cuda:
             dd = problem.ddur(t)
-            ds = _place_fifo(fifos, rings, dev_keys, signal[t], max(signal[t], dest), dd, ii)
+            ds, late = _place_fifo(fifos, rings, dev_keys, signal[t], max(signal[t], dest), dd, ii)
             if ds is None:
-                return None, {}
+                # retry with the host part late enough to submit behind the instance it overlapped
+                return None, ({t: late - problem.dur(t)} if late is not None else {})
             dev_start[t], dev_end[t] = ds, ds + dd
     # dependencies on tasks placed later (inter-iteration) must hold too
     need: Dict[str, int] = {}

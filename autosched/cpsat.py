@@ -306,6 +306,10 @@ def _solve(mod: _Model, time_limit_s: float, num_workers: int, seed: int) -> Tup
     solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
     solver.parameters.num_workers = max(1, num_workers)
     solver.parameters.random_seed = seed
+    # CP-SAT would otherwise install its own SIGINT handler and leave SIGINT at
+    # SIG_DFL afterwards: a later Ctrl-C would kill the process instead of
+    # raising KeyboardInterrupt (which the engine turns into a clean stop).
+    solver.parameters.catch_sigint_signal = False
     code = solver.Solve(mod.model)
     return solver.StatusName(code), solver, solver.WallTime()
 
