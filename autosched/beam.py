@@ -1115,7 +1115,8 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
         No candidate could be placed (constraints leave no valid plan).
     """
     t0 = time.perf_counter()
-    deadline = t0 + time_limit_s
+    # keep a little of the budget for the last simulation, which may overrun the deadline
+    deadline = t0 + time_limit_s - min(0.5, 0.05 * time_limit_s)
     rng = random.Random(seed)
     if scorer is None:
         n_iter = max(12, min(40, 2000 // max(1, len(problem.names))))
