@@ -91,6 +91,16 @@ def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
     ------
     PipelinePlan
         Each with an explicit ``enqueue_order``; each passes ``validate``.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> len(list(enumerate_plans(p)))   # (0,0) on 1 or 2 threads; (0,1) on 2 threads, or on 1 in either order
+    5
     """
     from .beam import stage_assignments
 
@@ -140,6 +150,18 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
     ------
     ValueError
         The space exceeds ``limit`` plans.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> from autosched.beam import sim_scorer
+    >>> truth = brute_force(p, sim_scorer(p, 20))
+    >>> round(truth.period * 1e3, 6), truth.count
+    (3.0, 5)
     """
     best_period, best_plan, count = math.inf, None, 0
     for plan in enumerate_plans(problem):

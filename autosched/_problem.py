@@ -399,6 +399,17 @@ def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, A
     -------
     PipelinePlan
         With ``enqueue_order`` a topological order of its period-local graph.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": 1, "B": 0}, offset={"A": 1, "B": 0})
+    >>> plan.enqueue_order, plan.sched("A").thread_group, plan.sched("B").thread_group, plan.pipeline_depth
+    (['B', 'A'], 'worker1', 'default', 2)
     """
     from swpipe_core.order import period_local_graph
 

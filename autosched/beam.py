@@ -47,7 +47,8 @@ from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 from ._problem import Problem, build_plan
 
 __all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
-           "thread_presets", "stream_presets", "simulate_steady", "plan_resource_bound", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
+           "thread_presets", "stream_presets", "simulate_steady", "plan_resource_bound", "reduce_depth",
+           "derive_timetable", "critical_path_units", "recurrence_bound", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,28 @@ def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     """Seconds of work per iteration on the plan's busiest resource: no steady state is faster.
 
     Threads (and on CUDA streams), the sequencer, each communicator and PCIe.
+
+    Parameters
+    ----------
+    problem : Problem
+    plan : PipelinePlan
+        A plan of the problem's tasks.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> from autosched._problem import build_plan
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "x"})
+    >>> round(plan_resource_bound(p, plan) * 1e3, 6)   # both on one thread
+    5.0
     """
     load: Dict[tuple, float] = {}
     sched = {ref_name(k): v for k, v in plan.schedule.items()}
@@ -149,9 +172,28 @@ def simulate_steady(problem: Problem, plan: PipelinePlan, num_iterations: int = 
     another cycle. No steady state is faster than the busiest resource's work,
     so a shorter period means "not steady yet": the run doubles (up to 16x).
 
+    Parameters
+    ----------
+    problem : Problem
+    plan : PipelinePlan
+    num_iterations : int
+        Iterations of the first run.
+
     Returns
     -------
     SimResult
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> from autosched._problem import build_plan
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "y"})
+    >>> round(simulate_steady(p, plan).period * 1e3, 6)
+    3.0
     """
     from .simulate import simulate
 
@@ -178,6 +220,18 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     -------
     callable
         ``plan -> (period, latency)``.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> from autosched._problem import build_plan
+    >>> score = sim_scorer(p, 20)
+    >>> [round(x * 1e3, 6) for x in score(build_plan(p, {"A": 0, "B": 0}, {"A": "x", "B": "x"}))]
+    [5.0, 5.0]
     """
 
     def score(plan: PipelinePlan) -> Tuple[float, float]:
@@ -360,6 +414,22 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
     _Timetable or None
         None when some task does not fit, a stage would exceed the cap, an
         inter-iteration dependency or the progress barrier is violated.
+
+    Examples
+    --------
+    A 2 ms task feeding a 3 ms task on another thread fits a 3 ms period once
+    the second task moves to the next stage:
+
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> tt = modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3)
+    >>> tt.stage, tt.offset
+    ({'A': 0, 'B': 1}, {'A': 1, 'B': 0})
+    >>> modulo_schedule(p, {"A": "a", "B": "a"}, p.init_stream, ("A", "B"), ii=3) is None   # one thread: 5 ms of work
+    True
     """
     cap = problem.max_depth if max_depth is None else max_depth
     if ii <= 0:
@@ -484,7 +554,18 @@ def recurrence_bound(problem: Problem) -> int:
 
 
 def critical_path_units(problem: Problem) -> int:
-    """Longest chain of the intra DAG in time units (thread time; device time added on CUDA)."""
+    """Longest chain of the intra DAG in time units (thread time).
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> critical_path_units(p)
+    5
+    """
     best: Dict[str, int] = {}
     for n in nx.topological_sort(problem.dag):
         w = problem.dur(n)
@@ -511,6 +592,32 @@ def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Opt
 
     ``near`` (e.g. the parent candidate's ``II``) narrows the bisection: a
     mutation rarely moves the period far.
+
+    Parameters
+    ----------
+    problem : Problem
+    cand : Candidate
+    rec : int
+        :func:`recurrence_bound` of the problem.
+    max_depth : int, optional
+    rel_tol : float
+        Bisection stops within this fraction of the period.
+    near : int, optional
+
+    Returns
+    -------
+    _Timetable or None
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> tt = derive_timetable(p, Candidate(("a", "b"), (None, None), ("A", "B")), rec=0)
+    >>> tt.ii, tt.stage
+    (3, {'A': 0, 'B': 1})
     """
     cap = problem.max_depth if max_depth is None else max_depth
     group = dict(zip(problem.names, cand.group))
@@ -699,6 +806,17 @@ def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tup
         ``{preset_name: canonical group labels}``; presets that would need more
         threads than allowed are reduced by merging their lightest groups
         (``per_task`` is dropped instead).
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> presets = thread_presets(p, p.init_stream)
+    >>> presets["single"], presets["per_task"], presets["balanced"]
+    (('g0', 'g0'), ('g0', 'g1'), ('g0', 'g1'))
     """
     key = ("thread_presets", tuple(stream_name(stream[n]) for n in problem.names))
     return dict(problem.memo(key, lambda: _thread_presets(problem, stream)))
@@ -758,6 +876,16 @@ def stream_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Dic
     -------
     dict
         ``{preset_name: {task: stream}}``, each respecting the stream choices.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.0, 0.002), "B": TaskCost(0.0, 0.003)})
+    >>> p = make_problem((["A", "B"], []), costs, Constraints(device="cuda", streams=[None, "side"]))
+    >>> stream_presets(p, p.init_stream)["balanced"]
+    {'B': None, 'A': 'side'}
     """
     out: Dict[str, Dict[str, Any]] = {"given": dict(problem.init_stream)}
     out["default"] = {n: (None if None in problem.stream_choices[n] else stream[n]) for n in problem.names}
@@ -791,6 +919,16 @@ def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable
     ------
     dict
         ``{task: stage}``.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> list(stage_assignments(p))   # B may not run before A's stage (corollary 1)
+    [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
     """
     names = list(nx.topological_sort(problem.dag))
     inter_by_task: Dict[str, List[Tuple[str, int]]] = {}
@@ -1113,6 +1251,17 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
     ------
     RuntimeError
         No candidate could be placed (constraints leave no valid plan).
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> best = beam_search(p, time_limit_s=10).best
+    >>> round(best.period * 1e3, 6), best.plan.stage("B"), best.threads
+    (3.0, 1, 2)
     """
     t0 = time.perf_counter()
     # keep a little of the budget for the last simulation, which may overrun the deadline
@@ -1203,10 +1352,32 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
 def reduce_depth(problem: Problem, best: Scored, scorer: Scorer, rec: int) -> Tuple[Scored, List[Tuple[int, float]]]:
     """Try the best candidate at smaller depth caps; keep a shallower plan that is as fast.
 
+    Parameters
+    ----------
+    problem : Problem
+    best : Scored
+        A simulated candidate.
+    scorer : callable
+        As for :func:`beam_search`.
+    rec : int
+        :func:`recurrence_bound` of the problem.
+
     Returns
     -------
     (Scored, list of (depth cap, period or inf))
         The (possibly shallower) best and the periods seen at each smaller cap.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> best = beam_search(p, time_limit_s=10).best
+    >>> kept, tried = reduce_depth(p, best, sim_scorer(p), recurrence_bound(p))
+    >>> kept.depth, [(cap, round(period * 1e3, 6)) for cap, period in tried]
+    (2, [(1, 5.0)])
     """
     ev = _Evaluator(problem, scorer, rec)
     seen: List[Tuple[int, float]] = []
