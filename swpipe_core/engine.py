@@ -60,6 +60,7 @@ import torch
 from .order import enqueue_order
 from .plan import IterContext, PipelinePlan, PipelineTask, ref_name
 from .sequencer import SequencerAborted, _SubmissionSequencer
+from .shortcut import _ShortcutState
 from .streams import StreamPool, resolve_device, set_thread_device
 from .trace import TimelineEvent, TimelineRecorder
 from .validate import PlanError, validate
@@ -218,29 +219,6 @@ class _Run:
         self.origin_event: Any = None
 
 
-def _make_shortcut_state() -> Any:
-    try:
-        from .shortcut import _ShortcutState
-    except ImportError:  # room C's module not installed: shortcuts unavailable, engine still runs
-        return _NoShortcut()
-    return _ShortcutState()
-
-
-class _NoShortcut:
-    """Stand-in when :mod:`swpipe_core.shortcut` is unavailable; enabling raises."""
-
-    tasks: frozenset = frozenset()
-
-    def enable(self, names: Iterable[str]) -> None:
-        raise NotImplementedError("task shortcuts need swpipe_core.shortcut, which could not be imported")
-
-    def disable(self, names: Iterable[str]) -> None:
-        return None
-
-    def execute(self, task: PipelineTask, ctx: IterContext) -> None:  # pragma: no cover - tasks is empty
-        task.fn(ctx)
-
-
 class SWPipeline:
     """Software-pipelined execution of a plan: pipelined, serial, or one iteration at a time.
 
@@ -318,7 +296,7 @@ class SWPipeline:
         self._order: List[_TaskInfo] = [by_name[n] for n in enqueue_order(plan)]
         self._serial_order: List[_TaskInfo] = self._topological(plan, by_name)
         self._groups = list(dict.fromkeys(ti.group for ti in self._order))
-        self._shortcut = _make_shortcut_state()
+        self._shortcut = _ShortcutState()
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
         self._run: Optional[_Run] = None
 
