@@ -47,7 +47,7 @@ from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 from ._problem import Problem, build_plan
 
 __all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
-           "thread_presets", "stream_presets", "simulate_steady", "plan_resource_bound", "reduce_depth",
+           "thread_presets", "stream_presets", "plan_resource_bound", "reduce_depth",
            "derive_timetable", "critical_path_units", "recurrence_bound", "FIRE_POLICIES", "stage_assignments", "sim_scorer"]
 
 log = logging.getLogger(__name__)
@@ -164,50 +164,8 @@ def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     return max(load.values(), default=0.0)
 
 
-def simulate_steady(problem: Problem, plan: PipelinePlan, num_iterations: int = 40) -> Any:
-    """Simulate ``plan``; lengthen the run while its period is still below the plan's busiest resource.
-
-    A queue that grows by a few microseconds per iteration can take many
-    iterations to bind; until it does, a short run reports the period of
-    another cycle. No steady state is faster than the busiest resource's work,
-    so a shorter period means "not steady yet": the run doubles (up to 16x).
-
-    Parameters
-    ----------
-    problem : Problem
-    plan : PipelinePlan
-    num_iterations : int
-        Iterations of the first run.
-
-    Returns
-    -------
-    SimResult
-
-    Examples
-    --------
-    >>> from autosched.costs import CostModel, TaskCost
-    >>> from autosched._problem import make_problem
-    >>> from autosched.search import Constraints
-    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
-    >>> from autosched._problem import build_plan
-    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "y"})
-    >>> round(simulate_steady(p, plan).period * 1e3, 6)
-    3.0
-    """
-    from .simulate import simulate
-
-    floor = plan_resource_bound(problem, plan) * (1 - 1e-9)
-    n = num_iterations
-    while True:
-        res = simulate(plan, problem.costs, num_iterations=n, device=problem.device)
-        if res.period >= floor or n >= 16 * num_iterations:
-            return res
-        n *= 2
-
-
 def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
-    """Score a plan by the simulator: ``(period_s, latency_s)`` (see :func:`simulate_steady`).
+    """Score a plan by the simulator: ``(period_s, latency_s)`` (see :func:`autosched.simulate.simulate`).
 
     Parameters
     ----------
@@ -233,9 +191,10 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     >>> [round(x * 1e3, 6) for x in score(build_plan(p, {"A": 0, "B": 0}, {"A": "x", "B": "x"}))]
     [5.0, 5.0]
     """
+    from .simulate import simulate
 
     def score(plan: PipelinePlan) -> Tuple[float, float]:
-        res = simulate_steady(problem, plan, num_iterations)
+        res = simulate(plan, problem.costs, num_iterations=num_iterations, device=problem.device)
         return float(res.period), float(res.latency)
 
     return score

@@ -359,6 +359,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
 
     from . import beam as beam_mod
     from .cpsat import model_lower_bound, solve_cpsat
+    from .simulate import simulate
 
     c = constraints or Constraints()
     if c.method not in ("auto", "cpsat", "beam"):
@@ -410,7 +411,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
 
     # 3. judge the chosen plan with the simulator, and say why
     validate(chosen_plan)
-    sim = beam_mod.simulate_steady(problem, chosen_plan, c.num_iterations)
+    sim = simulate(chosen_plan, problem.costs, num_iterations=c.num_iterations, device=problem.device)
     period, latency = float(sim.period), float(sim.latency)
     lb, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, proven)
     lb = min(lb, period)

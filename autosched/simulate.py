@@ -31,7 +31,10 @@ iteration's latency (from its batch entering the pipeline to its completion),
 utilisation and idle time per thread group, stream, communicator and PCIe,
 what made each task wait (its binding dependency, FIFO, sequencer or
 resource), and the critical cycle: the chain of binding waits that repeats
-every iteration in steady state. The simulation is deterministic.
+every iteration in steady state. The simulation is deterministic. A run too
+short to show the steady state (a queue that grows slowly binds only after
+many iterations) is lengthened until its period reaches the busiest
+resource's work per iteration, which no steady state beats.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
 _HOST_END, _DEV_END, _ENQUEUE = 0, 1, 2
 _MIN_WINDOW = 8  # iterations in the steady-state window before the run is lengthened
+_LOAD_RTOL = 1e-9  # a period this much (relative) below the busiest resource's load is rounding, not a transient
 _MAX_TASK_ITERATIONS = 200_000
 
 
@@ -353,6 +357,27 @@ class _Sim:
         self.entry = [-1.0] * n
         self.heap: List[Tuple[float, int, int, int]] = []
         self.counter = 0
+
+    def busiest_load(self) -> float:
+        """Seconds per iteration that the busiest resource must work: no steady period is shorter.
+
+        Every iteration runs every task once, so each thread group, stream (CUDA),
+        communicator, PCIe, the sequencer and the main thread (``period_overhead_s``
+        per period) is held this long per iteration, whatever the order.
+        """
+        thread = [0.0] * len(self.group_names)
+        stream = [0.0] * len(self.stream_names)
+        res = [0.0] * len(self.res_names)
+        sequencer = 0.0
+        for k in range(self.T):
+            thread[self.thread[k]] += self.host[k]
+            stream[self.stream[k]] += self.dev[k]  # 0 on CPU, where a stream is only a name
+            held = self.dev[k] if self.cuda else self.host[k]  # a resource is held by the part that uses it
+            for r in self.res[k]:
+                res[r] += held
+            if self.seqd[k]:
+                sequencer += self.host[k]
+        return max(thread + stream + res + [sequencer, self.period_overhead])
 
     def push(self, t: float, kind: int, arg: int) -> None:
         self.counter += 1
@@ -682,8 +707,11 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     num_iterations : int
         Iterations to run (>= 2). The period is measured on the iterations that
         complete before the run stops admitting full periods, after a warm-up
-        quarter; when fewer than 8 such iterations remain (on CUDA the device can
-        lag the host by many iterations) the run is lengthened, up to 16 times.
+        quarter. The run is doubled, up to 16 times its length (and at most
+        200,000 task-iterations), while fewer than 8 such iterations remain (on
+        CUDA the device can lag the host by many iterations) or while the period
+        is below the busiest resource's work per iteration (a queue that grows
+        slowly has not bound yet: the run has not reached steady state).
     device : {"cpu", "cuda"}
         ``"cpu"``: all of a task's cost is host time. ``"cuda"``: ``host_s`` on the
         thread, ``device_s`` on the stream.
@@ -752,10 +780,13 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
                         completion[i] = sim.dev_end[base + i]
                         last_op[i] = N + base + i
         w0, w1 = _window(completion, sim.cpu_done, n, sim.depth)
-        if w1 - w0 >= _MIN_WINDOW or n >= cap:
+        period = _steady_period(completion, w0, w1)
+        # A queue that grows by a little every iteration binds only after many of them; until then the
+        # window shows a faster transient. No steady state beats the busiest resource, so keep going.
+        steady = w1 - w0 >= _MIN_WINDOW and period >= sim.busiest_load() * (1.0 - _LOAD_RTOL)
+        if steady or n >= cap:
             break
         n = min(cap, 2 * n)
-    period = _steady_period(completion, w0, w1)
     latencies = [completion[i] - sim.entry[i] for i in range(n)]
     win = latencies[w0:w1 + 1]
     latency = sum(win) / len(win)

@@ -296,3 +296,69 @@ def test_ten_thousand_task_iterations_simulate_quickly():
         assert r.num_iterations * len(names) >= 10_000
         assert dt < 30  # a deadlock guard, not a speed target (benchmarks hold those)
     assert isinstance(r, SimResult)
+
+
+def _slow_queue(kind: str):
+    """X's resource needs 1.01 ms per iteration; the Z chain completes iterations every 1 ms, 3 ms after entry.
+
+    Completion is ``max((i + 1) * 1.01, (i + 3) * 1.0)`` ms: X's backlog grows by 0.01 ms per
+    iteration and overtakes the chain only around iteration 200, after which the period is 1.01 ms.
+    ``kind`` picks which resource X loads: its thread, its stream (CUDA), a communicator or PCIe
+    (two tasks on two threads / streams sharing it, so no thread or stream is the bottleneck).
+    """
+    sched = {"Z1": TaskSchedule(0, thread_group="a"), "Z2": TaskSchedule(1, thread_group="b"),
+             "Z3": TaskSchedule(3, thread_group="c")}
+    cost = {"Z1": 1.0, "Z2": 1.0, "Z3": 1.0}
+    device = "cpu"
+    if kind == "thread":
+        sched["X"] = TaskSchedule(0, thread_group="w")
+        cost["X"] = 1.01
+    elif kind == "stream":
+        sched["X"] = TaskSchedule(0, stream="s", thread_group="w")
+        cost["X"] = (0.01, 1.01)
+        device = "cuda"
+    elif kind == "comm":
+        sched.update(X1=TaskSchedule(0, thread_group="w1"), X2=TaskSchedule(0, thread_group="w2"))
+        cost.update(X1=(0.505, 0.0, ("comm:x",)), X2=(0.505, 0.0, ("comm:x",)))
+    else:  # pcie on CUDA: two copies on two streams share the bus
+        sched.update(X1=TaskSchedule(0, stream="s1", thread_group="w1"),
+                     X2=TaskSchedule(0, stream="s2", thread_group="w2"))
+        cost.update(X1=(0.01, 0.505, ("pcie",)), X2=(0.01, 0.505, ("pcie",)))
+        device = "cuda"
+    plan = PipelinePlan(sched, intra_iter_deps=[("Z2", "Z1"), ("Z3", "Z2")], pipeline_depth=4)
+    return plan, costs_ms(**cost), device
+
+
+@pytest.mark.parametrize("kind", ["thread", "stream", "comm", "pcie"])
+def test_a_slowly_growing_queue_is_simulated_until_it_binds(kind):
+    plan, costs, device = _slow_queue(kind)
+    load = 1.01 * MS  # the busiest resource's work per iteration
+    long_run = simulate(plan, costs, num_iterations=2000, device=device)
+    assert long_run.period == pytest.approx(load, rel=1e-9)
+    for n in (50, 60, 120):
+        r = simulate(plan, costs, num_iterations=n, device=device)
+        # 50 iterations alone show the chain's transient 1.000 ms/iter; the run must go on until X's queue binds
+        assert r.period >= load * (1 - 1e-9), (n, r.num_iterations, r.period)
+        assert r.period == pytest.approx(long_run.period, rel=1e-9)
+        assert r.num_iterations > 200
+        assert max(r.utilisation.values()) <= 1 + 1e-6
+
+
+def test_the_best_beam_plan_of_a_random_graph_is_simulated_to_its_resource_bound():
+    # the case that showed the transient: beam search's best plan for random_graph(20, 20)
+    # simulated at 15.497 ms/iter on 60 iterations, 15.524 ms (its busiest thread) from 120 on
+    from autosched._enumerate import random_graph
+    from autosched._problem import make_problem
+    from autosched.beam import beam_search, plan_resource_bound
+    from autosched.search import Constraints
+
+    graph, costs = random_graph(20, 20)
+    problem = make_problem(graph, costs, Constraints())
+    plan = beam_search(problem, seed=0, time_limit_s=300).best.plan  # rounds and patience end it, not the clock
+    bound = plan_resource_bound(problem, plan)
+    long_run = simulate(plan, costs, num_iterations=960).period
+    assert long_run >= bound * (1 - 1e-9)
+    for n in (40, 60, 120):
+        period = simulate(plan, costs, num_iterations=n).period
+        assert period >= bound * (1 - 1e-9)
+        assert period == pytest.approx(long_run, rel=1e-9)
