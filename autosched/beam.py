@@ -480,36 +480,16 @@ def recurrence_bound(problem: Problem) -> int:
     >>> recurrence_bound(p)
     2000
     """
-    if not problem.inter:
-        return 0
-    g = nx.DiGraph()
-    for t, d in problem.intra:
-        g.add_edge(d, t, w=problem.dur(d), n=0)
-    for t, d, n in problem.inter:
-        w = problem.dur(d)
-        if g.has_edge(d, t):
-            # keep the tighter of parallel edges at each II: store both as a list
-            g.edges[d, t].setdefault("alt", []).append((w, n))
-        else:
-            g.add_edge(d, t, w=w, n=n)
+    from .bounds import max_cycle_ratio  # one RecMII implementation, shared with lower_bounds
 
-    def feasible(ii: int) -> bool:
-        h = nx.DiGraph()
-        for u, v, data in g.edges(data=True):
-            opts = [(data["w"], data["n"])] + data.get("alt", [])
-            h.add_edge(u, v, c=min(ii * n - w for w, n in opts))
-        return not nx.negative_edge_cycle(h, weight="c")
-
-    lo, hi = 0, max(1, sum(problem.dur(n) for n in problem.names))
-    if not feasible(hi):
+    graph = nx.MultiDiGraph()
+    graph.add_edges_from((d, t, {"weight": problem.dur(d), "distance": 0}) for t, d in problem.intra)
+    graph.add_edges_from((d, t, {"weight": problem.dur(d), "distance": n}) for t, d, n in problem.inter)
+    ratio, _ = max_cycle_ratio(graph)
+    if math.isinf(ratio):
         raise ValueError("a dependency cycle has zero total distance; the intra-iteration graph must be a DAG")
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    # durations are whole time units, so the smallest feasible integer II is the ratio rounded up
+    return max(0, math.ceil(ratio * (1 - 1e-9)))
 
 
 def critical_path_units(problem: Problem) -> int:
