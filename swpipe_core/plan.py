@@ -243,6 +243,10 @@ class PipelinePlan:
         period-local graph), e.g. a fire order found by the searcher.
     enqueue_policy : {"ready_first", "stage_descending"}
         The policy used when ``enqueue_order`` is not given.
+    caller_group : str or None
+        The thread group whose tasks run inline on the thread that calls
+        ``fill_pipeline``/``progress`` (no hand-off to a worker); ``"default"``
+        unless given. ``None`` runs every group on its own worker thread.
 
     Examples
     --------
@@ -262,6 +266,7 @@ class PipelinePlan:
     pipeline_depth: Optional[int] = None
     enqueue_order: Optional[List[TaskRef]] = None
     enqueue_policy: str = "ready_first"
+    caller_group: Optional[str] = "default"
 
     def __post_init__(self) -> None:
         self.intra_iter_deps = list(self.intra_iter_deps)
@@ -338,6 +343,7 @@ class PipelinePlan:
             pipeline_depth=None,
             enqueue_order=None if self.enqueue_order is None else list(self.enqueue_order),
             enqueue_policy=self.enqueue_policy,
+            caller_group=self.caller_group,
         )
         fields.update(changes)
         return PipelinePlan(**fields)
