@@ -51,3 +51,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'autosched' has no attribute {name!r}")
     return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__() -> list:
+    """Every public name, lazy ones included, so ``dir()``, ``help()`` and tab completion list them."""
+    return sorted(set(globals()) | set(__all__))

@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import List, Optional
 
+from swpipe._version import __version__
+
 __all__ = ["main", "build_parser"]
 
 _COMMANDS = {
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available sub-command."""
     parser = argparse.ArgumentParser(prog="swpipe", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in _COMMANDS.items():
         try:

@@ -58,3 +58,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'swpipe_core' has no attribute {name!r}")
     mod = importlib.import_module(f".{module}", __name__)
     return mod if name == module else getattr(mod, name)
+
+
+def __dir__() -> list:
+    """Every public name, lazy ones included, so ``dir()``, ``help()`` and tab completion list them."""
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,69 @@
+"""The package looks finished: one version, ``--version``, ``python -m swpipe``, ``py.typed``, every public name listed."""
+
+from __future__ import annotations
+
+import configparser
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import autosched
+import swpipe
+import swpipe_core
+from swpipe.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _setup_cfg() -> configparser.ConfigParser:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
+
+
+def test_version_is_one_constant_that_setup_cfg_reads():
+    assert swpipe.__version__ and swpipe.__version__[0].isdigit()
+    assert _setup_cfg()["metadata"]["version"].strip() == "attr: swpipe._version.__version__"
+
+
+def test_swpipe_version_flag_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"swpipe {swpipe.__version__}"
+
+
+def test_python_dash_m_swpipe_runs_the_command():
+    out = subprocess.run([sys.executable, "-m", "swpipe", "list"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "sparse_dist" in out.stdout
+
+
+def test_license_file_matches_the_declared_licence():
+    meta = _setup_cfg()["metadata"]
+    assert meta["license"].strip() == "BSD-3-Clause"
+    text = (ROOT / meta["license_files"].strip()).read_text()
+    assert text.startswith("BSD 3-Clause License") and "swpipe developers" in text
+    assert meta["author"].strip() == "swpipe developers"
+    assert "License :: OSI Approved :: BSD License" in meta["classifiers"]
+
+
+def test_py_typed_marker_ships_as_package_data():
+    assert (ROOT / "swpipe" / "py.typed").exists()
+    assert _setup_cfg()["options.package_data"]["swpipe"].strip() == "py.typed"
+
+
+@pytest.mark.parametrize("module", [swpipe, swpipe_core, autosched], ids=lambda m: m.__name__)
+def test_dir_lists_every_lazy_public_name(module):
+    listed = set(dir(module))
+    missing = sorted(set(module.__all__) - listed)
+    assert not missing, f"dir({module.__name__}) misses {missing}"
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+
+
+def test_dir_of_the_face_package_names_the_users_entry_points():
+    assert {"SWPipeline", "auto_schedule", "CostModel", "TaskProfiler", "__version__"} <= set(dir(swpipe))
