@@ -47,7 +47,7 @@ from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import validate
 
-from .costs import CostModel
+from .costs import CostModel, as_cost_model
 
 __all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph"]
 
@@ -395,6 +395,7 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
     >>> round(b.rec_mii * 1e3, 6), b.binding
     (3.0, 'recurrence: A -dep-> B -dep-> A (3.000 ms over 1 iteration(s))')
     """
+    costs = as_cost_model(costs)
     cuda = str(device).startswith("cuda")
     if str(device) != "cpu" and not cuda:
         raise ValueError(f"device={device!r}: use 'cpu' or 'cuda'")

@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass, field, replace as _dc_replace
 from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
-__all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION"]
+__all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION", "as_cost_model"]
 
 SCHEMA = "swpipe-cost-model"
 SCHEMA_VERSION = 1
@@ -557,3 +557,41 @@ class CostModel:
             raise CostModelError(f"not valid JSON ({exc})", path,
                                  "fix the syntax; see cost_models/README.md for the schema") from None
         return cls.from_dict(doc, where=path)
+
+
+def as_cost_model(costs: Any) -> "CostModel":
+    """The ``costs`` argument of the public entry points as a :class:`CostModel`.
+
+    A plain dict is accepted: ``{task: seconds}`` (host time, the CPU model) or
+    ``{task: {"host_s": ..., "device_s": ..., "resources": [...]}}``.
+
+    Parameters
+    ----------
+    costs : CostModel or dict
+
+    Returns
+    -------
+    CostModel
+
+    Raises
+    ------
+    CostModelError
+        For anything else, or a dict whose values are not times, saying how to build a model.
+
+    Examples
+    --------
+    >>> as_cost_model({"A": 0.002, "B": 0.001})["A"]
+    TaskCost(host_s=0.002, device_s=0.0, resources=())
+    >>> as_cost_model([0.002])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    autosched.costs.CostModelError: costs: got list, not a CostModel. Fix: pass {task_name: seconds}, ...
+    """
+    if isinstance(costs, CostModel):
+        return costs
+    if isinstance(costs, Mapping):
+        return CostModel(dict(costs), method="a dict of seconds (host time)")
+    raise CostModelError(
+        f"got {type(costs).__name__}, not a CostModel", "costs",
+        "pass {task_name: seconds}, CostModel({name: TaskCost(host_s, device_s)}), "
+        "CostModel.from_profile(profile_result) or CostModel.load('costs.json')")

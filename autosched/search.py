@@ -358,6 +358,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     from swpipe_core.validate import validate
 
     from . import beam as beam_mod
+    from .costs import as_cost_model
     from .cpsat import model_lower_bound, solve_cpsat
     from .simulate import simulate
 
@@ -365,6 +366,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     if c.method not in ("auto", "cpsat", "beam"):
         raise ValueError(f"method must be 'auto', 'cpsat' or 'beam', got {c.method!r}")
     t0 = time.perf_counter()
+    costs = as_cost_model(costs)
     problem = make_problem(tasks_or_graph, costs, c)
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
     final_scorer = beam_mod.sim_scorer(problem, c.num_iterations)

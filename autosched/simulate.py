@@ -50,7 +50,7 @@ from swpipe_core.plan import PipelinePlan, ref_name
 from swpipe_core.trace import TimelineEvent, to_chrome_trace, write_chrome_trace
 from swpipe_core.validate import validate
 
-from .costs import CostModel
+from .costs import CostModel, as_cost_model
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
@@ -753,6 +753,7 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     3.0
     """
     validate(plan)
+    costs = as_cost_model(costs)
     costs.check(plan)
     if not isinstance(num_iterations, int) or num_iterations < 2:
         raise ValueError(f"num_iterations={num_iterations!r}: the period needs at least 2 iterations")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, U
 from swpipe_core.plan import PipelinePlan
 
 from .bounds import lower_bounds
-from .costs import CostModel, CostModelError, TaskCost
+from .costs import CostModel, CostModelError, TaskCost, as_cost_model
 from .simulate import simulate
 
 __all__ = ["what_if", "sweep", "compare_plans", "apply_changes"]
@@ -146,6 +146,7 @@ def what_if(plan: PipelinePlan, costs: CostModel, changes: Changes, num_iteratio
     """
     import pandas as pd
 
+    costs = as_cost_model(costs)
     after = apply_changes(costs, changes)
     rows = {"before": {"change": "", **_row(plan, costs, num_iterations, device)},
             "after": {"change": _describe(changes), **_row(plan, after, num_iterations, device)}}
@@ -189,6 +190,7 @@ def sweep(plan: PipelinePlan, costs: CostModel, task: str, factors: Iterable[flo
     """
     import pandas as pd
 
+    costs = as_cost_model(costs)
     costs.check([task])
     rows = []
     for f in factors:

@@ -98,18 +98,44 @@ class PipelineTask:
     Examples
     --------
     >>> fwd = PipelineTask("Forward", lambda ctx: None)
-    >>> fwd == PipelineTask("Forward", print), fwd == "Forward", hash(fwd) == hash("Forward")
+    >>> fwd == PipelineTask("Forward"), fwd == "Forward", hash(fwd) == hash("Forward")
     (True, True, True)
     >>> PipelineTask("Backward")
     PipelineTask('Backward', unbound)
+
+    Two bound tasks with one name and different functions are different tasks
+    (a plan holding both fails ``validate``), and ``fn`` must be callable:
+
+    >>> PipelineTask("Forward", print) == PipelineTask("Forward", len)
+    False
+    >>> PipelineTask("Z", 3)
+    Traceback (most recent call last):
+    ...
+    TypeError: PipelineTask 'Z': fn is 3 (int), not callable; pass a function of the iteration context, e.g. PipelineTask('Z', lambda ctx: ...), or None for an analysis-only task
     """
 
     name: str
     fn: Optional[Callable[[IterContext], None]] = None
     io: List[DeclaredIO] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # Checked here, not at run time: a wrong argument should fail where it was written.
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"PipelineTask name is {self.name!r}; give a non-empty string, "
+                            f"e.g. PipelineTask('Forward', forward)")
+        if self.fn is not None and not callable(self.fn):
+            raise TypeError(f"PipelineTask {self.name!r}: fn is {self.fn!r} ({type(self.fn).__name__}), not callable; "
+                            f"pass a function of the iteration context, e.g. PipelineTask({self.name!r}, lambda ctx: ...), "
+                            f"or None for an analysis-only task")
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PipelineTask):
+            # Two bound tasks with one name but different functions are different
+            # tasks: they must not merge as dict keys (validate's unique-names rule
+            # then names both) - the first one's function would run with the
+            # second one's schedule.
+            if self.fn is not None and other.fn is not None and self.fn != other.fn:
+                return False
             return self.name == other.name
         if isinstance(other, str):
             return self.name == other

@@ -89,6 +89,8 @@ class ProfileResult:
         >>> print(ProfileResult(0.002, {"H2D": 0.0005}).format_report().splitlines()[4])
           H2D                        0.500ms       25.0%
         """
+        if self.host_s is not None or self.device_s is not None:
+            return self._format_with_times()
         width = max([24, *(len(n) for n in self.exposed_s)])
         pct = (lambda s: 100.0 * s / self.baseline_s) if self.baseline_s > 0 else (lambda s: 0.0)
         rule = f"  {'-' * width} {'-' * 10} {'-' * 12}"
@@ -104,8 +106,49 @@ class ProfileResult:
         lines += [rule, f"  {'SUM':<{width}} {total * 1e3:>7.3f}ms{pct(total):>11.1f}%"]
         return "\n".join(lines)
 
+    def _format_with_times(self) -> str:
+        """The report with host and device time per task next to exposed time (the cost model's inputs)."""
+        host, device = self.host_s or {}, self.device_s or {}
+        names = list(dict.fromkeys([*self.exposed_s, *host, *device]))
+        width = max([24, *(len(n) for n in names)])
+        pct = (lambda s: 100.0 * s / self.baseline_s) if self.baseline_s > 0 else (lambda s: 0.0)
+
+        def ms(table: Dict[str, float], name: str) -> str:
+            return f"{table[name] * 1e3:>9.3f}ms" if name in table else f"{'-':>11}"
+
+        head = f"  {'Task':<{width}} {'Exposed':>11} {'% baseline':>11} {'Host':>11} {'Device':>11}"
+        rule = f"  {'-' * width} {'-' * 11} {'-' * 11} {'-' * 11} {'-' * 11}"
+        lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms", "", head, rule]
+        for name in names:
+            share = f"{pct(self.exposed_s[name]):>10.1f}%" if name in self.exposed_s else f"{'-':>11}"
+            lines.append(f"  {name:<{width}} {ms(self.exposed_s, name)} {share} {ms(host, name)} {ms(device, name)}")
+        total = {"e": sum(self.exposed_s.values())}
+        total.update({k: sum(t.values()) for k, t in (("h", host), ("d", device)) if t})
+        lines += [rule, f"  {'SUM':<{width}} {ms(total, 'e')} {pct(total['e']):>10.1f}% {ms(total, 'h')} {ms(total, 'd')}"]
+        lines += ["", "  Exposed: how much the serial step speeds up without the task (shortcut).",
+                  "  Host: CPU time the task's function held its thread; Device: time on its stream (CUDA).",
+                  "  CostModel.from_profile takes host_s = Host (Exposed where Host is -) and device_s = Device."]
+        return "\n".join(lines)
+
     def print_report(self) -> None:
-        """Print :meth:`format_report` (baseline, per-task exposed ms and %, SUM)."""
+        """Print :meth:`format_report` (baseline, per-task exposed, host and device ms, SUM).
+
+        Examples
+        --------
+        >>> ProfileResult(0.010, {"A": 0.004}, host_s={"A": 0.005, "B": 0.001}, device_s={"A": 0.002}).print_report()
+        Baseline serial iteration: 10.000 ms
+        <BLANKLINE>
+          Task                         Exposed  % baseline        Host      Device
+          ------------------------ ----------- ----------- ----------- -----------
+          A                            4.000ms       40.0%     5.000ms     2.000ms
+          B                                  -           -     1.000ms           -
+          ------------------------ ----------- ----------- ----------- -----------
+          SUM                          4.000ms       40.0%     6.000ms     2.000ms
+        <BLANKLINE>
+          Exposed: how much the serial step speeds up without the task (shortcut).
+          Host: CPU time the task's function held its thread; Device: time on its stream (CUDA).
+          CostModel.from_profile takes host_s = Host (Exposed where Host is -) and device_s = Device.
+        """
         print(self.format_report())
 
     def to_dict(self) -> Dict[str, Any]:

@@ -100,8 +100,9 @@ def _check_schedule(plan: PipelinePlan) -> dict:
     names = [_check_ref(k, "a schedule key") for k in plan.schedule]
     dup = [n for n, c in Counter(names).items() if c > 1]
     if dup:
-        raise PlanError("unique-names", f"task name(s) {dup} appear more than once in the schedule", dup,
-                        "give every task a unique name")
+        clash = " and ".join(repr(k) for k in plan.schedule if ref_name(k) == dup[0])
+        raise PlanError("unique-names", f"task name(s) {dup} appear more than once in the schedule ({clash})", dup,
+                        "give every task a unique name (two tasks with one name would merge into one)")
     objects = {}
     for key, sched in plan.schedule.items():
         name = ref_name(key)

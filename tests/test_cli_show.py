@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from swpipe.cli import main
 from swpipe_core import pipelines
 
@@ -45,8 +47,9 @@ def test_show_bad_option_is_a_clear_error(capsys):
     assert "not key=value" in capsys.readouterr().err
     assert main(["show", "base", "-o", "stages=2"]) == 2
     assert "takes no option(s) ['stages']" in capsys.readouterr().err
-    assert main(["show", "base", "--periods", "0"]) == 2
-    assert "--periods must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # argparse rejects it before the command runs
+        main(["show", "base", "--periods", "0"])
+    assert info.value.code == 2 and "--periods/-n: 0 is too small: give an integer >= 1" in capsys.readouterr().err
 
 
 def test_list_prints_every_pipeline_with_description(capsys):

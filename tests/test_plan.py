@@ -22,11 +22,17 @@ def _fn(ctx):
 
 
 def test_task_equality_and_hash_by_name():
-    a1, a2 = PipelineTask("A", _fn), PipelineTask("A", print)
-    assert a1 == a2 and a1 == "A" and "A" == a1
+    a1, unbound = PipelineTask("A", _fn), PipelineTask("A")
+    assert a1 == unbound and a1 == PipelineTask("A", _fn) and a1 == "A" and "A" == a1
     assert a1 != PipelineTask("B") and a1 != "B"
-    assert len({a1, a2, "A"}) == 1
-    assert {a1: 1}["A"] == 1
+    assert len({a1, unbound, "A"}) == 1
+    assert {a1: 1}["A"] == 1 and hash(a1) == hash("A")
+
+
+def test_bound_tasks_with_one_name_and_different_functions_stay_distinct():
+    a1, a2 = PipelineTask("A", _fn), PipelineTask("A", print)
+    assert a1 != a2 and a1 == "A" and a2 == "A"
+    assert len({a1: 1, a2: 2}) == 2  # no silent merge; validate's unique-names rule names both
 
 
 def test_task_schedule_defaults_match_000():

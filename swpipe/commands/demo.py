@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any, List
 
+from ._args import int_at_least
+
 __all__ = ["add_arguments", "run"]
 
 _log = logging.getLogger(__name__)
@@ -35,14 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     >>> args.world_size, args.iters, args.batch_size, args.repeats, args.plans
     (1, 40, 512, 3, 'sparse_dist+by_stream')
     """
-    parser.add_argument("--world-size", type=int, default=1, help="ranks (spawned on loopback when > 1); default 1")
-    parser.add_argument("--iters", type=int, default=40, help="training iterations per run (default 40)")
-    parser.add_argument("--batch-size", type=int, default=512, help="per-rank batch size (default 512)")
+    parser.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks (spawned on loopback when > 1); default 1")
+    parser.add_argument("--iters", type=int_at_least(1), default=40, help="training iterations per run (default 40)")
+    parser.add_argument("--batch-size", type=int_at_least(1), default=512, help="per-rank batch size (default 512)")
     parser.add_argument("--plans", default="all",
                         help="comma-separated pipeline names (see `swpipe list`), 'all' (default), "
                              "'+by_stream' variants included with 'all'")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over all plans; the fastest counts (default 3)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--repeats", type=int_at_least(1), default=3, help="rounds over all plans; the fastest counts (default 3)")
+    parser.add_argument("--threads", type=int_at_least(1), default=1,
                         help="torch intra-op threads per rank (default 1: pipeline threads use the other cores)")
     parser.add_argument("--compile", default="none", choices=["none", "inductor", "aot_eager", "eager"],
                         help="torch.compile backend for pt2 and compiled autograd; default none (eager): "
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     --------
     >>> parser = argparse.ArgumentParser()
     >>> add_arguments(parser)
-    >>> run(parser.parse_args(["--iters", "0"]))
+    >>> run(argparse.Namespace(**{**vars(parser.parse_args([])), "iters": 0}))
     2
     """
     import torch

@@ -17,6 +17,8 @@ import json
 import sys
 from typing import Any, Dict, List
 
+from ._args import int_at_least, positive_float
+
 __all__ = ["add_arguments", "run", "parse_freeze", "load_input"]
 
 
@@ -90,9 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--tasks", metavar="GRAPH.json", help="task graph (or saved plan) JSON")
     src.add_argument("--pipeline", metavar="NAME", help="one of TorchRec's pipelines (see `swpipe list`)")
     parser.add_argument("--costs", required=True, metavar="COSTS.json", help="cost model JSON (cost_models/)")
-    parser.add_argument("--max-depth", type=int, default=3, help="most iterations in flight (default 3)")
-    parser.add_argument("--max-threads", type=int, default=2, help="most CPU thread groups (default 2)")
-    parser.add_argument("--time-limit", type=float, default=30.0, help="search budget in seconds (default 30)")
+    parser.add_argument("--max-depth", type=int_at_least(1), default=3, help="most iterations in flight (default 3)")
+    parser.add_argument("--max-threads", type=int_at_least(1), default=2, help="most CPU thread groups (default 2)")
+    parser.add_argument("--time-limit", type=positive_float, default=30.0, help="search budget in seconds (default 30)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="semantics to optimise for")
     parser.add_argument("--method", choices=("auto", "cpsat", "beam"), default="auto")
     parser.add_argument("--streams", default=None, metavar="A,B,...",

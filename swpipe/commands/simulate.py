@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._args import int_at_least
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--plan", metavar="PLAN.json", help="plan JSON (e.g. written by `swpipe plan`)")
     src.add_argument("--pipeline", metavar="NAME", help="one of TorchRec's pipelines (see `swpipe list`)")
     parser.add_argument("--costs", required=True, metavar="COSTS.json", help="cost model JSON (cost_models/)")
-    parser.add_argument("--iterations", type=int, default=50, help="iterations to simulate (default 50)")
+    parser.add_argument("--iterations", type=int_at_least(2), default=50, help="iterations to simulate (default 50)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--trace", default=None, metavar="TRACE.json",
                         help="also write the simulated timeline as Chrome/Perfetto trace JSON")

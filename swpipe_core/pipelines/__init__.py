@@ -3,6 +3,9 @@
 Every factory takes ``fns`` (``{task_name: fn(ctx)}``; omitted = an unbound,
 analysis-only plan) plus its own options, and returns a plan that passes
 ``validate``. ``get(name, fns, **options)`` looks a factory up by name.
+Every factory takes ``order``: ``None``/``"ready_first"``/``"stage_descending"``
+(swpipe's enqueue policies) or ``"torchrec"`` (TorchRec's own CPU submission
+order, :data:`~swpipe_core.pipelines.orders.TORCHREC_ORDERS`).
 
 ============================  ===========================================
 name                          TorchRec class
@@ -75,7 +78,8 @@ def get(name: str, fns: TaskFns = None, **options: Any) -> PipelinePlan:
     fns : mapping of task name to function, optional
         Binds the tasks; without it the plan is analysis-only.
     **options
-        The factory's options: ``emb_lookup`` for the fused pipelines,
+        The factory's options: ``order`` for every one (``"torchrec"`` for
+        TorchRec's submission order), ``emb_lookup`` for the fused pipelines,
         ``stages`` for ``staged``.
 
     Returns
@@ -96,7 +100,7 @@ def get(name: str, fns: TaskFns = None, **options: Any) -> PipelinePlan:
     >>> get("base", stages=2)
     Traceback (most recent call last):
     ...
-    ValueError: pipeline 'base' takes no option(s) ['stages']; its options: none
+    ValueError: pipeline 'base' takes no option(s) ['stages']; its options: order
     """
     factory = _factory(name)
     accepted = [p for p in inspect.signature(factory).parameters if p != "fns"]

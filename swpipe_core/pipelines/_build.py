@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from .orders import apply_order
 
 __all__ = ["TaskFns", "make_plan"]
 
@@ -17,6 +18,7 @@ def make_plan(
     intra: Sequence[Tuple[str, str]],
     inter: Sequence[tuple] = (),
     fns: TaskFns = None,
+    order: Optional[str] = None,
 ) -> PipelinePlan:
     """Build the plan of ``pipeline`` from task names, binding ``fns`` by name.
 
@@ -33,6 +35,8 @@ def make_plan(
     intra, inter : sequences of dependency tuples (names)
     fns : mapping, optional
         ``{task_name: fn(ctx)}``.
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The enqueue order (:func:`~swpipe_core.pipelines.orders.apply_order`).
 
     Returns
     -------
@@ -41,7 +45,7 @@ def make_plan(
     Raises
     ------
     ValueError
-        If ``fns`` names a task the pipeline does not have.
+        If ``fns`` names a task the pipeline does not have, or for a bad ``order``.
 
     Examples
     --------
@@ -58,8 +62,9 @@ def make_plan(
     if unknown:
         raise ValueError(f"pipeline {pipeline!r} has no task(s) {unknown}; its tasks are {list(schedule)}")
     tasks: List[PipelineTask] = [PipelineTask(name, fns.get(name)) for name in schedule]
-    return PipelinePlan(
+    plan = PipelinePlan(
         schedule={t: schedule[t.name] for t in tasks},
         intra_iter_deps=list(intra),
         inter_iter_deps=list(inter),
     )
+    return apply_order(pipeline, plan, order)

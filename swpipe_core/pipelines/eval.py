@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..plan import PipelinePlan, TaskSchedule
 from ._build import TaskFns, make_plan
 from .train import _fused_schedule
@@ -9,7 +11,7 @@ from .train import _fused_schedule
 __all__ = ["eval_sparse_dist", "eval_fused_sparse_dist"]
 
 
-def eval_sparse_dist(fns: TaskFns = None) -> PipelinePlan:
+def eval_sparse_dist(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """EvalPipelineSparseDist: 2 stages, H2D on a background loader thread.
 
     Depth 2, streams ``memcpy``, ``data_dist`` and default, two threads: H2D
@@ -21,6 +23,9 @@ def eval_sparse_dist(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -47,11 +52,11 @@ def eval_sparse_dist(fns: TaskFns = None) -> PipelinePlan:
             ("WaitBatch", "InputDistWait"),
             ("Forward", "WaitBatch"),
         ],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
-def eval_fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new") -> PipelinePlan:
+def eval_fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new", order: Optional[str] = None) -> PipelinePlan:
     """EvalPipelineFusedSparseDist: FusedSparseDist's schedule for inference.
 
     Depth 3, streams as :func:`~swpipe_core.pipelines.train.fused_sparse_dist`
@@ -65,6 +70,9 @@ def eval_fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new") -> Pipe
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
     emb_lookup : {"new", "data_dist", "current"}
 
     Returns
@@ -93,5 +101,5 @@ def eval_fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new") -> Pipe
             ("Forward", "EmbLookup"),
             ("Forward", "WaitBatch"),
         ],
-        fns=fns,
+        fns=fns, order=order,
     )

@@ -31,7 +31,8 @@ def _stage_names(stages: Optional[Union[int, str, Sequence[str]]]) -> list:
     return names
 
 
-def staged(fns: TaskFns = None, stages: Optional[Union[int, str, Sequence[str]]] = None) -> PipelinePlan:
+def staged(fns: TaskFns = None, stages: Optional[Union[int, str, Sequence[str]]] = None,
+           order: Optional[str] = None) -> PipelinePlan:
     """StagedTrainPipeline: N user-defined stages, stage k on its own stream, chained.
 
     Depth N, N streams (each named after its stage), one thread. Task k is the
@@ -45,6 +46,9 @@ def staged(fns: TaskFns = None, stages: Optional[Union[int, str, Sequence[str]]]
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
     stages : int, str or sequence of str, optional
         Stage names (a comma-separated string is split), or a count ``n`` for
         ``stage0 .. stage{n-1}``; default 001's example
@@ -72,5 +76,5 @@ def staged(fns: TaskFns = None, stages: Optional[Union[int, str, Sequence[str]]]
         "staged",
         {name: TaskSchedule(stage=k, stream=name) for k, name in enumerate(names)},
         intra=[(names[k], names[k - 1]) for k in range(1, len(names))],
-        fns=fns,
+        fns=fns, order=order,
     )

@@ -11,6 +11,8 @@ analysis-only.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..plan import PipelinePlan, TaskSchedule
 from ._build import TaskFns, make_plan
 
@@ -54,7 +56,7 @@ def _sparse_dist_schedule(globally_ordered: bool = True) -> dict:
     }
 
 
-def base(fns: TaskFns = None) -> PipelinePlan:
+def base(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineBase: 2 stages, H2D of the next batch on a memcpy stream.
 
     Depth 2, streams ``memcpy`` + default, one thread. Forward(i) reads the
@@ -64,6 +66,9 @@ def base(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -93,11 +98,11 @@ def base(fns: TaskFns = None) -> PipelinePlan:
             ("OptimizerStep", "Backward"),
         ],
         inter=[("Forward", "OptimizerStep")],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
-def pt2(fns: TaskFns = None) -> PipelinePlan:
+def pt2(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelinePT2: torch.compile'd model, fully serial (depth 1, default stream).
 
     001 lists the seven tasks at stage 0 but no dependencies; assumed here:
@@ -109,6 +114,9 @@ def pt2(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -133,11 +141,11 @@ def pt2(fns: TaskFns = None) -> PipelinePlan:
             ("OptimizerStep", "Backward"),
         ],
         inter=[("Forward", "OptimizerStep")],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
-def sparse_dist(fns: TaskFns = None) -> PipelinePlan:
+def sparse_dist(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineSparseDist: the classic 3 stages H2D | InputDist | FWD/BWD/OPT.
 
     Depth 3, streams ``memcpy``, ``data_dist`` and default, one thread.
@@ -147,6 +155,9 @@ def sparse_dist(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -159,10 +170,10 @@ def sparse_dist(fns: TaskFns = None) -> PipelinePlan:
     (3, True)
     """
     return make_plan("sparse_dist", _sparse_dist_schedule(), _SPARSE_DIST_INTRA,
-                     inter=[("Forward", "OptimizerStep")], fns=fns)
+                     inter=[("Forward", "OptimizerStep")], fns=fns, order=order)
 
 
-def sparse_dist_lite(fns: TaskFns = None) -> PipelinePlan:
+def sparse_dist_lite(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineSparseDistLite: 2 stages, InputDist on the default stream (critical path).
 
     Depth 2, streams ``memcpy`` + default (TorchRec sets ``data_dist_stream``
@@ -172,6 +183,9 @@ def sparse_dist_lite(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -205,7 +219,7 @@ def sparse_dist_lite(fns: TaskFns = None) -> PipelinePlan:
             ("OptimizerStep", "Backward"),
         ],
         inter=[("Forward", "OptimizerStep")],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
@@ -229,7 +243,7 @@ def _fused_schedule(emb_lookup: str, training: bool = True) -> dict:
     return sched
 
 
-def fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new") -> PipelinePlan:
+def fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new", order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineFusedSparseDist: SparseDist with the embedding lookup on its own stream.
 
     Depth 3, streams ``memcpy``, ``data_dist``, the lookup stream and default
@@ -245,6 +259,9 @@ def fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new") -> PipelineP
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
     emb_lookup : {"new", "data_dist", "current"}
 
     Returns
@@ -275,11 +292,11 @@ def fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new") -> PipelineP
             ("OptimizerStep", "Backward"),
         ],
         inter=[("EmbLookup", "Backward"), ("Forward", "OptimizerStep")],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
-def semi_sync(fns: TaskFns = None) -> PipelinePlan:
+def semi_sync(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineSemiSync: the embedding lookup one stage ahead of dense forward/backward.
 
     Depth 4 (001's plan and table; its summary row says 3, which counts only
@@ -293,6 +310,9 @@ def semi_sync(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -328,11 +348,11 @@ def semi_sync(fns: TaskFns = None) -> PipelinePlan:
             ("OptimizerStep", "EmbBackward"),
         ],
         inter=[("EmbLookup", "Backward")],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
-def prefetch(fns: TaskFns = None) -> PipelinePlan:
+def prefetch(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """PrefetchTrainPipelineSparseDist: SparseDist plus an embedding-cache prefetch stream.
 
     Depth 3, streams ``memcpy``, ``data_dist``, ``prefetch`` and default, one
@@ -343,6 +363,9 @@ def prefetch(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -378,11 +401,11 @@ def prefetch(fns: TaskFns = None) -> PipelinePlan:
             ("OptimizerStep", "Backward"),
         ],
         inter=[("EmbPrefetch", "Forward"), ("Forward", "OptimizerStep")],
-        fns=fns,
+        fns=fns, order=order,
     )
 
 
-def sparse_dist_comp_autograd(fns: TaskFns = None) -> PipelinePlan:
+def sparse_dist_comp_autograd(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineSparseDistCompAutograd: SparseDist with forward/backward under compiled autograd.
 
     The schedule is SparseDist's (depth 3, streams ``memcpy``, ``data_dist``,
@@ -393,6 +416,9 @@ def sparse_dist_comp_autograd(fns: TaskFns = None) -> PipelinePlan:
     Parameters
     ----------
     fns : mapping of task name to function, optional
+    order : {None, "torchrec", "ready_first", "stage_descending"}, optional
+        The per-period enqueue order: swpipe's policy (default ready-first) or
+        TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
 
     Returns
     -------
@@ -404,4 +430,4 @@ def sparse_dist_comp_autograd(fns: TaskFns = None) -> PipelinePlan:
     True
     """
     return make_plan("sparse_dist_comp_autograd", _sparse_dist_schedule(), _SPARSE_DIST_INTRA,
-                     inter=[("Forward", "OptimizerStep")], fns=fns)
+                     inter=[("Forward", "OptimizerStep")], fns=fns, order=order)
