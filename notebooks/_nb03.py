@@ -1,0 +1,1 @@
+CELLS = [("md", "# placeholder")]
