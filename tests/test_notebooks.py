@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from swpipe_core import pipelines
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 kernelspec = pytest.importorskip("ipykernel.kernelspec")
@@ -52,6 +54,47 @@ print("PROBE " + json.dumps({
     "what_if_rows": list(what_if_table.index),
     "what_if_periods": [float(p) for p in what_if_table["period_s"]],
     "sweep_rows": len(sweep_table),
+}))
+""",
+    "02_stage_analysis.ipynb": """\
+import json
+from swpipe import min_depth, validate, PlanError
+from swpipe_core import pipelines
+from swpipe_core.analysis import removable_boundaries
+checked = []
+for row in table.to_dict("records"):
+    plan = pipelines.get(row["pipeline"], order=row["order"])
+    checked.append({"pipeline": row["pipeline"], "order": row["order"], "depth": plan.pipeline_depth,
+                    "lds": int(row["LDS"]), "min_depth": min_depth(plan), "table_min_depth": int(row["min depth"]),
+                    "removable": removable_boundaries(plan), "verdict": row["verdict"]})
+try:
+    validate(broken)
+    broken_rule = None
+except PlanError as err:
+    broken_rule = err.rule
+validate(flat)
+print("PROBE " + json.dumps({"rows": checked, "removable_line": removable_line, "broken_rule": broken_rule,
+                             "shown_rule": error.rule, "flat_depth": flat.pipeline_depth}))
+""",
+    "03_what_if.ipynb": """\
+import json
+from swpipe import simulate, validate
+from autosched.whatif import apply_changes
+for plan in plans.values():
+    validate(plan)
+a2a_at = float(first_change(a2a_sweep)["factor"])
+before = float(a2a_sweep[a2a_sweep["factor"] < a2a_at]["factor"].max())
+scaled = lambda f: apply_changes(costs, {"InputDistStart": f, "InputDistWait": f})
+print("PROBE " + json.dumps({
+    "periods": {k: simulate(p, costs).period for k, p in plans.items()},
+    "table_periods": {k: float(v) for k, v in compared["period_s"].items()},
+    "bindings_around_change": [simulate(two, scaled(before)).binding, simulate(two, scaled(a2a_at)).binding],
+    "h2d_rows": len(h2d_sweep),
+    "gpu_periods": [simulate(torchrec, cuda_costs, device="cuda").period, simulate(torchrec, cuda_costs).period],
+    "shown_overlap": overlap,
+    "measured_tasks": sorted({e.task for e in events}),
+    "plan_tasks": sorted(two.task_names),
+    "depths": {k: p.pipeline_depth for k, p in plans.items()},
 }))
 """,
 }
@@ -102,19 +145,34 @@ def test_the_python3_kernelspec_written_for_the_tests_runs_this_interpreter(tmp_
 
 def test_notebooks_folder_has_the_users_path():
     names = {p.name for p in ALL}
-    assert "01_profile_to_plan.ipynb" in names
-    assert set(PROBES) <= names, "a probe names a notebook that is not there"
+    assert {"01_profile_to_plan.ipynb", "02_stage_analysis.ipynb", "03_what_if.ipynb"} <= names
+    assert set(PROBES) == names, "every notebook needs a probe re-checking its results"
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
-def test_committed_notebook_is_valid_and_carries_no_outputs(path):
+def test_committed_notebook_carries_its_outputs_and_a_plot(path):
+    """A reader browsing the repository sees every cell's output, at least one plot, and no error."""
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code cell"
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
-    assert not dirty, f"{path.name}: cells {dirty} carry outputs; regenerate with `python notebooks/_build.py`"
+    unrun = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and not c.execution_count]
+    assert not unrun, f"{path.name}: cells {unrun} were not executed; run `python notebooks/_build.py`"
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"], f"{path.name} shows an error"
+    assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs), f"{path.name} shows no plot"
     assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
+def test_committed_outputs_hold_no_machine_paths_or_run_timestamps(path):
+    nb = nbformat.read(path, as_version=4)
+    root = str(NOTEBOOKS.parent)
+    for i, cell in enumerate(nb.cells):
+        assert "execution" not in cell.metadata, f"{path.name} cell {i} records execution timestamps"
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") + "".join(v for k, v in out.get("data", {}).items() if k.startswith("text/"))
+            for marker in (root, "/tmp/", "/root/", "/home/"):
+                assert marker not in text, f"{path.name} cell {i} shows the machine path {marker!r}"
 
 
 def test_committed_notebooks_equal_what_the_generator_writes(tmp_path):
@@ -125,6 +183,8 @@ def test_committed_notebooks_equal_what_the_generator_writes(tmp_path):
             f"    nbformat.write(_build.build(cells), pathlib.Path({str(tmp_path)!r}) / name)\n")
     subprocess.run([sys.executable, "-B", "-c", code], check=True, timeout=60)
     assert script.exists()
+    assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == [p.name for p in ALL], \
+        "a notebook the generator writes is not committed (or the other way round)"
     for path in ALL:
         fresh = tmp_path / path.name
         assert fresh.exists(), f"{path.name} is not produced by notebooks/_build.py"
@@ -144,9 +204,10 @@ def test_notebook_executes_and_its_results_hold(path, tmp_path, monkeypatch):
     assert all(c.execution_count for c in code_cells), "a cell did not run"
     errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
-    if path.name != "01_profile_to_plan.ipynb":
-        return
+    CHECKS[path.name](code_cells, _probe(nb))
 
+
+def _check_profile_to_plan(code_cells, p):
     text = "\n".join(_text(c) for c in code_cells)
     # what the user is meant to see, printed by the library's own formatters
     assert "Baseline serial iteration:" in text and "SUM" in text            # ProfileResult.print_report
@@ -156,7 +217,6 @@ def test_notebook_executes_and_its_results_hold(path, tmp_path, monkeypatch):
     images = [o for c in code_cells for o in c.outputs if "data" in o and "image/png" in o.data]
     assert len(images) >= 2, "the Gantt chart and the sweep plot were not displayed"
 
-    p = _probe(nb)
     assert p["is_plan"] and p["bound"], "auto_schedule did not return a runnable PipelinePlan"
     # the searcher chose the schedule, not the semantics: same tasks, every declared dependency kept
     assert p["tasks"] == p["serial_tasks"]
@@ -171,3 +231,47 @@ def test_notebook_executes_and_its_results_hold(path, tmp_path, monkeypatch):
     assert p["what_if_rows"] == ["before", "after"]
     assert p["what_if_periods"][1] > p["what_if_periods"][0], "a slower EmbLookup did not slow the plan"
     assert p["sweep_rows"] == 7
+
+
+def _check_stage_analysis(code_cells, p):
+    rows = p["rows"]
+    assert {(r["pipeline"], r["order"]) for r in rows} >= {(n, o) for n in pipelines.PIPELINES
+                                                          for o in ("ready_first", "stage_descending")}
+    for r in rows:
+        where = f"{r['pipeline']} / {r['order']}"
+        assert r["table_min_depth"] == r["min_depth"], where
+        assert 1 <= r["lds"] <= r["min_depth"] <= r["depth"], where
+        if r["lds"] == r["depth"]:
+            assert r["verdict"] == "✓ Dilworth-optimal", where
+        elif r["min_depth"] == r["depth"]:
+            assert r["verdict"] == "✓ minimal", where
+        else:
+            assert r["removable"] and r["verdict"].startswith("✗ removable"), where
+    assert any(r["verdict"].startswith("✗") for r in rows) and any(r["verdict"] == "✓ minimal" for r in rows)
+    assert p["removable_line"].startswith("✗") and "removable stage boundaries 0|1, 1|2" in p["removable_line"]
+    assert p["flat_depth"] == 1
+    assert p["broken_rule"] == p["shown_rule"] == "corollary-1"
+    text = "\n".join(_text(c) for c in code_cells)
+    assert "PlanError: [corollary-1]" in text and "Fix: " in text
+
+
+def _check_what_if(code_cells, p):
+    for label, period in p["periods"].items():
+        assert p["table_periods"][label] == pytest.approx(period, rel=1e-9), label
+    assert p["depths"]["io thread, depth 2"] == 2
+    assert p["periods"]["io thread (2 threads, depth 3)"] < p["periods"]["TorchRec (1 thread, depth 3)"], \
+        "moving the input pipeline to a second thread did not shorten the simulated period"
+    assert p["bindings_around_change"][0] != p["bindings_around_change"][1], "the sweep shows no change of binding"
+    assert p["h2d_rows"] == 8
+    cuda_period, serial_period = p["gpu_periods"]
+    assert 0 < cuda_period < serial_period and p["shown_overlap"] == pytest.approx(serial_period / cuda_period)
+    assert p["measured_tasks"] == p["plan_tasks"], "the measured run did not record every task"
+    images = [o for c in code_cells for o in c.outputs if "data" in o and "image/png" in o.data]
+    assert len(images) >= 4, "the sweeps, the measured/simulated Gantt and the CUDA Gantt were not all shown"
+
+
+CHECKS = {
+    "01_profile_to_plan.ipynb": _check_profile_to_plan,
+    "02_stage_analysis.ipynb": _check_stage_analysis,
+    "03_what_if.ipynb": _check_what_if,
+}
