@@ -106,6 +106,7 @@ ax.scatter(range(len(names)), numbers["depth"], marker="_", s=600, color="black"
 ax.set_xticks(range(len(names)))
 ax.set_xticklabels(names, rotation=30, ha="right")
 ax.set_ylabel("stages")
+ax.set_ylim(0, numbers["depth"].max() + 1.3)      # room for the legend above the bars
 ax.set_title("minimum depth per enqueue order vs the depth TorchRec uses")
 ax.legend(ncol=4, fontsize=8, loc="upper left")
 fig.tight_layout()"""),

@@ -146,7 +146,9 @@ sweep_plot(h2d_sweep)"""),
 Does the simulator's schedule match a real run? Run the two-thread plan on the DLRM workload (a real gloo
 process group, world size 1), record its timeline, build a cost model from that run
 (`CostModel.from_timeline`) and simulate the same plan with it. The two Gantt charts share their tracks (one
-per thread group) and time axis, aligned at the start of iteration 10."""),
+per thread group) and time axis, aligned at the start of iteration 10. (This run uses one intra-op thread
+per torch op, the committed model two, so its task times differ from the table above: the comparison is of
+the run with its own costs.)"""),
     ("code", """\
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.tasks import task_fns
