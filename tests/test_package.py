@@ -65,5 +65,10 @@ def test_dir_lists_every_lazy_public_name(module):
         assert getattr(module, name) is not None
 
 
-def test_dir_of_the_face_package_names_the_users_entry_points():
+def test_dir_and_help_of_the_face_package_name_the_users_entry_points():
     assert {"SWPipeline", "auto_schedule", "CostModel", "TaskProfiler", "__version__"} <= set(dir(swpipe))
+    import pydoc
+
+    text = pydoc.render_doc(swpipe, renderer=pydoc.plaintext)
+    for name in ("SWPipeline", "auto_schedule", "CostModel", "simulate"):
+        assert name in text, f"help(swpipe) does not list {name}"
