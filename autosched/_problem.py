@@ -420,8 +420,10 @@ def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, A
                                        globally_ordered=n in problem.ordered)
         for n in problem.names
     }
+    # caller_group=None: CP-SAT and the beam model one worker thread per group (the main thread only
+    # enqueues), so the plans they build run that way; an inline caller group is not in their model.
     plan = PipelinePlan(schedule, intra_iter_deps=list(problem.intra),
-                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter])
+                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter], caller_group=None)
     pos = {n: i for i, n in enumerate(priority or problem.names)}
     off = offset or {}
     graph = period_local_graph(plan)

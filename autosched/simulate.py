@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from swpipe_core.order import enqueue_order
-from swpipe_core.plan import PipelinePlan, ref_name
+from swpipe_core.plan import PipelinePlan, stream_name
 from swpipe_core.trace import TimelineEvent, to_chrome_trace, write_chrome_trace
 from swpipe_core.validate import validate
 
@@ -276,8 +276,9 @@ class _Sim:
     """
 
     def __init__(self, plan: PipelinePlan, costs: CostModel, n: int, cuda: bool,
-                 task_overhead_s: float, period_overhead_s: float) -> None:
+                 task_overhead_s: float, period_overhead_s: float, max_device_lag: int) -> None:
         self.n, self.cuda = n, cuda
+        self.lag = max_device_lag
         names = plan.task_names
         self.names = names
         idx = {name: k for k, name in enumerate(names)}
@@ -289,8 +290,9 @@ class _Sim:
         self.thread = [self.group_names.index(s.thread_group) for s in sched]
         self.thread_label = [f"thread:{g}" for g in self.group_names]
         self.fifo_label = [f"fifo:{g}" for g in self.group_names]
-        self.stream_names = sorted({plan.stream_of(name) for name in names})
-        self.stream = [self.stream_names.index(plan.stream_of(name)) for name in names]
+        streams = [_stream_label(plan.sched(name).stream) for name in names]
+        self.stream_names = sorted(set(streams))
+        self.stream = [self.stream_names.index(st) for st in streams]
         self.stream_label = [f"stream:{st}" for st in self.stream_names]
         self.seqd = [bool(s.globally_ordered) for s in sched]
         tc = [costs[name] for name in names]
@@ -317,7 +319,6 @@ class _Sim:
         self.dev_start = [-1.0] * N
         self.dev_end = [-1.0] * N
         self.enq = [-1.0] * N
-        self.enq_pred = [-1] * N
         self.ticket: Dict[int, int] = {}
         self.pred_op = [-1] * (2 * N)
         self.pred_kind: List[str] = [""] * (2 * N)
@@ -352,7 +353,25 @@ class _Sim:
         self.remaining = [T] * n
         self.cpu_done = [-1.0] * n
         self.retire_op = [-1] * n
-        self.next_retire = 0
+        self.dev_left = [T] * n  # CUDA: device parts of an iteration not yet complete
+        self.dev_done_t = [-1.0] * n
+        self.dev_done_op = [-1] * n
+        # the caller's group runs inline: the main thread is that group's thread
+        self.caller = (self.group_names.index(plan.caller_group)
+                       if plan.caller_group in self.group_names else -1)
+        self.total_periods = n + self.depth - 1
+        P = max(self.total_periods, n + 1)
+        self.caller_left = [0] * P
+        if self.caller >= 0:
+            for k in range(T):
+                if self.thread[k] == self.caller:
+                    for i in range(n):
+                        self.caller_left[i + self.stage[k]] += 1
+        self.caller_done_t = [0.0] * P
+        self.caller_done_op = [-1] * P
+        self.period_pred: List[Tuple[int, str]] = [(-1, "barrier")] * P
+        self.next_period = 0
+        self.cut = math.inf  # when the first period short of a batch is enqueued (see _window)
         self.main_t = 0.0
         self.entry = [-1.0] * n
         self.heap: List[Tuple[float, int, int, int]] = []
@@ -377,6 +396,8 @@ class _Sim:
                 res[r] += held
             if self.seqd[k]:
                 sequencer += self.host[k]
+        if self.caller >= 0:  # the main thread also runs the caller's group
+            thread[self.caller] += self.period_overhead
         return max(thread + stream + res + [sequencer, self.period_overhead])
 
     def push(self, t: float, kind: int, arg: int) -> None:
@@ -384,10 +405,7 @@ class _Sim:
         heapq.heappush(self.heap, (t, self.counter, kind, arg))
 
     def run(self) -> None:
-        total_periods = self.n + self.depth - 1
-        for p in range(min(self.depth, total_periods)):
-            self.main_t += self.period_overhead
-            self.push(self.main_t, _ENQUEUE, p)
+        self.advance_main()
         heap = self.heap
         pop = heapq.heappop
         while heap:
@@ -398,7 +416,7 @@ class _Sim:
                 self.dev_done(arg, t)
             else:
                 self.enqueue(arg, t)
-        if self.next_retire < self.n or (self.cuda and min(self.dev_end) < 0):
+        if self.next_period < self.total_periods or (self.cuda and min(self.dev_end) < 0):
             raise SimDeadlock(self.describe_block())
 
     def describe_block(self) -> str:
@@ -411,13 +429,51 @@ class _Sim:
             if q:
                 k, i = divmod(q[0], self.n)
                 parts.append(f"stream {self.stream_names[s]} head {self.names[k]}(iter {i})")
-        return (f"the simulated plan stopped at iteration {self.next_retire}: "
+        return (f"the simulated plan stopped before period {self.next_period}: "
                 + ("; ".join(parts) or "nothing is runnable")
                 + ". validate(plan) should have rejected it; please report this plan")
 
+    def advance_main(self) -> None:
+        """Enqueue every period the main thread can: it runs ``fill_pipeline`` then ``progress`` in turn.
+
+        Period ``p`` is enqueued once the main thread has finished the caller group's
+        tasks of period ``p - 1`` (it runs them inline), and, for ``p >= depth``, once
+        iteration ``p - depth`` completed on the CPU (retired) and, on CUDA, the device
+        part of iteration ``p - depth - max_device_lag`` completed. The binding one of
+        these is kept as the enqueued tasks' "barrier" predecessor.
+        """
+        n, depth = self.n, self.depth
+        last = max(self.total_periods, n + 1)
+        while self.next_period < last:
+            p = self.next_period
+            ready, pred = self.main_t, (-1, "barrier")
+            if p >= 1 and self.caller >= 0:
+                if self.caller_left[p - 1] > 0:
+                    return
+                if self.caller_done_t[p - 1] >= ready and self.caller_done_op[p - 1] >= 0:
+                    ready, pred = self.caller_done_t[p - 1], (self.caller_done_op[p - 1], self.thread_label[self.caller])
+            r = p - depth
+            if r >= 0:
+                if self.cpu_done[r] < 0:
+                    return
+                if self.cpu_done[r] >= ready:
+                    ready, pred = self.cpu_done[r], (self.retire_op[r], "barrier")
+                j = r - self.lag
+                if self.cuda and j >= 0:
+                    if self.dev_done_t[j] < 0:
+                        return
+                    if self.dev_done_t[j] >= ready:
+                        ready, pred = self.dev_done_t[j], (self.dev_done_op[j], "device-lag")
+            if p == n:
+                self.cut = ready
+            self.next_period += 1
+            if p < self.total_periods:
+                self.main_t = ready + self.period_overhead
+                self.period_pred[p] = pred
+                self.push(self.main_t, _ENQUEUE, p)
+
     def enqueue(self, p: int, t: float) -> None:
         n = self.n
-        pred = self.retire_op[p - self.depth] if p >= self.depth else -1
         touched: List[int] = []
         if 0 <= p < n:
             self.entry[p] = t
@@ -426,7 +482,6 @@ class _Sim:
             if 0 <= i < n:
                 inst = k * n + i
                 self.enq[inst] = t
-                self.enq_pred[inst] = pred
                 if self.seqd[k]:
                     self.ticket[inst] = self.seq_issued
                     self.seq_issued += 1
@@ -476,7 +531,8 @@ class _Sim:
         self.host_start[inst] = now
         # the binding wait is the latest constraint; on ties: dep > sequencer > resource > thread > barrier
         enq = self.enq[inst]
-        bt, bop, bkind = enq, self.enq_pred[inst], "barrier"
+        bop, bkind = self.period_pred[i + self.stage[k]]
+        bt = enq
         ft = self.free_t[g]
         if ft >= bt:
             bt, bop, bkind = ft, self.free_op[g], self.thread_label[g]
@@ -530,18 +586,16 @@ class _Sim:
             for r in self.res[k]:
                 if self.comm[r]:
                     self.rqueue[r].append(inst)
-        # progress() waits CPU signals only: retire in order, then enqueue the next period
         self.remaining[i] -= 1
         if self.remaining[i] == 0:
             self.cpu_done[i] = t
             self.retire_op[i] = inst
-            total_periods = self.n + self.depth - 1
-            while self.next_retire < self.n and self.cpu_done[self.next_retire] >= 0:
-                p = self.next_retire + self.depth
-                if p < total_periods:
-                    self.main_t = max(self.main_t, self.cpu_done[self.next_retire]) + self.period_overhead
-                    self.push(self.main_t, _ENQUEUE, p)
-                self.next_retire += 1
+        if g == self.caller:
+            p = i + self.stage[k]
+            self.caller_left[p] -= 1
+            self.caller_done_t[p] = t
+            self.caller_done_op[p] = inst
+        self.advance_main()
         for x in wake_threads:
             self.try_host(x, t)
         self.try_host(g, t)
@@ -608,6 +662,11 @@ class _Sim:
         self.sfree_t[s] = t
         self.sfree_op[s] = inst
         self.running[s] = -1
+        self.dev_left[i] -= 1
+        if self.dev_left[i] == 0:
+            self.dev_done_t[i] = t
+            self.dev_done_op[i] = self.T * self.n + inst
+            self.advance_main()
         wake = self.dwaiters.pop(inst, [])
         for r in self.res[k]:
             self.rbusy[r] = False
@@ -623,19 +682,18 @@ class _Sim:
 # -- measuring the result -----------------------------------------------------------------------------------------
 
 
-def _window(completion: Sequence[float], cpu_done: Sequence[float], n: int, depth: int) -> Tuple[int, int]:
+def _window(completion: Sequence[float], cut: float, depth: int) -> Tuple[int, int]:
     """The iterations measured for the steady state.
 
     The run is identical to one with endless data until the first period that
-    misses a batch would be enqueued, at the retirement of iteration
-    ``n - depth``. The window ends with the last iteration completed by then
-    (on CUDA the device may lag the host by many iterations) and skips the
-    first quarter as warm-up.
+    misses a batch would be enqueued (time ``cut``). The window ends with the
+    last iteration such that it and every earlier one completed by then (on CUDA
+    the device may lag the host by up to ``max_device_lag`` iterations) and skips
+    the first quarter as warm-up.
     """
-    cut = cpu_done[n - depth] if n - depth >= 0 else math.inf
     w1 = -1
-    for i in range(max(0, n - depth + 1) if n - depth >= 0 else n):
-        if completion[i] > cut:
+    for i, c in enumerate(completion):
+        if c > cut:
             break
         w1 = i
     w0 = max(w1 // 4, min(depth, w1 - 2), 0)
@@ -650,8 +708,8 @@ def _steady_period(c: Sequence[float], w0: int, w1: int) -> float:
     fits gives the period exactly, else the window's average is used.
     """
     span = w1 - w0
-    if span <= 0:
-        return c[-1] - c[0] if len(c) > 1 else c[0]
+    if span <= 0:  # no clean window (cut by the end of the run): the whole run's average
+        return (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else c[0]
     mid = w0 + span // 2
     for k in range(1, min(8, (w1 - mid) // 2) + 1):
         ref = c[mid + k] - c[mid]
@@ -695,7 +753,8 @@ def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
 
 
 def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, device: str = "cpu", *,
-             task_overhead_s: float = 0.0, period_overhead_s: float = 0.0) -> SimResult:
+             task_overhead_s: float = 0.0, period_overhead_s: float = 0.0,
+             max_device_lag: Optional[int] = None) -> SimResult:
     """Simulate a plan with a cost model under the engine's execution semantics.
 
     Parameters
@@ -719,6 +778,11 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         Engine overhead added to every task's host part (queue hand-off, signals).
     period_overhead_s : float
         Main-thread time per enqueued period.
+    max_device_lag : int, optional
+        CUDA: after retiring iteration ``r`` the main thread waits for the device
+        work of iteration ``r - max_device_lag`` before enqueueing the next period,
+        as the engine does. ``None`` (the engine's default) is the pipeline depth.
+        No effect on CPU.
 
     Returns
     -------
@@ -727,11 +791,11 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     Raises
     ------
     swpipe_core.validate.PlanError
-        If the plan breaks a rule.
+        If the plan breaks a rule (see docs/semantics.md).
     autosched.costs.CostModelError
         If a task has no cost.
     ValueError
-        For ``num_iterations < 2`` or an unknown device.
+        For ``num_iterations < 2``, an unknown device or a bad overhead / lag.
     SimDeadlock
         If the simulated run stops making progress (a validated plan never does).
 
@@ -752,6 +816,15 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     >>> round(simulate(one, costs).period * 1e3, 6)
     3.0
     """
+    cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag)
+    sim, completion, last_op, (w0, w1), period = _run_until_steady(
+        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag)
+    return _read_result(plan, costs, sim, completion, last_op, (w0, w1), period)
+
+
+def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, device: Any, task_overhead_s: Any,
+                period_overhead_s: Any, max_device_lag: Any) -> Tuple[bool, int]:
+    """Validate the inputs of :func:`simulate`; return (CUDA?, device lag in iterations)."""
     validate(plan)
     costs.check(plan)
     if not isinstance(num_iterations, int) or num_iterations < 2:
@@ -762,35 +835,72 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     for name, value in (("task_overhead_s", task_overhead_s), ("period_overhead_s", period_overhead_s)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}={value!r}: use a time >= 0 in seconds")
-    cuda = dev.startswith("cuda")
-    n = num_iterations
-    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // max(1, len(plan.schedule))))
+    if max_device_lag is None:
+        max_device_lag = plan.pipeline_depth
+    if isinstance(max_device_lag, bool) or not isinstance(max_device_lag, int) or max_device_lag < 0:
+        raise ValueError(f"max_device_lag={max_device_lag!r}: use None (the pipeline depth) or an int >= 0")
+    return dev.startswith("cuda"), max_device_lag
+
+
+def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, task_overhead_s: float,
+                      period_overhead_s: float, lag: int) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
+    """Run the simulation, doubling its length until the window shows the steady state.
+
+    Returns the last run, each iteration's completion time and op, the window and the period.
+    """
+    T = max(1, len(plan.schedule))
+    depth = plan.pipeline_depth
+    # the window needs depth + lag iterations of lead-in (the device may lag that far) and _MIN_WINDOW more
+    need = min(_MAX_TASK_ITERATIONS // T, depth + (lag if cuda else 0) + 2 * _MIN_WINDOW)
+    n = max(n, min(need, 16 * n))
+    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // T))
     while True:
-        sim = _Sim(plan, costs, n, cuda, float(task_overhead_s), float(period_overhead_s))
+        sim = _Sim(plan, costs, n, cuda, task_overhead_s, period_overhead_s, lag)
         sim.run()
-        T, names = sim.T, sim.names
-        completion = list(sim.cpu_done)
-        last_op = [sim.retire_op[i] for i in range(n)]
-        if cuda:
-            N = T * n
-            for k in range(T):
-                base = k * n
-                for i in range(n):
-                    if sim.dev_end[base + i] > completion[i]:
-                        completion[i] = sim.dev_end[base + i]
-                        last_op[i] = N + base + i
-        w0, w1 = _window(completion, sim.cpu_done, n, sim.depth)
+        completion, last_op = _completion(sim)
+        w0, w1 = _window(completion, sim.cut, sim.depth)
         period = _steady_period(completion, w0, w1)
         # A queue that grows by a little every iteration binds only after many of them; until then the
         # window shows a faster transient. No steady state beats the busiest resource, so keep going.
         steady = w1 - w0 >= _MIN_WINDOW and period >= sim.busiest_load() * (1.0 - _LOAD_RTOL)
         if steady or n >= cap:
-            break
+            return sim, completion, last_op, (w0, w1), period
         n = min(cap, 2 * n)
+
+
+def _completion(sim: "_Sim") -> Tuple[List[float], List[int]]:
+    """Each iteration's completion time (CPU signals, and on CUDA device events) and the op that ended it."""
+    completion = list(sim.cpu_done)
+    last_op = list(sim.retire_op)
+    if sim.cuda:
+        for i, t in enumerate(sim.dev_done_t):
+            if t > completion[i]:
+                completion[i], last_op[i] = t, sim.dev_done_op[i]
+    return completion, last_op
+
+
+def _read_result(plan: PipelinePlan, costs: CostModel, sim: "_Sim", completion: List[float], last_op: List[int],
+                 window: Tuple[int, int], period: float) -> SimResult:
+    """Turn a finished run into a :class:`SimResult`: events, utilisation, critical cycle, binding."""
+    w0, w1 = window
+    n = sim.n
     latencies = [completion[i] - sim.entry[i] for i in range(n)]
     win = latencies[w0:w1 + 1]
-    latency = sum(win) / len(win)
+    events, busy = _events_and_busy(sim, w0, w1)
+    # per-iteration busy time over the window / period: independent of where the window's edges fall
+    count = w1 - w0 + 1
+    utilisation = {name: (b / count) / period if period > 0 else 0.0 for name, b in sorted(busy.items())}
+    idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
+    cycle = _critical_cycle(sim, last_op[w1])
+    return SimResult(plan=plan, costs=costs, device="cuda" if sim.cuda else "cpu", num_iterations=n, period=period,
+                     latency=sum(win) / len(win), latencies=latencies, completion=completion,
+                     entry=list(sim.entry), events=events, utilisation=utilisation, idle=idle, stalls=sim.stalls,
+                     critical_cycle=cycle, binding=_binding(utilisation, cycle, sim), window=(w0, w1))
 
+
+def _events_and_busy(sim: "_Sim", w0: int, w1: int) -> Tuple[List[TimelineEvent], Dict[str, float]]:
+    """Every simulated part as a TimelineEvent, and each resource's busy seconds over the window."""
+    n, names, cuda = sim.n, sim.names, sim.cuda
     events: List[TimelineEvent] = []
     busy: Dict[str, float] = {f"thread:{g}": 0.0 for g in sim.group_names}
     if cuda:
@@ -821,22 +931,29 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         for r in sim.res[k]:
             charge(sim.res_names[r], i, e - s)
     events.sort(key=lambda e: (e.start, e.kind, e.thread_group if e.kind == "host" else e.stream))
-    # per-iteration busy time over the window / period: independent of where the window's edges fall
-    count = w1 - w0 + 1
-    utilisation = {name: (b / count) / period if period > 0 else 0.0 for name, b in sorted(busy.items())}
-    idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
+    return events, busy
 
-    cycle = _critical_cycle(sim, last_op[w1])
+
+def _binding(utilisation: Dict[str, float], cycle: CriticalCycle, sim: "_Sim") -> str:
+    """The saturated resource, else a description of the critical cycle."""
     top = max(utilisation.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
     if top[1] >= 1.0 - 1e-6:
-        binding = top[0]
-    elif "barrier" in cycle.kinds:
-        binding = f"progress barrier (depth {sim.depth}): {cycle}"
-    elif all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
-        binding = f"recurrence: {cycle}"
-    else:
-        binding = f"cycle: {cycle}"
-    return SimResult(plan=plan, costs=costs, device="cuda" if cuda else "cpu", num_iterations=n, period=period,
-                     latency=latency, latencies=latencies, completion=completion, entry=list(sim.entry),
-                     events=events, utilisation=utilisation, idle=idle, stalls=sim.stalls, critical_cycle=cycle,
-                     binding=binding, window=(w0, w1))
+        return top[0]
+    if "barrier" in cycle.kinds:
+        return f"progress barrier (depth {sim.depth}): {cycle}"
+    if "device-lag" in cycle.kinds:
+        return f"device lag (max_device_lag {sim.lag}): {cycle}"
+    if all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
+        return f"recurrence: {cycle}"
+    return f"cycle: {cycle}"
+
+
+def _stream_label(spec: Any) -> str:
+    """The simulator's name for a task's stream: distinct specs never share a name.
+
+    ``None`` (the device's default stream) is ``"default"``; a string named
+    ``"default"`` (rejected by ``validate``) would be another stream, so it is
+    quoted rather than merged with it.
+    """
+    name = stream_name(spec)
+    return "'default'" if spec is not None and name == "default" else name
