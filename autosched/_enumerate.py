@@ -2,7 +2,7 @@
 
 The space is exactly the one the searchers cover (:mod:`autosched._problem`):
 
-* stage vectors allowed by corollaries 1 and 3, the depth cap and frozen
+* stage vectors allowed by the stage rules (docs/semantics.md), the depth cap and frozen
   stages (without frozen stages, vectors whose smallest stage is above 0 are
   skipped: they relabel periods, same timing, deeper pipeline);
 * thread maps: every partition of the tasks into at most ``max_threads``

@@ -123,7 +123,7 @@ class Problem:
         return sum(self.thread_time(n) for n in self.names)
 
     def stage_ok(self, stage: Mapping[str, int]) -> bool:
-        """Corollaries 1 and 3, the depth cap and frozen stages."""
+        """The stage rules (docs/semantics.md), the depth cap and frozen stages."""
         if any(not 0 <= stage[n] < self.max_depth for n in self.names):
             return False
         if any(stage[n] != s for n, s in self.frozen_stage.items()):

@@ -1,6 +1,6 @@
 """Beam search over thread map x stream map x fire order, stages derived by modulo list scheduling.
 
-This is 002 §5.5's joint search, written for our plan model:
+It searches thread groups, streams and stages jointly:
 
 * a **candidate** is a thread map (task -> group), a stream map (task ->
   stream) and a fire order (a topological order of the intra-iteration DAG
@@ -731,7 +731,7 @@ def _cap_groups(problem: Problem, labels: Dict[str, str]) -> Dict[str, str]:
 
 
 def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tuple[str, ...]]:
-    """Named thread maps (002 §4.1/§5.5), each within ``max_threads`` (memoised per stream map).
+    """Named thread maps (one thread, one per stream, one per stage, ...), each within ``max_threads`` (memoised per stream map).
 
     Parameters
     ----------
@@ -843,7 +843,7 @@ def stream_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Dic
 
 
 def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable[Dict[str, int]]:
-    """Every stage assignment the corollaries, the depth cap and frozen stages allow.
+    """Every stage assignment the stage rules, the depth cap and frozen stages allow.
 
     Assignments whose smallest stage is above 0 are skipped when no stage is
     frozen: they only relabel periods (same timing, deeper pipeline).
@@ -866,7 +866,7 @@ def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable
     >>> from autosched.search import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
-    >>> list(stage_assignments(p))   # B may not run before A's stage (corollary 1)
+    >>> list(stage_assignments(p))   # B may not run in an earlier stage than A (the stage rule)
     [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
     """
     names = list(nx.topological_sort(problem.dag))
@@ -1222,7 +1222,7 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
     if given is not None:
         pool.append(given)
     if not pool:
-        # last resort: everything on one thread at the lowest stages the corollaries allow
+        # last resort: everything on one thread at the lowest stages the stage rules allow
         stage0 = next(iter(stage_assignments(problem, limit=1)), None)
         single = thread_presets(problem, problem.init_stream)["single"]
         fallback = Candidate(single, tuple(problem.init_stream[n] for n in problem.names),

@@ -12,8 +12,9 @@ in ``cost_models/README.md``)::
      "machine": "...", "method": "...", "notes": "...", "pipeline": "...",
      "tasks": {"H2D": {"host_s": 5e-05, "device_s": 0.0012, "resources": ["pcie"]}, ...}}
 
-On a CPU run there is no device queue, so the simulator charges
-``host_s + device_s`` to the thread (:meth:`TaskCost.cpu_s`).
+What each part holds on each device is defined in docs/semantics.md ("What
+a cost model means"); on a CPU run there is no device queue, so a task's whole
+``host_s + device_s`` is thread time (:meth:`TaskCost.cpu_s`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ that period's window, so the enqueue order is simply the tasks sorted by
 offset. The model holds exactly the engine's rules (CPU semantics):
 
 * **dependencies** ``start[t] >= start[d] + time[d] - II * distance``
-  (intra: distance 0; inter: ``N``) — corollaries 1 and 3 follow;
+  (intra: distance 0; inter: ``N``) — the stage rules follow;
 * **threads**: a task runs on one of ``max_threads`` groups (optional
   intervals per (task, group)); a group's tasks never overlap on the circle of
   length ``II`` (each interval and its copy shifted by ``II`` in one

@@ -1,40 +1,20 @@
-"""Discrete-event simulation of the engine's execution semantics (ARCHITECTURE.md, "Execution semantics").
+"""Discrete-event simulation of the engine's execution contract.
 
-What is modelled, exactly as the engine does it:
-
-* **Main thread.** ``fill_pipeline`` enqueues periods ``0 .. depth-1`` at time 0;
-  each ``progress()`` waits until the oldest in-flight iteration has completed
-  on the CPU side (every task's CPU signal set), then enqueues the next period.
-  Period ``p`` runs every task ``T`` on iteration ``p - stage(T)``. The main
-  thread costs nothing unless ``period_overhead_s`` is given.
-* **Thread groups.** One worker per group takes tasks from its FIFO queue in
-  enqueue order. A taken task holds the worker while it waits: Phase 1, the
-  CPU signals of its dependencies for the iterations they concern; then, if
-  ``globally_ordered``, its sequencer turn (tickets in enqueue order; the
-  turn is held while the task's host part runs). Its host time runs on the
-  thread; its CPU signal is set at the end of the host part.
-* **Devices (``device="cuda"``).** At the end of its host part a task's device
-  part is submitted to its stream, a FIFO; it starts after the work ahead of
-  it on that stream and after the device completion of every dependency
-  (``wait_event``). CPU completion is not device completion: ``progress()``
-  waits CPU signals only. A task without device time still records an event
-  on its stream, so it completes when the stream reaches it.
-* **CPU (``device="cpu"``).** A stream is only a name; a task's whole cost
-  (``host_s + device_s``) is host time on its thread.
-* **Resources.** Tasks tagged ``comm:<name>`` serialise on that communicator
-  (on CUDA in submission order, even across streams); tasks tagged ``pcie``
-  run one at a time (the same total bus time as fair sharing).
+The contract (periods and stages, the main thread with its caller group and
+device-lag bound, FIFO thread groups, Phase 1 waits, the sequencer, streams
+and events, what ``host_s``/``device_s``/resources mean) is written once in
+docs/semantics.md; this module runs it with one heap of timed events and
+integers for every (task, iteration).
 
 The result has every (task, iteration) on its thread and stream
 (:class:`~swpipe_core.trace.TimelineEvent`), the steady-state period, each
 iteration's latency (from its batch entering the pipeline to its completion),
-utilisation and idle time per thread group, stream, communicator and PCIe,
-what made each task wait (its binding dependency, FIFO, sequencer or
-resource), and the critical cycle: the chain of binding waits that repeats
-every iteration in steady state. The simulation is deterministic. A run too
-short to show the steady state (a queue that grows slowly binds only after
-many iterations) is lengthened until its period reaches the busiest
-resource's work per iteration, which no steady state beats.
+utilisation and idle time per resource, what made each task wait, and the
+critical cycle: the chain of binding waits that repeats every iteration in
+steady state. The simulation is deterministic. A run too short to show the
+steady state (a queue that grows slowly binds only after many iterations) is
+lengthened until its period reaches the busiest resource's load, which no
+steady state beats.
 """
 
 from __future__ import annotations
