@@ -23,6 +23,9 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 import networkx as nx
 
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name, stream_name
+from swpipe_core.stage_rules import stage_rule_holds
+
+from .taskmodel import TaskParts, stream_label, task_parts
 
 __all__ = ["Problem", "make_problem", "build_plan", "DEFAULT_GROUP"]
 
@@ -90,6 +93,29 @@ class Problem:
             self.dur(name)
         return self._ddur[name]
 
+    def tags(self, name: str) -> Tuple[str, ...]:
+        """The task's shared-resource tags (``comm:<name>``, ``pcie``)."""
+        comm = self.comm[name]
+        return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ())
+
+    def parts(self, name: str, group: str, stream: Any, units: bool = False) -> TaskParts:
+        """The task's host and device parts under a choice of group and stream (seconds, or time units).
+
+        Examples
+        --------
+        >>> from autosched.costs import CostModel, TaskCost
+        >>> from autosched.search import Constraints
+        >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001, 0.002, ("pcie",))}),
+        ...                  Constraints(device="cuda", time_unit_s=1e-3))
+        >>> p.parts("A", "io", "memcpy", units=True)
+        TaskParts(host=1, device=2, host_holds=('thread:io',), device_holds=('stream:memcpy', 'pcie'))
+        """
+        if units:  # dur already holds all of a CPU task's time, rounded once
+            host, dev = self.dur(name), self.ddur(name)
+        else:
+            host, dev = self.host[name], self.dev[name]
+        return task_parts(host, dev, self.tags(name), group, stream_label(stream), name in self.ordered, self.cuda)
+
     def memo(self, key: Any, make: Any) -> Any:
         """A value computed once per problem (presets, fire orders, levels)."""
         if key not in self._memo:
@@ -128,9 +154,8 @@ class Problem:
             return False
         if any(stage[n] != s for n, s in self.frozen_stage.items()):
             return False
-        if any(stage[d] > stage[t] for t, d in self.intra):
-            return False
-        return all(stage[d] - stage[t] <= n for t, d, n in self.inter)
+        return (all(stage_rule_holds(stage[t], stage[d]) for t, d in self.intra)
+                and all(stage_rule_holds(stage[t], stage[d], n) for t, d, n in self.inter))
 
 
 def _auto_unit(times: Sequence[float]) -> float:
@@ -179,13 +204,12 @@ def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[t
         plan = tasks_or_graph
         return list(plan.schedule), plan.intra_edges(), plan.inter_edges(), plan
     if isinstance(tasks_or_graph, nx.DiGraph):
+        from .graph import task_graph_deps
+
         g = tasks_or_graph
         refs = [g.nodes[n].get("task", n) for n in g.nodes]
-        intra, inter = [], []
-        for d, t, data in g.edges(data=True):
-            for n in data.get("distances", [data.get("distance", 0)]):
-                (inter.append((t, d, int(n))) if int(n) > 0 else intra.append((t, d)))
-        return refs, intra, inter, None
+        intra, inter = task_graph_deps(g)
+        return refs, intra, [(t, d, int(n)) for t, d, n in inter], None
     if isinstance(tasks_or_graph, tuple) and len(tasks_or_graph) in (2, 3):
         refs = list(tasks_or_graph[0])
         intra = [(ref_name(t), ref_name(d)) for t, d in tasks_or_graph[1]]

@@ -43,8 +43,10 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import networkx as nx
 
 from swpipe_core.plan import PipelinePlan, ref_name, stream_name
+from swpipe_core.stage_rules import stage_rule_holds
 
 from ._problem import Problem, build_plan
+from .taskmodel import critical_path, resource_loads
 
 __all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
            "thread_presets", "stream_presets", "plan_resource_bound", "reduce_depth",
@@ -152,15 +154,8 @@ def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     >>> round(plan_resource_bound(p, plan) * 1e3, 6)   # both on one thread
     5.0
     """
-    load: Dict[tuple, float] = {}
     sched = {ref_name(k): v for k, v in plan.schedule.items()}
-    for n in problem.names:
-        s = sched[n]
-        host_keys, dev_keys = _resources(problem, n, s.thread_group, s.stream)
-        for k in host_keys:
-            load[k] = load.get(k, 0.0) + problem.thread_time(n)
-        for k in dev_keys:
-            load[k] = load.get(k, 0.0) + problem.dev[n]
+    load = resource_loads(problem.parts(n, sched[n].thread_group, sched[n].stream) for n in problem.names)
     return max(load.values(), default=0.0)
 
 
@@ -272,22 +267,13 @@ class _Timetable:
     offset: Dict[str, int]
 
 
-def _resources(problem: Problem, name: str, group: str, stream: Any) -> Tuple[List[tuple], List[tuple]]:
-    """Resource keys a task holds during its host part and during its device part."""
-    host = [("thread", group)]
-    if name in problem.ordered:
-        host.append(("sequencer",))
-    shared = []
-    if problem.comm[name] is not None:
-        shared.append(("comm", problem.comm[name]))
-    if name in problem.pcie:
-        shared.append(("pcie",))
-    if problem.cuda:
-        return host, [("stream", stream_name(stream))] + shared
-    return host + shared, []
+def _resources(problem: Problem, name: str, group: str, stream: Any) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """Resources a task holds during its host part and during its device part (:mod:`autosched.taskmodel`)."""
+    p = problem.parts(name, group, stream)
+    return p.host_holds, p.device_holds
 
 
-def _place_fifo(fifos: Dict[tuple, List[Tuple[int, int, int]]], rings: Dict[tuple, _Ring], keys: Sequence[tuple],
+def _place_fifo(fifos: Dict[str, List[Tuple[int, int, int]]], rings: Dict[str, _Ring], keys: Sequence[str],
                 submit: int, est: int, dur: int, ii: int) -> Tuple[Optional[int], Optional[int]]:
     """Device start on FIFO resources (streams, communicators: submission order) and PCIe (any order).
 
@@ -297,8 +283,8 @@ def _place_fifo(fifos: Dict[tuple, List[Tuple[int, int, int]]], rings: Dict[tupl
     ``(None, t)`` where submitting at ``t`` or later would queue it behind the instance it
     overlaps, or ``(None, None)``.
     """
-    fifo_keys = [k for k in keys if k[0] in ("stream", "comm")]
-    ring_keys = [k for k in keys if k[0] == "pcie"]
+    fifo_keys = [k for k in keys if k.startswith(("stream:", "comm:"))]
+    ring_keys = [k for k in keys if k == "pcie"]
     ds = est
     for _ in range(8):
         for k in fifo_keys:
@@ -329,7 +315,7 @@ def _place_fifo(fifos: Dict[tuple, List[Tuple[int, int, int]]], rings: Dict[tupl
     return ds, None
 
 
-def _place(rings: Dict[tuple, _Ring], keys: Sequence[tuple], est: int, dur: int, ii: int) -> Optional[int]:
+def _place(rings: Dict[str, _Ring], keys: Sequence[str], est: int, dur: int, ii: int) -> Optional[int]:
     s = est
     for _ in range(64):
         moved = False
@@ -406,8 +392,8 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], priority: Sequence[str],
                ii: int, cap: int, release: Mapping[str, int]) -> Tuple[Optional[_Timetable], Dict[str, int]]:
     """One placement pass; on an inter-dependency violation also the release times that would fix it."""
-    rings: Dict[tuple, _Ring] = {}
-    fifos: Dict[tuple, List[Tuple[int, int, int]]] = {}
+    rings: Dict[str, _Ring] = {}
+    fifos: Dict[str, List[Tuple[int, int, int]]] = {}
     start: Dict[str, int] = {}
     signal: Dict[str, int] = {}
     dev_start: Dict[str, int] = {}
@@ -505,21 +491,11 @@ def critical_path_units(problem: Problem) -> int:
     >>> critical_path_units(p)
     5
     """
-    best: Dict[str, int] = {}
-    for n in nx.topological_sort(problem.dag):
-        w = problem.dur(n)
-        best[n] = w + max((best[p] for p in problem.dag.predecessors(n)), default=0)
-    return max(best.values(), default=0)
+    return int(critical_path(problem.names, problem.intra, problem.dur)[0])
 
 
 def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], rec: int, cap: int) -> int:
-    load: Dict[tuple, int] = {}
-    for t in problem.names:
-        host_keys, dev_keys = _resources(problem, t, group[t], stream[t])
-        for k in host_keys:
-            load[k] = load.get(k, 0) + problem.dur(t)
-        for k in dev_keys:
-            load[k] = load.get(k, 0) + problem.ddur(t)
+    load = resource_loads(problem.parts(t, group[t], stream[t], units=True) for t in problem.names)
     longest = max((problem.dur(t) for t in problem.names), default=0)
     crit = -(-critical_path_units(problem) // cap)
     return max([1, rec, longest, crit, *load.values()])
@@ -896,7 +872,7 @@ def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable
             for other, k in inter_by_task.get(n, ()):
                 if other in stage:
                     # k > 0: n waits `other` k earlier -> stage[other] - s <= k; k < 0: other waits n -> s - stage[other] <= -k
-                    if (k > 0 and stage[other] - s > k) or (k < 0 and s - stage[other] > -k):
+                    if not (stage_rule_holds(s, stage[other], k) if k > 0 else stage_rule_holds(stage[other], s, -k)):
                         ok = False
                         break
             if ok:

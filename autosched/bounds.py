@@ -48,6 +48,8 @@ from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import validate
 
 from .costs import CostModel
+from .graph import task_graph_deps
+from .taskmodel import critical_path, plan_parts, resource_loads, task_parts
 
 __all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph"]
 
@@ -235,8 +237,8 @@ def _describe(graph: nx.DiGraph, cycle: Sequence[Hashable], ratio: float) -> str
 
 
 def _times(costs: CostModel, name: str, cuda: bool) -> Tuple[float, float]:
-    c = costs[name]
-    return (c.host_s, c.device_s) if cuda else (c.cpu_s, 0.0)
+    p = task_parts(costs[name].host_s, costs[name].device_s, (), "", "", False, cuda)
+    return p.host, p.device
 
 
 def _dep_graph(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], inter: Sequence[Tuple[str, str, int]],
@@ -315,37 +317,7 @@ def event_graph(plan: PipelinePlan, costs: CostModel, device: str = "cpu") -> nx
     return g
 
 
-def _critical_path(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], costs: CostModel,
-                   cuda: bool) -> Tuple[float, List[str]]:
-    dag = nx.DiGraph()
-    dag.add_nodes_from(tasks)
-    dag.add_edges_from((d, t) for t, d in intra)
-    best: Dict[str, Tuple[float, Optional[str]]] = {}
-    for t in nx.lexicographical_topological_sort(dag):
-        own = _times(costs, t, cuda)[0]
-        prev = max(((best[d][0], d) for d in dag.predecessors(t)), default=(0.0, None))
-        best[t] = (prev[0] + own, prev[1])
-    if not best:
-        return 0.0, []
-    end = max(best, key=lambda t: (best[t][0], t))
-    path = [end]
-    while best[path[-1]][1] is not None:
-        path.append(best[path[-1]][1])
-    return best[end][0], path[::-1]
-
-
 # -- the public entry point ---------------------------------------------------------------------------------------
-
-
-def _graph_parts(graph: nx.DiGraph) -> Tuple[List[str], List[Tuple[str, str]], List[Tuple[str, str, int]]]:
-    intra, inter = [], []
-    for d, t, data in graph.edges(data=True):
-        for n in data.get("distances", [data.get("distance", 0)]):
-            if n == 0:
-                intra.append((t, d))
-            else:
-                inter.append((t, d, n))
-    return list(graph.nodes), intra, inter
 
 
 def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int] = None,
@@ -407,24 +379,17 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
         plan: PipelinePlan = plan_or_graph
         tasks, intra, inter = plan.task_names, plan.intra_edges(), plan.inter_edges()
     else:
-        tasks, intra, inter = _graph_parts(plan_or_graph)
+        tasks = list(plan_or_graph.nodes)
+        intra, inter = task_graph_deps(plan_or_graph)
     costs.check(tasks)
     components: List[Tuple[str, float, str]] = []
 
     # ResMII: each resource's work per iteration
-    load: Dict[str, float] = {}
-    for t in tasks:
-        host, dev = _times(costs, t, cuda)
-        if is_plan:
-            key = f"thread:{plan.sched(t).thread_group}"
-            load[key] = load.get(key, 0.0) + host
-            if cuda:
-                key = f"stream:{plan.stream_of(t)}"
-                load[key] = load.get(key, 0.0) + dev
-            if plan.sched(t).globally_ordered:  # the turn is held while the host part runs
-                load["sequencer"] = load.get("sequencer", 0.0) + host
-        for r in costs[t].resources:
-            load[r] = load.get(r, 0.0) + (dev if cuda else host)
+    if is_plan:
+        load = resource_loads(plan_parts(plan, costs, cuda).values())
+    else:  # no threads or streams fixed yet: only the shared resources (comm:, pcie)
+        parts = [task_parts(costs[t].host_s, costs[t].device_s, costs[t].resources, "", "", False, cuda) for t in tasks]
+        load = {k: v for k, v in resource_loads(parts).items() if not k.startswith(("thread:", "stream:"))}
     if not is_plan:
         total_host = sum(_times(costs, t, cuda)[0] for t in tasks)
         if max_threads is not None:
@@ -442,7 +407,7 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
 
     # critical path over the deepest pipeline allowed
     depth = plan.pipeline_depth if is_plan else max_depth
-    cp_len, cp_path = _critical_path(tasks, intra, costs, cuda)
+    cp_len, cp_path = critical_path(tasks, intra, lambda t: _times(costs, t, cuda)[0])
     cp = cp_len / depth if depth else 0.0
     cp_what = (f"{' -> '.join(cp_path)} ({cp_len * 1e3:.3f} ms) / depth {depth}" if depth
                else "unbounded depth: no critical-path bound")

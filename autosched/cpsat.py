@@ -102,22 +102,16 @@ def model_lower_bound(problem: Problem) -> int:
     5
     """
     from .beam import critical_path_units, recurrence_bound
+    from .taskmodel import resource_loads
 
     names = problem.names
     threads = min(problem.max_threads, len(names))
     bounds = [1, recurrence_bound(problem), max((problem.dur(n) for n in names), default=0),
               -(-sum(problem.dur(n) for n in names) // max(1, threads)),
               -(-critical_path_units(problem) // problem.max_depth)]
-    shared: Dict[tuple, int] = {}
-    for n in names:
-        keys = [("sequencer",)] if n in problem.ordered else []
-        part = problem.ddur(n) if problem.cuda else problem.dur(n)
-        if problem.comm[n] is not None:
-            shared[("comm", problem.comm[n])] = shared.get(("comm", problem.comm[n]), 0) + part
-        if n in problem.pcie:
-            shared[("pcie",)] = shared.get(("pcie",), 0) + part
-        for k in keys:
-            shared[k] = shared.get(k, 0) + problem.dur(n)
+    # shared resources (sequencer, comm:, pcie) hold the same whatever the thread and stream choice
+    loads = resource_loads(problem.parts(n, "", None, units=True) for n in names)
+    shared = {k: v for k, v in loads.items() if not k.startswith(("thread:", "stream:"))}
     bounds += list(shared.values())
     if problem.cuda:
         streams = {stream_name(s) for n in names for s in problem.stream_choices[n]}

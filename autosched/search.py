@@ -239,13 +239,11 @@ def _serial_period(problem: Problem) -> float:
 
 def _tasks_on(problem: Problem, plan: PipelinePlan, resource: str) -> List[str]:
     """Tasks that use a simulator resource name (``thread:<g>``, ``stream:<s>``, ``comm:<c>``, ``pcie``)."""
-    out = []
-    for n in problem.names:
-        s = plan.sched(n)
-        if (resource == f"thread:{s.thread_group}" or resource == f"stream:{stream_name(s.stream)}"
-                or resource == f"comm:{problem.comm[n]}" or (resource == "pcie" and n in problem.pcie)):
-            out.append(n)
-    return out
+    return [n for n in problem.names if resource in _holds(problem.parts(n, plan.sched(n).thread_group, plan.sched(n).stream))]
+
+
+def _holds(parts: Any) -> Tuple[str, ...]:
+    return parts.host_holds + parts.device_holds
 
 
 def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: int) -> List[Tuple[str, float]]:

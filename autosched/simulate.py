@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from swpipe_core.order import enqueue_order
-from swpipe_core.plan import PipelinePlan, stream_name
+from swpipe_core.plan import PipelinePlan
 from swpipe_core.trace import TimelineEvent, to_chrome_trace, write_chrome_trace
 from swpipe_core.validate import validate
 
 from .costs import CostModel
+from .taskmodel import plan_parts, resource_loads, stream_label
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
@@ -270,20 +271,17 @@ class _Sim:
         self.thread = [self.group_names.index(s.thread_group) for s in sched]
         self.thread_label = [f"thread:{g}" for g in self.group_names]
         self.fifo_label = [f"fifo:{g}" for g in self.group_names]
-        streams = [_stream_label(plan.sched(name).stream) for name in names]
+        streams = [stream_label(plan.sched(name).stream) for name in names]
         self.stream_names = sorted(set(streams))
         self.stream = [self.stream_names.index(st) for st in streams]
         self.stream_label = [f"stream:{st}" for st in self.stream_names]
         self.seqd = [bool(s.globally_ordered) for s in sched]
-        tc = [costs[name] for name in names]
-        if cuda:
-            self.host = [c.host_s + task_overhead_s for c in tc]
-            self.dev = [c.device_s for c in tc]
-        else:
-            self.host = [c.cpu_s + task_overhead_s for c in tc]
-            self.dev = [0.0] * len(tc)
-        self.res_names = sorted({r for c in tc for r in c.resources})
-        self.res = [tuple(self.res_names.index(r) for r in c.resources) for c in tc]
+        parts = plan_parts(plan, costs, cuda, task_overhead_s)
+        self.parts = [parts[name] for name in names]
+        self.host = [p.host for p in self.parts]
+        self.dev = [p.device for p in self.parts]
+        self.res_names = sorted({r for p in self.parts for r in p.shared})
+        self.res = [tuple(self.res_names.index(r) for r in p.shared) for p in self.parts]
         self.comm = [r.startswith("comm:") for r in self.res_names]
         self.period_overhead = period_overhead_s
         # deps[k]: (dep task, distance, label of the CPU-signal wait, label of the device-event wait)
@@ -364,21 +362,11 @@ class _Sim:
         communicator, PCIe, the sequencer and the main thread (``period_overhead_s``
         per period) is held this long per iteration, whatever the order.
         """
-        thread = [0.0] * len(self.group_names)
-        stream = [0.0] * len(self.stream_names)
-        res = [0.0] * len(self.res_names)
-        sequencer = 0.0
-        for k in range(self.T):
-            thread[self.thread[k]] += self.host[k]
-            stream[self.stream[k]] += self.dev[k]  # 0 on CPU, where a stream is only a name
-            held = self.dev[k] if self.cuda else self.host[k]  # a resource is held by the part that uses it
-            for r in self.res[k]:
-                res[r] += held
-            if self.seqd[k]:
-                sequencer += self.host[k]
+        load = resource_loads(self.parts)
         if self.caller >= 0:  # the main thread also runs the caller's group
-            thread[self.caller] += self.period_overhead
-        return max(thread + stream + res + [sequencer, self.period_overhead])
+            key = self.thread_label[self.caller]
+            load[key] = load.get(key, 0.0) + self.period_overhead
+        return max(list(load.values()) + [self.period_overhead])
 
     def push(self, t: float, kind: int, arg: int) -> None:
         self.counter += 1
@@ -926,14 +914,3 @@ def _binding(utilisation: Dict[str, float], cycle: CriticalCycle, sim: "_Sim") -
     if all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
         return f"recurrence: {cycle}"
     return f"cycle: {cycle}"
-
-
-def _stream_label(spec: Any) -> str:
-    """The simulator's name for a task's stream: distinct specs never share a name.
-
-    ``None`` (the device's default stream) is ``"default"``; a string named
-    ``"default"`` (rejected by ``validate``) would be another stream, so it is
-    quoted rather than merged with it.
-    """
-    name = stream_name(spec)
-    return "'default'" if spec is not None and name == "default" else name
