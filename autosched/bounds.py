@@ -47,11 +47,12 @@ from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import validate
 
+from ._problem import Problem
 from .costs import CostModel
 from .graph import task_graph_deps
 from .taskmodel import critical_path, plan_parts, resource_loads, task_parts
 
-__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph"]
+__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph", "recurrence_bound", "critical_path_units"]
 
 
 @dataclass(frozen=True)
@@ -429,3 +430,45 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
         binding = f"{kind}: {what}"
     return Bounds(res_mii=res, rec_mii=rec, critical_path=cp, schedule_cycle=sched_cycle, value=value,
                   binding=binding, components=tuple(components))
+
+
+# -- bounds of a search problem (time units), used by the searchers ---------------------------------------------
+
+
+def recurrence_bound(problem: Problem) -> int:
+    """RecMII in time units: the smallest ``II`` leaving no positive cycle of ``time - II * distance``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=0.001, device_s=0.0, resources=()) for n in "AB"})
+    >>> p = make_problem((["A", "B"], [("B", "A")], [("A", "B", 1)]), c, Constraints(time_unit_s=1e-6))
+    >>> recurrence_bound(p)
+    2000
+    """
+    graph = nx.MultiDiGraph()
+    graph.add_edges_from((d, t, {"weight": problem.dur(d), "distance": 0}) for t, d in problem.intra)
+    graph.add_edges_from((d, t, {"weight": problem.dur(d), "distance": n}) for t, d, n in problem.inter)
+    ratio, _ = max_cycle_ratio(graph)
+    if math.isinf(ratio):
+        raise ValueError("a dependency cycle has zero total distance; the intra-iteration graph must be a DAG")
+    # durations are whole time units, so the smallest feasible integer II is the ratio rounded up
+    return max(0, math.ceil(ratio * (1 - 1e-9)))
+
+
+def critical_path_units(problem: Problem) -> int:
+    """Longest chain of the intra DAG in time units (thread time).
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> critical_path_units(p)
+    5
+    """
+    return int(critical_path(problem.names, problem.intra, problem.dur)[0])

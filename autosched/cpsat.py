@@ -101,7 +101,7 @@ def model_lower_bound(problem: Problem) -> int:
     >>> model_lower_bound(p)   # 9 units of work on 2 threads
     5
     """
-    from .beam import critical_path_units, recurrence_bound
+    from .bounds import critical_path_units, recurrence_bound
     from .taskmodel import resource_loads
 
     names = problem.names

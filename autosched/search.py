@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from swpipe_core.plan import PipelinePlan, stream_name
+from swpipe_core.plan import PipelinePlan
 
 from ._problem import Problem, make_problem
 
@@ -356,6 +356,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     from swpipe_core.validate import validate
 
     from . import beam as beam_mod
+    from .bounds import recurrence_bound
     from .cpsat import model_lower_bound, solve_cpsat
     from .simulate import simulate
 
@@ -375,7 +376,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
                                 seed=c.seed, progress=c.progress)
     best = beam.best
     best.period, best.latency = final_scorer(best.plan)
-    shallower, _ = beam_mod.reduce_depth(problem, best, final_scorer, beam_mod.recurrence_bound(problem))
+    shallower, _ = beam_mod.reduce_depth(problem, best, final_scorer, recurrence_bound(problem))
     best = shallower
     chosen_plan, period, latency, method = best.plan, best.period, best.latency, "beam"
     bc = beam.counts
