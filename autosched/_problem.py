@@ -233,6 +233,56 @@ def _frozen_fields(value: Any) -> Dict[str, Any]:
     raise TypeError(f"a frozen entry is a dict of stage/stream/thread_group or a TaskSchedule, got {value!r}")
 
 
+def _tasks_of(refs: Sequence[Any]) -> Dict[str, PipelineTask]:
+    """The input's tasks by name (a bare name becomes an unbound PipelineTask)."""
+    tasks: Dict[str, PipelineTask] = {}
+    for r in refs:
+        t = r if isinstance(r, PipelineTask) else PipelineTask(ref_name(r))
+        if t.name in tasks:
+            raise ValueError(f"task {t.name!r} appears twice in the input")
+        tasks[t.name] = t
+    return tasks
+
+
+def _check_deps(names: Sequence[str], intra: Sequence[Tuple[str, str]],
+                inter: Sequence[Tuple[str, str, int]]) -> nx.DiGraph:
+    """Dependencies name known tasks, inter distances are >= 1; return the intra DAG (an error if cyclic)."""
+    known = set(names)
+    for t, d in intra:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r}) names a task that is not in the task set {list(names)}")
+    for t, d, n in inter:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r} of {n} earlier) names an unknown task")
+        if n < 1:
+            raise ValueError(f"inter-iteration dependency ({t!r}, {d!r}) needs a distance >= 1, got {n}")
+    dag = nx.DiGraph()
+    dag.add_nodes_from(names)
+    dag.add_edges_from((d, t) for t, d in intra)
+    if not nx.is_directed_acyclic_graph(dag):
+        cycle = [u for u, _ in nx.find_cycle(dag)]
+        raise ValueError(f"intra-iteration dependencies form a cycle {' -> '.join(cycle + cycle[:1])}; "
+                         "no plan can run it (remove one dependency)")
+    return dag
+
+
+def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dict[str, float],
+                                                           Dict[str, Optional[str]], set]:
+    """Each task's host and device seconds, its communicator (or None) and the PCIe users."""
+    host, dev, comm, pcie = {}, {}, {}, set()
+    for n in names:
+        cost = _cost_of(costs, n)
+        host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
+        if host[n] < 0 or dev[n] < 0:
+            raise ValueError(f"task {n!r} has a negative cost (host_s={host[n]}, device_s={dev[n]})")
+        tags = tuple(getattr(cost, "resources", ()) or ())
+        comms = [t.split(":", 1)[1] for t in tags if t.startswith("comm:")]
+        comm[n] = comms[0] if comms else None
+        if "pcie" in tags:
+            pcie.add(n)
+    return host, dev, comm, pcie
+
+
 def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
     """Normalise the inputs of :func:`autosched.search.auto_schedule`.
 
@@ -266,29 +316,10 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
     (('A', 'B'), (('B', 'A'),), 2.0)
     """
     refs, intra, inter, plan = _as_graph_parts(tasks_or_graph)
-    tasks: Dict[str, PipelineTask] = {}
-    for r in refs:
-        t = r if isinstance(r, PipelineTask) else PipelineTask(ref_name(r))
-        if t.name in tasks:
-            raise ValueError(f"task {t.name!r} appears twice in the input")
-        tasks[t.name] = t
+    tasks = _tasks_of(refs)
     names = tuple(tasks)
     known = set(names)
-    for t, d in intra:
-        if t not in known or d not in known:
-            raise ValueError(f"dependency ({t!r} waits {d!r}) names a task that is not in the task set {list(names)}")
-    for t, d, n in inter:
-        if t not in known or d not in known:
-            raise ValueError(f"dependency ({t!r} waits {d!r} of {n} earlier) names an unknown task")
-        if n < 1:
-            raise ValueError(f"inter-iteration dependency ({t!r}, {d!r}) needs a distance >= 1, got {n}")
-    dag = nx.DiGraph()
-    dag.add_nodes_from(names)
-    dag.add_edges_from((d, t) for t, d in intra)
-    if not nx.is_directed_acyclic_graph(dag):
-        cycle = [u for u, _ in nx.find_cycle(dag)]
-        raise ValueError(f"intra-iteration dependencies form a cycle {' -> '.join(cycle + cycle[:1])}; "
-                         "no plan can run it (remove one dependency)")
+    dag = _check_deps(names, intra, inter)
 
     c = constraints
     if c.max_depth < 1 or c.max_threads < 1:
@@ -297,17 +328,7 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
-    host, dev, comm, pcie = {}, {}, {}, set()
-    for n in names:
-        cost = _cost_of(costs, n)
-        host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
-        if host[n] < 0 or dev[n] < 0:
-            raise ValueError(f"task {n!r} has a negative cost (host_s={host[n]}, device_s={dev[n]})")
-        tags = tuple(getattr(cost, "resources", ()) or ())
-        comms = [t.split(":", 1)[1] for t in tags if t.startswith("comm:")]
-        comm[n] = comms[0] if comms else None
-        if "pcie" in tags:
-            pcie.add(n)
+    host, dev, comm, pcie = _task_costs(names, costs)
 
     frozen = {ref_name(k): _frozen_fields(v) for k, v in (c.frozen or {}).items()}
     unknown = sorted(set(frozen) - known)

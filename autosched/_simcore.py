@@ -88,7 +88,13 @@ class _Sim:
             self.deps[idx[t]].append((idx[d], 0, f"dep:{d}", f"event:{d}"))
         for t, d, dist in plan.inter_edges():
             self.deps[idx[t]].append((idx[d], dist, f"dep:{d}[i-{dist}]", f"event:{d}[i-{dist}]"))
-        T = self.T = len(names)
+        self.T = len(names)
+        self._init_run_state(n)
+        self._init_main_thread(plan, n)
+
+    def _init_run_state(self, n: int) -> None:
+        """Per-op times and binding predecessors, and the state of every thread, stream and resource."""
+        T = self.T
         N = T * n
         self.host_start = [-1.0] * N
         self.host_end = [-1.0] * N
@@ -132,6 +138,10 @@ class _Sim:
         self.dev_left = [T] * n  # CUDA: device parts of an iteration not yet complete
         self.dev_done_t = [-1.0] * n
         self.dev_done_op = [-1] * n
+
+    def _init_main_thread(self, plan: PipelinePlan, n: int) -> None:
+        """The main thread: the caller's group it runs inline, periods to enqueue, the event heap."""
+        T = self.T
         # the caller's group runs inline: the main thread is that group's thread
         self.caller = (self.group_names.index(plan.caller_group)
                        if plan.caller_group in self.group_names else -1)
