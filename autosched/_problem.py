@@ -72,10 +72,6 @@ class Problem:
         """Seconds the task holds its thread (on CPU all of its time is host time)."""
         return self.host[name] if self.cuda else self.host[name] + self.dev[name]
 
-    def signal_time(self, name: str) -> float:
-        """Seconds from a task's start on its thread to its CPU signal."""
-        return self.thread_time(name)
-
     def units(self, seconds: float) -> int:
         """Seconds as integer time units (the models' clock)."""
         return int(round(seconds / self.unit_s))
@@ -144,9 +140,6 @@ class Problem:
                 table[t].append((d, n))
             self._preds = table
         return self._preds[name]
-
-    def sum_time(self) -> float:
-        return sum(self.thread_time(n) for n in self.names)
 
     def stage_ok(self, stage: Mapping[str, int]) -> bool:
         """The stage rules (docs/semantics.md), the depth cap and frozen stages."""

@@ -221,12 +221,8 @@ def _ms(seconds: float) -> str:
 
 
 def _plan_tables(plan: PipelinePlan, num_iterations: int) -> str:
-    try:
-        from swpipe_core.analysis import format_schedule, format_stage_analysis
-    except ImportError:  # analysis is another room's module; the summary stays useful without it
-        rows = [f"  {n:<24} stage {plan.stage(n)}  stream {plan.stream_of(n):<10} thread {plan.sched(n).thread_group}"
-                for n in plan.enqueue_order or plan.task_names]
-        return "enqueue order:\n" + "\n".join(rows)
+    from swpipe_core.analysis import format_schedule, format_stage_analysis
+
     return format_schedule(plan, num_iterations) + "\n\n" + format_stage_analysis(plan)
 
 
@@ -272,18 +268,15 @@ def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: in
 
 def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float]) -> Tuple[float, str]:
     """The best lower bound: autosched.bounds', the model's, or CP-SAT's proof, with what sets it."""
-    value, why = model_lb_s, "resource, recurrence and depth-limited critical path bounds of the model"
-    try:
-        from .bounds import lower_bounds
-        from .graph import task_graph
+    from .bounds import lower_bounds
+    from .graph import task_graph
 
-        graph = task_graph(list(problem.names), list(problem.intra), list(problem.inter))
-        b = lower_bounds(graph, problem.costs, max_threads=problem.max_threads, max_depth=problem.max_depth,
-                         device=problem.device)
-        if float(b.value) >= value * (1 - 1e-9):
-            value, why = max(value, float(b.value)), str(b.binding)
-    except Exception as exc:  # bounds belong to another module; the model bound stands alone
-        log.debug("autosched.bounds unavailable: %s", exc)
+    value, why = model_lb_s, "resource, recurrence and depth-limited critical path bounds of the model"
+    graph = task_graph(list(problem.names), list(problem.intra), list(problem.inter))
+    b = lower_bounds(graph, problem.costs, max_threads=problem.max_threads, max_depth=problem.max_depth,
+                     device=problem.device)
+    if float(b.value) >= value * (1 - 1e-9):
+        value, why = max(value, float(b.value)), str(b.binding)
     if proven_s is not None and proven_s > value * (1 + 1e-9):
         value, why = proven_s, f"CP-SAT proof: every shorter period is infeasible (analytic bounds give {_ms(value)})"
     return value, why
