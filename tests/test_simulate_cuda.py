@@ -162,3 +162,26 @@ def test_auto_schedule_on_cuda_reports_sane_figures_for_a_device_bound_model():
     assert 0.0 <= report.gap_pct < 5.0
     assert report.binding.startswith("stream:")
     assert report.serial_period_s / report.period_s >= 1.9
+
+
+@pytest.mark.parametrize("caller_group", ["default", None])
+@pytest.mark.parametrize("lag", [0, None])
+def test_simulated_cuda_timelines_obey_the_contract(caller_group, lag):
+    """Host and device parts of random plans on two streams: dependencies with distance, FIFO groups,
+    depth in flight, sequencer order (tests/conftest.py check_contract)."""
+    import random
+
+    from conftest import check_contract
+    from test_contract_replay import random_plan
+
+    rng = random.Random(7)
+    for _ in range(6):
+        plan, sleeps = random_plan(rng, caller_group)
+        sched = {t: plan.sched(t).__class__(plan.stage(t), stream=rng.choice([None, "s1"]),
+                                            thread_group=plan.sched(t).thread_group,
+                                            globally_ordered=plan.sched(t).globally_ordered)
+                 for t in plan.task_names}
+        plan = plan.replace(schedule=sched)
+        costs = CostModel({t: TaskCost(s / 10, s * rng.choice([0.5, 2.0])) for t, s in sleeps.items()})
+        r = simulate(plan, costs, num_iterations=24, device="cuda", max_device_lag=lag)
+        check_contract(plan, r.events, r.num_iterations)
