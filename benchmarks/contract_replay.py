@@ -35,7 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="runs per plan; the fastest counts")
     args = p.parse_args(argv)
-    hand_off = t.fit_task_overhead()
+    hand_off = t.fit_task_overhead(repeats=args.repeats)
     print(f"fitted hand-off per task: {hand_off * 1e6:.0f} us")
     print("| caller_group | plan | tasks | depth | groups | inline | measured ms | simulated ms | error | "
           "error, no hand-off |")
