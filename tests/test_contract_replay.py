@@ -32,7 +32,10 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 
 ITERS = 32
-PERIOD_RTOL = 0.08  # sleep overshoot and hand-offs vary on a shared machine (the cost model holds their median)
+# The period check guards the model (a missing barrier, sequencer or FIFO rule is off by 20% and more on
+# many plans); timing noise on a loaded CI machine reaches ~10%. The accuracy itself (median ~1-2%, worst
+# ~6-9% over 20 plans) is measured side by side in benchmarks/contract_replay.py (benchmarks/RESULTS.md).
+PERIOD_RTOL = 0.15
 
 
 def random_plan(rng: random.Random, caller_group: Any = "default") -> Tuple[PipelinePlan, Dict[str, float]]:
@@ -144,7 +147,7 @@ def replay(plan: PipelinePlan, sleeps: Dict[str, float], task_overhead_s: float 
 
 @pytest.fixture(scope="module")
 def hand_off() -> float:
-    return fit_task_overhead()
+    return fit_task_overhead(repeats=3)
 
 
 def _check_replay(plan: PipelinePlan, sleeps: Dict[str, float], hand_off: float) -> None:
