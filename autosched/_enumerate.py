@@ -2,7 +2,7 @@
 
 The space is exactly the one the searchers cover (:mod:`autosched._problem`):
 
-* stage vectors allowed by corollaries 1 and 3, the depth cap and frozen
+* stage vectors allowed by the stage rules (docs/semantics.md), the depth cap and frozen
   stages (without frozen stages, vectors whose smallest stage is above 0 are
   skipped: they relabel periods, same timing, deeper pipeline);
 * thread maps: every partition of the tasks into at most ``max_threads``
@@ -23,16 +23,18 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import networkx as nx
 
 from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan
+from swpipe_core.stage_rules import stage_rule_holds
 
 from ._problem import Problem, build_plan
 
-__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph"]
+__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph",
+           "stage_assignments"]
 
 
 def thread_maps(problem: Problem) -> Iterator[Dict[str, str]]:
@@ -102,7 +104,6 @@ def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
     >>> len(list(enumerate_plans(p)))   # (0,0) on 1 or 2 threads; (0,1) on 2 threads, or on 1 in either order
     5
     """
-    from .beam import stage_assignments
 
     exact = any(problem.comm[n] is not None for n in problem.names) or bool(problem.pcie)
     stream_sets = list(itertools.product(*(problem.stream_choices[n] for n in problem.names)))
@@ -251,3 +252,68 @@ def random_graph(seed: int, n: int, cuda: bool = False) -> Tuple[tuple, "CostMod
         tags = ("comm:nccl",) if rng.random() < 0.1 else ()
         tasks[t] = TaskCost(host, dev, tags)
     return (names, intra, inter), CostModel(tasks, method="random_graph", notes=f"seed {seed}")
+
+
+def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable[Dict[str, int]]:
+    """Every stage assignment the stage rules, the depth cap and frozen stages allow.
+
+    Assignments whose smallest stage is above 0 are skipped when no stage is
+    frozen: they only relabel periods (same timing, deeper pipeline).
+
+    Parameters
+    ----------
+    problem : Problem
+    limit : int, optional
+        Stop after this many.
+
+    Yields
+    ------
+    dict
+        ``{task: stage}``.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> list(stage_assignments(p))   # B may not run in an earlier stage than A (the stage rule)
+    [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
+    """
+    names = list(nx.topological_sort(problem.dag))
+    inter_by_task: Dict[str, List[Tuple[str, int]]] = {}
+    for t, d, n in problem.inter:
+        inter_by_task.setdefault(t, []).append((d, n))
+        inter_by_task.setdefault(d, []).append((t, -n))
+    count = 0
+    stage: Dict[str, int] = {}
+
+    def rec(i: int) -> Iterable[Dict[str, int]]:
+        nonlocal count
+        if limit is not None and count >= limit:
+            return
+        if i == len(names):
+            if problem.frozen_stage or min(stage.values(), default=0) == 0:
+                count += 1
+                yield dict(stage)
+            return
+        n = names[i]
+        lo = max((stage[p] for p in problem.dag.predecessors(n)), default=0)
+        options = [problem.frozen_stage[n]] if n in problem.frozen_stage else range(lo, problem.max_depth)
+        for s in options:
+            if s < lo:
+                continue
+            ok = True
+            for other, k in inter_by_task.get(n, ()):
+                if other in stage:
+                    # k > 0: n waits `other` k earlier -> stage[other] - s <= k; k < 0: other waits n -> s - stage[other] <= -k
+                    if not (stage_rule_holds(s, stage[other], k) if k > 0 else stage_rule_holds(stage[other], s, -k)):
+                        ok = False
+                        break
+            if ok:
+                stage[n] = s
+                yield from rec(i + 1)
+                del stage[n]
+
+    yield from rec(0)

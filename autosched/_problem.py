@@ -23,6 +23,9 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 import networkx as nx
 
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name, stream_name
+from swpipe_core.stage_rules import stage_rule_holds
+
+from .taskmodel import TaskParts, stream_label, task_parts
 
 __all__ = ["Problem", "make_problem", "build_plan", "DEFAULT_GROUP"]
 
@@ -69,10 +72,6 @@ class Problem:
         """Seconds the task holds its thread (on CPU all of its time is host time)."""
         return self.host[name] if self.cuda else self.host[name] + self.dev[name]
 
-    def signal_time(self, name: str) -> float:
-        """Seconds from a task's start on its thread to its CPU signal."""
-        return self.thread_time(name)
-
     def units(self, seconds: float) -> int:
         """Seconds as integer time units (the models' clock)."""
         return int(round(seconds / self.unit_s))
@@ -89,6 +88,29 @@ class Problem:
         if self._ddur is None:
             self.dur(name)
         return self._ddur[name]
+
+    def tags(self, name: str) -> Tuple[str, ...]:
+        """The task's shared-resource tags (``comm:<name>``, ``pcie``)."""
+        comm = self.comm[name]
+        return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ())
+
+    def parts(self, name: str, group: str, stream: Any, units: bool = False) -> TaskParts:
+        """The task's host and device parts under a choice of group and stream (seconds, or time units).
+
+        Examples
+        --------
+        >>> from autosched.costs import CostModel, TaskCost
+        >>> from autosched.search import Constraints
+        >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001, 0.002, ("pcie",))}),
+        ...                  Constraints(device="cuda", time_unit_s=1e-3))
+        >>> p.parts("A", "io", "memcpy", units=True)
+        TaskParts(host=1, device=2, host_holds=('thread:io',), device_holds=('stream:memcpy', 'pcie'))
+        """
+        if units:  # dur already holds all of a CPU task's time, rounded once
+            host, dev = self.dur(name), self.ddur(name)
+        else:
+            host, dev = self.host[name], self.dev[name]
+        return task_parts(host, dev, self.tags(name), group, stream_label(stream), name in self.ordered, self.cuda)
 
     def memo(self, key: Any, make: Any) -> Any:
         """A value computed once per problem (presets, fire orders, levels)."""
@@ -119,18 +141,14 @@ class Problem:
             self._preds = table
         return self._preds[name]
 
-    def sum_time(self) -> float:
-        return sum(self.thread_time(n) for n in self.names)
-
     def stage_ok(self, stage: Mapping[str, int]) -> bool:
-        """Corollaries 1 and 3, the depth cap and frozen stages."""
+        """The stage rules (docs/semantics.md), the depth cap and frozen stages."""
         if any(not 0 <= stage[n] < self.max_depth for n in self.names):
             return False
         if any(stage[n] != s for n, s in self.frozen_stage.items()):
             return False
-        if any(stage[d] > stage[t] for t, d in self.intra):
-            return False
-        return all(stage[d] - stage[t] <= n for t, d, n in self.inter)
+        return (all(stage_rule_holds(stage[t], stage[d]) for t, d in self.intra)
+                and all(stage_rule_holds(stage[t], stage[d], n) for t, d, n in self.inter))
 
 
 def _auto_unit(times: Sequence[float]) -> float:
@@ -179,13 +197,12 @@ def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[t
         plan = tasks_or_graph
         return list(plan.schedule), plan.intra_edges(), plan.inter_edges(), plan
     if isinstance(tasks_or_graph, nx.DiGraph):
+        from .graph import task_graph_deps
+
         g = tasks_or_graph
         refs = [g.nodes[n].get("task", n) for n in g.nodes]
-        intra, inter = [], []
-        for d, t, data in g.edges(data=True):
-            for n in data.get("distances", [data.get("distance", 0)]):
-                (inter.append((t, d, int(n))) if int(n) > 0 else intra.append((t, d)))
-        return refs, intra, inter, None
+        intra, inter = task_graph_deps(g)
+        return refs, intra, [(t, d, int(n)) for t, d, n in inter], None
     if isinstance(tasks_or_graph, tuple) and len(tasks_or_graph) in (2, 3):
         refs = list(tasks_or_graph[0])
         intra = [(ref_name(t), ref_name(d)) for t, d in tasks_or_graph[1]]
@@ -207,6 +224,56 @@ def _frozen_fields(value: Any) -> Dict[str, Any]:
             raise ValueError(f"frozen fields must be among stage/stream/thread_group, got {sorted(unknown)}")
         return dict(value)
     raise TypeError(f"a frozen entry is a dict of stage/stream/thread_group or a TaskSchedule, got {value!r}")
+
+
+def _tasks_of(refs: Sequence[Any]) -> Dict[str, PipelineTask]:
+    """The input's tasks by name (a bare name becomes an unbound PipelineTask)."""
+    tasks: Dict[str, PipelineTask] = {}
+    for r in refs:
+        t = r if isinstance(r, PipelineTask) else PipelineTask(ref_name(r))
+        if t.name in tasks:
+            raise ValueError(f"task {t.name!r} appears twice in the input")
+        tasks[t.name] = t
+    return tasks
+
+
+def _check_deps(names: Sequence[str], intra: Sequence[Tuple[str, str]],
+                inter: Sequence[Tuple[str, str, int]]) -> nx.DiGraph:
+    """Dependencies name known tasks, inter distances are >= 1; return the intra DAG (an error if cyclic)."""
+    known = set(names)
+    for t, d in intra:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r}) names a task that is not in the task set {list(names)}")
+    for t, d, n in inter:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r} of {n} earlier) names an unknown task")
+        if n < 1:
+            raise ValueError(f"inter-iteration dependency ({t!r}, {d!r}) needs a distance >= 1, got {n}")
+    dag = nx.DiGraph()
+    dag.add_nodes_from(names)
+    dag.add_edges_from((d, t) for t, d in intra)
+    if not nx.is_directed_acyclic_graph(dag):
+        cycle = [u for u, _ in nx.find_cycle(dag)]
+        raise ValueError(f"intra-iteration dependencies form a cycle {' -> '.join(cycle + cycle[:1])}; "
+                         "no plan can run it (remove one dependency)")
+    return dag
+
+
+def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dict[str, float],
+                                                           Dict[str, Optional[str]], set]:
+    """Each task's host and device seconds, its communicator (or None) and the PCIe users."""
+    host, dev, comm, pcie = {}, {}, {}, set()
+    for n in names:
+        cost = _cost_of(costs, n)
+        host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
+        if host[n] < 0 or dev[n] < 0:
+            raise ValueError(f"task {n!r} has a negative cost (host_s={host[n]}, device_s={dev[n]})")
+        tags = tuple(getattr(cost, "resources", ()) or ())
+        comms = [t.split(":", 1)[1] for t in tags if t.startswith("comm:")]
+        comm[n] = comms[0] if comms else None
+        if "pcie" in tags:
+            pcie.add(n)
+    return host, dev, comm, pcie
 
 
 def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
@@ -242,29 +309,10 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
     (('A', 'B'), (('B', 'A'),), 2.0)
     """
     refs, intra, inter, plan = _as_graph_parts(tasks_or_graph)
-    tasks: Dict[str, PipelineTask] = {}
-    for r in refs:
-        t = r if isinstance(r, PipelineTask) else PipelineTask(ref_name(r))
-        if t.name in tasks:
-            raise ValueError(f"task {t.name!r} appears twice in the input")
-        tasks[t.name] = t
+    tasks = _tasks_of(refs)
     names = tuple(tasks)
     known = set(names)
-    for t, d in intra:
-        if t not in known or d not in known:
-            raise ValueError(f"dependency ({t!r} waits {d!r}) names a task that is not in the task set {list(names)}")
-    for t, d, n in inter:
-        if t not in known or d not in known:
-            raise ValueError(f"dependency ({t!r} waits {d!r} of {n} earlier) names an unknown task")
-        if n < 1:
-            raise ValueError(f"inter-iteration dependency ({t!r}, {d!r}) needs a distance >= 1, got {n}")
-    dag = nx.DiGraph()
-    dag.add_nodes_from(names)
-    dag.add_edges_from((d, t) for t, d in intra)
-    if not nx.is_directed_acyclic_graph(dag):
-        cycle = [u for u, _ in nx.find_cycle(dag)]
-        raise ValueError(f"intra-iteration dependencies form a cycle {' -> '.join(cycle + cycle[:1])}; "
-                         "no plan can run it (remove one dependency)")
+    dag = _check_deps(names, intra, inter)
 
     c = constraints
     if c.max_depth < 1 or c.max_threads < 1:
@@ -273,17 +321,7 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
-    host, dev, comm, pcie = {}, {}, {}, set()
-    for n in names:
-        cost = _cost_of(costs, n)
-        host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
-        if host[n] < 0 or dev[n] < 0:
-            raise ValueError(f"task {n!r} has a negative cost (host_s={host[n]}, device_s={dev[n]})")
-        tags = tuple(getattr(cost, "resources", ()) or ())
-        comms = [t.split(":", 1)[1] for t in tags if t.startswith("comm:")]
-        comm[n] = comms[0] if comms else None
-        if "pcie" in tags:
-            pcie.add(n)
+    host, dev, comm, pcie = _task_costs(names, costs)
 
     frozen = {ref_name(k): _frozen_fields(v) for k, v in (c.frozen or {}).items()}
     unknown = sorted(set(frozen) - known)
@@ -420,8 +458,10 @@ def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, A
                                        globally_ordered=n in problem.ordered)
         for n in problem.names
     }
+    # caller_group=None: CP-SAT and the beam model one worker thread per group (the main thread only
+    # enqueues), so the plans they build run that way; an inline caller group is not in their model.
     plan = PipelinePlan(schedule, intra_iter_deps=list(problem.intra),
-                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter])
+                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter], caller_group=None)
     pos = {n: i for i, n in enumerate(priority or problem.names)}
     off = offset or {}
     graph = period_local_graph(plan)

@@ -47,9 +47,12 @@ from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import validate
 
+from ._problem import Problem
 from .costs import CostModel, as_cost_model
+from .graph import task_graph_deps
+from .taskmodel import critical_path, plan_parts, resource_loads, task_parts
 
-__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph"]
+__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph", "recurrence_bound", "critical_path_units"]
 
 
 @dataclass(frozen=True)
@@ -235,8 +238,8 @@ def _describe(graph: nx.DiGraph, cycle: Sequence[Hashable], ratio: float) -> str
 
 
 def _times(costs: CostModel, name: str, cuda: bool) -> Tuple[float, float]:
-    c = costs[name]
-    return (c.host_s, c.device_s) if cuda else (c.cpu_s, 0.0)
+    p = task_parts(costs[name].host_s, costs[name].device_s, (), "", "", False, cuda)
+    return p.host, p.device
 
 
 def _dep_graph(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], inter: Sequence[Tuple[str, str, int]],
@@ -315,37 +318,7 @@ def event_graph(plan: PipelinePlan, costs: CostModel, device: str = "cpu") -> nx
     return g
 
 
-def _critical_path(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], costs: CostModel,
-                   cuda: bool) -> Tuple[float, List[str]]:
-    dag = nx.DiGraph()
-    dag.add_nodes_from(tasks)
-    dag.add_edges_from((d, t) for t, d in intra)
-    best: Dict[str, Tuple[float, Optional[str]]] = {}
-    for t in nx.lexicographical_topological_sort(dag):
-        own = _times(costs, t, cuda)[0]
-        prev = max(((best[d][0], d) for d in dag.predecessors(t)), default=(0.0, None))
-        best[t] = (prev[0] + own, prev[1])
-    if not best:
-        return 0.0, []
-    end = max(best, key=lambda t: (best[t][0], t))
-    path = [end]
-    while best[path[-1]][1] is not None:
-        path.append(best[path[-1]][1])
-    return best[end][0], path[::-1]
-
-
 # -- the public entry point ---------------------------------------------------------------------------------------
-
-
-def _graph_parts(graph: nx.DiGraph) -> Tuple[List[str], List[Tuple[str, str]], List[Tuple[str, str, int]]]:
-    intra, inter = [], []
-    for d, t, data in graph.edges(data=True):
-        for n in data.get("distances", [data.get("distance", 0)]):
-            if n == 0:
-                intra.append((t, d))
-            else:
-                inter.append((t, d, n))
-    return list(graph.nodes), intra, inter
 
 
 def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int] = None,
@@ -408,24 +381,17 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
         plan: PipelinePlan = plan_or_graph
         tasks, intra, inter = plan.task_names, plan.intra_edges(), plan.inter_edges()
     else:
-        tasks, intra, inter = _graph_parts(plan_or_graph)
+        tasks = list(plan_or_graph.nodes)
+        intra, inter = task_graph_deps(plan_or_graph)
     costs.check(tasks)
     components: List[Tuple[str, float, str]] = []
 
     # ResMII: each resource's work per iteration
-    load: Dict[str, float] = {}
-    for t in tasks:
-        host, dev = _times(costs, t, cuda)
-        if is_plan:
-            key = f"thread:{plan.sched(t).thread_group}"
-            load[key] = load.get(key, 0.0) + host
-            if cuda:
-                key = f"stream:{plan.stream_of(t)}"
-                load[key] = load.get(key, 0.0) + dev
-            if plan.sched(t).globally_ordered:  # the turn is held while the host part runs
-                load["sequencer"] = load.get("sequencer", 0.0) + host
-        for r in costs[t].resources:
-            load[r] = load.get(r, 0.0) + (dev if cuda else host)
+    if is_plan:
+        load = resource_loads(plan_parts(plan, costs, cuda).values())
+    else:  # no threads or streams fixed yet: only the shared resources (comm:, pcie)
+        parts = [task_parts(costs[t].host_s, costs[t].device_s, costs[t].resources, "", "", False, cuda) for t in tasks]
+        load = {k: v for k, v in resource_loads(parts).items() if not k.startswith(("thread:", "stream:"))}
     if not is_plan:
         total_host = sum(_times(costs, t, cuda)[0] for t in tasks)
         if max_threads is not None:
@@ -443,7 +409,7 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
 
     # critical path over the deepest pipeline allowed
     depth = plan.pipeline_depth if is_plan else max_depth
-    cp_len, cp_path = _critical_path(tasks, intra, costs, cuda)
+    cp_len, cp_path = critical_path(tasks, intra, lambda t: _times(costs, t, cuda)[0])
     cp = cp_len / depth if depth else 0.0
     cp_what = (f"{' -> '.join(cp_path)} ({cp_len * 1e3:.3f} ms) / depth {depth}" if depth
                else "unbounded depth: no critical-path bound")
@@ -465,3 +431,45 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
         binding = f"{kind}: {what}"
     return Bounds(res_mii=res, rec_mii=rec, critical_path=cp, schedule_cycle=sched_cycle, value=value,
                   binding=binding, components=tuple(components))
+
+
+# -- bounds of a search problem (time units), used by the searchers ---------------------------------------------
+
+
+def recurrence_bound(problem: Problem) -> int:
+    """RecMII in time units: the smallest ``II`` leaving no positive cycle of ``time - II * distance``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=0.001, device_s=0.0, resources=()) for n in "AB"})
+    >>> p = make_problem((["A", "B"], [("B", "A")], [("A", "B", 1)]), c, Constraints(time_unit_s=1e-6))
+    >>> recurrence_bound(p)
+    2000
+    """
+    graph = nx.MultiDiGraph()
+    graph.add_edges_from((d, t, {"weight": problem.dur(d), "distance": 0}) for t, d in problem.intra)
+    graph.add_edges_from((d, t, {"weight": problem.dur(d), "distance": n}) for t, d, n in problem.inter)
+    ratio, _ = max_cycle_ratio(graph)
+    if math.isinf(ratio):
+        raise ValueError("a dependency cycle has zero total distance; the intra-iteration graph must be a DAG")
+    # durations are whole time units, so the smallest feasible integer II is the ratio rounded up
+    return max(0, math.ceil(ratio * (1 - 1e-9)))
+
+
+def critical_path_units(problem: Problem) -> int:
+    """Longest chain of the intra DAG in time units (thread time).
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> critical_path_units(p)
+    5
+    """
+    return int(critical_path(problem.names, problem.intra, problem.dur)[0])

@@ -4,7 +4,7 @@ A :class:`CostModel` maps task names to :class:`TaskCost` (``host_s``: CPU time
 on the task's thread; ``device_s``: time on the task's stream on CUDA;
 ``resources``: tags ``"comm:<name>"`` for collectives that serialise on one
 communicator even across streams, ``"pcie"`` for copies that contend for the
-bus). It is built by hand, from a :class:`~swpipe_core.plan.ProfileResult`,
+bus). It is built by hand, from a :class:`~swpipe_core.profiler.ProfileResult`,
 or from an engine timeline, and stored as JSON (schema version 1, documented
 in ``cost_models/README.md``)::
 
@@ -12,8 +12,9 @@ in ``cost_models/README.md``)::
      "machine": "...", "method": "...", "notes": "...", "pipeline": "...",
      "tasks": {"H2D": {"host_s": 5e-05, "device_s": 0.0012, "resources": ["pcie"]}, ...}}
 
-On a CPU run there is no device queue, so the simulator charges
-``host_s + device_s`` to the thread (:meth:`TaskCost.cpu_s`).
+What each part holds on each device is defined in docs/semantics.md ("What
+a cost model means"); on a CPU run there is no device queue, so a task's whole
+``host_s + device_s`` is thread time (:meth:`TaskCost.cpu_s`).
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ class CostModel:
 
     @classmethod
     def from_profile(cls, result: Any, machine: str = "", notes: str = "") -> "CostModel":
-        """Build a model from a :class:`~swpipe_core.plan.ProfileResult`.
+        """Build a model from a :class:`~swpipe_core.profiler.ProfileResult`.
 
         ``host_s`` / ``device_s`` are used where the profile measured them; otherwise a
         task's exposed time becomes its ``host_s`` (on CPU all time is host time).
@@ -361,7 +362,7 @@ class CostModel:
 
         Examples
         --------
-        >>> from swpipe_core.plan import ProfileResult
+        >>> from swpipe_core.profiler import ProfileResult
         >>> r = ProfileResult(baseline_s=0.01, exposed_s={"A": 0.004, "B": 0.005}, meta={"device": "cpu"})
         >>> m = CostModel.from_profile(r, machine="2-core CPU")
         >>> m["A"].host_s, m.method

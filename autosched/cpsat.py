@@ -7,7 +7,7 @@ that period's window, so the enqueue order is simply the tasks sorted by
 offset. The model holds exactly the engine's rules (CPU semantics):
 
 * **dependencies** ``start[t] >= start[d] + time[d] - II * distance``
-  (intra: distance 0; inter: ``N``) — corollaries 1 and 3 follow;
+  (intra: distance 0; inter: ``N``) — the stage rules follow;
 * **threads**: a task runs on one of ``max_threads`` groups (optional
   intervals per (task, group)); a group's tasks never overlap on the circle of
   length ``II`` (each interval and its copy shifted by ``II`` in one
@@ -101,23 +101,17 @@ def model_lower_bound(problem: Problem) -> int:
     >>> model_lower_bound(p)   # 9 units of work on 2 threads
     5
     """
-    from .beam import critical_path_units, recurrence_bound
+    from .bounds import critical_path_units, recurrence_bound
+    from .taskmodel import resource_loads
 
     names = problem.names
     threads = min(problem.max_threads, len(names))
     bounds = [1, recurrence_bound(problem), max((problem.dur(n) for n in names), default=0),
               -(-sum(problem.dur(n) for n in names) // max(1, threads)),
               -(-critical_path_units(problem) // problem.max_depth)]
-    shared: Dict[tuple, int] = {}
-    for n in names:
-        keys = [("sequencer",)] if n in problem.ordered else []
-        part = problem.ddur(n) if problem.cuda else problem.dur(n)
-        if problem.comm[n] is not None:
-            shared[("comm", problem.comm[n])] = shared.get(("comm", problem.comm[n]), 0) + part
-        if n in problem.pcie:
-            shared[("pcie",)] = shared.get(("pcie",), 0) + part
-        for k in keys:
-            shared[k] = shared.get(k, 0) + problem.dur(n)
+    # shared resources (sequencer, comm:, pcie) hold the same whatever the thread and stream choice
+    loads = resource_loads(problem.parts(n, "", None, units=True) for n in names)
+    shared = {k: v for k, v in loads.items() if not k.startswith(("thread:", "stream:"))}
     bounds += list(shared.values())
     if problem.cuda:
         streams = {stream_name(s) for n in names for s in problem.stream_choices[n]}
@@ -149,55 +143,23 @@ class _Model:
     iter_end: Any
 
 
-def _build(problem: Problem, ii: int, hint: Optional[dict], optimise: bool) -> _Model:
-    from ortools.sat.python import cp_model
+class _Builder:
+    """The CP-SAT model of one period ``II``, built in named phases (see :func:`_build`)."""
 
-    m = cp_model.CpModel()
-    names = problem.names
-    D = problem.max_depth
-    dur = {t: problem.dur(t) for t in names}
-    horizon = ii * (D + 1) + sum(dur.values()) + sum(problem.ddur(t) for t in names)
+    def __init__(self, problem: Problem, ii: int) -> None:
+        from ortools.sat.python import cp_model
 
-    # -- when: stage and offset --
-    stage = {t: (m.NewConstant(problem.frozen_stage[t]) if t in problem.frozen_stage
-                 else m.NewIntVar(0, D - 1, f"stage[{t}]")) for t in names}
-    offset = {t: m.NewIntVar(0, ii - 1, f"offset[{t}]") for t in names}
-    start = {t: ii * stage[t] + offset[t] for t in names}
+        self.m = cp_model.CpModel()
+        self.problem, self.ii = problem, ii
+        self.names = problem.names
+        self.D = problem.max_depth
+        self.dur = {t: problem.dur(t) for t in self.names}
+        self.horizon = ii * (self.D + 1) + sum(self.dur.values()) + sum(problem.ddur(t) for t in self.names)
+        self.dev_start: Dict[str, Any] = {}
 
-    # -- where: thread group (frozen names first, then free slots) --
-    fixed = sorted(set(problem.frozen_group.values()))
-    n_slots = max(len(fixed), min(problem.max_threads, len(names)))
-    slots = fixed + [f"g{j}" for j in range(n_slots - len(fixed))]
-    in_group: Dict[Tuple[str, int], Any] = {}
-    free_rank = 0
-    for t in names:
-        for j in range(n_slots):
-            in_group[t, j] = m.NewBoolVar(f"in_group[{t},{slots[j]}]")
-        if t in problem.frozen_group:
-            for j in range(n_slots):
-                m.Add(in_group[t, j] == int(slots[j] == problem.frozen_group[t]))
-        else:
-            # symmetry: the k-th free task may open at most free slot k
-            for j in range(len(fixed) + free_rank + 1, n_slots):
-                m.Add(in_group[t, j] == 0)
-            free_rank += 1
-        m.AddExactlyOne(in_group[t, j] for j in range(n_slots))
-
-    # -- where: stream (a choice only on CUDA) --
-    streams: List[Any] = []
-    for t in names:
-        for s in problem.stream_choices[t]:
-            if s not in streams:
-                streams.append(s)
-    in_stream: Dict[Tuple[str, int], Any] = {}
-    for t in names:
-        for k, s in enumerate(streams):
-            if s in problem.stream_choices[t]:
-                in_stream[t, k] = m.NewBoolVar(f"in_stream[{t},{stream_name(s)}]")
-        m.AddExactlyOne(v for (tt, _), v in in_stream.items() if tt == t)
-
-    def circular(name: str, off: Any, size: int, present: Any = None) -> List[Any]:
+    def circular(self, name: str, off: Any, size: int, present: Any = None) -> List[Any]:
         """The interval at ``off`` and its copy one period later (both or neither present)."""
+        m, ii = self.m, self.ii
         if size <= 0:
             return []
         if present is None:
@@ -205,95 +167,172 @@ def _build(problem: Problem, ii: int, hint: Optional[dict], optimise: bool) -> _
         return [m.NewOptionalFixedSizeIntervalVar(off, size, present, f"{name}"),
                 m.NewOptionalFixedSizeIntervalVar(off + ii, size, present, f"{name}+II")]
 
-    # -- threads, sequencer: host intervals on circles of length II --
-    for j in range(n_slots):
-        m.AddNoOverlap([iv for t in names for iv in circular(f"thread[{t},{slots[j]}]", offset[t], dur[t], in_group[t, j])])
-    ordered = [t for t in names if t in problem.ordered]
-    if len(ordered) > 1:
-        m.AddNoOverlap([iv for t in ordered for iv in circular(f"sequencer[{t}]", offset[t], dur[t])])
+    def when(self) -> None:
+        """Stage and offset of every task; its host start is ``II * stage + offset``."""
+        m, p = self.m, self.problem
+        self.stage = {t: (m.NewConstant(p.frozen_stage[t]) if t in p.frozen_stage
+                          else m.NewIntVar(0, self.D - 1, f"stage[{t}]")) for t in self.names}
+        self.offset = {t: m.NewIntVar(0, self.ii - 1, f"offset[{t}]") for t in self.names}
+        self.start = {t: self.ii * self.stage[t] + self.offset[t] for t in self.names}
 
-    # -- device part (CUDA) --
-    # A task's device part is submitted to its stream when its host part ends and runs in
-    # submission order (a FIFO), after the device parts it depends on. In window coordinates
-    # (the period in which it was submitted): sub_off in [0, II) and dev_rel = sub_off + lag.
-    dev_start: Dict[str, Any] = {}
-    shared_off: Dict[str, Any] = dict(offset)
-    shared_size: Dict[str, int] = dict(dur)
-    if problem.cuda:
+    def thread_groups(self) -> None:
+        """Each task in exactly one group slot (frozen names first, then free slots, symmetry broken)."""
+        m, p, names = self.m, self.problem, self.names
+        fixed = sorted(set(p.frozen_group.values()))
+        n_slots = max(len(fixed), min(p.max_threads, len(names)))
+        self.slots = fixed + [f"g{j}" for j in range(n_slots - len(fixed))]
+        self.in_group: Dict[Tuple[str, int], Any] = {}
+        free_rank = 0
+        for t in names:
+            for j in range(n_slots):
+                self.in_group[t, j] = m.NewBoolVar(f"in_group[{t},{self.slots[j]}]")
+            if t in p.frozen_group:
+                for j in range(n_slots):
+                    m.Add(self.in_group[t, j] == int(self.slots[j] == p.frozen_group[t]))
+            else:
+                # symmetry: the k-th free task may open at most free slot k
+                for j in range(len(fixed) + free_rank + 1, n_slots):
+                    m.Add(self.in_group[t, j] == 0)
+                free_rank += 1
+            m.AddExactlyOne(self.in_group[t, j] for j in range(n_slots))
+
+    def streams(self) -> None:
+        """Each task on exactly one of its stream choices (a choice only on CUDA)."""
+        self.stream_list: List[Any] = []
+        for t in self.names:
+            for s in self.problem.stream_choices[t]:
+                if s not in self.stream_list:
+                    self.stream_list.append(s)
+        self.in_stream: Dict[Tuple[str, int], Any] = {}
+        for t in self.names:
+            for k, s in enumerate(self.stream_list):
+                if s in self.problem.stream_choices[t]:
+                    self.in_stream[t, k] = self.m.NewBoolVar(f"in_stream[{t},{stream_name(s)}]")
+            self.m.AddExactlyOne(v for (tt, _), v in self.in_stream.items() if tt == t)
+
+    def host_resources(self) -> None:
+        """Threads and the sequencer: host intervals on circles of length II."""
+        m, names = self.m, self.names
+        for j in range(len(self.slots)):
+            m.AddNoOverlap([iv for t in names for iv in self.circular(f"thread[{t},{self.slots[j]}]", self.offset[t],
+                                                                      self.dur[t], self.in_group[t, j])])
+        ordered = [t for t in names if t in self.problem.ordered]
+        if len(ordered) > 1:
+            m.AddNoOverlap([iv for t in ordered for iv in self.circular(f"sequencer[{t}]", self.offset[t], self.dur[t])])
+
+    def device_parts(self) -> None:
+        """CUDA: device parts submitted when the host part ends, FIFO per stream and per communicator.
+
+        In window coordinates (the period in which it was submitted): ``sub_off`` in
+        ``[0, II)`` and ``dev_rel = sub_off + lag``.
+        """
+        m, p, ii, names = self.m, self.problem, self.ii, self.names
+        self.shared_off: Dict[str, Any] = dict(self.offset)
+        self.shared_size: Dict[str, int] = dict(self.dur)
+        if not p.cuda:
+            return
         sub_turn, sub_off, dev_rel = {}, {}, {}
         for t in names:
-            sub_turn[t] = m.NewIntVar(0, D + 1, f"submit_turn[{t}]")
+            sub_turn[t] = m.NewIntVar(0, self.D + 1, f"submit_turn[{t}]")
             sub_off[t] = m.NewIntVar(0, ii - 1, f"submit_offset[{t}]")
-            m.Add(ii * sub_turn[t] + sub_off[t] == start[t] + dur[t])
-            lag = m.NewIntVar(0, horizon, f"device_lag[{t}]")
+            m.Add(ii * sub_turn[t] + sub_off[t] == self.start[t] + self.dur[t])
+            lag = m.NewIntVar(0, self.horizon, f"device_lag[{t}]")
             dev_rel[t] = sub_off[t] + lag
-            dev_start[t] = ii * sub_turn[t] + dev_rel[t]
-        fifo_pairs = {}
+            self.dev_start[t] = ii * sub_turn[t] + dev_rel[t]
         for a, b in itertools.combinations(names, 2):
-            shared_streams = [k for k in range(len(streams)) if (a, k) in in_stream and (b, k) in in_stream]
-            same_comm = problem.comm[a] is not None and problem.comm[a] == problem.comm[b]
+            shared_streams = [k for k in range(len(self.stream_list))
+                              if (a, k) in self.in_stream and (b, k) in self.in_stream]
+            same_comm = p.comm[a] is not None and p.comm[a] == p.comm[b]
             if not shared_streams and not same_comm:
                 continue
             first = m.NewBoolVar(f"submitted_first[{a},{b}]")
             m.Add(sub_off[a] <= sub_off[b]).OnlyEnforceIf(first)
             m.Add(sub_off[b] <= sub_off[a]).OnlyEnforceIf(first.Not())
-            conds = [[in_stream[a, k], in_stream[b, k]] for k in shared_streams] + ([[]] if same_comm else [])
+            conds = [[self.in_stream[a, k], self.in_stream[b, k]] for k in shared_streams] + ([[]] if same_comm else [])
             for cond in conds:
                 # a then b in one window, and b before a of the next window (and the converse)
-                m.Add(dev_rel[b] >= dev_rel[a] + problem.ddur(a)).OnlyEnforceIf([first] + cond)
-                m.Add(dev_rel[a] + ii >= dev_rel[b] + problem.ddur(b)).OnlyEnforceIf([first] + cond)
-                m.Add(dev_rel[a] >= dev_rel[b] + problem.ddur(b)).OnlyEnforceIf([first.Not()] + cond)
-                m.Add(dev_rel[b] + ii >= dev_rel[a] + problem.ddur(a)).OnlyEnforceIf([first.Not()] + cond)
-            fifo_pairs[a, b] = first
-        pcie = [t for t in names if t in problem.pcie]
-        for t in pcie:
-            # PCIe copies take turns in any order: a circular NoOverlap on their device offsets
-            turn = m.NewIntVar(0, horizon // ii + 2, f"pcie_turn[{t}]")
-            off = m.NewIntVar(0, ii - 1, f"pcie_offset[{t}]")
-            m.Add(ii * turn + off == dev_start[t])
-            shared_off[t], shared_size[t] = off, problem.ddur(t)
-
-    # -- communicators (CPU: any order on host time) and PCIe serialise --
-    groups: Dict[tuple, List[str]] = {}
-    for t in names:
-        if problem.comm[t] is not None and not problem.cuda:
-            groups.setdefault(("comm", problem.comm[t]), []).append(t)
-        if t in problem.pcie:
-            groups.setdefault(("pcie",), []).append(t)
-    for key, members in groups.items():
-        if len(members) > 1:
-            m.AddNoOverlap([iv for t in members for iv in circular(f"{key}[{t}]", shared_off[t], shared_size[t])])
-
-    # -- dependencies (intra distance 0, inter distance N) --
-    for t in names:
-        for d, n in problem.preds(t):
-            m.Add(start[t] >= start[d] + dur[d] - ii * n)
-            if problem.cuda:
-                m.Add(dev_start[t] >= dev_start[d] + problem.ddur(d) - ii * n)
-
-    # -- progress barrier: period p + depth waits until iteration p has retired --
-    iter_end = m.NewIntVar(0, horizon, "iter_end")
-    for t in names:
-        m.Add(iter_end >= start[t] + dur[t])
-    depth_minus_1 = m.NewIntVar(0, D - 1, "depth_minus_1")
-    m.AddMaxEquality(depth_minus_1, [stage[t] for t in names])
-    for t in names:
-        m.Add(offset[t] >= iter_end - ii * (depth_minus_1 + 1))
-
-    if optimise:
-        # at the best period: fewest batches in flight (memory), then the shortest iteration
-        m.Minimize(depth_minus_1 * (horizon + 1) + iter_end)
-
-    if hint:
+                m.Add(dev_rel[b] >= dev_rel[a] + p.ddur(a)).OnlyEnforceIf([first] + cond)
+                m.Add(dev_rel[a] + ii >= dev_rel[b] + p.ddur(b)).OnlyEnforceIf([first] + cond)
+                m.Add(dev_rel[a] >= dev_rel[b] + p.ddur(b)).OnlyEnforceIf([first.Not()] + cond)
+                m.Add(dev_rel[b] + ii >= dev_rel[a] + p.ddur(a)).OnlyEnforceIf([first.Not()] + cond)
         for t in names:
-            if t not in problem.frozen_stage and t in hint.get("stage", {}):
-                m.AddHint(stage[t], min(D - 1, hint["stage"][t]))
+            if t in p.pcie:
+                # PCIe copies take turns in any order: a circular NoOverlap on their device offsets
+                turn = m.NewIntVar(0, self.horizon // ii + 2, f"pcie_turn[{t}]")
+                off = m.NewIntVar(0, ii - 1, f"pcie_offset[{t}]")
+                m.Add(ii * turn + off == self.dev_start[t])
+                self.shared_off[t], self.shared_size[t] = off, p.ddur(t)
+
+    def shared_resources(self) -> None:
+        """Communicators (CPU: any order on host time) and PCIe serialise."""
+        p = self.problem
+        groups: Dict[str, List[str]] = {}
+        for t in self.names:
+            for key in p.tags(t):
+                if key == "pcie" or not p.cuda:  # on CUDA communicators are FIFOs (device_parts)
+                    groups.setdefault(key, []).append(t)
+        for key, members in groups.items():
+            if len(members) > 1:
+                self.m.AddNoOverlap([iv for t in members
+                                     for iv in self.circular(f"{key}[{t}]", self.shared_off[t], self.shared_size[t])])
+
+    def dependencies(self) -> None:
+        """Every dependency (intra distance 0, inter distance N), on the host and on the device."""
+        p, ii = self.problem, self.ii
+        for t in self.names:
+            for d, n in p.preds(t):
+                self.m.Add(self.start[t] >= self.start[d] + self.dur[d] - ii * n)
+                if p.cuda:
+                    self.m.Add(self.dev_start[t] >= self.dev_start[d] + p.ddur(d) - ii * n)
+
+    def barrier(self) -> None:
+        """The progress barrier: period ``p + depth`` waits until iteration ``p`` has retired."""
+        m, names = self.m, self.names
+        self.iter_end = m.NewIntVar(0, self.horizon, "iter_end")
+        for t in names:
+            m.Add(self.iter_end >= self.start[t] + self.dur[t])
+        self.depth_minus_1 = m.NewIntVar(0, self.D - 1, "depth_minus_1")
+        m.AddMaxEquality(self.depth_minus_1, [self.stage[t] for t in names])
+        for t in names:
+            m.Add(self.offset[t] >= self.iter_end - self.ii * (self.depth_minus_1 + 1))
+
+    def objective(self) -> None:
+        """At the best period: fewest batches in flight (memory), then the shortest iteration."""
+        self.m.Minimize(self.depth_minus_1 * (self.horizon + 1) + self.iter_end)
+
+    def hints(self, hint: dict) -> None:
+        """Start from a known plan (the beam's best)."""
+        p = self.problem
+        for t in self.names:
+            if t not in p.frozen_stage and t in hint.get("stage", {}):
+                self.m.AddHint(self.stage[t], min(self.D - 1, hint["stage"][t]))
             if t in hint.get("offset", {}):
-                m.AddHint(offset[t], min(ii - 1, max(0, hint["offset"][t])))
-            if t in hint.get("slot", {}) and t not in problem.frozen_group:
-                for j in range(n_slots):
-                    m.AddHint(in_group[t, j], int(j == hint["slot"][t]))
-    return _Model(m, ii, stage, offset, in_group, in_stream, slots, streams, depth_minus_1, iter_end)
+                self.m.AddHint(self.offset[t], min(self.ii - 1, max(0, hint["offset"][t])))
+            if t in hint.get("slot", {}) and t not in p.frozen_group:
+                for j in range(len(self.slots)):
+                    self.m.AddHint(self.in_group[t, j], int(j == hint["slot"][t]))
+
+    def model(self) -> _Model:
+        return _Model(self.m, self.ii, self.stage, self.offset, self.in_group, self.in_stream, self.slots,
+                      self.stream_list, self.depth_minus_1, self.iter_end)
+
+
+def _build(problem: Problem, ii: int, hint: Optional[dict], optimise: bool) -> _Model:
+    """The model of period ``II``: when, where, what each part holds, dependencies, barrier."""
+    b = _Builder(problem, ii)
+    b.when()
+    b.thread_groups()
+    b.streams()
+    b.host_resources()
+    b.device_parts()
+    b.shared_resources()
+    b.dependencies()
+    b.barrier()
+    if optimise:
+        b.objective()
+    if hint:
+        b.hints(hint)
+    return b.model()
 
 
 # --------------------------------------------------------------------------- solve

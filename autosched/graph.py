@@ -29,7 +29,7 @@ from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name,
 from swpipe_core.validate import validate
 
 __all__ = [
-    "task_graph",
+    "task_graph", "task_graph_deps",
     "plan_to_graph",
     "graph_to_plan",
     "period_local_graph",
@@ -126,7 +126,18 @@ def task_graph(tasks: Iterable[Any], intra_deps: Iterable[Sequence[Any]] = (),
     return graph
 
 
-def _deps_of(graph: nx.DiGraph) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str, int]]]:
+def task_graph_deps(graph: nx.DiGraph) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str, int]]]:
+    """Decode a task graph's edges into ``(task, dep)`` intra and ``(task, dep, N)`` inter dependencies.
+
+    The one edge decoder: an edge ``dep -> task`` holds every declared distance in
+    ``distances`` (else its ``distance``, 0 when absent).
+
+    Examples
+    --------
+    >>> g = task_graph(["A", "B"], intra_deps=[("B", "A")], inter_deps=[("A", "B", 2)])
+    >>> task_graph_deps(g)
+    ([('B', 'A')], [('A', 'B', 2)])
+    """
     intra, inter = [], []
     for dep, task, data in graph.edges(data=True):
         for n in data.get("distances", [data.get("distance", 0)]):
@@ -221,7 +232,7 @@ def graph_to_plan(graph: nx.DiGraph, schedule: Optional[Mapping[Any, TaskSchedul
         else:
             s = TaskSchedule()
         sched[task] = s
-    intra, inter = _deps_of(graph)
+    intra, inter = task_graph_deps(graph)
     if enqueue_order is None:
         enqueue_order = graph.graph.get("enqueue_order")
     plan = PipelinePlan(sched, intra, inter, enqueue_order=None if enqueue_order is None else list(enqueue_order),
@@ -468,7 +479,7 @@ def save_task_graph(graph: nx.DiGraph, path: PathLike) -> None:
     >>> sorted(load_task_graph(p).edges(data="distance"))
     [('A', 'B', 0), ('B', 'A', 2)]
     """
-    intra, inter = _deps_of(graph)
+    intra, inter = task_graph_deps(graph)
     doc = {"format": _GRAPH_FORMAT, "version": _VERSION, "tasks": list(graph.nodes),
            "intra_iter_deps": [list(d) for d in intra], "inter_iter_deps": [list(d) for d in inter]}
     with open(path, "w", encoding="utf-8") as fh:

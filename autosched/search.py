@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from swpipe_core.plan import PipelinePlan, stream_name
+from swpipe_core.plan import PipelinePlan
 
 from ._problem import Problem, make_problem
 
@@ -221,12 +221,8 @@ def _ms(seconds: float) -> str:
 
 
 def _plan_tables(plan: PipelinePlan, num_iterations: int) -> str:
-    try:
-        from swpipe_core.analysis import format_schedule, format_stage_analysis
-    except ImportError:  # analysis is another room's module; the summary stays useful without it
-        rows = [f"  {n:<24} stage {plan.stage(n)}  stream {plan.stream_of(n):<10} thread {plan.sched(n).thread_group}"
-                for n in plan.enqueue_order or plan.task_names]
-        return "enqueue order:\n" + "\n".join(rows)
+    from swpipe_core.analysis import format_schedule, format_stage_analysis
+
     return format_schedule(plan, num_iterations) + "\n\n" + format_stage_analysis(plan)
 
 
@@ -239,13 +235,11 @@ def _serial_period(problem: Problem) -> float:
 
 def _tasks_on(problem: Problem, plan: PipelinePlan, resource: str) -> List[str]:
     """Tasks that use a simulator resource name (``thread:<g>``, ``stream:<s>``, ``comm:<c>``, ``pcie``)."""
-    out = []
-    for n in problem.names:
-        s = plan.sched(n)
-        if (resource == f"thread:{s.thread_group}" or resource == f"stream:{stream_name(s.stream)}"
-                or resource == f"comm:{problem.comm[n]}" or (resource == "pcie" and n in problem.pcie)):
-            out.append(n)
-    return out
+    return [n for n in problem.names if resource in _holds(problem.parts(n, plan.sched(n).thread_group, plan.sched(n).stream))]
+
+
+def _holds(parts: Any) -> Tuple[str, ...]:
+    return parts.host_holds + parts.device_holds
 
 
 def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: int) -> List[Tuple[str, float]]:
@@ -274,18 +268,15 @@ def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: in
 
 def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float]) -> Tuple[float, str]:
     """The best lower bound: autosched.bounds', the model's, or CP-SAT's proof, with what sets it."""
-    value, why = model_lb_s, "resource, recurrence and depth-limited critical path bounds of the model"
-    try:
-        from .bounds import lower_bounds
-        from .graph import task_graph
+    from .bounds import lower_bounds
+    from .graph import task_graph
 
-        graph = task_graph(list(problem.names), list(problem.intra), list(problem.inter))
-        b = lower_bounds(graph, problem.costs, max_threads=problem.max_threads, max_depth=problem.max_depth,
-                         device=problem.device)
-        if float(b.value) >= value * (1 - 1e-9):
-            value, why = max(value, float(b.value)), str(b.binding)
-    except Exception as exc:  # bounds belong to another module; the model bound stands alone
-        log.debug("autosched.bounds unavailable: %s", exc)
+    value, why = model_lb_s, "resource, recurrence and depth-limited critical path bounds of the model"
+    graph = task_graph(list(problem.names), list(problem.intra), list(problem.inter))
+    b = lower_bounds(graph, problem.costs, max_threads=problem.max_threads, max_depth=problem.max_depth,
+                     device=problem.device)
+    if float(b.value) >= value * (1 - 1e-9):
+        value, why = max(value, float(b.value)), str(b.binding)
     if proven_s is not None and proven_s > value * (1 + 1e-9):
         value, why = proven_s, f"CP-SAT proof: every shorter period is infeasible (analytic bounds give {_ms(value)})"
     return value, why
@@ -355,12 +346,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     >>> plan.stage("Load"), plan.stage("Step"), round(report.period_s * 1e3, 3), report.status
     (0, 1, 3.0, 'OPTIMAL')
     """
-    from swpipe_core.validate import validate
-
-    from . import beam as beam_mod
     from .costs import as_cost_model
-    from .cpsat import model_lower_bound, solve_cpsat
-    from .simulate import simulate
 
     c = constraints or Constraints()
     if c.method not in ("auto", "cpsat", "beam"):
@@ -369,71 +355,108 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     costs = as_cost_model(costs)
     problem = make_problem(tasks_or_graph, costs, c)
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
-    final_scorer = beam_mod.sim_scorer(problem, c.num_iterations)
-
-    # 1. beam search (any size); its best plan hints CP-SAT
     # budget: beam 30% then CP-SAT up to 70% (its depth refinement may add a fifth of that), or beam 85%;
     # the depth explanation takes at most 10%
-    beam_budget = c.time_limit_s * (0.3 if use_cpsat else 0.85)
-    beam = beam_mod.beam_search(problem, width=c.beam_width, rounds=c.beam_rounds, time_limit_s=beam_budget,
+    found = _search_beam(problem, c, c.time_limit_s * (0.3 if use_cpsat else 0.85))
+    if use_cpsat:
+        _search_cpsat(problem, c, found, left_s=max(1.0, c.time_limit_s * 0.7 - (time.perf_counter() - t0)))
+    report = _judge(tasks_or_graph, costs, problem, c, found, t0)
+    return report.plan, report
+
+
+@dataclass
+class _Found:
+    """What the searchers found so far: the chosen plan, its simulated figures and how it was found."""
+
+    plan: PipelinePlan
+    period: float
+    latency: float
+    method: str
+    best: Any                                   # the beam's best Scored (hints CP-SAT)
+    scorer: Any
+    tried: Dict[str, int]
+    status: str = "HEURISTIC"
+    model_period: Optional[float] = None
+    proven: Optional[float] = None
+    solver_time: float = 0.0
+    depth_proven: bool = False
+    notes: List[str] = field(default_factory=list)
+
+
+def _search_beam(problem: Problem, c: Constraints, budget_s: float) -> _Found:
+    """Phase 1: beam search (any size), then the shallowest depth that keeps its period."""
+    from . import beam as beam_mod
+    from .bounds import recurrence_bound
+
+    scorer = beam_mod.sim_scorer(problem, c.num_iterations)
+    beam = beam_mod.beam_search(problem, width=c.beam_width, rounds=c.beam_rounds, time_limit_s=budget_s,
                                 seed=c.seed, progress=c.progress)
     best = beam.best
-    best.period, best.latency = final_scorer(best.plan)
-    shallower, _ = beam_mod.reduce_depth(problem, best, final_scorer, beam_mod.recurrence_bound(problem))
-    best = shallower
-    chosen_plan, period, latency, method = best.plan, best.period, best.latency, "beam"
+    best.period, best.latency = scorer(best.plan)
+    best, _ = beam_mod.reduce_depth(problem, best, scorer, recurrence_bound(problem))
     bc = beam.counts
     tried = {"beam candidates": bc["candidates"], "beam distinct": bc["unique"], "beam simulated": bc["simulated"],
              "beam stage vectors tried": bc["stage_enumerated"], "beam rounds": bc["rounds"]}
-    status, model_period, proven, solver_time, depth_proven = "HEURISTIC", None, None, 0.0, False
-    notes: List[str] = []
+    return _Found(best.plan, best.period, best.latency, "beam", best, scorer, tried)
 
-    # 2. CP-SAT (small graphs): exact in its model; the simulator has the last word
-    if use_cpsat:
-        left = max(1.0, c.time_limit_s * 0.7 - (time.perf_counter() - t0))
-        upper = best.ii if best.ii else int(math.ceil(best.period / problem.unit_s))
-        res = solve_cpsat(problem, time_limit_s=left, num_workers=c.num_workers, seed=c.seed, hint=best, upper=upper)
-        tried["CP-SAT solves"] = len(res.tried)
-        solver_time, proven = res.solve_time_s, res.bound_s
-        if res.plan is not None:
-            model_period = res.period_s
-            cp_period, cp_latency = final_scorer(res.plan)
-            rank = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
-            if rank(cp_period, res.plan.pipeline_depth, cp_latency) <= rank(period, chosen_plan.pipeline_depth, latency):
-                chosen_plan, period, latency, method = res.plan, cp_period, cp_latency, "cpsat"
-                depth_proven = res.refined == "OPTIMAL"
-            elif round(cp_period / problem.unit_s, 3) > round(period / problem.unit_s, 3):
-                notes.append(f"CP-SAT's plan simulates at {_ms(cp_period)}, the beam's at {_ms(period)}: "
-                             f"the model approximates {problem.device} semantics")
-            else:
-                notes.append("CP-SAT's plan ties on period; the beam's needs less depth or latency")
-        status = res.status if res.plan is not None else "HEURISTIC"
-        if status == "OPTIMAL" and period > res.period_s * (1 + 1e-6) + problem.unit_s:
-            status = "FEASIBLE"
 
-    # 3. judge the chosen plan with the simulator, and say why
-    validate(chosen_plan)
-    sim = simulate(chosen_plan, problem.costs, num_iterations=c.num_iterations, device=problem.device)
+def _search_cpsat(problem: Problem, c: Constraints, found: _Found, left_s: float) -> None:
+    """Phase 2 (small graphs): CP-SAT, exact in its model, hinted by the beam; the simulator has the last word."""
+    from .cpsat import solve_cpsat
+
+    best = found.best
+    upper = best.ii if best.ii else int(math.ceil(best.period / problem.unit_s))
+    res = solve_cpsat(problem, time_limit_s=left_s, num_workers=c.num_workers, seed=c.seed, hint=best, upper=upper)
+    found.tried["CP-SAT solves"] = len(res.tried)
+    found.solver_time, found.proven = res.solve_time_s, res.bound_s
+    if res.plan is not None:
+        found.model_period = res.period_s
+        cp_period, cp_latency = found.scorer(res.plan)
+        rank = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
+        if rank(cp_period, res.plan.pipeline_depth, cp_latency) <= rank(found.period, found.plan.pipeline_depth,
+                                                                         found.latency):
+            found.plan, found.period, found.latency, found.method = res.plan, cp_period, cp_latency, "cpsat"
+            found.depth_proven = res.refined == "OPTIMAL"
+        elif round(cp_period / problem.unit_s, 3) > round(found.period / problem.unit_s, 3):
+            found.notes.append(f"CP-SAT's plan simulates at {_ms(cp_period)}, the beam's at {_ms(found.period)}: "
+                               f"the model approximates {problem.device} semantics")
+        else:
+            found.notes.append("CP-SAT's plan ties on period; the beam's needs less depth or latency")
+    found.status = res.status if res.plan is not None else "HEURISTIC"
+    if found.status == "OPTIMAL" and found.period > res.period_s * (1 + 1e-6) + problem.unit_s:
+        found.status = "FEASIBLE"
+
+
+def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, found: _Found,
+           t0: float) -> SearchReport:
+    """Phase 3: simulate the chosen plan, bound it, and say why it is what it is."""
+    from swpipe_core.validate import validate
+
+    from .cpsat import model_lower_bound
+    from .simulate import simulate
+
+    plan = found.plan
+    validate(plan)
+    sim = simulate(plan, problem.costs, num_iterations=c.num_iterations, device=problem.device)
     period, latency = float(sim.period), float(sim.latency)
-    lb, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, proven)
+    lb, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, found.proven)
     lb = min(lb, period)
-    gap = 100.0 * (period / lb - 1.0) if lb > 0 else 0.0
     remaining = c.time_limit_s - (time.perf_counter() - t0)
-    depth_reason = _depth_reason(tasks_or_graph, costs, c, chosen_plan.pipeline_depth, period, depth_proven,
+    depth_reason = _depth_reason(tasks_or_graph, costs, c, plan.pipeline_depth, period, found.depth_proven,
                                  budget_s=max(0.5, min(3.0, 0.1 * c.time_limit_s, remaining)))
     baseline = None
     if problem.base_plan is not None:
         try:
-            baseline = final_scorer(problem.base_plan)[0]
+            baseline = found.scorer(problem.base_plan)[0]
         except Exception as exc:  # an input plan outside the engine's rules has no baseline
-            notes.append(f"input plan could not be simulated as given: {exc}")
-    report = SearchReport(
-        plan=chosen_plan, period_s=period, latency_s=latency, lower_bound_s=lb, gap_pct=gap, binding=str(sim.binding),
-        bound_binding=bound_why, depth=chosen_plan.pipeline_depth, max_depth=problem.max_depth,
-        depth_reason=depth_reason, threads=len({chosen_plan.sched(n).thread_group for n in chosen_plan.task_names}),
-        method=method, status=status, model_period_s=model_period, proven_bound_s=proven, solver_time_s=solver_time,
-        search_time_s=time.perf_counter() - t0, tried=tried, device=problem.device,
-        serial_period_s=_serial_period(problem), baseline_period_s=baseline, utilisation=dict(sim.utilisation),
-        what_if=_what_ifs(problem, chosen_plan, sim, c.num_iterations), notes=notes,
+            found.notes.append(f"input plan could not be simulated as given: {exc}")
+    return SearchReport(
+        plan=plan, period_s=period, latency_s=latency, lower_bound_s=lb,
+        gap_pct=100.0 * (period / lb - 1.0) if lb > 0 else 0.0, binding=str(sim.binding),
+        bound_binding=bound_why, depth=plan.pipeline_depth, max_depth=problem.max_depth,
+        depth_reason=depth_reason, threads=len({plan.sched(n).thread_group for n in plan.task_names}),
+        method=found.method, status=found.status, model_period_s=found.model_period, proven_bound_s=found.proven,
+        solver_time_s=found.solver_time, search_time_s=time.perf_counter() - t0, tried=found.tried,
+        device=problem.device, serial_period_s=_serial_period(problem), baseline_period_s=baseline,
+        utilisation=dict(sim.utilisation), what_if=_what_ifs(problem, plan, sim, c.num_iterations), notes=found.notes,
     )
-    return chosen_plan, report

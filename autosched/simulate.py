@@ -1,84 +1,40 @@
-"""Discrete-event simulation of the engine's execution semantics (ARCHITECTURE.md, "Execution semantics").
+"""Discrete-event simulation of the engine's execution contract.
 
-What is modelled, exactly as the engine does it:
-
-* **Main thread.** ``fill_pipeline`` enqueues periods ``0 .. depth-1`` at time 0;
-  each ``progress()`` waits until the oldest in-flight iteration has completed
-  on the CPU side (every task's CPU signal set), then enqueues the next period.
-  Period ``p`` runs every task ``T`` on iteration ``p - stage(T)``. The main
-  thread costs nothing unless ``period_overhead_s`` is given.
-* **Thread groups.** One worker per group takes tasks from its FIFO queue in
-  enqueue order. A taken task holds the worker while it waits: Phase 1, the
-  CPU signals of its dependencies for the iterations they concern; then, if
-  ``globally_ordered``, its sequencer turn (tickets in enqueue order; the
-  turn is held while the task's host part runs). Its host time runs on the
-  thread; its CPU signal is set at the end of the host part.
-* **Devices (``device="cuda"``).** At the end of its host part a task's device
-  part is submitted to its stream, a FIFO; it starts after the work ahead of
-  it on that stream and after the device completion of every dependency
-  (``wait_event``). CPU completion is not device completion: ``progress()``
-  waits CPU signals only. A task without device time still records an event
-  on its stream, so it completes when the stream reaches it.
-* **CPU (``device="cpu"``).** A stream is only a name; a task's whole cost
-  (``host_s + device_s``) is host time on its thread.
-* **Resources.** Tasks tagged ``comm:<name>`` serialise on that communicator
-  (on CUDA in submission order, even across streams); tasks tagged ``pcie``
-  run one at a time (the same total bus time as fair sharing).
+The contract (periods and stages, the main thread with its caller group and
+device-lag bound, FIFO thread groups, Phase 1 waits, the sequencer, streams
+and events, what ``host_s``/``device_s``/resources mean) is written once in
+docs/semantics.md; this module runs it with one heap of timed events and
+integers for every (task, iteration).
 
 The result has every (task, iteration) on its thread and stream
 (:class:`~swpipe_core.trace.TimelineEvent`), the steady-state period, each
 iteration's latency (from its batch entering the pipeline to its completion),
-utilisation and idle time per thread group, stream, communicator and PCIe,
-what made each task wait (its binding dependency, FIFO, sequencer or
-resource), and the critical cycle: the chain of binding waits that repeats
-every iteration in steady state. The simulation is deterministic. A run too
-short to show the steady state (a queue that grows slowly binds only after
-many iterations) is lengthened until its period reaches the busiest
-resource's work per iteration, which no steady state beats.
+utilisation and idle time per resource, what made each task wait, and the
+critical cycle: the chain of binding waits that repeats every iteration in
+steady state. The simulation is deterministic. A run too short to show the
+steady state (a queue that grows slowly binds only after many iterations) is
+lengthened until its period reaches the busiest resource's load, which no
+steady state beats.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from swpipe_core.order import enqueue_order
-from swpipe_core.plan import PipelinePlan, ref_name
+from swpipe_core.plan import PipelinePlan
 from swpipe_core.trace import TimelineEvent, to_chrome_trace, write_chrome_trace
 from swpipe_core.validate import validate
 
 from .costs import CostModel, as_cost_model
+from ._simcore import SimDeadlock, Stall, _Sim
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
-_HOST_END, _DEV_END, _ENQUEUE = 0, 1, 2
 _MIN_WINDOW = 8  # iterations in the steady-state window before the run is lengthened
 _LOAD_RTOL = 1e-9  # a period this much (relative) below the busiest resource's load is rounding, not a transient
 _MAX_TASK_ITERATIONS = 200_000
-
-
-class SimDeadlock(RuntimeError):
-    """The simulated plan stopped making progress (every worker waits on something that never comes)."""
-
-
-class Stall(NamedTuple):
-    """One wait of one task instance.
-
-    ``part`` is ``"host"`` (waiting on its thread) or ``"device"`` (waiting on its
-    stream); ``cause`` names what it waited for: ``"fifo:<group>"`` (queued behind
-    earlier tasks of its thread group), ``"dep:<task>"`` / ``"dep:<task>[i-N]"``
-    (a CPU signal), ``"sequencer"``, ``"comm:<name>"``, ``"pcie"``,
-    ``"stream:<name>"`` (device FIFO) or ``"event:<task>"`` (a device event).
-    """
-
-    task: str
-    iteration: int
-    part: str
-    cause: str
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -263,379 +219,21 @@ class SimResult:
         return pd.DataFrame([e.__dict__ for e in self.events])
 
 
-# -- the simulation -----------------------------------------------------------------------------------------------
-
-
-class _Sim:
-    """State of one simulation run: integers and flat lists everywhere, one heap of events.
-
-    A task instance ``(task k, iteration i)`` is the integer ``k * n + i``; its host
-    part is op ``inst`` and its device part op ``T * n + inst``. For every op the
-    binding predecessor (the op whose end let it start) and the kind of that wait
-    are kept, which is what :func:`_critical_cycle` walks back.
-    """
-
-    def __init__(self, plan: PipelinePlan, costs: CostModel, n: int, cuda: bool,
-                 task_overhead_s: float, period_overhead_s: float) -> None:
-        self.n, self.cuda = n, cuda
-        names = plan.task_names
-        self.names = names
-        idx = {name: k for k, name in enumerate(names)}
-        self.order = [idx[name] for name in enqueue_order(plan)]
-        sched = [plan.sched(name) for name in names]
-        self.stage = [s.stage for s in sched]
-        self.depth = plan.pipeline_depth
-        self.group_names = sorted({s.thread_group for s in sched})
-        self.thread = [self.group_names.index(s.thread_group) for s in sched]
-        self.thread_label = [f"thread:{g}" for g in self.group_names]
-        self.fifo_label = [f"fifo:{g}" for g in self.group_names]
-        self.stream_names = sorted({plan.stream_of(name) for name in names})
-        self.stream = [self.stream_names.index(plan.stream_of(name)) for name in names]
-        self.stream_label = [f"stream:{st}" for st in self.stream_names]
-        self.seqd = [bool(s.globally_ordered) for s in sched]
-        tc = [costs[name] for name in names]
-        if cuda:
-            self.host = [c.host_s + task_overhead_s for c in tc]
-            self.dev = [c.device_s for c in tc]
-        else:
-            self.host = [c.cpu_s + task_overhead_s for c in tc]
-            self.dev = [0.0] * len(tc)
-        self.res_names = sorted({r for c in tc for r in c.resources})
-        self.res = [tuple(self.res_names.index(r) for r in c.resources) for c in tc]
-        self.comm = [r.startswith("comm:") for r in self.res_names]
-        self.period_overhead = period_overhead_s
-        # deps[k]: (dep task, distance, label of the CPU-signal wait, label of the device-event wait)
-        self.deps: List[List[Tuple[int, int, str, str]]] = [[] for _ in names]
-        for t, d in plan.intra_edges():
-            self.deps[idx[t]].append((idx[d], 0, f"dep:{d}", f"event:{d}"))
-        for t, d, dist in plan.inter_edges():
-            self.deps[idx[t]].append((idx[d], dist, f"dep:{d}[i-{dist}]", f"event:{d}[i-{dist}]"))
-        T = self.T = len(names)
-        N = T * n
-        self.host_start = [-1.0] * N
-        self.host_end = [-1.0] * N
-        self.dev_start = [-1.0] * N
-        self.dev_end = [-1.0] * N
-        self.enq = [-1.0] * N
-        self.enq_pred = [-1] * N
-        self.ticket: Dict[int, int] = {}
-        self.pred_op = [-1] * (2 * N)
-        self.pred_kind: List[str] = [""] * (2 * N)
-        self.stalls: List[Stall] = []
-        self.events_host: List[Tuple[int, float, float]] = []
-        self.events_dev: List[Tuple[int, float, float]] = []
-        G = len(self.group_names)
-        self.queue: List[deque] = [deque() for _ in range(G)]
-        self.cur = [-1] * G
-        self.busy = [False] * G
-        self.free_t = [0.0] * G
-        self.free_op = [-1] * G
-        S = len(self.stream_names)
-        self.squeue: List[deque] = [deque() for _ in range(S)]
-        self.sbusy = [False] * S
-        self.sfree_t = [0.0] * S
-        self.sfree_op = [-1] * S
-        self.running = [-1] * S
-        R = len(self.res_names)
-        self.rbusy = [False] * R
-        self.rfree_t = [0.0] * R
-        self.rfree_op = [-1] * R
-        self.rwait: List[List[Tuple[bool, int]]] = [[] for _ in range(R)]
-        self.rqueue: List[deque] = [deque() for _ in range(R)]  # CUDA: submission order per communicator
-        self.waiters: Dict[int, List[int]] = {}   # CPU signal -> waiting thread groups
-        self.dwaiters: Dict[int, List[int]] = {}  # device event -> waiting streams
-        self.seq_next = 0
-        self.seq_issued = 0
-        self.seq_free_t = 0.0
-        self.seq_free_op = -1
-        self.seq_waiter: Dict[int, int] = {}
-        self.remaining = [T] * n
-        self.cpu_done = [-1.0] * n
-        self.retire_op = [-1] * n
-        self.next_retire = 0
-        self.main_t = 0.0
-        self.entry = [-1.0] * n
-        self.heap: List[Tuple[float, int, int, int]] = []
-        self.counter = 0
-
-    def busiest_load(self) -> float:
-        """Seconds per iteration that the busiest resource must work: no steady period is shorter.
-
-        Every iteration runs every task once, so each thread group, stream (CUDA),
-        communicator, PCIe, the sequencer and the main thread (``period_overhead_s``
-        per period) is held this long per iteration, whatever the order.
-        """
-        thread = [0.0] * len(self.group_names)
-        stream = [0.0] * len(self.stream_names)
-        res = [0.0] * len(self.res_names)
-        sequencer = 0.0
-        for k in range(self.T):
-            thread[self.thread[k]] += self.host[k]
-            stream[self.stream[k]] += self.dev[k]  # 0 on CPU, where a stream is only a name
-            held = self.dev[k] if self.cuda else self.host[k]  # a resource is held by the part that uses it
-            for r in self.res[k]:
-                res[r] += held
-            if self.seqd[k]:
-                sequencer += self.host[k]
-        return max(thread + stream + res + [sequencer, self.period_overhead])
-
-    def push(self, t: float, kind: int, arg: int) -> None:
-        self.counter += 1
-        heapq.heappush(self.heap, (t, self.counter, kind, arg))
-
-    def run(self) -> None:
-        total_periods = self.n + self.depth - 1
-        for p in range(min(self.depth, total_periods)):
-            self.main_t += self.period_overhead
-            self.push(self.main_t, _ENQUEUE, p)
-        heap = self.heap
-        pop = heapq.heappop
-        while heap:
-            t, _, kind, arg = pop(heap)
-            if kind == _HOST_END:
-                self.host_done(arg, t)
-            elif kind == _DEV_END:
-                self.dev_done(arg, t)
-            else:
-                self.enqueue(arg, t)
-        if self.next_retire < self.n or (self.cuda and min(self.dev_end) < 0):
-            raise SimDeadlock(self.describe_block())
-
-    def describe_block(self) -> str:
-        parts = []
-        for g, inst in enumerate(self.cur):
-            if inst >= 0:
-                k, i = divmod(inst, self.n)
-                parts.append(f"thread {self.group_names[g]} holds {self.names[k]}(iter {i})")
-        for s, q in enumerate(self.squeue):
-            if q:
-                k, i = divmod(q[0], self.n)
-                parts.append(f"stream {self.stream_names[s]} head {self.names[k]}(iter {i})")
-        return (f"the simulated plan stopped at iteration {self.next_retire}: "
-                + ("; ".join(parts) or "nothing is runnable")
-                + ". validate(plan) should have rejected it; please report this plan")
-
-    def enqueue(self, p: int, t: float) -> None:
-        n = self.n
-        pred = self.retire_op[p - self.depth] if p >= self.depth else -1
-        touched: List[int] = []
-        if 0 <= p < n:
-            self.entry[p] = t
-        for k in self.order:
-            i = p - self.stage[k]
-            if 0 <= i < n:
-                inst = k * n + i
-                self.enq[inst] = t
-                self.enq_pred[inst] = pred
-                if self.seqd[k]:
-                    self.ticket[inst] = self.seq_issued
-                    self.seq_issued += 1
-                g = self.thread[k]
-                self.queue[g].append(inst)
-                if g not in touched:
-                    touched.append(g)
-        for g in touched:
-            self.try_host(g, t)
-
-    # -- host side --
-
-    def try_host(self, g: int, now: float) -> None:
-        """Start the task at the head of thread ``g`` if Phase 1, the sequencer and resources allow."""
-        if self.busy[g]:
-            return
-        inst = self.cur[g]
-        if inst < 0:
-            if not self.queue[g]:
-                return
-            inst = self.queue[g].popleft()
-            self.cur[g] = inst
-        n = self.n
-        k, i = divmod(inst, n)
-        host_end = self.host_end
-        for d, dist, _, _ in self.deps[k]:
-            j = i - dist
-            if j >= 0 and host_end[d * n + j] < 0:
-                self.waiters.setdefault(d * n + j, []).append(g)
-                return
-        if self.seqd[k] and self.ticket[inst] != self.seq_next:
-            self.seq_waiter[self.ticket[inst]] = g
-            return
-        res = self.res[k] if not self.cuda else ()
-        for r in res:
-            if self.rbusy[r]:
-                if (True, g) not in self.rwait[r]:
-                    self.rwait[r].append((True, g))
-                return
-        for r in res:
-            self.rbusy[r] = True
-        self.start_host(g, inst, k, i, res, now)
-
-    def start_host(self, g: int, inst: int, k: int, i: int, res: Tuple[int, ...], now: float) -> None:
-        n = self.n
-        self.busy[g] = True
-        self.host_start[inst] = now
-        # the binding wait is the latest constraint; on ties: dep > sequencer > resource > thread > barrier
-        enq = self.enq[inst]
-        bt, bop, bkind = enq, self.enq_pred[inst], "barrier"
-        ft = self.free_t[g]
-        if ft >= bt:
-            bt, bop, bkind = ft, self.free_op[g], self.thread_label[g]
-        fifo_end = bt
-        for r in res:
-            if self.rfree_t[r] >= bt:
-                bt, bop, bkind = self.rfree_t[r], self.rfree_op[r], self.res_names[r]
-        if self.seqd[k] and self.seq_free_t >= bt:
-            bt, bop, bkind = self.seq_free_t, self.seq_free_op, "sequencer"
-        host_end = self.host_end
-        for d, dist, label, _ in self.deps[k]:
-            j = i - dist
-            if j >= 0 and host_end[d * n + j] >= bt:
-                bt, bop, bkind = host_end[d * n + j], d * n + j, label
-        self.pred_op[inst] = bop
-        self.pred_kind[inst] = bkind
-        if fifo_end > enq:
-            self.stalls.append(Stall(self.names[k], i, "host", self.fifo_label[g], fifo_end - enq))
-        if now > fifo_end:
-            self.stalls.append(Stall(self.names[k], i, "host", bkind, now - fifo_end))
-        self.push(now + self.host[k], _HOST_END, g)
-
-    def host_done(self, g: int, t: float) -> None:
-        inst = self.cur[g]
-        n = self.n
-        k, i = divmod(inst, n)
-        self.host_end[inst] = t
-        self.events_host.append((inst, self.host_start[inst], t))
-        self.cur[g] = -1
-        self.busy[g] = False
-        self.free_t[g] = t
-        self.free_op[g] = inst
-        wake_threads = self.waiters.pop(inst, [])
-        if self.seqd[k]:
-            self.seq_next += 1
-            self.seq_free_t = t
-            self.seq_free_op = inst
-            w = self.seq_waiter.pop(self.seq_next, None)
-            if w is not None:
-                wake_threads.append(w)
-        if not self.cuda:
-            for r in self.res[k]:
-                self.rbusy[r] = False
-                self.rfree_t[r] = t
-                self.rfree_op[r] = inst
-                wake_threads.extend(x for _, x in self.rwait[r])
-                self.rwait[r] = []
-        else:
-            # the device part is submitted when the host part ends
-            self.squeue[self.stream[k]].append(inst)
-            for r in self.res[k]:
-                if self.comm[r]:
-                    self.rqueue[r].append(inst)
-        # progress() waits CPU signals only: retire in order, then enqueue the next period
-        self.remaining[i] -= 1
-        if self.remaining[i] == 0:
-            self.cpu_done[i] = t
-            self.retire_op[i] = inst
-            total_periods = self.n + self.depth - 1
-            while self.next_retire < self.n and self.cpu_done[self.next_retire] >= 0:
-                p = self.next_retire + self.depth
-                if p < total_periods:
-                    self.main_t = max(self.main_t, self.cpu_done[self.next_retire]) + self.period_overhead
-                    self.push(self.main_t, _ENQUEUE, p)
-                self.next_retire += 1
-        for x in wake_threads:
-            self.try_host(x, t)
-        self.try_host(g, t)
-        if self.cuda:
-            self.try_stream(self.stream[k], t)
-
-    # -- device side --
-
-    def try_stream(self, s: int, now: float) -> None:
-        """Start the device part at the head of stream ``s`` if its events and resources allow."""
-        if self.sbusy[s] or not self.squeue[s]:
-            return
-        inst = self.squeue[s][0]
-        n = self.n
-        k, i = divmod(inst, n)
-        dev_end = self.dev_end
-        for d, dist, _, _ in self.deps[k]:
-            j = i - dist
-            if j >= 0 and dev_end[d * n + j] < 0:
-                self.dwaiters.setdefault(d * n + j, []).append(s)
-                return
-        res = self.res[k]
-        for r in res:
-            if self.rbusy[r] or (self.comm[r] and self.rqueue[r][0] != inst):
-                if (False, s) not in self.rwait[r]:
-                    self.rwait[r].append((False, s))
-                return
-        for r in res:
-            self.rbusy[r] = True
-            if self.comm[r]:
-                self.rqueue[r].popleft()
-        self.squeue[s].popleft()
-        self.sbusy[s] = True
-        self.running[s] = inst
-        self.dev_start[inst] = now
-        N = self.T * n
-        sub = self.host_end[inst]
-        bt, bop, bkind = sub, inst, "submit"
-        if self.sfree_t[s] >= bt and self.sfree_op[s] >= 0:
-            bt, bop, bkind = self.sfree_t[s], N + self.sfree_op[s], self.stream_label[s]
-        fifo_end = bt
-        for r in res:
-            if self.rfree_t[r] >= bt and self.rfree_op[r] >= 0:
-                bt, bop, bkind = self.rfree_t[r], N + self.rfree_op[r], self.res_names[r]
-        for d, dist, _, label in self.deps[k]:
-            j = i - dist
-            if j >= 0 and dev_end[d * n + j] >= bt:
-                bt, bop, bkind = dev_end[d * n + j], N + d * n + j, label
-        self.pred_op[N + inst] = bop
-        self.pred_kind[N + inst] = bkind
-        if fifo_end > sub:
-            self.stalls.append(Stall(self.names[k], i, "device", self.stream_label[s], fifo_end - sub))
-        if now > fifo_end:
-            self.stalls.append(Stall(self.names[k], i, "device", bkind, now - fifo_end))
-        self.push(now + self.dev[k], _DEV_END, s)
-
-    def dev_done(self, s: int, t: float) -> None:
-        inst = self.running[s]
-        k, i = divmod(inst, self.n)
-        self.dev_end[inst] = t
-        if self.dev[k] > 0:
-            self.events_dev.append((inst, self.dev_start[inst], t))
-        self.sbusy[s] = False
-        self.sfree_t[s] = t
-        self.sfree_op[s] = inst
-        self.running[s] = -1
-        wake = self.dwaiters.pop(inst, [])
-        for r in self.res[k]:
-            self.rbusy[r] = False
-            self.rfree_t[r] = t
-            self.rfree_op[r] = inst
-            wake.extend(x for _, x in self.rwait[r])
-            self.rwait[r] = []
-        for x in wake:
-            self.try_stream(x, t)
-        self.try_stream(s, t)
-
-
 # -- measuring the result -----------------------------------------------------------------------------------------
 
 
-def _window(completion: Sequence[float], cpu_done: Sequence[float], n: int, depth: int) -> Tuple[int, int]:
+def _window(completion: Sequence[float], cut: float, depth: int) -> Tuple[int, int]:
     """The iterations measured for the steady state.
 
     The run is identical to one with endless data until the first period that
-    misses a batch would be enqueued, at the retirement of iteration
-    ``n - depth``. The window ends with the last iteration completed by then
-    (on CUDA the device may lag the host by many iterations) and skips the
-    first quarter as warm-up.
+    misses a batch would be enqueued (time ``cut``). The window ends with the
+    last iteration such that it and every earlier one completed by then (on CUDA
+    the device may lag the host by up to ``max_device_lag`` iterations) and skips
+    the first quarter as warm-up.
     """
-    cut = cpu_done[n - depth] if n - depth >= 0 else math.inf
     w1 = -1
-    for i in range(max(0, n - depth + 1) if n - depth >= 0 else n):
-        if completion[i] > cut:
+    for i, c in enumerate(completion):
+        if c > cut:
             break
         w1 = i
     w0 = max(w1 // 4, min(depth, w1 - 2), 0)
@@ -650,8 +248,8 @@ def _steady_period(c: Sequence[float], w0: int, w1: int) -> float:
     fits gives the period exactly, else the window's average is used.
     """
     span = w1 - w0
-    if span <= 0:
-        return c[-1] - c[0] if len(c) > 1 else c[0]
+    if span <= 0:  # no clean window (cut by the end of the run): the whole run's average
+        return (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else c[0]
     mid = w0 + span // 2
     for k in range(1, min(8, (w1 - mid) // 2) + 1):
         ref = c[mid + k] - c[mid]
@@ -695,7 +293,8 @@ def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
 
 
 def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, device: str = "cpu", *,
-             task_overhead_s: float = 0.0, period_overhead_s: float = 0.0) -> SimResult:
+             task_overhead_s: float = 0.0, period_overhead_s: float = 0.0,
+             max_device_lag: Optional[int] = None) -> SimResult:
     """Simulate a plan with a cost model under the engine's execution semantics.
 
     Parameters
@@ -719,6 +318,11 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         Engine overhead added to every task's host part (queue hand-off, signals).
     period_overhead_s : float
         Main-thread time per enqueued period.
+    max_device_lag : int, optional
+        CUDA: after retiring iteration ``r`` the main thread waits for the device
+        work of iteration ``r - max_device_lag`` before enqueueing the next period,
+        as the engine does. ``None`` (the engine's default) is the pipeline depth.
+        No effect on CPU.
 
     Returns
     -------
@@ -727,11 +331,11 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     Raises
     ------
     swpipe_core.validate.PlanError
-        If the plan breaks a rule.
+        If the plan breaks a rule (see docs/semantics.md).
     autosched.costs.CostModelError
         If a task has no cost.
     ValueError
-        For ``num_iterations < 2`` or an unknown device.
+        For ``num_iterations < 2``, an unknown device or a bad overhead / lag.
     SimDeadlock
         If the simulated run stops making progress (a validated plan never does).
 
@@ -752,8 +356,17 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     >>> round(simulate(one, costs).period * 1e3, 6)
     3.0
     """
-    validate(plan)
     costs = as_cost_model(costs)
+    cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag)
+    sim, completion, last_op, (w0, w1), period = _run_until_steady(
+        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag)
+    return _read_result(plan, costs, sim, completion, last_op, (w0, w1), period)
+
+
+def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, device: Any, task_overhead_s: Any,
+                period_overhead_s: Any, max_device_lag: Any) -> Tuple[bool, int]:
+    """Validate the inputs of :func:`simulate`; return (CUDA?, device lag in iterations)."""
+    validate(plan)
     costs.check(plan)
     if not isinstance(num_iterations, int) or num_iterations < 2:
         raise ValueError(f"num_iterations={num_iterations!r}: the period needs at least 2 iterations")
@@ -763,35 +376,72 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     for name, value in (("task_overhead_s", task_overhead_s), ("period_overhead_s", period_overhead_s)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}={value!r}: use a time >= 0 in seconds")
-    cuda = dev.startswith("cuda")
-    n = num_iterations
-    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // max(1, len(plan.schedule))))
+    if max_device_lag is None:
+        max_device_lag = plan.pipeline_depth
+    if isinstance(max_device_lag, bool) or not isinstance(max_device_lag, int) or max_device_lag < 0:
+        raise ValueError(f"max_device_lag={max_device_lag!r}: use None (the pipeline depth) or an int >= 0")
+    return dev.startswith("cuda"), max_device_lag
+
+
+def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, task_overhead_s: float,
+                      period_overhead_s: float, lag: int) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
+    """Run the simulation, doubling its length until the window shows the steady state.
+
+    Returns the last run, each iteration's completion time and op, the window and the period.
+    """
+    T = max(1, len(plan.schedule))
+    depth = plan.pipeline_depth
+    # the window needs depth + lag iterations of lead-in (the device may lag that far) and _MIN_WINDOW more
+    need = min(_MAX_TASK_ITERATIONS // T, depth + (lag if cuda else 0) + 2 * _MIN_WINDOW)
+    n = max(n, min(need, 16 * n))
+    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // T))
     while True:
-        sim = _Sim(plan, costs, n, cuda, float(task_overhead_s), float(period_overhead_s))
+        sim = _Sim(plan, costs, n, cuda, task_overhead_s, period_overhead_s, lag)
         sim.run()
-        T, names = sim.T, sim.names
-        completion = list(sim.cpu_done)
-        last_op = [sim.retire_op[i] for i in range(n)]
-        if cuda:
-            N = T * n
-            for k in range(T):
-                base = k * n
-                for i in range(n):
-                    if sim.dev_end[base + i] > completion[i]:
-                        completion[i] = sim.dev_end[base + i]
-                        last_op[i] = N + base + i
-        w0, w1 = _window(completion, sim.cpu_done, n, sim.depth)
+        completion, last_op = _completion(sim)
+        w0, w1 = _window(completion, sim.cut, sim.depth)
         period = _steady_period(completion, w0, w1)
         # A queue that grows by a little every iteration binds only after many of them; until then the
         # window shows a faster transient. No steady state beats the busiest resource, so keep going.
         steady = w1 - w0 >= _MIN_WINDOW and period >= sim.busiest_load() * (1.0 - _LOAD_RTOL)
         if steady or n >= cap:
-            break
+            return sim, completion, last_op, (w0, w1), period
         n = min(cap, 2 * n)
+
+
+def _completion(sim: "_Sim") -> Tuple[List[float], List[int]]:
+    """Each iteration's completion time (CPU signals, and on CUDA device events) and the op that ended it."""
+    completion = list(sim.cpu_done)
+    last_op = list(sim.retire_op)
+    if sim.cuda:
+        for i, t in enumerate(sim.dev_done_t):
+            if t > completion[i]:
+                completion[i], last_op[i] = t, sim.dev_done_op[i]
+    return completion, last_op
+
+
+def _read_result(plan: PipelinePlan, costs: CostModel, sim: "_Sim", completion: List[float], last_op: List[int],
+                 window: Tuple[int, int], period: float) -> SimResult:
+    """Turn a finished run into a :class:`SimResult`: events, utilisation, critical cycle, binding."""
+    w0, w1 = window
+    n = sim.n
     latencies = [completion[i] - sim.entry[i] for i in range(n)]
     win = latencies[w0:w1 + 1]
-    latency = sum(win) / len(win)
+    events, busy = _events_and_busy(sim, w0, w1)
+    # per-iteration busy time over the window / period: independent of where the window's edges fall
+    count = w1 - w0 + 1
+    utilisation = {name: (b / count) / period if period > 0 else 0.0 for name, b in sorted(busy.items())}
+    idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
+    cycle = _critical_cycle(sim, last_op[w1])
+    return SimResult(plan=plan, costs=costs, device="cuda" if sim.cuda else "cpu", num_iterations=n, period=period,
+                     latency=sum(win) / len(win), latencies=latencies, completion=completion,
+                     entry=list(sim.entry), events=events, utilisation=utilisation, idle=idle, stalls=sim.stalls,
+                     critical_cycle=cycle, binding=_binding(utilisation, cycle, sim), window=(w0, w1))
 
+
+def _events_and_busy(sim: "_Sim", w0: int, w1: int) -> Tuple[List[TimelineEvent], Dict[str, float]]:
+    """Every simulated part as a TimelineEvent, and each resource's busy seconds over the window."""
+    n, names, cuda = sim.n, sim.names, sim.cuda
     events: List[TimelineEvent] = []
     busy: Dict[str, float] = {f"thread:{g}": 0.0 for g in sim.group_names}
     if cuda:
@@ -822,22 +472,18 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         for r in sim.res[k]:
             charge(sim.res_names[r], i, e - s)
     events.sort(key=lambda e: (e.start, e.kind, e.thread_group if e.kind == "host" else e.stream))
-    # per-iteration busy time over the window / period: independent of where the window's edges fall
-    count = w1 - w0 + 1
-    utilisation = {name: (b / count) / period if period > 0 else 0.0 for name, b in sorted(busy.items())}
-    idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
+    return events, busy
 
-    cycle = _critical_cycle(sim, last_op[w1])
+
+def _binding(utilisation: Dict[str, float], cycle: CriticalCycle, sim: "_Sim") -> str:
+    """The saturated resource, else a description of the critical cycle."""
     top = max(utilisation.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
     if top[1] >= 1.0 - 1e-6:
-        binding = top[0]
-    elif "barrier" in cycle.kinds:
-        binding = f"progress barrier (depth {sim.depth}): {cycle}"
-    elif all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
-        binding = f"recurrence: {cycle}"
-    else:
-        binding = f"cycle: {cycle}"
-    return SimResult(plan=plan, costs=costs, device="cuda" if cuda else "cpu", num_iterations=n, period=period,
-                     latency=latency, latencies=latencies, completion=completion, entry=list(sim.entry),
-                     events=events, utilisation=utilisation, idle=idle, stalls=sim.stalls, critical_cycle=cycle,
-                     binding=binding, window=(w0, w1))
+        return top[0]
+    if "barrier" in cycle.kinds:
+        return f"progress barrier (depth {sim.depth}): {cycle}"
+    if "device-lag" in cycle.kinds:
+        return f"device lag (max_device_lag {sim.lag}): {cycle}"
+    if all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
+        return f"recurrence: {cycle}"
+    return f"cycle: {cycle}"

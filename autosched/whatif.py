@@ -9,7 +9,7 @@ side by side under one cost model. pandas is imported inside the functions.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Union
 
 from swpipe_core.plan import PipelinePlan
 

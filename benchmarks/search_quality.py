@@ -6,7 +6,7 @@ Three parts, each printing a table:
    numbers, CUDA semantics): the hand plan's simulated period, the auto plan's
    (``auto_schedule`` with the hand plan as input, so it is one candidate), the
    improvement, the lower bound and the gap. Compute tasks (ZeroGrad, Forward,
-   Backward, EmbBackward, OptimizerStep) stay on the default stream, as in 002.
+   Backward, EmbBackward, OptimizerStep) stay on the default stream, as in TorchRec's own pipelines.
 2. **DLRM, measured costs** (``--dlrm``): for each TorchRec training plan on the
    DLRM workload of :mod:`swpipe.workloads` (one rank, CPU), the cost model
    measured from a serial run of that plan's tasks (median per task), the hand

@@ -15,18 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-# ProfileResult lives with the profiler that makes it; re-exported here
-# because it is plain data too. profiler.py imports nothing from this package
-# at module level, so there is no import cycle.
-from .profiler import ProfileResult
-
 __all__ = [
     "IterContext",
     "DeclaredIO",
     "PipelineTask",
     "TaskSchedule",
     "PipelinePlan",
-    "ProfileResult",
     "TaskRef",
     "StreamSpec",
     "ENQUEUE_POLICIES",

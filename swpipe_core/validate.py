@@ -36,6 +36,7 @@ from typing import Any, Iterable, List, Sequence
 import networkx as nx
 
 from .plan import ENQUEUE_POLICIES, PipelinePlan, PipelineTask, TaskSchedule, ref_name
+from .stage_rules import stage_rule_holds
 
 __all__ = ["PlanError", "validate", "RULES"]
 
@@ -168,7 +169,7 @@ def _normalised_deps(plan: PipelinePlan, objects: dict):
 def _check_corollaries(plan: PipelinePlan, intra: Iterable[tuple], inter: Iterable[tuple]) -> None:
     stage = {ref_name(k): v.stage for k, v in plan.schedule.items()}
     for t, d in intra:
-        if stage[d] > stage[t]:
+        if not stage_rule_holds(stage[t], stage[d]):
             raise PlanError(
                 "corollary-1",
                 f"{t} (stage {stage[t]}) waits {d} (stage {stage[d]}) within an iteration, but {d} runs on that "
@@ -178,7 +179,7 @@ def _check_corollaries(plan: PipelinePlan, intra: Iterable[tuple], inter: Iterab
                 f"or declare ({t}, {d}) in inter_iter_deps if {t} needs an earlier iteration's {d}",
             )
     for t, d, n in inter:
-        if stage[d] - stage[t] > n:
+        if not stage_rule_holds(stage[t], stage[d], n):
             raise PlanError(
                 "corollary-3",
                 f"{t} (stage {stage[t]}) waits {d} (stage {stage[d]}) of {n} iteration(s) earlier, but that {d} runs "

@@ -1,8 +1,35 @@
-"""Shared test configuration: tests marked ``cuda`` skip on a machine without a GPU."""
+"""Shared test configuration and helpers.
+
+Tests marked ``cuda`` skip on a machine without a GPU. Helpers used by several
+test files live here once; import them with ``from conftest import ...``.
+"""
 
 from __future__ import annotations
 
+import threading
+from typing import Any, List, Sequence, Tuple
+
 import pytest
+
+
+def swpipe_threads() -> List[str]:
+    """Names of the live ``swpipe-*`` threads, sorted (a clean pipeline leaves none)."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("swpipe-"))
+
+
+def progress_until_end(pipe: Any, it: Any) -> List[int]:
+    """Call ``pipe.progress(it)`` until the data ends; the retired iteration indices in order."""
+    out: List[int] = []
+    while True:
+        try:
+            out.append(pipe.progress(it))
+        except StopIteration:
+            return out
+
+
+def drive(pipe: Any, data: Any) -> List[int]:
+    """Fill the pipeline with ``data`` and progress it to the end; the retired indices in order."""
+    return progress_until_end(pipe, pipe.fill_pipeline(data))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,3 +45,63 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# -- the execution contract (docs/semantics.md), checked on a timeline -----------------------------------------
+
+
+def enqueue_sequence(plan: Any, num_iterations: int) -> List[Tuple[str, int]]:
+    """Every (task, iteration) in the order the main thread enqueues them: period by period, in enqueue order."""
+    from swpipe_core.order import enqueue_order
+
+    order = enqueue_order(plan)
+    out = []
+    for p in range(num_iterations + plan.pipeline_depth - 1):
+        for t in order:
+            i = p - plan.stage(t)
+            if 0 <= i < num_iterations:
+                out.append((t, i))
+    return out
+
+
+def check_contract(plan: Any, events: Sequence[Any], num_iterations: int) -> None:
+    """Assert that a timeline (engine's or simulator's) obeys the execution contract.
+
+    * every (task, iteration) ran exactly once on its thread group;
+    * every dependency is respected with its distance (host parts: the CPU signal; device parts: the event);
+    * each thread group ran its tasks in the order they were enqueued (FIFO);
+    * at most ``depth`` iterations in flight: a task of period ``p`` starts after iteration ``p - depth``
+      has completed on the host;
+    * globally ordered tasks ran one at a time in enqueue order (the sequencer).
+    """
+    host = {(e.task, e.iteration): e for e in events if e.kind == "host"}
+    dev = {(e.task, e.iteration): e for e in events if e.kind == "device"}
+    assert len(host) == len([e for e in events if e.kind == "host"]), "a (task, iteration) ran twice"
+    seq = enqueue_sequence(plan, num_iterations)
+    assert set(host) == set(seq), f"ran {len(host)} task instances, expected {len(seq)}"
+    for (t, i), e in host.items():
+        assert e.thread_group == plan.sched(t).thread_group, f"{t}[{i}] ran on {e.thread_group}"
+    deps = [(t, d, 0) for t, d in plan.intra_edges()] + list(plan.inter_edges())
+    for t, d, n in deps:
+        for i in range(n, num_iterations):
+            assert host[t, i].start >= host[d, i - n].end, \
+                f"{t}[{i}] started {host[t, i].start:.6f} before {d}[{i - n}] ended {host[d, i - n].end:.6f}"
+            if (t, i) in dev and (d, i - n) in dev:
+                assert dev[t, i].start >= dev[d, i - n].end, f"{t}[{i}] device part before {d}[{i - n}]'s"
+    for g in {plan.sched(t).thread_group for t in plan.task_names}:
+        expected = [x for x in seq if plan.sched(x[0]).thread_group == g]
+        ran = [x for x in sorted(expected, key=lambda x: (host[x].start, host[x].end))]
+        assert ran == expected, f"group {g} ran {ran[:8]}... not in enqueue order {expected[:8]}..."
+    done = {}
+    for (t, i), e in host.items():
+        done[i] = max(done.get(i, 0.0), e.end)
+    depth = plan.pipeline_depth
+    for (t, i), e in host.items():
+        j = i + plan.stage(t) - depth
+        if j >= 0:
+            assert e.start >= done[j], f"{t}[{i}] started before iteration {j} completed: more than {depth} in flight"
+    ordered = [x for x in seq if plan.sched(x[0]).globally_ordered]
+    ran = sorted(ordered, key=lambda x: host[x].start)
+    assert ran == ordered, "globally ordered tasks ran out of enqueue order"
+    for a, b in zip(ran, ran[1:]):
+        assert host[b].start >= host[a].end, f"sequencer turns overlap: {a} and {b}"

@@ -11,8 +11,7 @@ field and the fix. ``benchmarks/reliability.py`` counts these tables.
 from __future__ import annotations
 
 import json
-import threading
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 
@@ -20,15 +19,12 @@ from swpipe_core.engine import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import RULES, PlanError
 from test_validate import BAD_PLANS  # the one bad plan per rule, shared with room A's tests
+from conftest import swpipe_threads
 
 autosched_graph = pytest.importorskip("autosched.graph")
 autosched_costs = pytest.importorskip("autosched.costs")
 GraphFileError = autosched_graph.GraphFileError
 CostModelError = autosched_costs.CostModelError
-
-
-def swpipe_threads() -> List[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
 
 
 def _noop(ctx):

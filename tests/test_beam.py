@@ -1,4 +1,4 @@
-"""Beam search: it finds CP-SAT's optimum on small graphs; its parts (ring, modulo placement, orders, presets) hold."""
+"""Beam search and its rooms (autosched.modulo, autosched.presets, stage enumeration): CP-SAT's optimum on small graphs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import time
 import networkx as nx
 import pytest
 
-from autosched._enumerate import random_graph, random_problem
+from autosched._enumerate import random_graph, random_problem, stage_assignments
 from autosched._problem import make_problem
-from autosched.beam import (FIRE_POLICIES, Candidate, _Ring, beam_search, fire_order, modulo_schedule,
-                            recurrence_bound, sim_scorer, stage_assignments, thread_presets)
+from autosched.beam import beam_search, sim_scorer
+from autosched.bounds import recurrence_bound
+from autosched.modulo import Candidate, _Ring, modulo_schedule
+from autosched.presets import FIRE_POLICIES, fire_order, thread_presets
 from autosched.costs import CostModel, TaskCost
 from autosched.cpsat import solve_cpsat
 from autosched.search import Constraints

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from autosched.costs import SCHEMA, CostModel, CostModelError, TaskCost
-from swpipe_core.plan import PipelinePlan, ProfileResult, TaskSchedule
+from swpipe_core.plan import PipelinePlan, TaskSchedule
+from swpipe_core.profiler import ProfileResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COST_DIR = os.path.join(ROOT, "cost_models")

@@ -15,12 +15,9 @@ from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.trace import to_chrome_trace
 from swpipe_core.validate import PlanError
+from conftest import drive, swpipe_threads
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def swpipe_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
 
 
 class Log:
@@ -60,16 +57,6 @@ def three_stage_plan(log):
         intra_iter_deps=[("DistStart", "H2D"), ("DistWait", "DistStart"), ("Fwd", "DistWait"),
                          ("Bwd", "Fwd"), ("Opt", "Bwd")],
     )
-
-
-def drive(pipe, data):
-    it = pipe.fill_pipeline(data)
-    retired = []
-    while True:
-        try:
-            retired.append(pipe.progress(it))
-        except StopIteration:
-            return retired
 
 
 def test_progress_retires_iterations_in_order_and_runs_every_task_once():

@@ -13,6 +13,7 @@ from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
+from conftest import swpipe_threads
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,10 +33,6 @@ CHAIN = list(LAYOUT)
 
 class Boom(Exception):
     pass
-
-
-def swpipe_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
 
 
 def make_plan(fail_task=None, fail_iter=None, exc=Boom):

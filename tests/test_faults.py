@@ -30,6 +30,7 @@ import torch
 
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule
+from conftest import drive, swpipe_threads
 
 # name: (stage, stream, thread group, globally ordered)
 LAYOUT = {
@@ -49,10 +50,6 @@ SURFACE_GUARD_S = 20.0     # deadlock guard only; the measured times go to the t
 
 class Boom(Exception):
     """The injected exception."""
-
-
-def swpipe_threads() -> List[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("swpipe-"))
 
 
 def join_swpipe_threads(timeout: float) -> List[str]:
@@ -156,16 +153,6 @@ def block_at(probe: Probe, iteration: int) -> Callable[[Any], None]:
 
 def run_all(pipe: SWPipeline, data: Any) -> Callable[[], Any]:
     return lambda: pipe.run(data)
-
-
-def drive(pipe: SWPipeline, data: Any) -> List[int]:
-    it = pipe.fill_pipeline(data)
-    out = []
-    while True:
-        try:
-            out.append(pipe.progress(it))
-        except StopIteration:
-            return out
 
 
 # ----------------------------------------------------------------------------- faults

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, List
 
 import pytest
@@ -23,12 +22,9 @@ import torch
 
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from conftest import progress_until_end as drive, swpipe_threads
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def swpipe_threads() -> List[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
 
 
 def make_pipe(seen: List[Any], h2d=None, **kw) -> SWPipeline:
@@ -45,15 +41,6 @@ def make_pipe(seen: List[Any], h2d=None, **kw) -> SWPipeline:
                          PipelineTask("Step", step): TaskSchedule(2, thread_group="compute")},
                         intra_iter_deps=[("Forward", "H2D"), ("Step", "Forward")])
     return SWPipeline(plan, device="cpu", **kw)
-
-
-def drive(pipe: SWPipeline, it: Any) -> List[int]:
-    out = []
-    while True:
-        try:
-            out.append(pipe.progress(it))
-        except StopIteration:
-            return out
 
 
 # ----------------------------------------------------------------------------- a new iterator mid-run

@@ -31,6 +31,7 @@ import torch
 
 from swpipe_core.engine import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from conftest import swpipe_threads as _swpipe_threads
 
 DEPTH = 3
 GROUPS = 2
@@ -80,10 +81,6 @@ def rss_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _swpipe_threads() -> List[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
 
 
 def fill_drain_cycles(cycles: int = 1000, warmup: int = 100) -> Dict[str, Any]:

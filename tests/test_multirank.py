@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
+from conftest import drive as _drive
 
 WORLD = 2
 ORDER_ITERS = 500
@@ -94,16 +95,6 @@ def _pipe(rank: int, log: List[Any], bad: List[Any], **kw: Any):
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GLOO_TIMEOUT_S))
     return SWPipeline(_plan(rank, log, bad, group, **kw), device="cpu", signal_timeout=20, sequencer_timeout=20,
                       progress_timeout=30)
-
-
-def _drive(pipe, data) -> List[int]:
-    it = pipe.fill_pipeline(data)
-    retired = []
-    while True:
-        try:
-            retired.append(pipe.progress(it))
-        except StopIteration:
-            return retired
 
 
 def _drive_until_error(pipe, data) -> Dict[str, Any]:

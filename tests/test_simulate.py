@@ -101,11 +101,11 @@ def test_device_recurrence_of_fused_sparse_dist_binds_on_cuda():
 
 
 def test_pqra_ready_first_has_lower_latency_than_stage_descending_on_cuda():
-    """000's P/Q/R/A example as a valid plan.
+    """The P/Q/R/A example (one worker, three streams) as a valid plan.
 
-    As written in 000, R (stage 0) waits Q (stage 1) within an iteration, which
-    breaks Corollary 1 (R(i) would wait for Q(i), enqueued a period later: a
-    deadlock). The variant keeps the wait the example is about — R waits, on
+    In its textbook form R (stage 0) waits Q (stage 1) within an iteration, which
+    breaks the stage rule (an intra-iteration dependency may not point to a later
+    stage: R(i) would wait for Q(i), enqueued a period later, a deadlock). The variant keeps the wait the example is about — R waits, on
     stream X, for Q on stream Y *in the same period* — by declaring it
     inter-iteration: R(i) waits Q(i-1), which runs in the same period as R(i).
     Ready-first enqueues P, Q, A, R; stage-descending Q, P, A, R.
@@ -126,8 +126,9 @@ def test_pqra_ready_first_has_lower_latency_than_stage_descending_on_cuda():
     costs = costs_ms(P=(1.0, 1.0), Q=(0.1, 1.0), R=(0.1, 0.0), A=(0.1, 0.0))
     result = {}
     for policy in ("ready_first", "stage_descending"):
+        # caller_group=None: the reasoning above is about one worker thread fed by the main thread
         plan = PipelinePlan(s, intra_iter_deps=[("Q", "P")], inter_iter_deps=[("A", "Q"), ("R", "Q")],
-                            enqueue_policy=policy)
+                            enqueue_policy=policy, caller_group=None)
         result[policy] = simulate(plan, costs, device="cuda")
         assert ms(result[policy].period) == 1.3
         assert abs(result[policy].latency_growth) < 1e-9  # host-bound: latency is steady
