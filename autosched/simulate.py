@@ -233,7 +233,9 @@ def _window(completion: Sequence[float], cut: float, depth: int) -> Tuple[int, i
     """
     w1 = -1
     for i, c in enumerate(completion):
-        if c > cut:
+        # an iteration completing exactly at the cut may have won a tie (a zero-cost task ahead of the
+        # missing batch's work in a FIFO) that endless data would not give it: leave it out
+        if c >= cut:
             break
         w1 = i
     w0 = max(w1 // 4, min(depth, w1 - 2), 0)
