@@ -227,7 +227,8 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     if num_iterations < 1:
         raise ValueError(f"num_iterations={num_iterations!r}: measure at least one iteration")
     device = torch.device(getattr(pipe, "device", "cpu"))
-    cuda = device.type == "cuda"
+    # a CUDA device without a CUDA runtime (a stubbed device in tests) has no allocator to read
+    cuda = device.type == "cuda" and torch.cuda.is_available()
     samples: Dict[str, List[Tuple[int, int, int, int]]] = {}
     original = pipe._exec_task
     had_instance_attr = "_exec_task" in vars(pipe)

@@ -269,7 +269,7 @@ class TaskProfiler:
         *,
         task_times: bool = True,
         interleave: bool = True,
-        memory: bool = True,
+        memory: Optional[bool] = None,
     ) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
@@ -304,8 +304,8 @@ class TaskProfiler:
             baseline and shortcut rounds alike instead of biasing every
             exposed time; the price is one untimed caching iteration per task
             per round instead of per task.
-        memory : bool
-            Also record per-task bytes added to and freed from the context
+        memory : bool, optional
+            Default: as ``task_times``. Also record per-task bytes added to and freed from the context
             (and on CUDA allocated and freed on the device) over
             ``num_measure`` serial iterations
             (:func:`swpipe_core.memory.measure_task_memory`), in
@@ -407,7 +407,7 @@ class TaskProfiler:
         if task_times:
             host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync)
         mem = None
-        if memory:
+        if task_times if memory is None else memory:
             from .memory import measure_task_memory
 
             start = next(counter)
