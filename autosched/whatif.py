@@ -68,12 +68,14 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
         if name == "*":
             out = out.scaled(None, change)
         elif isinstance(change, TaskCost):
-            out = CostModel({**out.tasks, name: change}, out.machine, out.method, out.notes, out.pipeline)
+            out = CostModel({**out.tasks, name: change}, out.machine, out.method, out.notes, out.pipeline,
+                            out.batch_bytes)
         elif isinstance(change, Mapping):
             if name in out:
                 out = out.replace(name, **change)
             else:
-                out = CostModel({**out.tasks, name: dict(change)}, out.machine, out.method, out.notes, out.pipeline)
+                out = CostModel({**out.tasks, name: dict(change)}, out.machine, out.method, out.notes, out.pipeline,
+                            out.batch_bytes)
         elif isinstance(change, (int, float)) and not isinstance(change, bool):
             if name not in out:
                 raise CostModelError(f"no cost for task {name!r} to scale", "changes",
