@@ -119,11 +119,17 @@ class MemoryPrediction:
                 f"mean {format_bytes(self.mean_bytes)}")
 
     def plot(self, ax: Any = None, label: Optional[str] = None) -> Any:
-        """The live-bytes step curve (matplotlib, imported here); returns the axes."""
-        import matplotlib.pyplot as plt
+        """The live-bytes step curve on ``ax`` (or a new headless figure's axes); returns the axes.
 
+        matplotlib is imported here; no pyplot state is touched.
+        """
         if ax is None:
-            _, ax = plt.subplots(figsize=(7, 3))
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+
+            fig = Figure(figsize=(7, 3), layout="constrained")
+            FigureCanvasAgg(fig)
+            ax = fig.add_subplot()
         xs = [t * 1e3 for t, _ in self.curve]
         ax.step(xs, [b / 2 ** 20 for _, b in self.curve], where="post", label=label)
         ax.set_xlabel("time (ms)")
