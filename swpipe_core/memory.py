@@ -94,7 +94,7 @@ def _add_tensor(t: Any, out: Dict[Tuple[str, int], int], stack: List[Any]) -> No
     if ptr:
         key = (str(t.device), ptr)
         out[key] = max(out.get(key, 0), st.nbytes())
-    if t.grad is not None:
+    if t.is_leaf and t.grad is not None:  # .grad of a non-leaf is never populated (and warns)
         stack.append(t.grad)
 
 
