@@ -8,7 +8,8 @@ over time, by the engine's lifetime rules:
 * an iteration's context is created, holding its batch (``batch_bytes``), when
   its first period is enqueued (``SimResult.entry``);
 * each task's ``add_bytes - free_bytes`` is applied at the end of its host
-  part (where the engine runs ``fn(ctx)``);
+  part (where the engine runs ``fn(ctx)``); a context never holds less than
+  nothing (figures that free more than was added are clipped at 0);
 * the context and everything left in it is released when the iteration
   retires: ``progress()`` retires iterations in order, so at the latest CPU
   completion of it and every older iteration; on CUDA not before the device
@@ -187,29 +188,31 @@ def predict_memory(sim: Any, figures: str = "context") -> MemoryPrediction:
     net = {name: _net(costs, name, figures) for name in sim.plan.task_names}
     batch = float(costs.batch_bytes)
     cpu_done = [0.0] * n
-    changes: List[Tuple[float, int, float, int]] = []  # (time, order, delta, +1/-1/0 contexts)
+    changes: List[Tuple[float, int, float, int]] = []  # (time, order, net bytes, iteration)
     for e in sim.events:
         if e.kind != "host":
             continue
         cpu_done[e.iteration] = max(cpu_done[e.iteration], e.end)
         if net[e.task]:
-            changes.append((e.end, _TASK_END, net[e.task], 0))
+            changes.append((e.end, _TASK_END, net[e.task], e.iteration))
     retired = 0.0
     cuda = sim.device == "cuda"
     for i in range(n):
         retired = max(retired, cpu_done[i])  # progress() retires in order
         release = max(retired, sim.completion[i]) if cuda else retired
-        held = max(0.0, batch + sum(net.values()))
-        changes.append((sim.entry[i], _ENTRY, batch, 1))
-        changes.append((release, _RELEASE, -held, -1))
+        changes.append((sim.entry[i], _ENTRY, batch, i))
+        changes.append((release, _RELEASE, 0.0, i))
     # at one instant: task ends, then releases, then new contexts; frees before adds among task ends
     changes.sort(key=lambda c: (c[0], c[1], c[2]))
+    held = [0.0] * n  # per context: never below 0 (a task cannot free what its context does not hold)
     level, alive = 0.0, 0
     peak, peak_t, peak_alive = 0.0, 0.0, 0
     curve: List[Tuple[float, float]] = []
-    for t, _, delta, dctx in changes:
-        level += delta
-        alive += dctx
+    for t, kind, delta, i in changes:
+        new = 0.0 if kind == _RELEASE else max(0.0, held[i] + delta)
+        level += new - held[i]
+        held[i] = new
+        alive += 1 if kind == _ENTRY else -1 if kind == _RELEASE else 0
         if curve and curve[-1][0] == t:
             curve[-1] = (t, level)
         else:
