@@ -14,8 +14,9 @@ in ``cost_models/README.md``; version 1 files, without bytes, still load)::
 
 Version 2 adds optional memory figures (bytes): per task ``add_bytes`` /
 ``free_bytes`` (tensor storages the task adds to / frees from the iteration's
-context) and ``device_alloc_bytes`` / ``device_free_bytes`` (what the CUDA
-caching allocator handed out / took back while it ran), and at the top level
+context), ``transient_bytes`` (held only while it runs) and
+``device_alloc_bytes`` / ``device_free_bytes`` (what the CUDA caching
+allocator handed out / took back while it ran), and at the top level
 ``batch_bytes`` (the batch every context holds from its start);
 :mod:`autosched.memory` predicts bytes in flight from them. A model without
 bytes is written as version 1.
@@ -39,7 +40,7 @@ SCHEMA = "swpipe-cost-model"
 SCHEMA_VERSION = 2
 _READS_VERSIONS = (1, 2)  # 2 added the optional byte fields
 _TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks", "batch_bytes"}
-_BYTE_FIELDS = ("add_bytes", "free_bytes", "device_alloc_bytes", "device_free_bytes")
+_BYTE_FIELDS = ("add_bytes", "free_bytes", "device_alloc_bytes", "device_free_bytes", "transient_bytes")
 _TASK_FIELDS = {"host_s", "device_s", "resources", *_BYTE_FIELDS}
 
 
@@ -113,6 +114,9 @@ class TaskCost:
         context (applied at the task's end by :mod:`autosched.memory`).
     device_alloc_bytes, device_free_bytes : float
         CUDA: bytes the caching allocator handed out / took back while it ran.
+    transient_bytes : float
+        Bytes the context holds while the task runs, above its size at both
+        ends (e.g. gradients a backward puts on context tensors, then drops).
 
     Raises
     ------
@@ -137,6 +141,7 @@ class TaskCost:
     free_bytes: float = 0.0
     device_alloc_bytes: float = 0.0
     device_free_bytes: float = 0.0
+    transient_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host_s", _check_time(self.host_s, "host_s"))

@@ -9,7 +9,9 @@ over time, by the engine's lifetime rules:
   its first period is enqueued (``SimResult.entry``);
 * each task's ``add_bytes - free_bytes`` is applied at the end of its host
   part (where the engine runs ``fn(ctx)``); a context never holds less than
-  nothing (figures that free more than was added are clipped at 0);
+  nothing (figures that free more than was added are clipped at 0); with
+  ``transient_bytes`` (context figures), the context holds that much more
+  from the task's start to its end;
 * the context and everything left in it is released when the iteration
   retires: ``progress()`` retires iterations in order, so at the latest CPU
   completion of it and every older iteration; on CUDA not before the device
@@ -27,7 +29,8 @@ no plan that runs at period ``P`` holds fewer bytes at its peak than
 
 ``max(M1, F * L / P)`` where
 
-* ``M1`` — one iteration's own high-water mark, which any plan reaches. With
+* ``M1`` — one iteration's own high-water mark, which any plan reaches (the
+  same reasoning while a task with ``transient_bytes`` runs). With
   ``net = add_bytes - free_bytes``, a context holds ``batch + Σ_{ended} net``
   and the set of ended tasks is always closed under dependencies (a
   *downset*). When task ``k`` ends the ended set contains ``k`` and its
@@ -57,7 +60,7 @@ from .costs import CostModel
 
 __all__ = ["MemoryPrediction", "MemoryBound", "predict_memory", "min_memory", "format_bytes"]
 
-_TASK_END, _RELEASE, _ENTRY = 0, 1, 2  # order of simultaneous changes (see the module docstring)
+_TASK_END, _RELEASE, _ENTRY, _TASK_START = 0, 1, 2, 3  # order of simultaneous changes (module docstring)
 
 
 def format_bytes(n: float) -> str:
@@ -189,12 +192,15 @@ def predict_memory(sim: Any, figures: str = "context") -> MemoryPrediction:
     batch = float(costs.batch_bytes)
     cpu_done = [0.0] * n
     changes: List[Tuple[float, int, float, int]] = []  # (time, order, net bytes, iteration)
+    extra = {name: costs[name].transient_bytes if figures == "context" else 0.0 for name in net}
     for e in sim.events:
         if e.kind != "host":
             continue
         cpu_done[e.iteration] = max(cpu_done[e.iteration], e.end)
-        if net[e.task]:
-            changes.append((e.end, _TASK_END, net[e.task], e.iteration))
+        if extra[e.task]:
+            changes.append((e.start, _TASK_START, extra[e.task], e.iteration))
+        if net[e.task] or extra[e.task]:
+            changes.append((e.end, _TASK_END, net[e.task] - extra[e.task], e.iteration))
     retired = 0.0
     cuda = sim.device == "cuda"
     for i in range(n):
@@ -310,6 +316,11 @@ def min_memory(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], costs: Co
         level = batch + _min_closure(sub, net, nx.ancestors(dag, k) | {k})
         if level > best + 1e-9:
             best, best_task = level, k
+        transient = costs[k].transient_bytes if figures == "context" else 0.0
+        if transient:  # while k runs: its ancestors ended, k and its descendants not
+            during = batch + transient + _min_closure(sub.subgraph(set(sub.nodes) - {k}), net, nx.ancestors(dag, k))
+            if during > best + 1e-9:
+                best, best_task = during, k
     floor = max(0.0, batch + _min_closure(dag, net, set()))
     length: Dict[str, float] = {}
     for t in nx.topological_sort(dag):

@@ -8,10 +8,12 @@ For each plan, on a fresh workload (same seed, same pre-generated batches):
 1. **Figures.** ``swpipe_core.memory.measure_task_memory``: three serial
    iterations, per task the bytes it adds to and frees from the context, and
    the batch's bytes.
-2. **Measured.** A pipelined run with the timeline recorded; after every task
-   a sampler (under a lock) walks every live context (in flight, and on CUDA
-   retired but waiting for the device) and counts the tensor bytes reachable
-   from them, each storage once; the peak is the largest sample. The
+2. **Measured.** A pipelined run with the timeline recorded; whenever a
+   function called by a task returns (``sys.setprofile`` on the task's
+   thread) and after every task, a sampler (under a lock) walks every live
+   context (in flight, and on CUDA retired but waiting for the device) and
+   counts the tensor bytes reachable from them, each storage once; the peak
+   is the largest sample. (``--task-ends-only``: after every task only.) The
    process's resident set (RSS, ``/proc/self/statm``) is sampled too, for
    reference: it includes the model, the allocator's caches and the autograd
    graph, which a context's tensors do not.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import threading
 from typing import Any, Dict, List, Tuple
 
@@ -53,9 +56,15 @@ def _rss() -> int:
 
 
 class _Sampler:
-    """Wraps ``pipe._exec_task``: after every task, the bytes reachable from all live contexts."""
+    """Wraps ``pipe._exec_task``: after every task, and (``within``) whenever a function a task calls
+    returns, the bytes reachable from all live contexts.
 
-    def __init__(self, pipe: SWPipeline) -> None:
+    Sampling inside tasks sees what a context holds only while a task runs (the
+    ``.grad`` backward puts on context tensors before the task deletes them);
+    it slows the run, and the prediction is made from that same run's timing.
+    """
+
+    def __init__(self, pipe: SWPipeline, within: bool = True) -> None:
         self.pipe = pipe
         self.lock = threading.Lock()
         self.peak = 0
@@ -65,8 +74,18 @@ class _Sampler:
         self.samples = 0
         original = pipe._exec_task
 
+        def profile_hook(frame: Any, event: str, arg: Any) -> None:
+            if event in ("return", "c_return"):
+                self.sample()
+
         def sampled(task: Any, ctx: Any) -> None:
-            original(task, ctx)
+            if within:
+                sys.setprofile(profile_hook)  # this worker thread, this task only
+            try:
+                original(task, ctx)
+            finally:
+                if within:
+                    sys.setprofile(None)
             self.sample()
 
         pipe._exec_task = sampled
@@ -85,7 +104,8 @@ class _Sampler:
             self.rss_peak = max(self.rss_peak, _rss())
 
 
-def measure_plan(spec: Any, config: DLRMConfig, env: Any, batches: List[Any], skip: int) -> Dict[str, Any]:
+def measure_plan(spec: Any, config: DLRMConfig, env: Any, batches: List[Any], skip: int,
+                 within: bool = True) -> Dict[str, Any]:
     """Figures, measured peak and predicted peak of one plan."""
     wl = DLRMWorkload(config, env)
     plan = spec.plan(wl)
@@ -94,7 +114,7 @@ def measure_plan(spec: Any, config: DLRMConfig, env: Any, batches: List[Any], sk
     wl = DLRMWorkload(config, env)  # a fresh model for the measured run, as every plan gets
     plan = spec.plan(wl)
     with SWPipeline(plan, device=env.device, record_timeline=True) as pipe:
-        sampler = _Sampler(pipe)
+        sampler = _Sampler(pipe, within)
         pipe.run(iter(batches))
         events = [e for e in pipe.timeline if e.iteration >= skip]
     costs = CostModel.from_timeline(events).with_memory(figures)
@@ -129,6 +149,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument("--plans", default=",".join(TORCHREC_PLANS))
     parser.add_argument("--by-stream", action="store_true", help="also the one-thread-per-stream variants")
+    parser.add_argument("--task-ends-only", action="store_true",
+                        help="sample only after each task (faster; misses what a context holds during a task)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -136,15 +158,17 @@ def main() -> None:
     config = DLRMConfig.preset("demo", batch_size=args.batch_size)
     batches = SyntheticData(config).batches(args.iters)
     specs = default_specs([p.strip() for p in args.plans.split(",") if p.strip()], by_stream=args.by_stream)
-    rows = [measure_plan(spec, config, env, batches, skip=min(5, args.iters // 4)) for spec in specs]
+    rows = [measure_plan(spec, config, env, batches, skip=min(5, args.iters // 4), within=not args.task_ends_only)
+            for spec in specs]
     load = os.getloadavg() if hasattr(os, "getloadavg") else ()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPU(s), load average "
           f"{', '.join(f'{x:.1f}' for x in load)}; torch {torch.__version__}; device {env.device}; "
           f"batch {args.batch_size}; {args.iters} iterations; {args.threads} intra-op thread(s)")
     table, misses = format_rows(rows)
     print(table)
-    print("ctx: contexts alive at the peak. measured: tensor bytes reachable from live contexts, sampled after "
-          "every task; predicted: simulated from the run's median task times and per-task bytes of 3 serial "
+    when = "after every task" if args.task_ends_only else "whenever a function a task calls returns, and after every task"
+    print(f"ctx: contexts alive at the peak. measured: tensor bytes reachable from live contexts, sampled {when}; "
+          "predicted: simulated from the run's median task times and per-task bytes of 3 serial "
           "iterations; least any: autosched.memory.min_memory at the predicted period; RSS growth: process "
           "resident set over the run, for reference")
     print("within 10 %: all plans" if not misses else f"outside 10 %: {', '.join(misses)}")

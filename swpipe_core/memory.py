@@ -11,7 +11,10 @@ memory a deeper plan pays for. This module measures it:
   ``ctx.batch`` on CPU) is counted once. Modules (``torch.nn.Module``) are not
   entered: parameters are the model's, not the iteration's.
 * :func:`measure_task_memory` runs serial iterations and records, per task,
-  the bytes it added to and freed from its context, and on CUDA the device
+  the bytes it added to and freed from its context, the most its context
+  held *while* it ran above both ends (``transient_bytes``: e.g. the ``.grad``
+  that backward puts on context tensors before the task deletes them; another
+  thread sees it), and on CUDA the device
   memory the caching allocator handed out and took back while it ran
   (``torch.cuda.memory_stats`` before and after; the counters are updated on
   the host when a tensor is created or released, so no synchronisation is
@@ -25,6 +28,7 @@ context figures; on CUDA the device figures include them.
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -139,12 +143,16 @@ class TaskMemory:
     ``add_bytes``: storages reachable after the task that were not before;
     ``free_bytes``: storages reachable before and not after. On CPU
     ``device_alloc_bytes``/``device_free_bytes`` repeat the context figures.
+    ``transient_bytes``: the most the context held during the task above the
+    larger of its sizes before and after (sampled whenever a Python or C
+    function called by the task returns).
     """
 
     add_bytes: float = 0.0
     free_bytes: float = 0.0
     device_alloc_bytes: float = 0.0
     device_free_bytes: float = 0.0
+    transient_bytes: float = 0.0
 
 
 @dataclass
@@ -229,7 +237,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     device = torch.device(getattr(pipe, "device", "cpu"))
     # a CUDA device without a CUDA runtime (a stubbed device in tests) has no allocator to read
     cuda = device.type == "cuda" and torch.cuda.is_available()
-    samples: Dict[str, List[Tuple[int, int, int, int]]] = {}
+    samples: Dict[str, List[Tuple[int, int, int, int, int]]] = {}
     original = pipe._exec_task
     had_instance_attr = "_exec_task" in vars(pipe)
 
@@ -237,7 +245,18 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
         before = reachable_storages(ctx)
         if cuda:
             a0, f0 = _device_counters(device)
-        original(task, ctx)
+        high = [0]
+
+        def sample(frame: Any, event: str, arg: Any) -> None:
+            if event in ("return", "c_return"):
+                high[0] = max(high[0], reachable_bytes(ctx))
+
+        previous = sys.getprofile()
+        sys.setprofile(sample)  # this thread only: serial iterations run the task here
+        try:
+            original(task, ctx)
+        finally:
+            sys.setprofile(previous)
         after = reachable_storages(ctx)
         add = sum(v for k, v in after.items() if k not in before)
         free = sum(v for k, v in before.items() if k not in after)
@@ -246,7 +265,8 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
             dev = (a1 - a0, f1 - f0)
         else:
             dev = (add, free)
-        samples.setdefault(task.name, []).append((add, free, dev[0], dev[1]))
+        transient = max(0, high[0] - max(sum(before.values()), sum(after.values())))
+        samples.setdefault(task.name, []).append((add, free, dev[0], dev[1], transient))
 
     pipe._exec_task = measured
     try:
