@@ -155,3 +155,18 @@ def test_cuda_profiler_records_device_bytes():
     assert w["add_bytes"] == 1 << 20
     assert w["device_alloc_bytes"] >= 2 << 20 and w["device_free_bytes"] >= 1 << 20
     assert CostModel.from_profile(r)["Work"].device_alloc_bytes == w["device_alloc_bytes"]
+
+
+def test_transient_bytes_are_what_a_task_holds_only_while_it_runs():
+    def grow(ctx):
+        ctx.small = torch.zeros(5)  # 20 bytes, kept
+        ctx.big = torch.zeros(500)  # 2000 bytes, held during the task only
+        ctx.big.sum()  # a call returning while both are held: the sampler sees 2020 here
+        del ctx.big
+
+    plan = PipelinePlan({PipelineTask("Grow", grow): TaskSchedule(0)})
+    with SWPipeline(plan, device="cpu") as pipe:
+        m = measure_task_memory(pipe, None, num_iterations=1)
+    g = m.tasks["Grow"]
+    assert (g.add_bytes, g.free_bytes) == (20, 0)
+    assert g.transient_bytes == 2000  # 2020 at most during the task, 20 after it

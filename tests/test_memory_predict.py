@@ -197,3 +197,14 @@ def test_cap_without_byte_figures_says_how_to_get_them():
     costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
     with pytest.raises(ValueError, match="needs memory figures"):
         auto_schedule(_GRAPH, costs, Constraints(max_depth=2, time_limit_s=4, max_memory_bytes=500))
+
+
+def test_transient_bytes_raise_the_level_while_the_task_runs():
+    plan, costs = _two_stage()
+    costs = costs.replace("Step", transient_bytes=500)
+    m = simulate(plan, costs, num_iterations=30).memory
+    # Step(0) runs from 1 ms to 3 ms: +500 over the hand-computed levels of the test above
+    assert m.at(0.0015) == pytest.approx(1700) and m.at(0.0025) == pytest.approx(2700)
+    assert m.at(0.0035) == pytest.approx(1700)  # Step(1) runs 3..5 ms
+    b = min_memory(["Load", "Step"], [("Step", "Load")], costs)
+    assert b.single_iteration == pytest.approx(1600) and b.task == "Step"  # batch + Load's 1000 + 500 during Step
