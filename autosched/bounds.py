@@ -72,6 +72,10 @@ class Bounds:
         ``"critical path: ..."``, ``"schedule cycle: ..."``).
     components : tuple of (kind, value, what)
         Every bound with its description.
+    memory : MemoryBound, optional
+        When the cost model has memory figures: the least peak bytes any plan
+        running at ``value`` needs (:func:`autosched.memory.min_memory`);
+        ``memory.value`` bytes, with how it is derived.
 
     Examples
     --------
@@ -93,12 +97,15 @@ class Bounds:
     value: float
     binding: str
     components: Tuple[Tuple[str, float, str], ...]
+    memory: Any = None
 
     def summary(self) -> str:
         """One line per bound, the binding one marked."""
         lines = [f"lower bound {self.value * 1e3:.3f} ms/iter, binding: {self.binding}"]
         for kind, value, what in self.components:
             lines.append(f"  {kind:<15} {value * 1e3:10.3f} ms  {what}")
+        if self.memory is not None:
+            lines.append(f"  memory: {self.memory}")
         return "\n".join(lines)
 
 
@@ -429,8 +436,13 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
         binding = res_name
     else:
         binding = f"{kind}: {what}"
+    memory = None
+    if costs.has_bytes:  # the companion figure: the least memory of any plan at this period
+        from .memory import min_memory
+
+        memory = min_memory(tasks, intra, costs, value if value > 0 else None, device=device)
     return Bounds(res_mii=res, rec_mii=rec, critical_path=cp, schedule_cycle=sched_cycle, value=value,
-                  binding=binding, components=tuple(components))
+                  binding=binding, components=tuple(components), memory=memory)
 
 
 # -- bounds of a search problem (time units), used by the searchers ---------------------------------------------

@@ -5,8 +5,8 @@ on the task's thread; ``device_s``: time on the task's stream on CUDA;
 ``resources``: tags ``"comm:<name>"`` for collectives that serialise on one
 communicator even across streams, ``"pcie"`` for copies that contend for the
 bus). It is built by hand, from a :class:`~swpipe_core.profiler.ProfileResult`,
-or from an engine timeline, and stored as JSON (schema version 1, documented
-in ``cost_models/README.md``)::
+or from an engine timeline, and stored as JSON (schema version 2, documented
+in ``cost_models/README.md``; version 1 files, without bytes, still load)::
 
     {"schema": "swpipe-cost-model", "version": 1,
      "machine": "...", "method": "...", "notes": "...", "pipeline": "...",
@@ -15,6 +15,15 @@ in ``cost_models/README.md``)::
 What each part holds on each device is defined in docs/semantics.md ("What
 a cost model means"); on a CPU run there is no device queue, so a task's whole
 ``host_s + device_s`` is thread time (:meth:`TaskCost.cpu_s`).
+
+Version 2 adds optional memory figures (bytes): per task ``add_bytes`` /
+``free_bytes`` (tensor storages the task adds to / frees from the iteration's
+context), ``transient_bytes`` (held only while it runs) and
+``device_alloc_bytes`` / ``device_free_bytes`` (what the CUDA caching
+allocator handed out / took back while it ran), and at the top level
+``batch_bytes`` (the batch every context holds from its start);
+:mod:`autosched.memory` predicts bytes in flight from them. A model without
+bytes is written as version 1.
 """
 
 from __future__ import annotations
@@ -29,9 +38,11 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Unio
 __all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION", "as_cost_model"]
 
 SCHEMA = "swpipe-cost-model"
-SCHEMA_VERSION = 1
-_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks"}
-_TASK_FIELDS = {"host_s", "device_s", "resources"}
+SCHEMA_VERSION = 2
+_READS_VERSIONS = (1, 2)  # 2 added the optional byte fields
+_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks", "batch_bytes"}
+_BYTE_FIELDS = ("add_bytes", "free_bytes", "device_alloc_bytes", "device_free_bytes", "transient_bytes")
+_TASK_FIELDS = {"host_s", "device_s", "resources", *_BYTE_FIELDS}
 
 
 class CostModelError(ValueError):
@@ -64,6 +75,12 @@ def _check_time(value: Any, where: str) -> float:
     return float(value)
 
 
+def _check_bytes(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise CostModelError(f"bytes is {value!r}, not a finite number >= 0", where, "give a byte count, e.g. 4096")
+    return float(value)
+
+
 def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise CostModelError(f"resources is {value!r}, not a list of tags", where,
@@ -93,6 +110,14 @@ class TaskCost:
     resources : tuple of str
         ``"comm:<name>"`` (serialises with every task on that communicator, even on
         another stream) and/or ``"pcie"`` (contends with every other pcie task).
+    add_bytes, free_bytes : float
+        Bytes of tensor storage the task adds to / frees from its iteration's
+        context (applied at the task's end by :mod:`autosched.memory`).
+    device_alloc_bytes, device_free_bytes : float
+        CUDA: bytes the caching allocator handed out / took back while it ran.
+    transient_bytes : float
+        Bytes the context holds while the task runs, above its size at both
+        ends (e.g. gradients a backward puts on context tensors, then drops).
 
     Raises
     ------
@@ -113,11 +138,27 @@ class TaskCost:
     host_s: float
     device_s: float = 0.0
     resources: Tuple[str, ...] = ()
+    add_bytes: float = 0.0
+    free_bytes: float = 0.0
+    device_alloc_bytes: float = 0.0
+    device_free_bytes: float = 0.0
+    transient_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host_s", _check_time(self.host_s, "host_s"))
         object.__setattr__(self, "device_s", _check_time(self.device_s, "device_s"))
         object.__setattr__(self, "resources", _check_resources(list(self.resources), "resources"))
+        for name in _BYTE_FIELDS:
+            object.__setattr__(self, name, _check_bytes(getattr(self, name), name))
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {n}={getattr(self, n)!r}" for n in _BYTE_FIELDS if getattr(self, n))
+        return f"TaskCost(host_s={self.host_s!r}, device_s={self.device_s!r}, resources={self.resources!r}{extra})"
+
+    @property
+    def has_bytes(self) -> bool:
+        """Whether any memory figure is set (a version-2 entry)."""
+        return any(getattr(self, n) for n in _BYTE_FIELDS)
 
     @property
     def cpu_s(self) -> float:
@@ -140,6 +181,9 @@ class TaskCost:
         out: Dict[str, Any] = {"host_s": self.host_s, "device_s": self.device_s}
         if self.resources:
             out["resources"] = list(self.resources)
+        for name in _BYTE_FIELDS:
+            if getattr(self, name):
+                out[name] = getattr(self, name)
         return out
 
 
@@ -156,7 +200,8 @@ def _task_cost_from_dict(name: str, entry: Any) -> TaskCost:
     host = _check_time(entry["host_s"], f"{where}.host_s")
     device = _check_time(entry.get("device_s", 0.0), f"{where}.device_s")
     res = _check_resources(entry.get("resources", []), f"{where}.resources")
-    return TaskCost(host, device, res)
+    nbytes = {n: _check_bytes(entry[n], f"{where}.{n}") for n in _BYTE_FIELDS if n in entry}
+    return TaskCost(host, device, res, **nbytes)
 
 
 def _names_of(plan_or_names: Any) -> list:
@@ -180,6 +225,8 @@ class CostModel:
         Where and how the numbers were obtained (kept in the JSON file).
     pipeline : str
         Optional name of the pipeline the model is for.
+    batch_bytes : float
+        Bytes of the batch each iteration's context holds from its start (0: not measured).
 
     Examples
     --------
@@ -197,8 +244,10 @@ class CostModel:
     method: str = ""
     notes: str = ""
     pipeline: str = ""
+    batch_bytes: float = 0.0
 
     def __post_init__(self) -> None:
+        self.batch_bytes = _check_bytes(self.batch_bytes, "batch_bytes")
         if not isinstance(self.tasks, Mapping):
             raise CostModelError(f"tasks is {type(self.tasks).__name__}, not a dict", "tasks",
                                  "pass {task_name: TaskCost(...)}")
@@ -273,8 +322,10 @@ class CostModel:
             The task to scale; ``None`` scales every task.
         factor : float
             Multiplier, ``>= 0``.
-        part : {"both", "host", "device"}
-            Which part of the cost to scale.
+        part : {"both", "host", "device", "bytes"}
+            Which part of the cost to scale. ``"bytes"`` scales the memory
+            figures (with ``task=None`` also ``batch_bytes``): "what if the
+            batch size doubles".
 
         Returns
         -------
@@ -294,16 +345,23 @@ class CostModel:
         TaskCost(host_s=0.001, device_s=0.006, resources=())
         """
         factor = _check_time(factor, "factor")
-        if part not in ("both", "host", "device"):
-            raise CostModelError(f"unknown part {part!r}", "part", 'use "both", "host" or "device"')
+        if part not in ("both", "host", "device", "bytes"):
+            raise CostModelError(f"unknown part {part!r}", "part", 'use "both", "host", "device" or "bytes"')
         names = list(self.tasks) if task is None else [getattr(task, "name", task)]
         new = dict(self.tasks)
         for name in names:
             c = self[name]
+            if part == "bytes":
+                new[name] = _dc_replace(c, **{n: getattr(c, n) * factor for n in _BYTE_FIELDS})
+                continue
             host = c.host_s * factor if part in ("both", "host") else c.host_s
             dev = c.device_s * factor if part in ("both", "device") else c.device_s
-            new[name] = TaskCost(host, dev, c.resources)
-        return self._copy(new, f"{'all' if task is None else names[0]} x{factor:g}")
+            new[name] = _dc_replace(c, host_s=host, device_s=dev)
+        label = f"{'all' if task is None else names[0]}{' bytes' if part == 'bytes' else ''} x{factor:g}"
+        out = self._copy(new, label)
+        if part == "bytes" and task is None:
+            out.batch_bytes = self.batch_bytes * factor
+        return out
 
     def replace(self, task: Any, **fields: Any) -> "CostModel":
         """A copy with some fields of one task's cost replaced (``host_s``, ``device_s``, ``resources``).
@@ -340,7 +398,7 @@ class CostModel:
 
     def _copy(self, tasks: Dict[str, TaskCost], edit: str) -> "CostModel":
         notes = f"{self.notes}; what-if: {edit}" if self.notes else f"what-if: {edit}"
-        return CostModel(tasks, self.machine, self.method, notes, self.pipeline)
+        return CostModel(tasks, self.machine, self.method, notes, self.pipeline, self.batch_bytes)
 
     # -- builders --
 
@@ -370,17 +428,56 @@ class CostModel:
         """
         host = result.host_s or {}
         device = result.device_s or {}
+        memory = getattr(result, "memory", None) or {}
+        mem_tasks = memory.get("tasks", {})
         names = list(dict.fromkeys([*result.exposed_s, *host, *device]))
         tasks = {}
         for name in names:
             h = host.get(name, result.exposed_s.get(name, 0.0))
-            tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))))
+            nbytes = {n: max(0.0, float(v)) for n, v in mem_tasks.get(name, {}).items() if n in _BYTE_FIELDS}
+            tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))), **nbytes)
         kind = "host/device time" if result.host_s else "exposed time"
         meta = getattr(result, "meta", None) or {}
         extra = ", ".join(f"{k}={v}" for k, v in sorted(meta.items()) if isinstance(v, (str, int, float)))
         return cls(tasks, machine=machine or str(meta.get("machine", "")),
                    method=f"profile: {kind} (baseline {result.baseline_s * 1e3:.3f} ms)",
-                   notes="; ".join(x for x in (notes, extra) if x))
+                   notes="; ".join(x for x in (notes, extra) if x),
+                   batch_bytes=max(0.0, float(memory.get("batch_bytes", 0.0))))
+
+    def with_memory(self, figures: Any) -> "CostModel":
+        """A copy with the memory figures of :func:`swpipe_core.memory.measure_task_memory` (or its dict).
+
+        Parameters
+        ----------
+        figures : MemoryFigures or dict
+            ``batch_bytes`` and per-task ``add_bytes``, ``free_bytes``,
+            ``device_alloc_bytes``, ``device_free_bytes``.
+
+        Returns
+        -------
+        CostModel
+
+        Examples
+        --------
+        >>> m = CostModel({"A": TaskCost(0.001)}).with_memory(
+        ...     {"batch_bytes": 64, "tasks": {"A": {"add_bytes": 32, "free_bytes": 0}}})
+        >>> m.batch_bytes, m["A"].add_bytes
+        (64.0, 32.0)
+        """
+        doc = figures.to_dict() if hasattr(figures, "to_dict") else dict(figures)
+        new = dict(self.tasks)
+        for name, entry in doc.get("tasks", {}).items():
+            if name in new:
+                new[name] = _dc_replace(new[name], **{n: float(v) for n, v in entry.items() if n in _BYTE_FIELDS})
+        out = self._copy(new, "memory measured")
+        out.notes = self.notes
+        out.batch_bytes = _check_bytes(float(doc.get("batch_bytes", 0.0)), "batch_bytes")
+        return out
+
+    @property
+    def has_bytes(self) -> bool:
+        """Whether the model carries memory figures (``batch_bytes`` or any task's bytes)."""
+        return bool(self.batch_bytes) or any(c.has_bytes for c in self.tasks.values())
 
     @classmethod
     def from_timeline(cls, events: Iterable[Any], machine: str = "", notes: str = "") -> "CostModel":
@@ -431,17 +528,20 @@ class CostModel:
     # -- JSON --
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON document of the model (schema version 1).
+        """The JSON document of the model (schema version 2 with memory figures, else 1).
 
         Examples
         --------
         >>> CostModel({"A": TaskCost(0.001)}, machine="m").to_dict()["tasks"]
         {'A': {'host_s': 0.001, 'device_s': 0.0}}
         """
-        doc: Dict[str, Any] = {"schema": SCHEMA, "version": SCHEMA_VERSION, "machine": self.machine,
+        version = SCHEMA_VERSION if self.has_bytes else 1  # readers of version 1 still read a model without bytes
+        doc: Dict[str, Any] = {"schema": SCHEMA, "version": version, "machine": self.machine,
                                "method": self.method, "notes": self.notes}
         if self.pipeline:
             doc["pipeline"] = self.pipeline
+        if self.batch_bytes:
+            doc["batch_bytes"] = self.batch_bytes
         doc["tasks"] = {name: c.to_dict() for name, c in self.tasks.items()}
         return doc
 
@@ -466,10 +566,10 @@ class CostModel:
 
         Examples
         --------
-        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 2, "tasks": {}})  # doctest: +ELLIPSIS
+        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 3, "tasks": {}})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.costs.CostModelError: version: version 2 is not supported (this swpipe reads version 1). Fix: ...
+        autosched.costs.CostModelError: version: version 3 is not supported (this swpipe reads versions 1, 2). Fix: ...
         """
         def at(fieldname: str) -> str:
             return f"{where}: {fieldname}" if where and fieldname else (where or fieldname)
@@ -480,9 +580,9 @@ class CostModel:
         if doc.get("schema") != SCHEMA:
             raise CostModelError(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}", at("schema"),
                                  f'start the file with {{"schema": "{SCHEMA}", "version": {SCHEMA_VERSION}, ...}}')
-        if doc.get("version") != SCHEMA_VERSION:
-            raise CostModelError(f"version {doc.get('version')!r} is not supported (this swpipe reads version "
-                                 f"{SCHEMA_VERSION})", at("version"),
+        if doc.get("version") not in _READS_VERSIONS or isinstance(doc.get("version"), bool):
+            raise CostModelError(f"version {doc.get('version')!r} is not supported (this swpipe reads versions "
+                                 f"{', '.join(map(str, _READS_VERSIONS))})", at("version"),
                                  f"convert the file to version {SCHEMA_VERSION} (see cost_models/README.md)")
         unknown = sorted(set(doc) - _TOP_FIELDS)
         if unknown:
@@ -499,10 +599,15 @@ class CostModel:
             parsed = {name: _task_cost_from_dict(name, entry) for name, entry in tasks.items()}
         except CostModelError as exc:
             raise CostModelError(exc.what, at(exc.where), exc.fix) from None
-        return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""))
+        if doc.get("version") == 1 and ("batch_bytes" in doc or any(c.has_bytes for c in parsed.values())):
+            raise CostModelError("memory figures (bytes) in a version 1 file", at("version"),
+                                 f'write "version": {SCHEMA_VERSION} (bytes came with version 2)')
+        batch = _check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
+        return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""),
+                   batch)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write the model as JSON (schema version 1).
+        """Write the model as JSON (schema version 2, or 1 when it has no memory figures).
 
         Parameters
         ----------

@@ -72,6 +72,12 @@ class Constraints:
         The models' integer clock (default: about 1e-5 of a serial iteration).
     progress : bool
         tqdm progress bar over beam rounds.
+    max_memory_bytes : float, optional
+        Cap on the predicted peak bytes in flight (needs memory figures in the
+        cost model): the search returns the fastest plan whose peak fits,
+        trying every depth up to ``max_depth``, or raises
+        :class:`autosched.memsearch.MemoryCapError` naming the least memory a
+        plan needs (:mod:`autosched.memsearch`).
 
     Examples
     --------
@@ -95,6 +101,7 @@ class Constraints:
     num_iterations: int = 60
     time_unit_s: Optional[float] = None
     progress: bool = False
+    max_memory_bytes: Optional[float] = None
 
 
 @dataclass
@@ -146,6 +153,24 @@ class SearchReport:
     utilisation: Dict[str, float] = field(default_factory=dict)
     what_if: List[Tuple[str, float]] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    # memory (when the cost model has bytes): predicted peak, the least any plan needs, and under a cap
+    # the best plan per depth cap (autosched.memsearch.TradeoffPoint)
+    peak_bytes: Optional[float] = None
+    min_memory_bytes: Optional[float] = None
+    max_memory_bytes: Optional[float] = None
+    memory_tradeoff: List[Any] = field(default_factory=list)
+
+    def tradeoff_table(self) -> str:
+        """The period-vs-memory trade-off across depth caps (searched under ``max_memory_bytes``)."""
+        from .memsearch import tradeoff_table
+
+        return tradeoff_table(self.memory_tradeoff, self.max_memory_bytes)
+
+    def plot_tradeoff(self, path: Optional[str] = None) -> Any:
+        """Peak bytes against period per depth cap with the Pareto front and the cap (matplotlib figure)."""
+        from .memsearch import tradeoff_plot
+
+        return tradeoff_plot(self.memory_tradeoff, self.max_memory_bytes, path)
 
     def summary(self) -> str:
         """A few lines: period, what binds, bound and gap, depth, status, what was tried."""
@@ -166,6 +191,14 @@ class SearchReport:
             lines.append(f"  CP-SAT model period {_ms(self.model_period_s)}{bound}, solver {self.solver_time_s:.2f}s")
         tried = ", ".join(f"{k} {v}" for k, v in self.tried.items() if v)
         lines.append(f"  tried: {tried}; search {self.search_time_s:.2f}s")
+        if self.peak_bytes is not None:
+            from .memory import format_bytes
+
+            cap = "" if self.max_memory_bytes is None else f" (cap {format_bytes(self.max_memory_bytes)})"
+            least = "" if self.min_memory_bytes is None else f"; any plan needs >= {format_bytes(self.min_memory_bytes)}"
+            lines.append(f"  predicted peak bytes in flight {format_bytes(self.peak_bytes)}{cap}{least}")
+        if self.memory_tradeoff:
+            lines += ["  " + row for row in self.tradeoff_table().splitlines()]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -351,8 +384,12 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     c = constraints or Constraints()
     if c.method not in ("auto", "cpsat", "beam"):
         raise ValueError(f"method must be 'auto', 'cpsat' or 'beam', got {c.method!r}")
-    t0 = time.perf_counter()
     costs = as_cost_model(costs)
+    if c.max_memory_bytes is not None:  # one search per depth cap, keep the fastest that fits
+        from .memsearch import schedule_under_cap
+
+        return schedule_under_cap(tasks_or_graph, costs, c)
+    t0 = time.perf_counter()
     problem = make_problem(tasks_or_graph, costs, c)
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
     # budget: beam 30% then CP-SAT up to 70% (its depth refinement may add a fifth of that), or beam 85%;
@@ -450,7 +487,7 @@ def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, fo
             baseline = found.scorer(problem.base_plan)[0]
         except Exception as exc:  # an input plan outside the engine's rules has no baseline
             found.notes.append(f"input plan could not be simulated as given: {exc}")
-    return SearchReport(
+    report = SearchReport(
         plan=plan, period_s=period, latency_s=latency, lower_bound_s=lb,
         gap_pct=100.0 * (period / lb - 1.0) if lb > 0 else 0.0, binding=str(sim.binding),
         bound_binding=bound_why, depth=plan.pipeline_depth, max_depth=problem.max_depth,
@@ -460,3 +497,10 @@ def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, fo
         device=problem.device, serial_period_s=_serial_period(problem), baseline_period_s=baseline,
         utilisation=dict(sim.utilisation), what_if=_what_ifs(problem, plan, sim, c.num_iterations), notes=found.notes,
     )
+    if getattr(problem.costs, "has_bytes", False):
+        from .memory import min_memory
+
+        report.peak_bytes = sim.memory.peak_bytes
+        report.min_memory_bytes = min_memory(list(problem.names), list(problem.intra), problem.costs,
+                                             device=problem.device).value
+    return report

@@ -154,6 +154,23 @@ class SimResult:
     window: Tuple[int, int]
 
     @property
+    def memory(self) -> Any:
+        """Predicted live bytes over the run (:func:`autosched.memory.predict_memory`; needs the costs' bytes)."""
+        from .memory import predict_memory
+
+        return predict_memory(self)
+
+    @property
+    def peak_bytes(self) -> float:
+        """Most bytes in flight at any instant (``memory.peak_bytes``)."""
+        return self.memory.peak_bytes
+
+    @property
+    def mean_bytes(self) -> float:
+        """Time-weighted mean bytes in flight in steady state (``memory.mean_bytes``)."""
+        return self.memory.mean_bytes
+
+    @property
     def latency_growth(self) -> float:
         """Seconds per iteration by which latency grows over the window (> 0: the host runs ahead of the device)."""
         w0, w1 = self.window

@@ -33,7 +33,9 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
         ``{task: factor}`` scales a task's host and device time; ``{task: TaskCost}``
         replaces its cost; ``{task: {"host_s": ..., "device_s": ..., "resources": ...}}``
         replaces some fields (a task not in the model is added, ``host_s`` required);
-        the key ``"*"`` scales every task; a ``CostModel`` replaces the model; a
+        the key ``"*"`` scales every task; the key ``"*bytes"`` scales every memory
+        figure ("what if the batch size doubles": ``{"*bytes": 2}``, with
+        ``{"*": 2}`` for the time too); a ``CostModel`` replaces the model; a
         callable maps the model to a new one.
 
     Returns
@@ -67,13 +69,17 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
         name = getattr(task, "name", task)
         if name == "*":
             out = out.scaled(None, change)
+        elif name == "*bytes":
+            out = out.scaled(None, change, part="bytes")
         elif isinstance(change, TaskCost):
-            out = CostModel({**out.tasks, name: change}, out.machine, out.method, out.notes, out.pipeline)
+            out = CostModel({**out.tasks, name: change}, out.machine, out.method, out.notes, out.pipeline,
+                            out.batch_bytes)
         elif isinstance(change, Mapping):
             if name in out:
                 out = out.replace(name, **change)
             else:
-                out = CostModel({**out.tasks, name: dict(change)}, out.machine, out.method, out.notes, out.pipeline)
+                out = CostModel({**out.tasks, name: dict(change)}, out.machine, out.method, out.notes, out.pipeline,
+                            out.batch_bytes)
         elif isinstance(change, (int, float)) and not isinstance(change, bool):
             if name not in out:
                 raise CostModelError(f"no cost for task {name!r} to scale", "changes",
@@ -105,8 +111,12 @@ def _describe(changes: Changes) -> str:
 def _row(plan: PipelinePlan, costs: CostModel, num_iterations: int, device: str) -> Dict[str, Any]:
     sim = simulate(plan, costs, num_iterations=num_iterations, device=device)
     b = lower_bounds(plan, costs, device=device)
-    return {"period_s": sim.period, "latency_s": sim.latency, "binding": sim.binding,
-            "lower_bound_s": b.value, "bound_binding": b.binding}
+    row = {"period_s": sim.period, "latency_s": sim.latency, "binding": sim.binding,
+           "lower_bound_s": b.value, "bound_binding": b.binding}
+    if costs.has_bytes:  # memory columns only when the model carries bytes
+        row.update(peak_bytes=sim.memory.peak_bytes, mean_bytes=sim.memory.mean_bytes,
+                   min_memory_bytes=b.memory.value if b.memory is not None else None)
+    return row
 
 
 def what_if(plan: PipelinePlan, costs: CostModel, changes: Changes, num_iterations: int = 50,
@@ -127,7 +137,9 @@ def what_if(plan: PipelinePlan, costs: CostModel, changes: Changes, num_iteratio
     pandas.DataFrame
         Index ``["before", "after"]``; columns ``change``, ``period_s``,
         ``latency_s``, ``binding``, ``lower_bound_s``, ``bound_binding`` and
-        ``speedup`` (before's period / this period).
+        ``speedup`` (before's period / this period); with memory figures in
+        the costs also ``peak_bytes``, ``mean_bytes`` (predicted bytes in
+        flight) and ``min_memory_bytes`` (the least any plan needs).
 
     Raises
     ------

@@ -27,7 +27,8 @@ __all__ = ["TaskProfiler", "ProfileResult"]
 
 _log = logging.getLogger(__name__)
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2  # 2 added the optional "memory" field; version 1 files still load
+_READS_VERSIONS = (1, 2)
 _CPU_DEVICE_NOTE = "not measured on CPU: there is no device queue, all of a task's time is host time (host_s)"
 
 
@@ -50,6 +51,11 @@ class ProfileResult:
     meta : dict
         How it was measured: device, counts, per-round samples, the
         profiler's own wall time (``wall_s``), torch version, date.
+    memory : dict, optional
+        Per-task bytes (:meth:`swpipe_core.memory.MemoryFigures.to_dict`):
+        ``{"batch_bytes": ..., "method": ..., "tasks": {name: {"add_bytes",
+        "free_bytes", "device_alloc_bytes", "device_free_bytes"}}}``; None when
+        not measured. Not shown in the repr (it is long).
 
     Examples
     --------
@@ -72,6 +78,7 @@ class ProfileResult:
     host_s: Optional[Dict[str, float]] = None
     device_s: Optional[Dict[str, float]] = None
     meta: Dict[str, Any] = field(default_factory=dict)
+    memory: Optional[Dict[str, Any]] = field(default=None, repr=False)
 
     def format_report(self) -> str:
         """The report :meth:`print_report` prints, as a string.
@@ -152,15 +159,18 @@ class ProfileResult:
         print(self.format_report())
 
     def to_dict(self) -> Dict[str, Any]:
-        """A JSON-ready dict (schema ``version`` 1) of all fields."""
-        return {
-            "version": _SCHEMA_VERSION,
+        """A JSON-ready dict of all fields: schema ``version`` 2 with ``memory``, else 1 (older readers load it)."""
+        out = {
+            "version": _SCHEMA_VERSION if self.memory is not None else 1,
             "baseline_s": self.baseline_s,
             "exposed_s": dict(self.exposed_s),
             "host_s": None if self.host_s is None else dict(self.host_s),
             "device_s": None if self.device_s is None else dict(self.device_s),
             "meta": self.meta,
         }
+        if self.memory is not None:
+            out["memory"] = self.memory
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ProfileResult":
@@ -172,8 +182,9 @@ class ProfileResult:
             If the schema version is not one this code reads, or a field is missing.
         """
         version = data.get("version", _SCHEMA_VERSION)
-        if version != _SCHEMA_VERSION:
-            raise ValueError(f"ProfileResult schema version {version!r} is not supported (this code reads {_SCHEMA_VERSION})")
+        if version not in _READS_VERSIONS:
+            raise ValueError(f"ProfileResult schema version {version!r} is not supported (this code reads "
+                             f"{', '.join(map(str, _READS_VERSIONS))})")
         if "baseline_s" not in data:
             raise ValueError("not a ProfileResult: the 'baseline_s' field is missing")
         return cls(
@@ -182,6 +193,7 @@ class ProfileResult:
             host_s=data.get("host_s"),
             device_s=data.get("device_s"),
             meta=dict(data.get("meta") or {}),
+            memory=data.get("memory"),
         )
 
     def save(self, path: str) -> None:
@@ -300,6 +312,7 @@ class TaskProfiler:
         *,
         task_times: bool = True,
         interleave: bool = True,
+        memory: Optional[bool] = None,
     ) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
@@ -334,6 +347,12 @@ class TaskProfiler:
             baseline and shortcut rounds alike instead of biasing every
             exposed time; the price is one untimed caching iteration per task
             per round instead of per task.
+        memory : bool, optional
+            Default: as ``task_times``. Also record per-task bytes added to and freed from the context
+            (and on CUDA allocated and freed on the device) over
+            ``num_measure`` serial iterations
+            (:func:`swpipe_core.memory.measure_task_memory`), in
+            :attr:`ProfileResult.memory`.
 
         Returns
         -------
@@ -430,6 +449,14 @@ class TaskProfiler:
         host_s = device_s = None
         if task_times:
             host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync)
+        mem = None
+        if task_times if memory is None else memory:
+            from .memory import measure_task_memory
+
+            start = next(counter)
+            for _ in range(num_measure - 1):  # the measured iterations take the next indices
+                next(counter)
+            mem = measure_task_memory(pipe, batch, num_measure, iter_start=start).to_dict()
         meta: Dict[str, Any] = {
             "device": str(device),
             "machine": _machine(device),
@@ -448,7 +475,8 @@ class TaskProfiler:
             "torch": torch.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
         }
-        return ProfileResult(baseline_s=baseline, exposed_s=exposed, host_s=host_s, device_s=device_s, meta=meta)
+        return ProfileResult(baseline_s=baseline, exposed_s=exposed, host_s=host_s, device_s=device_s, meta=meta,
+                             memory=mem)
 
     def profile_many(
         self,

@@ -204,7 +204,7 @@ BAD_COST_FILES: Dict[str, Tuple[Any, type, str]] = {
     "top level list": ([], CostModelError, ""),
     "wrong schema": (_with(_COST_OK, schema="cost"), CostModelError, "schema"),
     "no schema": (_with(_COST_OK, schema=_DROP), CostModelError, "schema"),
-    "version 2": (_with(_COST_OK, version=2), CostModelError, "version"),
+    "version 3": (_with(_COST_OK, version=3), CostModelError, "version"),
     "unknown top field": (_with(_COST_OK, device="gpu"), CostModelError, "device"),
     "no tasks": (_with(_COST_OK, tasks=_DROP), CostModelError, "tasks"),
     "empty tasks": (_with(_COST_OK, tasks={}), CostModelError, "tasks"),

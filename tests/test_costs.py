@@ -49,7 +49,7 @@ def test_save_load_round_trip_keeps_every_field(tmp_path):
      "unknown resource tag 'nvlink'"),
     (_doc(tasks={"A": {"host_s": 0.001, "resources": "pcie"}}), "tasks.A.resources", "not a list"),
     (_doc(tasks={}), "tasks", "not a non-empty object"),
-    (_doc(version=2), "version", "version 2 is not supported"),
+    (_doc(version=3), "version", "version 3 is not supported"),
     (_doc(schema="something-else"), "schema", "expected 'swpipe-cost-model'"),
     (_doc(extra=1), "top level", "unknown field(s) ['extra']"),
     (_doc(machine=3), "machine", "not a string"),

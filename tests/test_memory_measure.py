@@ -1,0 +1,172 @@
+"""Measuring an iteration's bytes: storages reachable from a context, per-task deltas, profiler, CUDA allocator."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from autosched.costs import CostModel
+from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.engine import SWPipeline
+from swpipe_core.memory import measure_task_memory, reachable_bytes, reachable_storages
+from swpipe_core.plan import IterContext
+from swpipe_core.profiler import ProfileResult, TaskProfiler
+
+
+@dataclasses.dataclass
+class _Pair:
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class _Slotted:
+    __slots__ = ("t", "unset")
+
+    def __init__(self, t):
+        self.t = t
+
+
+def test_shared_storage_counted_once_across_views_containers_and_objects():
+    x = torch.zeros(1000, dtype=torch.float32)  # 4000 bytes
+    y = torch.ones(10, dtype=torch.float64)  # 80 bytes
+    ctx = IterContext({"x": x, "nested": [(x[5:], {"v": x.view(10, 100)})]}, 0)
+    ctx.pair = _Pair(x[:3], y)
+    ctx.slotted = _Slotted(y[1:])
+    ctx.again = ctx.batch  # a second path to the same objects
+    assert reachable_bytes(ctx) == 4080
+    assert len(reachable_storages(ctx)) == 2
+
+
+def test_modules_are_not_counted_as_iteration_state():
+    ctx = IterContext(None, 0)
+    ctx.model = torch.nn.Linear(100, 100)
+    ctx.out = torch.zeros(5)
+    assert reachable_bytes(ctx) == 20
+
+
+def test_cyclic_references_terminate():
+    a: list = [torch.zeros(4)]
+    a.append(a)
+    assert reachable_bytes({"a": a, "self": a}) == 16
+
+
+def test_leaf_grad_is_counted():
+    w = torch.zeros(8, requires_grad=True)
+    w.sum().backward()
+    assert reachable_bytes([w]) == 64
+
+
+def _plan():
+    def load(ctx):
+        ctx.x = torch.zeros(1024)  # 4096 bytes
+        ctx.alias = ctx.x[:10]  # no new storage
+
+    def step(ctx):
+        tmp = torch.ones(2048)  # a temporary: never in the context
+        ctx.y = tmp[:16].clone()  # 64 bytes
+        del ctx.x, ctx.alias
+
+    return PipelinePlan({PipelineTask("Load", load): TaskSchedule(0), PipelineTask("Step", step): TaskSchedule(1)},
+                        intra_iter_deps=[("Step", "Load")])
+
+
+def test_measure_task_memory_reports_adds_frees_and_batch():
+    with SWPipeline(_plan(), device="cpu") as pipe:
+        m = measure_task_memory(pipe, torch.zeros(25, dtype=torch.float64), num_iterations=2)
+        assert "_exec_task" not in vars(pipe)  # the wrapper is removed
+    assert m.batch_bytes == 200
+    assert (m.tasks["Load"].add_bytes, m.tasks["Load"].free_bytes) == (4096, 0)
+    assert (m.tasks["Step"].add_bytes, m.tasks["Step"].free_bytes) == (64, 4096)
+    # CPU: the device figures are the context figures
+    assert (m.tasks["Step"].device_alloc_bytes, m.tasks["Step"].device_free_bytes) == (64, 4096)
+
+
+def test_measure_task_memory_rejects_zero_iterations():
+    with SWPipeline(_plan(), device="cpu") as pipe:
+        with pytest.raises(ValueError, match="at least one iteration"):
+            measure_task_memory(pipe, None, num_iterations=0)
+
+
+def test_profiler_records_memory_and_cost_model_keeps_it(tmp_path):
+    with SWPipeline(_plan(), device="cpu") as pipe:
+        r = TaskProfiler(pipe).profile(torch.zeros(4), num_warmup=0, num_measure=2, num_rounds=1)
+    assert r.memory["tasks"]["Load"]["add_bytes"] == 4096
+    path = tmp_path / "p.json"
+    r.save(path)
+    assert json.loads(path.read_text())["version"] == 2
+    back = ProfileResult.load(path)
+    assert back.memory == r.memory
+    costs = CostModel.from_profile(back)
+    assert costs.batch_bytes == 16 and costs["Step"].free_bytes == 4096 and costs["Step"].add_bytes == 64
+
+
+def test_profiler_memory_off_leaves_version_1():
+    with SWPipeline(_plan(), device="cpu") as pipe:
+        r = TaskProfiler(pipe).profile(torch.zeros(4), num_warmup=0, num_measure=1, num_rounds=1, memory=False)
+    assert r.memory is None and r.to_dict()["version"] == 1
+
+
+def test_profile_result_version_1_still_loads():
+    r = ProfileResult.from_dict({"version": 1, "baseline_s": 0.01, "exposed_s": {"A": 0.002}})
+    assert r.memory is None and r.exposed_s == {"A": 0.002}
+
+
+# -- CUDA: the caching allocator's counters around each task ------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(120)
+def test_cuda_device_bytes_include_temporaries_context_bytes_do_not():
+    mib = 1 << 20
+
+    def load(ctx):
+        ctx.x = torch.empty(mib // 4, device="cuda")  # 1 MiB kept in the context
+
+    def step(ctx):
+        tmp = torch.empty(2 * mib // 4, device="cuda")  # 2 MiB temporary, released before the task returns
+        ctx.y = tmp[:1].clone()
+        del tmp, ctx.x
+
+    plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0), PipelineTask("Step", step): TaskSchedule(1)},
+                        intra_iter_deps=[("Step", "Load")])
+    with SWPipeline(plan, device="cuda") as pipe:
+        m = measure_task_memory(pipe, torch.zeros(4, device="cuda"), num_iterations=3)
+    load_m, step_m = m.tasks["Load"], m.tasks["Step"]
+    assert load_m.add_bytes == mib and load_m.device_alloc_bytes >= mib
+    assert step_m.free_bytes == mib and step_m.add_bytes == 4  # context: the clone only (own 4-byte storage)
+    assert step_m.device_alloc_bytes >= 2 * mib  # the allocator saw the temporary
+    assert step_m.device_free_bytes >= 3 * mib  # the temporary and ctx.x went back
+    assert "torch.cuda.memory_stats" in m.method
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(120)
+def test_cuda_profiler_records_device_bytes():
+    def work(ctx):
+        ctx.out = torch.ones(1 << 18, device="cuda") * 2  # the ones are a 1 MiB temporary
+
+    plan = PipelinePlan({PipelineTask("Work", work): TaskSchedule(0)})
+    with SWPipeline(plan, device="cuda") as pipe:
+        r = TaskProfiler(pipe).profile(torch.zeros(1, device="cuda"), num_warmup=1, num_measure=2, num_rounds=1)
+    w = r.memory["tasks"]["Work"]
+    assert w["add_bytes"] == 1 << 20
+    assert w["device_alloc_bytes"] >= 2 << 20 and w["device_free_bytes"] >= 1 << 20
+    assert CostModel.from_profile(r)["Work"].device_alloc_bytes == w["device_alloc_bytes"]
+
+
+def test_transient_bytes_are_what_a_task_holds_only_while_it_runs():
+    def grow(ctx):
+        ctx.small = torch.zeros(5)  # 20 bytes, kept
+        ctx.big = torch.zeros(500)  # 2000 bytes, held during the task only
+        ctx.big.sum()  # a call returning while both are held: the sampler sees 2020 here
+        del ctx.big
+
+    plan = PipelinePlan({PipelineTask("Grow", grow): TaskSchedule(0)})
+    with SWPipeline(plan, device="cpu") as pipe:
+        m = measure_task_memory(pipe, None, num_iterations=1)
+    g = m.tasks["Grow"]
+    assert (g.add_bytes, g.free_bytes) == (20, 0)
+    assert g.transient_bytes == 2000  # 2020 at most during the task, 20 after it
