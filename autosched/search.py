@@ -146,6 +146,7 @@ class SearchReport:
     utilisation: Dict[str, float] = field(default_factory=dict)
     what_if: List[Tuple[str, float]] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    verify: Optional[Any] = None  # autosched.verify.VerifyTable when the plans were measured on the engine
 
     def summary(self) -> str:
         """A few lines: period, what binds, bound and gap, depth, status, what was tried."""
@@ -167,6 +168,8 @@ class SearchReport:
         tried = ", ".join(f"{k} {v}" for k, v in self.tried.items() if v)
         lines.append(f"  tried: {tried}; search {self.search_time_s:.2f}s")
         lines += [f"  note: {n}" for n in self.notes]
+        if self.verify is not None:
+            lines.append(self.verify.format(indent="  "))
         return "\n".join(lines)
 
     def format(self, num_iterations: int = 3) -> str:
@@ -315,8 +318,9 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
 # --------------------------------------------------------------------------- entry point
 
 
-def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None
-                  ) -> Tuple[PipelinePlan, SearchReport]:
+def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None, *,
+                  seeds: Optional[Sequence[Any]] = None, verify: Any = None,
+                  batches: Optional[Sequence[Any]] = None) -> Tuple[PipelinePlan, SearchReport]:
     """Search the best plan: stages, thread groups, streams and enqueue order, jointly.
 
     Parameters
@@ -331,6 +335,17 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     costs : CostModel
         A cost for every task (``host_s``, ``device_s``, ``comm:``/``pcie`` tags).
     constraints : Constraints, optional
+    seeds : list of PipelinePlan (or of (label, plan)), optional
+        Known plans over the same tasks and dependencies (e.g. TorchRec's),
+        scored beside the search's own and verified with them
+        (:mod:`autosched.seeds`).
+    verify : None, bool, int or autosched.verify.VerifyOptions
+        Run the top candidates, the input plan and the serial plan on the
+        engine in interleaved rounds and return the one measured fastest
+        (:mod:`autosched.verify`); ``None`` (default): on when the tasks are
+        runnable and ``batches`` are given; an int is the number of rounds.
+    batches : sequence, optional
+        Batches for the verification runs.
 
     Returns
     -------
@@ -380,6 +395,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     shallower, _ = beam_mod.reduce_depth(problem, best, final_scorer, beam_mod.recurrence_bound(problem))
     best = shallower
     chosen_plan, period, latency, method = best.plan, best.period, best.latency, "beam"
+    pool: List[Tuple[str, Any]] = [("beam", best.plan), ("beam (deeper)", beam.best.plan)]  # verify candidates
     bc = beam.counts
     tried = {"beam candidates": bc["candidates"], "beam distinct": bc["unique"], "beam simulated": bc["simulated"],
              "beam stage vectors tried": bc["stage_enumerated"], "beam rounds": bc["rounds"]}
@@ -394,6 +410,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         tried["CP-SAT solves"] = len(res.tried)
         solver_time, proven = res.solve_time_s, res.bound_s
         if res.plan is not None:
+            pool.insert(0, ("cpsat", res.plan))
             model_period = res.period_s
             cp_period, cp_latency = final_scorer(res.plan)
             rank = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
@@ -408,6 +425,15 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         status = res.status if res.plan is not None else "HEURISTIC"
         if status == "OPTIMAL" and period > res.period_s * (1 + 1e-6) + problem.unit_s:
             status = "FEASIBLE"
+
+    # 2b. seed plans (autosched.seeds): scored by the same simulator, verified alongside
+    from .seeds import best_seed, check_seeds
+
+    seed_plans, seed_notes = check_seeds(seeds, problem)
+    notes += seed_notes
+    chosen_plan, period, latency, method = best_seed(seed_plans, final_scorer, (chosen_plan, period, latency, method),
+                                                     problem.unit_s, notes)
+    pool += seed_plans
 
     # 3. judge the chosen plan with the simulator, and say why
     validate(chosen_plan)
@@ -434,4 +460,9 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         serial_period_s=_serial_period(problem), baseline_period_s=baseline, utilisation=dict(sim.utilisation),
         what_if=_what_ifs(problem, chosen_plan, sim, c.num_iterations), notes=notes,
     )
+    # 4. verify in the loop (autosched.verify): measured on the engine, the fastest wins
+    from . import verify as verify_mod
+
+    if verify_mod.wanted(verify, problem, batches):
+        chosen_plan, report = verify_mod.verify_search(report, pool, problem, batches, verify, c.num_iterations)
     return chosen_plan, report
