@@ -29,7 +29,8 @@ __all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION"
 
 SCHEMA = "swpipe-cost-model"
 SCHEMA_VERSION = 1
-_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks"}
+_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks",
+               "machine_calibration"}  # optional, versioned on its own: swpipe_core.calibrate
 _TASK_FIELDS = {"host_s", "device_s", "resources"}
 
 
@@ -69,10 +70,11 @@ def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
                              'write e.g. ["comm:nccl"] or ["pcie"] or []')
     tags = []
     for tag in value:
-        ok = isinstance(tag, str) and (tag == "pcie" or (tag.startswith("comm:") and len(tag) > 5))
+        ok = isinstance(tag, str) and (tag in ("pcie", "gil") or (tag.startswith("comm:") and len(tag) > 5))
         if not ok:
             raise CostModelError(f"unknown resource tag {tag!r}", where,
-                                 'use "comm:<communicator>" for collectives or "pcie" for host<->device copies')
+                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies or "gil" '
+                                 'for Python that holds the GIL')
         tags.append(tag)
     if len(set(tags)) != len(tags):
         raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
@@ -196,6 +198,7 @@ class CostModel:
     method: str = ""
     notes: str = ""
     pipeline: str = ""
+    machine_calibration: Any = None  # swpipe_core.calibrate.MachineCalibration (autosched.calibrated uses it)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tasks, Mapping):
@@ -339,7 +342,8 @@ class CostModel:
 
     def _copy(self, tasks: Dict[str, TaskCost], edit: str) -> "CostModel":
         notes = f"{self.notes}; what-if: {edit}" if self.notes else f"what-if: {edit}"
-        return CostModel(tasks, self.machine, self.method, notes, self.pipeline)
+        return CostModel(tasks, self.machine, self.method, notes, self.pipeline,
+                         machine_calibration=self.machine_calibration)
 
     # -- builders --
 
@@ -376,10 +380,15 @@ class CostModel:
             tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))))
         kind = "host/device time" if result.host_s else "exposed time"
         meta = getattr(result, "meta", None) or {}
+        calibration = meta.get("machine_calibration")
+        if isinstance(calibration, Mapping):
+            from swpipe_core.calibrate import MachineCalibration
+
+            calibration = MachineCalibration.from_dict(calibration)
         extra = ", ".join(f"{k}={v}" for k, v in sorted(meta.items()) if isinstance(v, (str, int, float)))
         return cls(tasks, machine=machine or str(meta.get("machine", "")),
                    method=f"profile: {kind} (baseline {result.baseline_s * 1e3:.3f} ms)",
-                   notes="; ".join(x for x in (notes, extra) if x))
+                   notes="; ".join(x for x in (notes, extra) if x), machine_calibration=calibration)
 
     @classmethod
     def from_timeline(cls, events: Iterable[Any], machine: str = "", notes: str = "") -> "CostModel":
@@ -442,6 +451,8 @@ class CostModel:
         if self.pipeline:
             doc["pipeline"] = self.pipeline
         doc["tasks"] = {name: c.to_dict() for name, c in self.tasks.items()}
+        if self.machine_calibration is not None:
+            doc["machine_calibration"] = self.machine_calibration.to_dict()
         return doc
 
     @classmethod
@@ -498,7 +509,16 @@ class CostModel:
             parsed = {name: _task_cost_from_dict(name, entry) for name, entry in tasks.items()}
         except CostModelError as exc:
             raise CostModelError(exc.what, at(exc.where), exc.fix) from None
-        return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""))
+        calibration = doc.get("machine_calibration")
+        if calibration is not None:
+            from swpipe_core.calibrate import MachineCalibration
+
+            try:
+                calibration = MachineCalibration.from_dict(calibration, where=at("machine_calibration"))
+            except ValueError as exc:
+                raise CostModelError(str(exc)) from None
+        return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""),
+                   machine_calibration=calibration)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the model as JSON (schema version 1).

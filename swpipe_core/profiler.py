@@ -257,6 +257,7 @@ class TaskProfiler:
         *,
         task_times: bool = True,
         interleave: bool = True,
+        calibrate: bool = False,
     ) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
@@ -291,6 +292,10 @@ class TaskProfiler:
             baseline and shortcut rounds alike instead of biasing every
             exposed time; the price is one untimed caching iteration per task
             per round instead of per task.
+        calibrate : bool
+            Also measure the machine (:func:`swpipe_core.calibrate.calibrate`:
+            engine costs, cores free, each task's GIL share) into
+            ``meta["machine_calibration"]``; ``CostModel.from_profile`` keeps it.
 
         Returns
         -------
@@ -405,6 +410,10 @@ class TaskProfiler:
             "torch": torch.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
         }
+        if calibrate:
+            from .calibrate import calibrate as _calibrate
+
+            meta["machine_calibration"] = _calibrate(pipe, batch).to_dict()
         return ProfileResult(baseline_s=baseline, exposed_s=exposed, host_s=host_s, device_s=device_s, meta=meta)
 
     def profile_many(
