@@ -351,8 +351,12 @@ class CostModel:
     def from_profile(cls, result: Any, machine: str = "", notes: str = "") -> "CostModel":
         """Build a model from a :class:`~swpipe_core.plan.ProfileResult`.
 
-        ``host_s`` / ``device_s`` are used where the profile measured them; otherwise a
-        task's exposed time becomes its ``host_s`` (on CPU all time is host time).
+        ``host_s`` / ``device_s`` are used where the profile measured them (``host_s``:
+        the mean per task, ``meta["host_mean_s"]``, when recorded, so the tasks' times
+        add up to the measured serial iteration; else the median); otherwise a
+        task's exposed time becomes its ``host_s`` (on CPU all time is host time). A
+        ``meta["machine_calibration"]`` (``TaskProfiler.profile(calibrate=True)``)
+        becomes the model's ``machine_calibration``.
 
         Parameters
         ----------
@@ -371,7 +375,9 @@ class CostModel:
         >>> m["A"].host_s, m.method
         (0.004, 'profile: exposed time (baseline 10.000 ms)')
         """
-        host = result.host_s or {}
+        meta = getattr(result, "meta", None) or {}
+        # the mean host time when the profile has it: means add up to the serial iteration, medians do not
+        host = meta.get("host_mean_s") or result.host_s or {}
         device = result.device_s or {}
         names = list(dict.fromkeys([*result.exposed_s, *host, *device]))
         tasks = {}
@@ -379,7 +385,6 @@ class CostModel:
             h = host.get(name, result.exposed_s.get(name, 0.0))
             tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))))
         kind = "host/device time" if result.host_s else "exposed time"
-        meta = getattr(result, "meta", None) or {}
         calibration = meta.get("machine_calibration")
         if isinstance(calibration, Mapping):
             from swpipe_core.calibrate import MachineCalibration

@@ -390,8 +390,9 @@ class TaskProfiler:
         exposed = {n: max(0.0, baseline - s) for n, s in shortcut_s.items()}
 
         host_s = device_s = None
+        host_mean: Dict[str, float] = {}
         if task_times:
-            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync)
+            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync, means=host_mean)
         meta: Dict[str, Any] = {
             "device": str(device),
             "machine": _machine(device),
@@ -404,6 +405,8 @@ class TaskProfiler:
             "shortcut_s": shortcut_s,
             "shortcut_rounds_s": shortcut_rounds,
             "host_time": "median perf_counter time of each task's execution on its thread" if task_times else "not measured",
+            # means add up to the serial iteration (medians of skewed times do not): CostModel.from_profile uses them
+            "host_mean_s": host_mean,
             "device_time": ("CUDA events around each task on its stream" if cuda else _CPU_DEVICE_NOTE)
             if task_times else "not measured",
             "wall_s": time.perf_counter() - wall0,
@@ -495,7 +498,8 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="profile", unit="round")
 
 
-def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None]):
+def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None],
+                means: Optional[Dict[str, float]] = None):
     """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
 
     Wraps the engine's ``_exec_task`` on the instance for the duration, so
@@ -537,6 +541,8 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
         _log.warning("per-task times not recorded: the pipeline did not run its tasks through _exec_task")
         return None, None
     host_s = {name: statistics.median(v) for name, v in host.items()}
+    if means is not None:
+        means.update({name: statistics.fmean(v) for name, v in host.items()})
     device_s = None
     if cuda:
         spans: Dict[str, List[float]] = {}
