@@ -25,8 +25,9 @@ on this machine, now:
   batch): serial iterations alternate without and with a pure-Python probe
   thread; during a task the probe holds the GIL for ``count / rate_alone``
   seconds, so the task held it for ``with_probe - that`` of its
-  ``alone`` seconds: ``gil = (with_probe - probe_held) / alone``, clipped
-  to 0..1. Sleep and most torch kernels release the GIL (near 0); pure
+  ``alone`` seconds: ``gil = (with_probe - probe_held) / alone``, the
+  smallest over the iterations (a probe starved of a core by other
+  processes biases it upwards only), clipped to 0..1. Sleep and most torch kernels release the GIL (near 0); pure
   Python holds it (near 1).
 
 The result (:class:`MachineCalibration`) is plain data with a versioned JSON
@@ -332,7 +333,7 @@ def _probe_rate(seconds: float = 0.02) -> float:
     return turns / dt if dt > 0 else 0.0
 
 
-def measure_gil(pipe: Any, batch: Any, num_iterations: int = 4) -> Dict[str, float]:
+def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
     """Per task, the fraction of its host time that holds the GIL.
 
     Serial iterations (``pipe.run_one_serial_iter``) alternate without and
@@ -346,7 +347,7 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 4) -> Dict[str, flo
     batch : Any
         A representative batch.
     num_iterations : int
-        Iterations of each kind (median per task).
+        Iterations of each kind (the smallest share per task counts).
 
     Returns
     -------
@@ -403,7 +404,9 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 4) -> Dict[str, flo
     out = {}
     for name, times in alone.items():
         a = statistics.median(times)
-        h = statistics.median(held.get(name, [0.0]))
+        # the smallest share over the iterations: a probe starved of a core (other processes) only ever
+        # makes a task look as if it held the GIL longer, never shorter
+        h = min(held.get(name, [0.0]))
         out[name] = min(1.0, max(0.0, h / a)) if a > 0 else 0.0
     return out
 
@@ -412,7 +415,7 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 4) -> Dict[str, flo
 
 
 def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
-              gil_iterations: int = 4) -> MachineCalibration:
+              gil_iterations: int = 5) -> MachineCalibration:
     """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL share.
 
     Parameters
