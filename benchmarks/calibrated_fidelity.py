@@ -5,8 +5,10 @@ For each plan, in one run:
 1. the machine is calibrated once (``swpipe_core.calibrate.calibrate``:
    engine cost per task, per cross-thread dependency, per period; cores free);
 2. each plan's task costs are measured the way a user gets them: the mean
-   time of each task over serial iterations (``run_one_serial_iter``), plus
-   each task's GIL share (``measure_gil``);
+   time of each task over serial iterations (``run_one_serial_iter``;
+   ``--costs timeline``: over a separate recorded pipelined run of the plan),
+   one-off outliers (> 3x the median) dropped, plus each task's GIL share
+   (``measure_gil``);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
    ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:
@@ -46,8 +48,25 @@ from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
 
+def _robust_mean(v: List[float]) -> float:
+    """The mean without one-off outliers (first-call compilation, a descheduled thread): samples > 3x median."""
+    m = statistics.median(v)
+    return statistics.fmean([x for x in v if x <= 3 * m] or v)
+
+
+def timeline_means(plan: PipelinePlan, batches: Sequence[Any]) -> Dict[str, float]:
+    """Mean host seconds of each task in one recorded pipelined run (not one of the measured runs), iteration >= 2."""
+    with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
+        pipe.run(list(batches))
+        events = [e for e in pipe.timeline if e.iteration >= 2 and e.kind == "host"]
+    samples: Dict[str, List[float]] = {}
+    for e in events:
+        samples.setdefault(e.task, []).append(e.end - e.start)
+    return {k: _robust_mean(v) for k, v in samples.items()}
+
+
 def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
-    """Mean seconds of each task over ``n`` serial iterations (after 2 warm-up iterations)."""
+    """Mean seconds of each task over ``n`` serial iterations (after 5 warm-up iterations)."""
     pipe = SWPipeline(plan, device="cpu")
     samples: Dict[str, List[float]] = {}
     original = pipe._exec_task
@@ -57,12 +76,12 @@ def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
         original(task, ctx)
         samples.setdefault(task.name, []).append(time.perf_counter() - t0)
 
-    for i in range(2):
+    for i in range(5):
         pipe.run_one_serial_iter(batch, iter_idx=i)
     pipe._exec_task = timed
     for i in range(n):
-        pipe.run_one_serial_iter(batch, iter_idx=2 + i)
-    return {k: statistics.fmean(v) for k, v in samples.items()}
+        pipe.run_one_serial_iter(batch, iter_idx=5 + i)
+    return {k: _robust_mean(v) for k, v in samples.items()}
 
 
 def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int) -> Dict[str, float]:
@@ -92,7 +111,8 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
     """Measure the plans side by side (interleaved rounds), cost and simulate each."""
     costs: Dict[str, CostModel] = {}
     for label, plan, batch in entries:
-        means = serial_means(plan, batch, args.serial_iters)
+        means = (serial_means(plan, batch, args.serial_iters) if args.costs == "serial"
+                 else timeline_means(plan, batches))
         gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cal_plan = MachineCalibration(**{**cal.__dict__, "gil": gil})
         costs[label] = CostModel({k: TaskCost(v) for k, v in means.items()}, machine_calibration=cal_plan)
@@ -155,6 +175,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--sim-iters", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale-ms", type=float, default=1.0)
+    p.add_argument("--costs", choices=("serial", "timeline"), default="serial",
+                   help="task costs: means over serial iterations (the profiler's way) or over a separate "
+                        "recorded pipelined run of the plan")
     p.add_argument("--dlrm", action="store_true")
     p.add_argument("--dlrm-preset", default="demo")
     args = p.parse_args(argv)
