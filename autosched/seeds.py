@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 
-__all__ = ["check_seeds", "best_seed"]
+__all__ = ["check_seeds", "best_seed", "with_dependencies_of"]
 
 
 def check_seeds(seeds: Optional[Sequence[Any]], problem: Any) -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
@@ -125,3 +125,44 @@ def best_seed(seeds: Sequence[Tuple[str, PipelinePlan]], scorer: Callable[[Pipel
     if scored:
         notes.append("seeds simulated: " + ", ".join(f"{lab} {p * 1e3:.3f} ms" for lab, p in scored))
     return plan, period, latency, method
+
+
+def with_dependencies_of(seed: PipelinePlan, graph: PipelinePlan) -> PipelinePlan:
+    """``seed`` with the dependencies of ``graph`` it lacks added (a seed for ``auto_schedule(graph, ...)``).
+
+    Adding a dependency only constrains when a task may run, so the seed still
+    computes what it did; a seed with a dependency the graph lacks is refused
+    (the search would drop it). E.g. a TorchRec plan as a seed for
+    ``safe_task_plan``, which adds ``ZeroGrad(i)`` waiting ``OptimizerStep(i-1)``.
+
+    Parameters
+    ----------
+    seed, graph : PipelinePlan
+        Over the same tasks.
+
+    Returns
+    -------
+    PipelinePlan
+
+    Raises
+    ------
+    ValueError
+        Other tasks, or a dependency of the seed that the graph does not have.
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
+    >>> graph = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("A", "B", 1)])
+    >>> with_dependencies_of(seed, graph).inter_edges()
+    [('A', 'B', 1)]
+    """
+    if sorted(seed.task_names) != sorted(graph.task_names):
+        raise ValueError(f"seed has tasks {sorted(seed.task_names)}, the graph {sorted(graph.task_names)}")
+    extra = (set(seed.intra_edges()) - set(graph.intra_edges())) | (set(seed.inter_edges()) - set(graph.inter_edges()))
+    if extra:
+        raise ValueError(f"the seed has dependencies the graph lacks: {sorted(map(str, extra))}; "
+                         "add them to the graph (the search keeps the graph's dependencies exactly)")
+    intra = list(seed.intra_iter_deps) + [e for e in graph.intra_edges() if e not in set(seed.intra_edges())]
+    inter = list(seed.inter_iter_deps) + [e for e in graph.inter_edges() if e not in set(seed.inter_edges())]
+    return seed.replace(intra_iter_deps=intra, inter_iter_deps=inter, pipeline_depth=seed.pipeline_depth)

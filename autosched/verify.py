@@ -163,8 +163,8 @@ class VerifyTable:
         if gain > self.noise_pct:
             return None
         return (f"the machine is the limit: the best pipelined plan ({best.label}) runs x{serial / best.period_s:.2f} "
-                f"the serial loop ({gain:+.1f}%, within the noise band +-{self.noise_pct:.1f}%): the cores and the "
-                "GIL free now give no parallelism to these tasks")
+                f"the serial loop ({gain:+.1f}%, not beyond the noise band +-{self.noise_pct:.1f}%): the cores and "
+                "the GIL free now give these tasks no measurable parallelism")
 
     def format(self, indent: str = "") -> str:
         """The table: measured vs predicted per plan, the model's error, the noise band, the choice."""

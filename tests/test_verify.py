@@ -154,3 +154,15 @@ def test_seed_beyond_max_depth_is_skipped_with_a_note():
     _, report = auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_limit_s=5),
                               seeds=[seed])
     assert "seed seed0 skipped: depth 4 > max_depth 2" in report.notes
+
+
+def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
+    from autosched.seeds import with_dependencies_of
+
+    graph = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("A", "B", 1)])
+    seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, thread_group="x")}, [("B", "A")])
+    got = with_dependencies_of(seed, graph)
+    assert got.inter_edges() == [("A", "B", 1)] and got.stage("B") == 1
+    extra = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("B", "B", 1)])
+    with pytest.raises(ValueError, match="lacks"):
+        with_dependencies_of(extra, graph)
