@@ -40,7 +40,8 @@ __all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION"
 SCHEMA = "swpipe-cost-model"
 SCHEMA_VERSION = 2
 _READS_VERSIONS = (1, 2)  # 2 added the optional byte fields
-_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks", "batch_bytes"}
+_TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks", "batch_bytes",
+               "machine_calibration"}  # optional, versioned on its own: swpipe_core.calibrate
 _BYTE_FIELDS = ("add_bytes", "free_bytes", "device_alloc_bytes", "device_free_bytes", "transient_bytes")
 _TASK_FIELDS = {"host_s", "device_s", "resources", *_BYTE_FIELDS}
 
@@ -87,10 +88,11 @@ def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
                              'write e.g. ["comm:nccl"] or ["pcie"] or []')
     tags = []
     for tag in value:
-        ok = isinstance(tag, str) and (tag == "pcie" or (tag.startswith("comm:") and len(tag) > 5))
+        ok = isinstance(tag, str) and (tag in ("pcie", "gil") or (tag.startswith("comm:") and len(tag) > 5))
         if not ok:
             raise CostModelError(f"unknown resource tag {tag!r}", where,
-                                 'use "comm:<communicator>" for collectives or "pcie" for host<->device copies')
+                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies or "gil" '
+                                 'for Python that holds the GIL')
         tags.append(tag)
     if len(set(tags)) != len(tags):
         raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
@@ -245,6 +247,7 @@ class CostModel:
     notes: str = ""
     pipeline: str = ""
     batch_bytes: float = 0.0
+    machine_calibration: Any = None  # swpipe_core.calibrate.MachineCalibration (autosched.calibrated uses it)
 
     def __post_init__(self) -> None:
         self.batch_bytes = _check_bytes(self.batch_bytes, "batch_bytes")
@@ -398,7 +401,8 @@ class CostModel:
 
     def _copy(self, tasks: Dict[str, TaskCost], edit: str) -> "CostModel":
         notes = f"{self.notes}; what-if: {edit}" if self.notes else f"what-if: {edit}"
-        return CostModel(tasks, self.machine, self.method, notes, self.pipeline, self.batch_bytes)
+        return CostModel(tasks, self.machine, self.method, notes, self.pipeline, self.batch_bytes,
+                         machine_calibration=self.machine_calibration)
 
     # -- builders --
 
@@ -406,8 +410,12 @@ class CostModel:
     def from_profile(cls, result: Any, machine: str = "", notes: str = "") -> "CostModel":
         """Build a model from a :class:`~swpipe_core.profiler.ProfileResult`.
 
-        ``host_s`` / ``device_s`` are used where the profile measured them; otherwise a
-        task's exposed time becomes its ``host_s`` (on CPU all time is host time).
+        ``host_s`` / ``device_s`` are used where the profile measured them (``host_s``:
+        the mean per task, ``meta["host_mean_s"]``, when recorded, so the tasks' times
+        add up to the measured serial iteration; else the median); otherwise a
+        task's exposed time becomes its ``host_s`` (on CPU all time is host time). A
+        ``meta["machine_calibration"]`` (``TaskProfiler.profile(calibrate=True)``)
+        becomes the model's ``machine_calibration``.
 
         Parameters
         ----------
@@ -426,7 +434,9 @@ class CostModel:
         >>> m["A"].host_s, m.method
         (0.004, 'profile: exposed time (baseline 10.000 ms)')
         """
-        host = result.host_s or {}
+        meta = getattr(result, "meta", None) or {}
+        # the mean host time when the profile has it: means add up to the serial iteration, medians do not
+        host = meta.get("host_mean_s") or result.host_s or {}
         device = result.device_s or {}
         memory = getattr(result, "memory", None) or {}
         mem_tasks = memory.get("tasks", {})
@@ -437,12 +447,17 @@ class CostModel:
             nbytes = {n: max(0.0, float(v)) for n, v in mem_tasks.get(name, {}).items() if n in _BYTE_FIELDS}
             tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))), **nbytes)
         kind = "host/device time" if result.host_s else "exposed time"
-        meta = getattr(result, "meta", None) or {}
+        calibration = meta.get("machine_calibration")
+        if isinstance(calibration, Mapping):
+            from swpipe_core.calibrate import MachineCalibration
+
+            calibration = MachineCalibration.from_dict(calibration)
         extra = ", ".join(f"{k}={v}" for k, v in sorted(meta.items()) if isinstance(v, (str, int, float)))
         return cls(tasks, machine=machine or str(meta.get("machine", "")),
                    method=f"profile: {kind} (baseline {result.baseline_s * 1e3:.3f} ms)",
                    notes="; ".join(x for x in (notes, extra) if x),
-                   batch_bytes=max(0.0, float(memory.get("batch_bytes", 0.0))))
+                   batch_bytes=max(0.0, float(memory.get("batch_bytes", 0.0))),
+                   machine_calibration=calibration)
 
     def with_memory(self, figures: Any) -> "CostModel":
         """A copy with the memory figures of :func:`swpipe_core.memory.measure_task_memory` (or its dict).
@@ -543,6 +558,8 @@ class CostModel:
         if self.batch_bytes:
             doc["batch_bytes"] = self.batch_bytes
         doc["tasks"] = {name: c.to_dict() for name, c in self.tasks.items()}
+        if self.machine_calibration is not None:
+            doc["machine_calibration"] = self.machine_calibration.to_dict()
         return doc
 
     @classmethod
@@ -603,8 +620,16 @@ class CostModel:
             raise CostModelError("memory figures (bytes) in a version 1 file", at("version"),
                                  f'write "version": {SCHEMA_VERSION} (bytes came with version 2)')
         batch = _check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
+        calibration = doc.get("machine_calibration")
+        if calibration is not None:
+            from swpipe_core.calibrate import MachineCalibration
+
+            try:
+                calibration = MachineCalibration.from_dict(calibration, where=at("machine_calibration"))
+            except ValueError as exc:
+                raise CostModelError(str(exc)) from None
         return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""),
-                   batch)
+                   batch, machine_calibration=calibration)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the model as JSON (schema version 2, or 1 when it has no memory figures).

@@ -171,6 +171,7 @@ class SearchReport:
         from .memsearch import tradeoff_plot
 
         return tradeoff_plot(self.memory_tradeoff, self.max_memory_bytes, path)
+    verify: Optional[Any] = None  # autosched.verify.VerifyTable when the plans were measured on the engine
 
     def summary(self) -> str:
         """A few lines: period, what binds, bound and gap, depth, status, what was tried."""
@@ -200,6 +201,8 @@ class SearchReport:
         if self.memory_tradeoff:
             lines += ["  " + row for row in self.tradeoff_table().splitlines()]
         lines += [f"  note: {n}" for n in self.notes]
+        if self.verify is not None:
+            lines.append(self.verify.format(indent="  "))
         return "\n".join(lines)
 
     def format(self, num_iterations: int = 3) -> str:
@@ -339,8 +342,9 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
 # --------------------------------------------------------------------------- entry point
 
 
-def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None
-                  ) -> Tuple[PipelinePlan, SearchReport]:
+def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None, *,
+                  seeds: Optional[Sequence[Any]] = None, verify: Any = None,
+                  batches: Optional[Sequence[Any]] = None) -> Tuple[PipelinePlan, SearchReport]:
     """Search the best plan: stages, thread groups, streams and enqueue order, jointly.
 
     Parameters
@@ -355,6 +359,17 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     costs : CostModel
         A cost for every task (``host_s``, ``device_s``, ``comm:``/``pcie`` tags).
     constraints : Constraints, optional
+    seeds : list of PipelinePlan (or of (label, plan)), optional
+        Known plans over the same tasks and dependencies (e.g. TorchRec's),
+        scored beside the search's own and verified with them
+        (:mod:`autosched.seeds`).
+    verify : None, bool, int or autosched.verify.VerifyOptions
+        Run the top candidates, the input plan and the serial plan on the
+        engine in interleaved rounds and return the one measured fastest
+        (:mod:`autosched.verify`); ``None`` (default): on when the tasks are
+        runnable and ``batches`` are given; an int is the number of rounds.
+    batches : sequence, optional
+        Batches for the verification runs.
 
     Returns
     -------
@@ -388,6 +403,11 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     if c.max_memory_bytes is not None:  # one search per depth cap, keep the fastest that fits
         from .memsearch import schedule_under_cap
 
+        if seeds or verify or batches is not None:
+            raise ValueError("max_memory_bytes: the search under a memory cap ranks plans by the simulator only; "
+                             "seeds, verify and batches are not supported with it yet - drop them, or drop the cap "
+                             "and check the report's peak_bytes")
+
         return schedule_under_cap(tasks_or_graph, costs, c)
     t0 = time.perf_counter()
     problem = make_problem(tasks_or_graph, costs, c)
@@ -397,7 +417,13 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     found = _search_beam(problem, c, c.time_limit_s * (0.3 if use_cpsat else 0.85))
     if use_cpsat:
         _search_cpsat(problem, c, found, left_s=max(1.0, c.time_limit_s * 0.7 - (time.perf_counter() - t0)))
+    _search_seeds(problem, found, seeds)
     report = _judge(tasks_or_graph, costs, problem, c, found, t0)
+    # phase 4, verify in the loop (autosched.verify): measured on the engine, the fastest wins
+    from . import verify as verify_mod
+
+    if verify_mod.wanted(verify, problem, batches):
+        return verify_mod.verify_search(report, found.pool, problem, batches, verify, c.num_iterations)
     return report.plan, report
 
 
@@ -418,6 +444,7 @@ class _Found:
     solver_time: float = 0.0
     depth_proven: bool = False
     notes: List[str] = field(default_factory=list)
+    pool: List[Tuple[str, Any]] = field(default_factory=list)  # (label, plan) candidates for verification
 
 
 def _search_beam(problem: Problem, c: Constraints, budget_s: float) -> _Found:
@@ -434,7 +461,9 @@ def _search_beam(problem: Problem, c: Constraints, budget_s: float) -> _Found:
     bc = beam.counts
     tried = {"beam candidates": bc["candidates"], "beam distinct": bc["unique"], "beam simulated": bc["simulated"],
              "beam stage vectors tried": bc["stage_enumerated"], "beam rounds": bc["rounds"]}
-    return _Found(best.plan, best.period, best.latency, "beam", best, scorer, tried)
+    found = _Found(best.plan, best.period, best.latency, "beam", best, scorer, tried)
+    found.pool = [("beam", best.plan), ("beam (deeper)", beam.best.plan)]
+    return found
 
 
 def _search_cpsat(problem: Problem, c: Constraints, found: _Found, left_s: float) -> None:
@@ -447,6 +476,7 @@ def _search_cpsat(problem: Problem, c: Constraints, found: _Found, left_s: float
     found.tried["CP-SAT solves"] = len(res.tried)
     found.solver_time, found.proven = res.solve_time_s, res.bound_s
     if res.plan is not None:
+        found.pool.insert(0, ("cpsat", res.plan))
         found.model_period = res.period_s
         cp_period, cp_latency = found.scorer(res.plan)
         rank = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
@@ -462,6 +492,18 @@ def _search_cpsat(problem: Problem, c: Constraints, found: _Found, left_s: float
     found.status = res.status if res.plan is not None else "HEURISTIC"
     if found.status == "OPTIMAL" and found.period > res.period_s * (1 + 1e-6) + problem.unit_s:
         found.status = "FEASIBLE"
+
+
+def _search_seeds(problem: Problem, found: _Found, seeds: Optional[Sequence[Any]]) -> None:
+    """Phase 2b: seed plans (:mod:`autosched.seeds`), scored by the same simulator and verified alongside."""
+    from .seeds import best_seed, check_seeds
+
+    seed_plans, seed_notes = check_seeds(seeds, problem)
+    found.notes += seed_notes
+    found.plan, found.period, found.latency, found.method = best_seed(
+        seed_plans, found.scorer, (found.plan, found.period, found.latency, found.method), problem.unit_s,
+        found.notes)
+    found.pool += seed_plans
 
 
 def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, found: _Found,

@@ -50,8 +50,13 @@ class TaskParts:
 
     @property
     def shared(self) -> Tuple[str, ...]:
-        """The ``comm:``/``pcie`` resources among what the task holds."""
-        return tuple(r for r in self.host_holds + self.device_holds if r.startswith("comm:") or r == "pcie")
+        """The cost model's resource tags among what the task holds (``comm:``, ``pcie``, ``gil``).
+
+        Everything but the task's own thread, stream and the sequencer, which the
+        simulator models as queues of their own.
+        """
+        return tuple(r for r in self.host_holds + self.device_holds
+                     if not r.startswith(("thread:", "stream:")) and r != "sequencer")
 
 
 def task_parts(host_s: float, device_s: float, resources: Sequence[str], group: str, stream: str,

@@ -313,6 +313,7 @@ class TaskProfiler:
         task_times: bool = True,
         interleave: bool = True,
         memory: Optional[bool] = None,
+        calibrate: bool = False,
     ) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
@@ -353,6 +354,10 @@ class TaskProfiler:
             ``num_measure`` serial iterations
             (:func:`swpipe_core.memory.measure_task_memory`), in
             :attr:`ProfileResult.memory`.
+        calibrate : bool
+            Also measure the machine (:func:`swpipe_core.calibrate.calibrate`:
+            engine costs, cores free, each task's GIL share) into
+            ``meta["machine_calibration"]``; ``CostModel.from_profile`` keeps it.
 
         Returns
         -------
@@ -447,8 +452,9 @@ class TaskProfiler:
         exposed = {n: max(0.0, baseline - s) for n, s in shortcut_s.items()}
 
         host_s = device_s = None
+        host_mean: Dict[str, float] = {}
         if task_times:
-            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync)
+            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync, means=host_mean)
         mem = None
         if task_times if memory is None else memory:
             from .memory import measure_task_memory
@@ -469,12 +475,18 @@ class TaskProfiler:
             "shortcut_s": shortcut_s,
             "shortcut_rounds_s": shortcut_rounds,
             "host_time": "median perf_counter time of each task's execution on its thread" if task_times else "not measured",
+            # means add up to the serial iteration (medians of skewed times do not): CostModel.from_profile uses them
+            "host_mean_s": host_mean,
             "device_time": ("CUDA events around each task on its stream" if cuda else _CPU_DEVICE_NOTE)
             if task_times else "not measured",
             "wall_s": time.perf_counter() - wall0,
             "torch": torch.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
         }
+        if calibrate:
+            from .calibrate import calibrate as _calibrate
+
+            meta["machine_calibration"] = _calibrate(pipe, batch).to_dict()
         return ProfileResult(baseline_s=baseline, exposed_s=exposed, host_s=host_s, device_s=device_s, meta=meta,
                              memory=mem)
 
@@ -557,7 +569,8 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="profile", unit="round")
 
 
-def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None]):
+def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None],
+                means: Optional[Dict[str, float]] = None):
     """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
 
     Wraps the engine's ``_exec_task`` on the instance for the duration, so
@@ -599,6 +612,8 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
         _log.warning("per-task times not recorded: the pipeline did not run its tasks through _exec_task")
         return None, None
     host_s = {name: statistics.median(v) for name, v in host.items()}
+    if means is not None:
+        means.update({name: statistics.fmean(v) for name, v in host.items()})
     device_s = None
     if cuda:
         spans: Dict[str, List[float]] = {}

@@ -1,0 +1,239 @@
+"""A calibrated cost model: the machine's measured costs folded into what the simulator already models.
+
+:mod:`swpipe_core.calibrate` measures what the engine and the machine add to
+the tasks' own costs. The simulator is not rewritten for it; the calibration
+is folded into its existing inputs:
+
+* **exactly modelled** (the simulator's own semantics, new inputs):
+
+  - per task: ``task_s`` added to every task's host time (it is spent on the
+    task's thread, serialised with the task);
+  - per cross-thread dependency: ``dep_s`` added to the host time of the
+    waiting task, once per dependency whose producer is on another thread
+    group in the given plan (the wake-up happens on the waiting thread);
+  - per period: ``period_s`` as the simulator's ``period_overhead_s``
+    (main-thread time per enqueued period, serialised with the barrier);
+  - GIL: a task whose measured GIL share is ``>= gil_threshold`` gets the
+    resource tag ``"gil"``: GIL tasks run one at a time, whatever thread.
+
+* **approximated**:
+
+  - a task holding the GIL for part of its time is either all-GIL or
+    GIL-free (rounded at ``gil_threshold``); the simulator has no split
+    tasks. Exact for pure-Python (share ~1) and GIL-free tasks (sleep,
+    most torch kernels, share ~0);
+  - the GIL tag applies on CPU only (on CUDA the simulator holds resources
+    during the device part);
+  - cores: ``cores_free`` is not a simulator resource; fewer free cores than
+    busy threads is reported (:func:`parallelism_note`) rather than
+    simulated. With the GIL tag, pure-Python tasks already serialise;
+  - the per-dependency cost is averaged over hand-offs (the second worker's
+    wake-up per period is counted in it) and taken under the load at
+    calibration time.
+
+Without a plan (the search scores many plans with one cost model),
+:func:`calibrated_costs` folds the per-task cost and the GIL tags only; the
+plan-dependent part is folded by :func:`simulate_calibrated`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from swpipe_core.plan import PipelinePlan
+
+from .costs import CostModel, TaskCost
+
+__all__ = ["calibrated_costs", "simulate_calibrated", "serial_iteration_s", "parallelism_note", "format_profile"]
+
+
+def _calibration(costs: CostModel, calibration: Any) -> Any:
+    cal = calibration if calibration is not None else getattr(costs, "machine_calibration", None)
+    if cal is None:
+        raise ValueError("no machine calibration: pass calibration=swpipe_core.calibrate.calibrate(...) or use a "
+                         "cost model with a machine_calibration section (TaskProfiler.profile(..., calibrate=True))")
+    return cal
+
+
+def _cross_deps(plan: PipelinePlan) -> Dict[str, int]:
+    """Per task, how many of its dependencies are produced on another thread group."""
+    out = {n: 0 for n in plan.task_names}
+    edges = [(t, d) for t, d in plan.intra_edges()] + [(t, d) for t, d, _ in plan.inter_edges()]
+    for t, d in set(edges):
+        if plan.sched(t).thread_group != plan.sched(d).thread_group:
+            out[t] += 1
+    return out
+
+
+def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, calibration: Any = None, *,
+                     gil_threshold: float = 0.5, device: str = "cpu") -> CostModel:
+    """The cost model with the machine's engine costs and GIL tags folded in.
+
+    Parameters
+    ----------
+    costs : CostModel
+        The tasks' own costs (e.g. ``CostModel.from_profile``).
+    plan : PipelinePlan, optional
+        Fold the per-dependency cost for this plan's thread groups too.
+    calibration : MachineCalibration, optional
+        Default: ``costs.machine_calibration``.
+    gil_threshold : float
+        GIL share from which a task is tagged ``"gil"``.
+    device : {"cpu", "cuda"}
+        GIL tags are added on CPU only.
+
+    Returns
+    -------
+    CostModel
+
+    Raises
+    ------
+    ValueError
+        No calibration given or attached.
+
+    Examples
+    --------
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> cal = MachineCalibration(task_s=1e-5, dep_s=2e-5, gil={"B": 0.9})
+    >>> costs = CostModel({"A": TaskCost(1e-3), "B": TaskCost(2e-3)})
+    >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
+    ...                     intra_iter_deps=[("B", "A")])
+    >>> got = calibrated_costs(costs, plan, cal)
+    >>> round(got["A"].host_s, 6), round(got["B"].host_s, 6), got["B"].resources
+    (0.00101, 0.00203, ('gil',))
+    """
+    cal = _calibration(costs, calibration)
+    cross = _cross_deps(plan) if plan is not None else {}
+    tasks = {}
+    for name, c in costs.tasks.items():
+        extra = cal.task_s + cross.get(name, 0) * cal.dep_s
+        res = tuple(c.resources)
+        if device == "cpu" and cal.gil.get(name, 0.0) >= gil_threshold and "gil" not in res:
+            res = res + ("gil",)
+        tasks[name] = TaskCost(c.host_s + extra, c.device_s, res)
+    how = "engine costs per task" + (" and per cross-thread dependency" if plan is not None else "") + ", GIL tags"
+    return CostModel(tasks, costs.machine, costs.method, f"{costs.notes}; calibrated: {how}".lstrip("; "),
+                     costs.pipeline, machine_calibration=cal)
+
+
+def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,
+                        num_iterations: int = 50, device: str = "cpu", gil_threshold: float = 0.5) -> Any:
+    """Simulate a plan with the calibration folded in (per task, per dependency, per period, GIL).
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+    costs : CostModel
+        The tasks' own costs (without engine costs: they are added here).
+    calibration : MachineCalibration, optional
+    num_iterations : int
+    device : {"cpu", "cuda"}
+    gil_threshold : float
+
+    Returns
+    -------
+    SimResult
+
+    Examples
+    --------
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> cal = MachineCalibration(task_s=1e-4, period_s=5e-4)
+    >>> plan = PipelinePlan({"A": TaskSchedule(0)})
+    >>> round(simulate_calibrated(plan, CostModel({"A": TaskCost(1e-3)}), cal).period * 1e3, 6)
+    1.6
+    """
+    from .simulate import simulate
+
+    cal = _calibration(costs, calibration)
+    folded = calibrated_costs(costs, plan, cal, gil_threshold=gil_threshold, device=device)
+    return simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
+
+
+def serial_iteration_s(costs: CostModel, calibration: Any = None) -> float:
+    """The serial iteration the model predicts: the tasks' times plus the engine's serial costs.
+
+    This is what the profiler's baseline measures (``run_one_serial_iter``),
+    so ``serial_iteration_s(CostModel.from_profile(result))`` should match
+    ``result.baseline_s``.
+
+    Examples
+    --------
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> cal = MachineCalibration(serial_task_s=1e-5, serial_iter_s=3e-5)
+    >>> round(serial_iteration_s(CostModel({"A": TaskCost(1e-3), "B": TaskCost(2e-3)}), cal) * 1e6, 3)
+    3050.0
+    """
+    cal = _calibration(costs, calibration)
+    return sum(c.cpu_s for c in costs.tasks.values()) + len(costs.tasks) * cal.serial_task_s + cal.serial_iter_s
+
+
+def parallelism_note(plan: PipelinePlan, costs: CostModel, calibration: Any = None) -> Optional[str]:
+    """One line when the measured free cores (or the GIL) cannot run this plan's threads in parallel, else None.
+
+    Examples
+    --------
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    >>> print(parallelism_note(plan, CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)}),
+    ...                        MachineCalibration(cores_free=1.1, cpu_count=2)))
+    the machine is the limit: 2 thread groups but 1.10 of 2 cores free now (measured); threads will share a core
+    """
+    cal = _calibration(costs, calibration)
+    groups = {plan.sched(n).thread_group for n in plan.task_names}
+    gil = [n for n in plan.task_names if cal.gil.get(n, 0.0) >= 0.5]
+    if len(groups) > 1 and cal.cores_free < 1.5:
+        return (f"the machine is the limit: {len(groups)} thread groups but {cal.cores_free:.2f} of {cal.cpu_count} "
+                "cores free now (measured); threads will share a core")
+    if len(groups) > 1 and gil and len(gil) == len(plan.task_names):
+        return "the machine is the limit: every task holds the GIL (measured), so threads cannot overlap them"
+    return None
+
+
+def format_profile(result: Any, costs: Optional[CostModel] = None) -> str:
+    """The profile as the model sees it: host, device and exposed time per task, and the model's serial sum.
+
+    The last lines compare the model's serial iteration (:func:`serial_iteration_s`:
+    task times plus the engine's measured serial costs) with the measured
+    baseline, so profile and cost model can be seen to agree.
+
+    Parameters
+    ----------
+    result : ProfileResult
+    costs : CostModel, optional
+        Default ``CostModel.from_profile(result)``.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> from swpipe_core.profiler import ProfileResult
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> cal = MachineCalibration(serial_task_s=5e-5, serial_iter_s=1e-4).to_dict()
+    >>> r = ProfileResult(0.0032, {"A": 0.001, "B": 0.002}, host_s={"A": 0.001, "B": 0.002},
+    ...                   meta={"machine_calibration": cal})
+    >>> print(format_profile(r).splitlines()[-1])
+    model serial iteration 3.200 ms (tasks 3.000 + engine 0.200) vs measured 3.200 ms: -0.0%
+    """
+    costs = costs if costs is not None else CostModel.from_profile(result)
+    width = max([8, *(len(n) for n in costs.tasks)])
+    lines = [f"  {'task':<{width}} {'host':>9} {'device':>9} {'exposed':>9}"]
+    for name, c in costs.tasks.items():
+        exposed = result.exposed_s.get(name)
+        exp = "-" if exposed is None else f"{exposed * 1e3:.3f}"
+        lines.append(f"  {name:<{width}} {c.host_s * 1e3:>9.3f} {c.device_s * 1e3:>9.3f} {exp:>9}")
+    tasks = sum(c.cpu_s for c in costs.tasks.values())
+    base = result.baseline_s
+    if getattr(costs, "machine_calibration", None) is None:
+        lines.append(f"model serial iteration {tasks * 1e3:.3f} ms (tasks only; no machine calibration) vs measured "
+                     f"{base * 1e3:.3f} ms: {100 * (tasks / base - 1):+.1f}%" if base > 0 else "")
+        return "\n".join(lines)
+    total = serial_iteration_s(costs)
+    err = 100 * (total / base - 1) if base > 0 else 0.0  # printed with its sign, rounding may show -0.0
+    lines.append(f"model serial iteration {total * 1e3:.3f} ms (tasks {tasks * 1e3:.3f} + engine "
+                 f"{(total - tasks) * 1e3:.3f}) vs measured {base * 1e3:.3f} ms: {err:+.1f}%")
+    return "\n".join(lines)

@@ -1,0 +1,448 @@
+"""Verify in the loop: run candidate plans on the real engine and keep the one measured fastest.
+
+The simulator ranks plans by a model of the machine; this module checks the
+ranking where it matters, on the user's machine with the user's tasks.
+:func:`measure_plans` runs each plan (a bound :class:`PipelinePlan`) on
+:class:`~swpipe_core.engine.SWPipeline` for one short run per round, the plans
+interleaved and their order rotated every round (slow drift in machine load
+then shifts every plan alike), and returns a :class:`VerifyTable`: per plan its
+steady period in each round, the median, the prediction if one was given and
+the model's error.
+
+Measured period of one run: the retire times of ``progress()`` over the
+steady iterations (after a warm-up quarter, at least ``depth`` iterations in,
+before the drain), averaged. A plan's period is the median over the rounds.
+
+Noise band: ``noise_pct`` = the larger of ``noise_floor_pct`` and the median,
+over the plans, of ``(slowest round - fastest round) / median``. Two plans
+whose periods differ by less than the band are a tie as far as this machine
+can tell. :meth:`VerifyTable.choose` returns the plan with the lowest median
+period, so the chosen plan is never measured slower than the input plan
+(nor than the serial plan, nor than the search's own favourite).
+
+:func:`serial_plan` gives the serial candidate: every task at stage 0 on one
+thread group, the caller's (no overlap; what ``run_serial`` computes).
+:func:`verify_search` is the hook ``auto_schedule(..., verify=..., batches=...)``
+calls; it lives here so the search modules stay about the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from swpipe_core.plan import PipelinePlan, TaskSchedule
+
+__all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "verify_search"]
+
+
+@dataclass
+class VerifyOptions:
+    """How ``auto_schedule`` verifies its answer on the engine.
+
+    Parameters
+    ----------
+    rounds : int
+        Interleaved rounds; each plan runs once per round.
+    top : int
+        Most search candidates measured (the search's pick first, then the
+        other searchers' bests and the seeds); the input plan and the serial
+        plan are measured on top of these.
+    iterations : int, optional
+        Batches per run (default: all the batches given, cycled up to 24 if fewer).
+    noise_floor_pct : float
+        The smallest noise band reported (timer and scheduler jitter).
+    device : str
+        Device the plans run on (``SWPipeline(plan, device=...)``).
+
+    Examples
+    --------
+    >>> VerifyOptions(rounds=5).top
+    3
+    """
+
+    rounds: int = 3
+    top: int = 3
+    iterations: Optional[int] = None
+    noise_floor_pct: float = 2.0
+    device: Any = "cpu"
+
+
+@dataclass
+class PlanMeasurement:
+    """One plan's measured periods (seconds per iteration), one per round.
+
+    Examples
+    --------
+    >>> m = PlanMeasurement("auto", None, [0.010, 0.012, 0.011], predicted_s=0.0099)
+    >>> round(m.period_s, 4), round(m.spread_pct, 1), round(m.error_pct, 1)
+    (0.011, 18.2, -10.0)
+    """
+
+    label: str
+    plan: Optional[PipelinePlan]
+    rounds_s: List[float]
+    predicted_s: Optional[float] = None
+
+    @property
+    def period_s(self) -> float:
+        """Median measured period over the rounds."""
+        return statistics.median(self.rounds_s)
+
+    @property
+    def spread_pct(self) -> float:
+        """``100 * (slowest - fastest round) / median``: this plan's own round-to-round noise."""
+        return 100.0 * (max(self.rounds_s) - min(self.rounds_s)) / self.period_s if self.period_s > 0 else 0.0
+
+    @property
+    def error_pct(self) -> Optional[float]:
+        """``100 * (predicted - measured) / measured``, or ``None`` without a prediction."""
+        if self.predicted_s is None or self.period_s <= 0:
+            return None
+        return 100.0 * (self.predicted_s - self.period_s) / self.period_s
+
+
+@dataclass
+class VerifyTable:
+    """Measured (and predicted) periods of several plans, measured side by side.
+
+    Examples
+    --------
+    >>> t = VerifyTable([PlanMeasurement("serial", None, [0.010, 0.010]),
+    ...                  PlanMeasurement("auto", None, [0.006, 0.007], predicted_s=0.006)], rounds=2, iterations=20)
+    >>> t.choose().label, t["serial"].period_s
+    ('auto', 0.01)
+    >>> print(t.format().splitlines()[0])
+    verified on the engine: 2 plans, 2 interleaved rounds of 20 iterations; noise band +-7.7%
+    """
+
+    rows: List[PlanMeasurement]
+    rounds: int
+    iterations: int
+    noise_floor_pct: float = 2.0
+    load: Optional[float] = None
+    notes: List[str] = field(default_factory=list)
+
+    def __getitem__(self, label: str) -> PlanMeasurement:
+        for r in self.rows:
+            if r.label == label:
+                return r
+        raise KeyError(f"no measured plan {label!r}; measured: {[r.label for r in self.rows]}")
+
+    def __contains__(self, label: str) -> bool:
+        return any(r.label == label for r in self.rows)
+
+    @property
+    def noise_pct(self) -> float:
+        """The noise band in percent: ``max(noise_floor_pct, median spread of the plans' rounds)``."""
+        spreads = [r.spread_pct for r in self.rows if len(r.rounds_s) > 1]
+        return max(self.noise_floor_pct, statistics.median(spreads) if spreads else 0.0)
+
+    @property
+    def model_error_pct(self) -> Optional[float]:
+        """Median |predicted - measured| / measured over the rows with a prediction, in percent."""
+        errs = [abs(r.error_pct) for r in self.rows if r.error_pct is not None]
+        return statistics.median(errs) if errs else None
+
+    def choose(self) -> PlanMeasurement:
+        """The row measured fastest (lowest median period; ties keep the earlier row)."""
+        return min(self.rows, key=lambda r: r.period_s)
+
+    def machine_limit(self, serial_label: str = "serial") -> Optional[str]:
+        """One line when no plan beats the serial plan by more than the noise band, else ``None``."""
+        if serial_label not in self:
+            return None
+        serial = self[serial_label].period_s
+        best = min((r for r in self.rows if r.label != serial_label), key=lambda r: r.period_s, default=None)
+        if best is None or serial <= 0:
+            return None
+        gain = 100.0 * (serial / best.period_s - 1.0)
+        if gain > self.noise_pct:
+            return None
+        return (f"the machine is the limit: the best pipelined plan ({best.label}) runs x{serial / best.period_s:.2f} "
+                f"the serial loop ({gain:+.1f}%, not beyond the noise band +-{self.noise_pct:.1f}%): the cores and "
+                "the GIL free now give these tasks no measurable parallelism")
+
+    def format(self, indent: str = "") -> str:
+        """The table: measured vs predicted per plan, the model's error, the noise band, the choice."""
+        head = (f"verified on the engine: {len(self.rows)} plans, {self.rounds} interleaved rounds of "
+                f"{self.iterations} iterations; noise band +-{self.noise_pct:.1f}%")
+        if self.load is not None:
+            head += f"; load average {self.load:.2f}"
+        width = max([8, *(len(r.label) for r in self.rows)])
+        lines = [head, f"  {'plan':<{width}} {'measured':>11} {'predicted':>11} {'error':>7} {'spread':>7}"]
+        chosen = self.choose()
+        for r in self.rows:
+            pred = "-" if r.predicted_s is None else f"{r.predicted_s * 1e3:.3f} ms"
+            err = "-" if r.error_pct is None else f"{r.error_pct:+.1f}%"
+            mark = "  <- chosen" if r is chosen else ""
+            lines.append(f"  {r.label:<{width}} {r.period_s * 1e3:>8.3f} ms {pred:>11} {err:>7} "
+                         f"{r.spread_pct:>6.1f}%{mark}")
+        if self.model_error_pct is not None:
+            lines.append(f"  model error: median |predicted - measured| {self.model_error_pct:.1f}%")
+        limit = self.machine_limit()
+        if limit:
+            lines.append(f"  {limit}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(indent + line for line in lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
+    """The serial version of a plan: every task at stage 0 on one thread group, same tasks and dependencies.
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+    group : str
+        The one thread group (the caller's group, so an engine that runs the
+        caller's group inline starts no thread for it).
+
+    Returns
+    -------
+    PipelinePlan
+
+    Examples
+    --------
+    >>> p = PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1, "s1", "compute")},
+    ...                  intra_iter_deps=[("B", "A")])
+    >>> s = serial_plan(p)
+    >>> s.pipeline_depth, {s.sched(n).thread_group for n in s.task_names}, s.stream_of("B")
+    (1, {'default'}, 's1')
+    """
+    sched = {k: TaskSchedule(0, v.stream, group, v.globally_ordered) for k, v in plan.schedule.items()}
+    kwargs: Dict[str, Any] = {}
+    if "caller_group" in {f.name for f in dataclasses.fields(PipelinePlan)}:
+        kwargs["caller_group"] = group
+    return PipelinePlan(sched, list(plan.intra_iter_deps), list(plan.inter_iter_deps), enqueue_policy="ready_first",
+                        **kwargs)
+
+
+def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
+    """One engine run; the mean spacing of retirements over the steady iterations (seconds per iteration)."""
+    from swpipe_core.engine import SWPipeline
+
+    n = len(batches)
+    depth = plan.pipeline_depth
+    stamps: List[float] = []
+    with SWPipeline(plan, device=device) as pipe:
+        t0 = time.perf_counter()
+        it = pipe.fill_pipeline(batches)
+        while True:
+            try:
+                pipe.progress(it)
+            except StopIteration:
+                break
+            stamps.append(time.perf_counter())
+    w1 = n - depth  # iteration n - depth retires when the last full period is enqueued (then the drain starts)
+    w0 = min(max(depth, n // 4), max(0, w1 - 1))
+    if w1 > w0:
+        return (stamps[w1] - stamps[w0]) / (w1 - w0)
+    return (stamps[-1] - t0) / max(1, n)
+
+
+def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, PipelinePlan]], batches: Sequence[Any],
+                  rounds: int = 3, *, predicted: Optional[Dict[str, float]] = None, device: Any = "cpu",
+                  noise_floor_pct: float = 2.0, warmup: bool = True) -> VerifyTable:
+    """Run plans on the engine in interleaved rounds and tabulate their measured periods.
+
+    Parameters
+    ----------
+    plans : dict or list of (label, PipelinePlan)
+        Bound plans (every task has a function), measured in this order in the
+        first round; round ``r`` starts ``r`` plans further on.
+    batches : sequence
+        The batches of one run (a list: every run reuses it). At least 2.
+    rounds : int
+        Runs per plan (>= 1).
+    predicted : dict, optional
+        ``{label: predicted period in seconds}`` (e.g. the simulator's).
+    device : str or int
+        Passed to ``SWPipeline``.
+    noise_floor_pct : float
+        Smallest noise band reported.
+    warmup : bool
+        One untimed short run per plan first (first-call costs, caches).
+
+    Returns
+    -------
+    VerifyTable
+
+    Raises
+    ------
+    ValueError
+        No plan, a repeated label, fewer than 2 batches, or ``rounds < 1``.
+    swpipe_core.validate.PlanError
+        A plan has unbound tasks or breaks a rule.
+    swpipe_core.engine.PipelineTaskError
+        A task failed while measuring (the engine's own report).
+
+    Examples
+    --------
+    >>> import time
+    >>> from swpipe_core.plan import PipelineTask
+    >>> a, b = PipelineTask("A", lambda ctx: time.sleep(0.001)), PipelineTask("B", lambda ctx: time.sleep(0.001))
+    >>> two = PipelinePlan({a: TaskSchedule(0, thread_group="x"), b: TaskSchedule(1, thread_group="y")},
+    ...                    intra_iter_deps=[(b, a)])
+    >>> t = measure_plans({"two": two, "serial": serial_plan(two)}, list(range(10)), rounds=1)
+    >>> [r.label for r in t.rows], len(t["two"].rounds_s)
+    (['two', 'serial'], 1)
+    """
+    items = list(plans.items()) if isinstance(plans, dict) else [(str(k), p) for k, p in plans]
+    labels = [k for k, _ in items]
+    if not items:
+        raise ValueError("measure_plans needs at least one (label, plan)")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"plan labels repeat: {labels}; give each plan its own label")
+    batches = list(batches)
+    if len(batches) < 2:
+        raise ValueError(f"measure_plans needs at least 2 batches per run, got {len(batches)}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if warmup:
+        short = batches[: max(2, min(len(batches), 8))]
+        for _, plan in items:
+            _one_run(plan, short, device)
+    got: Dict[str, List[float]] = {k: [] for k in labels}
+    for r in range(rounds):
+        k = r % len(items)
+        for label, plan in items[k:] + items[:k]:
+            got[label].append(_one_run(plan, batches, device))
+    predicted = predicted or {}
+    rows = [PlanMeasurement(label, plan, got[label], predicted.get(label)) for label, plan in items]
+    return VerifyTable(rows, rounds, len(batches), noise_floor_pct, _load())
+
+
+def _load() -> Optional[float]:
+    try:
+        import os
+
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+# --------------------------------------------------------------------------- the auto_schedule hook
+
+
+def wanted(verify: Any, problem: Any, batches: Optional[Sequence[Any]]) -> bool:
+    """Whether ``auto_schedule`` verifies: on by default when the tasks are runnable and batches are given."""
+    if verify is False:
+        return False
+    runnable = all(callable(t.fn) for t in problem.tasks.values())
+    if verify is None:
+        return runnable and batches is not None
+    if batches is None:
+        raise ValueError("auto_schedule(verify=...) needs batches=[...] to run the candidate plans on the engine")
+    if not runnable:
+        unbound = [n for n, t in problem.tasks.items() if not callable(t.fn)]
+        raise ValueError(f"auto_schedule(verify=...) needs runnable tasks; {unbound} have no function "
+                         "(pass PipelineTask(name, fn) objects, or verify=False)")
+    return True
+
+
+def _options(verify: Any) -> VerifyOptions:
+    if isinstance(verify, VerifyOptions):
+        return verify
+    if isinstance(verify, int) and not isinstance(verify, bool):
+        return VerifyOptions(rounds=verify)
+    return VerifyOptions()
+
+
+def _batches_for(batches: Sequence[Any], opts: VerifyOptions, depth: int) -> List[Any]:
+    batches = list(batches)
+    want = opts.iterations or max(len(batches), min(24, 4 * depth + 8))
+    out = []
+    while len(out) < want:
+        out.extend(batches[: want - len(out)])
+    return out
+
+
+def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]], problem: Any,
+                  batches: Sequence[Any], verify: Any, num_iterations: int) -> Tuple[PipelinePlan, Any]:
+    """Measure the search's candidates, the input plan and the serial plan; return the fastest and the report.
+
+    Parameters
+    ----------
+    report : SearchReport
+        The search's report (its ``plan`` is the simulator's favourite).
+    pool : list of (label, plan or None)
+        The other candidates (other searchers' bests, seeds), best first; plans
+        equal to one already listed are measured once.
+    problem : Problem
+    batches : sequence
+    verify : True, int or VerifyOptions
+    num_iterations : int
+        Simulated iterations for the predictions.
+
+    Returns
+    -------
+    (PipelinePlan, SearchReport)
+        The plan measured fastest, and the report re-judged for it (period,
+        binding, utilisation simulated for that plan) with ``verify`` set to
+        the :class:`VerifyTable`.
+    """
+    from .simulate import simulate
+
+    opts = _options(verify)
+    cands: List[Tuple[str, PipelinePlan]] = [("auto", report.plan)]
+    seen = {_key(report.plan)}
+    searched = 1
+    for label, plan in pool:  # the searchers' bests up to ``top``; every seed
+        is_seed = label.startswith("seed")
+        if plan is None or (not is_seed and searched >= opts.top):
+            continue
+        if _key(plan) not in seen:
+            searched += 0 if is_seed else 1
+            seen.add(_key(plan))
+            cands.append((label, plan))
+    base = problem.base_plan
+    if base is not None and not base.unbound_tasks() and _key(base) not in seen:
+        seen.add(_key(base))
+        cands.append(("input", base))
+    serial = serial_plan(report.plan)
+    cands.append(("serial", serial))
+    predicted: Dict[str, float] = {}
+    for label, plan in cands:
+        try:
+            predicted[label] = float(simulate(plan, problem.costs, num_iterations=num_iterations,
+                                              device=problem.device).period)
+        except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
+            pass
+    depth = max(p.pipeline_depth for _, p in cands)
+    table = measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
+                          device=opts.device, noise_floor_pct=opts.noise_floor_pct)
+    chosen = table.choose()
+    if chosen.label != "auto":
+        table.notes.append(f"the simulator's favourite (auto) measured {table['auto'].period_s * 1e3:.3f} ms, "
+                           f"{chosen.label} {chosen.period_s * 1e3:.3f} ms: returning {chosen.label}")
+    new = _rejudge(report, chosen.plan, problem, num_iterations) if chosen.label != "auto" else report
+    new = dataclasses.replace(new, verify=table) if hasattr(new, "verify") else new
+    return chosen.plan, new
+
+
+def _key(plan: PipelinePlan) -> tuple:
+    from swpipe_core.order import enqueue_order
+
+    return (tuple(sorted((n, plan.stage(n), plan.stream_of(n), plan.sched(n).thread_group,
+                          plan.sched(n).globally_ordered) for n in plan.task_names)), tuple(enqueue_order(plan)))
+
+
+def _rejudge(report: Any, plan: PipelinePlan, problem: Any, num_iterations: int) -> Any:
+    """The report's plan-dependent fields for another plan (simulated with the same costs)."""
+    from .simulate import simulate
+
+    sim = simulate(plan, problem.costs, num_iterations=num_iterations, device=problem.device)
+    lb = min(report.lower_bound_s, float(sim.period))
+    return dataclasses.replace(
+        report, plan=plan, period_s=float(sim.period), latency_s=float(sim.latency), binding=str(sim.binding),
+        gap_pct=100.0 * (float(sim.period) / lb - 1.0) if lb > 0 else 0.0, depth=plan.pipeline_depth,
+        depth_reason="chosen by measurement on the engine (verify), not by the simulator",
+        threads=len({plan.sched(n).thread_group for n in plan.task_names}), method=f"{report.method}+verify",
+        utilisation=dict(sim.utilisation), what_if=[],
+    )

@@ -1,0 +1,455 @@
+"""Calibrate the machine: what the engine itself costs here, how many cores are free now, which tasks hold the GIL.
+
+A cost model of the user's tasks alone mispredicts small tasks and shared
+cores: the engine spends time per task, per hand-off between threads and per
+period, two threads on a loaded machine may not run at once, and Python
+tasks serialise on the GIL. :func:`calibrate` measures these with the engine
+on this machine, now:
+
+* **engine costs** (no-op tasks, each plan run for ``iterations`` periods,
+  median of ``repeats`` interleaved rounds; thread groups are worker threads,
+  ``caller_group=None``):
+
+  - ``task_s``, ``period_s``: one worker group, depth 1, with 1 and with
+    ``k`` tasks: ``period(k) = period_s + k * task_s``;
+  - ``dep_s``: a chain of ``k`` tasks alternating between two groups minus
+    the same chain on one group, over its ``k - 1`` cross-thread hand-offs
+    (the second worker's wake-up per period is counted in them);
+  - ``serial_task_s``, ``serial_iter_s``: the same for
+    ``run_one_serial_iter`` (what the profiler's baseline times);
+
+* **cores free** (:func:`measure_cores`): ``hashlib`` work that releases the
+  GIL, alone and on one thread per usable CPU at once;
+  ``cores_free = threads * alone / together``;
+* **GIL fraction per task** (:func:`measure_gil`, needs a pipeline and a
+  batch): serial iterations alternate without and with a pure-Python probe
+  thread; during a task the probe holds the GIL for ``count / rate_alone``
+  seconds, so the task held it for ``with_probe - that`` of its
+  ``alone`` seconds: ``gil = (with_probe - probe_held) / alone``, the
+  smallest over the iterations (a probe starved of a core by other
+  processes biases it upwards only), clipped to 0..1. Sleep and most torch kernels release the GIL (near 0); pure
+  Python holds it (near 1).
+
+The result (:class:`MachineCalibration`) is plain data with a versioned JSON
+form; cost models carry it as their ``machine_calibration`` section and
+:mod:`autosched.calibrated` folds it into what the simulator uses.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+__all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_gil",
+           "CALIBRATION_VERSION"]
+
+CALIBRATION_VERSION = 1
+_FLOAT_FIELDS = ("task_s", "dep_s", "period_s", "serial_task_s", "serial_iter_s", "cores_free")
+
+
+@dataclass
+class MachineCalibration:
+    """What the machine adds to the tasks' own costs (seconds), measured with the engine.
+
+    Parameters
+    ----------
+    task_s : float
+        Engine cost per task on a worker thread (queue, signals, bookkeeping).
+    dep_s : float
+        Extra cost per dependency that crosses thread groups (a wake-up).
+    period_s : float
+        Cost per period on the main thread (enqueue, retire, the barrier's wake-up).
+    serial_task_s, serial_iter_s : float
+        Per task and per iteration of a serial iteration (``run_one_serial_iter``).
+    cores_free : float
+        Parallelism available now (1.0 = one core's worth).
+    cpu_count : int
+        Usable CPUs (affinity).
+    gil : dict
+        ``{task: fraction of its host time that holds the GIL}``.
+    load : float, optional
+        1-minute load average when measured.
+    measured, machine, notes : str
+
+    Examples
+    --------
+    >>> c = MachineCalibration(task_s=2e-5, dep_s=3e-5, period_s=5e-5, gil={"Fwd": 0.2})
+    >>> MachineCalibration.from_dict(c.to_dict()) == c
+    True
+    >>> c.to_dict()["version"]
+    1
+    """
+
+    task_s: float = 0.0
+    dep_s: float = 0.0
+    period_s: float = 0.0
+    serial_task_s: float = 0.0
+    serial_iter_s: float = 0.0
+    cores_free: float = 1.0
+    cpu_count: int = 1
+    gil: Dict[str, float] = field(default_factory=dict)
+    load: Optional[float] = None
+    measured: str = ""
+    machine: str = ""
+    notes: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON form: ``{"version": 1, ...fields}``."""
+        return {"version": CALIBRATION_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str = "machine_calibration") -> "MachineCalibration":
+        """Read the JSON form, checking the version and every number.
+
+        Raises
+        ------
+        ValueError
+            Unknown version or field, or a negative / non-numeric value.
+
+        Examples
+        --------
+        >>> MachineCalibration.from_dict({"version": 9})
+        Traceback (most recent call last):
+        ...
+        ValueError: machine_calibration.version: version 9 is not supported (this swpipe reads 1). Fix: re-run calibrate()
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{where}: is {type(doc).__name__}, not an object. Fix: write the output of "
+                             "MachineCalibration.to_dict()")
+        if doc.get("version") != CALIBRATION_VERSION:
+            raise ValueError(f"{where}.version: version {doc.get('version')!r} is not supported (this swpipe reads "
+                             f"{CALIBRATION_VERSION}). Fix: re-run calibrate()")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(doc) - known - {"version"})
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}. Fix: the section has only {sorted(known)}")
+        values = {k: v for k, v in doc.items() if k != "version"}
+        for k in _FLOAT_FIELDS:
+            v = values.get(k, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"{where}.{k}: {v!r} is not a time/number >= 0. Fix: re-run calibrate()")
+        gil = values.get("gil", {})
+        if not isinstance(gil, Mapping) or any(not isinstance(g, (int, float)) or not 0 <= g <= 1
+                                               for g in gil.values()):
+            raise ValueError(f"{where}.gil: {gil!r} is not a map of task -> fraction in 0..1. Fix: re-run calibrate()")
+        values["gil"] = {str(k): float(v) for k, v in gil.items()}
+        return cls(**values)
+
+    def summary(self) -> str:
+        """One line per measured quantity, in microseconds.
+
+        Examples
+        --------
+        >>> print(MachineCalibration(task_s=2e-5, cores_free=1.6, cpu_count=2).summary().splitlines()[0])
+        engine: 20.0 us/task, 0.0 us/cross-thread dependency, 0.0 us/period; serial 0.0 us/task + 0.0 us/iteration
+        """
+        lines = [f"engine: {self.task_s * 1e6:.1f} us/task, {self.dep_s * 1e6:.1f} us/cross-thread dependency, "
+                 f"{self.period_s * 1e6:.1f} us/period; serial {self.serial_task_s * 1e6:.1f} us/task + "
+                 f"{self.serial_iter_s * 1e6:.1f} us/iteration",
+                 f"cores free: {self.cores_free:.2f} of {self.cpu_count}"
+                 + ("" if self.load is None else f" (load average {self.load:.2f})")]
+        if self.gil:
+            lines.append("GIL held: " + ", ".join(f"{k} {v:.0%}" for k, v in self.gil.items()))
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- engine costs
+
+
+def _noop(ctx: Any) -> None:
+    return None
+
+
+def _plan(groups: List[str], chain: bool) -> Any:
+    from .plan import PipelinePlan, PipelineTask, TaskSchedule
+
+    tasks = [PipelineTask(f"t{k}", _noop) for k in range(len(groups))]
+    sched = {t: TaskSchedule(0, thread_group=g) for t, g in zip(tasks, groups)}
+    deps = [(tasks[k], tasks[k - 1]) for k in range(1, len(tasks))] if chain else []
+    return PipelinePlan(sched, deps, caller_group=None)
+
+
+def _pipelined(plan: Any, iterations: int) -> float:
+    from .engine import SWPipeline
+
+    with SWPipeline(plan, device="cpu") as pipe:
+        return pipe.run(range(iterations)) / iterations
+
+
+def _serial(plan: Any, iterations: int) -> float:
+    from .engine import SWPipeline
+
+    pipe = SWPipeline(plan, device="cpu")
+    t0 = time.perf_counter()
+    for i in range(iterations):
+        pipe.run_one_serial_iter(i, iter_idx=i)
+    return (time.perf_counter() - t0) / iterations
+
+
+def measure_engine_costs(iterations: int = 200, repeats: int = 5, k: int = 8) -> Dict[str, float]:
+    """The engine's fixed costs on this machine (seconds), from no-op task plans.
+
+    The plans are measured in interleaved rounds (a burst of load hits one
+    sample of each plan, not every sample of one), after one warm-up round;
+    each plan's time is the median over the rounds.
+
+    Parameters
+    ----------
+    iterations : int
+        Periods per run.
+    repeats : int
+        Rounds (median).
+    k : int
+        Tasks in the larger plans (>= 2).
+
+    Returns
+    -------
+    dict
+        ``task_s``, ``dep_s``, ``period_s``, ``serial_task_s``, ``serial_iter_s`` (each >= 0).
+
+    Examples
+    --------
+    >>> got = measure_engine_costs(iterations=20, repeats=1, k=4)
+    >>> sorted(got), all(v >= 0 for v in got.values())
+    (['dep_s', 'period_s', 'serial_iter_s', 'serial_task_s', 'task_s'], True)
+    """
+    if k < 2 or iterations < 2 or repeats < 1:
+        raise ValueError(f"need k >= 2, iterations >= 2, repeats >= 1; got k={k}, iterations={iterations}, "
+                         f"repeats={repeats}")
+    runs = {
+        "one": (_pipelined, _plan(["w"], False)),
+        "many": (_pipelined, _plan(["w"] * k, False)),
+        "same": (_pipelined, _plan(["w"] * k, True)),
+        "cross": (_pipelined, _plan(["a", "b"] * (k // 2) + ["a"] * (k % 2), True)),
+        "s_one": (_serial, _plan(["w"], False)),
+        "s_many": (_serial, _plan(["w"] * k, False)),
+    }
+    got: Dict[str, List[float]] = {key: [] for key in runs}
+    for r in range(repeats + 1):
+        for key, (fn, plan) in runs.items():
+            t = fn(plan, iterations)
+            if r:  # round 0 warms up (threads, first-call costs)
+                got[key].append(t)
+    m = {key: statistics.median(v) for key, v in got.items()}
+    task = max(0.0, (m["many"] - m["one"]) / (k - 1))
+    s_task = max(0.0, (m["s_many"] - m["s_one"]) / (k - 1))
+    return {"task_s": task, "period_s": max(0.0, m["one"] - task),
+            "dep_s": max(0.0, (m["cross"] - m["same"]) / (k - 1)),
+            "serial_task_s": s_task, "serial_iter_s": max(0.0, m["s_one"] - s_task)}
+
+
+# --------------------------------------------------------------------------- cores
+
+
+def _hash_work(units: int, payload: bytes) -> None:
+    for _ in range(units):
+        hashlib.sha256(payload).digest()  # releases the GIL for large buffers
+
+
+def measure_cores(units: int = 40, payload_kib: int = 256, threads: Optional[int] = None) -> Tuple[float, int]:
+    """Parallelism available now: ``threads x time alone / time together`` of GIL-free work.
+
+    Parameters
+    ----------
+    units : int
+        Hash calls per thread.
+    payload_kib : int
+        Bytes hashed per call (KiB).
+    threads : int, optional
+        Threads at once (default: the usable CPUs).
+
+    Returns
+    -------
+    (float, int)
+        Cores free (1.0 .. threads) and the usable CPU count.
+
+    Examples
+    --------
+    >>> free, cpus = measure_cores(units=4, payload_kib=64)
+    >>> 1.0 <= free <= max(cpus, 1), cpus >= 1
+    (True, True)
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    n = threads or cpus
+    payload = b"\x5a" * (payload_kib * 1024)
+    _hash_work(2, payload)
+    t0 = time.perf_counter()
+    _hash_work(units, payload)
+    alone = time.perf_counter() - t0
+    workers = [threading.Thread(target=_hash_work, args=(units, payload), name=f"swpipe-calibrate-{i}")
+               for i in range(n)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    together = time.perf_counter() - t0
+    return min(float(n), max(1.0, n * alone / together if together > 0 else 1.0)), cpus
+
+
+# --------------------------------------------------------------------------- GIL
+
+
+class _Probe:
+    """A pure-Python thread counting loop turns until stopped (it needs the GIL for every turn)."""
+
+    def __init__(self) -> None:
+        self.count = [0]
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="swpipe-gil-probe", daemon=True)
+
+    def _loop(self) -> None:
+        c = self.count
+        while not self._stop:
+            c[0] += 1
+
+    def __enter__(self) -> "_Probe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def _probe_rate(seconds: float = 0.02) -> float:
+    """Probe turns per second while the GIL is free (the caller waits on a lock, releasing it)."""
+    done = threading.Event()
+    with _Probe() as probe:
+        start = probe.count[0]
+        t0 = time.perf_counter()
+        done.wait(seconds)
+        turns = probe.count[0] - start
+        dt = time.perf_counter() - t0
+    return turns / dt if dt > 0 else 0.0
+
+
+def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
+    """Per task, the fraction of its host time that holds the GIL.
+
+    Serial iterations (``pipe.run_one_serial_iter``) alternate without and
+    with a pure-Python probe thread; each task's time and the probe's turns
+    during it give the GIL it held (module docstring).
+
+    Parameters
+    ----------
+    pipe : SWPipeline
+        Bound, idle (no iterations in flight), no shortcut enabled.
+    batch : Any
+        A representative batch.
+    num_iterations : int
+        Iterations of each kind (the smallest share per task counts).
+
+    Returns
+    -------
+    dict
+        ``{task: fraction in 0..1}``.
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+    >>> from swpipe_core.engine import SWPipeline
+    >>> def spin(ctx):
+    ...     t = time.perf_counter()
+    ...     while time.perf_counter() - t < 0.004:
+    ...         pass
+    >>> plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule(),
+    ...                      PipelineTask("Spin", spin): TaskSchedule()})
+    >>> gil = measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
+    >>> gil["Sleep"] < gil["Spin"]
+    True
+    """
+    rate = _probe_rate()
+    alone: Dict[str, List[float]] = {}
+    held: Dict[str, List[float]] = {}
+    original = pipe._exec_task
+    had_instance_attr = "_exec_task" in vars(pipe)
+    state: Dict[str, Any] = {"probe": None}
+
+    def timed(task: Any, ctx: Any) -> None:
+        probe = state["probe"]
+        c0 = probe.count[0] if probe else 0
+        t0 = time.perf_counter()
+        original(task, ctx)
+        dt = time.perf_counter() - t0
+        if probe is None:
+            alone.setdefault(task.name, []).append(dt)
+        else:
+            probe_held = (probe.count[0] - c0) / rate if rate > 0 else 0.0
+            held.setdefault(task.name, []).append(max(0.0, dt - probe_held))
+
+    pipe._exec_task = timed
+    try:
+        for i in range(num_iterations):
+            state["probe"] = None
+            pipe.run_one_serial_iter(batch, iter_idx=2 * i)
+            with _Probe() as probe:
+                state["probe"] = probe
+                pipe.run_one_serial_iter(batch, iter_idx=2 * i + 1)
+            state["probe"] = None
+    finally:
+        if had_instance_attr:
+            pipe._exec_task = original
+        else:
+            del pipe._exec_task
+    out = {}
+    for name, times in alone.items():
+        a = statistics.median(times)
+        # the smallest share over the iterations: a probe starved of a core (other processes) only ever
+        # makes a task look as if it held the GIL longer, never shorter
+        h = min(held.get(name, [0.0]))
+        out[name] = min(1.0, max(0.0, h / a)) if a > 0 else 0.0
+    return out
+
+
+# --------------------------------------------------------------------------- all together
+
+
+def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
+              gil_iterations: int = 5) -> MachineCalibration:
+    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL share.
+
+    Parameters
+    ----------
+    pipe : SWPipeline, optional
+        The user's pipeline (bound, idle); without it the GIL section is empty.
+    batch : Any, optional
+        A representative batch for ``pipe``.
+    iterations, repeats : int
+        For :func:`measure_engine_costs`.
+    gil_iterations : int
+        For :func:`measure_gil`.
+
+    Returns
+    -------
+    MachineCalibration
+
+    Examples
+    --------
+    >>> cal = calibrate(iterations=20, repeats=1)
+    >>> cal.cores_free >= 1.0, cal.gil, cal.measured != ""
+    (True, {}, True)
+    """
+    import platform
+
+    engine = measure_engine_costs(iterations=iterations, repeats=repeats)
+    free, cpus = measure_cores()
+    gil = measure_gil(pipe, batch, gil_iterations) if pipe is not None else {}
+    try:
+        load: Optional[float] = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return MachineCalibration(
+        cores_free=free, cpu_count=cpus, gil=gil, load=load,
+        measured=datetime.datetime.now().isoformat(timespec="seconds"),
+        machine=f"{cpus}-CPU {platform.machine()}, Python {platform.python_version()}",
+        notes=f"swpipe_core.calibrate: no-op plans x {iterations} periods, median of {repeats}", **engine)

@@ -1,0 +1,133 @@
+"""Machine calibration (swpipe_core.calibrate) and how it reaches the cost model (autosched.calibrated).
+
+Timing checks compare two measurements of the same thing (or a GIL-free task
+with a pure-Python one) with generous margins, never an absolute time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from autosched.calibrated import calibrated_costs, format_profile, parallelism_note, serial_iteration_s, \
+    simulate_calibrated
+from autosched.costs import CostModel, CostModelError, TaskCost
+from autosched.simulate import simulate
+from swpipe_core.calibrate import MachineCalibration, measure_gil
+from swpipe_core.engine import SWPipeline
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.profiler import TaskProfiler
+
+MS = 1e-3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cal(**kw) -> MachineCalibration:
+    return MachineCalibration(**{"task_s": 1e-5, "dep_s": 2e-5, "period_s": 3e-5, **kw})
+
+
+def test_cost_model_keeps_machine_calibration_through_json(tmp_path):
+    cal = _cal(gil={"A": 0.75}, cores_free=1.5, cpu_count=2, measured="2026-11-23T01:00:00")
+    path = tmp_path / "c.json"
+    CostModel({"A": TaskCost(MS)}, machine_calibration=cal).save(path)
+    doc = json.loads(path.read_text())
+    assert doc["machine_calibration"]["version"] == 1
+    back = CostModel.load(path)
+    assert back.machine_calibration == cal
+    assert back.scaled("A", 2.0).machine_calibration == cal  # what-if copies keep it
+
+
+def test_old_cost_file_without_calibration_still_loads():
+    costs = CostModel.load(os.path.join(ROOT, "cost_models", "base.json"))
+    assert costs.machine_calibration is None
+    assert "machine_calibration" not in costs.to_dict()
+
+
+def test_bad_calibration_section_is_a_cost_model_error():
+    doc = CostModel({"A": TaskCost(MS)}, machine_calibration=_cal()).to_dict()
+    doc["machine_calibration"]["version"] = 7
+    with pytest.raises(CostModelError, match="machine_calibration.version: version 7"):
+        CostModel.from_dict(doc)
+    doc["machine_calibration"] = {"version": 1, "task_s": -1.0}
+    with pytest.raises(CostModelError, match="task_s"):
+        CostModel.from_dict(doc)
+
+
+def test_calibrated_costs_charge_dependency_cost_only_across_threads():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="x"),
+                         "C": TaskSchedule(1, thread_group="y")},
+                        intra_iter_deps=[("B", "A"), ("C", "B")], inter_iter_deps=[("A", "C")])
+    costs = CostModel({n: TaskCost(MS) for n in "ABC"})
+    got = calibrated_costs(costs, plan, _cal())
+    # A waits C (other thread, inter), B waits A (same thread), C waits B (other thread)
+    assert [round((got[n].host_s - MS) * 1e6, 6) for n in "ABC"] == [30.0, 10.0, 30.0]
+    without_plan = calibrated_costs(costs, None, _cal())
+    assert {round((without_plan[n].host_s - MS) * 1e6, 6) for n in "ABC"} == {10.0}
+
+
+def test_calibrated_costs_need_a_calibration():
+    with pytest.raises(ValueError, match="no machine calibration"):
+        calibrated_costs(CostModel({"A": TaskCost(MS)}))
+
+
+def test_gil_tag_serialises_python_tasks_across_threads_in_simulation():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
+    free = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.1, "B": 0.2})).period
+    held = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.9, "B": 1.0})).period
+    assert free == pytest.approx(2 * MS, rel=1e-6)
+    assert held == pytest.approx(4 * MS, rel=1e-6)
+    cuda = calibrated_costs(costs, plan, MachineCalibration(gil={"A": 1.0}), device="cuda")
+    assert cuda["A"].resources == ()
+
+
+def test_period_cost_is_main_thread_time_per_period():
+    plan = PipelinePlan({"A": TaskSchedule(0)})
+    costs = CostModel({"A": TaskCost(MS)})
+    plain = simulate(plan, costs).period
+    cal = simulate_calibrated(plan, costs, MachineCalibration(period_s=4e-4)).period
+    assert cal == pytest.approx(plain + 4e-4, rel=1e-6)
+
+
+def _spin(ctx) -> None:
+    x = 0
+    for i in range(60_000):  # pure Python: holds the GIL the whole time
+        x += i
+
+
+def test_measure_gil_ranks_pure_python_above_sleep():
+    plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule(),
+                         PipelineTask("Spin", _spin): TaskSchedule()})
+    gil = measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=4)
+    assert set(gil) == {"Sleep", "Spin"}
+    assert all(0.0 <= g <= 1.0 for g in gil.values())
+    assert gil["Sleep"] < gil["Spin"]
+
+
+def test_profile_with_calibration_sums_to_the_measured_serial_iteration():
+    # a sleep workload plus overhead: eight small Python tasks between two sleeps
+    tasks = {PipelineTask("Sleep0", lambda ctx: time.sleep(0.002)): TaskSchedule()}
+    tasks.update({PipelineTask(f"Small{k}", lambda ctx: sum(range(200))): TaskSchedule() for k in range(8)})
+    tasks[PipelineTask("Sleep1", lambda ctx: time.sleep(0.002))] = TaskSchedule()
+    plan = PipelinePlan(tasks)
+    with SWPipeline(plan, device="cpu") as pipe:
+        result = TaskProfiler(pipe).profile(0, num_warmup=2, num_measure=8, num_rounds=3, calibrate=True)
+    costs = CostModel.from_profile(result)
+    assert isinstance(costs.machine_calibration, MachineCalibration)
+    assert set(costs.machine_calibration.gil) == set(plan.task_names)
+    predicted = serial_iteration_s(costs)
+    # a few percent on an idle machine (benchmarks); the margin here absorbs load drift between the phases
+    assert predicted == pytest.approx(result.baseline_s, rel=0.25)
+    assert predicted > sum(c.cpu_s for c in costs.tasks.values())  # the engine's serial costs are counted
+    assert "model serial iteration" in format_profile(result, costs)
+
+
+def test_parallelism_note_names_free_cores_and_gil():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
+    assert "1.20 of 2 cores" in parallelism_note(plan, costs, MachineCalibration(cores_free=1.2, cpu_count=2))
+    assert "GIL" in parallelism_note(plan, costs, MachineCalibration(cores_free=2.0, gil={"A": 1.0, "B": 0.8}))
+    assert parallelism_note(plan, costs, MachineCalibration(cores_free=2.0, gil={"A": 0.1})) is None

@@ -1,0 +1,168 @@
+"""Verify in the loop (autosched.verify) and seed plans (autosched.seeds).
+
+Timing assertions are relative and generous: each compares plans that differ
+by a factor of about two by construction (sleep workloads, which release the
+GIL), never an absolute time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autosched.costs import CostModel, TaskCost
+from autosched.search import Constraints, auto_schedule
+from autosched.verify import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, serial_plan
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+MS = 1e-3
+
+
+def _sleeper(seconds: float):
+    def fn(ctx) -> None:
+        time.sleep(seconds)
+    return fn
+
+
+def _two_thread_plan(sleep_s: float = 4 * MS) -> PipelinePlan:
+    a = PipelineTask("A", _sleeper(sleep_s))
+    b = PipelineTask("B", _sleeper(sleep_s))
+    return PipelinePlan({a: TaskSchedule(0, thread_group="a"), b: TaskSchedule(1, thread_group="b")},
+                        intra_iter_deps=[(b, a)])
+
+
+def _three_thread_plan(sleep_s: float = 3 * MS) -> PipelinePlan:
+    """A -> B -> C on three threads, one stage each: about a third of the serial period (sleeps overlap)."""
+    a, b, c = (PipelineTask(n, _sleeper(sleep_s)) for n in "ABC")
+    return PipelinePlan({a: TaskSchedule(0, thread_group="a"), b: TaskSchedule(1, thread_group="b"),
+                         c: TaskSchedule(2, thread_group="c")}, intra_iter_deps=[(b, a), (c, b)])
+
+
+def test_measure_plans_ranks_pipelined_sleep_plan_ahead_of_serial():
+    plan = _three_thread_plan()
+    table = measure_plans([("pipelined", plan), ("serial", serial_plan(plan))], list(range(18)), rounds=3)
+    assert table.choose().label == "pipelined"
+    # three 3 ms sleeps overlap on three threads: about a third of the serial period (generous margin)
+    assert table["serial"].period_s > 1.5 * table["pipelined"].period_s
+    assert [len(r.rounds_s) for r in table.rows] == [3, 3]
+
+
+def test_measure_plans_rejects_bad_input():
+    plan = _two_thread_plan(0.0)
+    with pytest.raises(ValueError, match="repeat"):
+        measure_plans([("x", plan), ("x", plan)], [0, 1])
+    with pytest.raises(ValueError, match="at least 2 batches"):
+        measure_plans({"x": plan}, [0])
+    with pytest.raises(ValueError, match="rounds"):
+        measure_plans({"x": plan}, [0, 1], rounds=0)
+
+
+def test_measure_plans_surfaces_task_failure_with_task_name():
+    from swpipe_core.engine import PipelineTaskError
+
+    def boom(ctx):
+        raise ValueError("bad batch")
+
+    plan = PipelinePlan({PipelineTask("Boom", boom): TaskSchedule(0)})
+    with pytest.raises(PipelineTaskError, match="Boom"):
+        measure_plans({"x": plan}, [0, 1, 2], rounds=1, warmup=False)
+
+
+def test_serial_plan_keeps_tasks_and_dependencies_at_depth_one():
+    plan = _two_thread_plan()
+    s = serial_plan(plan)
+    assert s.pipeline_depth == 1
+    assert s.intra_edges() == plan.intra_edges()
+    assert {s.sched(n).thread_group for n in s.task_names} == {"default"}
+    assert all(callable(t.fn) for t in s.tasks)
+
+
+def test_machine_limit_line_when_no_plan_beats_serial():
+    tie = VerifyTable([PlanMeasurement("serial", None, [0.010, 0.0101]),
+                       PlanMeasurement("auto", None, [0.0099, 0.0100])], rounds=2, iterations=10)
+    line = tie.machine_limit()
+    assert line is not None and "machine is the limit" in line and "x1.0" in line
+    assert "machine is the limit" in tie.format()
+    win = VerifyTable([PlanMeasurement("serial", None, [0.010, 0.010]),
+                       PlanMeasurement("auto", None, [0.005, 0.005])], rounds=2, iterations=10)
+    assert win.machine_limit() is None
+
+
+def test_verify_returns_plan_measured_fastest_over_simulators_favourite():
+    # The cost model lies: it puts all the time in A, so every plan simulates at 9 ms and the search
+    # prefers the shallowest one. In reality A, B and C sleep 3 ms each, so the three-thread input plan
+    # (depth 3) runs about three times as fast as any depth-1 plan. Verification must notice.
+    plan = _three_thread_plan()
+    costs = CostModel({"A": TaskCost(9 * MS), "B": TaskCost(0.0), "C": TaskCost(0.0)})
+    got, report = auto_schedule(plan, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=5),
+                                batches=list(range(18)), verify=VerifyOptions(rounds=3))
+    table = report.verify
+    assert table is not None
+    assert table["auto"].predicted_s == pytest.approx(9 * MS, rel=1e-6)
+    assert got.pipeline_depth == 3
+    assert len({got.sched(n).thread_group for n in got.task_names}) == 3
+    assert table["serial"].period_s > 1.5 * table.choose().period_s
+    assert "verified on the engine" in str(report)
+
+
+def test_verify_never_returns_plan_measured_slower_than_input_plan():
+    plan = _two_thread_plan(2 * MS)
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
+    got, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=5),
+                                batches=list(range(12)), verify=2)
+    table = report.verify
+    chosen = table.choose()
+    assert chosen.plan is got
+    reference = table["input"] if "input" in table else table["auto"]
+    assert chosen.period_s <= reference.period_s
+
+
+def test_verify_is_off_for_unbound_tasks_and_needs_batches_when_asked():
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
+    graph = (["A", "B"], [("B", "A")])
+    _, report = auto_schedule(graph, costs, Constraints(max_depth=2, time_limit_s=5))
+    assert report.verify is None
+    with pytest.raises(ValueError, match="batches"):
+        auto_schedule(graph, costs, Constraints(max_depth=2, time_limit_s=5), verify=True)
+    with pytest.raises(ValueError, match="runnable"):
+        auto_schedule(graph, costs, Constraints(max_depth=2, time_limit_s=5), verify=True, batches=[1, 2])
+
+
+def test_seed_plans_are_scored_and_bound_to_the_searched_tasks():
+    a, b = PipelineTask("A", _sleeper(0.0)), PipelineTask("B", _sleeper(0.0))
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(3 * MS)})
+    seed = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
+                        intra_iter_deps=[("B", "A")])
+    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, time_limit_s=5),
+                                 seeds=[("hand", seed)], verify=False)
+    assert any(n.startswith("seeds simulated: seed:hand 3.000 ms") for n in report.notes)
+    assert report.period_s == pytest.approx(3 * MS, rel=1e-6)
+    assert not plan.unbound_tasks()
+
+
+def test_seed_with_other_dependencies_is_rejected():
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
+    seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)})  # lost the dependency B -> A
+    with pytest.raises(ValueError, match="dependencies"):
+        auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(time_limit_s=5), seeds=[seed])
+
+
+def test_seed_beyond_max_depth_is_skipped_with_a_note():
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
+    seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(3)}, intra_iter_deps=[("B", "A")])
+    _, report = auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_limit_s=5),
+                              seeds=[seed])
+    assert "seed seed0 skipped: depth 4 > max_depth 2" in report.notes
+
+
+def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
+    from autosched.seeds import with_dependencies_of
+
+    graph = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("A", "B", 1)])
+    seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, thread_group="x")}, [("B", "A")])
+    got = with_dependencies_of(seed, graph)
+    assert got.inter_edges() == [("A", "B", 1)] and got.stage("B") == 1
+    extra = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("B", "B", 1)])
+    with pytest.raises(ValueError, match="lacks"):
+        with_dependencies_of(extra, graph)
