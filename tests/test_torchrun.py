@@ -105,6 +105,18 @@ def test_demo_under_torchrun_prints_one_folded_table_on_rank_0(tmp_path):
     proc = torchrun(2, "-m", "swpipe.cli", "demo", "--iters", "3", "--repeats", "1", "--batch-size", "32",
                     "--plans", "sparse_dist", "--no-auto", "--trace", str(tmp_path / "t.json"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:]
-    assert proc.stdout.count("DLRM workload: world size 2 (gloo, launcher (torchrun))") == 1
+    assert proc.stdout.count("DLRM workload: world size 2 (gloo) launched by torchrun") == 1
     assert "1/1 plans reproduce the serial loop bit for bit" in proc.stdout
     assert "every check above holds on all 2 ranks" in proc.stdout
+
+
+@pytest.mark.parametrize("script, expect", [
+    ("two_ranks.py", ["rank 0/2 (gloo): owns tables [0, 2]", "rank 1/2 (gloo): owns tables [1, 3]"]),
+    ("custom_plan.py", ["2 rank(s), checked on every rank; losses equal to the plain loop: True"]),
+])
+def test_examples_run_unchanged_under_torchrun_and_print_once(script, expect):
+    proc = torchrun(2, str(ROOT / "examples" / script), "--iters", "4")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    for line in expect:
+        assert proc.stdout.count(line) == 1, proc.stdout[-3000:]
+    assert "equal to the plain loop: False" not in proc.stdout

@@ -137,10 +137,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _specs(args)  # fail fast on a bad --plans before starting processes
     t0 = time.perf_counter()
-    rank, how = 0, "spawned on loopback" if world > 1 else "one process"
+    rank, how = 0, "spawned on loopback" if world > 1 else "one process"  # how the ranks were started
     if launched or world == 1:
         env = init_distributed()
-        rank, how = env.rank, ("launcher (torchrun)" if launched else how)
+        rank, how = env.rank, ("launched by torchrun" if launched else how)
         try:
             m = _rank_main(env, args)
         finally:
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if rank != 0:
         return code  # the same table and verdict as rank 0's: every rank's checks are folded in
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    print(f"DLRM workload: world size {world} ({backend}, {how}), batch {args.batch_size}/rank, "
+    print(f"DLRM workload: world size {world} ({backend}) {how}, batch {args.batch_size}/rank, "
           f"{args.iters} iterations x {args.repeats} runs, {args.threads} intra-op thread(s)/rank, "
           f"{os.cpu_count()} CPU(s), torch {torch.__version__}")
     print(format_table(m))
