@@ -1,6 +1,7 @@
 """Write your own plan over the DLRM tasks: the embedding lookup one stage ahead of the dense step.
 
     python examples/custom_plan.py --iters 12
+    torchrun --nproc-per-node 2 examples/custom_plan.py --iters 12   # two ranks, same script
 
 A plan is data: stages, streams, thread groups and dependencies. Here
 EmbLookup(i) runs a stage before Forward(i) and must wait Backward(i-1),
@@ -15,6 +16,7 @@ import torch
 from swpipe import PipelinePlan, SWPipeline, TaskSchedule, validate
 from swpipe.workloads import (DLRMConfig, DLRMWorkload, SyntheticData, init_distributed, same_results, task_fns,
                               train_reference)
+from swpipe.workloads.agree import all_ranks
 
 
 def lookup_ahead_plan() -> PipelinePlan:
@@ -44,20 +46,22 @@ def main() -> None:
 
     env = init_distributed()
     config = DLRMConfig.preset("test")
-    batches = SyntheticData(config).batches(args.iters)
+    batches = SyntheticData(config, env.world_size, env.rank).batches(args.iters)  # this rank's shard
     workload = DLRMWorkload(config, env)
 
     plan = lookup_ahead_plan()
     validate(plan)
     plan = plan.bind(task_fns(workload, plan.task_names))
     with SWPipeline(plan, device=env.device) as pipe:
-        pipe.print_schedule(5)
+        if env.rank == 0:
+            pipe.print_schedule(5)
         pipe.run(iter(batches))
 
     reference = train_reference(DLRMWorkload(config, env), batches)
-    same = same_results(workload.loss_list(), reference)
-    print(f"depth {plan.pipeline_depth}, threads {sorted({plan.sched(t).thread_group for t in plan.task_names})}; "
-          f"losses equal to the plain loop: {same}")
+    same = all_ranks(env, same_results(workload.loss_list(), reference))  # folds every rank's check
+    if env.rank == 0:
+        print(f"depth {plan.pipeline_depth}, threads {sorted({plan.sched(t).thread_group for t in plan.task_names})}; "
+              f"{env.world_size} rank(s), checked on every rank; losses equal to the plain loop: {same}")
     env.close()
 
 

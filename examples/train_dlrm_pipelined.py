@@ -1,6 +1,7 @@
 """Train the DLRM workload with TorchRec's FusedSparseDist plan and check it against a plain loop.
 
     python examples/train_dlrm_pipelined.py --iters 20
+    torchrun --nproc-per-node 2 examples/train_dlrm_pipelined.py --iters 20   # two ranks, same script
 
 The plan runs H2D, the input all-to-all and the embedding lookup of later
 batches on their own threads (one per stream) while the current batch trains;
@@ -14,6 +15,7 @@ import torch
 from swpipe import SWPipeline, pipelines
 from swpipe.workloads import (DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, same_results,
                               train_reference)
+from swpipe.workloads.agree import all_ranks
 from swpipe_core.workers import with_thread_map
 
 
@@ -24,9 +26,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the pipeline's threads are the parallelism
 
-    env = init_distributed()  # a real gloo process group of one rank (file store, no port)
+    env = init_distributed()  # torchrun's job when launched by it, else a gloo group of one rank (no port)
     config = DLRMConfig.preset("demo", batch_size=args.batch_size)
-    batches = SyntheticData(config).batches(args.iters)
+    batches = SyntheticData(config, env.world_size, env.rank).batches(args.iters)  # this rank's shard
 
     serial = DLRMWorkload(config, env)
     train_reference(serial, batches)
@@ -35,12 +37,15 @@ def main() -> None:
     plan = pipelines.get("fused_sparse_dist", fns_for("fused_sparse_dist", workload))
     plan = with_thread_map(plan, "by_stream")
     with SWPipeline(plan, device=env.device) as pipe:
-        pipe.print_schedule(4)
+        if env.rank == 0:
+            pipe.print_schedule(4)
         seconds = pipe.run(iter(batches))
 
-    same = same_results(workload.loss_list(), serial.loss_list())
-    print(f"{args.iters} iterations in {seconds:.2f} s; first loss {workload.losses[0].item():.4f}, "
-          f"last {workload.losses[args.iters - 1].item():.4f}; equal to the plain loop: {same}")
+    same = all_ranks(env, same_results(workload.loss_list(), serial.loss_list()))  # every rank's check
+    if env.rank == 0:
+        print(f"{args.iters} iterations in {seconds:.2f} s on {env.world_size} rank(s); rank 0's first loss "
+              f"{workload.losses[0].item():.4f}, last {workload.losses[args.iters - 1].item():.4f}; "
+              f"checked on every rank, equal to the plain loop: {same}")
     env.close()
 
 

@@ -141,9 +141,9 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None,
         Do not pass the group the pipeline's tasks use for their collectives.
     timeout : datetime.timedelta, optional
         Timeout of the group created when ``group`` is None. A new group does
-        not inherit ``init_process_group``'s timeout (its default is 30
-        minutes): set it so that a rank whose peer died fails, and can exit,
-        within that time.
+        not inherit ``init_process_group``'s timeout by itself (its own default
+        is 30 minutes), so ``None`` copies the default group's timeout: a rank
+        whose peer died fails, and can exit, within the time the job chose.
 
     Returns
     -------
@@ -176,5 +176,17 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None,
         raise RuntimeError("agree_on_end needs torch.distributed: call torch.distributed.init_process_group(...) "
                            "on every rank first (a single process can use world_size=1)")
     if group is None:
-        group = dist.new_group(backend="gloo", timeout=timeout)
+        group = dist.new_group(backend="gloo", timeout=timeout if timeout is not None else _world_timeout())
     return AgreedIterator(data, group)
+
+
+def _world_timeout() -> Optional[timedelta]:
+    """The default group's timeout (None when its backend does not expose it: torch's default then)."""
+    import torch.distributed as dist
+
+    for device in ("cpu", "cuda"):
+        try:
+            return dist.group.WORLD._get_backend(torch.device(device)).options._timeout
+        except Exception:  # noqa: BLE001 - private API, absent on some backends/versions
+            continue
+    return None

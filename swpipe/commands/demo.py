@@ -1,7 +1,11 @@
 """``swpipe demo``: train the DLRM workload serially and with every TorchRec plan; print one table.
 
 The workload (:mod:`swpipe.workloads.dlrm`) runs over a real process group
-(gloo on CPU, NCCL on CUDA); ``--world-size N`` spawns N ranks on loopback.
+(gloo on CPU, NCCL on CUDA); ``--world-size N`` spawns N ranks on loopback,
+and under ``torchrun --nproc-per-node N`` (or any launcher setting ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) every process joins that job.
+Either way every rank checks its own losses and rank 0 prints one table with
+every rank's checks folded in (a plan matches only if it matches on every rank).
 Each plan trains a fresh copy of the model on the same batches; the table
 shows its depth, streams, thread groups, iterations/s, speedup over the plain
 serial loop, and whether its per-iteration losses equal the serial loop's bit
@@ -35,9 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     >>> add_arguments(parser)
     >>> args = parser.parse_args(["--plans", "sparse_dist+by_stream"])
     >>> args.world_size, args.iters, args.batch_size, args.repeats, args.plans
-    (1, 40, 512, 3, 'sparse_dist+by_stream')
+    (None, 40, 512, 3, 'sparse_dist+by_stream')
     """
-    parser.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks (spawned on loopback when > 1); default 1")
+    parser.add_argument("--world-size", type=int_at_least(1), default=None,
+                        help="ranks spawned on loopback (default 1); under torchrun the launcher's world size")
     parser.add_argument("--iters", type=int_at_least(1), default=40, help="training iterations per run (default 40)")
     parser.add_argument("--batch-size", type=int_at_least(1), default=512, help="per-rank batch size (default 512)")
     parser.add_argument("--plans", default="all",
@@ -92,11 +97,12 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
             specs.append(spec)
     m = measure(config, env, specs, iters=args.iters, repeats=args.repeats, progress=True,
                 record_best=bool(args.trace))
-    return m if env.rank == 0 else None
+    return m
 
 
 def _spawned(env: Any, args: argparse.Namespace) -> Any:
-    return _rank_main(env, args)
+    m = _rank_main(env, args)
+    return m if env.rank == 0 else None  # identical on every rank (folded); ship one copy back
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,16 +121,28 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from swpipe.workloads.bench import format_table
-    from swpipe.workloads.dlrm import init_distributed
+    from swpipe.workloads.distenv import init_distributed, launcher_env
 
-    if args.world_size < 1 or args.iters < 1 or args.batch_size < 1 or args.repeats < 1 or args.threads < 1:
+    try:
+        launched = launcher_env()
+    except ValueError as exc:
+        print(f"swpipe demo: {exc}", file=sys.stderr)
+        return 2
+    world = args.world_size if args.world_size is not None else (launched[1] if launched else 1)
+    if world < 1 or args.iters < 1 or args.batch_size < 1 or args.repeats < 1 or args.threads < 1:
         print("swpipe demo: --world-size, --iters, --batch-size, --repeats and --threads must be >= 1",
               file=sys.stderr)
         return 2
+    if launched and world != launched[1]:
+        print(f"swpipe demo: --world-size {world} under a launcher with WORLD_SIZE={launched[1]}; drop "
+              f"--world-size (the launcher decides: torchrun --nproc-per-node N)", file=sys.stderr)
+        return 2
     _specs(args)  # fail fast on a bad --plans before starting processes
     t0 = time.perf_counter()
-    if args.world_size == 1:
+    rank, how = 0, "spawned on loopback" if world > 1 else "one process"  # how the ranks were started
+    if launched or world == 1:
         env = init_distributed()
+        rank, how = env.rank, ("launched by torchrun" if launched else how)
         try:
             m = _rank_main(env, args)
         finally:
@@ -132,9 +150,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         from swpipe.workloads.launch import spawn
 
-        m = spawn(_spawned, args.world_size, args, num_threads=args.threads)[0]
+        m = spawn(_spawned, world, args, num_threads=args.threads)[0]
+    code = 0 if all(r.matches or r.close for r in m.rows if r.matches is not None) else 1
+    if rank != 0:
+        return code  # the same table and verdict as rank 0's: every rank's checks are folded in
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    print(f"DLRM workload: world size {args.world_size} ({backend}), batch {args.batch_size}/rank, "
+    print(f"DLRM workload: world size {world} ({backend}) {how}, batch {args.batch_size}/rank, "
           f"{args.iters} iterations x {args.repeats} runs, {args.threads} intra-op thread(s)/rank, "
           f"{os.cpu_count()} CPU(s), torch {torch.__version__}")
     print(format_table(m))
@@ -151,5 +172,8 @@ def run(args: argparse.Namespace) -> int:
 
         path = write_chrome_trace(m.best_timeline, args.trace, name=f"swpipe demo: {m.best_label}")
         print(f"timeline of {m.best_label} written to {path} (open in https://ui.perfetto.dev)")
+    if world > 1:
+        print(f"every check above holds on all {world} ranks (each rank compared its own losses with its own "
+              f"serial loop; a row matches only if it matches everywhere)")
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
-    return 0 if all(r.matches or r.close for r in matches) else 1
+    return code

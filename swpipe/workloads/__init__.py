@@ -3,7 +3,9 @@
 =====================  ================================================================
 module                 what
 =====================  ================================================================
-``dlrm``               model, synthetic data, process groups, the step's primitives
+``dlrm``               model, synthetic data, the step's primitives
+``distenv``            ``init_distributed``: join torchrun's job (or one rank), groups, timeouts
+``agree``              what ranks must agree on: folded checks, one plan, slowest-rank costs
 ``tasks``              task functions by name for every TorchRec plan (``fns_for``)
 ``reference``          plain serial loops every plan is checked against
 ``launch``             ``spawn``: run a function on N loopback ranks

@@ -20,6 +20,7 @@ import torch
 
 from swpipe_core.plan import PipelinePlan, ref_name
 
+from .agree import all_ranks, check_same_plan, from_rank0, gather, plan_fields, slowest_rank_costs
 from .dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
 from .reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from .tasks import EVAL_PIPELINES, plan_for
@@ -187,10 +188,14 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
               max_threads: int = 2, time_limit_s: float = 10.0) -> Optional[PlanSpec]:
     """A spec for the plan ``autosched.search.auto_schedule`` finds for this workload, or None.
 
-    The cost model comes from a serial run's timeline (median host time per
-    task) on the same batches; the task graph is :func:`safe_task_plan`.
-    Returns None (with a warning saying why) when autosched is unavailable or
-    the search fails, so the demo still runs.
+    Every rank measures a serial run's timeline (median host time per task)
+    on its own batches; the per-rank cost models are combined so that the
+    slowest rank's cost of each task decides (:func:`~swpipe.workloads.agree.slowest_rank_costs`).
+    Rank 0 searches (the search has a time budget, so it is not
+    deterministic) and shares the plan; every rank then checks that it holds
+    the same plan. The task graph is :func:`safe_task_plan`. Returns None on
+    every rank (with a warning saying why) when autosched is unavailable or
+    the search fails, so the demo still runs. A collective: every rank calls it.
 
     Parameters
     ----------
@@ -225,29 +230,48 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
         return None
     from swpipe_core.engine import SWPipeline
 
-    try:
-        wl = DLRMWorkload(config, env)
-        base = safe_task_plan(wl)
-        with SWPipeline(base, device=env.device, record_timeline=True) as pipe:
-            pipe.run_serial(iter(batches))
-            events = [e for e in pipe.timeline if e.iteration >= min(2, len(batches) - 1)]
-        costs = CostModel.from_timeline(events, machine=f"{torch.get_num_threads()} intra-op thread(s)")
-        found, report = auto_schedule(base, costs, Constraints(max_depth=max_depth, max_threads=max_threads,
-                                                               time_limit_s=time_limit_s, device=env.device.type))
-    except Exception as exc:  # noqa: BLE001 - the hook must never break the demo
-        warnings.warn(f"auto plan skipped: auto_schedule failed ({type(exc).__name__}: {exc})", RuntimeWarning)
+    wl = DLRMWorkload(config, env)
+    base = safe_task_plan(wl)
+    with SWPipeline(base, device=env.device, record_timeline=True) as pipe:
+        pipe.run_serial(iter(batches))
+        events = [e for e in pipe.timeline if e.iteration >= min(2, len(batches) - 1)]
+    costs = slowest_rank_costs(env, CostModel.from_timeline(
+        events, machine=f"{torch.get_num_threads()} intra-op thread(s)"))
+    shared: Any = None
+    if env.rank == 0:
+        try:
+            found, report = auto_schedule(base, costs, Constraints(max_depth=max_depth, max_threads=max_threads,
+                                                                   time_limit_s=time_limit_s,
+                                                                   device=env.device.type))
+            shared = (plan_fields(found), f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, "
+                                          f"{report.status}")
+        except Exception as exc:  # noqa: BLE001 - the hook must never break the demo
+            shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
+    shared = from_rank0(env, shared)
+    if isinstance(shared, str):
+        warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
-    sched = {n: dataclasses.replace(found.sched(n)) for n in found.task_names}
-    order = [ref_name(n) for n in found.enqueue_order] if found.enqueue_order is not None else None
-    intra, inter, depth, policy = found.intra_edges(), found.inter_edges(), found.pipeline_depth, found.enqueue_policy
+    fields, note = shared
 
     def build(workload: DLRMWorkload) -> PipelinePlan:
         fns = {t.name: t.fn for t in safe_task_plan(workload).tasks}
-        return PipelinePlan(dict(sched), intra_iter_deps=intra, inter_iter_deps=inter, pipeline_depth=depth,
-                            enqueue_order=order, enqueue_policy=policy).bind(fns)
+        return _plan_from_fields(fields).bind(fns)
 
-    return PlanSpec("auto", "auto", None, {}, build=build,
-                    note=f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}")
+    check_same_plan(env, build(wl), "the auto plan")
+    return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
+        f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""))
+
+
+def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
+    """Rebuild an unbound plan from :func:`~swpipe.workloads.agree.plan_fields` (what rank 0 shares)."""
+    from swpipe_core.plan import TaskSchedule
+
+    sched = {n: TaskSchedule(stage, None if stream == "default" else stream, group, ordered)
+             for n, (stage, stream, group, ordered) in fields["schedule"].items()}
+    return PipelinePlan(sched, intra_iter_deps=list(fields["intra_iter_deps"]),
+                        inter_iter_deps=list(fields["inter_iter_deps"]), pipeline_depth=fields["pipeline_depth"],
+                        enqueue_order=fields["enqueue_order"], enqueue_policy=fields["enqueue_policy"],
+                        caller_group=fields["caller_group"])
 
 
 def parallel_probe(threads: int = 2, repeats: int = 3, size: int = 384, matmuls: int = 40) -> float:
@@ -306,7 +330,9 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
 
     Each run (serial or plan) is repeated ``repeats`` times on a fresh
     workload and the fastest counts (the machine is shared; the minimum is
-    the least disturbed). All ranks must call this with the same arguments.
+    the least disturbed). All ranks must call this with the same arguments; every rank gets the
+    same result: a row matches only if it matches on every rank, a run lasts as long as its
+    slowest rank, and each plan is checked to be the same on every rank before it runs.
 
     Parameters
     ----------
@@ -376,7 +402,10 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
             bar.update(1)
         for spec in specs:
             wl = DLRMWorkload(config, env)
-            plan = plans[spec.label] = spec.plan(wl)
+            plan = spec.plan(wl)
+            if spec.label not in plans:  # every rank must run the same plan, or collectives hang
+                check_same_plan(env, plan, f"plan {spec.label!r}")
+            plans[spec.label] = plan
             with SWPipeline(plan, device=env.device) as pipe:
                 times[spec.label].append(pipe.run(iter(batches)))
             if spec.is_eval:
@@ -388,6 +417,11 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
             close[spec.label] = close[spec.label] and _close(got, ref_preds if spec.is_eval else ref_losses)
             bar.update(1)
     bar.close()
+    # Fold every rank in: a row matches only if it matches on every rank, and each run took as long
+    # as its slowest rank. Every rank then computes the same table (and re-runs the same best plan).
+    folded = _fold_ranks(env, dict(serial_s=serial_s, eval_s=eval_s, times=times, matches=matches, close=close))
+    serial_s, eval_s, times = folded["serial_s"], folded["eval_s"], folded["times"]
+    matches, close = folded["matches"], folded["close"]
     serial_rate = iters / min(serial_s)
     eval_rate = iters / min(eval_s) if eval_s else None
 
@@ -400,7 +434,7 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
         if lag:
             if lag not in semi_refs:
                 semi_refs[lag] = semi_sync_reference(DLRMWorkload(config, env), batches, lag)
-            stale_ok = _compare(_losses_of(spec, config, env, batches), semi_refs[lag])
+            stale_ok = all_ranks(env, _compare(_losses_of(spec, config, env, batches), semi_refs[lag]))
             note = (note + "; " if note else "") + (f"embedding staleness {lag}: "
                                                     f"{'equals' if stale_ok else 'DIFFERS from'} the semi-sync reference")
         rate = iters / min(times[spec.label])
@@ -425,6 +459,17 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
                 pipe.run(iter(batches))
                 result.best_timeline = list(pipe.timeline)
     return result
+
+
+def _fold_ranks(env: DistEnv, local: Dict[str, Any]) -> Dict[str, Any]:
+    """Per-rank run times and checks -> the job's: slowest rank per run, pass only if every rank passes."""
+    ranks = gather(env, local)
+    slowest = lambda key: [max(r[key][i] for r in ranks) for i in range(len(local[key]))]  # noqa: E731
+    return dict(serial_s=slowest("serial_s"), eval_s=slowest("eval_s"),
+                times={k: [max(r["times"][k][i] for r in ranks) for i in range(len(v))]
+                       for k, v in local["times"].items()},
+                matches={k: all(r["matches"][k] for r in ranks) for k in local["matches"]},
+                close={k: all(r["close"][k] for r in ranks) for k in local["close"]})
 
 
 def _lag(plan: PipelinePlan) -> int:

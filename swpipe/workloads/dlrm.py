@@ -33,15 +33,15 @@ safe for gloo and NCCL alike.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .distenv import CHANNELS, DistEnv, init_distributed
 
 __all__ = [
     "DLRMConfig",
@@ -55,8 +55,6 @@ __all__ = [
     "CHANNELS",
 ]
 
-# One process group per issuing task kind (see module docstring).
-CHANNELS = ("input_lengths", "input_values", "emb_fwd", "emb_bwd", "dense_grad")
 
 
 @dataclass(frozen=True)
@@ -270,111 +268,6 @@ class SyntheticData:
     def batches(self, num: int, start: int = 0) -> List[Batch]:
         """``num`` consecutive batches, materialised (so timing never includes generation)."""
         return [self[i] for i in range(start, start + num)]
-
-
-@dataclass
-class DistEnv:
-    """A rank's view of the process group and its per-channel sub-groups.
-
-    Create with :func:`init_distributed`; ``close()`` destroys the groups if
-    this object initialised them. A context manager.
-
-    Examples
-    --------
-    >>> with init_distributed() as env:
-    ...     env.rank, env.world_size, env.device.type, env.group("input_lengths") is not None
-    (0, 1, 'cpu', True)
-    """
-
-    rank: int
-    world_size: int
-    backend: str
-    device: torch.device
-    groups: Dict[str, Any] = field(default_factory=dict)
-    owns_default_group: bool = False
-
-    def group(self, channel: str) -> Any:
-        """The process group of a channel (see ``CHANNELS``)."""
-        try:
-            return self.groups[channel]
-        except KeyError:
-            raise KeyError(f"DistEnv has no channel {channel!r}; channels: {sorted(self.groups)}") from None
-
-    def close(self) -> None:
-        """Destroy the process groups if this env created the default group."""
-        if self.owns_default_group and dist.is_initialized():
-            dist.destroy_process_group()
-        self.groups.clear()
-        self.owns_default_group = False
-
-    def __enter__(self) -> "DistEnv":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def init_distributed(world_size: int = 1, rank: int = 0, init_method: Optional[str] = None,
-                     backend: Optional[str] = None, device: Optional[torch.device] = None) -> DistEnv:
-    """Join (or create) a real ``torch.distributed`` process group and create the channel groups.
-
-    gloo on CPU, NCCL when there is a GPU per rank (override with ``backend``).
-    For ``world_size == 1`` with no ``init_method`` a file store in a fresh
-    temporary directory is used, so no port is needed. If a default group
-    already exists it is reused (its world size and rank must match).
-
-    Parameters
-    ----------
-    world_size, rank : int
-    init_method : str, optional
-        e.g. ``"file:///tmp/x"`` or ``"tcp://127.0.0.1:29500"``.
-    backend : {"gloo", "nccl"}, optional
-    device : torch.device, optional
-        Defaults to ``cuda:<rank % device_count>`` with NCCL, else ``cpu``.
-
-    Returns
-    -------
-    DistEnv
-
-    Raises
-    ------
-    ValueError
-        If an existing default group has another world size or rank, or
-        ``world_size > 1`` without an ``init_method``.
-
-    Examples
-    --------
-    >>> env = init_distributed()
-    >>> env.world_size, env.backend, sorted(env.groups) == sorted(CHANNELS)
-    (1, 'gloo', True)
-    >>> env.close()
-    """
-    if backend is None:
-        # NCCL needs one GPU per rank; with fewer GPUs than ranks fall back to gloo on CPU
-        enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
-        backend = "nccl" if enough_gpus and dist.is_nccl_available() else "gloo"
-    owns = False
-    if dist.is_initialized():
-        if dist.get_world_size() != world_size or dist.get_rank() != rank:
-            raise ValueError(
-                f"a default process group already exists with world size {dist.get_world_size()} and rank "
-                f"{dist.get_rank()}, but world_size={world_size}, rank={rank} was asked; destroy it first")
-        backend = dist.get_backend()
-    else:
-        if init_method is None:
-            if world_size != 1:
-                raise ValueError("init_distributed: world_size > 1 needs an init_method shared by all ranks "
-                                 "(use swpipe.workloads.launch.spawn, which makes one)")
-            init_method = "file://" + os.path.join(tempfile.mkdtemp(prefix="swpipe-dist-"), "store")
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
-        owns = True
-    if device is None:
-        device = (torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl"
-                  else torch.device("cpu"))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    groups = {name: dist.new_group(list(range(world_size)), backend=backend) for name in CHANNELS}
-    return DistEnv(rank, world_size, backend, device, groups, owns)
 
 
 def _mlp(sizes: Sequence[int], last_activation: bool) -> nn.Sequential:
