@@ -423,8 +423,21 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     from . import verify as verify_mod
 
     if verify_mod.wanted(verify, problem, batches):
-        return verify_mod.verify_search(report, found.pool, problem, batches, verify, c.num_iterations)
-    return report.plan, report
+        plan, report = verify_mod.verify_search(report, found.pool, problem, batches, verify, c.num_iterations)
+    return _with_enqueue_order(report)
+
+
+def _with_enqueue_order(report: SearchReport) -> Tuple[PipelinePlan, SearchReport]:
+    """The report's plan with its enqueue order written out (a seed or the serial plan may leave it to the engine)."""
+    import dataclasses
+
+    from swpipe_core.order import enqueue_order
+
+    plan = report.plan
+    if plan.enqueue_order is None:
+        plan = plan.replace(enqueue_order=enqueue_order(plan), pipeline_depth=plan.pipeline_depth)
+        report = dataclasses.replace(report, plan=plan)
+    return plan, report
 
 
 @dataclass

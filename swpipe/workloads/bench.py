@@ -26,7 +26,7 @@ from .reference import emb_staleness, eval_reference, semi_sync_reference, train
 from .tasks import EVAL_PIPELINES, plan_for
 
 __all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table",
-           "auto_spec", "safe_task_plan", "parallel_probe", "TORCHREC_PLANS"]
+           "auto_spec", "safe_task_plan", "AUTO_SEEDS", "parallel_probe", "TORCHREC_PLANS"]
 
 _log = logging.getLogger(__name__)
 
@@ -157,27 +157,49 @@ def default_specs(names: Sequence[str] = TORCHREC_PLANS, by_stream: bool = True,
     return specs
 
 
-def safe_task_plan(workload: DLRMWorkload) -> PipelinePlan:
+def safe_task_plan(workload: DLRMWorkload, pipeline: str = "prefetch") -> PipelinePlan:
     """The workload's finest task graph as a plan, with every dependency its shared state needs.
 
-    FusedSparseDist's tasks and dependencies, plus ``ZeroGrad(i)`` waiting
-    ``OptimizerStep(i-1)`` (TorchRec relies on the default stream's FIFO for
-    that; a searcher may put the two on different threads). This is the
-    input :func:`auto_spec` hands to the auto-scheduler, so any plan it
-    returns computes what the serial loop computes.
+    The tasks and dependencies of ``pipeline`` (default ``"prefetch"``: the id
+    de-duplication ``EmbPrefetch`` is a task of its own, so a searcher can run it
+    a stage ahead on its own thread, as the fastest hand-written plans do), plus
+    ``ZeroGrad(i)`` waiting ``OptimizerStep(i-1)`` (TorchRec relies on the
+    default stream's FIFO for that; a searcher may put the two on different
+    threads). This is the input :func:`auto_spec` hands to the auto-scheduler,
+    so any plan it returns computes what the serial loop computes.
 
     Examples
     --------
     >>> from swpipe.workloads.dlrm import init_distributed
     >>> env = init_distributed()
     >>> plan = safe_task_plan(DLRMWorkload(DLRMConfig.preset("test"), env))
-    >>> ("ZeroGrad", "OptimizerStep", 1) in plan.inter_edges(), plan.unbound_tasks()
-    (True, [])
+    >>> ("ZeroGrad", "OptimizerStep", 1) in plan.inter_edges(), "EmbPrefetch" in plan.task_names
+    (True, True)
+    >>> plan.unbound_tasks()
+    []
     >>> env.close()
     """
-    plan = plan_for("fused_sparse_dist", workload)
-    return plan.replace(inter_iter_deps=[*plan.inter_iter_deps, ("ZeroGrad", "OptimizerStep", 1)],
-                        pipeline_depth=plan.pipeline_depth)
+    plan = plan_for(pipeline, workload)
+    extra = ("ZeroGrad", "OptimizerStep", 1)
+    deps = list(plan.inter_iter_deps) + ([extra] if extra not in plan.inter_edges() else [])
+    return plan.replace(inter_iter_deps=deps, pipeline_depth=plan.pipeline_depth)
+
+
+#: the hand-written plans handed to the search as seeds (scored, and measured when verifying)
+AUTO_SEEDS = ("prefetch", "prefetch+by_stream")
+
+
+def _auto_seeds(workload: DLRMWorkload, base: PipelinePlan) -> List[Any]:
+    """The seeds of :data:`AUTO_SEEDS` over ``base``'s task graph, as ``(label, plan)``."""
+    from autosched.seeds import with_dependencies_of
+    from swpipe_core.workers import with_thread_map
+
+    seeds = []
+    for label in AUTO_SEEDS:
+        name, _, thread_map = label.partition("+")
+        plan = plan_for(name, workload)
+        seeds.append((label, with_dependencies_of(with_thread_map(plan, thread_map) if thread_map else plan, base)))
+    return seeds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,28 +207,38 @@ def safe_task_plan(workload: DLRMWorkload) -> PipelinePlan:
 # ``autosched.search`` imports; otherwise the demo simply has no "auto" row.
 # ---------------------------------------------------------------------------------------------
 def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_depth: int = 3,
-              max_threads: int = 2, time_limit_s: float = 10.0) -> Optional[PlanSpec]:
+              max_threads: int = 2, time_limit_s: float = 10.0, verify_rounds: int = 3) -> Optional[PlanSpec]:
     """A spec for the plan ``autosched.search.auto_schedule`` finds for this workload, or None.
 
-    Every rank measures a serial run's timeline (median host time per task)
-    on its own batches; the per-rank cost models are combined so that the
-    slowest rank's cost of each task decides (:func:`~swpipe.workloads.agree.slowest_rank_costs`).
+    Every rank measures a serial run's timeline (median time per task) on its
+    own batches; the
+    per-rank cost models are combined so that the slowest rank's cost of each
+    task decides (:func:`~swpipe.workloads.agree.slowest_rank_costs`).
     Rank 0 searches (the search has a time budget, so it is not
     deterministic) and shares the plan; every rank then checks that it holds
-    the same plan. The task graph is :func:`safe_task_plan`. Returns None on
-    every rank (with a warning saying why) when autosched is unavailable or
-    the search fails, so the demo still runs. A collective: every rank calls it.
+    the same plan. The task graph is :func:`safe_task_plan`; the hand-written
+    plans of :data:`AUTO_SEEDS` are seeds, so the search never returns a plan
+    it simulates slower than them. On one rank the search then checks its
+    answer on the engine (``verify``): its candidates, the seeds, the input
+    plan and the serial plan run in interleaved rounds on ``batches`` and the
+    one measured fastest is returned. With several ranks the plans would have
+    to run in lockstep on every rank, so there the simulator's pick stands
+    (the note says so). Returns None on every rank (with a warning saying
+    why) when autosched is unavailable or the search fails, so the demo
+    still runs. A collective: every rank calls it.
 
     Parameters
     ----------
     config : DLRMConfig
     env : DistEnv
     batches : sequence of Batch
-        The serial run that measures the costs.
+        The serial run that measures the costs, and the verification runs.
     max_depth, max_threads : int
-        The search's constraints.
+        The search's constraints (raised to what the seeds need).
     time_limit_s : float
         The search's budget.
+    verify_rounds : int
+        Rounds of the on-engine verification (0: off).
 
     Returns
     -------
@@ -217,7 +249,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     >>> from swpipe.workloads.dlrm import init_distributed
     >>> env = init_distributed()
     >>> cfg = DLRMConfig.preset("test")
-    >>> spec = auto_spec(cfg, env, SyntheticData(cfg).batches(4), time_limit_s=2.0)
+    >>> spec = auto_spec(cfg, env, SyntheticData(cfg).batches(4), time_limit_s=2.0, verify_rounds=0)
     >>> spec.label, spec.plan(DLRMWorkload(cfg, env)).unbound_tasks()
     ('auto', [])
     >>> env.close()
@@ -225,6 +257,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     try:
         from autosched.costs import CostModel
         from autosched.search import Constraints, auto_schedule
+        from autosched.verify import VerifyOptions
     except ImportError as exc:
         _log.info("no auto plan: autosched.search is not importable (%s)", exc)
         return None
@@ -240,11 +273,19 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     shared: Any = None
     if env.rank == 0:
         try:
-            found, report = auto_schedule(base, costs, Constraints(max_depth=max_depth, max_threads=max_threads,
-                                                                   time_limit_s=time_limit_s,
-                                                                   device=env.device.type))
+            seeds = _auto_seeds(wl, base)
+            depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
+            threads = max([max_threads] + [len({p.sched(n).thread_group for n in p.task_names}) for _, p in seeds])
+            verify = env.world_size == 1 and verify_rounds > 0
+            found, report = auto_schedule(
+                base, costs, Constraints(max_depth=depth, max_threads=threads, time_limit_s=time_limit_s,
+                                         device=env.device.type),
+                seeds=seeds, verify=VerifyOptions(rounds=verify_rounds, device=str(env.device)) if verify else False,
+                batches=list(batches) if verify else None)
+            how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({report.verify.choose().label})"
+                   if report.verify is not None else "not measured before the run")
             shared = (plan_fields(found), f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, "
-                                          f"{report.status}")
+                                          f"{report.status}; {how}")
         except Exception as exc:  # noqa: BLE001 - the hook must never break the demo
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
