@@ -10,8 +10,9 @@ over time, by the engine's lifetime rules:
 * each task's ``add_bytes - free_bytes`` is applied at the end of its host
   part (where the engine runs ``fn(ctx)``); a context never holds less than
   nothing (figures that free more than was added are clipped at 0); with
-  ``transient_bytes`` (context figures), the context holds that much more
-  from the task's start to its end;
+  ``transient_bytes`` (context figures: measured above the higher of the
+  levels before and after the task), the context holds that much more than
+  the higher of the two from the task's start to its end;
 * the context and everything left in it is released when the iteration
   retires: ``progress()`` retires iterations in order, so at the latest CPU
   completion of it and every older iteration; on CUDA not before the device
@@ -197,10 +198,12 @@ def predict_memory(sim: Any, figures: str = "context") -> MemoryPrediction:
         if e.kind != "host":
             continue
         cpu_done[e.iteration] = max(cpu_done[e.iteration], e.end)
-        if extra[e.task]:
-            changes.append((e.start, _TASK_START, extra[e.task], e.iteration))
-        if net[e.task] or extra[e.task]:
-            changes.append((e.end, _TASK_END, net[e.task] - extra[e.task], e.iteration))
+        if extra[e.task]:  # transient is measured above both ends: the adds are held from the start too
+            early = extra[e.task] + max(0.0, net[e.task])
+            changes.append((e.start, _TASK_START, early, e.iteration))
+            changes.append((e.end, _TASK_END, net[e.task] - early, e.iteration))
+        elif net[e.task]:
+            changes.append((e.end, _TASK_END, net[e.task], e.iteration))
     retired = 0.0
     cuda = sim.device == "cuda"
     for i in range(n):
@@ -317,8 +320,9 @@ def min_memory(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], costs: Co
         if level > best + 1e-9:
             best, best_task = level, k
         transient = costs[k].transient_bytes if figures == "context" else 0.0
-        if transient:  # while k runs: its ancestors ended, k and its descendants not
-            during = batch + transient + _min_closure(sub.subgraph(set(sub.nodes) - {k}), net, nx.ancestors(dag, k))
+        if transient:  # while k runs: its ancestors ended, k and its descendants not; held above both ends
+            during = (batch + transient + max(0.0, net[k])
+                      + _min_closure(sub.subgraph(set(sub.nodes) - {k}), net, nx.ancestors(dag, k)))
             if during > best + 1e-9:
                 best, best_task = during, k
     floor = max(0.0, batch + _min_closure(dag, net, set()))

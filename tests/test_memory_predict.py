@@ -208,3 +208,15 @@ def test_transient_bytes_raise_the_level_while_the_task_runs():
     assert m.at(0.0035) == pytest.approx(1700)  # Step(1) runs 3..5 ms
     b = min_memory(["Load", "Step"], [("Step", "Load")], costs)
     assert b.single_iteration == pytest.approx(1600) and b.task == "Step"  # batch + Load's 1000 + 500 during Step
+
+
+def test_transient_bytes_sit_above_what_a_growing_task_adds():
+    # Step adds 300 net (adds 1300, frees 1000) and holds 500 more while it runs: transient is measured above
+    # the higher of its two ends, so during Step(0) (1..3 ms) its context holds 1100 + 300 + 500, not 1100 + 500
+    plan, costs = _two_stage(step_add=1300.0)
+    costs = costs.replace("Step", transient_bytes=500)
+    m = simulate(plan, costs, num_iterations=30).memory
+    assert m.at(0.0015) == pytest.approx(1100 + 800 + 100)  # context 1 holds its batch, Load(1) not ended
+    assert m.at(0.0025) == pytest.approx(1100 + 800 + 1100)  # Load(1) ended at 2 ms
+    b = min_memory(["Load", "Step"], [("Step", "Load")], costs)
+    assert b.single_iteration == pytest.approx(100 + 1000 + 300 + 500)
