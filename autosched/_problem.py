@@ -195,6 +195,10 @@ def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[t
     """``(task refs, intra (task, dep), inter (task, dep, N), plan or None)`` from any accepted input."""
     if isinstance(tasks_or_graph, PipelinePlan):
         plan = tasks_or_graph
+        if plan.same_period_deps:
+            raise ValueError(f"same_period_deps {plan.same_period_deps}: the search chooses stages, and a same-period "
+                             "dependency's distance follows them; declare each as (task, dep, N) in inter_iter_deps "
+                             "at the distance you want, or schedule this plan by hand")
         return list(plan.schedule), plan.intra_edges(), plan.inter_edges(), plan
     if isinstance(tasks_or_graph, nx.DiGraph):
         from .graph import task_graph_deps

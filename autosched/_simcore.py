@@ -87,7 +87,8 @@ class _Sim:
         for t, d in plan.intra_edges():
             self.deps[idx[t]].append((idx[d], 0, f"dep:{d}", f"event:{d}"))
         for t, d, dist in plan.inter_edges():
-            self.deps[idx[t]].append((idx[d], dist, f"dep:{d}[i-{dist}]", f"event:{d}[i-{dist}]"))
+            it = f"i-{dist}" if dist > 0 else f"i+{-dist}" if dist < 0 else "i"  # dist < 0: a same-period dep
+            self.deps[idx[t]].append((idx[d], dist, f"dep:{d}[{it}]", f"event:{d}[{it}]"))
         self.T = len(names)
         self._init_run_state(n)
         self._init_main_thread(plan, n)
@@ -284,8 +285,8 @@ class _Sim:
         k, i = divmod(inst, n)
         host_end = self.host_end
         for d, dist, _, _ in self.deps[k]:
-            j = i - dist
-            if j >= 0 and host_end[d * n + j] < 0:
+            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
+            if 0 <= j < n and host_end[d * n + j] < 0:
                 self.waiters.setdefault(d * n + j, []).append(g)
                 return
         if self.seqd[k] and self.ticket[inst] != self.seq_next:
@@ -320,8 +321,8 @@ class _Sim:
             bt, bop, bkind = self.seq_free_t, self.seq_free_op, "sequencer"
         host_end = self.host_end
         for d, dist, label, _ in self.deps[k]:
-            j = i - dist
-            if j >= 0 and host_end[d * n + j] >= bt:
+            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
+            if 0 <= j < n and host_end[d * n + j] >= bt:
                 bt, bop, bkind = host_end[d * n + j], d * n + j, label
         self.pred_op[inst] = bop
         self.pred_kind[inst] = bkind
@@ -389,8 +390,8 @@ class _Sim:
         k, i = divmod(inst, n)
         dev_end = self.dev_end
         for d, dist, _, _ in self.deps[k]:
-            j = i - dist
-            if j >= 0 and dev_end[d * n + j] < 0:
+            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
+            if 0 <= j < n and dev_end[d * n + j] < 0:
                 self.dwaiters.setdefault(d * n + j, []).append(s)
                 return
         res = self.res[k]
@@ -417,8 +418,8 @@ class _Sim:
             if self.rfree_t[r] >= bt and self.rfree_op[r] >= 0:
                 bt, bop, bkind = self.rfree_t[r], N + self.rfree_op[r], self.res_names[r]
         for d, dist, _, label in self.deps[k]:
-            j = i - dist
-            if j >= 0 and dev_end[d * n + j] >= bt:
+            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
+            if 0 <= j < n and dev_end[d * n + j] >= bt:
                 bt, bop, bkind = dev_end[d * n + j], N + d * n + j, label
         self.pred_op[N + inst] = bop
         self.pred_kind[N + inst] = bkind

@@ -169,6 +169,7 @@ def plan_to_graph(plan: PipelinePlan) -> nx.DiGraph:
     >>> g.nodes["H2D"]["stream"], g.graph["pipeline_depth"], list(g.edges)
     ('memcpy', 2, [('H2D', 'Fwd')])
     """
+    _no_same_period(plan, "a task graph")
     graph = task_graph(plan.tasks, plan.intra_edges(), plan.inter_edges())
     for key, sched in plan.schedule.items():
         graph.nodes[ref_name(key)].update(stage=sched.stage, stream=stream_name(sched.stream),
@@ -286,7 +287,16 @@ def unroll(graph: Any, k: int) -> nx.DiGraph:
 # -- JSON files ---------------------------------------------------------------------------------------------------
 
 
+def _no_same_period(plan: PipelinePlan, what: str) -> None:
+    """Refuse a plan with ``same_period_deps`` where they cannot be kept (their distance follows the stages)."""
+    if plan.same_period_deps:
+        raise ValueError(f"the plan has same_period_deps {[(ref_name(t), ref_name(d)) for t, d in plan.same_period_deps]}"
+                         f", which {what} cannot hold (their distance follows the stages); declare each as "
+                         "(task, dep, N) in inter_iter_deps at the distance the plan's stages give it")
+
+
 def _plan_doc(plan: PipelinePlan) -> Dict[str, Any]:
+    _no_same_period(plan, "the plan file format (version 1)")
     tasks = []
     for key, s in plan.schedule.items():
         stream = None if s.stream is None else stream_name(s.stream)
@@ -297,7 +307,7 @@ def _plan_doc(plan: PipelinePlan) -> Dict[str, Any]:
         "version": _VERSION,
         "tasks": tasks,
         "intra_iter_deps": [list(d) for d in plan.intra_edges()],
-        "inter_iter_deps": [list(d) for d in plan.inter_edges()],
+        "inter_iter_deps": [list(d) for d in plan.declared_inter_edges()],
         "pipeline_depth": plan.pipeline_depth,
         "enqueue_order": None if plan.enqueue_order is None else [ref_name(r) for r in plan.enqueue_order],
         "enqueue_policy": plan.enqueue_policy,

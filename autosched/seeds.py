@@ -159,6 +159,9 @@ def with_dependencies_of(seed: PipelinePlan, graph: PipelinePlan) -> PipelinePla
     """
     if sorted(seed.task_names) != sorted(graph.task_names):
         raise ValueError(f"seed has tasks {sorted(seed.task_names)}, the graph {sorted(graph.task_names)}")
+    if seed.same_period_deps or graph.same_period_deps:
+        raise ValueError("same_period_deps: the search does not take plans with same-period dependencies (their "
+                         "distance follows the stages it chooses); declare them as inter_iter_deps at fixed distances")
     extra = (set(seed.intra_edges()) - set(graph.intra_edges())) | (set(seed.inter_edges()) - set(graph.inter_edges()))
     if extra:
         raise ValueError(f"the seed has dependencies the graph lacks: {sorted(map(str, extra))}; "

@@ -220,7 +220,7 @@ def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
     if "caller_group" in {f.name for f in dataclasses.fields(PipelinePlan)}:
         kwargs["caller_group"] = group
     return PipelinePlan(sched, list(plan.intra_iter_deps), list(plan.inter_iter_deps), enqueue_policy="ready_first",
-                        **kwargs)
+                        same_period_deps=list(plan.same_period_deps), **kwargs)
 
 
 def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:

@@ -256,6 +256,16 @@ class PipelinePlan:
     inter_iter_deps : list of (task, depends_on) or (task, depends_on, N)
         Cross-iteration dependencies: ``task(i)`` waits ``depends_on(i - N)``
         (``N`` defaults to 1; the first ``N`` iterations wait for nothing).
+    same_period_deps : list of (task, depends_on)
+        Same-period waits, whichever iterations the two tasks work on: in every
+        period ``task`` waits that period's ``depends_on``. With ``depends_on``
+        at a lower stage it works on a *newer* iteration: ``task(i)`` waits
+        ``depends_on(i + stage(task) - stage(depends_on))`` (e.g. the id
+        prefetch of batch ``i + 1`` must be done before the backward of batch
+        ``i`` goes on: ``("Backward", "EmbPrefetch")`` with ``EmbPrefetch`` one
+        stage below). In the last periods, where ``depends_on`` has no
+        iteration left, nothing is waited; a serial run (one iteration at a
+        time) cannot wait for a later iteration and skips such a wait.
     pipeline_depth : int, optional
         Number of iterations in flight, ``max(stage) + 1``; inferred when omitted.
     enqueue_order : list of TaskRef, optional
@@ -287,10 +297,12 @@ class PipelinePlan:
     enqueue_order: Optional[List[TaskRef]] = None
     enqueue_policy: str = "ready_first"
     caller_group: Optional[str] = "default"
+    same_period_deps: List[Tuple[TaskRef, TaskRef]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.intra_iter_deps = list(self.intra_iter_deps)
         self.inter_iter_deps = list(self.inter_iter_deps)
+        self.same_period_deps = list(self.same_period_deps)
         if self.pipeline_depth is None:
             self.pipeline_depth = self.inferred_depth()
 
@@ -343,11 +355,37 @@ class PipelinePlan:
         return [(ref_name(d[0]), ref_name(d[1])) for d in self.intra_iter_deps]
 
     def inter_edges(self) -> List[Tuple[str, str, int]]:
-        """Inter-iteration dependencies as ``(task_name, dep_name, distance)`` triples."""
+        """Inter-iteration dependencies as ``(task_name, dep_name, distance)`` triples.
+
+        ``task(i)`` waits ``dep(i - distance)``. The :meth:`same_period_edges`
+        follow the declared ones: everything that runs or models a plan
+        honours both through this one list.
+
+        Examples
+        --------
+        >>> plan = PipelinePlan({"P": TaskSchedule(0), "B": TaskSchedule(1)}, inter_iter_deps=[("P", "B")],
+        ...                     same_period_deps=[("B", "P")])
+        >>> plan.inter_edges()
+        [('P', 'B', 1), ('B', 'P', -1)]
+        """
+        return self.declared_inter_edges() + self.same_period_edges()
+
+    def declared_inter_edges(self) -> List[Tuple[str, str, int]]:
+        """The ``inter_iter_deps`` alone as ``(task_name, dep_name, distance)`` (what a copy of the plan keeps)."""
+        return [(ref_name(d[0]), ref_name(d[1]), d[2] if len(d) > 2 else 1) for d in self.inter_iter_deps]
+
+    def same_period_edges(self) -> List[Tuple[str, str, int]]:
+        """The ``same_period_deps`` as ``(task_name, dep_name, distance)`` with ``distance = stage(dep) - stage(task)``.
+
+        A negative distance waits a newer iteration. Entries whose stages are
+        not integers are left out (``validate`` reports them).
+        """
+        stages = {ref_name(k): _stage_of(v) for k, v in self.schedule.items()}
         out = []
-        for d in self.inter_iter_deps:
-            dist = d[2] if len(d) > 2 else 1
-            out.append((ref_name(d[0]), ref_name(d[1]), dist))
+        for d in self.same_period_deps:
+            t, dep = ref_name(d[0]), ref_name(d[1])
+            if stages.get(t) is not None and stages.get(dep) is not None:
+                out.append((t, dep, stages[dep] - stages[t]))
         return out
 
     def unbound_tasks(self) -> List[str]:
@@ -364,6 +402,7 @@ class PipelinePlan:
             enqueue_order=None if self.enqueue_order is None else list(self.enqueue_order),
             enqueue_policy=self.enqueue_policy,
             caller_group=self.caller_group,
+            same_period_deps=list(self.same_period_deps),
         )
         fields.update(changes)
         return PipelinePlan(**fields)

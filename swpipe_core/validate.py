@@ -13,7 +13,7 @@ rule                    meaning
 ``unknown-task``        dependencies name only scheduled tasks
 ``foreign-task``        a ``PipelineTask`` in a dependency is the scheduled object, not another one with that name
 ``self-dependency``     a task never waits on itself within an iteration
-``dep-format``          inter deps are ``(task, dep)`` or ``(task, dep, N)`` with integer ``N >= 1``
+``dep-format``          inter deps are ``(task, dep)`` or ``(task, dep, N)`` with integer ``N >= 1``; same-period deps are pairs
 ``stage``               stages are integers ``>= 0``
 ``stream-type``         a stream is ``None``, a name, or a torch stream object
 ``thread-group``        a thread group is a non-empty string
@@ -22,7 +22,7 @@ rule                    meaning
 ``corollary-1``         intra dep: ``stage(dep) <= stage(task)``
 ``corollary-3``         inter dep of distance N: ``stage(dep) - stage(task) <= N``
 ``depth-mismatch``      an explicit ``pipeline_depth`` equals ``max(stage) + 1``
-``period-local-cycle``  the period-local graph is a DAG (implied by ``cycle`` + corollaries; checked anyway)
+``period-local-cycle``  the period-local graph (same-period deps included) is a DAG
 ``enqueue-policy``      the policy is one of ``ready_first`` / ``stage_descending``
 ``enqueue-order``       an explicit enqueue order lists every task once, in a topological order of the period-local graph
 ======================  ==================================================================
@@ -163,6 +163,15 @@ def _normalised_deps(plan: PipelinePlan, objects: dict):
             raise PlanError("dep-format", f"inter dependency ({t}, {d}) has distance {n!r}; distances are integers >= 1",
                             [t, d], "use N >= 1, or put a same-iteration dependency in intra_iter_deps")
         inter.append((t, d, n))
+    for dep in plan.same_period_deps:
+        if not isinstance(dep, (tuple, list)) or len(dep) != 2:
+            raise PlanError("dep-format", f"same_period_deps entry {dep!r} is not a (task, depends_on) pair", [],
+                            "write same_period_deps=[(task, depends_on), ...]")
+        t = _check_dep_end(dep[0], objects, "same_period_deps")
+        d = _check_dep_end(dep[1], objects, "same_period_deps")
+        if t == d:
+            raise PlanError("self-dependency", f"{t} waits itself in the same period", [t],
+                            "remove the dependency (a task runs once per period)")
     return intra, inter
 
 

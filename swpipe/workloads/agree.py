@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Sequence
 
 import torch.distributed as dist
 
-from swpipe_core.plan import PipelinePlan, stream_name
+from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 
 from .distenv import DistEnv
 
@@ -96,7 +96,8 @@ def plan_fields(plan: PipelinePlan) -> Dict[str, Any]:
                     bool(plan.sched(n).globally_ordered)) for n in plan.task_names}
     order = [getattr(t, "name", t) for t in plan.enqueue_order] if plan.enqueue_order is not None else None
     return {"tasks": list(plan.task_names), "schedule": schedule,
-            "intra_iter_deps": sorted(plan.intra_edges()), "inter_iter_deps": sorted(plan.inter_edges()),
+            "intra_iter_deps": sorted(plan.intra_edges()), "inter_iter_deps": sorted(plan.declared_inter_edges()),
+            "same_period_deps": sorted((ref_name(t), ref_name(d)) for t, d in plan.same_period_deps),
             "pipeline_depth": plan.pipeline_depth if plan.pipeline_depth is not None else plan.inferred_depth(),
             "enqueue_order": order, "enqueue_policy": plan.enqueue_policy, "caller_group": plan.caller_group}
 

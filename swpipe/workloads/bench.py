@@ -312,7 +312,7 @@ def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
     return PipelinePlan(sched, intra_iter_deps=list(fields["intra_iter_deps"]),
                         inter_iter_deps=list(fields["inter_iter_deps"]), pipeline_depth=fields["pipeline_depth"],
                         enqueue_order=fields["enqueue_order"], enqueue_policy=fields["enqueue_policy"],
-                        caller_group=fields["caller_group"])
+                        caller_group=fields["caller_group"], same_period_deps=list(fields.get("same_period_deps", [])))
 
 
 def parallel_probe(threads: int = 2, repeats: int = 3, size: int = 384, matmuls: int = 40) -> float:
