@@ -217,7 +217,8 @@ def _constraint_graph(plan: PipelinePlan, order: Sequence[TaskRef]) -> nx.DiGrap
         raise ValueError(f"order must list every task of the plan once; missing {missing}, got {list(pos)}")
     graph = nx.DiGraph()
     graph.add_nodes_from(plan.task_names)
-    deps = [(t, d, 0) for t, d in plan.intra_edges()] + plan.inter_edges()
+    # a same-period dependency holds under any stages (its distance follows them): it orders the period only
+    deps = [(t, d, 0) for t, d in plan.intra_edges()] + plan.declared_inter_edges()
     for t, d, dist in deps:
         weight = int(pos[t] < pos[d]) - dist
         if not graph.has_edge(d, t) or graph[d][t]["weight"] < weight:
