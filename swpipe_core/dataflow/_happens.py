@@ -25,6 +25,14 @@ __all__: list = []
 Event = Tuple[str, int]
 
 
+def _enq(p: int) -> tuple:
+    return ("enqueue", p, None)  # three items: never equal to a (task, iteration) event
+
+
+def _retired(r: int) -> tuple:
+    return ("retired", r, None)
+
+
 class PlanOrder:
     """Happens-before over ``window`` iterations of a plan; ``before(a, b)`` answers one pair.
 
@@ -74,16 +82,16 @@ class PlanOrder:
         periods = w + depth
         for p in range(periods):
             if p + 1 < periods:
-                g.add_edge(("E", p), ("E", p + 1))
+                g.add_edge(_enq(p), _enq(p + 1))
             for n in names:
                 i = p - stage[n]
                 if 0 <= i < w:
-                    g.add_edge(("E", p), (n, i))
+                    g.add_edge(_enq(p), (n, i))
                     if plan.caller_group is not None and plan.sched(n).thread_group == plan.caller_group:
-                        g.add_edge((n, i), ("E", p + 1))
+                        g.add_edge((n, i), _enq(p + 1))
         for r in range(w):
-            g.add_edges_from(((n, r), ("B", r)) for n in names)
-            g.add_edge(("B", r), ("E", r + depth))
+            g.add_edges_from(((n, r), _retired(r)) for n in names)
+            g.add_edge(_retired(r), _enq(r + depth))
 
     def before(self, a: Event, b: Event) -> bool:
         """Whether the plan guarantees event ``a`` completes before event ``b`` starts."""
