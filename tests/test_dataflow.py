@@ -288,3 +288,73 @@ def test_declared_io_capture_counts_as_the_tasks_write():
     rec = record_dataflow(tasks, [torch.ones(2)] * 2, state={"ext": ext})
     assert any(a.via == "io" and a.name == "ext" and a.task == "W" for a in rec.accesses)
     assert infer_deps(rec).intra == [("R", "W")]
+
+
+# ------------------------------------------------------------------- strict mode
+
+def _two_writers_plan():
+    def a(ctx): ctx.y = ctx.batch + 1
+    def b(ctx): ctx.y = ctx.batch + 2
+    def c(ctx): ctx.z = ctx.y * 2
+    return PipelinePlan({PipelineTask("A", a): TaskSchedule(0, thread_group="ta"),
+                         PipelineTask("B", b): TaskSchedule(0, thread_group="tb"),
+                         PipelineTask("C", c): TaskSchedule(0)}, intra_iter_deps=[("C", "A"), ("C", "B")])
+
+
+@pytest.mark.timeout(60)
+def test_strict_mode_raises_on_first_unordered_attribute_access():
+    from swpipe_core.dataflow.strict import StrictDataflowError
+    from swpipe_core.engine import PipelineTaskError
+    with SWPipeline(_two_writers_plan(), device="cpu", strict=True) as pipe:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(iter([torch.ones(2)] * 4))
+    cause = info.value.__cause__
+    assert isinstance(cause, StrictDataflowError) and cause.attribute == "ctx.y" and cause.fix == ("B", "A")
+    assert cause.task in ("A", "B") and cause.iteration == 0 and "strict mode" in str(cause)
+    # the serial run is not checked, and a fixed plan runs clean
+    with SWPipeline(_two_writers_plan(), device="cpu", strict=True) as pipe:
+        pipe.run_serial(iter([torch.ones(2)] * 2))
+    fixed = _two_writers_plan()
+    fixed = fixed.replace(intra_iter_deps=fixed.intra_iter_deps + [("B", "A")])
+    with SWPipeline(fixed, device="cpu", strict=True) as pipe:
+        pipe.run(iter([torch.ones(2)] * 6))
+
+
+@pytest.mark.timeout(60)
+def test_strict_mode_names_stale_weights_and_passes_correct_plans():
+    from swpipe_core.dataflow.strict import StrictDataflowError
+    from swpipe_core.engine import PipelineTaskError
+    model, opt, batches, tasks = _mlp()
+    broken = _mlp_plan(tasks, inter=[], fwd_group="fwd", step_stage=2).replace(intra_iter_deps=README_INTRA)
+    with SWPipeline(broken, device="cpu", strict=[model, opt]) as pipe:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(iter(batches))
+    cause = info.value.__cause__
+    assert isinstance(cause, StrictDataflowError) and cause.fix == ("Forward", "Step", 1)
+    assert cause.attribute.endswith(("weight", "bias"))
+    results = []
+    for strict in (False, [model, opt]):
+        model, opt, batches, tasks = _mlp()
+        plan = _mlp_plan(tasks, fwd_group="fwd")
+        with SWPipeline(plan, device="cpu", strict=strict if strict is False else [model, opt]) as pipe:
+            pipe.run(iter(batches))
+        results.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.timeout(120)
+def test_strict_mode_passes_fused_sparse_dist_one_thread_per_stream():
+    from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, train_reference
+    from swpipe.workloads import same_results
+    from swpipe_core.workers import with_thread_map
+    env = init_distributed()
+    try:
+        cfg = DLRMConfig.preset("test")
+        batches = SyntheticData(cfg).batches(6)
+        wl = DLRMWorkload(cfg, env)
+        plan = with_thread_map(pipelines.get("fused_sparse_dist", fns_for("fused_sparse_dist", wl)), "by_stream")
+        with SWPipeline(plan, device="cpu", strict=[wl.model, wl.dense_opt]) as pipe:
+            pipe.run(iter(batches))
+        assert same_results(wl.loss_list(), train_reference(DLRMWorkload(cfg, env), batches))
+    finally:
+        env.close()

@@ -20,6 +20,10 @@ from torch.utils._pytree import tree_leaves
 
 __all__: list = []
 
+
+class WatchStop(RuntimeError):
+    """Raised by a sink on purpose (strict mode): goes through to the user's op instead of being noted."""
+
 _WRITES_CACHE: Dict[Any, FrozenSet[str]] = {}
 
 
@@ -80,6 +84,8 @@ class StorageWatch(TorchDispatchMode):
         out = func(*args, **kwargs)
         try:
             self._observe(func, args, kwargs, out)
+        except WatchStop:
+            raise
         except Exception as exc:  # noqa: BLE001 - the recorder must never break the user's op
             self._on_error(exc, func)
         return out
