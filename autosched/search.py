@@ -315,7 +315,8 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
 # --------------------------------------------------------------------------- entry point
 
 
-def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None
+def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None, *,
+                  deps: Optional[str] = None, batches: Any = None, state: Any = None
                   ) -> Tuple[PipelinePlan, SearchReport]:
     """Search the best plan: stages, thread groups, streams and enqueue order, jointly.
 
@@ -331,6 +332,11 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     costs : CostModel
         A cost for every task (``host_s``, ``device_s``, ``comm:``/``pcie`` tags).
     constraints : Constraints, optional
+    deps : {None, "infer"}
+        ``"infer"``: ignore declared dependencies and infer them from a run of
+        the bound tasks on ``batches`` (``state`` names the model's tensors);
+        the report's notes list the inferred edges the plan honours
+        (:mod:`autosched.inferred`).
 
     Returns
     -------
@@ -355,6 +361,11 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     >>> plan.stage("Load"), plan.stage("Step"), round(report.period_s * 1e3, 3), report.status
     (0, 1, 3.0, 'OPTIMAL')
     """
+    if deps is not None:  # observed dependencies: record, infer, then search (autosched/inferred.py)
+        if deps != "infer":
+            raise ValueError(f"deps must be None or 'infer', got {deps!r}")
+        from .inferred import auto_schedule_inferred
+        return auto_schedule_inferred(tasks_or_graph, costs, constraints, batches=batches, state=state)
     from swpipe_core.validate import validate
 
     from . import beam as beam_mod
