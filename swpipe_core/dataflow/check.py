@@ -131,6 +131,29 @@ def _stale(h: Hazard, k: int) -> Finding:
                    f"or by its enqueue order; add {h.edge!r} for fresh values)", (h.second, h.first), stale_by=k)
 
 
+def _with_edges(plan: PipelinePlan, edges: List[tuple]) -> PipelinePlan:
+    intra = [e for e in edges if len(e) == 2]
+    inter = [e for e in edges if len(e) == 3]
+    return plan.replace(intra_iter_deps=plan.intra_iter_deps + intra, inter_iter_deps=plan.inter_iter_deps + inter,
+                        pipeline_depth=plan.pipeline_depth)
+
+
+def _fold_missing(plan: PipelinePlan, missing: List[Tuple[Hazard, str]], device: str) -> List[Finding]:
+    """One error per fix to make: a hazard an earlier fix already orders is named in that fix's message."""
+    out: List[Finding] = []
+    for h, how in missing:
+        covering = None
+        for f in out:
+            if f.fix is not None and _verdict(PlanOrder(_with_edges(plan, [f.fix]), None, device), h)[0] in ("ok", "stale"):
+                covering = f
+                break
+        if covering is None:
+            out.append(_missing(plan, h, how))
+        else:
+            covering.message += f" (this also orders {h.second}/{h.first}: {h.kind} {h.what(2)})"
+    return out
+
+
 def _classify(plan: PipelinePlan, hazards: List[Hazard], device: str, window: Optional[int]):
     order = PlanOrder(plan, window, device)
     return [(h,) + _verdict(order, h) for h in hazards]
@@ -198,11 +221,8 @@ def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: St
     hazards = find_hazards(record)
     verdicts = _classify(plan, hazards, device, None)
     report = DataflowReport(hazards=hazards, record=record)
-    for h, verdict, k in verdicts:
-        if verdict in ("race", "reversed"):
-            report.missing.append(_missing(plan, h, verdict))
-        elif verdict == "stale":
-            report.stale.append(_stale(h, k))
+    report.missing = _fold_missing(plan, [(h, v) for h, v, _ in verdicts if v in ("race", "reversed")], device)
+    report.stale = [_stale(h, k) for h, v, k in verdicts if v == "stale"]
     mutated = {}
     for a in record.accesses:
         if a.via == "batch" and a.mode == "write":
