@@ -385,3 +385,61 @@ def test_auto_schedule_infers_deps_and_reports_them_honoured():
             (pipe.run if pipelined else pipe.run_serial)(iter(batches))
         results.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+# ------------------------------------------------------------- property and CUDA
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def _random_tasks(draw):
+    """2-5 tasks in serial order; each reads some attributes earlier tasks wrote and writes some."""
+    n = draw(st.integers(2, 5))
+    spec, written = [], []
+    for k in range(n):
+        reads = draw(st.lists(st.sampled_from(written), unique=True, max_size=3)) if written else []
+        writes = draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True, max_size=2))
+        spec.append((f"T{k}", reads, writes))
+        written = sorted(set(written) | set(writes))
+    return spec
+
+
+def _make(spec):
+    def fn_for(reads, writes):
+        def fn(ctx):
+            total = sum((getattr(ctx, r) for r in reads), ctx.batch)
+            for w in writes:
+                setattr(ctx, w, total + 1)
+        return fn
+    return [PipelineTask(name, fn_for(r, w)) for name, r, w in spec]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(_random_tasks())
+def test_inferred_deps_are_sufficient_and_each_one_necessary(spec):
+    tasks = _make(spec)
+    deps = infer_plan(tasks, [torch.zeros(1)] * 2)
+    # every task on its own thread: only the dependencies order tasks within an iteration
+    sched = {t: TaskSchedule(0, thread_group=f"g{k}") for k, t in enumerate(tasks)}
+    plan = PipelinePlan(sched, intra_iter_deps=deps.intra, caller_group=None)
+    assert check_dataflow(plan, record=record_dataflow(tasks, [torch.zeros(1)] * 2)).ok
+    for edge in deps.intra:
+        fewer = plan.replace(intra_iter_deps=[e for e in deps.intra if e != edge])
+        report = check_dataflow(fewer, [torch.zeros(1)] * 2)
+        assert not report.ok and any(f.fix == edge for f in report.missing)
+
+
+@pytest.mark.cuda
+def test_recorder_on_cuda_names_weights_grads_and_state():
+    model = torch.nn.Linear(4, 1).cuda()
+    opt = torch.optim.Adam(model.parameters())
+
+    def fwd(ctx): ctx.loss = model(ctx.batch.cuda(non_blocking=True)).sum()
+    def bwd(ctx): opt.zero_grad(); ctx.loss.backward()
+    def step(ctx): opt.step()
+    tasks = [PipelineTask("Fwd", fwd), PipelineTask("Bwd", bwd), PipelineTask("Step", step)]
+    deps = infer_plan(tasks, [torch.ones(2, 4)] * 2, state=[model, opt])
+    assert deps.intra == [("Bwd", "Fwd"), ("Step", "Bwd")] and deps.inter == [("Fwd", "Step", 1)]
+    assert "optimizer.state[weight].exp_avg" in record_dataflow(tasks, [torch.ones(2, 4)] * 2,
+                                                                state=[model, opt]).touched("Step", "write")

@@ -146,12 +146,15 @@ def fingerprint(value: Any) -> Any:
     """
     if isinstance(value, (torch.Tensor,) + _PRIMITIVES):
         return None
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(id(v) for v in value))
-    if isinstance(value, Mapping):
-        return ("map", tuple((k, id(v)) for k, v in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(id(v) for v in value))
-    if hasattr(value, "__dict__"):
-        return ("obj", tuple((k, id(v)) for k, v in vars(value).items()))
+    try:
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(id(v) for v in value))
+        if isinstance(value, Mapping):
+            return ("map", tuple((k, id(v)) for k, v in value.items()))
+        if isinstance(value, (set, frozenset)):
+            return ("set", frozenset(id(v) for v in value))
+        if hasattr(value, "__dict__"):
+            return ("obj", tuple((k, id(v)) for k, v in vars(value).items()))
+    except Exception:  # noqa: BLE001 - a user object whose iteration fails is just opaque
+        pass
     return "opaque"

@@ -126,6 +126,18 @@ def edge_implied(edge: tuple, tasks: Sequence[str], intra: Set[Tuple[str, str]],
                  inter: Set[Tuple[str, str, int]]) -> bool:
     """Whether dependency ``edge`` follows from the others by a chain (steady state).
 
+    Parameters
+    ----------
+    edge : tuple
+        ``(task, dep)`` or ``(task, dep, N)``.
+    tasks : sequence of str
+    intra, inter : sets of dependency tuples
+        The dependencies to chain (``edge`` itself is left out).
+
+    Returns
+    -------
+    bool
+
     Examples
     --------
     >>> edge_implied(("C", "A"), "ABC", {("B", "A"), ("C", "B")}, set())

@@ -88,15 +88,32 @@ class DataflowRecord:
     notes: List[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def touched(self, task: str, mode: str) -> List[str]:
-        """Sorted readable names ``task`` accessed with ``mode`` (``"read"``/``"write"``) in any iteration."""
-        return sorted({a.name for a in self.accesses if a.task == task and a.mode == mode})
+    def touched(self, task: str, mode: str, shared: bool = False) -> List[str]:
+        """Sorted readable names ``task`` accessed with ``mode`` in any iteration.
+
+        Parameters
+        ----------
+        task : str
+        mode : {"read", "write"}
+        shared : bool
+            Only what another task accesses too (leave out a task's own temporaries).
+
+        Returns
+        -------
+        list of str
+        """
+        users: Dict[Hashable, set] = {}
+        for a in self.accesses:
+            users.setdefault(a.obj, set()).add(a.task)
+        return sorted({a.name for a in self.accesses if a.task == task and a.mode == mode
+                       and (not shared or len(users[a.obj]) > 1)})
 
     def __str__(self) -> str:
-        lines = [f"dataflow of {len(self.tasks)} task(s) over {self.iterations} iteration(s):"]
+        lines = [f"dataflow of {len(self.tasks)} task(s) over {self.iterations} iteration(s) "
+                 "(what another task touches too):"]
         for t in self.tasks:
             for mode in ("read", "write"):
-                names = self.touched(t, mode)
+                names = self.touched(t, mode, shared=True)
                 lines.append(f"  {t:<16} {mode + 's':<7} {_short(names)}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -215,6 +232,14 @@ class _Recorder:
             ka = storage_key(after[label]) if after.get(label) is not None else None
             if kb != ka:  # rebound: a new gradient, a gradient set to None, new optimizer state
                 self.raw.append((i, name, ("state", label), "write", "state"))
+        try:
+            self._scan_ctx(ctx, before_fp, before_ids)
+        except Exception as exc:  # noqa: BLE001 - an odd user object must not crash the recorder
+            self.notes.append(f"after {name}({i}) the recorder could not look into ctx ({type(exc).__name__}: {exc}); "
+                              "names and in-place changes of Python objects there may be missing")
+        self._finish_accesses(i, name, names)
+
+    def _scan_ctx(self, ctx: IterContext, before_fp: dict, before_ids: dict) -> None:
         items = _ctx_items(ctx)
         for attr, value in items.items():
             for path, t in walk(value, "batch" if attr == "batch" else f"ctx.{attr}"):
@@ -229,6 +254,8 @@ class _Recorder:
                         "to it in place are not seen (hold tensors, containers or plain objects in ctx)")
                 if note not in self.notes:
                     self.notes.append(note)
+
+    def _finish_accesses(self, i: int, name: str, names: Dict[int, str]) -> None:
         for attr, mode in sorted(set(self._attrs), key=lambda am: (am[1] != "read", am[0])):
             self.raw.append((i, name, ("ctx", i, attr), mode, "ctx"))
         for key, modes in self._ops.items():
@@ -270,6 +297,19 @@ def serial_order(tasks: Tasks) -> List[PipelineTask]:
     ties in schedule order (the order the tasks were written in), so a plan
     that lost a dependency still runs in its author's order; a list or mapping
     is taken as given.
+
+    Parameters
+    ----------
+    tasks : PipelinePlan, list of PipelineTask, or mapping ``{name: fn}``
+
+    Returns
+    -------
+    list of PipelineTask
+
+    Raises
+    ------
+    TypeError
+        For a list item that is not a ``PipelineTask``.
 
     Examples
     --------

@@ -72,6 +72,7 @@ class StrictGuard:
         self._lock = threading.Lock()
         self._tls = threading.local()
         self._last: Dict[Hashable, Tuple[Optional[Event], List[Event]]] = {}
+        self._newest = -1
 
     def active(self) -> bool:
         """Whether this thread is inside a watched task."""
@@ -110,6 +111,9 @@ class StrictGuard:
         if obj[0] == "ctx":
             obj = (obj[0], ev[1], obj[1])
         with self._lock:
+            if ev[1] > self._newest:
+                self._newest = ev[1]
+                self._forget(ev[1] - 2 * self._order.window)
             writer, readers = self._last.get(obj, (None, []))
             if mode == "read":
                 self._check(writer, ev, name, "reads", "wrote")
@@ -120,6 +124,11 @@ class StrictGuard:
                 self._check(r, ev, name, "writes", "read")
             self._check(writer, ev, name, "writes", "wrote")
             self._last[obj] = (ev, [])
+
+    def _forget(self, older_than: int) -> None:
+        """Drop the ctx entries of iterations long retired, so a long run keeps bounded state."""
+        for key in [k for k in self._last if k[0] == "ctx" and k[1] < older_than]:
+            del self._last[key]
 
     def _check(self, other: Optional[Event], ev: Event, name: str, verb: str, other_verb: str) -> None:
         if other is None or other[0] == ev[0] or self._ordered(other, ev):
