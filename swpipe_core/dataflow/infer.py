@@ -180,9 +180,9 @@ class InferredDeps:
 
     def __str__(self) -> str:
         lines = [f"{'edge':<36} {'kept':<7} kind what"]
-        for edge, kept, kind, _ in self.rows():
-            h = next(x for x in self.hazards if x.edge == edge and x.kind == kind)
-            lines.append(f"{edge!s:<36} {kept:<7} {kind}  {h.what()}")
+        kept = set(self.intra) | set(self.inter)
+        for h in self.hazards:
+            lines.append(f"{h.edge!s:<36} {'dep' if h.edge in kept else 'implied':<7} {h.kind}  {h.what()}")
         lines.append(f"intra_iter_deps={self.intra}")
         lines.append(f"inter_iter_deps={self.inter}")
         lines += [f"note: {n}" for n in self.notes]
