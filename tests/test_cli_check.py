@@ -40,3 +40,13 @@ def test_check_bad_arguments_exit_2(capsys):
     assert "unknown pipeline(s) ['nope']" in capsys.readouterr().err
     assert main(["check", "--plan", "examples/custom_plan.py"]) == 2
     assert "is not FILE.py:FUNC" in capsys.readouterr().err
+
+
+def test_check_enqueue_order_shows_semi_sync_staleness(capsys):
+    order = "H2D,InputDistStart,ZeroGrad,InputDistWait,Forward,Backward,EmbLookup,EmbBackward,OptimizerStep"
+    assert main(["check", "semi_sync", "--order", "default", "--enqueue-order", order]) == 0
+    out = capsys.readouterr().out
+    assert "== semi_sync (--enqueue-order): OK" in out and "1 stale read(s)" in out
+    assert "[stale] EmbLookup reads emb_weights 1 iteration(s) stale" in out
+    assert main(["check", "semi_sync", "--enqueue-order", "H2D,Forward"]) == 2
+    assert "must list the tasks of semi_sync once each" in capsys.readouterr().err

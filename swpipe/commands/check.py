@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also check the plan FUNC() returns (unbound, over the DLRM task names)")
     parser.add_argument("--order", choices=["default", "torchrec", "both"], default="both",
                         help="enqueue order(s) to check: swpipe's policy, TorchRec's own, or both (default)")
+    parser.add_argument("--enqueue-order", default=None, metavar="T1,T2,...",
+                        help="check the pipeline(s) with this per-period enqueue order instead (e.g. semi-sync with "
+                             "EmbLookup before EmbBackward shows its stale embedding reads)")
     parser.add_argument("--iters", type=int_at_least(2), default=3, help="recorded serial iterations (>= 2)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="ordering model: 'cuda' credits a thread's FIFO only on one stream")
@@ -106,6 +109,14 @@ def run(args: argparse.Namespace) -> int:
                 plan = bind(fns_for(name, wl, unbound, compile_backend=None, compiled_autograd=None))
             else:
                 plan = unbound.bind(task_fns(wl, unbound.task_names))
+            if args.enqueue_order:
+                order = [t.strip() for t in args.enqueue_order.split(",") if t.strip()]
+                if sorted(order) != sorted(plan.task_names):
+                    print(f"swpipe check: --enqueue-order must list the tasks of {label} once each: "
+                          f"{', '.join(plan.task_names)}", file=sys.stderr)
+                    return 2
+                plan = plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth)
+                label += " (--enqueue-order)"
             report = check_dataflow(plan, batches, state=[wl.model, wl.dense_opt], device=args.device)
             failed += not report.ok
             verdict = "OK" if report.ok else "MISSING DEPENDENCIES"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from ..plan import PipelinePlan
+from ..validate import validate
 from ._happens import PlanOrder
 from ._names import State
 from .infer import Hazard, find_hazards
@@ -204,6 +205,13 @@ def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: St
     -------
     DataflowReport
 
+    Raises
+    ------
+    PlanError
+        The plan breaks a rule of :func:`~swpipe_core.validate.validate`.
+    DataflowRecordError
+        A task raised while recording.
+
     Examples
     --------
     >>> import torch
@@ -216,6 +224,7 @@ def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: St
     >>> report.ok, report.missing[0].fix
     (False, ('Use', 'Load'))
     """
+    validate(plan)  # a plan outside the engine's rules has no order to check against
     if record is None:
         record = record_dataflow(plan, batches, state=state, order=order)
     hazards = find_hazards(record)
