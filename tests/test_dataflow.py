@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from swpipe_core import pipelines
 from swpipe_core.dataflow import (DataflowRecordError, check_dataflow, infer_deps, infer_plan, record_dataflow)
@@ -388,8 +389,6 @@ def test_auto_schedule_infers_deps_and_reports_them_honoured():
 
 
 # ------------------------------------------------------------- property and CUDA
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @st.composite
