@@ -344,7 +344,8 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
 
 def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None, *,
                   seeds: Optional[Sequence[Any]] = None, verify: Any = None,
-                  batches: Optional[Sequence[Any]] = None) -> Tuple[PipelinePlan, SearchReport]:
+                  batches: Optional[Sequence[Any]] = None, deps: Optional[str] = None,
+                  state: Any = None) -> Tuple[PipelinePlan, SearchReport]:
     """Search the best plan: stages, thread groups, streams and enqueue order, jointly.
 
     Parameters
@@ -369,7 +370,18 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         (:mod:`autosched.verify`); ``None`` (default): on when the tasks are
         runnable and ``batches`` are given; an int is the number of rounds.
     batches : sequence, optional
-        Batches for the verification runs.
+        Batches for the verification runs (and, with ``deps="infer"``, for
+        recording the tasks' dataflow). The tasks really run on them, so
+        their side effects happen: a model trains on these batches (save
+        and restore its state around the call if that matters).
+    deps : {None, "infer"}
+        ``"infer"``: ignore declared dependencies and infer them from a run of
+        the bound tasks on ``batches`` (``state`` names the model's tensors);
+        the report's notes list the inferred edges the plan honours
+        (:mod:`autosched.inferred`).
+    state : optional
+        With ``deps="infer"``: the modules and optimizers whose tensors the
+        recorder names (:func:`swpipe_core.dataflow.record_dataflow`).
 
     Returns
     -------
@@ -394,6 +406,13 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     >>> plan.stage("Load"), plan.stage("Step"), round(report.period_s * 1e3, 3), report.status
     (0, 1, 3.0, 'OPTIMAL')
     """
+    if deps is not None:  # observed dependencies: record, infer, then search (autosched/inferred.py)
+        if deps != "infer":
+            raise ValueError(f"deps must be None or 'infer', got {deps!r}")
+        from .inferred import auto_schedule_inferred
+
+        return auto_schedule_inferred(tasks_or_graph, costs, constraints, batches=batches, state=state,
+                                      seeds=seeds, verify=verify)
     from .costs import as_cost_model
 
     c = constraints or Constraints()

@@ -7,6 +7,8 @@ A plan is data: stages, streams, thread groups and dependencies. Here
 EmbLookup(i) runs a stage before Forward(i) and must wait Backward(i-1),
 which applies the fused embedding update; validate() checks the rules, the
 schedule table shows the overlap, and the run reproduces the plain loop.
+The dependencies are exactly the ones ``swpipe_core.dataflow.infer_plan``
+infers from the tasks' observed reads and writes.
 """
 
 import argparse
@@ -31,9 +33,11 @@ def lookup_ahead_plan() -> PipelinePlan:
     return PipelinePlan(
         schedule,
         intra_iter_deps=[("InputDistStart", "H2D"), ("InputDistWait", "InputDistStart"),
-                         ("EmbLookup", "InputDistWait"), ("Forward", "EmbLookup"), ("Forward", "ZeroGrad"),
+                         ("EmbLookup", "InputDistWait"), ("Forward", "EmbLookup"),
+                         ("Backward", "ZeroGrad"),  # writes the gradients ZeroGrad dropped
                          ("Backward", "Forward"), ("OptimizerStep", "Backward")],
         inter_iter_deps=[("EmbLookup", "Backward"),  # reads the tables Backward(i-1) updated
+                         ("ZeroGrad", "OptimizerStep"),  # drops the gradients OptimizerStep(i-1) read
                          ("Forward", "OptimizerStep")],  # reads the dense weights OptimizerStep(i-1) wrote
     )
 

@@ -1,4 +1,4 @@
-"""The ``swpipe`` command: ``swpipe demo|show|list|plan|simulate``.
+"""The ``swpipe`` command: ``swpipe demo|show|list|plan|simulate|check``.
 
 Each sub-command lives in ``swpipe/commands/<name>.py`` with
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
@@ -22,6 +22,7 @@ _COMMANDS = {
     "list": "list the pipeline plans `swpipe show` knows",
     "plan": "auto-schedule a task graph with a cost model; print and save the plan",
     "simulate": "simulate a plan with a cost model; print period, latency and the binding resource",
+    "check": "record the DLRM tasks' dataflow and check TorchRec's plans (or --plan FILE.py:FUNC) for missing dependencies",
 }
 
 

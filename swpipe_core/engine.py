@@ -240,6 +240,11 @@ class SWPipeline:
     record_timeline : bool
         Record a :class:`~swpipe_core.trace.TimelineEvent` per task execution
         (:attr:`timeline`); off by default to keep the hot path lean.
+    strict : bool, or modules/optimizers
+        Strict mode (off by default): pipelined runs check every ``ctx``
+        attribute access (and, given modules/optimizers, their tensors) against
+        the plan's order and raise on the first unordered one
+        (:mod:`swpipe_core.dataflow.strict`).
 
     Raises
     ------
@@ -273,7 +278,7 @@ class SWPipeline:
 
     def __init__(self, plan: PipelinePlan, device: Any = 0, *, signal_timeout: float = 30.0,
                  sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
-                 record_timeline: bool = False) -> None:
+                 record_timeline: bool = False, strict: Any = False) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
                             "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
@@ -299,6 +304,8 @@ class SWPipeline:
         self._shortcut = _ShortcutState()
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
         self._run: Optional[_Run] = None
+        from .dataflow.strict import strict_guard  # strict mode (off by default): see swpipe_core.dataflow.strict
+        self._strict = strict_guard(plan, strict, self.device)
 
     # ------------------------------------------------------------------ setup
 
@@ -673,6 +680,9 @@ class SWPipeline:
 
     def _exec_task(self, task: PipelineTask, ctx: IterContext) -> None:
         """Run one task on one context: ``task.fn(ctx)``, or its shortcut when enabled."""
+        if self._strict is not None and self._run is not None and not self._strict.active():
+            with self._strict.watch(task.name, ctx):  # strict mode: check every access against the plan
+                return self._exec_task(task, ctx)
         if task.name in self._shortcut.tasks:
             self._shortcut.execute(task, ctx)
         else:
