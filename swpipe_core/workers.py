@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Mapping, Optional, Union
 
 from .plan import PipelinePlan, PipelineTask, StreamSpec, ref_name, stream_name
 
@@ -142,7 +142,9 @@ class _Workers:
     ``run_items(group, items)`` is called on the worker thread for every list
     put with :meth:`submit`; it must not raise (the engine catches task
     failures itself), but if it does the error is logged and handed to
-    ``on_crash`` so the engine can cancel instead of hanging.
+    ``on_crash`` so the engine can cancel instead of hanging. ``setup`` runs
+    first on each thread and ``scope()``, a context manager, is entered
+    around its whole loop (per-thread state such as ``emit_nvtx``).
 
     Examples
     --------
@@ -157,8 +159,10 @@ class _Workers:
 
     def __init__(self, groups: Iterable[str], run_items: Callable[[str, List[Any]], None],
                  setup: Optional[Callable[[], None]] = None,
-                 on_crash: Optional[Callable[[str, BaseException], None]] = None) -> None:
+                 on_crash: Optional[Callable[[str, BaseException], None]] = None,
+                 scope: Optional[Callable[[], ContextManager]] = None) -> None:
         self.groups = list(dict.fromkeys(groups))
+        self._scope = scope  # a context each worker enters around its loop (per-thread state, e.g. emit_nvtx)
         self._run_items = run_items
         self._setup = setup
         self._on_crash = on_crash
@@ -178,6 +182,13 @@ class _Workers:
         self._queues[group].put(items)
 
     def _loop(self, group: str) -> None:
+        if self._scope is None:
+            self._serve(group)
+            return
+        with self._scope():
+            self._serve(group)
+
+    def _serve(self, group: str) -> None:
         q = self._queues[group]
         run_items = self._run_items
         try:

@@ -77,7 +77,9 @@ def test_mapped_plans_run_on_the_mapped_threads(strategy):
     plan = plan.bind({n: (lambda ctx, n=n: seen.setdefault(n, set()).add(threading.current_thread().name))
                       for n in plan.task_names})
     SWPipeline(plan, device="cpu").run(range(5))
-    assert seen == {n: {f"swpipe-{g}"} for n, g in groups(plan).items()}
+    # the caller's group ("default") runs inline on the calling thread, every other group on its own worker
+    assert seen == {n: {threading.current_thread().name if g == plan.caller_group else f"swpipe-{g}"}
+                    for n, g in groups(plan).items()}
 
 
 def test_workers_are_named_fifo_and_joined():
