@@ -327,6 +327,10 @@ class SWPipeline:
         self._run = run
         if self._recorder is not None:
             self._recorder.clear()
+        # shortcuts cannot change while a run is in flight (enable/disable need an idle pipeline); a
+        # per-instance _exec_task (the profiler's wrapper) is the dispatch point and must see every task
+        run.plain = (not self._streams.is_cuda and self._recorder is None and not self._shortcut.tasks
+                     and "_exec_task" not in vars(self))
         try:
             if self._streams.is_cuda:
                 run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]
@@ -453,10 +457,11 @@ class SWPipeline:
         """
         p = run.period
         if batch is not _NO_BATCH:
-            run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos))
+            run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos), run.streams)
             run.fetched = p + 1
         run.period = p + 1
-        run.profiling = _profiler_active()
+        run.profiling = profiling = _profiler_active()
+        run.bare = run.plain and not profiling
         lo, hi = run.oldest, run.fetched
         iters = run.iters
         ticket = run.sequencer.ticket
@@ -475,14 +480,17 @@ class SWPipeline:
         for group, items in by_group.items():
             run.workers.submit(group, items)
         if inline is not None:
-            self._run_items(run, inline, inline=True)
+            if run.workers is None and run.bare:
+                self._run_solo(run, inline)
+            else:
+                self._run_items(run, inline, inline=True)
 
     def _retire_oldest(self, run: _Run) -> int:
         idx = run.oldest
         st = run.iters[idx]
         if run.cancelled:
             self._surface_failure(run)
-        if not st.complete.wait(self.progress_timeout) and not run.cancelled:
+        if st.remaining and not self._wait_complete(run, st) and not run.cancelled:
             self._progress_timed_out(run, st)
         if run.cancelled:
             self._surface_failure(run)
@@ -495,6 +503,20 @@ class SWPipeline:
             st.ctx = None
         run.oldest = idx + 1
         return idx
+
+    def _wait_complete(self, run: _Run, st: _IterState) -> bool:
+        """Block until every task of ``st`` set its CPU signal (or the run is cancelled); whether it did.
+
+        The flag is made only when the caller must block (usually it need
+        not: the iteration completed during the periods it waited in line).
+        """
+        with run.lock:
+            if not st.remaining or run.cancelled:
+                return True
+            if st.complete is None:
+                st.complete = _Flag()
+            flag = st.complete
+        return flag.wait(self.progress_timeout)
 
     def _prune_device(self, run: _Run) -> None:
         """Release retired contexts (and what their tasks deleted) whose device work has completed."""
@@ -557,6 +579,32 @@ class SWPipeline:
                              f"task {ti.name} failed on iteration {st.idx}")
                 return
 
+    def _run_solo(self, run: _Run, items: List[tuple]) -> None:
+        """The caller's thread is the only one and nothing is hooked: run the tasks, count them.
+
+        Every dependency is met by construction: it is an earlier task of
+        this period's enqueue order (a topological order of the period-local
+        graph) or a task of an earlier period, and this thread ran them all
+        already. No other thread reads the signals, so no lock either.
+        """
+        for st, ti, seq in items:
+            if run.cancelled:
+                return
+            if seq is not None:  # keep the sequencer's book for globally ordered tasks
+                self._run_items(run, [(st, ti, seq)], inline=True)
+                continue
+            try:
+                ti.task.fn(st.ctx)
+            except Exception as exc:
+                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
+                             f"task {ti.name} failed on iteration {st.idx}")
+                return
+            except BaseException:
+                self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                raise
+            st.done[ti.idx] = True
+            st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
+
     def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int]) -> None:
         i = st.idx
         iters = run.iters
@@ -572,18 +620,21 @@ class SWPipeline:
             if not dst.done[d]:
                 self._wait_signal(run, dst, d, st, ti, dist)
         if seq is None:
-            self._submit(run, st, ti)
+            if run.bare:  # CPU, no timeline, profiler, NVTX or shortcut: nothing around the call
+                ti.task.fn(st.ctx)
+            else:
+                self._submit(run, st, ti)
         else:
             run.sequencer.execute_ordered(seq, lambda: self._submit(run, st, ti))
         with run.lock:
             st.done[ti.idx] = True
-            waiter = st.waiters.pop(ti.idx, None)
+            waiter = st.waiters.pop(ti.idx, None) if st.waiters else None
             st.remaining -= 1
-            last = st.remaining == 0
+            complete = st.complete if st.remaining == 0 else None
         if waiter is not None:
             waiter.set()
-        if last:
-            st.complete.set()
+        if complete is not None:
+            complete.set()
 
     def _wait_signal(self, run: _Run, dst: _IterState, d: int, st: _IterState, ti: _TaskInfo, dist: int) -> None:
         with run.lock:
@@ -697,7 +748,8 @@ class SWPipeline:
         for ev in waiters:
             ev.set()
         for st in states:
-            st.complete.set()
+            if st.complete is not None:  # made under the lock, so any made later sees cancelled
+                st.complete.set()
 
     def _stop_workers(self, run: _Run) -> None:
         if run.workers is not None:

@@ -118,14 +118,14 @@ class _IterState:
 
     __slots__ = ("idx", "ctx", "done", "remaining", "waiters", "complete", "events")
 
-    def __init__(self, idx: int, ctx: Optional[IterContext], n: int) -> None:
+    def __init__(self, idx: int, ctx: Optional[IterContext], n: int, device: Any = ()) -> None:
         self.idx = idx
         self.ctx = ctx
         self.done = [False] * n          # CPU signals, one per task
-        self.remaining = n
+        self.remaining = n               # tasks not done; changed under the run's lock (or by the only thread)
         self.waiters: Dict[int, _Flag] = {}  # created only when someone must block
-        self.complete = _Flag()
-        self.events: List[Any] = [None] * n  # device events (CUDA)
+        self.complete: Optional[_Flag] = None  # created (under the run's lock) only when the caller must block
+        self.events: List[Any] = [None] * n if device else []  # device events (CUDA: device = the run's streams)
 
 
 class _Run:
@@ -133,7 +133,7 @@ class _Run:
 
     __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
                  "data_iter", "data_source", "cancelled", "error", "reported", "finished", "lock",
-                 "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type")
+                 "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type", "plain", "bare")
 
     def __init__(self, data_source: Any, data_iter: Iterator, sequencer: _SubmissionSequencer) -> None:
         self.iters: Dict[int, _IterState] = {}
@@ -156,6 +156,8 @@ class _Run:
         self.streams: List[Any] = []
         self.nvtx = False      # NVTX ranges per task, emit_nvtx on every worker (CUDA only)
         self.ctx_type: type = IterContext  # _GuardedContext on CUDA
+        self.plain = False     # CPU, no timeline, no shortcut: tasks need nothing but fn(ctx)
+        self.bare = False      # plain and no torch profiler this period
         self.device_timing: List[tuple] = []
         self.origin_event: Any = None
 
