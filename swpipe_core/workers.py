@@ -13,6 +13,7 @@ as a plan transform: the engine only ever sees ``TaskSchedule.thread_group``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -182,32 +183,28 @@ class _Workers:
         self._queues[group].put(items)
 
     def _loop(self, group: str) -> None:
-        if self._scope is None:
-            self._serve(group)
-            return
-        with self._scope():
-            self._serve(group)
-
-    def _serve(self, group: str) -> None:
         q = self._queues[group]
         run_items = self._run_items
+        stopped = False
         try:
             if self._setup is not None:
                 self._setup()
-            while True:
-                items = q.get()
-                if items is _STOP:
-                    return
-                run_items(group, items)
-                # Drop the reference now: the worker would otherwise keep the
-                # last items (and their iteration contexts) alive while it waits.
-                del items
-        except BaseException as exc:  # a bug in the engine, not in a task
+            with self._scope() if self._scope is not None else contextlib.nullcontext():
+                while True:
+                    items = q.get()
+                    if items is _STOP:
+                        stopped = True
+                        break
+                    run_items(group, items)
+                    # Drop the reference now: the worker would otherwise keep the
+                    # last items (and their iteration contexts) alive while it waits.
+                    del items
+        except BaseException as exc:  # a bug in the engine (or the scope failed), not in a task
             _log.exception("worker swpipe-%s crashed", group)
             if self._on_crash is not None:
                 self._on_crash(group, exc)
             # keep consuming so that stop() still finds a live, responsive queue
-            while q.get() is not _STOP:
+            while not stopped and q.get() is not _STOP:
                 pass
 
     def stop(self, timeout: float = 5.0) -> List[str]:

@@ -117,3 +117,34 @@ def test_stop_reports_threads_stuck_in_user_code():
     assert w.stop(timeout=0.05) == ["swpipe-slow"]
     release.set()
     assert w.stop(timeout=5) == [] and w.alive() == []
+
+
+def test_worker_scope_wraps_each_thread_and_a_failing_scope_is_reported_not_hung():
+    from swpipe_core.workers import _Workers
+
+    entered, crashes = [], []
+
+    class Scope:
+        def __enter__(self):
+            entered.append(threading.current_thread().name)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+
+    w = _Workers(["a", "b"], lambda g, items: None, scope=Scope)
+    w.start()
+    w.submit("a", [1])
+    assert w.stop(5.0) == []
+    assert sorted(entered) == ["exit", "exit", "swpipe-a", "swpipe-b"]
+
+    class Broken:
+        def __enter__(self):
+            raise RuntimeError("no profiler here")
+
+        def __exit__(self, *exc):
+            return None
+
+    w = _Workers(["c"], lambda g, items: None, on_crash=lambda g, exc: crashes.append((g, str(exc))), scope=Broken)
+    w.start()
+    w.submit("c", [1])
+    assert w.stop(5.0) == [] and crashes == [("c", "no profiler here")]
