@@ -133,7 +133,8 @@ class _Run:
 
     __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
                  "data_iter", "data_source", "cancelled", "error", "reported", "finished", "lock",
-                 "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type", "plain", "bare")
+                 "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type",
+                 "plain", "bare")
 
     def __init__(self, data_source: Any, data_iter: Iterator, sequencer: _SubmissionSequencer) -> None:
         self.iters: Dict[int, _IterState] = {}
