@@ -768,6 +768,8 @@ class SWPipeline(_DeviceLifetime):
         caller is usually re-raising a task's exception, which must not be
         masked, and the pipeline is left usable whatever the device does.
         """
+        if self._limbo:
+            self._prune_limbo()
         run = self._run
         if run is None:
             return
