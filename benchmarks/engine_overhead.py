@@ -9,8 +9,18 @@
     thread "io", compute 10 ms at stage 1 on thread "compute"); the measured
     steady-state period against the ideal max(io, compute), and against the
     serial run.
+(c) Breakdown (issue 14): what each per-period and per-task piece of the
+    engine costs on its own (queue put/get, signal set/wait, a thread round
+    trip, iteration state + context creation, per-task signal bookkeeping,
+    the profiler check), then the fitted cost of a single-group plan (run
+    inline on the caller's thread, no worker) over a plain loop, as
+    ``a + b * tasks`` per period (least squares over 1..32 tasks, best of the
+    rounds), and a two-group plan's period in thread round trips.
 
-Targets (issue 4): overhead <= 30 us per task; overlap period within 5 % of the ideal.
+Targets: (issue 4) overhead <= 30 us per task, overlap period within 5 % of
+the ideal; (issue 14) single-group plan <= 5 us per period + <= 1 us per task
+over a plain loop, two-group plan <= 1.2 round trips per period, overlap
+speedup >= 1.95x serial.
 
     python benchmarks/engine_overhead.py            # full
     python benchmarks/engine_overhead.py --quick    # fewer iterations
@@ -93,6 +103,104 @@ def thread_round_trip(n: int) -> float:
 
 def median_of(fn: Callable[[], float], rounds: int) -> float:
     return statistics.median(fn() for _ in range(rounds))
+
+
+def _per_op(fn: Callable[[int], None], n: int, rounds: int) -> float:
+    """Best-of-rounds seconds per operation of ``fn(n)`` (which performs n operations)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn(n)
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
+    """Seconds per operation of each piece of the engine's per-period and per-task work."""
+    from swpipe_core.engine import _profiler_active
+    from swpipe_core.engine_state import _Flag, _IterState
+    from swpipe_core.plan import IterContext
+
+    q: "queue.SimpleQueue" = queue.SimpleQueue()
+    lock = threading.Lock()
+
+    def put_get(k: int) -> None:
+        for i in range(k):
+            q.put(i)
+            q.get()
+
+    def flag_set_wait(k: int) -> None:
+        for _ in range(k):
+            f = _Flag()
+            f.set()
+            f.wait(1.0)
+
+    def new_iteration(k: int) -> None:
+        for i in range(k):
+            _IterState(i, IterContext(i, i), 4)
+
+    def bookkeeping(k: int) -> None:  # what a worker task does after fn: signal under the run lock
+        st = _IterState(0, None, k)
+        for i in range(k):
+            with lock:
+                st.done[i] = True
+                w = st.waiters.pop(i, None)
+                st.remaining -= 1
+                last = st.remaining == 0
+            if w is not None or last:
+                pass
+
+    def profiler_check(k: int) -> None:
+        for _ in range(k):
+            _profiler_active()
+
+    def noop_call(k: int) -> None:
+        for _ in range(k):
+            noop(None)
+
+    rows = [("queue put + get (one thread)", _per_op(put_get, n, rounds)),
+            ("signal: new flag, set, wait (uncontended)", _per_op(flag_set_wait, n, rounds)),
+            ("main <-> worker thread round trip", statistics.median(thread_round_trip(n // 10) for _ in range(rounds))),
+            ("new iteration: state + context (per period)", _per_op(new_iteration, n, rounds)),
+            ("worker task signal bookkeeping (lock, flags)", _per_op(bookkeeping, n, rounds)),
+            ("profiler-active check (per period)", _per_op(profiler_check, n, rounds)),
+            ("a plain Python call (reference)", _per_op(noop_call, n, rounds))]
+    return rows
+
+
+def single_group_fit(iters: int, rounds: int) -> Tuple[float, float, List[Tuple[int, float]]]:
+    """Per-period cost over a plain loop of single-group plans (inline, no thread) = a + b * tasks."""
+    points = []
+    for n in (1, 2, 4, 8, 16, 32):
+        pipe = SWPipeline(chain_plan(n, ["default"], min(n, 2)), device="cpu")
+        pipe.run(range(100))
+        assert pipe.worker_threads == []
+        pipelined = min(pipe.run(range(iters)) for _ in range(rounds))
+        loop = min(plain_loop(n, iters) for _ in range(rounds))
+        points.append((n, (pipelined - loop) / iters))
+    xs, ys = [float(x) for x, _ in points], [y for _, y in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b, points
+
+
+def two_group_periods(iters: int, rounds: int) -> List[Tuple[str, float, float]]:
+    """(label, seconds per period, seconds per round trip) of the 000 example, one group inline or none.
+
+    Period and round trip are each the best of ``rounds``, taken alternately
+    so that both see the same machine load.
+    """
+    out = []
+    for label, caller in (("io worker + compute inline (caller_group='compute')", "compute"),
+                          ("io worker + compute worker (caller_group=None)", None)):
+        pipe = SWPipeline(example_plan().replace(caller_group=caller), device="cpu")
+        pipe.run(range(50))
+        periods, trips = [], []
+        for _ in range(rounds):
+            periods.append(pipe.run(range(iters)) / iters)
+            trips.append(thread_round_trip(iters))
+        out.append((label, min(periods), min(trips)))
+    return out
 
 
 def overhead_rows(iters: int, rounds: int) -> List[Tuple[str, int, int, float, float, float, float]]:
@@ -184,6 +292,17 @@ def main() -> None:
     print(f"    ideal max(io, compute)  {r['ideal'] * 1e3:8.3f} ms   -> period / ideal = {r['period'] / r['ideal']:.3f}")
     print(f"    ideal with actual sleeps{r['ideal_actual'] * 1e3:8.3f} ms   -> period / ideal = {r['period'] / r['ideal_actual']:.3f}")
     print(f"    serial per iteration    {r['serial'] * 1e3:8.3f} ms   -> speedup = {r['serial'] / r['period']:.2f}x")
+
+    print(f"\n(c) breakdown, best of {rounds} rounds")
+    for label, sec in breakdown(iters * 10, rounds):
+        print(f"    {label:48s} {sec * 1e6:8.3f} us")
+    a, b, points = single_group_fit(iters, rounds)
+    print("    single-group plan (inline, no worker thread) over a plain loop, per period:")
+    print("      " + ", ".join(f"{n} tasks {y * 1e6:.2f} us" for n, y in points))
+    print(f"      fit: {a * 1e6:.2f} us per period + {b * 1e6:.3f} us per task   (target <= 5 us + <= 1 us)")
+    for label, period, trip in two_group_periods(iters, rounds):
+        print(f"    {label:52s} {period * 1e6:7.1f} us/period, round trip {trip * 1e6:5.1f} us -> "
+              f"{period / trip:.2f} round trips per period (target <= 1.2 with one group inline)")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ Execution semantics (the contract :mod:`autosched.simulate` models):
 * Period ``p`` runs, for every task ``T``, iteration ``p - stage(T)``.
   ``fill_pipeline`` enqueues periods ``0 .. depth-1``; each ``progress`` waits
   until the oldest in-flight iteration completed on the CPU side (all its
-  tasks' CPU signals set), retires it, enqueues the next period and returns
-  the retired index. Iterations beyond the data are never enqueued.
+  tasks' CPU signals set), retires it, on CUDA waits until the device work
+  of iteration ``retired - max_device_lag`` completed (bounded run-ahead),
+  enqueues the next period and returns the retired index. Iterations beyond the data are never enqueued.
 * The main thread enqueues a period's tasks, in the plan's enqueue order,
   onto the FIFO queue of each task's thread group (one worker thread
-  ``swpipe-<group>`` per group, :mod:`swpipe_core.workers`).
+  ``swpipe-<group>`` per group, :mod:`swpipe_core.workers`), then runs the
+  caller group's tasks itself (below).
 * A worker takes a task and (1) waits the CPU signals of its dependencies:
   ``dep(i)`` for intra deps and ``dep(i - N)`` for inter deps of distance
   ``N`` (nothing for ``i - N < 0``); (2) a ``globally_ordered`` task waits its
@@ -31,13 +33,44 @@ and leave the pipeline intact. ``KeyboardInterrupt`` in the caller cancels
 and joins the workers. After any failure ``drain()`` (or a new
 ``fill_pipeline``) gives a usable pipeline again.
 
+Caller group (``PipelinePlan.caller_group``, ``"default"`` unless set; ``None``
+= off): that group's tasks run inline on the thread calling
+``fill_pipeline``/``progress``, after the period's tasks of the other groups
+were enqueued, in enqueue order; no worker thread exists for it, so a
+single-group plan starts no thread at all and pays no hand-off.
+
 Memory: every in-flight iteration has its own :class:`IterContext`; on CPU a
 retired iteration's context is dropped when ``progress`` returns, so at most
 ``pipeline_depth`` are alive. On CUDA, CPU completion is not device
-completion: a retired context (and its tensors) is kept until the device
-events of all its tasks have completed (checked on each ``progress``, all
-released by ``drain``/``close``), so the caching allocator never reuses
-memory a stream still reads; no ``record_stream`` is needed.
+completion, and a task that frees early (``del ctx.x``, ``ctx.x = new``) may
+drop the last reference to a tensor a kernel on *another* stream has not
+read yet: the caching allocator would hand the block at once to the stream
+that allocated it (e.g. the next H2D copy on ``memcpy``), overwriting the
+reader's input. So on CUDA the context keeps everything removed from it --
+by a task, by a shortcut replay, or replaced by a ``DeclaredIO`` restore --
+in a per-context graveyard (:class:`~swpipe_core.engine_state._GuardedContext`),
+and a retired context is released only once the device events of all its
+iteration's tasks have completed (checked on each ``progress``; the
+device-lag bound, ``max_device_lag``, keeps their number bounded). We chose
+this over ``record_stream`` because it is stream-agnostic and type-agnostic:
+it needs no list of consumer streams and no walk into the freed value, so it
+covers a ``KeyedJaggedTensor``, a dataclass of tensors or a loss whose
+autograd graph holds saved tensors (none of which ``record_stream`` can
+reach), at the cost of freeing at iteration granularity rather than per
+stream. Tensors that never leave a task, or live only on one stream, are
+safe by stream order and untouched. CPU pipelines use the plain context.
+
+Stream identity: "same stream" is the *resolved* stream (device + stream
+id, :meth:`~swpipe_core.streams.StreamPool.key`), so a device wait is
+inserted whenever a dependency's stream differs from the task's;
+``_device_waits`` lists them. ``stream="default"`` is rejected by
+:func:`~swpipe_core.validate.validate` (rule ``stream_name``): use ``None``.
+
+Teardown never calls an unbounded ``torch.cuda.synchronize()``: it fences
+the pipeline's streams and polls with a deadline; a device that does not
+finish (a dead NCCL peer) or a sticky CUDA error leaves the contexts alive
+(never freed under a running kernel), never masks the task's exception, and
+leaves a pipeline that can be filled again.
 
 Unbound plans (tasks without ``fn``) can be constructed, printed and
 analysed; running one (``fill_pipeline``, ``run``, ``run_serial``,
@@ -47,18 +80,19 @@ analysed; running one (``fill_pipeline``, ``run``, ``run_serial``,
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
 from .order import enqueue_order
 from .plan import IterContext, PipelinePlan, PipelineTask, ref_name
+from .engine_device import _DeviceLifetime
+from .engine_state import (PipelineTaskError, _Cancelled, _Flag, _GuardedContext, _IterState, _Run,
+                           _TaskInfo)
 from .sequencer import SequencerAborted, _SubmissionSequencer
 from .shortcut import _ShortcutState
 from .streams import StreamPool, resolve_device, set_thread_device
@@ -81,145 +115,7 @@ def _profiler_active() -> bool:
     return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False)) or torch.autograd._profiler_enabled()
 
 
-class PipelineTaskError(RuntimeError):
-    """A task failed while the pipeline ran; ``__cause__`` is the original exception.
-
-    Attributes
-    ----------
-    task : str
-    iteration : int
-    thread_group : str
-    stage : int
-
-    Examples
-    --------
-    >>> err = PipelineTaskError("Forward", 3, "compute", 1, ValueError("bad shape"))
-    >>> print(err)
-    task 'Forward' failed on iteration 3 (stage 1, thread group 'compute'): ValueError: bad shape
-    >>> type(err.__cause__).__name__, err.task, err.iteration
-    ('ValueError', 'Forward', 3)
-    """
-
-    def __init__(self, task: str, iteration: int, thread_group: str, stage: int,
-                 cause: Optional[BaseException] = None) -> None:
-        self.task = task
-        self.iteration = iteration
-        self.thread_group = thread_group
-        self.stage = stage
-        msg = f"task {task!r} failed on iteration {iteration} (stage {stage}, thread group {thread_group!r})"
-        if cause is not None:
-            msg += f": {type(cause).__name__}: {cause}"
-        super().__init__(msg)
-        if cause is not None:
-            self.__cause__ = cause
-            self.__suppress_context__ = True
-
-    def __reduce__(self):  # keep the attributes through pickling (multiprocessing)
-        return (type(self), (self.task, self.iteration, self.thread_group, self.stage, self.__cause__))
-
-
-class _Flag:
-    """A one-shot event on a raw lock: the hot-path signal between threads.
-
-    ``threading.Event`` goes through a Python-level ``Condition``; a raw lock
-    handed from setter to waiter costs about a third as much per wake-up.
-    ``set`` is idempotent and safe from several threads (one ``list.pop``
-    wins); any number of threads may ``wait`` (each passes the lock on).
-    Lock waits are interruptible by signals, so ``KeyboardInterrupt`` reaches
-    a caller blocked here.
-    """
-
-    __slots__ = ("_lock", "_token", "is_set")
-
-    def __init__(self) -> None:
-        self._lock = _thread.allocate_lock()
-        self._lock.acquire()
-        self._token = [None]
-        self.is_set = False
-
-    def set(self) -> None:
-        try:
-            self._token.pop()
-        except IndexError:
-            return  # already set
-        self.is_set = True
-        self._lock.release()
-
-    def wait(self, timeout: float) -> bool:
-        if self.is_set:
-            return True
-        if self._lock.acquire(True, timeout):
-            self._lock.release()  # pass it on to the next waiter
-            return True
-        return self.is_set
-
-
-class _Cancelled(Exception):
-    """Internal: a wait was woken because the run was cancelled."""
-
-
-@dataclass(eq=False)
-class _TaskInfo:
-    """A task compiled for the hot path: indices instead of names."""
-
-    idx: int
-    task: PipelineTask
-    name: str
-    stage: int
-    group: str
-    stream_spec: Any
-    stream: str
-    ordered: bool
-    deps: Tuple[Tuple[int, int], ...]         # (dep index, distance); distance 0 = same iteration
-    device_deps: Tuple[Tuple[int, int], ...]  # the deps on another stream (phase 2)
-
-
-class _IterState:
-    """One in-flight iteration: its context, CPU signals and device events."""
-
-    __slots__ = ("idx", "ctx", "done", "remaining", "waiters", "complete", "events")
-
-    def __init__(self, idx: int, ctx: Optional[IterContext], n: int) -> None:
-        self.idx = idx
-        self.ctx = ctx
-        self.done = [False] * n          # CPU signals, one per task
-        self.remaining = n
-        self.waiters: Dict[int, _Flag] = {}  # created only when someone must block
-        self.complete = _Flag()
-        self.events: List[Any] = [None] * n  # device events (CUDA)
-
-
-class _Run:
-    """State of one fill_pipeline .. drain cycle. Workers only ever see their own run."""
-
-    __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
-                 "data_iter", "data_source", "cancelled", "error", "reported", "finished", "lock",
-                 "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event")
-
-    def __init__(self, data_source: Any, data_iter: Iterator, sequencer: _SubmissionSequencer) -> None:
-        self.iters: Dict[int, _IterState] = {}
-        self.device_pending: Dict[int, _IterState] = {}
-        self.oldest = 0        # next iteration to retire
-        self.period = 0        # next period to enqueue
-        self.fetched = 0       # iterations created so far
-        self.exhausted = False
-        self.draining = False  # progress(None) or drain(): no new iterations
-        self.data_iter = data_iter
-        self.data_source = data_source
-        self.cancelled = False
-        self.error: Optional[BaseException] = None
-        self.reported = False  # the error reached the caller
-        self.finished = False  # everything retired, workers stopped
-        self.lock = threading.Lock()
-        self.sequencer = sequencer
-        self.workers: Optional[_Workers] = None
-        self.profiling = False
-        self.streams: List[Any] = []
-        self.device_timing: List[tuple] = []
-        self.origin_event: Any = None
-
-
-class SWPipeline:
+class SWPipeline(_DeviceLifetime):
     """Software-pipelined execution of a plan: pipelined, serial, or one iteration at a time.
 
     Parameters
@@ -240,6 +136,14 @@ class SWPipeline:
     record_timeline : bool
         Record a :class:`~swpipe_core.trace.TimelineEvent` per task execution
         (:attr:`timeline`); off by default to keep the hot path lean.
+    max_device_lag : int or None
+        Bounded run-ahead (CUDA): after retiring iteration ``r``, ``progress``
+        waits until the device events of iteration ``r - max_device_lag``
+        (if ``>= 0``) have completed before enqueueing the next period, so
+        at most that many retired iterations (and their contexts) wait on
+        the device. ``None`` is the pipeline depth; ``0`` waits for the
+        retired iteration itself. No effect on CPU, where device work
+        completes with the host.
     strict : bool, or modules/optimizers
         Strict mode (off by default): pipelined runs check every ``ctx``
         attribute access (and, given modules/optimizers, their tensors) against
@@ -253,7 +157,7 @@ class SWPipeline:
     PlanError
         The plan breaks a validation rule.
     ValueError
-        A timeout is not positive.
+        A timeout is not positive, or ``max_device_lag`` is not ``None`` or an integer ``>= 0``.
 
     Examples
     --------
@@ -278,7 +182,8 @@ class SWPipeline:
 
     def __init__(self, plan: PipelinePlan, device: Any = 0, *, signal_timeout: float = 30.0,
                  sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
-                 record_timeline: bool = False, strict: Any = False) -> None:
+                 record_timeline: bool = False, max_device_lag: Optional[int] = None,
+                 strict: Any = False) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
                             "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
@@ -287,7 +192,12 @@ class SWPipeline:
                              ("progress_timeout", progress_timeout)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
+        if max_device_lag is not None and (not isinstance(max_device_lag, int) or isinstance(max_device_lag, bool)
+                                           or max_device_lag < 0):
+            raise ValueError(f"max_device_lag must be None (the pipeline depth) or an integer >= 0, "
+                             f"got {max_device_lag!r}")
         self.plan = plan
+        self.max_device_lag = plan.pipeline_depth if max_device_lag is None else max_device_lag
         self.device = resolve_device(device)
         # float("inf") means "no limit"; lock waits accept at most TIMEOUT_MAX
         self.signal_timeout = min(float(signal_timeout), threading.TIMEOUT_MAX)
@@ -295,12 +205,20 @@ class SWPipeline:
         self.progress_timeout = min(float(progress_timeout), threading.TIMEOUT_MAX)
         self.record_timeline = bool(record_timeline)
         self._join_timeout = 5.0  # per worker, after a cancel: a task stuck in user code cannot be interrupted
+        self._teardown_timeout = 5.0  # device work after a failure: a dead NCCL peer never finishes
         self._streams = StreamPool(self.device)
-        self._infos = self._compile(plan)
+        self._infos = self._compile(plan, self._streams)
         by_name = {ti.name: ti for ti in self._infos}
         self._order: List[_TaskInfo] = [by_name[n] for n in enqueue_order(plan)]
         self._serial_order: List[_TaskInfo] = self._topological(plan, by_name)
-        self._groups = list(dict.fromkeys(ti.group for ti in self._order))
+        groups = list(dict.fromkeys(ti.group for ti in self._order))
+        # the caller's group runs inline on the thread calling fill_pipeline/progress: no hand-off
+        self._caller_group: Optional[str] = plan.caller_group if plan.caller_group in groups else None
+        self._groups = [g for g in groups if g != self._caller_group]  # one worker thread each
+        # the resolved device waits, {task: ((dependency, distance), ...)}: inspectable on CPU too
+        self._device_waits: Dict[str, Tuple[Tuple[str, int], ...]] = {
+            ti.name: tuple((self._infos[d].name, n) for d, n in ti.device_deps) for ti in self._infos}
+        self._limbo: List[Tuple[List[Any], List[Any]]] = []  # (events, contexts) a failed teardown could not free
         self._shortcut = _ShortcutState()
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
         self._run: Optional[_Run] = None
@@ -310,7 +228,7 @@ class SWPipeline:
     # ------------------------------------------------------------------ setup
 
     @staticmethod
-    def _compile(plan: PipelinePlan) -> List[_TaskInfo]:
+    def _compile(plan: PipelinePlan, streams: StreamPool) -> List[_TaskInfo]:
         names = plan.task_names
         index = {n: i for i, n in enumerate(names)}
         deps: Dict[str, Dict[Tuple[int, int], None]] = {n: {} for n in names}
@@ -318,12 +236,14 @@ class SWPipeline:
             deps[t][(index[d], 0)] = None
         for t, d, n in plan.inter_edges():
             deps[t][(index[d], n)] = None
+        # "same stream" is decided on the resolved stream (device + stream id), never on the name
+        keys = [streams.key(plan.sched(n).stream) for n in names]
         infos = []
         for name in names:
             sched = plan.sched(name)
             stream = plan.stream_of(name)
             own = tuple(deps[name])
-            device_deps = tuple((d, n) for d, n in own if plan.stream_of(names[d]) != stream)
+            device_deps = tuple((d, n) for d, n in own if keys[d] != keys[index[name]])
             infos.append(_TaskInfo(index[name], plan.task(name), name, sched.stage, sched.thread_group,
                                    sched.stream, stream, sched.globally_ordered, own, device_deps))
         return infos
@@ -358,14 +278,22 @@ class SWPipeline:
 
     # --------------------------------------------------------------- pipelined
 
-    def fill_pipeline(self, data_iter: Iterable[Any]) -> Iterator[Any]:
-        """Start the workers and enqueue the first ``pipeline_depth`` periods.
+    def fill_pipeline(self, data_iter: Iterable[Any], emit_nvtx: bool = False) -> Iterator[Any]:
+        """Start the workers and run the first ``pipeline_depth`` periods.
+
+        For each period: enqueue the tasks of the worker groups, then run the
+        caller group's tasks inline (``PipelinePlan.caller_group``).
 
         Parameters
         ----------
         data_iter : iterable
             Any iterable of batches (a list, a generator, a DataLoader); it may
             hold fewer batches than the depth, even none.
+        emit_nvtx : bool
+            On CUDA, an NVTX range per task execution on every thread, and
+            ``torch.autograd.profiler.emit_nvtx()`` entered on every worker
+            thread (the caller's own thread is the caller's to wrap;
+            :meth:`run` does it). Ignored on CPU.
 
         Returns
         -------
@@ -402,22 +330,32 @@ class SWPipeline:
         self._check_idle("fill_pipeline() called")
         self._check_runnable()
         self._teardown(cancel=True)
+        self._prune_limbo()
         iterator = iter(data_iter)
         run = _Run(data_iter, iterator, _SubmissionSequencer(self.sequencer_timeout))
         self._run = run
         if self._recorder is not None:
             self._recorder.clear()
+        # shortcuts cannot change while a run is in flight (enable/disable need an idle pipeline); a
+        # per-instance _exec_task (the profiler's wrapper) is the dispatch point and must see every task
+        run.plain = (not self._streams.is_cuda and self._recorder is None and not self._shortcut.tasks
+                     and "_exec_task" not in vars(self) and self._strict is None)
         try:
             if self._streams.is_cuda:
                 run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]
+                run.nvtx = bool(emit_nvtx)
+                run.ctx_type = _GuardedContext  # early frees stay alive until the device is done
                 if self._recorder is not None:
                     run.origin_event = torch.cuda.Event(enable_timing=True)
                     run.origin_event.record(torch.cuda.default_stream(self.device))
                     self._recorder.origin = time.perf_counter()
-            run.workers = _Workers(self._groups, lambda group, items: self._run_items(run, items),
-                                   setup=lambda: set_thread_device(self.device),
-                                   on_crash=lambda group, exc: self._cancel(run, exc, f"worker swpipe-{group} crashed"))
-            run.workers.start()
+            if self._groups:  # a plan whose only group is the caller's starts no thread
+                run.workers = _Workers(self._groups, lambda group, items: self._run_items(run, items),
+                                       setup=lambda: set_thread_device(self.device),
+                                       on_crash=lambda group, exc: self._cancel(run, exc,
+                                                                                f"worker swpipe-{group} crashed"),
+                                       scope=self._worker_scope(run))
+                run.workers.start()
             for _ in range(self.plan.pipeline_depth):
                 batch = self._fetch(run)
                 self._advance(run, batch)
@@ -427,7 +365,14 @@ class SWPipeline:
         return iterator
 
     def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
-        """Retire the oldest in-flight iteration and enqueue the next period.
+        """Retire the oldest in-flight iteration and run the next period.
+
+        In order: fetch the next batch; wait until the oldest in-flight
+        iteration completed (CPU signals) and retire it; on CUDA wait until
+        iteration ``retired - max_device_lag`` completed on the device;
+        enqueue the next period's tasks of the worker groups; run its
+        caller-group tasks inline, in enqueue order. A failure of an inline
+        task is raised by the next call, as a worker task's is.
 
         Parameters
         ----------
@@ -449,9 +394,14 @@ class SWPipeline:
             Nothing is left in flight and no data remains; workers are stopped.
         PipelineTaskError
             A task failed (or timed out waiting); workers are stopped.
+        KeyboardInterrupt
+            Raised in the caller (also inside an inline task): the run is
+            cancelled, the workers are joined; :meth:`drain` or
+            :meth:`fill_pipeline` starts again.
         RuntimeError
             The oldest iteration did not complete within ``progress_timeout``
-            (the message names it and its unfinished tasks); called before
+            (the message names it and its unfinished tasks), or its device
+            work within ``progress_timeout`` of the device-lag wait; called before
             :meth:`fill_pipeline`, after a failure, or with a different iterator.
         Exception
             Whatever the data iterator raises, unchanged; the pipeline stays
@@ -486,6 +436,8 @@ class SWPipeline:
             raise
         try:
             idx = self._retire_oldest(run)
+            if run.device_pending:
+                self._bound_device_lag(run, idx)
             self._advance(run, batch)
         except BaseException:
             if not run.reported:
@@ -503,13 +455,22 @@ class SWPipeline:
             return _NO_BATCH
 
     def _advance(self, run: _Run, batch: Any) -> None:
-        """Enqueue period ``run.period`` (creating its new iteration if a batch was fetched)."""
+        """Run period ``run.period`` (creating its new iteration if a batch was fetched).
+
+        Worker groups' tasks are enqueued first, then the caller group's run
+        inline in enqueue order. No deadlock: the enqueue order is a
+        topological order of the period-local graph, so every dependency of
+        an inline task is an earlier inline task, a task already enqueued on
+        a worker (whose own dependencies precede it in the same order), or a
+        task of an earlier period, all of which complete without the caller.
+        """
         p = run.period
         if batch is not _NO_BATCH:
-            run.iters[p] = _IterState(p, IterContext(batch, p), len(self._infos))
+            run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos), run.streams)
             run.fetched = p + 1
         run.period = p + 1
-        run.profiling = _profiler_active()
+        run.profiling = profiling = _profiler_active()
+        run.bare = run.plain and not profiling
         lo, hi = run.oldest, run.fetched
         iters = run.iters
         ticket = run.sequencer.ticket
@@ -523,15 +484,22 @@ class SWPipeline:
             if items is None:
                 items = by_group[ti.group] = []
             items.append((iters[i], ti, seq))
+        caller = self._caller_group
+        inline = by_group.pop(caller, None) if caller is not None else None
         for group, items in by_group.items():
             run.workers.submit(group, items)
+        if inline is not None:
+            if run.workers is None and run.bare:
+                self._run_solo(run, inline)
+            else:
+                self._run_items(run, inline, inline=True)
 
     def _retire_oldest(self, run: _Run) -> int:
         idx = run.oldest
         st = run.iters[idx]
         if run.cancelled:
             self._surface_failure(run)
-        if not st.complete.wait(self.progress_timeout) and not run.cancelled:
+        if st.remaining and not self._wait_complete(run, st) and not run.cancelled:
             self._progress_timed_out(run, st)
         if run.cancelled:
             self._surface_failure(run)
@@ -545,17 +513,29 @@ class SWPipeline:
         run.oldest = idx + 1
         return idx
 
-    def _prune_device(self, run: _Run) -> None:
-        """Release retired contexts whose device work has completed."""
-        for j in list(run.device_pending):
-            st = run.device_pending[j]
-            if all(ev is None or ev.query() for ev in st.events):
-                st.ctx = None
-                del run.device_pending[j]
+    def _wait_complete(self, run: _Run, st: _IterState) -> bool:
+        """Block until every task of ``st`` set its CPU signal (or the run is cancelled); whether it did.
+
+        The flag is made only when the caller must block (usually it need
+        not: the iteration completed during the periods it waited in line).
+        """
+        with run.lock:
+            if not st.remaining or run.cancelled:
+                return True
+            if st.complete is None:
+                st.complete = _Flag()
+            flag = st.complete
+        return flag.wait(self.progress_timeout)
 
     # ------------------------------------------------------------ worker side
 
-    def _run_items(self, run: _Run, items: List[tuple]) -> None:
+    def _run_items(self, run: _Run, items: List[tuple], inline: bool = False) -> None:
+        """Run tasks in order, on a worker or (``inline``) on the caller's thread.
+
+        A task's failure cancels the run (the caller raises it). Inline, a
+        ``KeyboardInterrupt``/``SystemExit`` is the caller's own: it cancels
+        and propagates unchanged.
+        """
         for st, ti, seq in items:
             if run.cancelled:
                 return
@@ -568,9 +548,38 @@ class SWPipeline:
                                                     RuntimeError("woken without cancellation")), "internal")
                 return
             except BaseException as exc:
+                if inline and not isinstance(exc, Exception):
+                    self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                    raise
                 self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
                              f"task {ti.name} failed on iteration {st.idx}")
                 return
+
+    def _run_solo(self, run: _Run, items: List[tuple]) -> None:
+        """The caller's thread is the only one and nothing is hooked: run the tasks, count them.
+
+        Every dependency is met by construction: it is an earlier task of
+        this period's enqueue order (a topological order of the period-local
+        graph) or a task of an earlier period, and this thread ran them all
+        already. No other thread reads the signals, so no lock either.
+        """
+        for st, ti, seq in items:
+            if run.cancelled:
+                return
+            if seq is not None:  # keep the sequencer's book for globally ordered tasks
+                self._run_items(run, [(st, ti, seq)], inline=True)
+                continue
+            try:
+                ti.task.fn(st.ctx)
+            except Exception as exc:
+                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
+                             f"task {ti.name} failed on iteration {st.idx}")
+                return
+            except BaseException:
+                self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                raise
+            st.done[ti.idx] = True
+            st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
 
     def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int]) -> None:
         i = st.idx
@@ -587,18 +596,21 @@ class SWPipeline:
             if not dst.done[d]:
                 self._wait_signal(run, dst, d, st, ti, dist)
         if seq is None:
-            self._submit(run, st, ti)
+            if run.bare:  # CPU, no timeline, profiler, NVTX or shortcut: nothing around the call
+                ti.task.fn(st.ctx)
+            else:
+                self._submit(run, st, ti)
         else:
             run.sequencer.execute_ordered(seq, lambda: self._submit(run, st, ti))
         with run.lock:
             st.done[ti.idx] = True
-            waiter = st.waiters.pop(ti.idx, None)
+            waiter = st.waiters.pop(ti.idx, None) if st.waiters else None
             st.remaining -= 1
-            last = st.remaining == 0
+            complete = st.complete if st.remaining == 0 else None
         if waiter is not None:
             waiter.set()
-        if last:
-            st.complete.set()
+        if complete is not None:
+            complete.set()
 
     def _wait_signal(self, run: _Run, dst: _IterState, d: int, st: _IterState, ti: _TaskInfo, dist: int) -> None:
         with run.lock:
@@ -642,13 +654,15 @@ class SWPipeline:
         stream = run.streams[ti.idx]
         for d, dist in ti.device_deps:
             self._streams.wait(stream, self._dep_event(run, st, d, dist))
-        name = self._range_name("SWP", ti.name, st.idx)
+        nvtx = run.nvtx
+        name = self._range_name("SWP", ti.name, st.idx) if (nvtx or run.profiling) else ""
         t0 = time.perf_counter() if recorder is not None else 0.0
         with torch.cuda.stream(stream):
-            if recorder is not None:
+            if recorder is not None:  # after the waits, on the task's own stream
                 start_ev = torch.cuda.Event(enable_timing=True)
                 start_ev.record(stream)
-            torch.cuda.nvtx.range_push(name)
+            if nvtx:
+                torch.cuda.nvtx.range_push(name)
             try:
                 if run.profiling:
                     with torch.autograd.profiler.record_function(name):
@@ -656,7 +670,8 @@ class SWPipeline:
                 else:
                     self._exec_task(ti.task, st.ctx)
             finally:
-                torch.cuda.nvtx.range_pop()
+                if nvtx:
+                    torch.cuda.nvtx.range_pop()
             if recorder is not None:
                 end_ev = torch.cuda.Event(enable_timing=True)
                 end_ev.record(stream)
@@ -673,6 +688,16 @@ class SWPipeline:
             return None
         dst = run.iters.get(j) or run.device_pending.get(j)
         return None if dst is None else dst.events[d]  # gone from both: its device work completed
+
+    def _worker_scope(self, run: _Run) -> Optional[Callable[[], Any]]:
+        """What every worker thread enters around its loop: ``emit_nvtx`` when requested on CUDA.
+
+        The profiler's NVTX mode is per thread, so entering it on the
+        caller's thread does not reach the workers.
+        """
+        if not run.nvtx:
+            return None
+        return torch.autograd.profiler.emit_nvtx
 
     def _range_name(self, prefix: str, name: str, iteration: int) -> str:
         skip = " [skip]" if name in self._shortcut.tasks else ""
@@ -702,7 +727,8 @@ class SWPipeline:
         for ev in waiters:
             ev.set()
         for st in states:
-            st.complete.set()
+            if st.complete is not None:  # made under the lock, so any made later sees cancelled
+                st.complete.set()
 
     def _stop_workers(self, run: _Run) -> None:
         if run.workers is not None:
@@ -740,43 +766,35 @@ class SWPipeline:
     def _finish(self, run: _Run) -> None:
         if not run.finished:
             self._stop_workers(run)
-            self._streams.synchronize()
-            self._collect_device_timeline(run)
-            for st in run.device_pending.values():
-                st.ctx = None
+            pending = list(run.device_pending.values())
             run.device_pending.clear()
             run.finished = True
+            if not self._release(run, pending, self.progress_timeout):
+                raise RuntimeError(self._device_hung("progress() at the end of the data"))
 
     def _teardown(self, cancel: bool) -> None:
-        """Stop this run's workers, synchronise the device, release every context, forget the run."""
+        """Stop this run's workers, wait (bounded) for its device work, release every context, forget the run.
+
+        Never raises on a failure path (``cancel`` or a cancelled run): the
+        caller is usually re-raising a task's exception, which must not be
+        masked, and the pipeline is left usable whatever the device does.
+        """
+        if self._limbo:
+            self._prune_limbo()
         run = self._run
         if run is None:
             return
+        failing = cancel or run.cancelled
         if cancel and not (run.finished or run.cancelled):
             self._cancel(run, None, "pipeline closed")
         self._stop_workers(run)
-        self._streams.synchronize()
-        self._collect_device_timeline(run)
-        for st in list(run.iters.values()) + list(run.device_pending.values()):
-            st.ctx = None
+        states = list(run.iters.values()) + list(run.device_pending.values())
         run.iters.clear()
         run.device_pending.clear()
         self._run = None
-
-    def _collect_device_timeline(self, run: _Run) -> None:
-        """On CUDA with record_timeline: turn timing events into ``kind="device"`` events.
-
-        Device times are placed on the host clock by the origin event recorded
-        at fill time (assumed to execute when it was recorded: an idle device).
-        """
-        if not run.device_timing or run.origin_event is None or self._recorder is None:
-            return
-        origin_host = self._recorder.origin
-        for ti, i, start_ev, end_ev in run.device_timing:
-            start = origin_host + run.origin_event.elapsed_time(start_ev) / 1e3
-            end = origin_host + run.origin_event.elapsed_time(end_ev) / 1e3
-            self._recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
-        run.device_timing.clear()
+        timeout = self._teardown_timeout if failing else self.progress_timeout
+        if not self._release(run, states, timeout) and not failing:
+            raise RuntimeError(self._device_hung("drain()"))
 
     def drain(self) -> None:
         """Retire every in-flight iteration, stop the workers, synchronise, reset.
@@ -793,7 +811,7 @@ class SWPipeline:
         """
         run = self._run
         if run is None:
-            self._streams.synchronize()
+            self._sync_device("drain()")
             return
         unreported = None
         try:
@@ -848,8 +866,11 @@ class SWPipeline:
             Log each retired iteration and a summary (``logging``, INFO, logger
             ``swpipe_core.engine``).
         emit_nvtx : bool
-            On CUDA, wrap the run in ``torch.autograd.profiler.emit_nvtx()`` so
-            autograd (backward) ops are visible in Nsight Systems. Ignored on CPU.
+            On CUDA, wrap the run in ``torch.autograd.profiler.emit_nvtx()`` on
+            the caller's thread *and every worker thread* (the profiler's NVTX
+            mode is per thread), so autograd (backward) ops are visible in
+            Nsight Systems, and push an NVTX range per task execution. Off,
+            no per-task NVTX call is made. Ignored on CPU.
 
         Returns
         -------
@@ -875,7 +896,7 @@ class SWPipeline:
         t0 = time.perf_counter()
         n = 0
         with self._emit_nvtx(emit_nvtx):
-            it = self.fill_pipeline(data_iter)  # cleans up after itself if it fails
+            it = self.fill_pipeline(data_iter, emit_nvtx=emit_nvtx)  # cleans up after itself if it fails
             try:
                 while True:
                     try:
@@ -886,7 +907,7 @@ class SWPipeline:
                     if verbose:
                         _log.info("SWPipeline.run: retired iteration %d at %.3f ms", idx,
                                   (time.perf_counter() - t0) * 1e3)
-                self._streams.synchronize()
+                self._sync_device("run()")
             except BaseException:
                 self._teardown(cancel=True)
                 raise
@@ -937,7 +958,7 @@ class SWPipeline:
                 if verbose:
                     _log.info("SWPipeline.run_serial: finished iteration %d at %.3f ms", i,
                               (time.perf_counter() - t0) * 1e3)
-            self._streams.synchronize()
+            self._sync_device("run_serial()")
         elapsed = time.perf_counter() - t0
         if verbose:
             _log.info("SWPipeline.run_serial: %d iteration(s) in %.3f s (%.3f ms/iteration)", n, elapsed,

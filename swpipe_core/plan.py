@@ -220,12 +220,15 @@ def stream_name(stream: StreamSpec) -> str:
     str
         ``"default"`` for ``None``, the string itself for a name, and for a
         stream object its ``swpipe_name`` attribute if set, else
-        ``"stream<id>"``.
+        ``"<device>/stream<id>"`` (e.g. ``"cuda:1/stream3"``).
 
     Examples
     --------
     >>> stream_name(None), stream_name("memcpy")
     ('default', 'memcpy')
+    >>> import torch
+    >>> stream_name(torch.Stream(stream_id=0, device_index=1, device_type=1))
+    'cuda:1/stream0'
     """
     if stream is None:
         return "default"
@@ -235,7 +238,11 @@ def stream_name(stream: StreamSpec) -> str:
     if named:
         return str(named)
     sid = getattr(stream, "stream_id", None)
-    return f"stream{sid}" if sid is not None else repr(stream)
+    if sid is None:
+        return repr(stream)
+    # device + id: unique across devices (stream ids repeat per device) and stable for the stream's life
+    device = getattr(stream, "device", None)
+    return f"{device}/stream{sid}" if device is not None else f"stream{sid}"
 
 
 def _stage_of(sched: Any) -> Optional[int]:

@@ -477,7 +477,8 @@ class TaskProfiler:
             "host_time": "median perf_counter time of each task's execution on its thread" if task_times else "not measured",
             # means add up to the serial iteration (medians of skewed times do not): CostModel.from_profile uses them
             "host_mean_s": host_mean,
-            "device_time": ("CUDA events around each task on its stream" if cuda else _CPU_DEVICE_NOTE)
+            "device_time": ("CUDA events around each task on its stream, the stream held by a spin kernel "
+                            "until the host has launched the task (device work only)" if cuda else _CPU_DEVICE_NOTE)
             if task_times else "not measured",
             "wall_s": time.perf_counter() - wall0,
             "torch": torch.__version__,
@@ -576,7 +577,12 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
     Wraps the engine's ``_exec_task`` on the instance for the duration, so
     the timing covers exactly one task execution. Device time is the span
     between CUDA events recorded before and after the task on the current
-    (task's) stream.
+    (task's) stream, after its waits. Two events around a task alone read
+    about ``max(host, device)``: an idle stream runs the start event at once
+    and then waits for the host to launch each kernel. So the stream is first
+    held by a spin kernel (``torch.cuda._sleep``) lasting twice the task's
+    last host time plus 1 ms; the kernels queue up behind it and the span
+    between the events is the device's own work.
     """
     import torch
 
@@ -585,10 +591,13 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
     events: List[tuple] = []
     original = pipe._exec_task
     had_instance_attr = "_exec_task" in vars(pipe)
+    spin_hz = _spin_rate(device) if cuda else 0.0
 
     def timed(task: Any, ctx: Any) -> None:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            last = host.get(task.name)
+            torch.cuda._sleep(int(spin_hz * (2.0 * (last[-1] if last else 0.0) + 1e-3)))
             start.record()
         t0 = time.perf_counter()
         original(task, ctx)
@@ -600,6 +609,10 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
     pipe._exec_task = timed
     try:
         sync()
+        if cuda:  # one untimed iteration: every task then has a host time to size its spin
+            pipe.run_one_serial_iter(batch, iter_idx=next(counter))
+            sync()
+            events.clear()
         for _ in range(n):
             pipe.run_one_serial_iter(batch, iter_idx=next(counter))
         sync()
@@ -611,9 +624,9 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
     if not host:
         _log.warning("per-task times not recorded: the pipeline did not run its tasks through _exec_task")
         return None, None
-    host_s = {name: statistics.median(v) for name, v in host.items()}
+    host_s = {name: statistics.median(v[-n:]) for name, v in host.items()}
     if means is not None:
-        means.update({name: statistics.fmean(v) for name, v in host.items()})
+        means.update({name: statistics.fmean(v[-n:]) for name, v in host.items()})
     device_s = None
     if cuda:
         spans: Dict[str, List[float]] = {}
@@ -621,3 +634,18 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
             spans.setdefault(name, []).append(start.elapsed_time(end) / 1e3)
         device_s = {name: statistics.median(v) for name, v in spans.items()}
     return host_s, device_s
+
+
+def _spin_rate(device: Any) -> float:
+    """Cycles per second of ``torch.cuda._sleep`` on ``device`` (timed once with CUDA events)."""
+    import torch
+
+    cycles = 20_000_000
+    with torch.cuda.device(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / max(start.elapsed_time(end) / 1e3, 1e-6)

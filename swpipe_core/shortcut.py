@@ -475,5 +475,11 @@ class _ShortcutState:
                 delattr(ctx, k)
         for k, v in values.items():
             setattr(ctx, k, v)
+        # A CUDA pipeline's context keeps what leaves it until its iteration's device work is done
+        # (engine_state._GuardedContext); the external values a restore replaces go there too, as
+        # capture() returns them (the live objects for the usual capture=lambda: dict(state)).
+        graveyard = getattr(ctx, "_swp_graveyard", None)
         for io, snap in zip(task.io, cache.io):
+            if graveyard is not None:
+                graveyard.append(io.capture())
             io.restore(_restore_val(snap, copy=True))

@@ -11,13 +11,21 @@ Device events order *device* work: the producer records an event on its
 stream after launching its kernels, and the consumer makes its own stream
 wait on that event before launching its kernels (``stream.wait_event``),
 without blocking the CPU.
+
+Stream identity is the *resolved* stream: :meth:`StreamPool.key` gives
+(device, stream id) on CUDA, so two specs that end up on one stream need no
+device wait and two that do not always get one, whatever they are called.
+Waiting for device work from the host is a poll with a deadline
+(:meth:`StreamPool.wait_events`), never an unbounded synchronise: a kernel
+that never finishes (a dead NCCL peer) must not hang the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, ContextManager, Dict, Optional, Union
+import time
+from typing import Any, ContextManager, Dict, Hashable, Iterable, List, Optional, Sequence, Union
 
 import torch
 
@@ -144,6 +152,33 @@ class StreamPool:
             return stream
         return spec
 
+    def key(self, spec: StreamSpec) -> Hashable:
+        """Identity of the stream ``spec`` resolves to: equal keys mean one device queue.
+
+        On CUDA ``("cuda:<index>", stream_id)`` of the resolved stream. On a
+        CPU device there is no stream to resolve, so the key is symbolic:
+        ``None`` and CPU stream objects are the host's one queue, a name is
+        its own pool stream, a stream object of another device is
+        ``(device, stream_id)``.
+
+        Examples
+        --------
+        >>> pool = StreamPool(torch.device("cpu"))
+        >>> pool.key(None), pool.key("memcpy")
+        (('cpu', 0), ('named', 'memcpy'))
+        >>> pool.key(torch.Stream(stream_id=0, device_index=1, device_type=1))
+        ('cuda:1', 0)
+        """
+        if self.is_cuda:
+            stream = self.resolve(spec)
+            return (str(stream.device), stream.stream_id)
+        if spec is None:
+            return ("cpu", 0)
+        if isinstance(spec, str):
+            return ("named", spec)
+        device = str(spec.device)
+        return ("cpu", 0) if device.startswith("cpu") else (device, spec.stream_id)
+
     @staticmethod
     def name(spec: StreamSpec) -> str:
         """Readable name of a stream spec (``"default"`` for ``None``)."""
@@ -174,7 +209,56 @@ class StreamPool:
         """Whether the device work before ``event`` has completed (always true on CPU)."""
         return event is None or event.query()
 
-    def synchronize(self) -> None:
-        """Wait for all device work on the device (nothing on CPU)."""
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+    def fence(self, streams: Iterable[Optional[Any]] = ()) -> List[Any]:
+        """Record an event on the default stream, every pool stream and ``streams``; ``[]`` on CPU.
+
+        Once they have all completed, every kernel launched on those streams
+        before the call has completed. Raises whatever CUDA raises (a sticky
+        error); callers on failure paths catch it.
+        """
+        if not self.is_cuda:
+            return []
+        seen: Dict[Hashable, Any] = {}
+        with self._lock:
+            named = list(self._named.values())
+        for stream in [torch.cuda.default_stream(self.device), *named, *streams]:
+            if stream is not None:
+                seen.setdefault((str(stream.device), stream.stream_id), stream)
+        return [self.record(stream) for stream in seen.values()]
+
+    @staticmethod
+    def wait_events(events: Sequence[Optional[Any]], timeout: float) -> bool:
+        """Poll ``events`` until all have completed or ``timeout`` seconds passed; whether they did.
+
+        A poll, not ``event.synchronize()``: the caller keeps control and can
+        report a device that never finishes. The poll interval grows from
+        20 us to 1 ms, so a short wait costs little and a long one no CPU.
+
+        Examples
+        --------
+        >>> StreamPool.wait_events([None], timeout=1.0)
+        True
+        >>> class Hung:
+        ...     def query(self): return False
+        >>> StreamPool.wait_events([Hung()], timeout=0.01)
+        False
+        """
+        pending = [ev for ev in events if ev is not None]
+        deadline = time.monotonic() + timeout
+        pause = 2e-5
+        while pending:
+            pending = [ev for ev in pending if not ev.query()]
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        return True
+
+    def synchronize(self, timeout: float = threading.TIMEOUT_MAX) -> bool:
+        """Wait (polling, at most ``timeout`` s) for all work on the pool's streams; whether it completed.
+
+        Always true on CPU.
+        """
+        return self.wait_events(self.fence(), timeout)

@@ -16,6 +16,7 @@ rule                    meaning
 ``dep-format``          inter deps are ``(task, dep)`` or ``(task, dep, N)`` with integer ``N >= 1``; same-period deps are pairs
 ``stage``               stages are integers ``>= 0``
 ``stream-type``         a stream is ``None``, a name, or a torch stream object
+``stream_name``         the name ``"default"`` is not a stream name (``None`` is the default stream)
 ``thread-group``        a thread group is a non-empty string
 ``globally-ordered``    ``globally_ordered`` is a bool
 ``cycle``               intra-iteration dependencies form a DAG (the cycle is named)
@@ -42,7 +43,7 @@ __all__ = ["PlanError", "validate", "RULES"]
 
 RULES = (
     "schedule-type", "task-ref", "unique-names", "unknown-task", "foreign-task",
-    "self-dependency", "dep-format", "stage", "stream-type", "thread-group",
+    "self-dependency", "dep-format", "stage", "stream-type", "stream_name", "thread-group",
     "globally-ordered", "cycle", "corollary-1", "corollary-3", "depth-mismatch",
     "period-local-cycle", "enqueue-policy", "enqueue-order",
 )
@@ -117,6 +118,11 @@ def _check_schedule(plan: PipelinePlan) -> dict:
         if not _is_stream(sched.stream):
             raise PlanError("stream-type", f"stream of {name} is {sched.stream!r} of type {type(sched.stream).__name__}",
                             [name], "use None (default stream), a stream name such as 'memcpy', or a torch stream object")
+        if sched.stream == "default":  # a pooled stream *named* default is not the default stream
+            raise PlanError("stream_name", f"stream of {name} is the string 'default', which would create a new "
+                            "stream that merely prints like the device's default stream", [name],
+                            f"use stream=None for the default stream (or another name for a separate stream) in "
+                            f"{name}'s TaskSchedule")
         if not isinstance(sched.thread_group, str) or not sched.thread_group:
             raise PlanError("thread-group", f"thread_group of {name} is {sched.thread_group!r}", [name],
                             "use a non-empty string such as 'default' or 'io'")

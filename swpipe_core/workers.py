@@ -13,13 +13,14 @@ as a plan transform: the engine only ever sees ``TaskSchedule.thread_group``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Mapping, Optional, Union
 
 from .plan import PipelinePlan, PipelineTask, StreamSpec, ref_name, stream_name
 
@@ -142,7 +143,9 @@ class _Workers:
     ``run_items(group, items)`` is called on the worker thread for every list
     put with :meth:`submit`; it must not raise (the engine catches task
     failures itself), but if it does the error is logged and handed to
-    ``on_crash`` so the engine can cancel instead of hanging.
+    ``on_crash`` so the engine can cancel instead of hanging. ``setup`` runs
+    first on each thread and ``scope()``, a context manager, is entered
+    around its whole loop (per-thread state such as ``emit_nvtx``).
 
     Examples
     --------
@@ -157,8 +160,10 @@ class _Workers:
 
     def __init__(self, groups: Iterable[str], run_items: Callable[[str, List[Any]], None],
                  setup: Optional[Callable[[], None]] = None,
-                 on_crash: Optional[Callable[[str, BaseException], None]] = None) -> None:
+                 on_crash: Optional[Callable[[str, BaseException], None]] = None,
+                 scope: Optional[Callable[[], ContextManager]] = None) -> None:
         self.groups = list(dict.fromkeys(groups))
+        self._scope = scope  # a context each worker enters around its loop (per-thread state, e.g. emit_nvtx)
         self._run_items = run_items
         self._setup = setup
         self._on_crash = on_crash
@@ -180,23 +185,26 @@ class _Workers:
     def _loop(self, group: str) -> None:
         q = self._queues[group]
         run_items = self._run_items
+        stopped = False
         try:
             if self._setup is not None:
                 self._setup()
-            while True:
-                items = q.get()
-                if items is _STOP:
-                    return
-                run_items(group, items)
-                # Drop the reference now: the worker would otherwise keep the
-                # last items (and their iteration contexts) alive while it waits.
-                del items
-        except BaseException as exc:  # a bug in the engine, not in a task
+            with self._scope() if self._scope is not None else contextlib.nullcontext():
+                while True:
+                    items = q.get()
+                    if items is _STOP:
+                        stopped = True
+                        break
+                    run_items(group, items)
+                    # Drop the reference now: the worker would otherwise keep the
+                    # last items (and their iteration contexts) alive while it waits.
+                    del items
+        except BaseException as exc:  # a bug in the engine (or the scope failed), not in a task
             _log.exception("worker swpipe-%s crashed", group)
             if self._on_crash is not None:
                 self._on_crash(group, exc)
             # keep consuming so that stop() still finds a live, responsive queue
-            while q.get() is not _STOP:
+            while not stopped and q.get() is not _STOP:
                 pass
 
     def stop(self, timeout: float = 5.0) -> List[str]:

@@ -115,7 +115,8 @@ def check_run(plan, n_iters):
         want = [x for x in seq if plan.sched(x[0]).thread_group == group]
         got = [(name, i) for _, name, i, thread in sorted(rec.calls) if plan.sched(name).thread_group == group]
         assert got == want, group
-        assert {thread for _, name, _, thread in rec.calls if plan.sched(name).thread_group == group} == {f"swpipe-{group}"}
+        thread = threading.current_thread().name if group == plan.caller_group else f"swpipe-{group}"
+        assert {thread for _, name, _, thread in rec.calls if plan.sched(name).thread_group == group} == {thread}
 
     # globally ordered tasks run in ticket order, identical to the enqueue order
     assert rec.ordered == [x for x in seq if plan.sched(x[0]).globally_ordered]
@@ -137,7 +138,8 @@ def check_run(plan, n_iters):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=valid_plans(), n_iters=st.integers(20, 24))
 def test_random_valid_plans_run_correctly(plan, n_iters):
-    check_run(plan, n_iters)
+    check_run(plan, n_iters)  # the "default" group inline on the caller's thread
+    check_run(plan.replace(caller_group=None, pipeline_depth=plan.pipeline_depth), n_iters)  # every group a worker
 
 
 @pytest.mark.slow

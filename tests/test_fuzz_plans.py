@@ -40,7 +40,7 @@ POLICIES = ("ready_first", "stage_descending")
 MUTATIONS = (
     "stage_negative", "stage_type", "intra_backward", "intra_cycle", "self_dep", "unknown_dep",
     "inter_distance", "inter_gap", "depth", "policy", "order_missing", "order_dup", "order_shuffled",
-    "group_empty", "group_type", "ordered_type", "stream_type", "dep_format", "task_ref",
+    "group_empty", "group_type", "ordered_type", "stream_type", "stream_default", "dep_format", "task_ref",
 )
 # a hang in a valid plan becomes an error after these (the runs themselves take milliseconds)
 SIGNAL_TIMEOUT, PROGRESS_TIMEOUT = 10.0, 15.0
@@ -152,6 +152,8 @@ def _mutate(spec: Spec, kind: str, rnd: random.Random) -> None:
         tasks[a]["ordered"] = rnd.choice([1, "yes", None])
     elif kind == "stream_type":
         tasks[a]["stream"] = rnd.choice([5, 1.5, b"memcpy"])
+    elif kind == "stream_default":
+        tasks[a]["stream"] = "default"
     elif kind == "dep_format":
         if rnd.random() < 0.5:
             spec["intra"].append([a, b, 1])
@@ -204,6 +206,8 @@ def reference_violations(spec: Spec) -> Set[str]:
             out.add("stage")
         if not (t["stream"] is None or isinstance(t["stream"], str)):
             out.add("stream-type")
+        elif t["stream"] == "default":
+            out.add("stream_name")
         if not (isinstance(t["group"], str) and t["group"]):
             out.add("thread-group")
         if not isinstance(t["ordered"], bool):

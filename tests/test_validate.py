@@ -49,6 +49,7 @@ BAD_PLANS = {
     "dep-format": (lambda: PipelinePlan({"A": S(0), "B": S(0)}, inter_iter_deps=[("A", "B", 0)]), ["A", "B"]),
     "stage": (lambda: PipelinePlan({"A": S(-1)}), ["A"]),
     "stream-type": (lambda: PipelinePlan({"A": S(0, stream=3)}), ["A"]),
+    "stream_name": (lambda: PipelinePlan({"A": S(0, stream="default"), "B": S(1)}, [("B", "A")]), ["A"]),
     "thread-group": (lambda: PipelinePlan({"A": S(0, thread_group="")}), ["A"]),
     "globally-ordered": (lambda: PipelinePlan({"A": S(0, globally_ordered=1)}), ["A"]),
     "cycle": (lambda: PipelinePlan({"A": S(0), "B": S(0), "C": S(0)},

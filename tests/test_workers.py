@@ -77,7 +77,9 @@ def test_mapped_plans_run_on_the_mapped_threads(strategy):
     plan = plan.bind({n: (lambda ctx, n=n: seen.setdefault(n, set()).add(threading.current_thread().name))
                       for n in plan.task_names})
     SWPipeline(plan, device="cpu").run(range(5))
-    assert seen == {n: {f"swpipe-{g}"} for n, g in groups(plan).items()}
+    # the caller's group ("default") runs inline on the calling thread, every other group on its own worker
+    assert seen == {n: {threading.current_thread().name if g == plan.caller_group else f"swpipe-{g}"}
+                    for n, g in groups(plan).items()}
 
 
 def test_workers_are_named_fifo_and_joined():
@@ -115,3 +117,34 @@ def test_stop_reports_threads_stuck_in_user_code():
     assert w.stop(timeout=0.05) == ["swpipe-slow"]
     release.set()
     assert w.stop(timeout=5) == [] and w.alive() == []
+
+
+def test_worker_scope_wraps_each_thread_and_a_failing_scope_is_reported_not_hung():
+    from swpipe_core.workers import _Workers
+
+    entered, crashes = [], []
+
+    class Scope:
+        def __enter__(self):
+            entered.append(threading.current_thread().name)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+
+    w = _Workers(["a", "b"], lambda g, items: None, scope=Scope)
+    w.start()
+    w.submit("a", [1])
+    assert w.stop(5.0) == []
+    assert sorted(entered) == ["exit", "exit", "swpipe-a", "swpipe-b"]
+
+    class Broken:
+        def __enter__(self):
+            raise RuntimeError("no profiler here")
+
+        def __exit__(self, *exc):
+            return None
+
+    w = _Workers(["c"], lambda g, items: None, on_crash=lambda g, exc: crashes.append((g, str(exc))), scope=Broken)
+    w.start()
+    w.submit("c", [1])
+    assert w.stop(5.0) == [] and crashes == [("c", "no profiler here")]

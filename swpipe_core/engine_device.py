@@ -1,0 +1,135 @@
+"""The device side of the engine: when a context may be freed, run-ahead, and bounded waits.
+
+A mixin of :class:`~swpipe_core.engine.SWPipeline` (kept apart so each file
+stays one idea). On CUDA, CPU completion is not device completion: a retired
+iteration waits in ``run.device_pending`` until the device events of all its
+tasks have completed, and only then is its context (with everything its
+tasks deleted or replaced, see :class:`~swpipe_core.engine_state._GuardedContext`)
+released. ``max_device_lag`` bounds how many may wait. Every host-side wait
+for the device is a poll with a deadline (:meth:`StreamPool.wait_events
+<swpipe_core.streams.StreamPool.wait_events>`): a kernel that never finishes
+(a collective whose peer died) or a sticky CUDA error must neither hang the
+caller nor free memory a stream may still read; such contexts go to
+``_limbo`` until a later poll finds their fence complete. On CPU every
+method here is (nearly) free: there are no events and nothing to wait for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional
+
+from .engine_state import _IterState, _Run
+
+__all__: List[str] = []
+
+_log = logging.getLogger("swpipe_core.engine")
+
+
+class _DeviceLifetime:
+    """Device-side bookkeeping of a pipeline; expects ``_streams``, ``_infos``, ``_recorder``,
+    ``_limbo``, ``max_device_lag``, ``progress_timeout`` and the failure helpers of the engine."""
+
+    def _prune_device(self, run: _Run) -> None:
+        """Release retired contexts (and what their tasks deleted) whose device work has completed."""
+        for j in list(run.device_pending):
+            st = run.device_pending[j]
+            if all(ev is None or ev.query() for ev in st.events):
+                st.ctx = None
+                del run.device_pending[j]
+
+    def _bound_device_lag(self, run: _Run, retired: int) -> None:
+        """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
+        st = run.device_pending.get(retired - self.max_device_lag)
+        if st is None:  # negative, or already pruned: its device work completed
+            return
+        if not self._streams.wait_events(st.events, self.progress_timeout):
+            error = RuntimeError(
+                f"progress() waited {self.progress_timeout:g} s for the device work of iteration {st.idx} "
+                f"(max_device_lag={self.max_device_lag}); tasks whose device work has not completed: "
+                f"{[ti.name for ti in self._infos if not self._streams.query(st.events[ti.idx])]}. A kernel is "
+                "hung (a dead peer rank?) or slow (raise progress_timeout); call drain() or fill_pipeline()")
+            self._cancel(run, error, f"device-lag timeout on iteration {st.idx}")
+            self._stop_workers(run)
+            run.reported = True
+            raise error
+        st.ctx = None
+        del run.device_pending[st.idx]
+
+    def _device_lag(self) -> int:
+        """Retired iterations whose device work has not completed yet (0 on CPU); for tests."""
+        run = self._run
+        if run is None:
+            return 0
+        return sum(1 for st in list(run.device_pending.values()) if not all(map(self._streams.query, st.events)))
+
+    def _release(self, run: _Run, states: List[_IterState], timeout: float) -> bool:
+        """Drop ``states``' contexts once the device work of the run completed (a bounded poll).
+
+        Instead of an unconditional ``torch.cuda.synchronize()``, which blocks
+        forever on a kernel that never ends (a collective whose peer died)
+        and raises after a sticky CUDA error: the device is fenced and polled
+        for ``timeout`` s. If it does not finish, or CUDA fails, the contexts
+        are kept alive in ``_limbo`` (memory a stream may still read is never
+        handed back to the allocator) and freed by a later fill or drain
+        whose poll finds the fence complete. Returns whether the device finished.
+        """
+        if not states and not run.device_timing:
+            return True  # nothing waits on the device
+        try:
+            events: Optional[List[Any]] = self._streams.fence(run.streams)
+            done = self._streams.wait_events(events, timeout)
+        except Exception as exc:  # a sticky CUDA error: log it, never mask the caller's exception
+            _log.warning("could not wait for the device (%s: %s); keeping %d iteration context(s) alive",
+                         type(exc).__name__, exc, len(states))
+            events, done = None, False
+        if done:
+            self._collect_device_timeline(run)
+            for st in states:
+                st.ctx = None
+            return True
+        if events is not None:
+            _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
+                         "it does", timeout, len(states))
+        self._limbo.append((events, states))
+        return False
+
+    def _prune_limbo(self) -> None:
+        """Free the contexts of earlier teardowns whose device fence has completed since."""
+        kept = []
+        for events, states in self._limbo:
+            try:
+                done = events is not None and self._streams.wait_events(events, 0.0)
+            except Exception:  # the device is still broken
+                done = False
+            if done:
+                for st in states:
+                    st.ctx = None
+            else:
+                kept.append((events, states))
+        self._limbo = kept
+
+    def _device_hung(self, what: str) -> str:
+        return (f"{what}: the device work did not complete within {self.progress_timeout:g} s (progress_timeout); a "
+                "kernel is hung (a dead peer rank?) or slow (raise progress_timeout). Its iteration contexts are "
+                "kept alive; the pipeline can be filled again")
+
+    def _sync_device(self, what: str) -> None:
+        """A bounded wait for all work on the pipeline's streams (nothing on CPU)."""
+        if not self._streams.synchronize(self.progress_timeout):
+            raise RuntimeError(self._device_hung(what))
+
+    def _collect_device_timeline(self, run: _Run) -> None:
+        """On CUDA with record_timeline: turn timing events into ``kind="device"`` events.
+
+        Device times are placed on the host clock by the origin event recorded
+        at fill time (assumed to execute when it was recorded: an idle device).
+        """
+        if not run.device_timing or run.origin_event is None or self._recorder is None:
+            return
+        origin_host = self._recorder.origin
+        for ti, i, start_ev, end_ev in run.device_timing:
+            start = origin_host + run.origin_event.elapsed_time(start_ev) / 1e3
+            end = origin_host + run.origin_event.elapsed_time(end_ev) / 1e3
+            self._recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
+        run.device_timing.clear()

@@ -1,0 +1,182 @@
+"""The caller's thread group runs inline (PipelinePlan.caller_group): no thread, no hand-off,
+same results, failures, timeouts and Ctrl-C handled as for worker tasks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.order import enqueue_order
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.profiler import TaskProfiler
+
+pytestmark = pytest.mark.timeout(60)
+
+MAIN = threading.current_thread().name
+
+
+def swpipe_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
+
+
+def run_all(pipe, data):
+    it = pipe.fill_pipeline(data)
+    out = []
+    while True:
+        try:
+            out.append(pipe.progress(it))
+        except StopIteration:
+            return out
+
+
+def expected_sequence(plan, n_iters):
+    """(task, iteration) period after period, each period in the plan's enqueue order."""
+    order = enqueue_order(plan)
+    return [(name, p - plan.stage(name)) for p in range(n_iters + plan.pipeline_depth) for name in order
+            if 0 <= p - plan.stage(name) < n_iters]
+
+
+def _chain(record, groups=("default", "default", "default"), caller_group="default", fail=None):
+    """Load (stage 0) -> Fwd (stage 1) -> Bwd (stage 1); records (task, iteration, thread)."""
+    def make(name):
+        def fn(ctx):
+            record.append((name, ctx.iter_idx, threading.current_thread().name, list(swpipe_threads())))
+            if fail is not None and fail[0] == name and fail[1] == ctx.iter_idx:
+                raise fail[2]
+        return fn
+
+    return PipelinePlan({PipelineTask("Load", make("Load")): TaskSchedule(0, "memcpy", groups[0]),
+                         PipelineTask("Fwd", make("Fwd")): TaskSchedule(1, None, groups[1]),
+                         PipelineTask("Bwd", make("Bwd")): TaskSchedule(1, None, groups[2])},
+                        intra_iter_deps=[("Fwd", "Load"), ("Bwd", "Fwd")], inter_iter_deps=[("Fwd", "Bwd", 1)],
+                        caller_group=caller_group)
+
+
+def test_single_group_plan_starts_no_thread():
+    record = []
+    plan = _chain(record)
+    pipe = SWPipeline(plan, device="cpu")
+    assert run_all(pipe, range(6)) == list(range(6))
+    assert {thread for _, _, thread, _ in record} == {MAIN}
+    assert all(alive == [] for *_, alive in record)  # no swpipe thread existed while any task ran
+    assert pipe.worker_threads == [] and swpipe_threads() == []
+    assert [(n, i) for n, i, *_ in record] == expected_sequence(plan, 6)  # enqueue order, period by period
+
+
+def test_caller_group_none_runs_every_group_on_a_worker():
+    record = []
+    SWPipeline(_chain(record, caller_group=None), device="cpu").run(range(3))
+    assert {thread for _, _, thread, _ in record} == {"swpipe-default"}
+
+
+def test_two_group_plan_has_one_worker_for_the_other_group():
+    record = []
+    pipe = SWPipeline(_chain(record, groups=("io", "default", "default")), device="cpu")
+    pipe.run(range(5))
+    threads = {name: {t for n, _, t, _ in record if n == name} for name in ("Load", "Fwd", "Bwd")}
+    assert threads == {"Load": {"swpipe-io"}, "Fwd": {MAIN}, "Bwd": {MAIN}}
+    assert {tuple(alive) for *_, alive in record} == {("swpipe-io",)} and swpipe_threads() == []
+
+
+@pytest.mark.parametrize("groups", [("default",) * 3, ("io", "default", "default")])
+def test_inline_task_exception_surfaces_with_task_and_iteration(groups):
+    record = []
+    pipe = SWPipeline(_chain(record, groups=groups, fail=("Fwd", 3, ValueError("bad shape"))), device="cpu")
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(8))
+    err = info.value
+    assert (err.task, err.iteration, err.thread_group, err.stage) == ("Fwd", 3, "default", 1)
+    assert isinstance(err.__cause__, ValueError) and "bad shape" in str(err)
+    assert swpipe_threads() == []
+    record.clear()
+    pipe2 = SWPipeline(_chain(record, groups=groups), device="cpu")
+    assert run_all(pipe2, range(4)) == [0, 1, 2, 3]
+
+
+def test_inline_wait_timeout_names_what_it_waited_for():
+    gate = threading.Event()
+
+    def load(ctx):
+        if ctx.iter_idx == 1:
+            gate.wait(30)  # blocked until the test releases it
+
+    plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, None, "io"),
+                         PipelineTask("Step", lambda ctx: None): TaskSchedule(0, None, "default")},
+                        intra_iter_deps=[("Step", "Load")])
+    pipe = SWPipeline(plan, device="cpu", signal_timeout=0.3)
+    pipe._join_timeout = 0.2  # the blocked worker cannot be interrupted; do not wait for it here
+    try:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(range(4))
+    finally:
+        gate.set()
+    for t in threading.enumerate():
+        if t.name == "swpipe-io":
+            t.join(10)
+    err = info.value
+    assert (err.task, err.iteration) == ("Step", 1)
+    assert "'Load' of iteration 1" in str(err.__cause__) and "thread group 'io'" in str(err.__cause__)
+    assert swpipe_threads() == []
+
+
+@pytest.mark.parametrize("groups", [("default",) * 3, ("io", "default", "default")])
+def test_ctrl_c_in_an_inline_task_leaves_no_thread_and_a_usable_pipeline(groups):
+    record, armed = [], [True]
+
+    def fwd(ctx):
+        record.append(ctx.iter_idx)
+        if ctx.iter_idx == 2 and armed:
+            armed.clear()
+            raise KeyboardInterrupt
+
+    plan = PipelinePlan({PipelineTask("Load", lambda ctx: None): TaskSchedule(0, None, groups[0]),
+                         PipelineTask("Fwd", fwd): TaskSchedule(1, None, groups[1])}, [("Fwd", "Load")])
+    pipe = SWPipeline(plan, device="cpu")
+    with pytest.raises(KeyboardInterrupt):
+        pipe.run(range(6))
+    assert swpipe_threads() == [] and pipe.in_flight == 0
+    record.clear()
+    assert pipe.run(range(4)) > 0 and record == [0, 1, 2, 3]
+    # the same through fill_pipeline / progress: drain() afterwards gives a usable pipeline
+    armed.append(True)
+    it = pipe.fill_pipeline(range(6))
+    with pytest.raises(KeyboardInterrupt):
+        while True:
+            pipe.progress(it)
+    assert swpipe_threads() == []
+    with pytest.raises(RuntimeError, match="drain"):
+        pipe.progress(it)
+    pipe.drain()
+    assert run_all(pipe, range(3)) == [0, 1, 2] and swpipe_threads() == []
+
+
+def test_inline_globally_ordered_tasks_keep_the_sequence():
+    order = []
+    plan = PipelinePlan({PipelineTask("A", lambda ctx: order.append(("A", ctx.iter_idx))): TaskSchedule(0, None, "io", True),
+                         PipelineTask("B", lambda ctx: order.append(("B", ctx.iter_idx))): TaskSchedule(1, None, "default", True)},
+                        [("B", "A")])
+    SWPipeline(plan, device="cpu").run(range(5))
+    assert order == expected_sequence(plan, 5)  # tickets follow the enqueue order across worker and caller
+
+
+def test_inline_tasks_in_timeline_shortcut_and_profiler():
+    record = []
+    pipe = SWPipeline(_chain(record, groups=("io", "default", "default")), device="cpu", record_timeline=True)
+    pipe.run(range(4))
+    events = {(e.task, e.iteration): e for e in pipe.timeline}
+    assert len(events) == 12 and {e.thread_group for e in pipe.timeline} == {"io", "default"}
+    for i in range(4):
+        assert events[("Fwd", i)].start >= events[("Load", i)].end
+    calls = []
+    plan = PipelinePlan({PipelineTask("Gen", lambda ctx: (calls.append(ctx.iter_idx), setattr(ctx, "y", 7))): TaskSchedule(0),
+                         PipelineTask("Use", lambda ctx: record.append(ctx.y)): TaskSchedule(1)}, [("Use", "Gen")])
+    pipe = SWPipeline(plan, device="cpu")
+    pipe.enable_shortcut("Gen")
+    record.clear()
+    pipe.run(range(4))
+    assert calls == [0] and record == [7, 7, 7, 7]  # cached once, replayed inline
+    pipe.disable_shortcut("Gen")
+    r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=2, num_rounds=1)
+    assert set(r.exposed_s) == {"Gen", "Use"} and swpipe_threads() == []
