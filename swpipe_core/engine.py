@@ -590,7 +590,9 @@ class SWPipeline(_DeviceLifetime):
                     continue  # the first `dist` iterations have no predecessor
                 dst = iters.get(i - dist)
                 if dst is None:
-                    continue  # retired, hence complete
+                    # retired, hence complete; or (dist < 0, a same-period dep) a newer iteration the data
+                    # never had: its state is registered before any task of its first period is enqueued
+                    continue
             else:
                 dst = st
             if not dst.done[d]:
