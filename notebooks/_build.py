@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 import _nb01  # noqa: E402
 import _nb02  # noqa: E402
 import _nb03  # noqa: E402
+import _nb04  # noqa: E402
 
 Cell = Tuple[str, str]  # ("md" | "code", source)
 
@@ -37,6 +38,7 @@ NOTEBOOKS: Dict[str, List[Cell]] = {
     "01_profile_to_plan.ipynb": _nb01.CELLS,
     "02_stage_analysis.ipynb": _nb02.CELLS,
     "03_what_if.ipynb": _nb03.CELLS,
+    "04_dataflow_and_memory.ipynb": _nb04.CELLS,
 }
 
 # The README's picture: the first image the named notebook's cell shows whose source contains the marker.

@@ -97,6 +97,29 @@ print("PROBE " + json.dumps({
     "depths": {k: p.pipeline_depth for k, p in plans.items()},
 }))
 """,
+    "04_dataflow_and_memory.ipynb": """\
+import json
+from swpipe import simulate, validate
+validate(fixed)
+again = check_dataflow(fixed, record=report.record)
+print("PROBE " + json.dumps({
+    "inferred_inter": sorted(map(list, inferred.inter)),
+    "inferred_intra": sorted(map(list, inferred.intra)),
+    "table_edges": sorted(edges["edge"]),
+    "missing": [list(f.tasks) for f in report.missing],
+    "missing_text": [str(f) for f in report.missing],
+    "fixed_ok": again.ok,
+    "staleness": {k: [int(v["embedding staleness (checker)"]), int(v["emb_staleness (model)"])]
+                  for k, v in staleness.to_dict("index").items()},
+    "peaks": {k: [int(v["depth"]), float(v["peak bytes"])] for k, v in by_depth.to_dict("index").items()},
+    "least": least.value,
+    "cap": float(cap),
+    "chosen_peak": simulate(fitting, costs, num_iterations=40).memory.peak_bytes,
+    "chosen_depth": fitting.pipeline_depth,
+    "tradeoff_fits": [p.fits for p in capped.memory_tradeoff],
+    "impossible_min": impossible.min_bytes,
+}))
+""",
 }
 
 
@@ -145,7 +168,8 @@ def test_the_python3_kernelspec_written_for_the_tests_runs_this_interpreter(tmp_
 
 def test_notebooks_folder_has_the_users_path():
     names = {p.name for p in ALL}
-    assert {"01_profile_to_plan.ipynb", "02_stage_analysis.ipynb", "03_what_if.ipynb"} <= names
+    assert {"01_profile_to_plan.ipynb", "02_stage_analysis.ipynb", "03_what_if.ipynb",
+            "04_dataflow_and_memory.ipynb"} <= names
     assert set(PROBES) == names, "every notebook needs a probe re-checking its results"
 
 
@@ -270,8 +294,28 @@ def _check_what_if(code_cells, p):
     assert len(images) >= 4, "the sweeps, the measured/simulated Gantt and the CUDA Gantt were not all shown"
 
 
+def _check_dataflow_and_memory(code_cells, p):
+    # the inference found the weights' read-after-write across iterations, and the table shows every edge
+    assert ["Forward", "OptimizerStep", 1] in p["inferred_inter"]
+    assert {str(tuple(e)) for e in p["inferred_intra"] + p["inferred_inter"]} <= set(p["table_edges"])
+    # the moved OptimizerStep: one error, the exact tuple to add, and the fix makes the plan clean
+    assert p["missing"] == [["ZeroGrad", "OptimizerStep"]]
+    assert "('ZeroGrad', 'OptimizerStep', 1)" in p["missing_text"][0] and p["fixed_ok"]
+    # semi-sync: the checker's staleness equals the workload's model, and only the lookup-first order is stale
+    assert p["staleness"] == {"swpipe's order": [0, 0], "lookup first": [1, 1]}
+    # memory: deeper plans hold more; no plan holds less than the bound; the cap is met, an impossible one named
+    depths = sorted(p["peaks"].values())
+    assert len(depths) >= 2 and all(a[1] < b[1] for a, b in zip(depths, depths[1:]))
+    assert 0 < p["least"] <= depths[0][1]
+    assert p["chosen_peak"] <= p["cap"] < depths[-1][1] and p["chosen_depth"] < depths[-1][0]
+    assert any(p["tradeoff_fits"]) and p["impossible_min"] == pytest.approx(p["least"])
+    images = [o for c in code_cells for o in c.outputs if "data" in o and "image/png" in o.data]
+    assert images, "the trade-off plot was not shown"
+
+
 CHECKS = {
     "01_profile_to_plan.ipynb": _check_profile_to_plan,
     "02_stage_analysis.ipynb": _check_stage_analysis,
     "03_what_if.ipynb": _check_what_if,
+    "04_dataflow_and_memory.ipynb": _check_dataflow_and_memory,
 }
