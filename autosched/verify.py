@@ -430,7 +430,8 @@ def _key(plan: PipelinePlan) -> tuple:
     from swpipe_core.order import enqueue_order
 
     return (tuple(sorted((n, plan.stage(n), plan.stream_of(n), plan.sched(n).thread_group,
-                          plan.sched(n).globally_ordered) for n in plan.task_names)), tuple(enqueue_order(plan)))
+                          plan.sched(n).globally_ordered) for n in plan.task_names)), tuple(enqueue_order(plan)),
+            plan.caller_group)
 
 
 def _rejudge(report: Any, plan: PipelinePlan, problem: Any, num_iterations: int) -> Any:

@@ -168,3 +168,17 @@ def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
     extra = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("B", "B", 1)])
     with pytest.raises(ValueError, match="lacks"):
         with_dependencies_of(extra, graph)
+
+
+def test_verify_measures_the_search_pick_with_its_busiest_group_inline():
+    a, b = PipelineTask("A", _sleeper(MS)), PipelineTask("B", _sleeper(2 * MS))
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(2 * MS)})
+    _, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+                              batches=list(range(8)), verify=1)
+    inline = [r for r in report.verify.rows if r.label.endswith(" inline")]
+    assert len(inline) == 1 and inline[0].plan.caller_group is not None
+    auto = report.verify["auto"].plan
+    assert auto.caller_group is None  # the searchers model one worker per group
+    busiest = inline[0].plan.caller_group
+    assert inline[0].label == f"auto, {busiest} inline"
+    assert "B" in [n for n in auto.task_names if auto.sched(n).thread_group == busiest]
