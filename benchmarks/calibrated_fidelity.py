@@ -180,10 +180,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "recorded pipelined run of the plan")
     p.add_argument("--dlrm", action="store_true")
     p.add_argument("--dlrm-preset", default="demo")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1, as the demo: the pipeline's threads use the cores)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     print(f"calibrated fidelity: {platform.machine()} torch {torch.__version__}, {len(os.sched_getaffinity(0))} "
-          f"CPU(s), {time.strftime('%Y-%m-%d %H:%M')}, load average {load0:.2f}")
+          f"CPU(s), {time.strftime('%Y-%m-%d %H:%M')}, load average {load0:.2f}, "
+          f"{torch.get_num_threads()} intra-op thread(s)")
     cal = calibrate()
     print(cal.summary())
     if args.plans:
