@@ -21,7 +21,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 __all__ = ["TaskProfiler", "ProfileResult"]
 
@@ -375,82 +375,26 @@ class TaskProfiler:
                 f"num_warmup={num_warmup}, num_measure={num_measure}, num_rounds={num_rounds}"
             )
         pipe = self.pipe
-        names = list(pipe.plan.task_names)
-        skip = set(skip_tasks or ())
-        unknown = sorted(skip - set(names))
-        if unknown:
-            raise ValueError(f"skip_tasks names unknown tasks {unknown}; valid task names: {names}")
-        active = sorted(getattr(getattr(pipe, "_shortcut", None), "tasks", ()) or ())
-        if active:
-            raise ValueError(
-                f"tasks {active} are already shortcut; the profile measures against the full step. "
-                f"Call pipe.disable_shortcut({', '.join(map(repr, active))}) first."
-            )
-        targets = [n for n in names if n not in skip]
-
         import torch
 
+        skip, targets = _targets(pipe, skip_tasks)
         device = torch.device(getattr(pipe, "device", "cpu"))
         cuda = device.type == "cuda"
         sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
         counter = itertools.count()
-        bar = _progress_bar((1 + len(targets)) * num_rounds, enabled=progress)
         wall0 = time.perf_counter()
 
-        def one_round() -> float:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(num_measure):
-                pipe.run_one_serial_iter(batch, iter_idx=next(counter))
-            sync()
-            return (time.perf_counter() - t0) / num_measure
-
-        def timed(label: str) -> float:
-            bar.set_postfix_str(label)
-            seconds = one_round()
-            bar.update(1)
-            return seconds
-
-        def shortcut_round(name: str) -> float:
-            pipe.enable_shortcut(name)
-            try:
-                pipe.run_one_serial_iter(batch, iter_idx=next(counter))  # caching, untimed
-                return timed(name)
-            finally:
-                pipe.disable_shortcut(name)  # also drops the cache
-
-        baseline_rounds: List[float] = []
-        shortcut_rounds: Dict[str, List[float]] = {n: [] for n in targets}
-        try:
-            # (1) warmup
-            for _ in range(num_warmup):
-                pipe.run_one_serial_iter(batch, iter_idx=next(counter))
-            if interleave:
-                # (2) + (3) a baseline round, then one round per task, num_rounds times;
-                # the task order rotates so no task always follows the baseline
-                for r in range(num_rounds):
-                    baseline_rounds.append(timed("baseline"))
-                    k = r % len(targets) if targets else 0
-                    for name in targets[k:] + targets[:k]:
-                        shortcut_rounds[name].append(shortcut_round(name))
-            else:
-                # (2) every baseline round, then (3) every round of each task in turn
-                baseline_rounds = [timed("baseline") for _ in range(num_rounds)]
-                for name in targets:
-                    pipe.enable_shortcut(name)
-                    try:
-                        pipe.run_one_serial_iter(batch, iter_idx=next(counter))  # caching, untimed
-                        shortcut_rounds[name] = [timed(name) for _ in range(num_rounds)]
-                    finally:
-                        pipe.disable_shortcut(name)
-        finally:
-            bar.close()
+        # (1) warmup, (2) baseline rounds, (3) shortcut rounds per task
+        rounds = _Rounds(pipe, batch, num_measure, counter, sync,
+                         _progress_bar((1 + len(targets)) * num_rounds, enabled=progress))
+        baseline_rounds, shortcut_rounds = rounds.measure(targets, num_warmup, num_rounds, interleave)
         baseline = statistics.median(baseline_rounds)
         _log.debug("baseline %.3f ms (rounds %s)", baseline * 1e3, baseline_rounds)
         # (4) exposed time
         shortcut_s = {n: statistics.median(r) for n, r in shortcut_rounds.items()}
         exposed = {n: max(0.0, baseline - s) for n, s in shortcut_s.items()}
 
+        # (5) per-task host/device times, bytes, the machine
         host_s = device_s = None
         host_mean: Dict[str, float] = {}
         if task_times:
@@ -569,6 +513,79 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 
     return tqdm(total=total, desc="profile", unit="round")
 
+
+
+def _targets(pipe: Any, skip_tasks: Optional[Iterable[str]]) -> Tuple[set, List[str]]:
+    """The tasks to skip and the tasks to measure; a clear error for unknown names or shortcuts already on."""
+    names = list(pipe.plan.task_names)
+    skip = set(skip_tasks or ())
+    unknown = sorted(skip - set(names))
+    if unknown:
+        raise ValueError(f"skip_tasks names unknown tasks {unknown}; valid task names: {names}")
+    active = sorted(getattr(getattr(pipe, "_shortcut", None), "tasks", ()) or ())
+    if active:
+        raise ValueError(
+            f"tasks {active} are already shortcut; the profile measures against the full step. "
+            f"Call pipe.disable_shortcut({', '.join(map(repr, active))}) first."
+        )
+    return skip, [n for n in names if n not in skip]
+
+
+class _Rounds:
+    """Timed rounds of ``num_measure`` serial iterations: the baseline, and with one task shortcut."""
+
+    def __init__(self, pipe: Any, batch: Any, num_measure: int, counter: Any, sync: Callable[[], None],
+                 bar: Any) -> None:
+        self.pipe, self.batch, self.num_measure, self.counter, self.sync, self.bar = (
+            pipe, batch, num_measure, counter, sync, bar)
+
+    def _iteration(self) -> None:
+        self.pipe.run_one_serial_iter(self.batch, iter_idx=next(self.counter))
+
+    def timed(self, label: str) -> float:
+        """Seconds per iteration of one round."""
+        self.bar.set_postfix_str(label)
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(self.num_measure):
+            self._iteration()
+        self.sync()
+        self.bar.update(1)
+        return (time.perf_counter() - t0) / self.num_measure
+
+    def shortcut(self, name: str, rounds: int) -> List[float]:
+        """``rounds`` timed rounds with ``name`` shortcut, after one untimed caching iteration."""
+        self.pipe.enable_shortcut(name)
+        try:
+            self._iteration()  # caching, untimed
+            return [self.timed(name) for _ in range(rounds)]
+        finally:
+            self.pipe.disable_shortcut(name)  # also drops the cache
+
+    def measure(self, targets: List[str], num_warmup: int, num_rounds: int,
+                interleave: bool) -> Tuple[List[float], Dict[str, List[float]]]:
+        """Warm up, then the baseline and shortcut rounds; returns (baseline rounds, rounds per task)."""
+        baseline: List[float] = []
+        per_task: Dict[str, List[float]] = {n: [] for n in targets}
+        try:
+            for _ in range(num_warmup):
+                self._iteration()
+            if interleave:
+                # a baseline round, then one round per task, num_rounds times; the task order rotates so no
+                # task always follows the baseline
+                for r in range(num_rounds):
+                    baseline.append(self.timed("baseline"))
+                    k = r % len(targets) if targets else 0
+                    for name in targets[k:] + targets[:k]:
+                        per_task[name] += self.shortcut(name, 1)
+            else:
+                # every baseline round, then every round of each task in turn
+                baseline = [self.timed("baseline") for _ in range(num_rounds)]
+                for name in targets:
+                    per_task[name] = self.shortcut(name, num_rounds)
+        finally:
+            self.bar.close()
+        return baseline, per_task
 
 def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None],
                 means: Optional[Dict[str, float]] = None):
