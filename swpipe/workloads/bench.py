@@ -418,75 +418,16 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     data = SyntheticData(config, env.world_size, env.rank)
     batches = data.batches(iters)
     train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
-    need_eval = any(s.is_eval for s in specs)
-    bar = _bar(repeats * (1 + int(need_eval) + len(specs)), progress and env.rank == 0)
-
-    # Rounds outermost: every row is measured once per round, so a burst of load on the shared
-    # machine disturbs one sample of every row rather than all samples of one row.
-    serial_s: List[float] = []
-    eval_s: List[float] = []
-    times: Dict[str, List[float]] = {s.label: [] for s in specs}
-    matches: Dict[str, bool] = {s.label: True for s in specs}
-    close: Dict[str, bool] = {s.label: True for s in specs}
-    plans: Dict[str, PipelinePlan] = {}
-    ref_losses: List[torch.Tensor] = []
-    ref_preds: List[torch.Tensor] = []
-    for _ in range(repeats):
-        wl = DLRMWorkload(config, env)
-        t0 = time.perf_counter()
-        ref_losses = train_reference(wl, batches)
-        serial_s.append(time.perf_counter() - t0)
-        bar.update(1)
-        if need_eval:
-            wl = DLRMWorkload(config, env)
-            t0 = time.perf_counter()
-            ref_preds = eval_reference(wl, batches)
-            eval_s.append(time.perf_counter() - t0)
-            bar.update(1)
-        for spec in specs:
-            wl = DLRMWorkload(config, env)
-            plan = spec.plan(wl)
-            if spec.label not in plans:  # every rank must run the same plan, or collectives hang
-                check_same_plan(env, plan, f"plan {spec.label!r}")
-            plans[spec.label] = plan
-            with SWPipeline(plan, device=env.device) as pipe:
-                times[spec.label].append(pipe.run(iter(batches)))
-            if spec.is_eval:
-                same = _compare([wl.outputs[i] for i in range(iters)], ref_preds)
-            else:
-                same = _compare(wl.loss_list(), ref_losses)
-            matches[spec.label] = matches[spec.label] and same
-            got = [wl.outputs[i] for i in range(iters)] if spec.is_eval else wl.loss_list()
-            close[spec.label] = close[spec.label] and _close(got, ref_preds if spec.is_eval else ref_losses)
-            bar.update(1)
-    bar.close()
+    runs = _run_rounds(config, env, specs, batches, repeats, progress)
     # Fold every rank in: a row matches only if it matches on every rank, and each run took as long
     # as its slowest rank. Every rank then computes the same table (and re-runs the same best plan).
-    folded = _fold_ranks(env, dict(serial_s=serial_s, eval_s=eval_s, times=times, matches=matches, close=close))
-    serial_s, eval_s, times = folded["serial_s"], folded["eval_s"], folded["times"]
-    matches, close = folded["matches"], folded["close"]
-    serial_rate = iters / min(serial_s)
-    eval_rate = iters / min(eval_s) if eval_s else None
-
-    rows: List[PlanResult] = []
-    semi_refs: Dict[int, List[torch.Tensor]] = {0: ref_losses}
-    for spec in specs:
-        plan = plans[spec.label]
-        note = spec.note
-        lag = 0 if spec.is_eval else _lag(plan)
-        if lag:
-            if lag not in semi_refs:
-                semi_refs[lag] = semi_sync_reference(DLRMWorkload(config, env), batches, lag)
-            stale_ok = all_ranks(env, _compare(_losses_of(spec, config, env, batches), semi_refs[lag]))
-            note = (note + "; " if note else "") + (f"embedding staleness {lag}: "
-                                                    f"{'equals' if stale_ok else 'DIFFERS from'} the semi-sync reference")
-        rate = iters / min(times[spec.label])
-        base_rate = eval_rate if spec.is_eval else serial_rate
-        rows.append(PlanResult(spec.label, plan.pipeline_depth, len({plan.stream_of(t) for t in plan.task_names}),
-                               len({plan.sched(t).thread_group for t in plan.task_names}), rate,
-                               rate / base_rate if base_rate else float("nan"), matches[spec.label], note,
-                               min(times[spec.label]), close[spec.label]))
-
+    folded = _fold_ranks(env, dict(serial_s=runs.serial_s, eval_s=runs.eval_s, times=runs.times,
+                                   matches=runs.matches, close=runs.close))
+    runs.serial_s, runs.eval_s, runs.times = folded["serial_s"], folded["eval_s"], folded["times"]
+    runs.matches, runs.close = folded["matches"], folded["close"]
+    serial_rate = iters / min(runs.serial_s)
+    eval_rate = iters / min(runs.eval_s) if runs.eval_s else None
+    rows = _rows(config, env, specs, batches, runs, serial_rate, eval_rate)
     result = Measurement(serial_rate, eval_rate, rows, meta=dict(iters=iters, repeats=repeats,
                                                                   world_size=env.world_size,
                                                                   num_threads=torch.get_num_threads(),
@@ -502,6 +443,86 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
                 pipe.run(iter(batches))
                 result.best_timeline = list(pipe.timeline)
     return result
+
+
+@dataclass
+class _Runs:
+    """What the rounds of :func:`measure` measured on this rank."""
+
+    serial_s: List[float] = field(default_factory=list)
+    eval_s: List[float] = field(default_factory=list)
+    times: Dict[str, List[float]] = field(default_factory=dict)
+    matches: Dict[str, bool] = field(default_factory=dict)
+    close: Dict[str, bool] = field(default_factory=dict)
+    plans: Dict[str, PipelinePlan] = field(default_factory=dict)
+    ref_losses: List[torch.Tensor] = field(default_factory=list)
+
+
+def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: List[Batch], repeats: int,
+                progress: bool) -> _Runs:
+    """The serial loop (and the eval loop) and every spec, once per round, each on a fresh workload."""
+    from swpipe_core.engine import SWPipeline
+
+    iters = len(batches)
+    need_eval = any(s.is_eval for s in specs)
+    bar = _bar(repeats * (1 + int(need_eval) + len(specs)), progress and env.rank == 0)
+    runs = _Runs(times={s.label: [] for s in specs}, matches={s.label: True for s in specs},
+                 close={s.label: True for s in specs})
+    ref_preds: List[torch.Tensor] = []
+    # Rounds outermost: every row is measured once per round, so a burst of load on the shared
+    # machine disturbs one sample of every row rather than all samples of one row.
+    for _ in range(repeats):
+        wl = DLRMWorkload(config, env)
+        t0 = time.perf_counter()
+        runs.ref_losses = train_reference(wl, batches)
+        runs.serial_s.append(time.perf_counter() - t0)
+        bar.update(1)
+        if need_eval:
+            wl = DLRMWorkload(config, env)
+            t0 = time.perf_counter()
+            ref_preds = eval_reference(wl, batches)
+            runs.eval_s.append(time.perf_counter() - t0)
+            bar.update(1)
+        for spec in specs:
+            wl = DLRMWorkload(config, env)
+            plan = spec.plan(wl)
+            if spec.label not in runs.plans:  # every rank must run the same plan, or collectives hang
+                check_same_plan(env, plan, f"plan {spec.label!r}")
+            runs.plans[spec.label] = plan
+            with SWPipeline(plan, device=env.device) as pipe:
+                runs.times[spec.label].append(pipe.run(iter(batches)))
+            got = [wl.outputs[i] for i in range(iters)] if spec.is_eval else wl.loss_list()
+            want = ref_preds if spec.is_eval else runs.ref_losses
+            runs.matches[spec.label] = runs.matches[spec.label] and _compare(got, want)
+            runs.close[spec.label] = runs.close[spec.label] and _close(got, want)
+            bar.update(1)
+    bar.close()
+    return runs
+
+
+def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: List[Batch], runs: _Runs,
+          serial_rate: float, eval_rate: Optional[float]) -> List[PlanResult]:
+    """One table row per spec (fastest round), with the semi-sync staleness check in the note."""
+    iters = len(batches)
+    rows: List[PlanResult] = []
+    semi_refs: Dict[int, List[torch.Tensor]] = {0: runs.ref_losses}
+    for spec in specs:
+        plan = runs.plans[spec.label]
+        note = spec.note
+        lag = 0 if spec.is_eval else _lag(plan)
+        if lag:
+            if lag not in semi_refs:
+                semi_refs[lag] = semi_sync_reference(DLRMWorkload(config, env), batches, lag)
+            stale_ok = all_ranks(env, _compare(_losses_of(spec, config, env, batches), semi_refs[lag]))
+            note = (note + "; " if note else "") + (f"embedding staleness {lag}: "
+                                                    f"{'equals' if stale_ok else 'DIFFERS from'} the semi-sync reference")
+        rate = iters / min(runs.times[spec.label])
+        base_rate = eval_rate if spec.is_eval else serial_rate
+        rows.append(PlanResult(spec.label, plan.pipeline_depth, len({plan.stream_of(t) for t in plan.task_names}),
+                               len({plan.sched(t).thread_group for t in plan.task_names}), rate,
+                               rate / base_rate if base_rate else float("nan"), runs.matches[spec.label], note,
+                               min(runs.times[spec.label]), runs.close[spec.label]))
+    return rows
 
 
 def _fold_ranks(env: DistEnv, local: Dict[str, Any]) -> Dict[str, Any]:
