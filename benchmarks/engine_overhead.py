@@ -57,7 +57,7 @@ def chain_plan(n_tasks: int, groups: List[str], depth: int) -> PipelinePlan:
 
 
 def example_plan() -> PipelinePlan:
-    """000's full example: H2D (stage 0, io) -> Forward, Backward, Optim (stage 1, compute)."""
+    """The two-thread H2D/Fwd/Bwd/Opt example: H2D (stage 0, io) -> Forward, Backward, Optim (stage 1, compute)."""
     t = {n: PipelineTask(n, noop) for n in ("H2D", "Forward", "Backward", "Optim")}
     return PipelinePlan(
         {t["H2D"]: TaskSchedule(0, "memcpy", "io"), t["Forward"]: TaskSchedule(1, None, "compute"),
@@ -185,7 +185,7 @@ def single_group_fit(iters: int, rounds: int) -> Tuple[float, float, List[Tuple[
 
 
 def two_group_periods(iters: int, rounds: int) -> List[Tuple[str, float, float]]:
-    """(label, seconds per period, seconds per round trip) of the 000 example, one group inline or none.
+    """(label, seconds per period, seconds per round trip) of the H2D/Fwd/Bwd/Opt example, one group inline or none.
 
     Period and round trip are each the best of ``rounds``, taken alternately
     so that both see the same machine load.
@@ -207,7 +207,7 @@ def overhead_rows(iters: int, rounds: int) -> List[Tuple[str, int, int, float, f
     shapes = [
         ("1 task, 1 thread, depth 1", chain_plan(1, ["default"], 1)),
         ("4 tasks, 1 thread, depth 2", chain_plan(4, ["default"], 2)),
-        ("000 example: 4 tasks, 2 threads, depth 2", example_plan()),
+        ("H2D/Fwd/Bwd/Opt example, 2 threads, depth 2", example_plan()),
         ("8 tasks, 1 thread, depth 3", chain_plan(8, ["default"], 3)),
         ("8 tasks, 3 threads, depth 3", chain_plan(8, ["io", "dist", "compute"], 3)),
         ("32 tasks, 1 thread, depth 2", chain_plan(32, ["default"], 2)),

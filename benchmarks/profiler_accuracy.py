@@ -13,8 +13,8 @@ SWPipeline on the CPU:
   overlaps host work on a GPU.
 
 For each workload it prints true vs measured exposed time per task and the
-error, for the default interleaved rounds and for 000's phased order (all
-baseline rounds first), side by side, and the profiler's own wall time
+error, for the default interleaved rounds and for the phased order (all
+baseline rounds first, ``interleave=False``), side by side, and the profiler's own wall time
 (absolute and in baseline iterations), at the default settings (3 warmup,
 10 per round, 3 rounds).
 
@@ -82,7 +82,7 @@ def main() -> None:
 
     print(f"# machine: {platform.machine()} {platform.system()}, torch {torch.__version__}, "
           f"settings: warmup={args.warmup} measure={args.measure} rounds={args.rounds}")
-    print("# 'interleaved' = default (baseline and task rounds alternate); 'phased' = 000's order (all baseline first)")
+    print("# 'interleaved' = default (baseline and task rounds alternate); 'phased' = interleave=False (all baseline first)")
     print(f"{'workload':<9} {'task':<11} {'true ms':>8} {'interleaved':>11} {'error':>7} {'phased':>8} {'error':>7}")
     summary = []
     for wname, make in WORKLOADS.items():

@@ -323,7 +323,7 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
         "## 3. Fuzzed plans",
         "",
         f"{fz['examples']} hypothesis examples in {fz['seconds']:.1f} s (`tests/test_fuzz_plans.py`): a valid "
-        "random plan, then 0-2 random mutations. An independent reference (written from the rules of 000, not "
+        "random plan, then 0-2 random mutations. An independent reference (written from the rules in docs/semantics.md, not "
         "calling `validate`) decides validity. Invalid: `SWPipeline(plan)` must raise `PlanError` with one of "
         "the rules the reference found. Valid: 10 pipelined iterations, every task exactly once per iteration, "
         "with 10 s / 15 s signal / progress timeouts so that a hang becomes a counted failure.",

@@ -1,7 +1,8 @@
 """Schedule analysis of a plan: the period table, the stage analysis and ``__repr__``.
 
 Everything here is a pure function of a :class:`~swpipe_core.plan.PipelinePlan`
-(no threads, no torch): it prints the same tables 000 shows and says, exactly,
+(no threads, no torch): it prints the tables behind ``SWPipeline.print_schedule``,
+``print_stage_analysis`` and ``repr(pipe)``, and says, exactly,
 how many stages the plan's enqueue order needs.
 
 Definitions used by :func:`format_stage_analysis` and :func:`min_depth`
@@ -71,10 +72,10 @@ def _shortcut_names(plan: PipelinePlan, shortcuts: Iterable[TaskRef]) -> set:
 
 
 def format_schedule(plan: PipelinePlan, num_iterations: int = 3, shortcuts: Iterable[TaskRef] = ()) -> str:
-    """The period x task table of 000's ``print_schedule``.
+    """The period x task table that ``SWPipeline.print_schedule`` prints.
 
-    One row per task in stage-descending enqueue order (the order of every
-    seed table), with its thread group and readable stream name, then one
+    One row per task in stage-descending enqueue order (the row order of
+    every TorchRec schedule table in ``tests/test_analysis.py``), with its thread group and readable stream name, then one
     column per period ``P0 .. P{n-1}``: ``i{k}`` when the task works on
     iteration ``k = period - stage``, `` --`` before its first iteration, and
     `` .`` for a shortcut task (whose name gets `` [skip]``) once it would run.
@@ -364,7 +365,7 @@ def _chain_lds(plan: PipelinePlan, order: Sequence[str]) -> Tuple[int, tuple]:
 
 
 def format_stage_analysis(plan: PipelinePlan) -> str:
-    """000's ``print_stage_analysis``: topological order, stages, LDS, depth, optimality.
+    """What ``SWPipeline.print_stage_analysis`` prints: topological order, stages, LDS, depth, optimality.
 
     Rows list the tasks in the intra-iteration topological order (ties by
     definition order): ``Pos`` is the position in it, ``Idx`` the task's index
@@ -398,8 +399,8 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
 
     Examples
     --------
-    000's example (CopyBatch at stage 0, Forward and Backward at stage 1,
-    enqueued stage-descending):
+    A copy-then-compute plan (CopyBatch at stage 0 on an IO thread, Forward
+    and Backward at stage 1 on a compute thread, enqueued stage-descending):
 
     >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan(
@@ -461,7 +462,7 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
 
 
 def format_plan_repr(plan: PipelinePlan, device: Any = 0, shortcuts: Iterable[TaskRef] = ()) -> str:
-    """000's ``SWPipeline.__repr__``: a summary line, a blank line, the schedule table.
+    """``repr(SWPipeline)``: a summary line, a blank line, the schedule table.
 
     The table shows ``pipeline_depth`` periods (the fill: every task's first
     iteration appears).

@@ -22,9 +22,9 @@ Execution semantics (the contract :mod:`autosched.simulate` models):
   stream current; (5) records its device event, then sets its CPU signal.
   On CPU, streams are names and events are no-ops.
 
-Failures (002 section 4.4): the first exception in any task sets the run's
-cancel flag, aborts the sequencer and wakes every waiter; workers skip what
-is left; the caller's ``progress``/``run`` joins the workers and raises
+Failures (no thread is ever left hanging): the first exception in any task
+sets the run's cancel flag, aborts the sequencer and wakes every waiter;
+workers skip what is left; the caller's ``progress``/``run`` joins the workers and raises
 :class:`PipelineTaskError` naming task, iteration, thread group and stage,
 chained to the original exception (``__cause__``, with its traceback). A
 dependency or progress wait that times out is reported the same way, naming

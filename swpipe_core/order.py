@@ -5,17 +5,21 @@ The *period-local graph* holds the dependencies that interact inside one
 period: an intra dependency whose two ends share a stage, and an inter
 dependency of distance ``N`` with ``stage(dep) == stage(task) + N``.
 Every other dependency was satisfied in an earlier period. Any topological
-order of this graph is deadlock-free (000's proof); among them
+order of this graph is deadlock-free (in every FIFO a task only waits for
+tasks enqueued before it; see "Period-local graph" in docs/semantics.md);
+among them
 
 * **ready-first** (default) picks, among ready tasks, the smallest
   ``(stall_cost, ready_at, name)``: tasks whose stream need not wait on
   another stream go first, so they do not sit behind a ``wait_event`` on a
   FIFO stream; among those, the task that became ready first (``ready_at`` =
   how many tasks had been enqueued when its last same-period dependency was),
-  then the name. The ``ready_at`` term is what 000's SparseDist worked example
-  does ([H2D, InputDistStart, ZeroGrad, InputDistWait, ...]); 000's pseudocode
-  re-sorts the whole ready list by ``(stall_cost, name)`` after each release,
-  which would put InputDistWait before ZeroGrad and contradicts that example;
+  then the name. The ``ready_at`` term gives SparseDist the order
+  [H2D, InputDistStart, ZeroGrad, InputDistWait, ...] (checked in
+  ``tests/test_order.py``): the newer batch's input distribution is started
+  before the older batch's compute. Re-sorting the whole ready list by
+  ``(stall_cost, name)`` after each release instead would put InputDistWait
+  before ZeroGrad;
 * **stage-descending** picks the smallest ``(-stage, stall_cost, name)``:
   older iterations first.
 
@@ -117,7 +121,7 @@ def ready_first_order(plan: PipelinePlan) -> List[str]:
 
     Examples
     --------
-    000's advanced example (P, R on stream X at stage 0; Q on Y at stage 1; A on Z waits Q of the previous iteration):
+    A cross-iteration example (P, R on stream X at stage 0; Q on Y at stage 1; A on Z waits Q of the previous iteration):
 
     >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
     >>> s = {"P": TaskSchedule(0, "X"), "Q": TaskSchedule(1, "Y"), "R": TaskSchedule(0, "X"), "A": TaskSchedule(0, "Z")}

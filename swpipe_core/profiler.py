@@ -343,7 +343,8 @@ class TaskProfiler:
             Also record per-task host (and on CUDA device) time.
         interleave : bool
             Take the rounds interleaved (a baseline round, then one round per
-            task, repeated) rather than all baseline rounds first as in 000.
+            task, repeated) rather than phased (all baseline rounds first, then
+            each task's rounds; ``interleave=False``).
             Slow drift in machine load (other processes, clocks) then shifts
             baseline and shortcut rounds alike instead of biasing every
             exposed time; the price is one untimed caching iteration per task

@@ -12,8 +12,8 @@ Because tickets follow the enqueue order, which is also the FIFO order of every
 worker queue and a topological order of the dependencies, waiting for a
 ticket never closes a cycle of waits. A failure elsewhere calls
 :meth:`_SubmissionSequencer.abort`, which wakes every waiter with an error,
-so no thread is left waiting for a ticket that will never come (002's ticket
-lock with ``abort()``).
+so no thread is left waiting for a ticket that will never come (a ticket lock
+with ``abort()``; docs/semantics.md, "Thread groups", step 2).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class _SubmissionSequencer:
     ----------
     timeout : float
         Seconds a task waits for its turn before :meth:`execute_ordered`
-        raises ``RuntimeError`` (default 30, the spec's).
+        raises ``RuntimeError`` (default 30 s: a generous guard, far above any
+        collective's normal wait).
 
     Examples
     --------

@@ -1,8 +1,9 @@
 """Every rule a plan must satisfy, each failure naming the rule, the tasks and the fix.
 
 ``validate(plan)`` is public and is called by ``SWPipeline`` at construction;
-a plan it accepts never deadlocks at run time (see the proof in 000 and the
-property tests of the engine). The rules:
+a plan it accepts never deadlocks at run time (see the deadlock-freedom argument
+under "Period-local graph" in docs/semantics.md, and the property tests of the
+engine). The rules:
 
 ======================  ==================================================================
 rule                    meaning

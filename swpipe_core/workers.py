@@ -6,8 +6,8 @@ the queue of each task's thread group; the group's worker (thread name
 never overlap, and tasks of different groups overlap freely (their order is
 carried by CPU signals, see :mod:`swpipe_core.engine`).
 
-:func:`with_thread_map` rewrites a plan's thread groups with one of 002's
-thread-map strategies (``"by_stream"``, ``"per_task"``, a dict, a callable),
+:func:`with_thread_map` rewrites a plan's thread groups with a thread-map
+strategy (``"by_stream"``, ``"per_task"``, a dict, a callable),
 as a plan transform: the engine only ever sees ``TaskSchedule.thread_group``.
 """
 

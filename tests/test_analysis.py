@@ -1,4 +1,4 @@
-"""Schedule tables and stage analysis: the seed tables reproduced, LDS <= minimum depth <= depth."""
+"""Schedule tables and stage analysis: TorchRec's schedule tables reproduced, LDS <= minimum depth <= depth."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from swpipe_core.validate import PlanError, validate
 
 S = TaskSchedule
 
-# 000, "End-to-End Example — FusedSparseDist", print_schedule(5), with the
-# leading "# " comment prefix removed. Compared byte for byte.
-FUSED_000 = """\
+# The worked FusedSparseDist example: print_schedule(5) of TorchRec's
+# TrainPipelineFusedSparseDist as a plan (lookup on its own stream), the
+# reference layout of every table. Compared byte for byte.
+FUSED_TABLE = """\
    #  Task               Thread   Stream        | P0    P1    P2    P3    P4
   --  -----------------  -------  ------------  + ----- ----- ----- ----- -----
    0  EmbLookup          default  emb_lookup    |  --    --   i0    i1    i2
@@ -38,10 +39,11 @@ FUSED_000 = """\
    7  InputDistWait      default  data_dist     |  --   i0    i1    i2    i3
    8  H2D                default  memcpy        | i0    i1    i2    i3    i4"""
 
-# 001's print_schedule outputs; 001's text has its whitespace collapsed, so
-# these are compared whitespace-normalised: (pipeline, periods, table).
+# print_schedule of each TorchRec pipeline's plan, written out by hand from
+# the class's progress() (which batch each call works on); kept as one line,
+# so compared whitespace-normalised: (pipeline, periods, table).
 _HDR5 = "# Task Thread Stream | P0 P1 P2 P3 P4 -- ----------------- ------- ------------ + ----- ----- ----- ----- -----"
-TABLES_001 = [
+TORCHREC_TABLES = [
     ("base", 5, _HDR5 + " 0 ZeroGrad default default | -- i0 i1 i2 i3 1 WaitBatch default default | -- i0 i1 i2 i3"
      " 2 Forward default default | -- i0 i1 i2 i3 3 Backward default default | -- i0 i1 i2 i3 4 OptimizerStep default"
      " default | -- i0 i1 i2 i3 5 H2D default memcpy | i0 i1 i2 i3 i4"),
@@ -79,8 +81,8 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def _fused_plan_000() -> PipelinePlan:
-    """000's FusedSparseDist plan as written there (only the EmbLookup inter dependency)."""
+def _fused_plan_by_hand() -> PipelinePlan:
+    """The FusedSparseDist plan written out by hand (only the EmbLookup inter dependency)."""
     names = ["H2D", "InputDistStart", "InputDistWait", "EmbLookup", "ZeroGrad", "WaitBatch", "Forward",
              "Backward", "OptimizerStep"]
     t = {n: PipelineTask(n) for n in names}
@@ -102,32 +104,32 @@ def _fused_plan_000() -> PipelinePlan:
     )
 
 
-def test_000_fused_table_byte_for_byte_from_000_plan():
-    plan = _fused_plan_000()
+def test_fused_table_byte_for_byte_from_plan_by_hand():
+    plan = _fused_plan_by_hand()
     validate(plan)
     assert plan.pipeline_depth == 3
-    assert format_schedule(plan, 5) == FUSED_000
+    assert format_schedule(plan, 5) == FUSED_TABLE
 
 
-def test_000_fused_table_byte_for_byte_from_factory():
-    assert format_schedule(pipelines.get("fused_sparse_dist"), 5) == FUSED_000
+def test_fused_table_byte_for_byte_from_factory():
+    assert format_schedule(pipelines.get("fused_sparse_dist"), 5) == FUSED_TABLE
 
 
-@pytest.mark.parametrize("name,periods,expected", TABLES_001, ids=[t[0] for t in TABLES_001])
-def test_001_tables_reproduced(name, periods, expected):
+@pytest.mark.parametrize("name,periods,expected", TORCHREC_TABLES, ids=[t[0] for t in TORCHREC_TABLES])
+def test_torchrec_tables_reproduced(name, periods, expected):
     table = format_schedule(pipelines.get(name), periods)
     assert _norm(table) == expected
-    # the layout is 000's: every row's "|" in one column, no trailing spaces
+    # the layout is FUSED_TABLE's: every row's "|" in one column, no trailing spaces
     lines = table.splitlines()
     assert len({line.index("|") if "|" in line else line.index("+") for line in lines}) == 1
     assert all(line == line.rstrip() for line in lines)
 
 
-def test_000_skip_example_whitespace_normalised():
-    # 000's print_schedule(3) with a shortcut. That older example used narrower
-    # Stream (7) and period (4) columns than 000's FusedSparseDist table, whose
-    # widths this module follows; so its rows are compared whitespace-normalised
-    # and the dash line only in the Task/Thread columns it shares.
+def test_shortcut_example_whitespace_normalised():
+    # print_schedule(3) of a one-stage plan with a shortcut task. This example
+    # was first written with narrower Stream (7) and period (4) columns than
+    # FUSED_TABLE, whose widths this module follows; so its rows are compared
+    # whitespace-normalised and the dash line only in the Task/Thread columns.
     plan = PipelinePlan(
         {"H2DAndShuffle": S(0), "EmbInputDistStart": S(0), "EmbInputDistWait": S(0)},
         intra_iter_deps=[("EmbInputDistStart", "H2DAndShuffle"), ("EmbInputDistWait", "EmbInputDistStart")],
@@ -165,7 +167,7 @@ def test_format_schedule_rejects_bad_arguments():
         format_schedule(plan, 3, shortcuts=["Nope"])
 
 
-def test_repr_matches_000_layout():
+def test_repr_is_summary_line_blank_line_then_table():
     plan = PipelinePlan({"H2DAndShuffle": S(0), "MPEmbForward": S(0)}, intra_iter_deps=[("MPEmbForward", "H2DAndShuffle")])
     lines = format_plan_repr(plan, 0, ["MPEmbForward"]).splitlines()
     assert lines[0] == "SWPipeline(device=0, depth=1, tasks=['H2DAndShuffle', 'MPEmbForward'], shortcuts=['MPEmbForward'])"
@@ -174,22 +176,22 @@ def test_repr_matches_000_layout():
     assert _norm(lines[4]) == "0 H2DAndShuffle default default | i0"
 
 
-STAGE_ANALYSIS_000 = """\
+STAGE_ANALYSIS_COPY_BATCH = """\
 Task schedule (topological order):
   Pos  Task              Idx  Stage  Type
   --------------------------------------------------
     0  CopyBatch           0      0  stream
     1  Forward             1      1  stream"""
 
-VERDICT_000 = """\
+VERDICT_COPY_BATCH = """\
 LDS = 2  (example: (1, 0))
 Pipeline depth = 2
   ✓  LDS == depth (Dilworth-optimal)"""
 
 
 def _copy_batch_plan(policy="stage_descending"):
-    # 000's execution diagram: CopyBatch on an IO worker at stage 0, Forward and
-    # Backward on a compute worker at stage 1; 000's engine enqueues stage-descending.
+    # A copy-then-compute pipeline: CopyBatch on an IO worker at stage 0, Forward
+    # and Backward on a compute worker at stage 1, enqueued stage-descending.
     return PipelinePlan(
         {"CopyBatch": S(0, "memcpy", "io"), "Forward": S(1, None, "compute"), "Backward": S(1, None, "compute")},
         intra_iter_deps=[("Forward", "CopyBatch"), ("Backward", "Forward")],
@@ -197,10 +199,10 @@ def _copy_batch_plan(policy="stage_descending"):
     )
 
 
-def test_000_stage_analysis_example_reproduced():
+def test_stage_analysis_copy_batch_example_reproduced():
     text = format_stage_analysis(_copy_batch_plan())
-    assert text.startswith(STAGE_ANALYSIS_000 + "\n")
-    assert VERDICT_000 in text
+    assert text.startswith(STAGE_ANALYSIS_COPY_BATCH + "\n")
+    assert VERDICT_COPY_BATCH in text
     assert "Minimum depth for this enqueue order = 2" in text
 
 
@@ -278,7 +280,7 @@ def test_lds_le_min_depth_le_depth_for_every_pipeline_and_policy():
 
 
 def test_stage_descending_torchrec_plans_need_their_depth():
-    # 000's engine enqueued stage-descending; then every TorchRec plan's depth is minimal.
+    # Enqueued stage-descending (older iterations first), every TorchRec plan's depth is minimal.
     for name in pipelines.PIPELINES:
         plan = pipelines.get(name).replace(enqueue_policy="stage_descending")
         assert min_depth(plan) == plan.pipeline_depth, name

@@ -1,4 +1,4 @@
-"""SWPipeline behaviour: the methods of 000, period/iteration/stage, memory, observability."""
+"""SWPipeline behaviour: its public methods, period/iteration/stage, memory, observability."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Log:
 
 
 def three_stage_plan(log):
-    """000's SparseDist shape: H2D(0, io) -> DistStart/DistWait(1, dist) -> Fwd/Bwd/Opt(2, compute)."""
+    """SparseDist's shape: H2D(0, io) -> DistStart/DistWait(1, dist) -> Fwd/Bwd/Opt(2, compute)."""
     t = {n: PipelineTask(n, log.fn(n)) for n in ["H2D", "DistStart", "DistWait", "Fwd", "Bwd", "Opt"]}
     return PipelinePlan(
         schedule={

@@ -286,7 +286,7 @@ def test_base_exception_in_task_is_caught_and_reported():
     assert swpipe_threads() == []
 
 
-# ---- deadlock scenarios of 000 and the head-of-line deadlock ready-first avoids ----
+# ---- the classic enqueue-order deadlock scenarios and the head-of-line deadlock ready-first avoids ----
 
 def scenario_1(**kw):
     """A(s=0, T1), B(s=1, T1), A waits B of the previous iteration (k=1): same period."""
@@ -306,7 +306,7 @@ def scenario_2(**kw):
 
 @pytest.mark.parametrize("scenario", [scenario_1, scenario_2])
 @pytest.mark.parametrize("policy", ["ready_first", "stage_descending"])
-def test_seed_deadlock_scenarios_complete(scenario, policy):
+def test_deadlock_scenarios_complete_under_both_policies(scenario, policy):
     pipe = SWPipeline(scenario(enqueue_policy=policy), device="cpu", record_timeline=True)
     pipe.run(range(25))
     ev = {(e.task, e.iteration): e for e in pipe.timeline}
@@ -318,7 +318,7 @@ def test_seed_deadlock_scenarios_complete(scenario, policy):
 
 @pytest.mark.parametrize("scenario,ascending", [(scenario_1, ["A", "B"]), (scenario_2, ["A", "C", "D", "B"])])
 def test_ascending_order_deadlocks_and_validate_rejects_it(scenario, ascending):
-    """The seed's ascending orders deadlock; validation refuses them, and forced past validation the block
+    """Stage-ascending orders (consumer before its same-period supplier) deadlock; validation refuses them, and forced past validation the block
     surfaces as an error (short signal_timeout) rather than a hang."""
     with pytest.raises(PlanError, match="enqueue-order"):
         validate(scenario(enqueue_order=ascending))

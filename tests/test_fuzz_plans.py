@@ -6,8 +6,9 @@ random mutations may break it (a negative or non-integer stage, a backward
 intra edge, a cycle, a self edge, an unknown task, a bad distance, a
 corollary-3 gap, a wrong depth, an unknown policy, a bad or merely shuffled
 enqueue order, a wrong field type). An independent reference
-(:func:`reference_violations`, written from the rules of 000, not calling
-``validate``) says which rules the spec breaks. The properties:
+(:func:`reference_violations`, written from the rules as docs/semantics.md and
+the table in ``swpipe_core/validate.py`` state them, not calling ``validate``)
+says which rules the spec breaks. The properties:
 
 * the reference finds a violation  ->  ``SWPipeline(plan)`` raises
   ``PlanError`` whose rule is one of those found;

@@ -1,4 +1,5 @@
-"""Enqueue order: 000's deadlock scenarios, the advanced P/Q/R/A example and the SparseDist worked example."""
+"""Enqueue order: the classic enqueue-order deadlock scenarios, a cross-iteration P/Q/R/A example and SparseDist's
+ready-first order."""
 
 from __future__ import annotations
 
@@ -59,12 +60,12 @@ def test_scenario_3_gap_of_two_is_rejected_by_corollary_3():
     with pytest.raises(PlanError) as info:
         validate(plan)
     assert info.value.rule == "corollary-3" and info.value.tasks == ["fwd", "opt"]
-    # without the inter dependency (000's advice) the 3-stage plan is fine
+    # dropping the inter dependency (let the stream FIFO order fwd after opt) makes the 3-stage plan fine
     validate(plan.replace(inter_iter_deps=[]))
 
 
 def _advanced_example():
-    # 000: P(s0, X), Q(s1, Y) waits P, R(s0, X) waits Q, A(s0, Z) waits Q of i-1.
+    # P(s0, X), Q(s1, Y) waits P, R(s0, X) waits Q, A(s0, Z) waits Q of i-1.
     return PipelinePlan(
         {"P": S(0, "X"), "Q": S(1, "Y"), "R": S(0, "X"), "A": S(0, "Z")},
         intra_iter_deps=[("Q", "P"), ("R", "Q")],
@@ -97,7 +98,7 @@ def test_advanced_example_is_rejected_as_a_plan_by_corollary_1():
     assert err.tasks == ["R", "Q"] and "(tasks: R, Q)" in str(err)
 
 
-def test_sparse_dist_ready_first_equals_000_worked_example():
+def test_sparse_dist_ready_first_starts_next_input_dist_before_compute():
     plan = pipelines.get("sparse_dist")
     graph = period_local_graph(plan)
     assert sorted(graph.edges) == sorted([

@@ -13,9 +13,10 @@ ALLOWED_TASKS = {
     "Backward", "EmbBackward", "OptimizerStep", "LoadBatch", "InputTransform",
 }
 
-# name -> (TorchRec class, depth, streams, thread groups). Depths and stream
-# counts as in 001's summary table, except semi_sync: 001's plan and table use
-# depth 4 while its summary row says 3.
+# name -> (TorchRec class, depth, streams, thread groups): what each TorchRec
+# class keeps in flight and on which streams/threads. semi_sync is depth 4
+# (H2D, input dist, embedding lookup, dense step each a stage), although a
+# count of its sparse stages alone, sometimes quoted for it, gives 3.
 EXPECTED = {
     "base": ("TrainPipelineBase", 2, {"memcpy", "default"}, {"default"}),
     "pt2": ("TrainPipelinePT2", 1, {"default"}, {"default"}),
@@ -38,7 +39,7 @@ def test_eleven_pipelines_registered():
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_pipeline_shape_matches_001(name):
+def test_pipeline_shape_matches_torchrec_class(name):
     cls, depth, streams, threads = EXPECTED[name]
     plan = pipelines.get(name)
     validate(plan)
@@ -93,7 +94,7 @@ def test_fused_rejects_unknown_emb_lookup():
         pipelines.get("fused_sparse_dist", emb_lookup="fresh")
 
 
-def test_fused_inter_dependencies_as_001():
+def test_fused_lookup_waits_previous_backward_and_forward_previous_step():
     assert pipelines.get("fused_sparse_dist").inter_edges() == [("EmbLookup", "Backward", 1), ("Forward", "OptimizerStep", 1)]
     assert pipelines.get("eval_fused_sparse_dist").inter_edges() == []
 

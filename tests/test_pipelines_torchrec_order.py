@@ -11,7 +11,8 @@ from swpipe_core.order import enqueue_order, period_local_graph
 from swpipe_core.pipelines.orders import TORCHREC_ORDERS
 
 # The sequences TorchRec's progress() issues (task [iteration]), written out here a second
-# time from the specification, so a typo in TORCHREC_ORDERS fails this test.
+# time from TorchRec's train_pipelines.py (semi_sync: the stage-descending order orders.py
+# derives for it), so a typo in TORCHREC_ORDERS fails this test.
 DOCUMENTED = {
     "base": "ZeroGrad[i] WaitBatch[i] Forward[i] H2D[i+1] Backward[i] OptimizerStep[i]",
     "pt2": "LoadBatch[i] H2D[i] InputTransform[i] ZeroGrad[i] Forward[i] Backward[i] OptimizerStep[i]",

@@ -35,7 +35,7 @@ def test_bound_tasks_with_one_name_and_different_functions_stay_distinct():
     assert len({a1: 1, a2: 2}) == 2  # no silent merge; validate's unique-names rule names both
 
 
-def test_task_schedule_defaults_match_000():
+def test_task_schedule_defaults_stage0_default_stream_and_group():
     s = TaskSchedule()
     assert (s.stage, s.stream, s.thread_group, s.globally_ordered) == (0, None, "default", False)
 

@@ -1,4 +1,4 @@
-"""TorchRec's eleven pipelines (001) as :class:`~swpipe_core.plan.PipelinePlan` factories.
+"""TorchRec's eleven TrainPipeline classes as :class:`~swpipe_core.plan.PipelinePlan` factories.
 
 Every factory takes ``fns`` (``{task_name: fn(ctx)}``; omitted = an unbound,
 analysis-only plan) plus its own options, and returns a plan that passes

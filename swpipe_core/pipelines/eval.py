@@ -1,4 +1,4 @@
-"""TorchRec's evaluation pipelines (001) as plans: no backward, no optimizer step."""
+"""TorchRec's evaluation pipelines as plans: no backward, no optimizer step."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def eval_sparse_dist(fns: TaskFns = None, order: Optional[str] = None) -> Pipeli
 
     Depth 2, streams ``memcpy``, ``data_dist`` and default, two threads: H2D
     runs on thread group ``"loader"`` (TorchRec's DataLoadingThread), the rest
-    on ``"default"``. 001 gives the schedule but no dependencies; assumed here:
+    on ``"default"``. TorchRec fixes the schedule (which task runs at which stage, on
+    which stream and thread) but declares no dependencies; assumed here:
     the natural chain H2D -> InputDistStart -> InputDistWait -> WaitBatch ->
     Forward, and no inter-iteration dependency (eval does not update weights).
 

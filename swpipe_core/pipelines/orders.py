@@ -9,12 +9,13 @@ A factory's ``order`` option picks the plan's per-period enqueue order:
   exactly. Each is a topological order of the plan's period-local graph
   (``validate`` checks it, ``tests/test_pipelines_torchrec_order.py`` too).
 
-The sequences are those the specification of the eleven pipelines lists for
-each ``progress()`` (task ``[iteration]``), with the iteration offsets
-dropped: in period ``p`` every task works on iteration ``p - stage``, which is
-where TorchRec's ``i``, ``i+1``, ``i+2`` put them. Where the specification
-lists no sequence the entry says what it is derived from; pipelines for which
-nothing can be derived have no entry and ``order="torchrec"`` raises.
+The sequences are the calls each class's ``progress()`` makes in TorchRec's
+``train_pipelines.py``, read as tasks with their batch offsets (``[i]``,
+``[i+1]``, ``[i+2]``) dropped: in period ``p`` every task works on iteration
+``p - stage``, which is where TorchRec's ``i``, ``i+1``, ``i+2`` put them.
+Where a class's ``progress()`` gives no such sequence directly, the entry says
+what it is derived from; pipelines for which nothing can be derived have no
+entry and ``order="torchrec"`` raises.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ TORCHREC_ORDERS: Dict[str, Tuple[Tuple[str, ...], str]] = {
     "fused_sparse_dist": (_FUSED, "TrainPipelineFusedSparseDist.progress(): EmbLookup first"),
     "semi_sync": (("ZeroGrad", "Forward", "Backward", "EmbBackward", "OptimizerStep", "EmbLookup", "InputDistStart",
                    "InputDistWait", "H2D"),
-                  "TrainPipelineSemiSync: the stage-descending sequence the specification lists for it"),
+                  "TrainPipelineSemiSync: stage-descending (dense step of batch i, then EmbLookup, "
+                  "input dist and H2D of the newer batches)"),
     "prefetch": (("ZeroGrad", "WaitBatch", "H2D", "InputDistWait", "Forward", "EmbPrefetch", "Backward",
                   "OptimizerStep", "InputDistStart"),
                  "PrefetchTrainPipelineSparseDist.progress(): _start_sparse_data_dist last"),

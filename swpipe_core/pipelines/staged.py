@@ -1,4 +1,4 @@
-"""TorchRec's StagedTrainPipeline (001) as a plan: N user stages, one stream each."""
+"""TorchRec's StagedTrainPipeline as a plan: N user stages, one stream each."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def staged(fns: TaskFns = None, stages: Optional[Union[int, str, Sequence[str]]]
         TorchRec's own submission order (:mod:`~swpipe_core.pipelines.orders`).
     stages : int, str or sequence of str, optional
         Stage names (a comma-separated string is split), or a count ``n`` for
-        ``stage0 .. stage{n-1}``; default 001's example
-        ``["data_copy", "gpu_postproc"]``.
+        ``stage0 .. stage{n-1}``; default the two stages of
+        TorchRec's own StagedTrainPipeline example, ``["data_copy", "gpu_postproc"]``.
 
     Returns
     -------

@@ -1,8 +1,9 @@
-"""TorchRec's training pipelines (001) as plans.
+"""TorchRec's training pipelines as plans.
 
-Each factory returns the plan 001 writes for one class of TorchRec's
-``train_pipelines.py``: the same task names, stages, streams and
-dependencies, so that ``format_schedule`` reproduces 001's tables. Streams are
+Each factory writes one class of TorchRec's ``train_pipelines.py`` as a plan:
+the task names, stages, streams and dependencies that class's ``progress()``
+implies, so that ``format_schedule`` prints each class's schedule table (the
+tables are checked in ``tests/test_analysis.py``). Streams are
 names (``None`` is the default stream); every task runs on the one
 ``"default"`` thread group, as TorchRec's ``progress()`` does. Pass ``fns``
 (``{task_name: fn(ctx)}``) to get a runnable plan; without it the plan is
@@ -105,7 +106,8 @@ def base(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
 def pt2(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelinePT2: torch.compile'd model, fully serial (depth 1, default stream).
 
-    001 lists the seven tasks at stage 0 but no dependencies; assumed here:
+    TorchRec runs the seven tasks in one step (all at stage 0) and declares
+    no dependencies between them; assumed here:
     the natural chain LoadBatch -> H2D -> InputTransform -> Forward, ZeroGrad
     before Forward, then Backward -> OptimizerStep, and Forward(i) reading
     OptimizerStep(i-1)'s weights. H2D is a blocking copy (``non_blocking=False``)
@@ -252,7 +254,8 @@ def fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new", order: Optio
 
     ``emb_lookup`` picks EmbLookup's stream like TorchRec's
     ``emb_lookup_stream``: ``"new"`` (stream ``"emb_lookup"``, the default
-    here because it reproduces the seed tables), ``"data_dist"`` (reuse the
+    here because the FusedSparseDist schedule table in
+    ``tests/test_analysis.py`` shows a separate lookup stream), ``"data_dist"`` (reuse the
     data_dist stream; **TorchRec's own default**) or ``"current"`` (the
     default stream: no overlap, SparseDist-equivalent).
 
@@ -299,13 +302,14 @@ def fused_sparse_dist(fns: TaskFns = None, emb_lookup: str = "new", order: Optio
 def semi_sync(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     """TrainPipelineSemiSync: the embedding lookup one stage ahead of dense forward/backward.
 
-    Depth 4 (001's plan and table; its summary row says 3, which counts only
-    the sparse stages), streams ``memcpy``, ``data_dist`` and default, one
-    thread. EmbLookup(i) waits Backward(i-1), which updated the embedding
-    weights (declared as 001 does; both run in the same period, the older
-    batch's Backward enqueued first). Forward(i) uses dense weights two steps
-    old (OptimizerStep(i-2)); 001 leaves that dependency out and the stream
-    FIFO orders it.
+    Depth 4 (H2D, input distribution, embedding lookup and dense
+    forward/backward each a stage; the depth of 3 sometimes quoted for this
+    class counts only the sparse stages), streams ``memcpy``, ``data_dist`` and default, one thread.
+    EmbLookup(i) waits Backward(i-1), which updated the embedding weights
+    (declared explicitly; both run in the same period, the older batch's
+    Backward enqueued first). Forward(i) uses dense weights two steps old
+    (OptimizerStep(i-2)); that dependency is not declared: both run on the
+    default stream, whose FIFO orders them.
 
     Parameters
     ----------
@@ -409,8 +413,8 @@ def sparse_dist_comp_autograd(fns: TaskFns = None, order: Optional[str] = None) 
     """TrainPipelineSparseDistCompAutograd: SparseDist with forward/backward under compiled autograd.
 
     The schedule is SparseDist's (depth 3, streams ``memcpy``, ``data_dist``,
-    default); only the task functions differ. 001's listing omits
-    ``globally_ordered`` on InputDistStart; it is set here because the
+    default); only the task functions differ. InputDistStart is marked
+    ``globally_ordered`` here as in SparseDist, because the
     all-to-all is still a collective that every rank must issue in one order.
 
     Parameters
