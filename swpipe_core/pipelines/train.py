@@ -305,11 +305,17 @@ def semi_sync(fns: TaskFns = None, order: Optional[str] = None) -> PipelinePlan:
     Depth 4 (H2D, input distribution, embedding lookup and dense
     forward/backward each a stage; the depth of 3 sometimes quoted for this
     class counts only the sparse stages), streams ``memcpy``, ``data_dist`` and default, one thread.
-    EmbLookup(i) waits Backward(i-1), which updated the embedding weights
-    (declared explicitly; both run in the same period, the older batch's
-    Backward enqueued first). Forward(i) uses dense weights two steps old
-    (OptimizerStep(i-2)); that dependency is not declared: both run on the
-    default stream, whose FIFO orders them.
+    EmbLookup(i) waits Backward(i-1) (declared, as TorchRec's class orders
+    them; both run in the same period). The embedding tables themselves are
+    written by EmbBackward(i-1); whether the lookup sees that update depends
+    on the per-period order on the one thread: swpipe's policy and TorchRec's
+    submission order both queue EmbBackward first, so the lookup reads fresh
+    tables (no staleness, as ``swpipe check`` and the workload's
+    ``emb_staleness`` agree); an order that queues EmbLookup before
+    EmbBackward reads them one iteration stale, the trade TorchRec's
+    semi-sync is known for. Forward(i) uses the dense weights
+    OptimizerStep(i-1) wrote one period earlier on the same thread (not
+    declared: the thread's FIFO orders them).
 
     Parameters
     ----------
