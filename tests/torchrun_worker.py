@@ -77,6 +77,7 @@ def main(out_dir: str) -> None:
     workload = DLRMWorkload(config, env)
     auto = spec.plan(workload)
     out["auto_plan"] = repr(sorted(plan_fields(auto).items()))
+    out["auto_note"] = spec.note
     with SWPipeline(auto, device=env.device) as pipe:
         pipe.run(iter(batches))
     out["auto_equal"] = len(workload.loss_list()) == ITERS and all(

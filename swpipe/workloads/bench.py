@@ -221,9 +221,11 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     it simulates slower than them. On one rank the search then checks its
     answer on the engine (``verify``): its candidates, the seeds, the input
     plan and the serial plan run in interleaved rounds on ``batches`` and the
-    one measured fastest is returned. With several ranks the plans would have
-    to run in lockstep on every rank, so there the simulator's pick stands
-    (the note says so). Returns None on every rank (with a warning saying
+    one measured fastest is returned. With several ranks, rank 0 shares its
+    candidates (its pick, the pick with its busiest group inline, the seeds,
+    the serial plan) and every rank runs them in the same order at once (their
+    collectives pair up); the slowest rank's time of each round counts and
+    every rank chooses the same plan from the folded table. Returns None on every rank (with a warning saying
     why) when autosched is unavailable or the search fails, so the demo
     still runs. A collective: every rank calls it.
 
@@ -255,9 +257,8 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     >>> env.close()
     """
     try:
+        import autosched.search  # noqa: F401 - the search and its optional libraries (OR-Tools) are there
         from autosched.costs import CostModel
-        from autosched.search import Constraints, auto_schedule
-        from autosched.verify import VerifyOptions
     except ImportError as exc:
         _log.info("no auto plan: autosched.search is not importable (%s)", exc)
         return None
@@ -270,27 +271,20 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
         events = [e for e in pipe.timeline if e.iteration >= min(2, len(batches) - 1)]
     costs = slowest_rank_costs(env, CostModel.from_timeline(
         events, machine=f"{torch.get_num_threads()} intra-op thread(s)"))
+    lockstep = env.world_size > 1 and verify_rounds > 0  # every rank measures the candidates together
     shared: Any = None
     if env.rank == 0:
         try:
-            seeds = _auto_seeds(wl, base)
-            depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
-            threads = max([max_threads] + [len({p.sched(n).thread_group for n in p.task_names}) for _, p in seeds])
-            verify = env.world_size == 1 and verify_rounds > 0
-            found, report = auto_schedule(
-                base, costs, Constraints(max_depth=depth, max_threads=threads, time_limit_s=time_limit_s,
-                                         device=env.device.type),
-                # 40 iterations a round: the demo measures 40, and shorter runs rank plans within ~10 % noise
-                seeds=seeds, verify=VerifyOptions(rounds=verify_rounds, iterations=40, device=str(env.device))
-                if verify else False,
-                batches=list(batches) if verify else None)
-            how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({report.verify.choose().label})"
-                   if report.verify is not None else "not measured before the run")
-            shared = (plan_fields(found), f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, "
-                                          f"{report.status}; {how}")
+            shared = _search(wl, base, costs, env, max_depth, max_threads, time_limit_s, verify_rounds, batches,
+                             lockstep)
         except Exception as exc:  # noqa: BLE001 - the hook must never break the demo
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
+    if lockstep and not isinstance(shared, str):
+        candidates, note = shared
+        label, fields = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
+        shared = (fields, f"{note}; measured fastest of {len(candidates)} plans on all {env.world_size} ranks in "
+                          f"lockstep, the slowest rank's time counting ({label})")
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
@@ -303,6 +297,59 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     check_same_plan(env, build(wl), "the auto plan")
     return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
         f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""))
+
+
+def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
+            time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
+    """Rank 0's search: ``(plan fields, note)``; with ``lockstep``, ``(candidates, note)`` to measure on every rank."""
+    from autosched.search import Constraints, auto_schedule
+    from autosched.verify import VerifyOptions, serial_plan
+
+    seeds = _auto_seeds(wl, base)
+    depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
+    threads = max([max_threads] + [len({p.sched(n).thread_group for n in p.task_names}) for _, p in seeds])
+    verify = not lockstep and verify_rounds > 0
+    found, report = auto_schedule(
+        base, costs, Constraints(max_depth=depth, max_threads=threads, time_limit_s=time_limit_s,
+                                 device=env.device.type),
+        # 40 iterations a round: the demo measures 40, and shorter runs rank plans within ~10 % noise
+        seeds=seeds, verify=VerifyOptions(rounds=verify_rounds, iterations=40, device=str(env.device))
+        if verify else False,
+        batches=list(batches) if verify else None)
+    note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}"
+    if lockstep:
+        load: Dict[str, float] = {}
+        for name in found.task_names:
+            group = found.sched(name).thread_group
+            load[group] = load.get(group, 0.0) + costs[name].host_s
+        busiest = max(sorted(load), key=load.get)
+        candidates = [("auto", found), (f"auto, {busiest} inline", found.replace(
+            caller_group=busiest, enqueue_order=found.enqueue_order, pipeline_depth=found.pipeline_depth))]
+        candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
+        return [(label, plan_fields(plan)) for label, plan in candidates], note
+    how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({report.verify.choose().label})"
+           if report.verify is not None else "not measured before the run")
+    return plan_fields(found), f"{note}; {how}"
+
+
+def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],
+                          rounds: int) -> Any:
+    """Run rank 0's candidates on every rank at once (their collectives pair up); the slowest rank's time counts.
+
+    Returns ``(label, plan fields)`` of the plan measured fastest, the same on every rank.
+    """
+    from autosched.verify import PlanMeasurement, VerifyTable, measure_plans
+
+    fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
+    plans = [(label, _plan_from_fields(fields).bind(fns)) for label, fields in candidates]
+    runs = [batches[i % len(batches)] for i in range(40)]
+    table = measure_plans(plans, runs, rounds, device=str(env.device))
+    every = gather(env, {r.label: r.rounds_s for r in table.rows})
+    folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
+                                                            for k in range(len(r.rounds_s))])
+                          for r in table.rows], table.rounds, table.iterations)
+    label = folded.choose().label
+    return label, dict(candidates)[label]
 
 
 def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
