@@ -723,6 +723,7 @@ class SWPipeline(_DeviceLifetime):
             if run.error is None and error is not None:
                 run.error = error
             run.cancelled = True
+            run.stop.set()
             states = list(run.iters.values())
             waiters = [ev for st in states for ev in list(st.waiters.values())]
         run.sequencer.abort(reason)

@@ -43,7 +43,9 @@ class _DeviceLifetime:
         st = run.device_pending.get(retired - self.max_device_lag)
         if st is None:  # negative, or already pruned: its device work completed
             return
-        if not self._streams.wait_events(st.events, self.progress_timeout):
+        if not self._streams.wait_events(st.events, self.progress_timeout, wake=run.stop):
+            if run.cancelled:  # a failure elsewhere ended the wait: report that one
+                self._surface_failure(run)
             error = RuntimeError(
                 f"progress() waited {self.progress_timeout:g} s for the device work of iteration {st.idx} "
                 f"(max_device_lag={self.max_device_lag}); tasks whose device work has not completed: "

@@ -132,7 +132,7 @@ class _Run:
     """State of one fill_pipeline .. drain cycle. Workers only ever see their own run."""
 
     __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
-                 "data_iter", "data_source", "cancelled", "error", "reported", "finished", "lock",
+                 "data_iter", "data_source", "cancelled", "stop", "error", "reported", "finished", "lock",
                  "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type",
                  "plain", "bare")
 
@@ -147,6 +147,7 @@ class _Run:
         self.data_iter = data_iter
         self.data_source = data_source
         self.cancelled = False
+        self.stop = threading.Event()  # set with cancelled: ends the run's device waits at once
         self.error: Optional[BaseException] = None
         self.reported = False  # the error reached the caller
         self.finished = False  # everything retired, workers stopped

@@ -128,6 +128,7 @@ class StreamPool:
         self.is_cuda = device.type == "cuda"
         self._named: Dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._wake = threading.Event()  # set by interrupt(): ends the pool's device waits
 
     def resolve(self, spec: StreamSpec) -> Optional[Any]:
         """The stream object for a spec; ``None`` on CPU.
@@ -226,23 +227,34 @@ class StreamPool:
                 seen.setdefault((str(stream.device), stream.stream_id), stream)
         return [self.record(stream) for stream in seen.values()]
 
-    @staticmethod
-    def wait_events(events: Sequence[Optional[Any]], timeout: float) -> bool:
-        """Poll ``events`` until all have completed or ``timeout`` seconds passed; whether they did.
+    def wait_events(self, events: Sequence[Optional[Any]], timeout: float,
+                    wake: Optional[threading.Event] = None) -> bool:
+        """Wait until ``events`` have all completed, at most ``timeout`` s or until ``wake`` is set; whether they did.
 
-        A poll, not ``event.synchronize()``: the caller keeps control and can
-        report a device that never finishes. The poll interval grows from
-        20 us to 1 ms, so a short wait costs little and a long one no CPU.
+        CUDA has no timed wait on an event (``event.synchronize()`` blocks
+        until the kernels finish, forever if a dead NCCL peer holds them), so
+        the device state is read with ``event.query()``; between reads the
+        caller blocks on ``wake`` (default: this pool's, set by
+        :meth:`interrupt`) for a pause that grows from 20 us to 1 ms. Setting
+        ``wake`` ends the wait at once (the engine sets its run's when the
+        run is cancelled, so a failure elsewhere is not held up by a hung
+        device).
 
         Examples
         --------
-        >>> StreamPool.wait_events([None], timeout=1.0)
+        >>> pool = StreamPool(torch.device("cpu"))
+        >>> pool.wait_events([None], timeout=1.0)
         True
         >>> class Hung:
         ...     def query(self): return False
-        >>> StreamPool.wait_events([Hung()], timeout=0.01)
+        >>> pool.wait_events([Hung()], timeout=0.01)
+        False
+        >>> cancelled = threading.Event()
+        >>> cancelled.set()
+        >>> pool.wait_events([Hung()], timeout=60.0, wake=cancelled)  # returns at once
         False
         """
+        wake = self._wake if wake is None else wake
         pending = [ev for ev in events if ev is not None]
         deadline = time.monotonic() + timeout
         pause = 2e-5
@@ -250,11 +262,15 @@ class StreamPool:
             pending = [ev for ev in pending if not ev.query()]
             if not pending:
                 break
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0 or wake.wait(min(pause, left)):
                 return False
-            time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         return True
+
+    def interrupt(self) -> None:
+        """End every wait of :meth:`wait_events` on this pool that uses its own ``wake`` (they report not done)."""
+        self._wake.set()
 
     def synchronize(self, timeout: float = threading.TIMEOUT_MAX) -> bool:
         """Wait (polling, at most ``timeout`` s) for all work on the pool's streams; whether it completed.
