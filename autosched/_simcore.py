@@ -93,6 +93,16 @@ class _Sim:
         self._init_run_state(n)
         self._init_main_thread(plan, n)
 
+    def _dep_ops(self, k: int, i: int) -> List[Tuple[int, str, str]]:
+        """What ``k(i)`` waits for: ``(op index, CPU-signal label, device-event label)`` per dependency.
+
+        The one place the waited iteration is computed: ``i - distance``, of
+        which none before the first and (a same-period dependency waits a
+        newer iteration) none after the last.
+        """
+        n = self.n
+        return [(d * n + i - dist, cpu, dev) for d, dist, cpu, dev in self.deps[k] if 0 <= i - dist < n]
+
     def _init_run_state(self, n: int) -> None:
         """Per-op times and binding predecessors, and the state of every thread, stream and resource."""
         T = self.T
@@ -284,10 +294,9 @@ class _Sim:
         n = self.n
         k, i = divmod(inst, n)
         host_end = self.host_end
-        for d, dist, _, _ in self.deps[k]:
-            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
-            if 0 <= j < n and host_end[d * n + j] < 0:
-                self.waiters.setdefault(d * n + j, []).append(g)
+        for op, _, _ in self._dep_ops(k, i):
+            if host_end[op] < 0:
+                self.waiters.setdefault(op, []).append(g)
                 return
         if self.seqd[k] and self.ticket[inst] != self.seq_next:
             self.seq_waiter[self.ticket[inst]] = g
@@ -320,10 +329,9 @@ class _Sim:
         if self.seqd[k] and self.seq_free_t >= bt:
             bt, bop, bkind = self.seq_free_t, self.seq_free_op, "sequencer"
         host_end = self.host_end
-        for d, dist, label, _ in self.deps[k]:
-            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
-            if 0 <= j < n and host_end[d * n + j] >= bt:
-                bt, bop, bkind = host_end[d * n + j], d * n + j, label
+        for op, label, _ in self._dep_ops(k, i):
+            if host_end[op] >= bt:
+                bt, bop, bkind = host_end[op], op, label
         self.pred_op[inst] = bop
         self.pred_kind[inst] = bkind
         if fifo_end > enq:
@@ -389,10 +397,9 @@ class _Sim:
         n = self.n
         k, i = divmod(inst, n)
         dev_end = self.dev_end
-        for d, dist, _, _ in self.deps[k]:
-            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
-            if 0 <= j < n and dev_end[d * n + j] < 0:
-                self.dwaiters.setdefault(d * n + j, []).append(s)
+        for op, _, _ in self._dep_ops(k, i):
+            if dev_end[op] < 0:
+                self.dwaiters.setdefault(op, []).append(s)
                 return
         res = self.res[k]
         for r in res:
@@ -417,10 +424,9 @@ class _Sim:
         for r in res:
             if self.rfree_t[r] >= bt and self.rfree_op[r] >= 0:
                 bt, bop, bkind = self.rfree_t[r], N + self.rfree_op[r], self.res_names[r]
-        for d, dist, _, label in self.deps[k]:
-            j = i - dist  # a same-period dep waits a newer iteration (dist < 0): none after the last
-            if 0 <= j < n and dev_end[d * n + j] >= bt:
-                bt, bop, bkind = dev_end[d * n + j], N + d * n + j, label
+        for op, _, label in self._dep_ops(k, i):
+            if dev_end[op] >= bt:
+                bt, bop, bkind = dev_end[op], N + op, label
         self.pred_op[N + inst] = bop
         self.pred_kind[N + inst] = bkind
         if fifo_end > sub:
