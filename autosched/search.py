@@ -442,27 +442,10 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     from . import verify as verify_mod
 
     if verify_mod.wanted(verify, problem, batches):
-        pool = _inline_variants(report.plan, problem) + found.pool
+        inline = verify_mod.inline_variant(report.plan, problem.costs)
+        pool = ([inline] if inline else []) + found.pool
         plan, report = verify_mod.verify_search(report, pool, problem, batches, verify, c.num_iterations)
     return _with_enqueue_order(report)
-
-
-def _inline_variants(plan: PipelinePlan, problem: Problem) -> List[Tuple[str, PipelinePlan]]:
-    """The chosen plan with its busiest thread group run inline on the caller's thread, to measure beside it.
-
-    The searchers model one worker per group (``caller_group=None``); on the
-    engine a group run inline saves a thread hand-off per period, which only a
-    measurement can weigh against the overlap it may cost.
-    """
-    if plan.caller_group is not None:
-        return []
-    load: Dict[str, float] = {}
-    for name in plan.task_names:
-        cost = problem.costs[name]
-        load[plan.sched(name).thread_group] = load.get(plan.sched(name).thread_group, 0.0) + cost.host_s
-    group = max(sorted(load), key=load.get)
-    inline = plan.replace(caller_group=group, enqueue_order=plan.enqueue_order, pipeline_depth=plan.pipeline_depth)
-    return [(f"auto, {group} inline", inline)]
 
 
 def _with_enqueue_order(report: SearchReport) -> Tuple[PipelinePlan, SearchReport]:

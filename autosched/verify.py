@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
-__all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "verify_search"]
+__all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
+           "verify_search"]
 
 
 @dataclass
@@ -216,11 +217,35 @@ def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
     (1, {'default'}, 's1')
     """
     sched = {k: TaskSchedule(0, v.stream, group, v.globally_ordered) for k, v in plan.schedule.items()}
-    kwargs: Dict[str, Any] = {}
-    if "caller_group" in {f.name for f in dataclasses.fields(PipelinePlan)}:
-        kwargs["caller_group"] = group
     return PipelinePlan(sched, list(plan.intra_iter_deps), list(plan.inter_iter_deps), enqueue_policy="ready_first",
-                        same_period_deps=list(plan.same_period_deps), **kwargs)
+                        caller_group=group, same_period_deps=list(plan.same_period_deps))
+
+
+def inline_variant(plan: PipelinePlan, costs: Any) -> Optional[Tuple[str, PipelinePlan]]:
+    """The plan with its busiest thread group (most host time) run inline on the caller, labelled; None if it has one.
+
+    The searchers model one worker per group (``caller_group=None``); on the
+    engine a group run inline saves a thread hand-off per period, which only
+    a measurement can weigh against the overlap it may cost.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> p = PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1, thread_group="compute")},
+    ...                  intra_iter_deps=[("B", "A")], caller_group=None)
+    >>> label, inline = inline_variant(p, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.003)}))
+    >>> label, inline.caller_group
+    ('auto, compute inline', 'compute')
+    """
+    if plan.caller_group is not None:
+        return None
+    load: Dict[str, float] = {}
+    for name in plan.task_names:
+        group = plan.sched(name).thread_group
+        load[group] = load.get(group, 0.0) + costs[name].host_s
+    busiest = max(sorted(load), key=load.get)
+    return (f"auto, {busiest} inline",
+            plan.replace(caller_group=busiest, enqueue_order=plan.enqueue_order, pipeline_depth=plan.pipeline_depth))
 
 
 def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
@@ -422,7 +447,7 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
         table.notes.append(f"the simulator's favourite (auto) measured {table['auto'].period_s * 1e3:.3f} ms, "
                            f"{chosen.label} {chosen.period_s * 1e3:.3f} ms: returning {chosen.label}")
     new = _rejudge(report, chosen.plan, problem, num_iterations) if chosen.label != "auto" else report
-    new = dataclasses.replace(new, verify=table) if hasattr(new, "verify") else new
+    new = dataclasses.replace(new, verify=table)
     return chosen.plan, new
 
 

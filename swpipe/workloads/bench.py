@@ -303,7 +303,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
     """Rank 0's search: ``(plan fields, note)``; with ``lockstep``, ``(candidates, note)`` to measure on every rank."""
     from autosched.search import Constraints, auto_schedule
-    from autosched.verify import VerifyOptions, serial_plan
+    from autosched.verify import VerifyOptions, inline_variant, serial_plan
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
@@ -318,13 +318,8 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         batches=list(batches) if verify else None)
     note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}"
     if lockstep:
-        load: Dict[str, float] = {}
-        for name in found.task_names:
-            group = found.sched(name).thread_group
-            load[group] = load.get(group, 0.0) + costs[name].host_s
-        busiest = max(sorted(load), key=load.get)
-        candidates = [("auto", found), (f"auto, {busiest} inline", found.replace(
-            caller_group=busiest, enqueue_order=found.enqueue_order, pipeline_depth=found.pipeline_depth))]
+        inline = inline_variant(found, costs)
+        candidates = [("auto", found)] + ([inline] if inline else [])
         candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
         return [(label, plan_fields(plan)) for label, plan in candidates], note
     how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({report.verify.choose().label})"
