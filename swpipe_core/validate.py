@@ -146,18 +146,21 @@ def _check_dep_end(ref: Any, objects: dict, where: str) -> str:
     return name
 
 
+def _pair(dep: Any, where: str, objects: dict, itself: str, once_per: str) -> tuple:
+    """A ``(task, depends_on)`` pair of ``where`` as names: well formed, scheduled, not a task waiting itself."""
+    if not isinstance(dep, (tuple, list)) or len(dep) != 2:
+        raise PlanError("dep-format", f"{where} entry {dep!r} is not a (task, depends_on) pair", [],
+                        f"write {where}=[(task, depends_on), ...]")
+    t = _check_dep_end(dep[0], objects, where)
+    d = _check_dep_end(dep[1], objects, where)
+    if t == d:
+        raise PlanError("self-dependency", f"{t} {itself}", [t], f"remove the dependency (a task runs once per {once_per})")
+    return t, d
+
+
 def _normalised_deps(plan: PipelinePlan, objects: dict):
-    intra: List[tuple] = []
-    for dep in plan.intra_iter_deps:
-        if not isinstance(dep, (tuple, list)) or len(dep) != 2:
-            raise PlanError("dep-format", f"intra_iter_deps entry {dep!r} is not a (task, depends_on) pair", [],
-                            "write intra_iter_deps=[(task, depends_on), ...]")
-        t = _check_dep_end(dep[0], objects, "intra_iter_deps")
-        d = _check_dep_end(dep[1], objects, "intra_iter_deps")
-        if t == d:
-            raise PlanError("self-dependency", f"{t} depends on itself within an iteration", [t],
-                            "remove the dependency (a task runs once per iteration)")
-        intra.append((t, d))
+    intra = [_pair(dep, "intra_iter_deps", objects, "depends on itself within an iteration", "iteration")
+             for dep in plan.intra_iter_deps]
     inter: List[tuple] = []
     for dep in plan.inter_iter_deps:
         if not isinstance(dep, (tuple, list)) or len(dep) not in (2, 3):
@@ -171,14 +174,7 @@ def _normalised_deps(plan: PipelinePlan, objects: dict):
                             [t, d], "use N >= 1, or put a same-iteration dependency in intra_iter_deps")
         inter.append((t, d, n))
     for dep in plan.same_period_deps:
-        if not isinstance(dep, (tuple, list)) or len(dep) != 2:
-            raise PlanError("dep-format", f"same_period_deps entry {dep!r} is not a (task, depends_on) pair", [],
-                            "write same_period_deps=[(task, depends_on), ...]")
-        t = _check_dep_end(dep[0], objects, "same_period_deps")
-        d = _check_dep_end(dep[1], objects, "same_period_deps")
-        if t == d:
-            raise PlanError("self-dependency", f"{t} waits itself in the same period", [t],
-                            "remove the dependency (a task runs once per period)")
+        _pair(dep, "same_period_deps", objects, "waits itself in the same period", "period")
     return intra, inter
 
 
