@@ -12,7 +12,15 @@ our synthetic batches. For each pair (TorchRec ``TrainPipelineBase`` /
 same initial weights is trained on the same batches; per-step logits are
 compared with ``torch.testing.assert_close`` (as TorchRec's own
 ``test_equal_to_non_pipelined`` does) and also bit for bit, and the
-throughput ratio is printed. Rounds are interleaved and the fastest counts.
+throughput ratio is printed.
+
+Estimator: runs are interleaved in rounds, and within a round each TorchRec
+pipeline and our matching plans run back to back, in an order rotated every
+round. A round gives one paired ratio ``TorchRec's time / our time`` per plan;
+the printed ratio is the median over the rounds, with the middle half of the
+rounds' ratios beside it. Pairing cancels the slow drift of a shared or
+frequency-scaled machine that a ratio of two separately taken minima carries
+(best-of-N rates are printed too). Each runner runs once untimed first.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import warnings
 
 import torch
@@ -53,32 +62,41 @@ def main() -> None:
         runners[f"swpipe {name}"] = lambda name=name: run_swpipe(name, build_model(config), batches)
         runners[f"swpipe {name}+by_stream"] = lambda name=name: run_swpipe(name, build_model(config), batches,
                                                                            "by_stream")
-    best = {k: float("inf") for k in runners}
+    for fn in runners.values():  # warm-up: first-call costs, allocator, lazy init
+        fn()
+    times = {k: [] for k in runners}
     outputs = {}
-    for _ in range(args.repeats):
-        for label, fn in runners.items():
-            logits, seconds = fn()
-            best[label] = min(best[label], seconds)
-            outputs[label] = logits
+    groups = [["plain loop"]] + [[k for k in runners if k.startswith("swpipe " + n) or k == f"TorchRec {c}"]
+                                 for n, c in PEERS.items()]
+    for r in range(args.repeats):
+        for group in groups:
+            k = r % len(group)
+            for label in group[k:] + group[:k]:
+                logits, seconds = runners[label]()
+                times[label].append(seconds)
+                outputs[label] = logits
     env.close()
 
     ref = outputs["plain loop"]
     print(f"TorchRec peer comparison: {os.cpu_count()} CPU(s), torch {torch.__version__}, gloo world size 1, "
-          f"batch {args.batch_size}, {args.iters} steps, best of {args.repeats} interleaved rounds, "
+          f"batch {args.batch_size}, {args.iters} steps, {args.repeats} interleaved rounds (order rotated), "
           f"{args.threads} intra-op thread(s)")
-    print(f"{'run':40s} {'iter/s':>8s} {'vs TorchRec':>12s}  logits == plain loop")
+    print(f"{'run':36s} {'best iter/s':>11s} {'vs TorchRec':>11s} {'middle half':>13s}  logits == plain loop")
     for label in runners:
-        rate = args.iters / best[label]
-        peer = None
+        rate = args.iters / min(times[label])
+        ratio, spread = "", ""
         if label.startswith("swpipe"):
             name = label.split()[1].split("+")[0]
-            peer = args.iters / best[f"TorchRec {PEERS[name]}"]
+            peer = times[f"TorchRec {PEERS[name]}"]
+            paired = sorted(p / o for p, o in zip(peer, times[label]))
+            q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
+            ratio, spread = f"{statistics.median(paired):.3f}x", f"{q[0]:.2f}-{q[2]:.2f}"
         close = all(torch.allclose(a, b, rtol=1.3e-6, atol=1e-5) for a, b in zip(outputs[label], ref))
         exact = all(torch.equal(a, b) for a, b in zip(outputs[label], ref))
         for a, b in zip(outputs[label], ref):
             torch.testing.assert_close(a, b)
-        ratio = f"{rate / peer:.2f}x" if peer else ""
-        print(f"{label:40s} {rate:8.1f} {ratio:>12s}  {'bit-identical' if exact else ('close' if close else 'DIFFERENT')}")
+        print(f"{label:36s} {rate:11.1f} {ratio:>11s} {spread:>13s}  "
+              f"{'bit-identical' if exact else ('close' if close else 'DIFFERENT')}")
 
 
 if __name__ == "__main__":

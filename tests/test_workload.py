@@ -323,3 +323,24 @@ def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batche
     assert plan.unbound_tasks() == [] and plan.enqueue_order is not None
     _run(plan, batches)
     _assert_same((wl.loss_list(), wl.snapshot()), reference)
+
+
+def test_search_costs_leave_out_the_cold_first_iterations():
+    """A fresh model's first iterations run slow; the search's costs come from the warm ones."""
+    import time
+
+    from swpipe.workloads.bench import COST_WARMUP, _serial_costs
+    from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+    calls = []
+
+    def step(ctx):
+        calls.append(ctx.batch)
+        time.sleep(0.02 if len(calls) <= 3 else 0.001)  # workload: cold for the first three calls
+
+    plan = PipelinePlan({PipelineTask("Step", step): TaskSchedule(0)})
+    costs = _serial_costs(plan, list(range(4)), "cpu")
+    assert calls[:8] == [0, 1, 2, 3, 0, 1, 2, 3]  # the batches are cycled
+    assert f"median of {len(calls) - COST_WARMUP} executions" in costs.method  # only the warm iterations count
+    assert costs["Step"].host_s < 0.01, costs["Step"]
+    assert "left out" in costs.notes

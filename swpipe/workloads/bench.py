@@ -258,19 +258,12 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     """
     try:
         import autosched.search  # noqa: F401 - the search and its optional libraries (OR-Tools) are there
-        from autosched.costs import CostModel
     except ImportError as exc:
         _log.info("no auto plan: autosched.search is not importable (%s)", exc)
         return None
-    from swpipe_core.engine import SWPipeline
-
     wl = DLRMWorkload(config, env)
     base = safe_task_plan(wl)
-    with SWPipeline(base, device=env.device, record_timeline=True) as pipe:
-        pipe.run_serial(iter(batches))
-        events = [e for e in pipe.timeline if e.iteration >= min(2, len(batches) - 1)]
-    costs = slowest_rank_costs(env, CostModel.from_timeline(
-        events, machine=f"{torch.get_num_threads()} intra-op thread(s)"))
+    costs = slowest_rank_costs(env, _serial_costs(base, batches, env.device))
     lockstep = env.world_size > 1 and verify_rounds > 0  # every rank measures the candidates together
     shared: Any = None
     if env.rank == 0:
@@ -297,6 +290,30 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     check_same_plan(env, build(wl), "the auto plan")
     return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
         f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""))
+
+
+#: serial iterations run (batches cycled) to measure the search's costs, and how many of them are warm-up
+COST_ITERATIONS, COST_WARMUP = 36, 12
+
+
+def _serial_costs(base: PipelinePlan, batches: Sequence[Batch], device: Any) -> Any:
+    """Median time per task over a warm serial run (the batches cycled to :data:`COST_ITERATIONS`).
+
+    The first iterations of a fresh model run slower (allocator, caches,
+    first-touch pages: 18 % on the demo model in the first ten, measured);
+    costs taken there made every prediction read that much slow, so the first
+    :data:`COST_WARMUP` iterations are left out.
+    """
+    from autosched.costs import CostModel
+    from swpipe_core.engine import SWPipeline
+
+    runs = [batches[i % len(batches)] for i in range(max(COST_ITERATIONS, len(batches)))]
+    warm = min(COST_WARMUP, len(runs) - 1)
+    with SWPipeline(base, device=device, record_timeline=True) as pipe:
+        pipe.run_serial(iter(runs))
+        events = [e for e in pipe.timeline if e.iteration >= warm]
+    return CostModel.from_timeline(events, machine=f"{torch.get_num_threads()} intra-op thread(s)",
+                                   notes=f"serial run of {len(runs)} iterations, the first {warm} left out (warm-up)")
 
 
 def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
