@@ -58,6 +58,10 @@ class VerifyOptions:
         The smallest noise band reported (timer and scheduler jitter).
     device : str
         Device the plans run on (``SWPipeline(plan, device=...)``).
+    max_rounds : int, optional
+        Race the contenders: after ``rounds``, plans still within the noise
+        band of the fastest run more rounds, up to ``max_rounds`` in all
+        (default ``2 * rounds``; ``rounds``: no extra round).
 
     Examples
     --------
@@ -70,6 +74,7 @@ class VerifyOptions:
     iterations: Optional[int] = None
     noise_floor_pct: float = 2.0
     device: Any = "cpu"
+    max_rounds: Optional[int] = None
 
 
 @dataclass
@@ -118,6 +123,15 @@ class VerifyTable:
     ('auto', 0.01)
     >>> print(t.format().splitlines()[0])
     verified on the engine: 2 plans, 2 interleaved rounds of 20 iterations; noise band +-7.7%
+
+    The serial plan measured 25 % slower than its prediction: the machine runs
+    slower now than when the costs were taken, and the other predictions are
+    rescaled by the same factor:
+
+    >>> t = VerifyTable([PlanMeasurement("serial", None, [0.010], predicted_s=0.008),
+    ...                  PlanMeasurement("auto", None, [0.0066], predicted_s=0.005)], rounds=1, iterations=20)
+    >>> round(t.speed_factor, 2), round(t["auto"].error_pct, 1), round(t.rescaled_error_pct, 1)
+    (1.25, -24.2, 5.3)
     """
 
     rows: List[PlanMeasurement]
@@ -146,6 +160,29 @@ class VerifyTable:
     def model_error_pct(self) -> Optional[float]:
         """Median |predicted - measured| / measured over the rows with a prediction, in percent."""
         errs = [abs(r.error_pct) for r in self.rows if r.error_pct is not None]
+        return statistics.median(errs) if errs else None
+
+    @property
+    def speed_factor(self) -> Optional[float]:
+        """The serial plan's measured over predicted period, or ``None`` without both.
+
+        The serial plan's prediction is the sum of the tasks' costs, so this
+        is how fast the machine runs the tasks now against when the costs were
+        taken (load, frequency, caches), plus what the model leaves out of a
+        serial period. Scaling every cost by it changes no ranking (a
+        simulated period scales with its costs) but corrects the absolute
+        predictions: measurement fed back into the model.
+        """
+        if "serial" not in self or self["serial"].predicted_s in (None, 0.0):
+            return None
+        return self["serial"].period_s / self["serial"].predicted_s
+
+    @property
+    def rescaled_error_pct(self) -> Optional[float]:
+        """Median |speed_factor * predicted - measured| / measured over the other plans, in percent."""
+        k = self.speed_factor
+        errs = [abs(k * r.predicted_s - r.period_s) / r.period_s * 100.0 for r in self.rows
+                if k is not None and r.label != "serial" and r.predicted_s is not None and r.period_s > 0]
         return statistics.median(errs) if errs else None
 
     def choose(self) -> PlanMeasurement:
@@ -184,6 +221,9 @@ class VerifyTable:
                          f"{r.spread_pct:>6.1f}%{mark}")
         if self.model_error_pct is not None:
             lines.append(f"  model error: median |predicted - measured| {self.model_error_pct:.1f}%")
+        if self.rescaled_error_pct is not None:
+            lines.append(f"  rescaled by the serial plan (measured/predicted x{self.speed_factor:.2f}): median "
+                         f"|error| {self.rescaled_error_pct:.1f}% over the other plans")
         limit = self.machine_limit()
         if limit:
             lines.append(f"  {limit}")
@@ -273,7 +313,7 @@ def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
 
 def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, PipelinePlan]], batches: Sequence[Any],
                   rounds: int = 3, *, predicted: Optional[Dict[str, float]] = None, device: Any = "cpu",
-                  noise_floor_pct: float = 2.0, warmup: bool = True) -> VerifyTable:
+                  noise_floor_pct: float = 2.0, warmup: bool = True, max_rounds: Optional[int] = None) -> VerifyTable:
     """Run plans on the engine in interleaved rounds and tabulate their measured periods.
 
     Parameters
@@ -293,6 +333,13 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
         Smallest noise band reported.
     warmup : bool
         One untimed short run per plan first (first-call costs, caches).
+    max_rounds : int, optional
+        Race: after ``rounds`` rounds, the contenders (plans whose median is
+        within the noise band of the fastest median) run further rounds,
+        interleaved among themselves, until one is left or they have run
+        ``max_rounds`` rounds. Measurement time goes where the ranking is in
+        doubt. Default: no extra round. Every caller must decide alike, so
+        ranks measuring in lockstep leave it off (their times differ).
 
     Returns
     -------
@@ -301,7 +348,7 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
     Raises
     ------
     ValueError
-        No plan, a repeated label, fewer than 2 batches, or ``rounds < 1``.
+        No plan, a repeated label, fewer than 2 batches, ``rounds < 1`` or ``max_rounds < rounds``.
     swpipe_core.validate.PlanError
         A plan has unbound tasks or breaks a rule.
     swpipe_core.engine.PipelineTaskError
@@ -329,18 +376,44 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
         raise ValueError(f"measure_plans needs at least 2 batches per run, got {len(batches)}")
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if max_rounds is not None and (not isinstance(max_rounds, int) or max_rounds < rounds):
+        raise ValueError(f"max_rounds must be an integer >= rounds ({rounds}), got {max_rounds!r}")
     if warmup:
         short = batches[: max(2, min(len(batches), 8))]
         for _, plan in items:
             _one_run(plan, short, device)
     got: Dict[str, List[float]] = {k: [] for k in labels}
     for r in range(rounds):
-        k = r % len(items)
-        for label, plan in items[k:] + items[:k]:
-            got[label].append(_one_run(plan, batches, device))
+        _one_round(items, r, got, batches, device)
     predicted = predicted or {}
-    rows = [PlanMeasurement(label, plan, got[label], predicted.get(label)) for label, plan in items]
-    return VerifyTable(rows, rounds, len(batches), noise_floor_pct, _load())
+    table = VerifyTable([PlanMeasurement(label, plan, got[label], predicted.get(label)) for label, plan in items],
+                        rounds, len(batches), noise_floor_pct, _load())
+    extra = 0
+    for r in range(rounds, max_rounds or rounds):
+        contenders = _contenders(table)
+        if len(contenders) < 2:
+            break
+        _one_round([(c.label, c.plan) for c in contenders], r, got, batches, device)
+        extra += 1
+    if extra:
+        table.notes.append(f"{extra} extra round(s) for the plans within the noise band of the fastest "
+                           f"({', '.join(c.label for c in table.rows if len(c.rounds_s) > rounds)})")
+        table.load = _load()
+    return table
+
+
+def _one_round(items: Sequence[Tuple[str, PipelinePlan]], r: int, got: Dict[str, List[float]],
+               batches: Sequence[Any], device: Any) -> None:
+    """Every plan once, starting ``r`` plans further on (slow drift of the machine then shifts every plan alike)."""
+    k = r % len(items)
+    for label, plan in list(items[k:]) + list(items[:k]):
+        got[label].append(_one_run(plan, batches, device))
+
+
+def _contenders(table: VerifyTable) -> List[PlanMeasurement]:
+    """The rows whose median period is within the table's noise band of the fastest row's."""
+    best = table.choose().period_s
+    return [r for r in table.rows if r.period_s <= best * (1.0 + table.noise_pct / 100.0)]
 
 
 def _load() -> Optional[float]:
@@ -441,7 +514,8 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
             pass
     depth = max(p.pipeline_depth for _, p in cands)
     table = measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
-                          device=opts.device, noise_floor_pct=opts.noise_floor_pct)
+                          device=opts.device, noise_floor_pct=opts.noise_floor_pct,
+                          max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds)
     chosen = table.choose()
     if chosen.label != "auto":
         table.notes.append(f"the simulator's favourite (auto) measured {table['auto'].period_s * 1e3:.3f} ms, "

@@ -49,6 +49,15 @@ def test_measure_plans_ranks_pipelined_sleep_plan_ahead_of_serial():
     assert [len(r.rounds_s) for r in table.rows] == [3, 3]
 
 
+def test_racing_gives_extra_rounds_only_to_plans_within_the_noise_band():
+    plan = _three_thread_plan()
+    # a 30 % band: the two copies of the pipelined plan (about 3x faster than serial) always tie, serial never does
+    table = measure_plans([("pipelined", plan), ("again", plan), ("serial", serial_plan(plan))], list(range(12)),
+                          rounds=2, max_rounds=4, noise_floor_pct=30.0)
+    assert {r.label: len(r.rounds_s) for r in table.rows} == {"pipelined": 4, "again": 4, "serial": 2}
+    assert any("2 extra round(s)" in n and "serial" not in n for n in table.notes)
+
+
 def test_measure_plans_rejects_bad_input():
     plan = _two_thread_plan(0.0)
     with pytest.raises(ValueError, match="repeat"):
@@ -57,6 +66,8 @@ def test_measure_plans_rejects_bad_input():
         measure_plans({"x": plan}, [0])
     with pytest.raises(ValueError, match="rounds"):
         measure_plans({"x": plan}, [0, 1], rounds=0)
+    with pytest.raises(ValueError, match="max_rounds"):
+        measure_plans({"x": plan}, [0, 1], rounds=3, max_rounds=2)
 
 
 def test_measure_plans_surfaces_task_failure_with_task_name():
@@ -118,6 +129,19 @@ def test_verify_never_returns_plan_measured_slower_than_input_plan():
     assert got.schedule == chosen.plan.schedule and got.enqueue_order == enqueue_order(chosen.plan)
     reference = table["input"] if "input" in table else table["auto"]
     assert chosen.period_s <= reference.period_s
+
+
+def test_verify_rescales_predictions_by_the_serial_plans_measurement():
+    # Costs taken on a machine four times faster than now: every prediction reads ~4x fast. The serial
+    # plan's measured/predicted ratio finds the factor, and the rescaled predictions fit the other plans.
+    plan = _two_thread_plan(4 * MS)
+    costs = CostModel({"A": TaskCost(1 * MS), "B": TaskCost(1 * MS)})
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=5),
+                              batches=list(range(12)), verify=2)
+    table = report.verify
+    assert 3.0 < table.speed_factor < 6.0, table
+    assert table.rescaled_error_pct < 0.5 * table.model_error_pct, table
+    assert "rescaled by the serial plan" in str(report)
 
 
 def test_verify_is_off_for_unbound_tasks_and_needs_batches_when_asked():

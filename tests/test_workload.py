@@ -344,3 +344,20 @@ def test_search_costs_leave_out_the_cold_first_iterations():
     assert f"median of {len(calls) - COST_WARMUP} executions" in costs.method  # only the warm iterations count
     assert costs["Step"].host_s < 0.01, costs["Step"]
     assert "left out" in costs.notes
+
+
+def test_demo_rounds_turn_the_order_of_the_plans(env):
+    """Round r starts r plans further on, so no plan always runs last in a round."""
+    from swpipe.workloads.bench import PlanSpec, _run_rounds
+
+    built = []
+
+    def builder(label):
+        def build(workload):
+            built.append(label)
+            return plan_for("base", workload)
+        return build
+
+    specs = [PlanSpec(label, "base", build=builder(label)) for label in ("a", "b", "c")]
+    _run_rounds(CFG, env, specs, SyntheticData(CFG).batches(3), repeats=3, progress=False)
+    assert built == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]

@@ -339,8 +339,14 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         candidates = [("auto", found)] + ([inline] if inline else [])
         candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
         return [(label, plan_fields(plan)) for label, plan in candidates], note
-    how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({report.verify.choose().label})"
-           if report.verify is not None else "not measured before the run")
+    if report.verify is not None:
+        chosen = report.verify.choose()
+        k = report.verify.speed_factor
+        rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
+        how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({chosen.label}: "
+               f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
+    else:
+        how = "not measured before the run"
     return plan_fields(found), f"{note}; {how}"
 
 
@@ -529,8 +535,9 @@ def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], bat
                  close={s.label: True for s in specs})
     ref_preds: List[torch.Tensor] = []
     # Rounds outermost: every row is measured once per round, so a burst of load on the shared
-    # machine disturbs one sample of every row rather than all samples of one row.
-    for _ in range(repeats):
+    # machine disturbs one sample of every row rather than all samples of one row. The plans' order
+    # turns by one each round, so no row always runs last in a round (after the most garbage).
+    for r in range(repeats):
         wl = DLRMWorkload(config, env)
         t0 = time.perf_counter()
         runs.ref_losses = train_reference(wl, batches)
@@ -542,7 +549,8 @@ def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], bat
             ref_preds = eval_reference(wl, batches)
             runs.eval_s.append(time.perf_counter() - t0)
             bar.update(1)
-        for spec in specs:
+        turn = r % max(1, len(specs))
+        for spec in [*specs[turn:], *specs[:turn]]:
             wl = DLRMWorkload(config, env)
             plan = spec.plan(wl)
             if spec.label not in runs.plans:  # every rank must run the same plan, or collectives hang
