@@ -20,6 +20,16 @@ can tell. :meth:`VerifyTable.choose` returns the plan with the lowest median
 period, so the chosen plan is never measured slower than the input plan
 (nor than the serial plan, nor than the search's own favourite).
 
+Racing (``max_rounds``): after the first rounds, the plans still within the
+noise band of the fastest run further rounds among themselves, so measurement
+time goes where the ranking is in doubt.
+
+Feedback: the serial plan's prediction is the sum of the task costs, so its
+measured/predicted ratio (:attr:`VerifyTable.speed_factor`) is how fast the
+machine runs the tasks now against when the costs were taken; the table also
+reports every prediction rescaled by it. A uniform scale changes no ranking,
+only the absolute figures, so no second search is needed.
+
 :func:`serial_plan` gives the serial candidate: every task at stage 0 on one
 thread group, the caller's (no overlap; what ``run_serial`` computes).
 :func:`verify_search` is the hook ``auto_schedule(..., verify=..., batches=...)``
