@@ -1,7 +1,7 @@
 """TorchRec's pipelines next to our equivalent plans, driving the same TorchRec model, in one run.
 
     pip install -e ".[peer]"   # plus torch==2.13.0, fbgemm-gpu-cpu==1.8.0, torchrec==1.9.2 with --no-deps
-    python benchmarks/vs_torchrec.py --iters 40
+    python benchmarks/vs_torchrec.py                 # 60 steps, 15 paired rounds (about 2 minutes)
 
 Model: TorchRec's ``DLRMTrain(DLRM(EmbeddingBagCollection))`` under
 ``DistributedModelParallel`` (gloo, world size 1, table-wise sharding, fused
@@ -36,8 +36,8 @@ import torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=15, help="rounds (each gives one paired ratio per plan)")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
