@@ -177,3 +177,15 @@ def test_readme_figures_cite_benchmarks_results():
     results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     for figure in ("2.9%", "7.6%", "1.19x", "1.032x", "1.88x", "1.97x"):
         assert figure in results, f"README cites {figure}, which benchmarks/RESULTS.md does not record"
+
+
+def test_readme_example_benchmark_measures_the_readmes_own_plan():
+    """``benchmarks/readme_example.py`` runs the README's first Usage block, so its figure is about that plan."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_example", ROOT / "benchmarks" / "readme_example.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    plan, batches = bench.readme_plan()
+    assert sorted(plan.task_names) == ["Backward", "Forward", "Load", "Step"]
+    assert plan.sched("Load").thread_group == "io" and plan.stage("Load") == 0 and len(batches) == 30
