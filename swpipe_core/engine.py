@@ -90,7 +90,7 @@ import torch
 
 from .order import enqueue_order
 from .plan import IterContext, PipelinePlan, PipelineTask, ref_name
-from .engine_device import _DeviceLifetime
+from .engine_device import _DeviceLifetime, _nvtx_mode
 from .engine_state import (PipelineTaskError, _Cancelled, _Flag, _GuardedContext, _IterState, _Run,
                            _TaskInfo)
 from .sequencer import SequencerAborted, _SubmissionSequencer
@@ -244,8 +244,9 @@ class SWPipeline(_DeviceLifetime):
             stream = plan.stream_of(name)
             own = tuple(deps[name])
             device_deps = tuple((d, n) for d, n in own if keys[d] != keys[index[name]])
+            starts = not any(n == 0 for _, n in own)  # every other task is ordered after one that does
             infos.append(_TaskInfo(index[name], plan.task(name), name, sched.stage, sched.thread_group,
-                                   sched.stream, stream, sched.globally_ordered, own, device_deps))
+                                   sched.stream, stream, sched.globally_ordered, own, device_deps, starts))
         return infos
 
     @staticmethod
@@ -449,10 +450,13 @@ class SWPipeline(_DeviceLifetime):
         if run.exhausted:
             return _NO_BATCH
         try:
-            return next(run.data_iter)
+            batch = next(run.data_iter)
         except StopIteration:
             run.exhausted = True
             return _NO_BATCH
+        if self._streams.is_cuda:  # CUDA tensors the iterator made on this thread's stream: tasks wait for them
+            run.ready = self._streams.batch_ready(batch)
+        return batch
 
     def _advance(self, run: _Run, batch: Any) -> None:
         """Run period ``run.period`` (creating its new iteration if a batch was fetched).
@@ -466,7 +470,8 @@ class SWPipeline(_DeviceLifetime):
         """
         p = run.period
         if batch is not _NO_BATCH:
-            run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos), run.streams)
+            st = run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos), run.streams)
+            st.ready, run.ready = run.ready, None
             run.fetched = p + 1
         run.period = p + 1
         run.profiling = profiling = _profiler_active()
@@ -654,6 +659,8 @@ class SWPipeline(_DeviceLifetime):
 
     def _submit_cuda(self, run: _Run, st: _IterState, ti: _TaskInfo, recorder: Optional[TimelineRecorder]) -> None:
         stream = run.streams[ti.idx]
+        if ti.starts and st.ready is not None:  # the batch's own device work (made on the caller's stream)
+            self._streams.wait(stream, st.ready)
         for d, dist in ti.device_deps:
             self._streams.wait(stream, self._dep_event(run, st, d, dist))
         nvtx = run.nvtx
@@ -699,7 +706,7 @@ class SWPipeline(_DeviceLifetime):
         """
         if not run.nvtx:
             return None
-        return torch.autograd.profiler.emit_nvtx
+        return _nvtx_mode
 
     def _range_name(self, prefix: str, name: str, iteration: int) -> str:
         skip = " [skip]" if name in self._shortcut.tasks else ""
@@ -1004,6 +1011,8 @@ class SWPipeline(_DeviceLifetime):
         recorder = self._recorder
         profiling = _profiler_active()
         stream_ctx = self._streams.use(torch.cuda.default_stream(self.device)) if cuda else contextlib.nullcontext()
+        if cuda:  # a batch the iterator made on another current stream is ready before the tasks read it
+            self._streams.wait(torch.cuda.default_stream(self.device), self._streams.batch_ready(batch))
         with stream_ctx:
             for ti in self._serial_order:
                 t0 = time.perf_counter() if recorder is not None else 0.0
@@ -1026,7 +1035,7 @@ class SWPipeline(_DeviceLifetime):
 
     def _emit_nvtx(self, enabled: bool) -> Any:
         if enabled and self._streams.is_cuda:
-            return torch.autograd.profiler.emit_nvtx()
+            return _nvtx_mode()
         if enabled:
             _log.debug("emit_nvtx ignored: NVTX needs a CUDA device (running on %s)", self.device)
         return contextlib.nullcontext()

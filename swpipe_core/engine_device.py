@@ -16,14 +16,47 @@ method here is (nearly) free: there are no events and nothing to wait for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from .engine_state import _IterState, _Run
 
 __all__: List[str] = []
 
 _log = logging.getLogger("swpipe_core.engine")
+
+
+@contextlib.contextmanager
+def _nvtx_mode() -> Iterator[None]:
+    """``torch.autograd.profiler.emit_nvtx()`` on the calling thread, without its device synchronisation.
+
+    ``emit_nvtx`` calls ``torch.cuda.synchronize()`` on entry and on exit.
+    On exit after a failure that blocks forever on a kernel that never ends
+    (a collective whose peer died) and, after a sticky CUDA error, raises and
+    replaces the task's exception; every worker thread would do the same.
+    NVTX ranges are pushed on the host when an op is dispatched and need no
+    synchronisation, so this enables the same profiler state (NVTX mode, this
+    thread only) and leaves the device alone. Falls back to ``emit_nvtx``
+    when this torch lacks the private calls it mirrors.
+    """
+    import torch
+
+    try:
+        from torch.autograd.profiler import (ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
+                                             _ExperimentalConfig, _run_on_profiler_start, _run_on_profiler_stop)
+    except ImportError:  # another torch: its own context manager, synchronising
+        with torch.autograd.profiler.emit_nvtx():
+            yield
+        return
+    _run_on_profiler_start()
+    _enable_profiler(ProfilerConfig(ProfilerState.NVTX, False, False, False, False, False, _ExperimentalConfig()),
+                     set())
+    try:
+        yield
+    finally:
+        _disable_profiler()
+        _run_on_profiler_stop()
 
 
 class _DeviceLifetime:

@@ -111,12 +111,13 @@ class _TaskInfo:
     ordered: bool
     deps: Tuple[Tuple[int, int], ...]         # (dep index, distance); distance 0 = same iteration
     device_deps: Tuple[Tuple[int, int], ...]  # the deps on another stream (phase 2)
+    starts: bool = False                      # no dependency within its iteration: waits for the batch (CUDA)
 
 
 class _IterState:
     """One in-flight iteration: its context, CPU signals and device events."""
 
-    __slots__ = ("idx", "ctx", "done", "remaining", "waiters", "complete", "events")
+    __slots__ = ("idx", "ctx", "done", "remaining", "waiters", "complete", "events", "ready")
 
     def __init__(self, idx: int, ctx: Optional[IterContext], n: int, device: Any = ()) -> None:
         self.idx = idx
@@ -126,6 +127,7 @@ class _IterState:
         self.waiters: Dict[int, _Flag] = {}  # created only when someone must block
         self.complete: Optional[_Flag] = None  # created (under the run's lock) only when the caller must block
         self.events: List[Any] = [None] * n if device else []  # device events (CUDA: device = the run's streams)
+        self.ready: Any = None  # CUDA: event after the batch's own device work (StreamPool.batch_ready)
 
 
 class _Run:
@@ -134,7 +136,7 @@ class _Run:
     __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
                  "data_iter", "data_source", "cancelled", "stop", "error", "reported", "finished", "lock",
                  "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type",
-                 "plain", "bare")
+                 "plain", "bare", "ready")
 
     def __init__(self, data_source: Any, data_iter: Iterator, sequencer: _SubmissionSequencer) -> None:
         self.iters: Dict[int, _IterState] = {}
@@ -162,6 +164,7 @@ class _Run:
         self.bare = False      # plain and no torch profiler this period
         self.device_timing: List[tuple] = []
         self.origin_event: Any = None
+        self.ready: Any = None  # the last fetched batch's ready event, until its iteration state takes it
 
 
 class _GuardedContext(IterContext):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import types
 from typing import Any, ContextManager, Dict, Hashable, Iterable, List, Optional, Sequence, Union
 
 import torch
@@ -199,6 +200,27 @@ class StreamPool:
         event.record(stream)
         return event
 
+    def batch_ready(self, batch: Any) -> Optional[Any]:
+        """An event after the device work that made ``batch``, if it holds CUDA tensors; else ``None``.
+
+        Called on the thread that fetched the batch, right after the fetch.
+        A data iterator that builds CUDA tensors (``.to("cuda",
+        non_blocking=True)``, a generator on the GPU) enqueues that work on
+        the *fetching* thread's current stream; a task reading the batch on
+        another stream must wait for it (what TorchRec gets by fetching on its
+        memcpy stream). A batch of CPU tensors needs no event: waiting for one
+        would order the copy of the next batch after every kernel already
+        queued on the caller's stream and end the copy/compute overlap.
+
+        Examples
+        --------
+        >>> StreamPool(torch.device("cpu")).batch_ready(torch.ones(2)) is None
+        True
+        """
+        if not self.is_cuda or not _holds_cuda(batch):
+            return None
+        return self.record(torch.cuda.current_stream(self.device))
+
     @staticmethod
     def wait(stream: Optional[Any], event: Optional[Any]) -> None:
         """Make ``stream`` wait for ``event`` on the device; the CPU does not block."""
@@ -278,3 +300,41 @@ class StreamPool:
         Always true on CPU.
         """
         return self.wait_events(self.fence(), timeout)
+
+
+_WALK_LIMIT = 1000  # objects a batch is searched through for a CUDA tensor; past it, assume one
+
+
+def _holds_cuda(obj: Any) -> bool:
+    """Whether a CUDA tensor is reachable from ``obj`` (containers, attributes, slots; modules skipped).
+
+    Examples
+    --------
+    >>> _holds_cuda({"x": [torch.ones(1), (2, "a")]}), _holds_cuda(None)
+    (False, False)
+    """
+    stack, seen = [obj], set()
+    while stack:
+        item = stack.pop()
+        if item is None or isinstance(item, (str, bytes, int, float, bool, complex)) or id(item) in seen:
+            continue
+        if len(seen) >= _WALK_LIMIT:
+            return True  # too big to search every iteration: wait (safe, maybe slower)
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.is_cuda:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif not isinstance(item, (torch.nn.Module, type, types.ModuleType)):
+            d = getattr(item, "__dict__", None)
+            if isinstance(d, dict):
+                stack.extend(d.values())
+            for cls in type(item).__mro__:
+                slots = getattr(cls, "__slots__", ()) or ()
+                for name in (slots,) if isinstance(slots, str) else slots:
+                    if isinstance(name, str) and not name.startswith("__"):
+                        stack.append(getattr(item, name, None))
+    return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -275,3 +276,49 @@ def test_profiler_device_time_is_device_work_not_host_time():
         r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=4, num_rounds=1)
     assert r.host_s["Host"] >= 0.03 and r.device_s["Host"] < 0.005
     assert 0.02 < r.device_s["Device"] < 0.045 and r.host_s["Device"] < 0.01
+
+
+def _slow_cuda_batches(n: int, stream=None):
+    """Batches the loader builds on the device (on ``stream``, else the current one) after a long spin."""
+    for i in range(n):
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            x = torch.zeros(1 << 20, device="cuda")
+            torch.cuda._sleep(SPIN)
+            x.fill_(float(i + 1))
+        yield x
+
+
+def test_a_batch_made_on_the_callers_stream_is_ready_before_a_task_on_another_stream_reads_it():
+    """The iterator fills each batch on the caller's stream; Load reads it on 'memcpy' with no host sync."""
+    sums = []
+    plan = PipelinePlan({PipelineTask("Load", lambda ctx: setattr(ctx, "s", ctx.batch.sum())):
+                         TaskSchedule(0, "memcpy", "io"),
+                         PipelineTask("Read", lambda ctx: sums.append(ctx.s)): TaskSchedule(1, None, "compute")},
+                        intra_iter_deps=[("Read", "Load")])
+    SWPipeline(plan, device=0).run(_slow_cuda_batches(5))
+    torch.cuda.synchronize()
+    assert [int(s.item()) for s in sums] == [(i + 1) * (1 << 20) for i in range(5)]
+
+
+def test_run_serial_waits_for_a_batch_made_on_a_side_stream():
+    side = torch.cuda.Stream()
+    sums = []
+    plan = PipelinePlan({PipelineTask("Read", lambda ctx: sums.append(ctx.batch.sum())): TaskSchedule()})
+    with torch.cuda.stream(side):  # the caller's current stream is not the one serial tasks run on
+        SWPipeline(plan, device=0).run_serial(_slow_cuda_batches(3))
+    torch.cuda.synchronize()
+    assert [int(s.item()) for s in sums] == [(i + 1) * (1 << 20) for i in range(3)]
+
+
+def test_emit_nvtx_does_not_synchronise_the_device(monkeypatch):
+    def no_sync(*args, **kwargs):
+        raise AssertionError("torch.cuda.synchronize() called by emit_nvtx")
+
+    plan = PipelinePlan({PipelineTask("A", lambda ctx: torch.cuda._sleep(SPIN)): TaskSchedule(0, "memcpy", "io"),
+                         PipelineTask("B", lambda ctx: None): TaskSchedule(1, None, "compute")},
+                        intra_iter_deps=[("B", "A")])
+    pipe = SWPipeline(plan, device=0)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    pipe.run(range(3), emit_nvtx=True)
+    monkeypatch.undo()
+    assert not torch.autograd._profiler_enabled()  # NVTX mode left on the caller's thread
