@@ -359,5 +359,23 @@ def test_demo_rounds_turn_the_order_of_the_plans(env):
         return build
 
     specs = [PlanSpec(label, "base", build=builder(label)) for label in ("a", "b", "c")]
-    _run_rounds(CFG, env, specs, SyntheticData(CFG).batches(3), repeats=3, progress=False)
+    _run_rounds(CFG, env, specs, SyntheticData(CFG).batches(3), rounds=range(3), progress=False)
     assert built == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+@pytest.mark.parametrize("band, raced", [(1e6, ["a", "b", "sparse_dist"]), (0.0, [])])
+def test_demo_races_only_the_training_rows_near_the_fastest(env, band, raced):
+    """Rows within the band run the extra rounds (with the serial loop); eval rows and the rest do not.
+
+    A band of 0 leaves only the fastest row itself: nothing to race against, no extra round.
+    """
+    from swpipe.workloads.bench import PlanSpec, measure
+
+    specs = [PlanSpec("a", "base"), PlanSpec("b", "base"), PlanSpec("sparse_dist", "sparse_dist"),
+             PlanSpec("eval_sparse_dist", "eval_sparse_dist")]
+    m = measure(CFG, env, specs, iters=3, repeats=2, record_best=False, race_rounds=2, race_band_pct=band)
+    assert m.meta["raced"] == raced
+    assert m.meta["runs"] == {s.label: 2 + 2 * (s.label in raced) for s in specs}
+    assert all(r.matches for r in m.rows)  # the extra rounds check the losses too
+    with pytest.raises(ValueError, match="race_rounds"):
+        measure(CFG, env, specs, iters=3, repeats=1, race_rounds=-1)

@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated pipeline names (see `swpipe list`), 'all' (default), "
                              "'+by_stream' variants included with 'all'")
     parser.add_argument("--repeats", type=int_at_least(1), default=3, help="rounds over all plans; the fastest counts (default 3)")
+    parser.add_argument("--race", type=int_at_least(0), default=3,
+                        help="more rounds for the training rows within 10%% of the fastest, with the serial loop; "
+                             "their fastest run counts (default 3; 0: off)")
     parser.add_argument("--threads", type=int_at_least(1), default=1,
                         help="torch intra-op threads per rank (default 1: pipeline threads use the other cores)")
     parser.add_argument("--compile", default="none", choices=["none", "inductor", "aot_eager", "eager"],
@@ -96,7 +99,7 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
         if spec is not None:
             specs.append(spec)
     m = measure(config, env, specs, iters=args.iters, repeats=args.repeats, progress=True,
-                record_best=bool(args.trace))
+                record_best=bool(args.trace), race_rounds=args.race)
     return m
 
 
@@ -158,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"DLRM workload: world size {world} ({backend}) {how}, batch {args.batch_size}/rank, "
           f"{args.iters} iterations x {args.repeats} runs, {args.threads} intra-op thread(s)/rank, "
           f"{os.cpu_count()} CPU(s), torch {torch.__version__}")
+    if m.meta.get("raced"):
+        print(f"raced: {', '.join(m.meta['raced'])} (within {m.meta['race_band_pct']:g} % of the fastest after "
+              f"{args.repeats} runs) ran {m.meta['race_rounds']} more, with the serial loop; the fastest run counts")
     print(format_table(m))
     matches = [r for r in m.rows if r.matches is not None]
     close = sum(1 for r in matches if not r.matches and r.close)

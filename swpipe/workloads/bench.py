@@ -433,7 +433,8 @@ def _compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
 
 
 def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: int = 40, repeats: int = 2,
-            warmup: int = 4, progress: bool = False, record_best: bool = True) -> Measurement:
+            warmup: int = 4, progress: bool = False, record_best: bool = True, race_rounds: int = 0,
+            race_band_pct: float = 10.0) -> Measurement:
     """Run the serial loop and every spec on the same batches; rate, speedup and equality per row.
 
     Each run (serial or plan) is repeated ``repeats`` times on a fresh
@@ -441,6 +442,14 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     the least disturbed). All ranks must call this with the same arguments; every rank gets the
     same result: a row matches only if it matches on every rank, a run lasts as long as its
     slowest rank, and each plan is checked to be the same on every rank before it runs.
+
+    Racing: a machine's speed drifts by more than the plans at the top differ
+    (two rows of one plan can read 10 % apart after three rounds), so the
+    training rows whose fastest run is within ``race_band_pct`` of the
+    fastest row's run ``race_rounds`` more rounds among themselves, with the
+    serial loop, and their minimum is taken over all their runs. Measurement
+    time goes where the ranking is in doubt. ``meta["raced"]`` lists them and
+    ``meta["runs"]`` counts every row's runs.
 
     Parameters
     ----------
@@ -456,6 +465,10 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
         tqdm bar over the runs.
     record_best : bool
         Re-run the fastest plan with ``record_timeline=True`` for a trace.
+    race_rounds : int
+        Extra rounds for the training rows within ``race_band_pct`` of the fastest (0: none).
+    race_band_pct : float
+        How close to the fastest row's best run a row must be to race, in percent.
 
     Returns
     -------
@@ -464,7 +477,7 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     Raises
     ------
     ValueError
-        If ``iters < 1`` or ``repeats < 1``.
+        If ``iters < 1``, ``repeats < 1``, ``race_rounds < 0`` or ``race_band_pct < 0``.
 
     Examples
     --------
@@ -478,25 +491,33 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     """
     from swpipe_core.engine import SWPipeline
 
-    if iters < 1 or repeats < 1:
-        raise ValueError(f"measure: iters and repeats must be >= 1, got iters={iters}, repeats={repeats}")
+    if iters < 1 or repeats < 1 or race_rounds < 0 or race_band_pct < 0:
+        raise ValueError(f"measure: iters and repeats must be >= 1, race_rounds and race_band_pct >= 0; got "
+                         f"iters={iters}, repeats={repeats}, race_rounds={race_rounds}, race_band_pct={race_band_pct}")
     data = SyntheticData(config, env.world_size, env.rank)
     batches = data.batches(iters)
     train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
-    runs = _run_rounds(config, env, specs, batches, repeats, progress)
-    # Fold every rank in: a row matches only if it matches on every rank, and each run took as long
-    # as its slowest rank. Every rank then computes the same table (and re-runs the same best plan).
-    folded = _fold_ranks(env, dict(serial_s=runs.serial_s, eval_s=runs.eval_s, times=runs.times,
-                                   matches=runs.matches, close=runs.close))
-    runs.serial_s, runs.eval_s, runs.times = folded["serial_s"], folded["eval_s"], folded["times"]
-    runs.matches, runs.close = folded["matches"], folded["close"]
+    runs = _folded(env, _run_rounds(config, env, specs, batches, range(repeats), progress))
+    raced = _contenders(specs, runs, race_band_pct) if race_rounds else []
+    if len(raced) > 1:  # decided on the folded times: every rank races the same rows
+        extra = _folded(env, _run_rounds(config, env, raced, batches, range(repeats, repeats + race_rounds),
+                                         progress))
+        runs.serial_s += extra.serial_s
+        for label, times in extra.times.items():
+            runs.times[label] += times
+            runs.matches[label] = runs.matches[label] and extra.matches[label]
+            runs.close[label] = runs.close[label] and extra.close[label]
     serial_rate = iters / min(runs.serial_s)
     eval_rate = iters / min(runs.eval_s) if runs.eval_s else None
     rows = _rows(config, env, specs, batches, runs, serial_rate, eval_rate)
     result = Measurement(serial_rate, eval_rate, rows, meta=dict(iters=iters, repeats=repeats,
                                                                   world_size=env.world_size,
                                                                   num_threads=torch.get_num_threads(),
-                                                                  parallel_probe=parallel_probe()))
+                                                                  parallel_probe=parallel_probe(),
+                                                                  raced=[s.label for s in raced] if len(raced) > 1
+                                                                  else [], race_rounds=race_rounds,
+                                                                  race_band_pct=race_band_pct,
+                                                                  runs={k: len(v) for k, v in runs.times.items()}))
     train_rows = [r for r, s in zip(rows, specs) if not s.is_eval]
     if train_rows:
         best = max(train_rows, key=lambda r: r.speedup)
@@ -523,21 +544,40 @@ class _Runs:
     ref_losses: List[torch.Tensor] = field(default_factory=list)
 
 
-def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: List[Batch], repeats: int,
-                progress: bool) -> _Runs:
+def _folded(env: DistEnv, runs: _Runs) -> _Runs:
+    """Fold every rank in: a row matches only if it matches on every rank, and each run took as long as
+    its slowest rank. Every rank then holds the same figures (and decides alike on them)."""
+    folded = _fold_ranks(env, dict(serial_s=runs.serial_s, eval_s=runs.eval_s, times=runs.times,
+                                   matches=runs.matches, close=runs.close))
+    runs.serial_s, runs.eval_s, runs.times = folded["serial_s"], folded["eval_s"], folded["times"]
+    runs.matches, runs.close = folded["matches"], folded["close"]
+    return runs
+
+
+def _contenders(specs: Sequence[PlanSpec], runs: _Runs, band_pct: float) -> List[PlanSpec]:
+    """The training specs whose fastest run is within ``band_pct`` of the fastest training spec's."""
+    best = {s.label: min(runs.times[s.label]) for s in specs if not s.is_eval}
+    if not best:
+        return []
+    fastest = min(best.values())
+    return [s for s in specs if s.label in best and best[s.label] <= fastest * (1.0 + band_pct / 100.0)]
+
+
+def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: List[Batch],
+                rounds: Sequence[int], progress: bool) -> _Runs:
     """The serial loop (and the eval loop) and every spec, once per round, each on a fresh workload."""
     from swpipe_core.engine import SWPipeline
 
     iters = len(batches)
     need_eval = any(s.is_eval for s in specs)
-    bar = _bar(repeats * (1 + int(need_eval) + len(specs)), progress and env.rank == 0)
+    bar = _bar(len(rounds) * (1 + int(need_eval) + len(specs)), progress and env.rank == 0)
     runs = _Runs(times={s.label: [] for s in specs}, matches={s.label: True for s in specs},
                  close={s.label: True for s in specs})
     ref_preds: List[torch.Tensor] = []
     # Rounds outermost: every row is measured once per round, so a burst of load on the shared
     # machine disturbs one sample of every row rather than all samples of one row. The plans' order
     # turns by one each round, so no row always runs last in a round (after the most garbage).
-    for r in range(repeats):
+    for r in rounds:
         wl = DLRMWorkload(config, env)
         t0 = time.perf_counter()
         runs.ref_losses = train_reference(wl, batches)
