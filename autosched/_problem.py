@@ -68,6 +68,11 @@ class Problem:
     def cuda(self) -> bool:
         return self.device == "cuda"
 
+    @property
+    def cores(self) -> Optional[int]:
+        """The cost model's core pool (``CostModel.cores``; None: unlimited, :mod:`autosched.taskmodel`)."""
+        return getattr(self.costs, "cores", None)
+
     def thread_time(self, name: str) -> float:
         """Seconds the task holds its thread (on CPU all of its time is host time)."""
         return self.host[name] if self.cuda else self.host[name] + self.dev[name]

@@ -68,6 +68,35 @@ def test_calibrated_costs_charge_dependency_cost_only_across_threads():
     assert {round((without_plan[n].host_s - MS) * 1e6, 6) for n in "ABC"} == {10.0}
 
 
+@pytest.mark.parametrize("cores_free, pool", [(0.4, 1), (1.2, 1), (1.5, 2), (1.71, 2), (3.9, 4)])
+def test_calibrated_costs_set_the_core_pool_from_cores_free(cores_free, pool):
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)}, batch_bytes=64.0)
+    got = calibrated_costs(costs, None, _cal(cores_free=cores_free, cpu_count=4))
+    assert got.cores == pool and f"{pool} free core(s)" in got.notes
+    assert got.batch_bytes == 64.0  # the rest of the model is kept
+    assert calibrated_costs(costs, None, _cal(cores_free=cores_free), core_pool=False).cores is None
+    mine = CostModel(costs.tasks, cores=3)
+    assert calibrated_costs(mine, None, _cal(cores_free=cores_free), core_pool=False).cores == 3
+
+
+def test_one_free_core_serialises_calibrated_threads_and_the_flag_turns_it_off():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
+    one = MachineCalibration(cores_free=1.1, cpu_count=2)
+    assert simulate_calibrated(plan, costs, one).period == pytest.approx(4 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, one, core_pool=False).period == pytest.approx(2 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, MachineCalibration(cores_free=1.9, cpu_count=2)).period == \
+        pytest.approx(2 * MS, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), True, "2"])
+def test_core_capacity_rejects_a_bad_measurement(bad):
+    from autosched.taskmodel import core_capacity
+
+    with pytest.raises(ValueError, match="cores_free=.*MachineCalibration.cores_free"):
+        core_capacity(bad)
+
+
 def test_calibrated_costs_need_a_calibration():
     with pytest.raises(ValueError, match="no machine calibration"):
         calibrated_costs(CostModel({"A": TaskCost(MS)}))
@@ -76,8 +105,9 @@ def test_calibrated_costs_need_a_calibration():
 def test_gil_tag_serialises_python_tasks_across_threads_in_simulation():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
-    free = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.1, "B": 0.2})).period
-    held = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.9, "B": 1.0})).period
+    two_cores = {"cores_free": 2.0, "cpu_count": 2}  # so that only the GIL can serialise them
+    free = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.1, "B": 0.2}, **two_cores)).period
+    held = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.9, "B": 1.0}, **two_cores)).period
     assert free == pytest.approx(2 * MS, rel=1e-6)
     assert held == pytest.approx(4 * MS, rel=1e-6)
     cuda = calibrated_costs(costs, plan, MachineCalibration(gil={"A": 1.0}), device="cuda")
