@@ -217,3 +217,13 @@ def test_shipped_cost_model_loads_states_its_source_and_covers_its_pipeline(path
     assert m.machine and m.method and m.notes
     if m.pipeline:
         m.check(pipelines.get(m.pipeline))
+
+
+def test_readme_version_3_example_loads_with_its_core_pool():
+    import re
+
+    text = open(os.path.join(COST_DIR, "README.md")).read()
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", text, re.S)]
+    v3 = [b for b in blocks if b["version"] == 3]
+    assert v3, "cost_models/README.md shows a version 3 example"
+    assert CostModel.from_dict(v3[0]).cores == v3[0]["cores"]
