@@ -6,8 +6,9 @@ its device part op ``T * n + inst``. :func:`autosched.simulate.simulate` builds 
 runs it and reads the result; nothing else uses it.
 
 Resources are binary (one holder: ``rbusy``, ``rwait``), except the core pool
-(``CostModel.cores``; docs/semantics.md): every host part takes one of ``cap``
-cores while it runs, threads that find none free wait in arrival order
+(``CostModel.cores``; docs/semantics.md): every host part that takes a core
+(:attr:`autosched.taskmodel.TaskParts.takes_core`) takes one of ``cap`` cores
+while it runs, threads that find none free wait in arrival order
 (``cwait``) and are woken, oldest first, when one is released. ``cap = 0`` is
 unlimited (also a pool of at least as many cores as threads,
 :func:`autosched.taskmodel.pool_limit`) and leaves every step as without a pool.
@@ -85,6 +86,7 @@ class _Sim:
         parts = plan_parts(plan, costs, cuda, task_overhead_s)
         self.parts = [parts[name] for name in names]
         self.host = [p.host for p in self.parts]
+        self.takes_core = [p.takes_core for p in self.parts]
         self.dev = [p.device for p in self.parts]
         self.res_names = sorted({r for p in self.parts for r in p.shared})
         self.res = [tuple(self.res_names.index(r) for r in p.shared) for p in self.parts]
@@ -322,7 +324,7 @@ class _Sim:
                 if (True, g) not in self.rwait[r]:
                     self.rwait[r].append((True, g))
                 return
-        if self.cap:
+        if self.cap and self.takes_core[k]:
             if self.cores_busy >= self.cap:
                 if g not in self.cwait:
                     self.cwait.append(g)
@@ -377,7 +379,7 @@ class _Sim:
         self.free_t[g] = t
         self.free_op[g] = inst
         wake_threads = self.waiters.pop(inst, [])
-        if self.cap:  # the core goes to the threads that waited for one first, oldest first
+        if self.cap and self.takes_core[k]:  # the core goes to the threads that waited for one first, oldest first
             self.cores_busy -= 1
             self.cfree_t, self.cfree_op = t, inst
             wake_threads = self.cwait + wake_threads

@@ -18,7 +18,9 @@ is folded into its existing inputs:
   - cores: the cost model's core pool (``CostModel.cores``) is the measured
     ``cores_free`` rounded to the nearest integer, at least 1
     (:func:`autosched.taskmodel.core_capacity`): at most that many host parts
-    run at once, on CPU and on CUDA (docs/semantics.md).
+    run at once, on CPU and on CUDA (docs/semantics.md); a task whose measured
+    CPU share (``MachineCalibration.cpu``) is below ``cpu_threshold`` (it
+    sleeps or blocks) gets the tag ``"nocore"`` and takes no core.
 
 * **approximated**:
 
@@ -30,7 +32,9 @@ is folded into its existing inputs:
     during the device part);
   - cores: a fractional ``cores_free`` becomes a whole pool (1.71 is 2
     cores, 1.2 is 1), and a host part keeps its core until it ends (the OS
-    time-slices); the main thread's per-period time takes no core;
+    time-slices); the main thread's per-period time takes no core; a task
+    on a CPU for part of its time takes a core for all of it or for none
+    (rounded at ``cpu_threshold``), like the GIL tag;
     :func:`parallelism_note` still says in one line when threads must share
     a core;
   - the per-dependency cost is averaged over hand-offs (the second worker's
@@ -44,6 +48,7 @@ pool only; the plan-dependent part is folded by :func:`simulate_calibrated`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional
 
 from swpipe_core.plan import PipelinePlan
@@ -73,7 +78,8 @@ def _cross_deps(plan: PipelinePlan) -> Dict[str, int]:
 
 
 def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, calibration: Any = None, *,
-                     gil_threshold: float = 0.5, device: str = "cpu", core_pool: bool = True) -> CostModel:
+                     gil_threshold: float = 0.5, device: str = "cpu", core_pool: bool = True,
+                     cpu_threshold: float = 0.5) -> CostModel:
     """The cost model with the machine's engine costs, GIL tags and core pool folded in.
 
     Parameters
@@ -90,7 +96,10 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
         GIL tags are added on CPU only.
     core_pool : bool
         Set ``cores`` to :func:`~autosched.taskmodel.core_capacity` of the measured
-        ``cores_free`` (on either device); False keeps ``costs.cores`` as it is.
+        ``cores_free`` (on either device) and tag ``"nocore"`` the tasks measured off
+        the CPU; False keeps ``costs.cores`` and the tags as they are.
+    cpu_threshold : float
+        CPU share (``MachineCalibration.cpu``) below which a task is tagged ``"nocore"``.
 
     Returns
     -------
@@ -114,6 +123,8 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
     (0.00101, 0.00203, ('gil',), 1)
     >>> calibrated_costs(costs, calibration=MachineCalibration(cores_free=1.71, cpu_count=2)).cores
     2
+    >>> calibrated_costs(costs, calibration=MachineCalibration(cpu={"A": 0.02, "B": 0.97}))["A"].resources
+    ('nocore',)
     """
     cal = _calibration(costs, calibration)
     cross = _cross_deps(plan) if plan is not None else {}
@@ -123,11 +134,14 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
         res = tuple(c.resources)
         if device == "cpu" and cal.gil.get(name, 0.0) >= gil_threshold and "gil" not in res:
             res = res + ("gil",)
-        tasks[name] = TaskCost(c.host_s + extra, c.device_s, res)
+        if core_pool and cal.cpu.get(name, 1.0) < cpu_threshold and "nocore" not in res:
+            res = res + ("nocore",)
+        tasks[name] = dataclasses.replace(c, host_s=c.host_s + extra, resources=res)  # bytes kept
     how = "engine costs per task" + (" and per cross-thread dependency" if plan is not None else "") + ", GIL tags"
     cores = core_capacity(cal.cores_free) if core_pool else costs.cores
     if core_pool:
-        how += f", {cores} free core(s)"
+        off = sum("nocore" in t.resources for t in tasks.values())
+        how += f", {cores} free core(s)" + (f" ({off} task(s) off the CPU)" if off else "")
     return CostModel(tasks, costs.machine, costs.method, f"{costs.notes}; calibrated: {how}".lstrip("; "),
                      costs.pipeline, costs.batch_bytes, machine_calibration=cal, cores=cores)
 

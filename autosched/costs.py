@@ -28,8 +28,9 @@ bytes is written as version 1.
 Version 3 adds an optional top-level ``cores``: the machine's free cores as a
 pool that every host part draws one core from while it runs (docs/semantics.md,
 "What a cost model means"; :func:`autosched.calibrated.calibrated_costs` sets it
-from the calibration's measured ``cores_free``). Absent (``None``) is unlimited.
-Each model is written as the lowest version that holds what it has.
+from the calibration's measured ``cores_free``), and the task tag ``"nocore"``
+(a task that sleeps or blocks: its host part takes no core). Absent (``None``)
+is unlimited. Each model is written as the lowest version that holds what it has.
 """
 
 from __future__ import annotations
@@ -105,11 +106,11 @@ def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
                              'write e.g. ["comm:nccl"] or ["pcie"] or []')
     tags = []
     for tag in value:
-        ok = isinstance(tag, str) and (tag in ("pcie", "gil") or (tag.startswith("comm:") and len(tag) > 5))
+        ok = isinstance(tag, str) and (tag in ("pcie", "gil", "nocore") or (tag.startswith("comm:") and len(tag) > 5))
         if not ok:
             raise CostModelError(f"unknown resource tag {tag!r}", where,
-                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies or "gil" '
-                                 'for Python that holds the GIL')
+                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies, "gil" '
+                                 'for Python that holds the GIL or "nocore" for a task that sleeps or blocks')
         tags.append(tag)
     if len(set(tags)) != len(tags):
         raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
@@ -128,7 +129,10 @@ class TaskCost:
         Seconds of device time on the task's stream (CUDA); 0 for pure host tasks.
     resources : tuple of str
         ``"comm:<name>"`` (serialises with every task on that communicator, even on
-        another stream) and/or ``"pcie"`` (contends with every other pcie task).
+        another stream) and/or ``"pcie"`` (contends with every other pcie task);
+        ``"gil"`` (holds the GIL: one such task at a time, CPU); ``"nocore"`` (its
+        host time is spent off the CPU, sleeping or blocked: it takes no core of
+        the model's core pool).
     add_bytes, free_bytes : float
         Bytes of tensor storage the task adds to / frees from its iteration's
         context (applied at the task's end by :mod:`autosched.memory`).
@@ -518,6 +522,11 @@ class CostModel:
         """Whether the model carries memory figures (``batch_bytes`` or any task's bytes)."""
         return bool(self.batch_bytes) or any(c.has_bytes for c in self.tasks.values())
 
+    @property
+    def uses_core_pool(self) -> bool:
+        """Whether the model has a core pool (``cores``) or a ``"nocore"`` tag (a version-3 model)."""
+        return self.cores is not None or any("nocore" in c.resources for c in self.tasks.values())
+
     @classmethod
     def from_timeline(cls, events: Iterable[Any], machine: str = "", notes: str = "") -> "CostModel":
         """Build a model from recorded timeline events: the median duration per task.
@@ -567,7 +576,7 @@ class CostModel:
     # -- JSON --
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON document of the model (version 3 with a core pool, else 2 with memory figures, else 1).
+        """The JSON document of the model (version 3 with a core pool or a ``"nocore"`` tag, else 2 with memory figures, else 1).
 
         Examples
         --------
@@ -578,7 +587,7 @@ class CostModel:
         (3, 2, 2)
         """
         # the lowest version that holds the model: older readers still read what they can
-        version = 3 if self.cores is not None else 2 if self.has_bytes else 1
+        version = 3 if self.uses_core_pool else 2 if self.has_bytes else 1
         doc: Dict[str, Any] = {"schema": SCHEMA, "version": version, "machine": self.machine,
                                "method": self.method, "notes": self.notes}
         if self.pipeline:
@@ -649,9 +658,9 @@ class CostModel:
         if doc.get("version") == 1 and ("batch_bytes" in doc or any(c.has_bytes for c in parsed.values())):
             raise CostModelError("memory figures (bytes) in a version 1 file", at("version"),
                                  f'write "version": {SCHEMA_VERSION} (bytes came with version 2)')
-        if doc.get("version") in (1, 2) and "cores" in doc:
-            raise CostModelError(f"a core pool (cores) in a version {doc['version']} file", at("version"),
-                                 'write "version": 3 (the core pool came with version 3)')
+        if doc.get("version") in (1, 2) and ("cores" in doc or any("nocore" in c.resources for c in parsed.values())):
+            raise CostModelError(f"a core pool (cores, or a \"nocore\" tag) in a version {doc['version']} file",
+                                 at("version"), 'write "version": 3 (the core pool came with version 3)')
         cores = _check_cores(doc.get("cores"), at("cores"))
         batch = _check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
         calibration = doc.get("machine_calibration")

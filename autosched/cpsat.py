@@ -14,7 +14,7 @@ offset. The model holds exactly the engine's rules (CPU semantics):
   ``NoOverlap``), which is also the FIFO order of its queue;
 * **sequencer**, **communicators** and **PCIe** likewise serialise their tasks;
 * the **core pool** (``CostModel.cores``, :mod:`autosched.taskmodel`): at most
-  ``cores`` host parts at once, a ``Cumulative`` of capacity ``cores`` over the
+  ``cores`` host parts that take a core at once, a ``Cumulative`` of capacity ``cores`` over the
   same circular host intervals (exact on the circle, as the ``NoOverlap`` is),
   posted when the pool has fewer cores than the model has thread slots (else
   it cannot bind); the period's lower bound includes host work / ``cores``;
@@ -233,8 +233,10 @@ class _Builder:
         if cores is not None:
             # the circle [0, II) maps onto [II, 2 II) of the line, where each task's interval and its
             # copy cover exactly the circle's points: the line's peak is the circle's
-            pool = [iv for t in names for iv in self.circular(f"cores[{t}]", self.offset[t], self.dur[t])]
-            m.AddCumulative(pool, [1] * len(pool), cores)
+            pool = [iv for t in names if self.problem.parts(t, "", None).takes_core
+                    for iv in self.circular(f"cores[{t}]", self.offset[t], self.dur[t])]
+            if pool:
+                m.AddCumulative(pool, [1] * len(pool), cores)
 
     def device_parts(self) -> None:
         """CUDA: device parts submitted when the host part ends, FIFO per stream and per communicator.

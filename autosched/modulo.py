@@ -309,7 +309,7 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
     """One placement pass; on an inter-dependency violation also the release times that would fix it."""
     rings: Dict[str, Any] = {}
     cores = pool_limit(problem.cores, len(set(group[t] for t in problem.names)))
-    if cores is not None:  # every host part also takes one of the pool's places
+    if cores is not None:  # every host part that takes a core takes one of the pool's places
         rings[CORES] = _Pool(ii, cores)
     fifos: Dict[str, List[Tuple[int, int, int]]] = {}
     start: Dict[str, int] = {}
@@ -318,8 +318,8 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
     dev_end: Dict[str, int] = {}
     for t in priority:
         host_keys, dev_keys = _resources(problem, t, group[t], stream[t])
-        if cores is not None:
-            host_keys += (CORES,)
+        if cores is None:  # the pool cannot make a part wait: no place to reserve
+            host_keys = tuple(k for k in host_keys if k != CORES)
         est = max(ii * problem.frozen_stage.get(t, 0), release.get(t, 0))
         dest = 0
         for d, n in problem.preds(t):

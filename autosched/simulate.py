@@ -104,7 +104,8 @@ class SimResult:
         ``"comm:<name>"``, ``"pcie"``, ``"sequencer"`` (host time of globally
         ordered tasks, which hold the turn while they run) and, when the cost model's
         core pool has fewer cores than the plan has threads (else it never makes a
-        part wait), ``"cores"`` (all host time over ``cores`` x the period).
+        part wait), ``"cores"`` (the host time that takes a core over ``cores`` x
+        the period).
     idle : dict
         ``{resource: idle seconds per iteration}`` over the same window.
     stalls : list of Stall
@@ -493,7 +494,7 @@ def _events_and_busy(sim: "_Sim", w0: int, w1: int) -> Tuple[List[TimelineEvent]
         charge(f"thread:{g}", i, e - s)
         if sim.seqd[k]:
             charge("sequencer", i, e - s)
-        if sim.cap:
+        if sim.cap and sim.takes_core[k]:
             charge(CORES, i, (e - s) / sim.cap)
         if not cuda:
             for r in sim.res[k]:

@@ -5,7 +5,8 @@ code that applies it. Given a task's :class:`~autosched.costs.TaskCost`, its thr
 group, stream and whether it is globally ordered, :func:`task_parts` says how long
 its host part and its device part take and which resources each part holds:
 
-* the host part holds ``thread:<group>`` and, if globally ordered, ``sequencer``;
+* the host part holds ``thread:<group>``, if globally ordered ``sequencer``,
+  and ``cores`` (one core of the pool) unless the cost is tagged ``"nocore"``;
 * on CUDA the device part holds ``stream:<stream>`` and the cost's ``comm:``/
   ``pcie`` tags; on CPU there is no device part: the whole cost is host time and
   the host part holds the tags.
@@ -13,9 +14,11 @@ its host part and its device part take and which resources each part holds:
 **The core pool.** A cost model may give the machine's free cores
 (``CostModel.cores``, an integer capacity; ``None``, the default, is
 unlimited). Every host part, on CPU and on CUDA, needs one core while it runs
-(also the GIL-holding ones, and the caller group's on the main thread); a
-part waiting (Phase 1, the sequencer, its thread's FIFO, another resource)
-holds none, and device parts hold none. At most ``cores`` host parts run at
+(also the GIL-holding ones, and the caller group's on the main thread), except
+a task tagged ``"nocore"``: its host time is spent off the CPU (sleeping,
+blocked on I/O or on another process), so it holds no core. A part waiting
+(Phase 1, the sequencer, its thread's FIFO, another resource) holds none, and
+device parts hold none. At most ``cores`` host parts run at
 once; a part, once started, keeps its core until it ends (the OS time-slices
 instead, which changes who waits, not how much host work the pool does per
 second). The main thread's per-period engine time is not drawn from the pool.
@@ -46,6 +49,7 @@ __all__ = ["TaskParts", "task_parts", "plan_parts", "resource_loads", "core_capa
            "critical_path", "stream_label"]
 
 CORES = "cores"  # the core pool's name in loads, utilisation, stalls and binding waits
+NOCORE = "nocore"  # the cost tag of a task whose host part holds no core (sleeps, blocks)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,8 @@ class TaskParts:
         part on the stream (0 on CPU).
     host_holds, device_holds : tuple of str
         Resource names held during each part: ``"thread:<g>"``, ``"sequencer"``,
-        ``"stream:<s>"``, ``"comm:<name>"``, ``"pcie"``.
+        ``"cores"`` (one core of the pool), ``"stream:<s>"``, ``"comm:<name>"``,
+        ``"pcie"``, ``"gil"``.
     """
 
     host: float
@@ -71,11 +76,16 @@ class TaskParts:
     def shared(self) -> Tuple[str, ...]:
         """The cost model's resource tags among what the task holds (``comm:``, ``pcie``, ``gil``).
 
-        Everything but the task's own thread, stream and the sequencer, which the
-        simulator models as queues of their own.
+        Everything but the task's own thread, stream, the sequencer and the core
+        pool, which the simulator models as queues of their own.
         """
         return tuple(r for r in self.host_holds + self.device_holds
-                     if not r.startswith(("thread:", "stream:")) and r != "sequencer")
+                     if not r.startswith(("thread:", "stream:")) and r not in ("sequencer", CORES))
+
+    @property
+    def takes_core(self) -> bool:
+        """Whether the host part takes one core of the pool while it runs."""
+        return CORES in self.host_holds
 
 
 def task_parts(host_s: float, device_s: float, resources: Sequence[str], group: str, stream: str,
@@ -87,7 +97,8 @@ def task_parts(host_s: float, device_s: float, resources: Sequence[str], group: 
     host_s, device_s : float
         The task's cost (:class:`~autosched.costs.TaskCost`), in seconds or any time unit.
     resources : sequence of str
-        Its ``comm:<name>`` / ``pcie`` tags.
+        Its ``comm:<name>`` / ``pcie`` / ``gil`` tags, and ``nocore`` (its host
+        part holds no core of the pool).
     group, stream : str
         Its thread group and its stream's normalised name.
     ordered : bool
@@ -102,12 +113,13 @@ def task_parts(host_s: float, device_s: float, resources: Sequence[str], group: 
     Examples
     --------
     >>> task_parts(0.1, 2.0, ("comm:nccl",), "io", "memcpy", True, cuda=True)
-    TaskParts(host=0.1, device=2.0, host_holds=('thread:io', 'sequencer'), device_holds=('stream:memcpy', 'comm:nccl'))
-    >>> task_parts(0.1, 2.0, ("comm:nccl",), "io", "memcpy", False, cuda=False)
+    TaskParts(host=0.1, device=2.0, host_holds=('thread:io', 'sequencer', 'cores'), device_holds=('stream:memcpy', 'comm:nccl'))
+    >>> task_parts(0.1, 2.0, ("comm:nccl", "nocore"), "io", "memcpy", False, cuda=False)
     TaskParts(host=2.1, device=0.0, host_holds=('thread:io', 'comm:nccl'), device_holds=())
     """
-    host_holds: Tuple[str, ...] = (f"thread:{group}",) + (("sequencer",) if ordered else ())
-    tags = tuple(resources)
+    host_holds: Tuple[str, ...] = (f"thread:{group}",) + (("sequencer",) if ordered else ()) \
+        + ((CORES,) if NOCORE not in resources else ())
+    tags = tuple(r for r in resources if r != NOCORE)
     if cuda:
         return TaskParts(host_s, device_s, host_holds, (f"stream:{stream}",) + tags)
     return TaskParts(host_s + device_s, 0.0, host_holds + tags, ())
@@ -135,9 +147,9 @@ def plan_parts(plan: Any, costs: Any, cuda: bool, task_overhead_s: float = 0.0) 
 def resource_loads(parts: Iterable[TaskParts], cores: Optional[int] = None) -> Dict[str, float]:
     """Each resource's work per iteration: the sum of the parts that hold it.
 
-    With a core pool of ``cores``, ``"cores"`` is every host part's time over
-    the pool's size: the pool's work per core, so that every value is a lower
-    bound on the period.
+    With a core pool of ``cores``, ``"cores"`` is the time of every host part
+    that takes a core over the pool's size: the pool's work per core, so that
+    every value is a lower bound on the period.
 
     Parameters
     ----------
@@ -158,17 +170,18 @@ def resource_loads(parts: Iterable[TaskParts], cores: Optional[int] = None) -> D
     [('pcie', 4.0), ('stream:s', 3.0), ('stream:t', 1.0), ('thread:a', 3.0)]
     >>> resource_loads([a, b], cores=2)["cores"]
     1.5
+    >>> resource_loads([a, task_parts(2.0, 1.0, ("nocore",), "b", "t", False, cuda=True)], cores=2)["cores"]
+    0.5
     """
     load: Dict[str, float] = {}
-    host = 0.0
     for p in parts:
-        host += p.host
         for r in p.host_holds:
             load[r] = load.get(r, 0) + p.host
         for r in p.device_holds:
             load[r] = load.get(r, 0) + p.device
+    pool = load.pop(CORES, 0.0)
     if cores is not None:
-        load[CORES] = host / cores
+        load[CORES] = pool / cores
     return load
 
 

@@ -8,7 +8,8 @@ For each plan, in one run:
    time of each task over serial iterations (``run_one_serial_iter``;
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's GIL share
-   (``measure_gil``);
+   (``measure_gil``) and CPU share (``measure_cpu``: a task off the CPU takes
+   no core of the pool);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
    ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:
@@ -54,7 +55,7 @@ from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
 from autosched.verify import measure_plans, serial_plan  # noqa: E402
-from swpipe_core.calibrate import MachineCalibration, calibrate, measure_gil  # noqa: E402
+from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
@@ -130,7 +131,8 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         means = (serial_means(plan, batch, args.serial_iters) if args.costs == "serial"
                  else timeline_means(plan, batches))
         gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        cal_plan = MachineCalibration(**{**cal.__dict__, "gil": gil})
+        cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
+        cal_plan = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
         costs[label] = CostModel({k: TaskCost(v) for k, v in means.items()}, machine_calibration=cal_plan)
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:

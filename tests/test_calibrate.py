@@ -89,6 +89,43 @@ def test_one_free_core_serialises_calibrated_threads_and_the_flag_turns_it_off()
         pytest.approx(2 * MS, rel=1e-6)
 
 
+def test_task_measured_off_the_cpu_takes_no_core():
+    plan = PipelinePlan({"Sleep": TaskSchedule(0, thread_group="x"), "Spin": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"Sleep": TaskCost(2 * MS), "Spin": TaskCost(2 * MS)})
+    cal = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.03, "Spin": 0.98})
+    got = calibrated_costs(costs, plan, cal)
+    assert got["Sleep"].resources == ("nocore",) and got["Spin"].resources == () and got.cores == 1
+    assert "1 task(s) off the CPU" in got.notes
+    # the sleeping task leaves the one core to the spinning one: they overlap
+    assert simulate_calibrated(plan, costs, cal).period == pytest.approx(2 * MS, rel=1e-6)
+    both = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.9, "Spin": 0.98})
+    assert simulate_calibrated(plan, costs, both).period == pytest.approx(4 * MS, rel=1e-6)
+    assert calibrated_costs(costs, plan, cal, core_pool=False)["Sleep"].resources == ()
+
+
+def test_cpu_share_round_trips_and_is_left_out_when_not_measured():
+    cal = _cal(cpu={"A": 0.25})
+    assert MachineCalibration.from_dict(cal.to_dict()) == cal
+    assert "cpu" not in _cal().to_dict() and MachineCalibration.from_dict(_cal().to_dict()).cpu == {}
+    with pytest.raises(ValueError, match="cpu: .* not a map of task -> fraction"):
+        MachineCalibration.from_dict({**cal.to_dict(), "cpu": {"A": 1.5}})
+
+
+def test_measure_cpu_tells_a_sleeping_task_from_a_spinning_one():
+    from swpipe_core.calibrate import measure_cpu
+
+    def spin(ctx):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.01:
+            pass
+
+    plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.01)): TaskSchedule(),
+                         PipelineTask("Spin", spin): TaskSchedule()})
+    cpu = measure_cpu(SWPipeline(plan, device="cpu"), 0, num_iterations=5)
+    # the largest share over 5 iterations: a spin loop is on a CPU unless every iteration was descheduled
+    assert cpu["Sleep"] < 0.3 < 0.6 < cpu["Spin"] <= 1.0
+
+
 @pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), True, "2"])
 def test_core_capacity_rejects_a_bad_measurement(bad):
     from autosched.taskmodel import core_capacity

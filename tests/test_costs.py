@@ -50,8 +50,9 @@ def test_save_load_round_trip_keeps_every_field(tmp_path):
     (_doc(tasks={"A": {"host_s": 0.001, "resources": "pcie"}}), "tasks.A.resources", "not a list"),
     (_doc(tasks={}), "tasks", "not a non-empty object"),
     (_doc(version=4), "version", "version 4 is not supported"),
-    (_doc(version=2, cores=2), "version", "a core pool (cores) in a version 2 file"),
-    (_doc(version=1, cores=2), "version", "a core pool (cores) in a version 1 file"),
+    (_doc(version=2, cores=2), "version", "in a version 2 file"),
+    (_doc(version=1, cores=2), "version", "in a version 1 file"),
+    (_doc(version=2, tasks={"A": {"host_s": 0.001, "resources": ["nocore"]}}), "version", '"nocore" tag) in a version 2'),
     (_doc(version=3, cores=0), "cores", "not an integer >= 1"),
     (_doc(version=3, cores=1.5), "cores", "not an integer >= 1"),
     (_doc(version=3, cores=True), "cores", "not an integer >= 1"),
@@ -78,6 +79,9 @@ def test_core_pool_round_trips_as_version_3_and_older_versions_still_load(tmp_pa
     assert back == m and back.cores == 2
     # a what-if edit keeps the pool
     assert back.scaled("A", 2.0).cores == 2 and back.replace("B", host_s=0.003).cores == 2
+    blocking = CostModel({"A": TaskCost(0.001, 0.0, ("nocore",))})
+    assert blocking.to_dict()["version"] == 3 and "cores" not in blocking.to_dict()
+    assert CostModel.from_dict(blocking.to_dict()) == blocking
     for version in (1, 2):
         old = CostModel.load(_write(tmp_path, _doc(version=version), f"v{version}.json"))
         assert old.cores is None and old["B"].host_s == 0.003

@@ -131,6 +131,17 @@ def test_search_with_one_free_core_cannot_beat_total_host_work(method):
     assert simulate(plan, CostModel(tasks, cores=1)).period == pytest.approx(one.period_s)
 
 
+@pytest.mark.parametrize("method", ["cpsat", "beam"])
+def test_search_overlaps_a_nocore_task_with_the_one_core(method):
+    tasks = {"Wait": TaskCost(0.004, 0.0, ("nocore",)), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.003)}
+    graph = (list(tasks), [("Fwd", "Wait"), ("Bwd", "Fwd")])
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10, method=method)
+    plan, report = auto_schedule(graph, CostModel(tasks, cores=1), c)
+    # the 4 ms wait runs beside the 6 ms the one core does; no plan beats the core's 6 ms
+    assert report.period_s == pytest.approx(0.006) and report.lower_bound_s == pytest.approx(0.006)
+    assert plan.sched("Wait").thread_group != plan.sched("Fwd").thread_group
+
+
 def test_search_with_two_cores_for_three_threads_balances_on_the_pool():
     tasks = {n: TaskCost(0.002) for n in "ABCDEF"}
     graph = (list(tasks), [])

@@ -214,6 +214,15 @@ def test_one_free_core_serialises_independent_threads_and_two_do_not():
     assert "cores" not in two.utilisation and not any(c == "cores" for _, _, c, _ in two.stall_summary())
 
 
+def test_a_nocore_task_leaves_the_pool_to_the_others():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")})
+    blocking = CostModel({"A": TaskCost(1 * MS, 0.0, ("nocore",)), "B": TaskCost(2 * MS)}, cores=1)
+    r = simulate(plan, blocking)
+    assert ms(r.period) == 2.0 and r.utilisation["cores"] == pytest.approx(1.0)
+    assert not any(c == "cores" for _, _, c, _ in r.stall_summary())
+    assert ms(lower_bounds(plan, blocking).value) == 2.0
+
+
 def test_core_pool_counts_the_caller_groups_main_thread():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")},
                         caller_group="a")
