@@ -123,7 +123,8 @@ def test_measure_cpu_tells_a_sleeping_task_from_a_spinning_one():
                          PipelineTask("Spin", spin): TaskSchedule()})
     cpu = measure_cpu(SWPipeline(plan, device="cpu"), 0, num_iterations=5)
     # the largest share over 5 iterations: a spin loop is on a CPU unless every iteration was descheduled
-    assert cpu["Sleep"] < 0.3 < 0.6 < cpu["Spin"] <= 1.0
+    # (the margin allows a machine loaded past its cores, where a thread gets ~cores/load of one)
+    assert cpu["Sleep"] < 0.2 < 0.4 < cpu["Spin"] <= 1.0
 
 
 @pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), True, "2"])
