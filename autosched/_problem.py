@@ -56,6 +56,7 @@ class Problem:
     max_threads: int
     unit_s: float = 1e-6
     base_plan: Optional[PipelinePlan] = None
+    nocore: FrozenSet[str] = frozenset()   # tasks whose host part holds no core of the pool (cost tag "nocore")
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
     _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
     _dur: Optional[Dict[str, int]] = field(default=None, repr=False)
@@ -67,6 +68,11 @@ class Problem:
     @property
     def cuda(self) -> bool:
         return self.device == "cuda"
+
+    @property
+    def cores(self) -> Optional[int]:
+        """The cost model's core pool (``CostModel.cores``; None: unlimited, :mod:`autosched.taskmodel`)."""
+        return getattr(self.costs, "cores", None)
 
     def thread_time(self, name: str) -> float:
         """Seconds the task holds its thread (on CPU all of its time is host time)."""
@@ -90,9 +96,10 @@ class Problem:
         return self._ddur[name]
 
     def tags(self, name: str) -> Tuple[str, ...]:
-        """The task's shared-resource tags (``comm:<name>``, ``pcie``)."""
+        """The task's cost tags the models use (``comm:<name>``, ``pcie``, ``nocore``)."""
         comm = self.comm[name]
-        return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ())
+        return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ()) \
+            + (("nocore",) if name in self.nocore else ())
 
     def parts(self, name: str, group: str, stream: Any, units: bool = False) -> TaskParts:
         """The task's host and device parts under a choice of group and stream (seconds, or time units).
@@ -104,7 +111,7 @@ class Problem:
         >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001, 0.002, ("pcie",))}),
         ...                  Constraints(device="cuda", time_unit_s=1e-3))
         >>> p.parts("A", "io", "memcpy", units=True)
-        TaskParts(host=1, device=2, host_holds=('thread:io',), device_holds=('stream:memcpy', 'pcie'))
+        TaskParts(host=1, device=2, host_holds=('thread:io', 'cores'), device_holds=('stream:memcpy', 'pcie'))
         """
         if units:  # dur already holds all of a CPU task's time, rounded once
             host, dev = self.dur(name), self.ddur(name)
@@ -264,9 +271,9 @@ def _check_deps(names: Sequence[str], intra: Sequence[Tuple[str, str]],
 
 
 def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dict[str, float],
-                                                           Dict[str, Optional[str]], set]:
-    """Each task's host and device seconds, its communicator (or None) and the PCIe users."""
-    host, dev, comm, pcie = {}, {}, {}, set()
+                                                           Dict[str, Optional[str]], set, set]:
+    """Each task's host and device seconds, its communicator (or None), the PCIe users and the "nocore" ones."""
+    host, dev, comm, pcie, nocore = {}, {}, {}, set(), set()
     for n in names:
         cost = _cost_of(costs, n)
         host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
@@ -277,7 +284,9 @@ def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dic
         comm[n] = comms[0] if comms else None
         if "pcie" in tags:
             pcie.add(n)
-    return host, dev, comm, pcie
+        if "nocore" in tags:
+            nocore.add(n)
+    return host, dev, comm, pcie, nocore
 
 
 def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
@@ -325,7 +334,7 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
-    host, dev, comm, pcie = _task_costs(names, costs)
+    host, dev, comm, pcie, nocore = _task_costs(names, costs)
 
     frozen = {ref_name(k): _frozen_fields(v) for k, v in (c.frozen or {}).items()}
     unknown = sorted(set(frozen) - known)
@@ -379,7 +388,7 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
         host=host, dev=dev, comm=comm, pcie=frozenset(pcie), ordered=frozenset(ordered),
         frozen_stage=frozen_stage, frozen_stream=frozen_stream, frozen_group=frozen_group,
         stream_choices=choices, init_stream=init_stream, max_depth=c.max_depth, max_threads=c.max_threads,
-        unit_s=unit, base_plan=plan, _dag=dag,
+        unit_s=unit, base_plan=plan, nocore=frozenset(nocore), _dag=dag,
     )
 
 

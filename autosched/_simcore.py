@@ -4,6 +4,14 @@
 instance ``(task k, iteration i)`` is ``k * n + i``, its host part op ``inst`` and
 its device part op ``T * n + inst``. :func:`autosched.simulate.simulate` builds it,
 runs it and reads the result; nothing else uses it.
+
+Resources are binary (one holder: ``rbusy``, ``rwait``), except the core pool
+(``CostModel.cores``; docs/semantics.md): every host part that takes a core
+(:attr:`autosched.taskmodel.TaskParts.takes_core`) takes one of ``cap`` cores
+while it runs, threads that find none free wait in arrival order
+(``cwait``) and are woken, oldest first, when one is released. ``cap = 0`` is
+unlimited (also a pool of at least as many cores as threads,
+:func:`autosched.taskmodel.pool_limit`) and leaves every step as without a pool.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
 
 from .costs import CostModel
-from .taskmodel import plan_parts, resource_loads, stream_label
+from .taskmodel import CORES, plan_parts, pool_limit, resource_loads, stream_label
 
 __all__ = ["SimDeadlock", "Stall"]
 
@@ -35,7 +43,8 @@ class Stall(NamedTuple):
     stream); ``cause`` names what it waited for: ``"fifo:<group>"`` (queued behind
     earlier tasks of its thread group), ``"dep:<task>"`` / ``"dep:<task>[i-N]"``
     (a CPU signal), ``"sequencer"``, ``"comm:<name>"``, ``"pcie"``,
-    ``"stream:<name>"`` (device FIFO) or ``"event:<task>"`` (a device event).
+    ``"stream:<name>"`` (device FIFO), ``"event:<task>"`` (a device event) or
+    ``"cores"`` (every core of the pool busy).
     """
 
     task: str
@@ -77,10 +86,13 @@ class _Sim:
         parts = plan_parts(plan, costs, cuda, task_overhead_s)
         self.parts = [parts[name] for name in names]
         self.host = [p.host for p in self.parts]
+        self.takes_core = [p.takes_core for p in self.parts]
         self.dev = [p.device for p in self.parts]
         self.res_names = sorted({r for p in self.parts for r in p.shared})
         self.res = [tuple(self.res_names.index(r) for r in p.shared) for p in self.parts]
         self.comm = [r.startswith("comm:") for r in self.res_names]
+        self.cores = costs.cores
+        self.cap = pool_limit(costs.cores, len(self.group_names)) or 0  # the core pool's size; 0: cannot bind
         self.period_overhead = period_overhead_s
         # deps[k]: (dep task, distance, label of the CPU-signal wait, label of the device-event wait)
         self.deps: List[List[Tuple[int, int, str, str]]] = [[] for _ in names]
@@ -136,6 +148,11 @@ class _Sim:
         self.rfree_op = [-1] * R
         self.rwait: List[List[Tuple[bool, int]]] = [[] for _ in range(R)]
         self.rqueue: List[deque] = [deque() for _ in range(R)]  # CUDA: submission order per communicator
+        self.cores_busy = 0  # host parts running (the core pool, when self.cap > 0)
+        self.cwait: List[int] = []  # threads waiting for a core, in arrival order
+        self.cwaited = [False] * G  # the thread's current task waited for a core (for its binding wait)
+        self.cfree_t = 0.0
+        self.cfree_op = -1
         self.waiters: Dict[int, List[int]] = {}   # CPU signal -> waiting thread groups
         self.dwaiters: Dict[int, List[int]] = {}  # device event -> waiting streams
         self.seq_next = 0
@@ -181,7 +198,7 @@ class _Sim:
         communicator, PCIe, the sequencer and the main thread (``period_overhead_s``
         per period) is held this long per iteration, whatever the order.
         """
-        load = resource_loads(self.parts)
+        load = resource_loads(self.parts, self.cores)
         if self.caller >= 0:  # the main thread also runs the caller's group
             key = self.thread_label[self.caller]
             load[key] = load.get(key, 0.0) + self.period_overhead
@@ -307,6 +324,13 @@ class _Sim:
                 if (True, g) not in self.rwait[r]:
                     self.rwait[r].append((True, g))
                 return
+        if self.cap and self.takes_core[k]:
+            if self.cores_busy >= self.cap:
+                if g not in self.cwait:
+                    self.cwait.append(g)
+                self.cwaited[g] = True
+                return
+            self.cores_busy += 1
         for r in res:
             self.rbusy[r] = True
         self.start_host(g, inst, k, i, res, now)
@@ -326,6 +350,10 @@ class _Sim:
         for r in res:
             if self.rfree_t[r] >= bt:
                 bt, bop, bkind = self.rfree_t[r], self.rfree_op[r], self.res_names[r]
+        if self.cwaited[g]:  # only a task that found every core busy waited for one
+            self.cwaited[g] = False
+            if self.cfree_t >= bt:
+                bt, bop, bkind = self.cfree_t, self.cfree_op, CORES
         if self.seqd[k] and self.seq_free_t >= bt:
             bt, bop, bkind = self.seq_free_t, self.seq_free_op, "sequencer"
         host_end = self.host_end
@@ -351,6 +379,11 @@ class _Sim:
         self.free_t[g] = t
         self.free_op[g] = inst
         wake_threads = self.waiters.pop(inst, [])
+        if self.cap and self.takes_core[k]:  # the core goes to the threads that waited for one first, oldest first
+            self.cores_busy -= 1
+            self.cfree_t, self.cfree_op = t, inst
+            wake_threads = self.cwait + wake_threads
+            self.cwait = []
         if self.seqd[k]:
             self.seq_next += 1
             self.seq_free_t = t

@@ -116,7 +116,8 @@ class BeamResult:
 def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     """Seconds of work per iteration on the plan's busiest resource: no steady state is faster.
 
-    Threads (and on CUDA streams), the sequencer, each communicator and PCIe.
+    Threads (and on CUDA streams), the sequencer, each communicator, PCIe and the
+    core pool's work per core (``CostModel.cores``).
 
     Parameters
     ----------
@@ -139,9 +140,17 @@ def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "x"})
     >>> round(plan_resource_bound(p, plan) * 1e3, 6)   # both on one thread
     5.0
+    >>> two = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "y"})
+    >>> round(plan_resource_bound(p, two) * 1e3, 6)
+    3.0
+    >>> one_core = make_problem((["A", "B"], [("B", "A")]), CostModel(costs.tasks, cores=1),
+    ...                         Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> round(plan_resource_bound(one_core, two) * 1e3, 6)   # one core runs both threads' work
+    5.0
     """
     sched = {ref_name(k): v for k, v in plan.schedule.items()}
-    load = resource_loads(problem.parts(n, sched[n].thread_group, sched[n].stream) for n in problem.names)
+    load = resource_loads((problem.parts(n, sched[n].thread_group, sched[n].stream) for n in problem.names),
+                          problem.cores)
     return max(load.values(), default=0.0)
 
 

@@ -14,7 +14,8 @@ The bounds:
 * **ResMII** — each resource does all of its work once per iteration: the host
   time of a thread group, the device time of a stream (CUDA), the time of
   every task on a communicator or on PCIe, the host time of the globally
-  ordered tasks (the sequencer's turn is held while they run). For a task graph with ``T``
+  ordered tasks (the sequencer's turn is held while they run); with a core pool
+  (``CostModel.cores``), total host time / ``cores``. For a task graph with ``T``
   allowed threads: total host time / ``T``, and the longest single task.
 * **RecMII** — cycles of data dependencies (intra edges distance 0, inter
   edges distance ``N``); on CUDA, host and device cycles separately (the host
@@ -50,7 +51,7 @@ from swpipe_core.validate import validate
 from ._problem import Problem
 from .costs import CostModel, as_cost_model
 from .graph import task_graph_deps
-from .taskmodel import critical_path, plan_parts, resource_loads, task_parts
+from .taskmodel import CORES, critical_path, plan_parts, resource_loads, task_parts
 
 __all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph", "recurrence_bound", "critical_path_units"]
 
@@ -67,7 +68,7 @@ class Bounds:
         Their maximum: no plan (or no run of this plan) has a shorter period.
     binding : str
         The largest bound's resource (``"thread:<group>"``, ``"stream:<name>"``,
-        ``"comm:<name>"``, ``"pcie"``, ``"sequencer"``, ``"host work / T threads"``,
+        ``"comm:<name>"``, ``"pcie"``, ``"sequencer"``, ``"cores"``, ``"host work / T threads"``,
         ``"longest task <name>"``) or cycle (``"recurrence: ..."``,
         ``"critical path: ..."``, ``"schedule cycle: ..."``).
     components : tuple of (kind, value, what)
@@ -374,6 +375,12 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
     >>> b = lower_bounds(g, costs, max_threads=2)
     >>> round(b.rec_mii * 1e3, 6), b.binding
     (3.0, 'recurrence: A -dep-> B -dep-> A (3.000 ms over 1 iteration(s))')
+
+    One free core (``CostModel.cores``) runs all host work in turn:
+
+    >>> b = lower_bounds(plan, CostModel(costs.tasks, cores=1))
+    >>> round(b.value * 1e3, 6), b.binding
+    (3.0, 'cores')
     """
     costs = as_cost_model(costs)
     cuda = str(device).startswith("cuda")
@@ -395,10 +402,11 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
 
     # ResMII: each resource's work per iteration
     if is_plan:
-        load = resource_loads(plan_parts(plan, costs, cuda).values())
-    else:  # no threads or streams fixed yet: only the shared resources (comm:, pcie)
+        load = resource_loads(plan_parts(plan, costs, cuda).values(), costs.cores)
+    else:  # no threads or streams fixed yet: only the shared resources (comm:, pcie) and the core pool
         parts = [task_parts(costs[t].host_s, costs[t].device_s, costs[t].resources, "", "", False, cuda) for t in tasks]
-        load = {k: v for k, v in resource_loads(parts).items() if not k.startswith(("thread:", "stream:"))}
+        load = {k: v for k, v in resource_loads(parts, costs.cores).items()
+                if not k.startswith(("thread:", "stream:"))}
     if not is_plan:
         total_host = sum(_times(costs, t, cuda)[0] for t in tasks)
         if max_threads is not None:
@@ -406,7 +414,8 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
         longest = max(tasks, key=lambda t: (max(_times(costs, t, cuda)), t))
         load[f"longest task {longest}"] = max(_times(costs, longest, cuda))
     res_name, res = max(load.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
-    components.append(("resource", res, f"{res_name} ({res * 1e3:.3f} ms of work per iteration)"))
+    per = f" per core, {costs.cores} core(s)" if res_name == CORES else ""
+    components.append(("resource", res, f"{res_name} ({res * 1e3:.3f} ms of work per iteration{per})"))
 
     # RecMII: data-dependency cycles
     dep = _dep_graph(tasks, intra, inter, costs, cuda)

@@ -14,7 +14,13 @@ is folded into its existing inputs:
   - per period: ``period_s`` as the simulator's ``period_overhead_s``
     (main-thread time per enqueued period, serialised with the barrier);
   - GIL: a task whose measured GIL share is ``>= gil_threshold`` gets the
-    resource tag ``"gil"``: GIL tasks run one at a time, whatever thread.
+    resource tag ``"gil"``: GIL tasks run one at a time, whatever thread;
+  - cores: the cost model's core pool (``CostModel.cores``) is the measured
+    ``cores_free`` rounded to the nearest integer, at least 1
+    (:func:`autosched.taskmodel.core_capacity`): at most that many host parts
+    run at once, on CPU and on CUDA (docs/semantics.md); a task whose measured
+    CPU share (``MachineCalibration.cpu``) is below ``cpu_threshold`` (it
+    sleeps or blocks) gets the tag ``"nocore"`` and takes no core.
 
 * **approximated**:
 
@@ -24,25 +30,31 @@ is folded into its existing inputs:
     most torch kernels, share ~0);
   - the GIL tag applies on CPU only (on CUDA the simulator holds resources
     during the device part);
-  - cores: ``cores_free`` is not a simulator resource; fewer free cores than
-    busy threads is reported (:func:`parallelism_note`) rather than
-    simulated. With the GIL tag, pure-Python tasks already serialise;
+  - cores: a fractional ``cores_free`` becomes a whole pool (1.71 is 2
+    cores, 1.2 is 1), and a host part keeps its core until it ends (the OS
+    time-slices); the main thread's per-period time takes no core; a task
+    on a CPU for part of its time takes a core for all of it or for none
+    (rounded at ``cpu_threshold``), like the GIL tag;
+    :func:`parallelism_note` still says in one line when threads must share
+    a core;
   - the per-dependency cost is averaged over hand-offs (the second worker's
     wake-up per period is counted in it) and taken under the load at
     calibration time.
 
 Without a plan (the search scores many plans with one cost model),
-:func:`calibrated_costs` folds the per-task cost and the GIL tags only; the
-plan-dependent part is folded by :func:`simulate_calibrated`.
+:func:`calibrated_costs` folds the per-task cost, the GIL tags and the core
+pool only; the plan-dependent part is folded by :func:`simulate_calibrated`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional
 
 from swpipe_core.plan import PipelinePlan
 
 from .costs import CostModel, TaskCost
+from .taskmodel import core_capacity
 
 __all__ = ["calibrated_costs", "simulate_calibrated", "serial_iteration_s", "parallelism_note", "format_profile"]
 
@@ -66,8 +78,9 @@ def _cross_deps(plan: PipelinePlan) -> Dict[str, int]:
 
 
 def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, calibration: Any = None, *,
-                     gil_threshold: float = 0.5, device: str = "cpu") -> CostModel:
-    """The cost model with the machine's engine costs and GIL tags folded in.
+                     gil_threshold: float = 0.5, device: str = "cpu", core_pool: bool = True,
+                     cpu_threshold: float = 0.5) -> CostModel:
+    """The cost model with the machine's engine costs, GIL tags and core pool folded in.
 
     Parameters
     ----------
@@ -81,6 +94,12 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
         GIL share from which a task is tagged ``"gil"``.
     device : {"cpu", "cuda"}
         GIL tags are added on CPU only.
+    core_pool : bool
+        Set ``cores`` to :func:`~autosched.taskmodel.core_capacity` of the measured
+        ``cores_free`` (on either device) and tag ``"nocore"`` the tasks measured off
+        the CPU; False keeps ``costs.cores`` and the tags as they are.
+    cpu_threshold : float
+        CPU share (``MachineCalibration.cpu``) below which a task is tagged ``"nocore"``.
 
     Returns
     -------
@@ -100,8 +119,12 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
     ...                     intra_iter_deps=[("B", "A")])
     >>> got = calibrated_costs(costs, plan, cal)
-    >>> round(got["A"].host_s, 6), round(got["B"].host_s, 6), got["B"].resources
-    (0.00101, 0.00203, ('gil',))
+    >>> round(got["A"].host_s, 6), round(got["B"].host_s, 6), got["B"].resources, got.cores
+    (0.00101, 0.00203, ('gil',), 1)
+    >>> calibrated_costs(costs, calibration=MachineCalibration(cores_free=1.71, cpu_count=2)).cores
+    2
+    >>> calibrated_costs(costs, calibration=MachineCalibration(cpu={"A": 0.02, "B": 0.97}))["A"].resources
+    ('nocore',)
     """
     cal = _calibration(costs, calibration)
     cross = _cross_deps(plan) if plan is not None else {}
@@ -111,15 +134,22 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
         res = tuple(c.resources)
         if device == "cpu" and cal.gil.get(name, 0.0) >= gil_threshold and "gil" not in res:
             res = res + ("gil",)
-        tasks[name] = TaskCost(c.host_s + extra, c.device_s, res)
+        if core_pool and cal.cpu.get(name, 1.0) < cpu_threshold and "nocore" not in res:
+            res = res + ("nocore",)
+        tasks[name] = dataclasses.replace(c, host_s=c.host_s + extra, resources=res)  # bytes kept
     how = "engine costs per task" + (" and per cross-thread dependency" if plan is not None else "") + ", GIL tags"
+    cores = core_capacity(cal.cores_free) if core_pool else costs.cores
+    if core_pool:
+        off = sum("nocore" in t.resources for t in tasks.values())
+        how += f", {cores} free core(s)" + (f" ({off} task(s) off the CPU)" if off else "")
     return CostModel(tasks, costs.machine, costs.method, f"{costs.notes}; calibrated: {how}".lstrip("; "),
-                     costs.pipeline, machine_calibration=cal)
+                     costs.pipeline, costs.batch_bytes, machine_calibration=cal, cores=cores)
 
 
 def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,
-                        num_iterations: int = 50, device: str = "cpu", gil_threshold: float = 0.5) -> Any:
-    """Simulate a plan with the calibration folded in (per task, per dependency, per period, GIL).
+                        num_iterations: int = 50, device: str = "cpu", gil_threshold: float = 0.5,
+                        core_pool: bool = True) -> Any:
+    """Simulate a plan with the calibration folded in (per task, per dependency, per period, GIL, core pool).
 
     Parameters
     ----------
@@ -129,7 +159,8 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     calibration : MachineCalibration, optional
     num_iterations : int
     device : {"cpu", "cuda"}
-    gil_threshold : float
+    gil_threshold, core_pool
+        As in :func:`calibrated_costs`.
 
     Returns
     -------
@@ -143,11 +174,21 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     >>> plan = PipelinePlan({"A": TaskSchedule(0)})
     >>> round(simulate_calibrated(plan, CostModel({"A": TaskCost(1e-3)}), cal).period * 1e3, 6)
     1.6
+
+    Two GIL-free 1 ms tasks on two threads share the one core measured free:
+
+    >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    >>> one_core = MachineCalibration(cores_free=1.1, cpu_count=2)
+    >>> costs = CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)})
+    >>> round(simulate_calibrated(two, costs, one_core).period * 1e3, 6)
+    2.0
+    >>> round(simulate_calibrated(two, costs, one_core, core_pool=False).period * 1e3, 6)
+    1.0
     """
     from .simulate import simulate
 
     cal = _calibration(costs, calibration)
-    folded = calibrated_costs(costs, plan, cal, gil_threshold=gil_threshold, device=device)
+    folded = calibrated_costs(costs, plan, cal, gil_threshold=gil_threshold, device=device, core_pool=core_pool)
     return simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
 
 
@@ -184,7 +225,7 @@ def parallelism_note(plan: PipelinePlan, costs: CostModel, calibration: Any = No
     cal = _calibration(costs, calibration)
     groups = {plan.sched(n).thread_group for n in plan.task_names}
     gil = [n for n in plan.task_names if cal.gil.get(n, 0.0) >= 0.5]
-    if len(groups) > 1 and cal.cores_free < 1.5:
+    if len(groups) > 1 and core_capacity(cal.cores_free) < 2:
         return (f"the machine is the limit: {len(groups)} thread groups but {cal.cores_free:.2f} of {cal.cpu_count} "
                 "cores free now (measured); threads will share a core")
     if len(groups) > 1 and gil and len(gil) == len(plan.task_names):

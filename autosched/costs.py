@@ -5,8 +5,8 @@ on the task's thread; ``device_s``: time on the task's stream on CUDA;
 ``resources``: tags ``"comm:<name>"`` for collectives that serialise on one
 communicator even across streams, ``"pcie"`` for copies that contend for the
 bus). It is built by hand, from a :class:`~swpipe_core.profiler.ProfileResult`,
-or from an engine timeline, and stored as JSON (schema version 2, documented
-in ``cost_models/README.md``; version 1 files, without bytes, still load)::
+or from an engine timeline, and stored as JSON (schema version 3, documented
+in ``cost_models/README.md``; versions 1 and 2 still load)::
 
     {"schema": "swpipe-cost-model", "version": 1,
      "machine": "...", "method": "...", "notes": "...", "pipeline": "...",
@@ -24,6 +24,13 @@ allocator handed out / took back while it ran), and at the top level
 ``batch_bytes`` (the batch every context holds from its start);
 :mod:`autosched.memory` predicts bytes in flight from them. A model without
 bytes is written as version 1.
+
+Version 3 adds an optional top-level ``cores``: the machine's free cores as a
+pool that every host part draws one core from while it runs (docs/semantics.md,
+"What a cost model means"; :func:`autosched.calibrated.calibrated_costs` sets it
+from the calibration's measured ``cores_free``), and the task tag ``"nocore"``
+(a task that sleeps or blocks: its host part takes no core). Absent (``None``)
+is unlimited. Each model is written as the lowest version that holds what it has.
 """
 
 from __future__ import annotations
@@ -38,10 +45,11 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Unio
 __all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION", "as_cost_model"]
 
 SCHEMA = "swpipe-cost-model"
-SCHEMA_VERSION = 2
-_READS_VERSIONS = (1, 2)  # 2 added the optional byte fields
+SCHEMA_VERSION = 3
+_READS_VERSIONS = (1, 2, 3)  # 2 added the optional byte fields, 3 the optional core pool ("cores")
 _TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks", "batch_bytes",
-               "machine_calibration"}  # optional, versioned on its own: swpipe_core.calibrate
+               "machine_calibration",  # optional, versioned on its own: swpipe_core.calibrate
+               "cores"}
 _BYTE_FIELDS = ("add_bytes", "free_bytes", "device_alloc_bytes", "device_free_bytes", "transient_bytes")
 _TASK_FIELDS = {"host_s", "device_s", "resources", *_BYTE_FIELDS}
 
@@ -82,17 +90,27 @@ def _check_bytes(value: Any, where: str) -> float:
     return float(value)
 
 
+def _check_cores(value: Any, where: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CostModelError(f"cores is {value!r}, not an integer >= 1", where,
+                             "give the number of free cores as an int (autosched.taskmodel.core_capacity rounds a "
+                             "measured cores_free), or None for unlimited")
+    return value
+
+
 def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise CostModelError(f"resources is {value!r}, not a list of tags", where,
                              'write e.g. ["comm:nccl"] or ["pcie"] or []')
     tags = []
     for tag in value:
-        ok = isinstance(tag, str) and (tag in ("pcie", "gil") or (tag.startswith("comm:") and len(tag) > 5))
+        ok = isinstance(tag, str) and (tag in ("pcie", "gil", "nocore") or (tag.startswith("comm:") and len(tag) > 5))
         if not ok:
             raise CostModelError(f"unknown resource tag {tag!r}", where,
-                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies or "gil" '
-                                 'for Python that holds the GIL')
+                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies, "gil" '
+                                 'for Python that holds the GIL or "nocore" for a task that sleeps or blocks')
         tags.append(tag)
     if len(set(tags)) != len(tags):
         raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
@@ -111,7 +129,10 @@ class TaskCost:
         Seconds of device time on the task's stream (CUDA); 0 for pure host tasks.
     resources : tuple of str
         ``"comm:<name>"`` (serialises with every task on that communicator, even on
-        another stream) and/or ``"pcie"`` (contends with every other pcie task).
+        another stream) and/or ``"pcie"`` (contends with every other pcie task);
+        ``"gil"`` (holds the GIL: one such task at a time, CPU); ``"nocore"`` (its
+        host time is spent off the CPU, sleeping or blocked: it takes no core of
+        the model's core pool).
     add_bytes, free_bytes : float
         Bytes of tensor storage the task adds to / frees from its iteration's
         context (applied at the task's end by :mod:`autosched.memory`).
@@ -229,6 +250,11 @@ class CostModel:
         Optional name of the pipeline the model is for.
     batch_bytes : float
         Bytes of the batch each iteration's context holds from its start (0: not measured).
+    machine_calibration : MachineCalibration, optional
+        What :mod:`swpipe_core.calibrate` measured (:mod:`autosched.calibrated` folds it in).
+    cores : int, optional
+        The core pool: at most this many host parts run at once, whatever their
+        threads (docs/semantics.md). ``None`` (default): unlimited.
 
     Examples
     --------
@@ -248,9 +274,11 @@ class CostModel:
     pipeline: str = ""
     batch_bytes: float = 0.0
     machine_calibration: Any = None  # swpipe_core.calibrate.MachineCalibration (autosched.calibrated uses it)
+    cores: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.batch_bytes = _check_bytes(self.batch_bytes, "batch_bytes")
+        self.cores = _check_cores(self.cores, "cores")
         if not isinstance(self.tasks, Mapping):
             raise CostModelError(f"tasks is {type(self.tasks).__name__}, not a dict", "tasks",
                                  "pass {task_name: TaskCost(...)}")
@@ -402,7 +430,7 @@ class CostModel:
     def _copy(self, tasks: Dict[str, TaskCost], edit: str) -> "CostModel":
         notes = f"{self.notes}; what-if: {edit}" if self.notes else f"what-if: {edit}"
         return CostModel(tasks, self.machine, self.method, notes, self.pipeline, self.batch_bytes,
-                         machine_calibration=self.machine_calibration)
+                         machine_calibration=self.machine_calibration, cores=self.cores)
 
     # -- builders --
 
@@ -494,6 +522,11 @@ class CostModel:
         """Whether the model carries memory figures (``batch_bytes`` or any task's bytes)."""
         return bool(self.batch_bytes) or any(c.has_bytes for c in self.tasks.values())
 
+    @property
+    def uses_core_pool(self) -> bool:
+        """Whether the model has a core pool (``cores``) or a ``"nocore"`` tag (a version-3 model)."""
+        return self.cores is not None or any("nocore" in c.resources for c in self.tasks.values())
+
     @classmethod
     def from_timeline(cls, events: Iterable[Any], machine: str = "", notes: str = "") -> "CostModel":
         """Build a model from recorded timeline events: the median duration per task.
@@ -543,14 +576,18 @@ class CostModel:
     # -- JSON --
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON document of the model (schema version 2 with memory figures, else 1).
+        """The JSON document of the model (version 3 with a core pool or a ``"nocore"`` tag, else 2 with memory figures, else 1).
 
         Examples
         --------
         >>> CostModel({"A": TaskCost(0.001)}, machine="m").to_dict()["tasks"]
         {'A': {'host_s': 0.001, 'device_s': 0.0}}
+        >>> doc = CostModel({"A": TaskCost(0.001)}, cores=2).to_dict()
+        >>> doc["version"], doc["cores"], CostModel.from_dict(doc).cores
+        (3, 2, 2)
         """
-        version = SCHEMA_VERSION if self.has_bytes else 1  # readers of version 1 still read a model without bytes
+        # the lowest version that holds the model: older readers still read what they can
+        version = 3 if self.uses_core_pool else 2 if self.has_bytes else 1
         doc: Dict[str, Any] = {"schema": SCHEMA, "version": version, "machine": self.machine,
                                "method": self.method, "notes": self.notes}
         if self.pipeline:
@@ -560,6 +597,8 @@ class CostModel:
         doc["tasks"] = {name: c.to_dict() for name, c in self.tasks.items()}
         if self.machine_calibration is not None:
             doc["machine_calibration"] = self.machine_calibration.to_dict()
+        if self.cores is not None:
+            doc["cores"] = self.cores
         return doc
 
     @classmethod
@@ -583,10 +622,10 @@ class CostModel:
 
         Examples
         --------
-        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 3, "tasks": {}})  # doctest: +ELLIPSIS
+        >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 4, "tasks": {}})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.costs.CostModelError: version: version 3 is not supported (this swpipe reads versions 1, 2). Fix: ...
+        autosched.costs.CostModelError: version: version 4 is not supported (this swpipe reads versions 1, 2, 3). Fix: ...
         """
         def at(fieldname: str) -> str:
             return f"{where}: {fieldname}" if where and fieldname else (where or fieldname)
@@ -619,6 +658,10 @@ class CostModel:
         if doc.get("version") == 1 and ("batch_bytes" in doc or any(c.has_bytes for c in parsed.values())):
             raise CostModelError("memory figures (bytes) in a version 1 file", at("version"),
                                  f'write "version": {SCHEMA_VERSION} (bytes came with version 2)')
+        if doc.get("version") in (1, 2) and ("cores" in doc or any("nocore" in c.resources for c in parsed.values())):
+            raise CostModelError(f"a core pool (cores, or a \"nocore\" tag) in a version {doc['version']} file",
+                                 at("version"), 'write "version": 3 (the core pool came with version 3)')
+        cores = _check_cores(doc.get("cores"), at("cores"))
         batch = _check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
         calibration = doc.get("machine_calibration")
         if calibration is not None:
@@ -629,10 +672,10 @@ class CostModel:
             except ValueError as exc:
                 raise CostModelError(str(exc)) from None
         return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""),
-                   batch, machine_calibration=calibration)
+                   batch, machine_calibration=calibration, cores=cores)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write the model as JSON (schema version 2, or 1 when it has no memory figures).
+        """Write the model as JSON (the lowest schema version that holds it: see :meth:`to_dict`).
 
         Parameters
         ----------

@@ -13,6 +13,11 @@ offset. The model holds exactly the engine's rules (CPU semantics):
   length ``II`` (each interval and its copy shifted by ``II`` in one
   ``NoOverlap``), which is also the FIFO order of its queue;
 * **sequencer**, **communicators** and **PCIe** likewise serialise their tasks;
+* the **core pool** (``CostModel.cores``, :mod:`autosched.taskmodel`): at most
+  ``cores`` host parts that take a core at once, a ``Cumulative`` of capacity ``cores`` over the
+  same circular host intervals (exact on the circle, as the ``NoOverlap`` is),
+  posted when the pool has fewer cores than the model has thread slots (else
+  it cannot bind); the period's lower bound includes host work / ``cores``;
 * the **progress barrier**: period ``p + depth`` is enqueued when iteration
   ``p`` has retired, so ``offset[t] >= iter_end - II * depth`` with
   ``depth = max(stage) + 1``;
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -40,6 +46,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from swpipe_core.plan import PipelinePlan, stream_name
 
 from ._problem import Problem, build_plan
+from .taskmodel import pool_limit
 
 __all__ = ["CpsatResult", "solve_cpsat", "model_lower_bound"]
 
@@ -100,6 +107,9 @@ def model_lower_bound(problem: Problem) -> int:
     >>> p = make_problem((list("ABC"), [("B", "A"), ("C", "B")]), c, Constraints(max_threads=2, max_depth=3, time_unit_s=1e-3))
     >>> model_lower_bound(p)   # 9 units of work on 2 threads
     5
+    >>> c.cores = 1
+    >>> model_lower_bound(p)   # 9 units of work on 1 core
+    9
     """
     from .bounds import critical_path_units, recurrence_bound
     from .taskmodel import resource_loads
@@ -109,10 +119,10 @@ def model_lower_bound(problem: Problem) -> int:
     bounds = [1, recurrence_bound(problem), max((problem.dur(n) for n in names), default=0),
               -(-sum(problem.dur(n) for n in names) // max(1, threads)),
               -(-critical_path_units(problem) // problem.max_depth)]
-    # shared resources (sequencer, comm:, pcie) hold the same whatever the thread and stream choice
-    loads = resource_loads(problem.parts(n, "", None, units=True) for n in names)
+    # shared resources (sequencer, comm:, pcie, the core pool) hold the same whatever the thread and stream choice
+    loads = resource_loads((problem.parts(n, "", None, units=True) for n in names), problem.cores)
     shared = {k: v for k, v in loads.items() if not k.startswith(("thread:", "stream:"))}
-    bounds += list(shared.values())
+    bounds += [math.ceil(v) for v in shared.values()]  # the pool's load (work per core) is fractional
     if problem.cuda:
         streams = {stream_name(s) for n in names for s in problem.stream_choices[n]}
         bounds.append(-(-sum(problem.ddur(n) for n in names) // max(1, len(streams))))
@@ -219,6 +229,14 @@ class _Builder:
         ordered = [t for t in names if t in self.problem.ordered]
         if len(ordered) > 1:
             m.AddNoOverlap([iv for t in ordered for iv in self.circular(f"sequencer[{t}]", self.offset[t], self.dur[t])])
+        cores = pool_limit(self.problem.cores, len(self.slots))
+        if cores is not None:
+            # the circle [0, II) maps onto [II, 2 II) of the line, where each task's interval and its
+            # copy cover exactly the circle's points: the line's peak is the circle's
+            pool = [iv for t in names if self.problem.parts(t, "", None).takes_core
+                    for iv in self.circular(f"cores[{t}]", self.offset[t], self.dur[t])]
+            if pool:
+                m.AddCumulative(pool, [1] * len(pool), cores)
 
     def device_parts(self) -> None:
         """CUDA: device parts submitted when the host part ends, FIFO per stream and per communicator.

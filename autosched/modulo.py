@@ -6,7 +6,9 @@ a target period ``II`` (integer time units) every task, in fire order, is placed
 at the earliest time its dependencies allow where everything its parts hold
 (:mod:`autosched.taskmodel`: thread, sequencer, stream, communicator, PCIe) is
 free modulo ``II``: a modulo reservation table (:class:`_Ring` per resource,
-FIFO order for streams and communicators). Its stage is ``start // II``;
+FIFO order for streams and communicators, and :class:`_Pool`, ``cores``
+places, for the core pool when it has fewer cores than the candidate has
+threads). Its stage is ``start // II``;
 :func:`derive_timetable` finds the smallest ``II`` that places every task by
 bisection. The beam search (:mod:`autosched.beam`) ranks candidates by it
 before simulating the best.
@@ -15,6 +17,7 @@ before simulating the best.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -22,7 +25,7 @@ from swpipe_core.plan import stream_name
 
 from ._problem import Problem
 from .bounds import critical_path_units
-from .taskmodel import resource_loads
+from .taskmodel import CORES, pool_limit, resource_loads
 
 __all__ = ["Candidate", "modulo_schedule", "derive_timetable"]
 
@@ -103,6 +106,72 @@ class _Ring:
         i = bisect.bisect_left(self.starts, r)
         self.starts.insert(i, r)
         self.ends.insert(i, r + dur)
+
+
+class _Pool:
+    """Busy intervals of the core pool on a circle of length ``ii``: at most ``cap`` at any point.
+
+    Same interface as :class:`_Ring` (a ring is a pool of one place).
+
+    Examples
+    --------
+    >>> pool = _Pool(10, 2)
+    >>> pool.add(0, 6); pool.add(2, 6)
+    >>> pool.earliest(0, 3), pool.earliest(0, 2), pool.earliest(9, 3)   # [2, 6) has both places taken
+    (6, 0, 9)
+    >>> pool.earliest(0, 11) is None
+    True
+    """
+
+    __slots__ = ("ii", "cap", "spans")
+
+    def __init__(self, ii: int, cap: int) -> None:
+        self.ii, self.cap = ii, cap
+        self.spans: List[Tuple[int, int]] = []   # (start modulo ii, duration)
+
+    def _profile(self) -> List[Tuple[int, int, int]]:
+        """``(start, end, parts running)`` segments covering ``[0, ii)``."""
+        delta: Dict[int, int] = {0: 0}
+        for r, d in self.spans:
+            e = r + d
+            delta[r] = delta.get(r, 0) + 1
+            if e <= self.ii:
+                delta[e] = delta.get(e, 0) - 1
+            else:  # wraps: busy on [r, ii) and [0, e - ii)
+                delta[0] += 1
+                delta[e - self.ii] = delta.get(e - self.ii, 0) - 1
+        points = sorted(p for p in delta if p < self.ii)
+        out, level = [], 0
+        for a, b in zip(points, points[1:] + [self.ii]):
+            level += delta[a]
+            out.append((a, b, level))
+        return out
+
+    def earliest(self, x: int, dur: int) -> Optional[int]:
+        """Earliest ``s >= x`` with a free place on all of ``[s, s + dur)`` modulo ``ii``; None if never."""
+        if dur > self.ii:
+            return None
+        if dur <= 0 or not self.spans:
+            return x
+        base = (x // self.ii) * self.ii
+        run = None   # start of the current stretch with a free place
+        profile = self._profile()
+        for turn in range(3):   # x lies in the first turn and dur <= ii: three turns hold any fit
+            for a, b, level in profile:
+                a, b = base + turn * self.ii + a, base + turn * self.ii + b
+                if b <= x:
+                    continue
+                if level >= self.cap:
+                    run = None
+                    continue
+                run = max(a, x) if run is None else run
+                if b - run >= dur:
+                    return run
+        return None
+
+    def add(self, s: int, dur: int) -> None:
+        if dur > 0:
+            self.spans.append((s % self.ii, dur))
 
 
 @dataclass
@@ -238,7 +307,10 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], priority: Sequence[str],
                ii: int, cap: int, release: Mapping[str, int]) -> Tuple[Optional[_Timetable], Dict[str, int]]:
     """One placement pass; on an inter-dependency violation also the release times that would fix it."""
-    rings: Dict[str, _Ring] = {}
+    rings: Dict[str, Any] = {}
+    cores = pool_limit(problem.cores, len(set(group[t] for t in problem.names)))
+    if cores is not None:  # every host part that takes a core takes one of the pool's places
+        rings[CORES] = _Pool(ii, cores)
     fifos: Dict[str, List[Tuple[int, int, int]]] = {}
     start: Dict[str, int] = {}
     signal: Dict[str, int] = {}
@@ -246,6 +318,8 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
     dev_end: Dict[str, int] = {}
     for t in priority:
         host_keys, dev_keys = _resources(problem, t, group[t], stream[t])
+        if cores is None:  # the pool cannot make a part wait: no place to reserve
+            host_keys = tuple(k for k in host_keys if k != CORES)
         est = max(ii * problem.frozen_stage.get(t, 0), release.get(t, 0))
         dest = 0
         for d, n in problem.preds(t):
@@ -297,10 +371,10 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
 
 
 def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], rec: int, cap: int) -> int:
-    load = resource_loads(problem.parts(t, group[t], stream[t], units=True) for t in problem.names)
+    load = resource_loads((problem.parts(t, group[t], stream[t], units=True) for t in problem.names), problem.cores)
     longest = max((problem.dur(t) for t in problem.names), default=0)
     crit = -(-critical_path_units(problem) // cap)
-    return max([1, rec, longest, crit, *load.values()])
+    return max([1, rec, longest, crit, *(math.ceil(v) for v in load.values())])  # the pool's load is fractional
 
 
 def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Optional[int] = None,

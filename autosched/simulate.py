@@ -29,6 +29,7 @@ from swpipe_core.validate import validate
 
 from .costs import CostModel, as_cost_model
 from ._simcore import SimDeadlock, Stall, _Sim
+from .taskmodel import CORES
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
@@ -44,7 +45,7 @@ class CriticalCycle:
     ``steps`` run forward in time: ``(task, part, iteration, via)`` where ``via`` is
     the kind of wait that let the *next* step start (``"thread:<g>"``,
     ``"stream:<s>"``, ``"dep:<t>"``, ``"event:<t>"``, ``"submit"``,
-    ``"barrier"``, ``"sequencer"``, ``"comm:<c>"``, ``"pcie"``). The chain spans
+    ``"barrier"``, ``"sequencer"``, ``"comm:<c>"``, ``"pcie"``, ``"cores"``). The chain spans
     ``iterations`` iterations in ``seconds``; ``ratio = seconds / iterations``.
     """
 
@@ -100,8 +101,11 @@ class SimResult:
     utilisation : dict
         ``{resource: busy fraction}`` in steady state (busy time per iteration over the
         period), resources named ``"thread:<group>"``, ``"stream:<name>"`` (CUDA),
-        ``"comm:<name>"``, ``"pcie"`` and ``"sequencer"`` (host time of globally
-        ordered tasks, which hold the turn while they run).
+        ``"comm:<name>"``, ``"pcie"``, ``"sequencer"`` (host time of globally
+        ordered tasks, which hold the turn while they run) and, when the cost model's
+        core pool has fewer cores than the plan has threads (else it never makes a
+        part wait), ``"cores"`` (the host time that takes a core over ``cores`` x
+        the period).
     idle : dict
         ``{resource: idle seconds per iteration}`` over the same window.
     stalls : list of Stall
@@ -110,7 +114,7 @@ class SimResult:
         The repeating chain of binding waits.
     binding : str
         The saturated resource (``"thread:<g>"``, ``"stream:<s>"``, ``"comm:<c>"``,
-        ``"pcie"``, ``"sequencer"``), else the critical cycle:
+        ``"pcie"``, ``"sequencer"``, ``"cores"``), else the critical cycle:
         ``"progress barrier (depth d): ..."`` if it passes the retire barrier,
         ``"recurrence: ..."`` if it is made of data dependencies only, else
         ``"cycle: ..."`` (dependencies chained with FIFO or resource order).
@@ -321,7 +325,9 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     plan : PipelinePlan
         Validated first (:func:`swpipe_core.validate.validate`); may be unbound.
     costs : CostModel
-        Must cost every task of the plan.
+        Must cost every task of the plan. Its ``cores`` (the core pool,
+        :mod:`autosched.taskmodel`) caps how many host parts run at once; ``None``
+        is unlimited.
     num_iterations : int
         Iterations to run (>= 2). The period is measured on the iterations that
         complete before the run stops admitting full periods, after a warm-up
@@ -374,6 +380,12 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     >>> one = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     >>> round(simulate(one, costs).period * 1e3, 6)
     3.0
+
+    With one free core (``CostModel.cores``) the two threads take turns on it:
+
+    >>> r = simulate(two, CostModel(costs.tasks, cores=1))
+    >>> round(r.period * 1e3, 6), r.binding
+    (3.0, 'cores')
     """
     costs = as_cost_model(costs)
     cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag)
@@ -468,6 +480,8 @@ def _events_and_busy(sim: "_Sim", w0: int, w1: int) -> Tuple[List[TimelineEvent]
     busy.update({r: 0.0 for r in sim.res_names})
     if any(sim.seqd):
         busy["sequencer"] = 0.0
+    if sim.cap:  # the core pool: busy per core, so that its utilisation and idle time read like a thread's
+        busy[CORES] = 0.0
 
     def charge(name: str, i: int, seconds: float) -> None:
         if w0 <= i <= w1:
@@ -480,6 +494,8 @@ def _events_and_busy(sim: "_Sim", w0: int, w1: int) -> Tuple[List[TimelineEvent]
         charge(f"thread:{g}", i, e - s)
         if sim.seqd[k]:
             charge("sequencer", i, e - s)
+        if sim.cap and sim.takes_core[k]:
+            charge(CORES, i, (e - s) / sim.cap)
         if not cuda:
             for r in sim.res[k]:
                 charge(sim.res_names[r], i, e - s)

@@ -73,13 +73,13 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
             out = out.scaled(None, change, part="bytes")
         elif isinstance(change, TaskCost):
             out = CostModel({**out.tasks, name: change}, out.machine, out.method, out.notes, out.pipeline,
-                            out.batch_bytes)
+                            out.batch_bytes, machine_calibration=out.machine_calibration, cores=out.cores)
         elif isinstance(change, Mapping):
             if name in out:
                 out = out.replace(name, **change)
             else:
                 out = CostModel({**out.tasks, name: dict(change)}, out.machine, out.method, out.notes, out.pipeline,
-                            out.batch_bytes)
+                            out.batch_bytes, machine_calibration=out.machine_calibration, cores=out.cores)
         elif isinstance(change, (int, float)) and not isinstance(change, bool):
             if name not in out:
                 raise CostModelError(f"no cost for task {name!r} to scale", "changes",

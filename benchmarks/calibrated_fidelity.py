@@ -8,12 +8,16 @@ For each plan, in one run:
    time of each task over serial iterations (``run_one_serial_iter``;
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's GIL share
-   (``measure_gil``);
+   (``measure_gil``) and CPU share (``measure_cpu``: a task off the CPU takes
+   no core of the pool);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
    ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:
-   per task and per cross-thread dependency, ``period_overhead_s``),
-   ``+engine+gil`` (also the GIL tags), against the measured period;
+   per task and per cross-thread dependency, ``period_overhead_s``, and the
+   core pool, ``cores_free`` rounded; ``--no-core-pool``: without it),
+   ``+engine+gil`` (also the GIL tags), against the measured period; with
+   the pool on, ``-pool`` is ``+engine`` without it, from the same
+   measurements (the pool's own effect, free of run-to-run noise);
 4. with ``--rescale`` (default) each plan's serial version (``serial_plan``:
    the same tasks at depth 1 on one thread) is measured in the same rounds,
    and ``rescaled`` is the ``+engine`` prediction times that serial plan's
@@ -49,8 +53,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from autosched.calibrated import calibrated_costs  # noqa: E402
 from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
+from autosched.taskmodel import core_capacity  # noqa: E402
 from autosched.verify import measure_plans, serial_plan  # noqa: E402
-from swpipe_core.calibrate import MachineCalibration, calibrate, measure_gil  # noqa: E402
+from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
@@ -91,14 +96,19 @@ def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
     return {k: _robust_mean(v) for k, v in samples.items()}
 
 
-def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int) -> Dict[str, float]:
-    engine = calibrated_costs(costs, plan, cal, gil_threshold=2.0)  # threshold > 1: no GIL tags
-    gil = calibrated_costs(costs, plan, cal)
-    return {
+def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
+                core_pool: bool = True) -> Dict[str, float]:
+    engine = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=core_pool)  # threshold > 1: no GIL tags
+    gil = calibrated_costs(costs, plan, cal, core_pool=core_pool)
+    out = {
         "tasks": simulate(plan, costs, num_iterations=iters).period,
         "+engine": simulate(plan, engine, num_iterations=iters, period_overhead_s=cal.period_s).period,
         "+engine+gil": simulate(plan, gil, num_iterations=iters, period_overhead_s=cal.period_s).period,
     }
+    if core_pool:
+        free = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=False)
+        out["-pool"] = simulate(plan, free, num_iterations=iters, period_overhead_s=cal.period_s).period
+    return out
 
 
 def _err(sim: float, meas: float) -> float:
@@ -106,10 +116,10 @@ def _err(sim: float, meas: float) -> float:
 
 
 def report(rows: List[dict], what: str, median_target: float) -> None:
-    for key in ("tasks", "+engine", "+engine+gil", "rescaled"):
+    for key in ("tasks", "+engine", "-pool", "+engine+gil", "rescaled"):
         errs = [abs(_err(r[key], r["measured"])) for r in rows if key in r]
         if errs:
-            print(f"{what} {key:>12}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
+            print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
                   f"(target median <= {median_target:.0%}, worst <= 10%)")
 
 
@@ -121,21 +131,23 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         means = (serial_means(plan, batch, args.serial_iters) if args.costs == "serial"
                  else timeline_means(plan, batches))
         gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        cal_plan = MachineCalibration(**{**cal.__dict__, "gil": gil})
+        cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
+        cal_plan = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
         costs[label] = CostModel({k: TaskCost(v) for k, v in means.items()}, machine_calibration=cal_plan)
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:
         runs += [(f"{label} [serial]", serial_plan(plan)) for label, plan, _ in entries]
     table = measure_plans(runs, batches, args.rounds)
-    keys = ["tasks", "+engine", "+engine+gil"] + (["rescaled"] if args.rescale else [])
+    keys = ["tasks", "+engine"] + (["-pool"] if args.core_pool else []) + ["+engine+gil"] \
+        + (["rescaled"] if args.rescale else [])
     print(f"{'plan':<34} {'measured':>9} | " + " | ".join(f"{k[:8]:>8} {'err':>6}" for k in keys) + " | spread")
     rows = []
     for label, plan, _ in entries:
         measured = table[label].period_s
         c = costs[label]
-        pred = predictions(plan, c, c.machine_calibration, args.sim_iters)
+        pred = predictions(plan, c, c.machine_calibration, args.sim_iters, args.core_pool)
         if args.rescale:
-            serial = predictions(serial_plan(plan), c, c.machine_calibration, args.sim_iters)["+engine"]
+            serial = predictions(serial_plan(plan), c, c.machine_calibration, args.sim_iters, args.core_pool)["+engine"]
             pred["rescaled"] = pred["+engine"] * table[f"{label} [serial]"].period_s / serial
         rows.append(dict(plan=label, measured=measured, **pred))
         cells = " | ".join(f"{pred[k] * 1e3:>7.3f}m {_err(pred[k], measured):>+6.1%}" for k in keys)
@@ -192,6 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "recorded pipelined run of the plan")
     p.add_argument("--rescale", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each plan's serial version and rescale the prediction by it (default on)")
+    p.add_argument("--core-pool", action=argparse.BooleanOptionalAction, default=True,
+                   help="model the measured free cores as a core pool (CostModel.cores; default on)")
     p.add_argument("--dlrm", action="store_true")
     p.add_argument("--dlrm-preset", default="demo")
     p.add_argument("--threads", type=int, default=1,
@@ -204,6 +218,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{torch.get_num_threads()} intra-op thread(s)")
     cal = calibrate()
     print(cal.summary())
+    print(f"core pool: {core_capacity(cal.cores_free)} core(s) (cores_free {cal.cores_free:.2f})" if args.core_pool
+          else "core pool: off (--no-core-pool)")
     if args.plans:
         rows = run_plans(sleep_entries(args), cal, args, list(range(args.iters)))
         report(rows, "sleep", 0.03)
@@ -211,6 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows = dlrm_rows(args, cal)
         if rows:
             report(rows, "DLRM", 0.05)
+            report([r for r in rows if r["plan"].endswith("+by_stream")], "DLRM multi-thread", 0.05)
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (at the start {load0:.2f})")
     return 0
 

@@ -28,7 +28,13 @@ on this machine, now:
   ``alone`` seconds: ``gil = (with_probe - probe_held) / alone``, the
   smallest over the iterations (a probe starved of a core by other
   processes biases it upwards only), clipped to 0..1. Sleep and most torch kernels release the GIL (near 0); pure
-  Python holds it (near 1).
+  Python holds it (near 1);
+* **CPU share per task** (:func:`measure_cpu`, needs a pipeline and a
+  batch): over serial iterations, the task's thread CPU time
+  (``time.thread_time``) over its wall time, the largest over the iterations
+  (a thread descheduled by other processes only ever reads lower), clipped to
+  0..1. Sleep and blocking waits read near 0, Python and CPU kernels near 1:
+  whether the task needs a core of the machine while it runs.
 
 The result (:class:`MachineCalibration`) is plain data with a versioned JSON
 form; cost models carry it as their ``machine_calibration`` section and
@@ -47,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_gil",
-           "CALIBRATION_VERSION"]
+           "measure_cpu", "CALIBRATION_VERSION"]
 
 CALIBRATION_VERSION = 1
 _FLOAT_FIELDS = ("task_s", "dep_s", "period_s", "serial_task_s", "serial_iter_s", "cores_free")
@@ -73,6 +79,10 @@ class MachineCalibration:
         Usable CPUs (affinity).
     gil : dict
         ``{task: fraction of its host time that holds the GIL}``.
+    cpu : dict
+        ``{task: fraction of its host time on a CPU}`` (:func:`measure_cpu`; near 0
+        for a task that sleeps or blocks). Written only when measured, so files
+        without it read as before.
     load : float, optional
         1-minute load average when measured.
     measured, machine, notes : str
@@ -94,14 +104,18 @@ class MachineCalibration:
     cores_free: float = 1.0
     cpu_count: int = 1
     gil: Dict[str, float] = field(default_factory=dict)
+    cpu: Dict[str, float] = field(default_factory=dict)
     load: Optional[float] = None
     measured: str = ""
     machine: str = ""
     notes: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON form: ``{"version": 1, ...fields}``."""
-        return {"version": CALIBRATION_VERSION, **asdict(self)}
+        """The JSON form: ``{"version": 1, ...fields}`` (``cpu`` only when measured)."""
+        doc = {"version": CALIBRATION_VERSION, **asdict(self)}
+        if not doc["cpu"]:
+            del doc["cpu"]
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], where: str = "machine_calibration") -> "MachineCalibration":
@@ -134,11 +148,13 @@ class MachineCalibration:
             v = values.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"{where}.{k}: {v!r} is not a time/number >= 0. Fix: re-run calibrate()")
-        gil = values.get("gil", {})
-        if not isinstance(gil, Mapping) or any(not isinstance(g, (int, float)) or not 0 <= g <= 1
-                                               for g in gil.values()):
-            raise ValueError(f"{where}.gil: {gil!r} is not a map of task -> fraction in 0..1. Fix: re-run calibrate()")
-        values["gil"] = {str(k): float(v) for k, v in gil.items()}
+        for key in ("gil", "cpu"):
+            shares = values.get(key, {})
+            if not isinstance(shares, Mapping) or any(isinstance(g, bool) or not isinstance(g, (int, float))
+                                                      or not 0 <= g <= 1 for g in shares.values()):
+                raise ValueError(f"{where}.{key}: {shares!r} is not a map of task -> fraction in 0..1. "
+                                 "Fix: re-run calibrate()")
+            values[key] = {str(k): float(v) for k, v in shares.items()}
         return cls(**values)
 
     def summary(self) -> str:
@@ -156,6 +172,8 @@ class MachineCalibration:
                  + ("" if self.load is None else f" (load average {self.load:.2f})")]
         if self.gil:
             lines.append("GIL held: " + ", ".join(f"{k} {v:.0%}" for k, v in self.gil.items()))
+        if self.cpu:
+            lines.append("on a CPU: " + ", ".join(f"{k} {v:.0%}" for k, v in self.cpu.items()))
         return "\n".join(lines)
 
 
@@ -415,23 +433,82 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     return out
 
 
+def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
+    """Per task, the fraction of its host time on a CPU: thread CPU time over wall time.
+
+    Serial iterations (``pipe.run_one_serial_iter``); the largest share per
+    task over them (module docstring). A task that sleeps, waits on I/O or
+    blocks in a call reads near 0 and needs no core while it runs; Python and
+    CPU kernels read near 1.
+
+    Parameters
+    ----------
+    pipe : SWPipeline
+        Bound, idle (no iterations in flight), no shortcut enabled.
+    batch : Any
+        A representative batch.
+    num_iterations : int
+        Serial iterations (the largest share per task counts).
+
+    Returns
+    -------
+    dict
+        ``{task: fraction in 0..1}``.
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+    >>> from swpipe_core.engine import SWPipeline
+    >>> def spin(ctx):
+    ...     t = time.perf_counter()
+    ...     while time.perf_counter() - t < 0.004:
+    ...         pass
+    >>> plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule(),
+    ...                      PipelineTask("Spin", spin): TaskSchedule()})
+    >>> cpu = measure_cpu(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
+    >>> sorted(cpu), cpu["Sleep"] < 0.5
+    (['Sleep', 'Spin'], True)
+    """
+    shares: Dict[str, List[float]] = {}
+    original = pipe._exec_task
+    had_instance_attr = "_exec_task" in vars(pipe)
+
+    def timed(task: Any, ctx: Any) -> None:
+        c0, t0 = time.thread_time(), time.perf_counter()
+        original(task, ctx)
+        c1, t1 = time.thread_time(), time.perf_counter()
+        shares.setdefault(task.name, []).append((c1 - c0) / (t1 - t0) if t1 > t0 else 1.0)
+
+    pipe._exec_task = timed
+    try:
+        for i in range(num_iterations):
+            pipe.run_one_serial_iter(batch, iter_idx=i)
+    finally:
+        if had_instance_attr:
+            pipe._exec_task = original
+        else:
+            del pipe._exec_task
+    # the largest share: other processes only ever take the CPU away from the task's thread
+    return {name: min(1.0, max(0.0, max(v))) for name, v in shares.items()}
+
+
 # --------------------------------------------------------------------------- all together
 
 
 def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
               gil_iterations: int = 5) -> MachineCalibration:
-    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL share.
+    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL and CPU shares.
 
     Parameters
     ----------
     pipe : SWPipeline, optional
-        The user's pipeline (bound, idle); without it the GIL section is empty.
+        The user's pipeline (bound, idle); without it the GIL and CPU sections are empty.
     batch : Any, optional
         A representative batch for ``pipe``.
     iterations, repeats : int
         For :func:`measure_engine_costs`.
     gil_iterations : int
-        For :func:`measure_gil`.
+        For :func:`measure_gil` and :func:`measure_cpu`.
 
     Returns
     -------
@@ -448,12 +525,13 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
     engine = measure_engine_costs(iterations=iterations, repeats=repeats)
     free, cpus = measure_cores()
     gil = measure_gil(pipe, batch, gil_iterations) if pipe is not None else {}
+    cpu = measure_cpu(pipe, batch, gil_iterations) if pipe is not None else {}
     try:
         load: Optional[float] = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
     return MachineCalibration(
-        cores_free=free, cpu_count=cpus, gil=gil, load=load,
+        cores_free=free, cpu_count=cpus, gil=gil, cpu=cpu, load=load,
         measured=datetime.datetime.now().isoformat(timespec="seconds"),
         machine=f"{cpus}-CPU {platform.machine()}, Python {platform.python_version()}",
         notes=f"swpipe_core.calibrate: no-op plans x {iterations} periods, median of {repeats}", **engine)

@@ -8,11 +8,11 @@ import time
 import networkx as nx
 import pytest
 
-from autosched._enumerate import random_graph, random_problem, stage_assignments
+from autosched._enumerate import brute_force, random_graph, random_problem, stage_assignments
 from autosched._problem import make_problem
 from autosched.beam import beam_search, sim_scorer
 from autosched.bounds import recurrence_bound
-from autosched.modulo import Candidate, _Ring, modulo_schedule
+from autosched.modulo import Candidate, _Pool, _Ring, modulo_schedule
 from autosched.presets import FIRE_POLICIES, fire_order, thread_presets
 from autosched.costs import CostModel, TaskCost
 from autosched.cpsat import solve_cpsat
@@ -58,6 +58,39 @@ def test_ring_places_around_the_circle():
     assert ring.earliest(0, 11) is None      # longer than the period
 
 
+def test_pool_places_where_a_core_is_free_around_the_circle():
+    pool = _Pool(10, 2)
+    pool.add(2, 3)        # [2, 5)
+    pool.add(4, 4)        # [4, 8): both cores busy on [4, 5)
+    pool.add(8, 4)        # [8, 10) and, wrapped, [0, 2)
+    assert pool.earliest(0, 4) == 0          # [0, 4) has at most one part running
+    assert pool.earliest(0, 5) == 5          # [4, 5) is full
+    assert pool.earliest(3, 1) == 3 and pool.earliest(4, 1) == 5
+    assert pool.earliest(6, 9) == 15         # [5, 10) + [0, 4) of the next turn
+    assert pool.earliest(0, 11) is None      # longer than the period
+    full = _Pool(10, 1)
+    full.add(0, 10)
+    assert full.earliest(3, 1) is None       # the one core is never free
+
+
+def test_modulo_schedule_keeps_at_most_cores_host_parts_at_once():
+    graph, costs = random_graph(3, 24)
+    pooled = CostModel(costs.tasks, cores=2)
+    problem = make_problem(graph, pooled, Constraints(max_depth=3, max_threads=3))
+    group = dict(zip(problem.names, [f"g{k % 3}" for k in range(len(problem.names))]))
+    prio = fire_order(problem, "critical_chain_first")
+    work = sum(problem.dur(n) for n in problem.names)
+    assert modulo_schedule(problem, group, problem.init_stream, prio, -(-work // 2) - 1) is None
+    tt, ii = None, -(-work // 2)
+    while tt is None:
+        tt = modulo_schedule(problem, group, problem.init_stream, prio, ii)
+        ii += max(1, ii // 100)
+    for x in range(tt.ii):   # every point of the circle
+        running = sum(1 for n in problem.names for k in (0, 1)
+                      if tt.start[n] % tt.ii <= x + k * tt.ii < tt.start[n] % tt.ii + problem.dur(n))
+        assert running <= 2, x
+
+
 def _overlap_mod(a, da, b, db, ii):
     return any(a + k * ii < b + db and b < a + k * ii + da for k in (-1, 0, 1))
 
@@ -83,6 +116,27 @@ def test_modulo_schedule_never_overlaps_a_thread_and_keeps_dependencies():
     depth = max(tt.stage.values()) + 1
     end = max(tt.start[t] + problem.dur(t) for t in problem.names)
     assert min(tt.offset.values()) >= end - tt.ii * depth
+
+
+POOLED = [c for c in SMALL if c[4] == 3][:3]
+
+
+@pytest.mark.parametrize("case", POOLED, ids=[f"seed{c[0]}-n{c[1]}-d{c[3]}" for c in POOLED])
+def test_beam_and_cpsat_agree_with_brute_force_under_a_core_pool(case):
+    seed, n, pe, depth, threads, tags = case
+    graph, costs = random_problem(seed, n, pe, tags)
+    problem = make_problem(graph, CostModel(costs.tasks, cores=2), Constraints(max_depth=depth, max_threads=threads))
+    score = sim_scorer(problem, 24)
+    truth = brute_force(problem, score)
+    exact = solve_cpsat(problem, time_limit_s=30)
+    assert exact.status == "OPTIMAL"
+    assert score(exact.plan)[0] == pytest.approx(truth.period, rel=1e-9)
+    assert exact.period_s == pytest.approx(truth.period, rel=1e-9)
+    found = beam_search(problem, time_limit_s=30, seed=0)
+    assert score(found.best.plan)[0] == pytest.approx(truth.period, rel=1e-9)
+    # without the pool the same problem is faster: the pool binds here
+    free = make_problem(graph, costs, Constraints(max_depth=depth, max_threads=threads))
+    assert solve_cpsat(free, time_limit_s=30).period_s < truth.period
 
 
 @pytest.mark.parametrize("policy", FIRE_POLICIES)

@@ -116,6 +116,24 @@ def test_graph_bounds_cover_threads_longest_task_and_depth():
     assert lower_bounds(g, COSTS, max_threads=4, max_depth=2).critical_path == pytest.approx(1.75 * MS)
 
 
+def test_core_pool_bounds_plans_and_graphs_by_host_work_per_core():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b"),
+                         "C": TaskSchedule(0, thread_group="c")})
+    one = CostModel(COSTS.tasks, cores=1)
+    b = lower_bounds(plan, one)
+    assert b.res_mii == pytest.approx(3.5 * MS) and b.binding == "cores"
+    assert "per core, 1 core(s)" in b.summary()
+    assert b.value == pytest.approx(simulate(plan, one).period)
+    two = CostModel(COSTS.tasks, cores=2)
+    assert lower_bounds(plan, two).binding == "thread:b"   # 1.75 ms per core < the 2 ms task
+    g = task_graph(["A", "B", "C"])
+    assert lower_bounds(g, COSTS, max_threads=3).binding == "longest task B"
+    gb = lower_bounds(g, one, max_threads=3)
+    assert gb.res_mii == pytest.approx(3.5 * MS) and gb.binding == "cores"
+    # without a pool nothing changes
+    assert lower_bounds(plan, COSTS).value == pytest.approx(2 * MS)
+
+
 def test_communicator_and_pcie_time_bound_every_plan():
     costs = CostModel({"A": TaskCost(1 * MS, 2 * MS, ("comm:nccl",)), "B": TaskCost(1 * MS, 3 * MS, ("comm:nccl",)),
                        "C": TaskCost(0.1 * MS, 1 * MS, ("pcie",))})
@@ -196,3 +214,16 @@ def test_bounds_never_exceed_the_simulated_period(pc, device):
     groups = len({s.thread_group for s in plan.schedule.values()})
     g = lower_bounds(plan_to_graph(plan), costs, max_threads=groups, max_depth=plan.pipeline_depth, device=device)
     assert g.value <= b.value * (1 + 1e-9) + 1e-12, (g.summary(), b.summary())
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plans_and_costs(), st.sampled_from(["cpu", "cuda"]), st.integers(1, 2))
+def test_bounds_with_a_core_pool_never_exceed_the_simulated_period(pc, device, cores):
+    plan, costs = pc
+    pooled = CostModel(costs.tasks, cores=cores)
+    period = simulate(plan, pooled, num_iterations=40, device=device).period
+    b = lower_bounds(plan, pooled, device=device)
+    assert b.value <= period * (1 + 1e-9) + 1e-12, (b.summary(), period)
+    # the pool runs every host part of an iteration on at most `cores` cores at once
+    host = sum(c.host_s + (c.device_s if device == "cpu" else 0.0) for c in costs.tasks.values())
+    assert period >= host / cores * (1 - 1e-9) - 1e-12

@@ -68,6 +68,73 @@ def test_calibrated_costs_charge_dependency_cost_only_across_threads():
     assert {round((without_plan[n].host_s - MS) * 1e6, 6) for n in "ABC"} == {10.0}
 
 
+@pytest.mark.parametrize("cores_free, pool", [(0.4, 1), (1.2, 1), (1.5, 2), (1.71, 2), (3.9, 4)])
+def test_calibrated_costs_set_the_core_pool_from_cores_free(cores_free, pool):
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)}, batch_bytes=64.0)
+    got = calibrated_costs(costs, None, _cal(cores_free=cores_free, cpu_count=4))
+    assert got.cores == pool and f"{pool} free core(s)" in got.notes
+    assert got.batch_bytes == 64.0  # the rest of the model is kept
+    assert calibrated_costs(costs, None, _cal(cores_free=cores_free), core_pool=False).cores is None
+    mine = CostModel(costs.tasks, cores=3)
+    assert calibrated_costs(mine, None, _cal(cores_free=cores_free), core_pool=False).cores == 3
+
+
+def test_one_free_core_serialises_calibrated_threads_and_the_flag_turns_it_off():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
+    one = MachineCalibration(cores_free=1.1, cpu_count=2)
+    assert simulate_calibrated(plan, costs, one).period == pytest.approx(4 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, one, core_pool=False).period == pytest.approx(2 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, MachineCalibration(cores_free=1.9, cpu_count=2)).period == \
+        pytest.approx(2 * MS, rel=1e-6)
+
+
+def test_task_measured_off_the_cpu_takes_no_core():
+    plan = PipelinePlan({"Sleep": TaskSchedule(0, thread_group="x"), "Spin": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"Sleep": TaskCost(2 * MS), "Spin": TaskCost(2 * MS)})
+    cal = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.03, "Spin": 0.98})
+    got = calibrated_costs(costs, plan, cal)
+    assert got["Sleep"].resources == ("nocore",) and got["Spin"].resources == () and got.cores == 1
+    assert "1 task(s) off the CPU" in got.notes
+    # the sleeping task leaves the one core to the spinning one: they overlap
+    assert simulate_calibrated(plan, costs, cal).period == pytest.approx(2 * MS, rel=1e-6)
+    both = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.9, "Spin": 0.98})
+    assert simulate_calibrated(plan, costs, both).period == pytest.approx(4 * MS, rel=1e-6)
+    assert calibrated_costs(costs, plan, cal, core_pool=False)["Sleep"].resources == ()
+
+
+def test_cpu_share_round_trips_and_is_left_out_when_not_measured():
+    cal = _cal(cpu={"A": 0.25})
+    assert MachineCalibration.from_dict(cal.to_dict()) == cal
+    assert "cpu" not in _cal().to_dict() and MachineCalibration.from_dict(_cal().to_dict()).cpu == {}
+    with pytest.raises(ValueError, match="cpu: .* not a map of task -> fraction"):
+        MachineCalibration.from_dict({**cal.to_dict(), "cpu": {"A": 1.5}})
+
+
+def test_measure_cpu_tells_a_sleeping_task_from_a_spinning_one():
+    from swpipe_core.calibrate import measure_cpu
+
+    def spin(ctx):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.01:
+            pass
+
+    plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.01)): TaskSchedule(),
+                         PipelineTask("Spin", spin): TaskSchedule()})
+    cpu = measure_cpu(SWPipeline(plan, device="cpu"), 0, num_iterations=5)
+    # the largest share over 5 iterations: a spin loop is on a CPU unless every iteration was descheduled
+    # (the margin allows a machine loaded past its cores, where a thread gets ~cores/load of one)
+    assert cpu["Sleep"] < 0.2 < 0.4 < cpu["Spin"] <= 1.0
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), True, "2"])
+def test_core_capacity_rejects_a_bad_measurement(bad):
+    from autosched.taskmodel import core_capacity
+
+    with pytest.raises(ValueError, match="cores_free=.*MachineCalibration.cores_free"):
+        core_capacity(bad)
+
+
 def test_calibrated_costs_need_a_calibration():
     with pytest.raises(ValueError, match="no machine calibration"):
         calibrated_costs(CostModel({"A": TaskCost(MS)}))
@@ -76,8 +143,9 @@ def test_calibrated_costs_need_a_calibration():
 def test_gil_tag_serialises_python_tasks_across_threads_in_simulation():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
-    free = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.1, "B": 0.2})).period
-    held = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.9, "B": 1.0})).period
+    two_cores = {"cores_free": 2.0, "cpu_count": 2}  # so that only the GIL can serialise them
+    free = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.1, "B": 0.2}, **two_cores)).period
+    held = simulate_calibrated(plan, costs, MachineCalibration(gil={"A": 0.9, "B": 1.0}, **two_cores)).period
     assert free == pytest.approx(2 * MS, rel=1e-6)
     assert held == pytest.approx(4 * MS, rel=1e-6)
     cuda = calibrated_costs(costs, plan, MachineCalibration(gil={"A": 1.0}), device="cuda")

@@ -49,7 +49,14 @@ def test_save_load_round_trip_keeps_every_field(tmp_path):
      "unknown resource tag 'nvlink'"),
     (_doc(tasks={"A": {"host_s": 0.001, "resources": "pcie"}}), "tasks.A.resources", "not a list"),
     (_doc(tasks={}), "tasks", "not a non-empty object"),
-    (_doc(version=3), "version", "version 3 is not supported"),
+    (_doc(version=4), "version", "version 4 is not supported"),
+    (_doc(version=2, cores=2), "version", "in a version 2 file"),
+    (_doc(version=1, cores=2), "version", "in a version 1 file"),
+    (_doc(version=2, tasks={"A": {"host_s": 0.001, "resources": ["nocore"]}}), "version", '"nocore" tag) in a version 2'),
+    (_doc(version=3, cores=0), "cores", "not an integer >= 1"),
+    (_doc(version=3, cores=1.5), "cores", "not an integer >= 1"),
+    (_doc(version=3, cores=True), "cores", "not an integer >= 1"),
+    (_doc(version=3, cores="2"), "cores", "not an integer >= 1"),
     (_doc(schema="something-else"), "schema", "expected 'swpipe-cost-model'"),
     (_doc(extra=1), "top level", "unknown field(s) ['extra']"),
     (_doc(machine=3), "machine", "not a string"),
@@ -60,6 +67,33 @@ def test_load_rejects_a_bad_file_naming_file_field_and_fix(tmp_path, doc, where,
         CostModel.load(path)
     msg = str(err.value)
     assert path in msg and where in msg and what in msg and "Fix:" in msg
+
+
+def test_core_pool_round_trips_as_version_3_and_older_versions_still_load(tmp_path):
+    m = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002, 0.0, ("pcie",))}, machine="m", cores=2)
+    path = str(tmp_path / "pool.json")
+    m.save(path)
+    doc = json.load(open(path))
+    assert doc["version"] == 3 and doc["cores"] == 2
+    back = CostModel.load(path)
+    assert back == m and back.cores == 2
+    # a what-if edit keeps the pool
+    assert back.scaled("A", 2.0).cores == 2 and back.replace("B", host_s=0.003).cores == 2
+    blocking = CostModel({"A": TaskCost(0.001, 0.0, ("nocore",))})
+    assert blocking.to_dict()["version"] == 3 and "cores" not in blocking.to_dict()
+    assert CostModel.from_dict(blocking.to_dict()) == blocking
+    for version in (1, 2):
+        old = CostModel.load(_write(tmp_path, _doc(version=version), f"v{version}.json"))
+        assert old.cores is None and old["B"].host_s == 0.003
+        assert old.to_dict()["version"] == 1 and "cores" not in old.to_dict()
+
+
+@pytest.mark.parametrize("cores", [0, -1, 1.5, True, "2"])
+def test_cost_model_rejects_a_bad_core_pool(cores):
+    with pytest.raises(CostModelError) as err:
+        CostModel({"A": TaskCost(0.001)}, cores=cores)
+    msg = str(err.value)
+    assert "cores" in msg and "not an integer >= 1" in msg and "Fix:" in msg
 
 
 def test_load_rejects_invalid_json(tmp_path):
@@ -187,3 +221,13 @@ def test_shipped_cost_model_loads_states_its_source_and_covers_its_pipeline(path
     assert m.machine and m.method and m.notes
     if m.pipeline:
         m.check(pipelines.get(m.pipeline))
+
+
+def test_readme_version_3_example_loads_with_its_core_pool():
+    import re
+
+    text = open(os.path.join(COST_DIR, "README.md")).read()
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", text, re.S)]
+    v3 = [b for b in blocks if b["version"] == 3]
+    assert v3, "cost_models/README.md shows a version 3 example"
+    assert CostModel.from_dict(v3[0]).cores == v3[0]["cores"]

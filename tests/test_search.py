@@ -117,6 +117,42 @@ def test_never_worse_than_the_given_plan():
     assert report.period_s == pytest.approx(0.005)  # 10 ms of work split evenly: Load+Fwd | Bwd+Opt
 
 
+@pytest.mark.parametrize("method", ["cpsat", "beam"])
+def test_search_with_one_free_core_cannot_beat_total_host_work(method):
+    tasks = {"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)}
+    graph = (list(tasks), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10, method=method)
+    _, free = auto_schedule(graph, CostModel(tasks), c)
+    assert free.period_s == pytest.approx(0.005)  # two threads split the 10 ms of work
+    plan, one = auto_schedule(graph, CostModel(tasks, cores=1), c)
+    # one core runs all 10 ms in turn, whatever the plan; the report's bound says so
+    assert one.period_s == pytest.approx(0.010) and one.lower_bound_s == pytest.approx(0.010)
+    assert one.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
+    assert simulate(plan, CostModel(tasks, cores=1)).period == pytest.approx(one.period_s)
+
+
+@pytest.mark.parametrize("method", ["cpsat", "beam"])
+def test_search_overlaps_a_nocore_task_with_the_one_core(method):
+    tasks = {"Wait": TaskCost(0.004, 0.0, ("nocore",)), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.003)}
+    graph = (list(tasks), [("Fwd", "Wait"), ("Bwd", "Fwd")])
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10, method=method)
+    plan, report = auto_schedule(graph, CostModel(tasks, cores=1), c)
+    # the 4 ms wait runs beside the 6 ms the one core does; no plan beats the core's 6 ms
+    assert report.period_s == pytest.approx(0.006) and report.lower_bound_s == pytest.approx(0.006)
+    assert plan.sched("Wait").thread_group != plan.sched("Fwd").thread_group
+
+
+def test_search_with_two_cores_for_three_threads_balances_on_the_pool():
+    tasks = {n: TaskCost(0.002) for n in "ABCDEF"}
+    graph = (list(tasks), [])
+    c = Constraints(max_depth=2, max_threads=3, time_limit_s=10)
+    _, free = auto_schedule(graph, CostModel(tasks), c)
+    assert free.period_s == pytest.approx(0.004)  # 12 ms on three threads
+    plan, pooled = auto_schedule(graph, CostModel(tasks, cores=2), c)
+    assert pooled.period_s == pytest.approx(0.006) and pooled.lower_bound_s == pytest.approx(0.006)
+    validate(plan)
+
+
 def test_given_plan_kept_when_nothing_beats_it():
     costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.002)})
     given = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},

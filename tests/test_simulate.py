@@ -193,6 +193,66 @@ def test_sequencer_turns_serialise_globally_ordered_tasks_across_threads():
     assert ms(simulate(unordered, costs).period) == 2.5
 
 
+def _pooled(costs: CostModel, cores) -> CostModel:
+    return CostModel(costs.tasks, cores=cores)
+
+
+def test_one_free_core_serialises_independent_threads_and_two_do_not():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")})
+    costs = costs_ms(A=1.0, B=2.0)
+    assert ms(simulate(plan, costs).period) == 2.0
+    one = simulate(plan, _pooled(costs, 1))
+    assert ms(one.period) == 3.0 and one.binding == "cores"
+    assert one.utilisation["cores"] == pytest.approx(1.0)
+    assert any(cause == "cores" and part == "host" for _, part, cause, _ in one.stall_summary())
+    assert "cores" in one.critical_cycle.kinds
+    # the pool's host parts never overlap on the one core
+    host = sorted((e.start, e.end) for e in one.events if e.kind == "host")
+    assert all(b[0] >= a[1] - 1e-12 for a, b in zip(host, host[1:]))
+    two = simulate(plan, _pooled(costs, 2))
+    assert ms(two.period) == 2.0 and two.binding == "thread:b"
+    assert "cores" not in two.utilisation and not any(c == "cores" for _, _, c, _ in two.stall_summary())
+
+
+def test_a_nocore_task_leaves_the_pool_to_the_others():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")})
+    blocking = CostModel({"A": TaskCost(1 * MS, 0.0, ("nocore",)), "B": TaskCost(2 * MS)}, cores=1)
+    r = simulate(plan, blocking)
+    assert ms(r.period) == 2.0 and r.utilisation["cores"] == pytest.approx(1.0)
+    assert not any(c == "cores" for _, _, c, _ in r.stall_summary())
+    assert ms(lower_bounds(plan, blocking).value) == 2.0
+
+
+def test_core_pool_counts_the_caller_groups_main_thread():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")},
+                        caller_group="a")
+    costs = costs_ms(A=1.0, B=2.0)
+    assert ms(simulate(plan, costs).period) == 2.0
+    r = simulate(plan, _pooled(costs, 1))
+    assert ms(r.period) == 3.0 and r.binding == "cores"
+
+
+def test_core_pool_of_two_for_three_threads_bounds_and_binds():
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b"),
+                         "C": TaskSchedule(2, thread_group="c")})
+    costs = _pooled(costs_ms(A=1.0, B=1.0, C=1.0), 2)
+    r = simulate(plan, costs)
+    # two of the three 1 ms parts run at once; the third waits for a core
+    assert ms(r.period) == 2.0 and r.utilisation["cores"] == pytest.approx(0.75)
+    assert {c for _, _, c, _ in r.stall_summary() if c == "cores"} == {"cores"}
+    assert ms(lower_bounds(plan, costs).value) == 1.5 <= ms(r.period)
+
+
+def test_core_pool_holds_host_parts_only_on_cuda():
+    plan = PipelinePlan({"A": TaskSchedule(0, "s1", thread_group="a"), "B": TaskSchedule(0, "s2", thread_group="b")})
+    device_bound = costs_ms(A=(1.0, 5.0), B=(1.0, 5.0))
+    assert ms(simulate(plan, _pooled(device_bound, 1), device="cuda").period) == 5.0
+    host_bound = costs_ms(A=(3.0, 1.0), B=(3.0, 1.0))
+    assert ms(simulate(plan, host_bound, device="cuda").period) == 3.0
+    r = simulate(plan, _pooled(host_bound, 1), device="cuda")
+    assert ms(r.period) == 6.0 and r.binding == "cores"
+
+
 def test_stalls_name_the_dependency_and_the_fifo():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b"),
                          "C": TaskSchedule(0, thread_group="b")}, intra_iter_deps=[("B", "A")])
