@@ -345,7 +345,7 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
 def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints] = None, *,
                   seeds: Optional[Sequence[Any]] = None, verify: Any = None,
                   batches: Optional[Sequence[Any]] = None, deps: Optional[str] = None,
-                  state: Any = None) -> Tuple[PipelinePlan, SearchReport]:
+                  state: Any = None, calibrated: bool = True) -> Tuple[PipelinePlan, SearchReport]:
     """Search the best plan: stages, thread groups, streams and enqueue order, jointly.
 
     Parameters
@@ -382,6 +382,16 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     state : optional
         With ``deps="infer"``: the modules and optimizers whose tensors the
         recorder names (:func:`swpipe_core.dataflow.record_dataflow`).
+    calibrated : bool
+        When ``costs`` carries a machine calibration
+        (``TaskProfiler.profile(calibrate=True)``, or ``machine_calibration=``),
+        search with it folded in (:func:`autosched.calibrated.calibrated_costs`):
+        the engine's cost per task, the GIL tags, the tasks off the CPU and the
+        pool of free cores. Every searcher, the report and the verification's
+        predictions then use the folded model. The per-dependency and
+        per-period engine costs depend on the plan and stay out of the search
+        (:func:`~autosched.calibrated.simulate_calibrated` adds them). False:
+        the tasks' costs as given.
 
     Returns
     -------
@@ -405,6 +415,15 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     ...                              Constraints(max_depth=2, max_threads=2, time_limit_s=10))
     >>> plan.stage("Load"), plan.stage("Step"), round(report.period_s * 1e3, 3), report.status
     (0, 1, 3.0, 'OPTIMAL')
+
+    A machine measured with one free core runs the two tasks one after the other, whatever the plan:
+
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> one_core = CostModel(costs.tasks, machine_calibration=MachineCalibration(cores_free=1.0, cpu_count=2))
+    >>> plan, report = auto_schedule((["Load", "Step"], [("Step", "Load")]), one_core,
+    ...                              Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    >>> round(report.period_s * 1e3, 3), report.notes[0]
+    (5.0, 'searched with the machine calibration folded in: engine costs per task, GIL tags, 1 free core(s)')
     """
     if deps is not None:  # observed dependencies: record, infer, then search (autosched/inferred.py)
         if deps != "infer":
@@ -419,6 +438,12 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     if c.method not in ("auto", "cpsat", "beam"):
         raise ValueError(f"method must be 'auto', 'cpsat' or 'beam', got {c.method!r}")
     costs = as_cost_model(costs)
+    folded_note = None
+    if calibrated and costs.machine_calibration is not None:
+        from .calibrated import calibrated_costs
+
+        costs = calibrated_costs(costs, None, device=c.device)
+        folded_note = "searched with the machine calibration folded in: " + costs.notes.rpartition("calibrated: ")[2]
     if c.max_memory_bytes is not None:  # one search per depth cap, keep the fastest that fits
         from .memsearch import schedule_under_cap
 
@@ -437,6 +462,8 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     if use_cpsat:
         _search_cpsat(problem, c, found, left_s=max(1.0, c.time_limit_s * 0.7 - (time.perf_counter() - t0)))
     _search_seeds(problem, found, seeds)
+    if folded_note is not None:
+        found.notes.insert(0, folded_note)
     report = _judge(tasks_or_graph, costs, problem, c, found, t0)
     # phase 4, verify in the loop (autosched.verify): measured on the engine, the fastest wins
     from . import verify as verify_mod

@@ -142,6 +142,23 @@ def test_search_overlaps_a_nocore_task_with_the_one_core(method):
     assert plan.sched("Wait").thread_group != plan.sched("Fwd").thread_group
 
 
+def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
+    """A profile taken with calibrate=True carries the machine: the search sees its engine cost and free cores."""
+    from swpipe_core.calibrate import MachineCalibration
+
+    tasks = {"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)}
+    graph = (list(tasks), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10)
+    cal = MachineCalibration(task_s=1e-4, cores_free=1.0, cpu_count=2, gil={"Opt": 0.9})
+    _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c)
+    # one free core: the 10 ms of work plus 0.1 ms of engine per task, one after another
+    assert folded.period_s == pytest.approx(0.0104) and folded.bound_binding == "cores"
+    assert folded.notes[0].startswith("searched with the machine calibration folded in")
+    assert "1 free core" in folded.notes[0]
+    _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, calibrated=False)
+    assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
+
+
 def test_search_with_two_cores_for_three_threads_balances_on_the_pool():
     tasks = {n: TaskCost(0.002) for n in "ABCDEF"}
     graph = (list(tasks), [])

@@ -9,11 +9,10 @@ that loop's.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -268,6 +267,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     shared: Any = None
     if env.rank == 0:
         try:
+            costs = _with_calibration(costs, config, env, batches)
             shared = _search(wl, base, costs, env, max_depth, max_threads, time_limit_s, verify_rounds, batches,
                              lockstep)
         except Exception as exc:  # noqa: BLE001 - the hook must never break the demo
@@ -316,6 +316,25 @@ def _serial_costs(base: PipelinePlan, batches: Sequence[Batch], device: Any) -> 
                                    notes=f"serial run of {len(runs)} iterations, the first {warm} left out (warm-up)")
 
 
+def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Sequence[Batch]) -> Any:
+    """The cost model with this machine measured now (:func:`swpipe_core.calibrate.calibrate`) attached.
+
+    The search folds it in: the engine's cost per task, the cores free now, and
+    on one rank the tasks' GIL and CPU shares (measured by running them; with
+    several ranks their collectives would wait for peers that are not
+    running them, so only the machine's figures are taken).
+    """
+    from swpipe_core.calibrate import calibrate
+    from swpipe_core.engine import SWPipeline
+
+    if env.world_size == 1:
+        with SWPipeline(safe_task_plan(DLRMWorkload(config, env)), device=env.device) as pipe:
+            calibration = calibrate(pipe, batches[0])
+    else:
+        calibration = calibrate()
+    return replace(costs, machine_calibration=calibration)
+
+
 def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
     """Rank 0's search: ``(plan fields, note)``; with ``lockstep``, ``(candidates, note)`` to measure on every rank."""
@@ -333,7 +352,9 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         seeds=seeds, verify=VerifyOptions(rounds=verify_rounds, iterations=40, device=str(env.device))
         if verify else False,
         batches=list(batches) if verify else None)
-    note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}"
+    cal = costs.machine_calibration
+    note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}" + (
+        f", calibrated ({cal.cores_free:.1f} cores free)" if cal is not None else "")
     if lockstep:
         inline = inline_variant(found, costs)
         candidates = [("auto", found)] + ([inline] if inline else [])
