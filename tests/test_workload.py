@@ -318,6 +318,7 @@ def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batche
         warnings.simplefilter("error", RuntimeWarning)  # the hook warns instead of failing: make it fail here
         spec = auto_spec(CFG, env, batches, max_depth=3, max_threads=2, time_limit_s=3.0)
     assert spec is not None and spec.label == "auto"
+    assert "calibrated (" in spec.note and "cores free" in spec.note  # searched with the machine measured
     wl = DLRMWorkload(CFG, env)
     plan = spec.plan(wl)
     assert plan.unbound_tasks() == [] and plan.enqueue_order is not None
