@@ -364,6 +364,47 @@ def test_demo_rounds_turn_the_order_of_the_plans(env):
     assert built == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
 
 
+def test_each_seed_runs_the_schedule_of_the_demo_row_it_is_named_after(env):
+    """What lets the demo show a seed the search kept in that row: same stages, threads, streams, order."""
+    from swpipe.workloads.agree import plan_fields
+    from swpipe.workloads.bench import AUTO_SEEDS, PlanSpec, _auto_seeds, safe_task_plan
+
+    wl = DLRMWorkload(CFG, env)
+    for label, seed in _auto_seeds(wl, safe_task_plan(wl)):
+        name, _, thread_map = label.partition("+")
+        row = plan_fields(PlanSpec(label, name, thread_map or None).plan(wl))
+        got = plan_fields(seed)
+        for key in ("schedule", "enqueue_order", "caller_group", "pipeline_depth", "enqueue_policy"):
+            assert got[key] == row[key], f"seed {label}: {key} differs from the row's"
+        assert set(row["intra_iter_deps"]) <= set(got["intra_iter_deps"])  # the seed only adds dependencies
+        assert set(row["inter_iter_deps"]) <= set(got["inter_iter_deps"])
+        order = got["enqueue_order"]
+        for t, d, dist in set(got["inter_iter_deps"]) - set(row["inter_iter_deps"]):
+            # each added one is met by the schedule already: d(i - dist) is enqueued before t(i) on t's thread
+            (st, _, gt, _), (sd, _, gd, _) = got["schedule"][t], got["schedule"][d]
+            assert gt == gd and (sd - dist < st or (sd - dist == st and order.index(d) < order.index(t))), (label, t, d)
+        assert set(got["intra_iter_deps"]) == set(row["intra_iter_deps"])
+    assert len(AUTO_SEEDS) == 2
+
+
+def test_a_row_with_the_schedule_of_another_is_measured_once_and_shows_its_runs(env):
+    from swpipe.workloads.bench import PlanSpec, measure
+
+    built = []
+
+    def twin(workload):
+        built.append("twin")
+        return plan_for("sparse_dist", workload)
+
+    specs = [PlanSpec("sparse_dist", "sparse_dist"), PlanSpec("auto", "auto", build=twin, same_as="sparse_dist"),
+             PlanSpec("other", "auto", build=twin, same_as="not a row")]  # no such row: measured itself
+    m = measure(CFG, env, specs, iters=3, repeats=2, record_best=False)
+    rows = {r.label: r for r in m.rows}
+    assert built == ["twin", "twin"]  # only the row whose twin is absent ran, once per round
+    assert rows["auto"].iters_per_s == rows["sparse_dist"].iters_per_s and rows["auto"].matches
+    assert rows["auto"].note.startswith("the schedule of sparse_dist") and "schedule of" not in rows["other"].note
+
+
 @pytest.mark.parametrize("band, raced", [(1e6, ["a", "b", "sparse_dist"]), (0.0, [])])
 def test_demo_races_only_the_training_rows_near_the_fastest(env, band, raced):
     """Rows within the band run the extra rounds (with the serial loop); eval rows and the rest do not.

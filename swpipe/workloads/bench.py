@@ -56,6 +56,7 @@ class PlanSpec:
     options: Dict[str, Any] = field(default_factory=dict)
     build: Optional[Callable[[DLRMWorkload], PipelinePlan]] = None
     note: str = ""
+    same_as: Optional[str] = None  # the label of a row running the same schedule: measured once, shown twice
 
     def plan(self, workload: DLRMWorkload) -> PipelinePlan:
         """The runnable plan on ``workload``."""
@@ -277,11 +278,14 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
         candidates, note = shared
         label, fields = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
         shared = (fields, f"{note}; measured fastest of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})")
+                          f"lockstep, the slowest rank's time counting ({label})", label)
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
-    fields, note = shared
+    fields, note, chosen = shared
+    # a seed is a hand-written row's schedule over the searched task graph (its extra dependencies are already
+    # met by that schedule): the demo measures it once, in that row, rather than twice with the machine's noise
+    same_as = _row_of_seed(chosen)
 
     def build(workload: DLRMWorkload) -> PipelinePlan:
         fns = {t.name: t.fn for t in safe_task_plan(workload).tasks}
@@ -289,7 +293,19 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
 
     check_same_plan(env, build(wl), "the auto plan")
     return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
-        f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""))
+        f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""),
+        same_as=same_as)
+
+
+def _row_of_seed(label: Optional[str]) -> Optional[str]:
+    """The demo row whose schedule a verified pick runs: a seed's (``"seed:<row>"``), else None.
+
+    Examples
+    --------
+    >>> _row_of_seed("seed:prefetch+by_stream"), _row_of_seed("beam"), _row_of_seed(None)
+    ('prefetch+by_stream', None, None)
+    """
+    return label.partition(":")[2] if label and label.startswith("seed:") else None
 
 
 #: serial iterations run (batches cycled) to measure the search's costs, and how many of them are warm-up
@@ -360,15 +376,17 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         candidates = [("auto", found)] + ([inline] if inline else [])
         candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
         return [(label, plan_fields(plan)) for label, plan in candidates], note
+    chosen_label = None
     if report.verify is not None:
         chosen = report.verify.choose()
+        chosen_label = chosen.label
         k = report.verify.speed_factor
         rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
         how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({chosen.label}: "
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
-    return plan_fields(found), f"{note}; {how}"
+    return plan_fields(found), f"{note}; {how}", chosen_label
 
 
 def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],
@@ -464,6 +482,12 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     same result: a row matches only if it matches on every rank, a run lasts as long as its
     slowest rank, and each plan is checked to be the same on every rank before it runs.
 
+    A spec whose ``same_as`` names another spec's label runs that spec's
+    schedule (e.g. the auto plan when the search kept a hand-written seed): it
+    is not run again, and its row shows that row's runs and checks. Two runs
+    of one plan differ here by up to 10 %, which two rows would otherwise
+    show as a difference between the plans.
+
     Racing: a machine's speed drifts by more than the plans at the top differ
     (two rows of one plan can read 10 % apart after three rounds), so the
     training rows whose fastest run is within ``race_band_pct`` of the
@@ -518,8 +542,11 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     data = SyntheticData(config, env.world_size, env.rank)
     batches = data.batches(iters)
     train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
-    runs = _folded(env, _run_rounds(config, env, specs, batches, range(repeats), progress))
-    raced = _contenders(specs, runs, race_band_pct) if race_rounds else []
+    labels = {s.label for s in specs}
+    shared = {s.label: s.same_as for s in specs if s.same_as in labels and s.same_as != s.label}
+    measured = [s for s in specs if s.label not in shared]
+    runs = _folded(env, _run_rounds(config, env, measured, batches, range(repeats), progress))
+    raced = _contenders(measured, runs, race_band_pct) if race_rounds else []
     if len(raced) > 1:  # decided on the folded times: every rank races the same rows
         extra = _folded(env, _run_rounds(config, env, raced, batches, range(repeats, repeats + race_rounds),
                                          progress))
@@ -528,6 +555,9 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
             runs.times[label] += times
             runs.matches[label] = runs.matches[label] and extra.matches[label]
             runs.close[label] = runs.close[label] and extra.close[label]
+    for label, twin in shared.items():  # the same schedule: its row's runs and checks
+        runs.times[label], runs.plans[label] = list(runs.times[twin]), runs.plans[twin]
+        runs.matches[label], runs.close[label] = runs.matches[twin], runs.close[twin]
     serial_rate = iters / min(runs.serial_s)
     eval_rate = iters / min(runs.eval_s) if runs.eval_s else None
     rows = _rows(config, env, specs, batches, runs, serial_rate, eval_rate)
@@ -634,9 +664,12 @@ def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: 
     iters = len(batches)
     rows: List[PlanResult] = []
     semi_refs: Dict[int, List[torch.Tensor]] = {0: runs.ref_losses}
+    labels = {s.label for s in specs}
     for spec in specs:
         plan = runs.plans[spec.label]
         note = spec.note
+        if spec.same_as in labels and spec.same_as != spec.label:
+            note = f"the schedule of {spec.same_as}, so its runs (one plan, measured once); " + note
         lag = 0 if spec.is_eval else _lag(plan)
         if lag:
             if lag not in semi_refs:
