@@ -92,7 +92,7 @@ def main() -> None:
           f"batch {args.batch_size}; {args.iters} iterations, best of {args.repeats} interleaved rounds; "
           f"{args.threads} intra-op thread(s)")
     print(format_table(m))
-    print(f"machine check: 2 threads of GIL-free matmuls ran {m.meta['parallel_probe']:.2f}x faster together than "
+    print(f"machine check: 2 threads of GIL-free work ran {m.meta['parallel_probe']:.2f}x faster together than "
           f"one after another (idle cores give ~2x): the ceiling of any multi-thread plan right now")
     print(f"serial loop with 2 intra-op threads: {two:.1f} iter/s ({two / m.serial_iters_per_s:.2f}x the "
           f"1-thread serial loop)")

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
           + (f", {close} (compiled) to rtol 1e-5" if close else "") + f"; fastest training plan: {m.best_label}")
     probe = m.meta.get("parallel_probe")
     if probe is not None:
-        print(f"machine check: 2 threads of GIL-free matmuls ran {probe:.2f}x faster together than one after "
+        print(f"machine check: 2 threads of GIL-free work ran {probe:.2f}x faster together than one after "
               f"another (idle cores give ~2x); multi-thread plans cannot beat that ceiling")
     if args.trace and m.best_timeline:
         from swpipe_core.trace import write_chrome_trace

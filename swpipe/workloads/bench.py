@@ -421,46 +421,22 @@ def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
                         caller_group=fields["caller_group"], same_period_deps=list(fields.get("same_period_deps", [])))
 
 
-def parallel_probe(threads: int = 2, repeats: int = 3, size: int = 384, matmuls: int = 40) -> float:
-    """How much faster ``threads`` threads of GIL-free matmuls run together than one after another.
+def parallel_probe(threads: int = 2, repeats: int = 3) -> float:
+    """How much faster ``threads`` threads of GIL-free work run together than one after another.
 
     The ceiling for any multi-thread plan on this machine right now: about
     ``threads`` on idle cores, about 1 when other processes hold the cores.
-    Best of ``repeats``; uses one intra-op thread per matmul.
+    It is the calibration's own figure (:func:`swpipe_core.calibrate.measure_cores`,
+    what the search's pool of cores is sized from), best of ``repeats``.
 
     Examples
     --------
-    >>> probe = parallel_probe(threads=2, repeats=1, size=128, matmuls=10)
-    >>> isinstance(probe, float) and probe > 0
+    >>> 1.0 <= parallel_probe(threads=2, repeats=1) <= 2.0
     True
     """
-    import threading
+    from swpipe_core.calibrate import measure_cores
 
-    a = torch.randn(size, size)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-
-    def work() -> None:
-        for _ in range(matmuls):
-            torch.mm(a, a)
-
-    try:
-        best = 0.0
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(threads):
-                work()
-            sequential = time.perf_counter() - t0
-            workers = [threading.Thread(target=work, name=f"swpipe-probe-{k}") for k in range(threads)]
-            t0 = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            best = max(best, sequential / (time.perf_counter() - t0))
-        return best
-    finally:
-        torch.set_num_threads(before)
+    return max(measure_cores(threads=threads)[0] for _ in range(repeats))
 
 
 def _close(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
