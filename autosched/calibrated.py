@@ -39,7 +39,14 @@ is folded into its existing inputs:
     a core;
   - the per-dependency cost is averaged over hand-offs (the second worker's
     wake-up per period is counted in it) and taken under the load at
-    calibration time.
+    calibration time;
+  - shared cores (``simulate_calibrated(..., sharing=True)``): the OS shares
+    ``cores_free`` cores' worth of CPU among the host parts running at once,
+    so ``n`` of them each run ``max(1, n / cores_free)`` times slower (processor
+    sharing). The simulator's durations are fixed when a part starts, so this
+    is a mean field: simulate, take each task's time-averaged slowdown over
+    the simulated overlaps, stretch its host time by it, simulate again, a
+    few times (the pool is then ``ceil(cores_free)``, the most that overlap).
 
 Without a plan (the search scores many plans with one cost model),
 :func:`calibrated_costs` folds the per-task cost, the GIL tags and the core
@@ -49,6 +56,7 @@ pool only; the plan-dependent part is folded by :func:`simulate_calibrated`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, Optional
 
 from swpipe_core.plan import PipelinePlan
@@ -148,7 +156,7 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
 
 def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,
                         num_iterations: int = 50, device: str = "cpu", gil_threshold: float = 0.5,
-                        core_pool: bool = True) -> Any:
+                        core_pool: bool = True, sharing: bool = False) -> Any:
     """Simulate a plan with the calibration folded in (per task, per dependency, per period, GIL, core pool).
 
     Parameters
@@ -161,6 +169,9 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     device : {"cpu", "cuda"}
     gil_threshold, core_pool
         As in :func:`calibrated_costs`.
+    sharing : bool
+        Model the free cores as shared (module docstring): host parts that
+        overlap slow each other down once more of them run than ``cores_free``.
 
     Returns
     -------
@@ -184,12 +195,60 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     2.0
     >>> round(simulate_calibrated(two, costs, one_core, core_pool=False).period * 1e3, 6)
     1.0
+
+    With 1.5 cores free and shared, the two run together, each at three quarters speed:
+
+    >>> round(simulate_calibrated(two, costs, MachineCalibration(cores_free=1.5, cpu_count=2), sharing=True).period
+    ...       * 1e3, 3)
+    1.333
     """
     from .simulate import simulate
 
     cal = _calibration(costs, calibration)
     folded = calibrated_costs(costs, plan, cal, gil_threshold=gil_threshold, device=device, core_pool=core_pool)
-    return simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
+    if sharing and device == "cpu":
+        folded = dataclasses.replace(folded, cores=max(1, math.ceil(cal.cores_free - 1e-9)))
+    sim = simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
+    if not (sharing and device == "cpu"):
+        return sim
+    for _ in range(_SHARING_ROUNDS):
+        slow = _sharing_slowdown(sim.events, folded, cal.cores_free)
+        stretched = {n: dataclasses.replace(c, host_s=c.host_s * slow.get(n, 1.0)) for n, c in folded.tasks.items()}
+        sim = simulate(plan, dataclasses.replace(folded, tasks=stretched), num_iterations=num_iterations,
+                       device=device, period_overhead_s=cal.period_s)
+    return sim
+
+
+_SHARING_ROUNDS = 4  # mean-field rounds: the slowdowns settle within a few percent by then on DLRM plans
+
+
+def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float) -> Dict[str, float]:
+    """Per task, how much longer its host parts take when ``n`` running parts share ``cores_free`` cores.
+
+    A part running for ``d`` seconds at rate ``min(1, cores_free / n(t))``
+    does ``w = integral of the rate`` seconds of work, so a task is
+    ``d / w`` slower than alone (summed over its parts). The events are the
+    last simulation's; the factor applies to the unstretched costs, so the
+    rounds converge instead of compounding.
+    """
+    parts = [e for e in events if e.kind == "host" and e.end > e.start
+             and "nocore" not in costs[e.task].resources]
+    edges = sorted({t for e in parts for t in (e.start, e.end)})
+    if len(edges) < 2:
+        return {}
+    running = [0] * (len(edges) - 1)  # parts running in each segment between consecutive edges
+    index = {t: k for k, t in enumerate(edges)}
+    for e in parts:
+        for k in range(index[e.start], index[e.end]):
+            running[k] += 1
+    work: Dict[str, float] = {}
+    took: Dict[str, float] = {}
+    for e in parts:
+        a, b = index[e.start], index[e.end]
+        work[e.task] = work.get(e.task, 0.0) + sum(
+            (edges[k + 1] - edges[k]) * min(1.0, cores_free / running[k]) for k in range(a, b))
+        took[e.task] = took.get(e.task, 0.0) + (e.end - e.start)
+    return {task: took[task] / work[task] for task in work if work[task] > 0}
 
 
 def serial_iteration_s(costs: CostModel, calibration: Any = None) -> float:

@@ -17,10 +17,13 @@ For each plan, in one run:
    core pool, ``cores_free`` rounded; ``--no-core-pool``: without it),
    ``+engine+gil`` (also the GIL tags), against the measured period; with
    the pool on, ``-pool`` is ``+engine`` without it, from the same
-   measurements (the pool's own effect, free of run-to-run noise);
+   measurements (the pool's own effect, free of run-to-run noise), and
+   ``+share`` is ``+engine`` with the free cores shared among the parts
+   that overlap (``simulate_calibrated(..., sharing=True)``);
 4. with ``--rescale`` (default) each plan's serial version (``serial_plan``:
    the same tasks at depth 1 on one thread) is measured in the same rounds,
-   and ``rescaled`` is the ``+engine`` prediction times that serial plan's
+   and ``rescaled`` (``share resc.``) is the ``+engine`` (``+share``)
+   prediction times that serial plan's
    measured/predicted ratio: measurement fed back into the model, as
    ``auto_schedule``'s verification does (``VerifyTable.speed_factor``). It
    takes out the drift of the machine between when the costs were measured
@@ -50,7 +53,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from autosched.calibrated import calibrated_costs  # noqa: E402
+from autosched.calibrated import calibrated_costs, simulate_calibrated  # noqa: E402
 from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
@@ -108,6 +111,8 @@ def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, i
     if core_pool:
         free = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=False)
         out["-pool"] = simulate(plan, free, num_iterations=iters, period_overhead_s=cal.period_s).period
+        out["+share"] = simulate_calibrated(plan, costs, cal, num_iterations=iters, gil_threshold=2.0,
+                                            sharing=True).period
     return out
 
 
@@ -116,7 +121,7 @@ def _err(sim: float, meas: float) -> float:
 
 
 def report(rows: List[dict], what: str, median_target: float) -> None:
-    for key in ("tasks", "+engine", "-pool", "+engine+gil", "rescaled"):
+    for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "rescaled", "share resc."):
         errs = [abs(_err(r[key], r["measured"])) for r in rows if key in r]
         if errs:
             print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
@@ -138,8 +143,8 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
     if args.rescale:
         runs += [(f"{label} [serial]", serial_plan(plan)) for label, plan, _ in entries]
     table = measure_plans(runs, batches, args.rounds)
-    keys = ["tasks", "+engine"] + (["-pool"] if args.core_pool else []) + ["+engine+gil"] \
-        + (["rescaled"] if args.rescale else [])
+    keys = ["tasks", "+engine"] + (["-pool", "+share"] if args.core_pool else []) + ["+engine+gil"] \
+        + (["rescaled"] if args.rescale else []) + (["share resc."] if args.rescale and args.core_pool else [])
     print(f"{'plan':<34} {'measured':>9} | " + " | ".join(f"{k[:8]:>8} {'err':>6}" for k in keys) + " | spread")
     rows = []
     for label, plan, _ in entries:
@@ -149,6 +154,8 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         if args.rescale:
             serial = predictions(serial_plan(plan), c, c.machine_calibration, args.sim_iters, args.core_pool)["+engine"]
             pred["rescaled"] = pred["+engine"] * table[f"{label} [serial]"].period_s / serial
+            if "+share" in pred:  # the serial plan runs one part at a time: sharing leaves its prediction alone
+                pred["share resc."] = pred["+share"] * table[f"{label} [serial]"].period_s / serial
         rows.append(dict(plan=label, measured=measured, **pred))
         cells = " | ".join(f"{pred[k] * 1e3:>7.3f}m {_err(pred[k], measured):>+6.1%}" for k in keys)
         print(f"{label:<34} {measured * 1e3:>8.3f}m | {cells} | {table[label].spread_pct:.1f}%")

@@ -200,3 +200,17 @@ def test_parallelism_note_names_free_cores_and_gil():
     assert "1.20 of 2 cores" in parallelism_note(plan, costs, MachineCalibration(cores_free=1.2, cpu_count=2))
     assert "GIL" in parallelism_note(plan, costs, MachineCalibration(cores_free=2.0, gil={"A": 1.0, "B": 0.8}))
     assert parallelism_note(plan, costs, MachineCalibration(cores_free=2.0, gil={"A": 0.1})) is None
+
+
+def test_shared_cores_slow_only_the_parts_that_overlap_beyond_the_free_cores():
+    two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y"),
+                        "C": TaskSchedule(0, thread_group="x")}, intra_iter_deps=[("C", "A")])
+    costs = CostModel({"A": TaskCost(1 * MS), "B": TaskCost(1 * MS), "C": TaskCost(1 * MS)})
+    half = MachineCalibration(cores_free=1.5, cpu_count=2)
+    # A and B share 1.5 cores (each at 3/4 speed, 4/3 ms), then C runs alone (1 ms); the period waits for C
+    assert simulate_calibrated(two, costs, half).period == pytest.approx(2 * MS)  # pool of 2: no slowdown
+    assert simulate_calibrated(two, costs, half, sharing=True).period == pytest.approx((4 / 3 + 1) * MS, rel=1e-3)
+    one_thread = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0), "C": TaskSchedule(0)})
+    assert simulate_calibrated(one_thread, costs, half, sharing=True).period == pytest.approx(3 * MS)
+    asleep = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"B": 0.0})  # B sleeps: takes no core
+    assert simulate_calibrated(two, costs, asleep, sharing=True).period == pytest.approx(2 * MS)
