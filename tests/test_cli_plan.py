@@ -43,6 +43,21 @@ def test_plan_command_prints_report_and_writes_a_runnable_plan(files, tmp_path, 
     assert plan.pipeline_depth <= 3
 
 
+@pytest.mark.parametrize("flag, folded", [([], True), (["--no-calibrated"], False)])
+def test_plan_command_searches_with_the_cost_models_calibration_unless_told_not_to(files, tmp_path, capsys, flag,
+                                                                                   folded):
+    from swpipe_core.calibrate import MachineCalibration
+
+    g, _, costs = files
+    c = tmp_path / "calibrated.json"
+    CostModel(costs.tasks, machine_calibration=MachineCalibration(cores_free=1.0, cpu_count=2)).save(c)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tasks", str(g), "--costs", str(c), "--time-limit", "10", "--out", str(out), *flag]) == 0
+    text = capsys.readouterr().out
+    assert ("searched with the machine calibration folded in" in text) == folded
+    assert ("period 14.000 ms" in text) == folded  # one free core: all 14 ms of work in turn
+
+
 def test_plan_command_takes_a_saved_plan_as_baseline(files, tmp_path, capsys):
     _, c, costs = files
     given = PipelinePlan({n: TaskSchedule(0) for n in ["H2D", "Dist", "Fwd", "Bwd"]},

@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="plan.json", metavar="PLAN.json", help="where to write the plan (default plan.json)")
     parser.add_argument("--progress", action="store_true", help="progress bar over beam rounds")
+    parser.add_argument("--calibrated", action=argparse.BooleanOptionalAction, default=True,
+                        help="search with the cost model's machine calibration folded in when it has one "
+                             "(free cores, engine cost per task, GIL tags; default on)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         constraints = Constraints(max_depth=args.max_depth, max_threads=args.max_threads, streams=streams,
                                   frozen=parse_freeze(args.freeze), time_limit_s=args.time_limit, seed=args.seed,
                                   device=args.device, method=args.method, progress=args.progress)
-        plan, report = auto_schedule(graph, costs, constraints)
+        plan, report = auto_schedule(graph, costs, constraints, calibrated=args.calibrated)
     except (OSError, KeyError, ValueError) as exc:
         print(f"swpipe plan: {_message(exc)}", file=sys.stderr)
         return 2
