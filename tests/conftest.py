@@ -2,6 +2,8 @@
 
 Tests marked ``cuda`` skip on a machine without a GPU. Helpers used by several
 test files live here once; import them with ``from conftest import ...``.
+Every property test is derandomised (the ``swpipe`` hypothesis profile): a
+run draws the same examples on every machine, so CI is reproducible.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ import threading
 from typing import Any, List, Sequence, Tuple
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("swpipe", derandomize=True, database=None)
+settings.load_profile("swpipe")
 
 
 def swpipe_threads() -> List[str]:
