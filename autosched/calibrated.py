@@ -112,6 +112,8 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
     Returns
     -------
     CostModel
+        The folded model. It carries no ``machine_calibration`` (its numbers
+        hold it), so ``auto_schedule`` or a second fold does not add it again.
 
     Raises
     ------
@@ -150,8 +152,9 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
     if core_pool:
         off = sum("nocore" in t.resources for t in tasks.values())
         how += f", {cores} free core(s)" + (f" ({off} task(s) off the CPU)" if off else "")
+    # the calibration is now in the numbers: the folded model carries none, so nothing folds it twice
     return CostModel(tasks, costs.machine, costs.method, f"{costs.notes}; calibrated: {how}".lstrip("; "),
-                     costs.pipeline, costs.batch_bytes, machine_calibration=cal, cores=cores)
+                     costs.pipeline, costs.batch_bytes, machine_calibration=None, cores=cores)
 
 
 def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,

@@ -157,6 +157,10 @@ def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
     assert "1 free core" in folded.notes[0]
     _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, calibrated=False)
     assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
+    from autosched.calibrated import calibrated_costs  # a model folded already is not folded twice
+
+    _, again = auto_schedule(graph, calibrated_costs(CostModel(tasks, machine_calibration=cal)), c)
+    assert again.period_s == pytest.approx(folded.period_s)
 
 
 def test_search_with_two_cores_for_three_threads_balances_on_the_pool():
