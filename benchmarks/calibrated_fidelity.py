@@ -84,18 +84,17 @@ def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
     """Mean seconds of each task over ``n`` serial iterations (after 5 warm-up iterations)."""
     pipe = SWPipeline(plan, device="cpu")
     samples: Dict[str, List[float]] = {}
-    original = pipe._exec_task
 
-    def timed(task: Any, ctx: Any) -> None:
+    def timed(run: Any, task: Any, ctx: Any) -> None:
         t0 = time.perf_counter()
-        original(task, ctx)
+        run(task, ctx)
         samples.setdefault(task.name, []).append(time.perf_counter() - t0)
 
     for i in range(5):
         pipe.run_one_serial_iter(batch, iter_idx=i)
-    pipe._exec_task = timed
-    for i in range(n):
-        pipe.run_one_serial_iter(batch, iter_idx=5 + i)
+    with pipe._tasks_through(timed):
+        for i in range(n):
+            pipe.run_one_serial_iter(batch, iter_idx=5 + i)
     return {k: _robust_mean(v) for k, v in samples.items()}
 
 

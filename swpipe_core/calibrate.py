@@ -43,7 +43,6 @@ form; cost models carry it as their ``machine_calibration`` section and
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import os
@@ -51,7 +50,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_gil",
            "measure_cpu", "CALIBRATION_VERSION"]
@@ -352,21 +351,6 @@ def _probe_rate(seconds: float = 0.02) -> float:
     return turns / dt if dt > 0 else 0.0
 
 
-@contextlib.contextmanager
-def _exec_wrapped(pipe: Any, timed: Callable[[Any, Any], None]) -> Iterator[None]:
-    """Run every task of ``pipe`` through ``timed(task, ctx)`` (on the instance) for the block, then restore."""
-    had_instance_attr = "_exec_task" in vars(pipe)
-    original = pipe._exec_task
-    pipe._exec_task = timed
-    try:
-        yield
-    finally:
-        if had_instance_attr:
-            pipe._exec_task = original
-        else:
-            del pipe._exec_task
-
-
 def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
     """Per task, the fraction of its host time that holds the GIL.
 
@@ -409,10 +393,9 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     rate = _probe_rate()
     alone: Dict[str, List[float]] = {}
     held: Dict[str, List[float]] = {}
-    original = pipe._exec_task
     state: Dict[str, Any] = {"probe": None}
 
-    def timed(task: Any, ctx: Any) -> None:
+    def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
         probe = state["probe"]
         c0 = probe.count[0] if probe else 0
         t0 = time.perf_counter()
@@ -424,7 +407,7 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
             probe_held = (probe.count[0] - c0) / rate if rate > 0 else 0.0
             held.setdefault(task.name, []).append(max(0.0, dt - probe_held))
 
-    with _exec_wrapped(pipe, timed):
+    with pipe._tasks_through(timed):
         for i in range(num_iterations):
             state["probe"] = None
             pipe.run_one_serial_iter(batch, iter_idx=2 * i)
@@ -475,15 +458,14 @@ def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     True
     """
     shares: Dict[str, List[float]] = {}
-    original = pipe._exec_task
 
-    def timed(task: Any, ctx: Any) -> None:
+    def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
         c0, t0 = time.thread_time(), time.perf_counter()
         original(task, ctx)
         c1, t1 = time.thread_time(), time.perf_counter()
         shares.setdefault(task.name, []).append((c1 - c0) / (t1 - t0) if t1 > t0 else 1.0)
 
-    with _exec_wrapped(pipe, timed):
+    with pipe._tasks_through(timed):
         for i in range(num_iterations):
             pipe.run_one_serial_iter(batch, iter_idx=i)
     # the largest share: other processes only ever take the CPU away from the task's thread

@@ -712,6 +712,25 @@ class SWPipeline(_DeviceLifetime):
         skip = " [skip]" if name in self._shortcut.tasks else ""
         return f"{prefix}/{name}{skip}/iter{iteration}"
 
+    @contextlib.contextmanager
+    def _tasks_through(self, wrapper: Callable[[Callable[[Any, Any], None], Any, Any], None]) -> Iterator[None]:
+        """For the block, run every task as ``wrapper(run, task, ctx)``, where ``run(task, ctx)`` runs it.
+
+        The one dispatch point measurements hook into (the profiler's timing,
+        the calibration, memory per task): a per-instance ``_exec_task``, which
+        the hot path checks for before it skips the dispatch. Restored on exit.
+        """
+        had_instance_attr = "_exec_task" in vars(self)
+        original = self._exec_task
+        self._exec_task = lambda task, ctx: wrapper(original, task, ctx)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            if had_instance_attr:
+                self._exec_task = original  # type: ignore[method-assign]
+            else:
+                del self._exec_task
+
     def _exec_task(self, task: PipelineTask, ctx: IterContext) -> None:
         """Run one task on one context: ``task.fn(ctx)``, or its shortcut when enabled."""
         if self._strict is not None and self._run is not None and not self._strict.active():

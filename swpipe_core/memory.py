@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 __all__ = ["reachable_storages", "reachable_bytes", "live_bytes", "TaskMemory", "MemoryFigures", "measure_task_memory"]
 
@@ -192,7 +192,7 @@ def _device_counters(device: Any) -> Tuple[int, int]:
 def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_start: int = 0) -> MemoryFigures:
     """Per-task context and device bytes over ``num_iterations`` serial iterations (medians).
 
-    Wraps the pipeline's ``_exec_task`` on the instance for the duration (as
+    Runs every task through ``SWPipeline._tasks_through`` for the duration (as
     the profiler's task timing does) and walks the iteration's context before
     and after each task.
 
@@ -238,10 +238,8 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     # a CUDA device without a CUDA runtime (a stubbed device in tests) has no allocator to read
     cuda = device.type == "cuda" and torch.cuda.is_available()
     samples: Dict[str, List[Tuple[int, int, int, int, int]]] = {}
-    original = pipe._exec_task
-    had_instance_attr = "_exec_task" in vars(pipe)
 
-    def measured(task: Any, ctx: Any) -> None:
+    def measured(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
         before = reachable_storages(ctx)
         if cuda:
             a0, f0 = _device_counters(device)
@@ -268,15 +266,9 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
         transient = max(0, high[0] - max(sum(before.values()), sum(after.values())))
         samples.setdefault(task.name, []).append((add, free, dev[0], dev[1], transient))
 
-    pipe._exec_task = measured
-    try:
+    with pipe._tasks_through(measured):
         for i in range(num_iterations):
             pipe.run_one_serial_iter(batch, iter_idx=iter_start + i)
-    finally:
-        if had_instance_attr:
-            pipe._exec_task = original
-        else:
-            del pipe._exec_task
     tasks = {name: TaskMemory(*(float(statistics.median(col)) for col in zip(*rows)))
              for name, rows in samples.items()}
     how = ("context: storages reachable from ctx before/after each task; device: torch.cuda.memory_stats "

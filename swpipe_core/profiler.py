@@ -592,7 +592,7 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
                 means: Optional[Dict[str, float]] = None):
     """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
 
-    Wraps the engine's ``_exec_task`` on the instance for the duration, so
+    Runs every task through ``SWPipeline._tasks_through`` for the duration, so
     the timing covers exactly one task execution. Device time is the span
     between CUDA events recorded before and after the task on the current
     (task's) stream, after its waits. Two events around a task alone read
@@ -607,11 +607,9 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
     cuda = device.type == "cuda"
     host: Dict[str, List[float]] = {}
     events: List[tuple] = []
-    original = pipe._exec_task
-    had_instance_attr = "_exec_task" in vars(pipe)
     spin_hz = _spin_rate(device) if cuda else 0.0
 
-    def timed(task: Any, ctx: Any) -> None:
+    def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             last = host.get(task.name)
@@ -624,8 +622,7 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
             end.record()
             events.append((task.name, start, end))
 
-    pipe._exec_task = timed
-    try:
+    with pipe._tasks_through(timed):
         sync()
         if cuda:  # one untimed iteration: every task then has a host time to size its spin
             pipe.run_one_serial_iter(batch, iter_idx=next(counter))
@@ -634,11 +631,6 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
         for _ in range(n):
             pipe.run_one_serial_iter(batch, iter_idx=next(counter))
         sync()
-    finally:
-        if had_instance_attr:
-            pipe._exec_task = original
-        else:
-            del pipe._exec_task
     if not host:
         _log.warning("per-task times not recorded: the pipeline did not run its tasks through _exec_task")
         return None, None
