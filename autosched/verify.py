@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "verify_search"]
+           "verify_search", "turned", "within_band"]
 
 
 @dataclass
@@ -412,18 +412,46 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
     return table
 
 
+def turned(items: Sequence[Any], r: int) -> List[Any]:
+    """Round ``r``'s order: ``items`` started ``r`` places further on.
+
+    Slow drift of the machine then shifts every plan alike, and no plan
+    always runs last in a round.
+
+    Examples
+    --------
+    >>> turned("abc", 0), turned("abc", 1), turned("abc", 4)
+    (['a', 'b', 'c'], ['b', 'c', 'a'], ['b', 'c', 'a'])
+    """
+    k = r % max(1, len(items))
+    return [*items[k:], *items[:k]]
+
+
+def within_band(periods: Dict[str, float], band_pct: float) -> List[str]:
+    """The labels whose period is within ``band_pct`` percent of the fastest one's (the contenders of a race).
+
+    Examples
+    --------
+    >>> within_band({"a": 10.0, "b": 10.5, "c": 12.0}, 10.0)
+    ['a', 'b']
+    """
+    if not periods:
+        return []
+    fastest = min(periods.values())
+    return [label for label, p in periods.items() if p <= fastest * (1.0 + band_pct / 100.0)]
+
+
 def _one_round(items: Sequence[Tuple[str, PipelinePlan]], r: int, got: Dict[str, List[float]],
                batches: Sequence[Any], device: Any) -> None:
-    """Every plan once, starting ``r`` plans further on (slow drift of the machine then shifts every plan alike)."""
-    k = r % len(items)
-    for label, plan in list(items[k:]) + list(items[:k]):
+    """Every plan once, in round ``r``'s order (:func:`turned`)."""
+    for label, plan in turned(items, r):
         got[label].append(_one_run(plan, batches, device))
 
 
 def _contenders(table: VerifyTable) -> List[PlanMeasurement]:
     """The rows whose median period is within the table's noise band of the fastest row's."""
-    best = table.choose().period_s
-    return [r for r in table.rows if r.period_s <= best * (1.0 + table.noise_pct / 100.0)]
+    near = set(within_band({r.label: r.period_s for r in table.rows}, table.noise_pct))
+    return [r for r in table.rows if r.label in near]
 
 
 def _load() -> Optional[float]:

@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import queue
 import re
 import statistics
-import threading
+import sys
 import time
 
 import torch
 
-from swpipe import SWPipeline
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from engine_overhead import thread_round_trip  # noqa: E402 - the same measure of a thread round trip
+from swpipe import SWPipeline  # noqa: E402
 
 
 def readme_plan() -> tuple:
@@ -38,27 +40,6 @@ def readme_plan() -> tuple:
     namespace: dict = {}
     exec(compile(block.group(1), "README.md", "exec"), namespace)  # noqa: S102 - our own README
     return namespace["plan"], namespace["batches"]
-
-
-def round_trip_s(n: int = 2000) -> float:
-    """Seconds per put/get round trip between this thread and a worker thread."""
-    to_worker: "queue.SimpleQueue" = queue.SimpleQueue()
-    back: "queue.SimpleQueue" = queue.SimpleQueue()
-
-    def echo() -> None:
-        while (item := to_worker.get()) is not None:
-            back.put(item)
-
-    t = threading.Thread(target=echo, name="bench-echo")
-    t.start()
-    t0 = time.perf_counter()
-    for i in range(n):
-        to_worker.put(i)
-        back.get()
-    el = time.perf_counter() - t0
-    to_worker.put(None)
-    t.join()
-    return el / n
 
 
 def main() -> None:
@@ -87,7 +68,7 @@ def main() -> None:
     print(f"  serial     {statistics.median(serial) * 1e3:.3f} ms/it (median)")
     print(f"  pipelined vs serial: x{ratio:.3f} (median of the rounds' serial/pipelined)")
     print(f"  what there is to overlap: Load {load_s * 1e6:.0f} us per iteration; what a hand-off to the io thread "
-          f"costs: one thread round trip {round_trip_s() * 1e6:.0f} us")
+          f"costs: one thread round trip {thread_round_trip(2000) * 1e6:.0f} us")
 
 
 if __name__ == "__main__":

@@ -518,8 +518,7 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     data = SyntheticData(config, env.world_size, env.rank)
     batches = data.batches(iters)
     train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
-    labels = {s.label for s in specs}
-    shared = {s.label: s.same_as for s in specs if s.same_as in labels and s.same_as != s.label}
+    shared = _twins(specs)
     measured = [s for s in specs if s.label not in shared]
     runs = _folded(env, _run_rounds(config, env, measured, batches, range(repeats), progress))
     raced = _contenders(measured, runs, race_band_pct) if race_rounds else []
@@ -571,6 +570,12 @@ class _Runs:
     ref_losses: List[torch.Tensor] = field(default_factory=list)
 
 
+def _twins(specs: Sequence[PlanSpec]) -> Dict[str, str]:
+    """``{label: the other row it shares its runs with}``: the specs whose ``same_as`` names another row here."""
+    labels = {s.label for s in specs}
+    return {s.label: s.same_as for s in specs if s.same_as in labels and s.same_as != s.label}
+
+
 def _folded(env: DistEnv, runs: _Runs) -> _Runs:
     """Fold every rank in: a row matches only if it matches on every rank, and each run took as long as
     its slowest rank. Every rank then holds the same figures (and decides alike on them)."""
@@ -583,16 +588,16 @@ def _folded(env: DistEnv, runs: _Runs) -> _Runs:
 
 def _contenders(specs: Sequence[PlanSpec], runs: _Runs, band_pct: float) -> List[PlanSpec]:
     """The training specs whose fastest run is within ``band_pct`` of the fastest training spec's."""
-    best = {s.label: min(runs.times[s.label]) for s in specs if not s.is_eval}
-    if not best:
-        return []
-    fastest = min(best.values())
-    return [s for s in specs if s.label in best and best[s.label] <= fastest * (1.0 + band_pct / 100.0)]
+    from autosched.verify import within_band
+
+    near = set(within_band({s.label: min(runs.times[s.label]) for s in specs if not s.is_eval}, band_pct))
+    return [s for s in specs if s.label in near]
 
 
 def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: List[Batch],
                 rounds: Sequence[int], progress: bool) -> _Runs:
     """The serial loop (and the eval loop) and every spec, once per round, each on a fresh workload."""
+    from autosched.verify import turned
     from swpipe_core.engine import SWPipeline
 
     iters = len(batches)
@@ -616,8 +621,7 @@ def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], bat
             ref_preds = eval_reference(wl, batches)
             runs.eval_s.append(time.perf_counter() - t0)
             bar.update(1)
-        turn = r % max(1, len(specs))
-        for spec in [*specs[turn:], *specs[:turn]]:
+        for spec in turned(specs, r):
             wl = DLRMWorkload(config, env)
             plan = spec.plan(wl)
             if spec.label not in runs.plans:  # every rank must run the same plan, or collectives hang
@@ -640,12 +644,12 @@ def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: 
     iters = len(batches)
     rows: List[PlanResult] = []
     semi_refs: Dict[int, List[torch.Tensor]] = {0: runs.ref_losses}
-    labels = {s.label for s in specs}
+    twins = _twins(specs)
     for spec in specs:
         plan = runs.plans[spec.label]
         note = spec.note
-        if spec.same_as in labels and spec.same_as != spec.label:
-            note = f"the schedule of {spec.same_as}, so its runs (one plan, measured once); " + note
+        if spec.label in twins:
+            note = f"the schedule of {twins[spec.label]}, so its runs (one plan, measured once); " + note
         lag = 0 if spec.is_eval else _lag(plan)
         if lag:
             if lag not in semi_refs:
