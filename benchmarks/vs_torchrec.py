@@ -62,6 +62,8 @@ def main() -> None:
         runners[f"swpipe {name}"] = lambda name=name: run_swpipe(name, build_model(config), batches)
         runners[f"swpipe {name}+by_stream"] = lambda name=name: run_swpipe(name, build_model(config), batches,
                                                                            "by_stream")
+    from autosched.verify import turned  # the same turned order as the verification's rounds
+
     for fn in runners.values():  # warm-up: first-call costs, allocator, lazy init
         fn()
     times = {k: [] for k in runners}
@@ -70,8 +72,7 @@ def main() -> None:
                                  for n, c in PEERS.items()]
     for r in range(args.repeats):
         for group in groups:
-            k = r % len(group)
-            for label in group[k:] + group[:k]:
+            for label in turned(group, r):
                 logits, seconds = runners[label]()
                 times[label].append(seconds)
                 outputs[label] = logits
