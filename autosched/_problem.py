@@ -25,7 +25,7 @@ import networkx as nx
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name, stream_name
 from swpipe_core.stage_rules import stage_rule_holds
 
-from .taskmodel import TaskParts, stream_label, task_parts
+from .taskmodel import NOCORE, TaskParts, stream_label, task_parts
 
 __all__ = ["Problem", "make_problem", "build_plan", "DEFAULT_GROUP"]
 
@@ -99,7 +99,7 @@ class Problem:
         """The task's cost tags the models use (``comm:<name>``, ``pcie``, ``nocore``)."""
         comm = self.comm[name]
         return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ()) \
-            + (("nocore",) if name in self.nocore else ())
+            + ((NOCORE,) if name in self.nocore else ())
 
     def parts(self, name: str, group: str, stream: Any, units: bool = False) -> TaskParts:
         """The task's host and device parts under a choice of group and stream (seconds, or time units).
@@ -284,7 +284,7 @@ def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dic
         comm[n] = comms[0] if comms else None
         if "pcie" in tags:
             pcie.add(n)
-        if "nocore" in tags:
+        if NOCORE in tags:
             nocore.add(n)
     return host, dev, comm, pcie, nocore
 

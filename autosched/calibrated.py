@@ -62,7 +62,7 @@ from typing import Any, Dict, Optional
 from swpipe_core.plan import PipelinePlan
 
 from .costs import CostModel, TaskCost
-from .taskmodel import core_capacity
+from .taskmodel import NOCORE, core_capacity
 
 __all__ = ["calibrated_costs", "simulate_calibrated", "serial_iteration_s", "parallelism_note", "format_profile"]
 
@@ -144,13 +144,13 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
         res = tuple(c.resources)
         if device == "cpu" and cal.gil.get(name, 0.0) >= gil_threshold and "gil" not in res:
             res = res + ("gil",)
-        if core_pool and cal.cpu.get(name, 1.0) < cpu_threshold and "nocore" not in res:
-            res = res + ("nocore",)
+        if core_pool and cal.cpu.get(name, 1.0) < cpu_threshold and NOCORE not in res:
+            res = res + (NOCORE,)
         tasks[name] = dataclasses.replace(c, host_s=c.host_s + extra, resources=res)  # bytes kept
     how = "engine costs per task" + (" and per cross-thread dependency" if plan is not None else "") + ", GIL tags"
     cores = core_capacity(cal.cores_free) if core_pool else costs.cores
     if core_pool:
-        off = sum("nocore" in t.resources for t in tasks.values())
+        off = sum(NOCORE in t.resources for t in tasks.values())
         how += f", {cores} free core(s)" + (f" ({off} task(s) off the CPU)" if off else "")
     # the calibration is now in the numbers: the folded model carries none, so nothing folds it twice
     return CostModel(tasks, costs.machine, costs.method, f"{costs.notes}; calibrated: {how}".lstrip("; "),
@@ -235,7 +235,7 @@ def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float) -> Dict[
     rounds converge instead of compounding.
     """
     parts = [e for e in events if e.kind == "host" and e.end > e.start
-             and "nocore" not in costs[e.task].resources]
+             and NOCORE not in costs[e.task].resources]
     edges = sorted({t for e in parts for t in (e.start, e.end)})
     if len(edges) < 2:
         return {}
