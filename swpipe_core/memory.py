@@ -32,10 +32,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .reach import reachable_objects
+
 __all__ = ["reachable_storages", "reachable_bytes", "live_bytes", "TaskMemory", "MemoryFigures", "measure_task_memory"]
 
 _MAX_NODES = 100_000  # a context that reaches more objects than this is walked no further (a guard, not a limit)
-_SCALARS = (str, bytes, int, float, bool, complex, type(None))
 
 
 def reachable_storages(*roots: Any) -> Dict[Tuple[str, int], int]:
@@ -63,32 +64,24 @@ def reachable_storages(*roots: Any) -> Dict[Tuple[str, int], int]:
     """
     import torch
 
-    seen: set = set()
     out: Dict[Tuple[str, int], int] = {}
-    stack: List[Any] = list(roots)
-    while stack and len(seen) < _MAX_NODES:
-        obj = stack.pop()
-        if isinstance(obj, _SCALARS) or id(obj) in seen:
-            continue
-        seen.add(id(obj))
+    for obj in reachable_objects(roots, _MAX_NODES, _tensor_children):
         if isinstance(obj, torch.Tensor):
-            _add_tensor(obj, out, stack)
-        elif isinstance(obj, torch.nn.Module):
-            continue
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(obj)
-        else:
-            stack.extend(_attributes(obj))
+            _add_storage(obj, out)
     return out
 
 
-def _add_tensor(t: Any, out: Dict[Tuple[str, int], int], stack: List[Any]) -> None:
+def _tensor_children(t: Any) -> Tuple[Any, ...]:
+    """What a tensor holds that holds bytes of its own: a sparse tensor's parts, a leaf's ``.grad``."""
     if t.is_sparse:
-        stack.extend((t._indices(), t._values()))
-        return
-    if t.layout != _strided():
+        return (t._indices(), t._values())
+    if t.layout == _strided() and t.is_leaf and t.grad is not None:  # .grad of a non-leaf is never populated
+        return (t.grad,)
+    return ()
+
+
+def _add_storage(t: Any, out: Dict[Tuple[str, int], int]) -> None:
+    if t.is_sparse or t.layout != _strided():
         return
     try:
         st = t.untyped_storage()
@@ -98,29 +91,12 @@ def _add_tensor(t: Any, out: Dict[Tuple[str, int], int], stack: List[Any]) -> No
     if ptr:
         key = (str(t.device), ptr)
         out[key] = max(out.get(key, 0), st.nbytes())
-    if t.is_leaf and t.grad is not None:  # .grad of a non-leaf is never populated (and warns)
-        stack.append(t.grad)
 
 
 def _strided() -> Any:
     import torch
 
     return torch.strided
-
-
-def _attributes(obj: Any) -> List[Any]:
-    values: List[Any] = []
-    d = getattr(obj, "__dict__", None)
-    if isinstance(d, dict):
-        values.extend(d.values())
-    for cls in type(obj).__mro__:
-        for name in getattr(cls, "__slots__", ()) or ():
-            if isinstance(name, str) and not name.startswith("__"):
-                try:
-                    values.append(getattr(obj, name))
-                except AttributeError:  # an unset slot
-                    pass
-    return values
 
 
 def reachable_bytes(*roots: Any) -> int:

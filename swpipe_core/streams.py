@@ -25,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import types
 from typing import Any, ContextManager, Dict, Hashable, Iterable, List, Optional, Sequence, Union
 
 import torch
 
 from .plan import StreamSpec, stream_name
+from .reach import reachable_objects
 
 __all__ = ["resolve_device", "StreamPool", "set_thread_device"]
 
@@ -306,35 +306,16 @@ _WALK_LIMIT = 1000  # objects a batch is searched through for a CUDA tensor; pas
 
 
 def _holds_cuda(obj: Any) -> bool:
-    """Whether a CUDA tensor is reachable from ``obj`` (containers, attributes, slots; modules skipped).
+    """Whether a CUDA tensor is reachable from ``obj`` (:func:`swpipe_core.reach.reachable_objects`).
 
     Examples
     --------
     >>> _holds_cuda({"x": [torch.ones(1), (2, "a")]}), _holds_cuda(None)
     (False, False)
     """
-    stack, seen = [obj], set()
-    while stack:
-        item = stack.pop()
-        if item is None or isinstance(item, (str, bytes, int, float, bool, complex)) or id(item) in seen:
-            continue
-        if len(seen) >= _WALK_LIMIT:
+    for n, item in enumerate(reachable_objects([obj], _WALK_LIMIT + 1)):
+        if n >= _WALK_LIMIT:
             return True  # too big to search every iteration: wait (safe, maybe slower)
-        seen.add(id(item))
-        if isinstance(item, torch.Tensor):
-            if item.is_cuda:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            stack.extend(item)
-        elif not isinstance(item, (torch.nn.Module, type, types.ModuleType)):
-            d = getattr(item, "__dict__", None)
-            if isinstance(d, dict):
-                stack.extend(d.values())
-            for cls in type(item).__mro__:
-                slots = getattr(cls, "__slots__", ()) or ()
-                for name in (slots,) if isinstance(slots, str) else slots:
-                    if isinstance(name, str) and not name.startswith("__"):
-                        stack.append(getattr(item, name, None))
+        if isinstance(item, torch.Tensor) and item.is_cuda:
+            return True
     return False
