@@ -85,7 +85,7 @@ def measure_overlap(device: torch.device, mib: int, n: int, iters: int, rounds: 
     """Serial vs pipelined over interleaved rounds, the tasks' profile and the simulator's prediction."""
     from autosched.costs import CostModel
     from autosched.simulate import simulate
-    from autosched.verify import serial_plan
+    from autosched.verify import serial_plan, turned
 
     pin = device.type == "cuda"
     elems = max(mib * (1 << 20) // 4, n * n)
@@ -96,7 +96,7 @@ def measure_overlap(device: torch.device, mib: int, n: int, iters: int, rounds: 
     results: Dict[str, List[Any]] = {"serial": [], "pipelined": []}
     times: Dict[str, List[float]] = {"serial": [], "pipelined": []}
     for r in range(rounds):
-        for mode in (("serial", "pipelined") if r % 2 == 0 else ("pipelined", "serial")):
+        for mode in turned(("serial", "pipelined"), r):
             out: List[Any] = []
             with SWPipeline(overlap_plan(device, weight, matmuls, n, out), device=device) as pipe:
                 runner = pipe.run_serial if mode == "serial" else pipe.run

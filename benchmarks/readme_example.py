@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine_overhead import thread_round_trip  # noqa: E402 - the same measure of a thread round trip
+from autosched.verify import turned  # noqa: E402 - the rounds' order, as everywhere
 from swpipe import SWPipeline  # noqa: E402
 
 
@@ -55,8 +56,7 @@ def main() -> None:
         pipe.run(iter(batches))  # warm-up, both ways
         pipe.run_serial(iter(batches))
         for r in range(args.rounds):
-            runs = [("p", pipe.run), ("s", pipe.run_serial)]
-            for kind, fn in runs if r % 2 == 0 else runs[::-1]:
+            for kind, fn in turned([("p", pipe.run), ("s", pipe.run_serial)], r):
                 (piped if kind == "p" else serial).append(fn(iter(batches)) / n)
     with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
         pipe.run_serial(iter(batches))
