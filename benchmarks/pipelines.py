@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from swpipe.workloads.bench import TORCHREC_PLANS, auto_spec, default_specs, format_table, measure
+from swpipe.workloads.autoplan import auto_spec
+from swpipe.workloads.bench import TORCHREC_PLANS, default_specs, format_table, measure
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.reference import train_reference
 

@@ -83,7 +83,8 @@ def torchrec_part(names: Sequence[str], time_limit: float, max_threads: int) -> 
 
 def dlrm_part(time_limit: float, max_threads: int, measure_runs: bool, iters: int) -> str:
     """Part 2: TorchRec plans on the DLRM workload with measured costs; optionally measured iter/s."""
-    from swpipe.workloads.bench import TORCHREC_PLANS, auto_spec, default_specs, format_table, measure
+    from swpipe.workloads.autoplan import auto_spec
+    from swpipe.workloads.bench import TORCHREC_PLANS, default_specs, format_table, measure
     from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
     from swpipe.workloads.tasks import EVAL_PIPELINES, plan_for
     from swpipe_core.engine import SWPipeline

@@ -200,7 +200,7 @@ def test_two_runs_of_one_plan_are_bit_identical(env, batches):
 
 
 def test_safe_task_plan_is_correct_under_one_thread_per_task(env, batches, reference):
-    from swpipe.workloads.bench import safe_task_plan
+    from swpipe.workloads.autoplan import safe_task_plan
 
     _assert_same(_train(env, batches, safe_task_plan, thread_map="per_task"), reference)
 
@@ -312,7 +312,7 @@ def test_plans_on_cuda_match_the_serial_loop_to_tolerance():
 
 def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batches, reference):
     pytest.importorskip("autosched.search")
-    from swpipe.workloads.bench import auto_spec
+    from swpipe.workloads.autoplan import auto_spec
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # the hook warns instead of failing: make it fail here
@@ -330,7 +330,7 @@ def test_search_costs_leave_out_the_cold_first_iterations():
     """A fresh model's first iterations run slow; the search's costs come from the warm ones."""
     import time
 
-    from swpipe.workloads.bench import COST_WARMUP, _serial_costs
+    from swpipe.workloads.autoplan import COST_WARMUP, _serial_costs
     from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
     calls = []
@@ -367,7 +367,8 @@ def test_demo_rounds_turn_the_order_of_the_plans(env):
 def test_each_seed_runs_the_schedule_of_the_demo_row_it_is_named_after(env):
     """What lets the demo show a seed the search kept in that row: same stages, threads, streams, order."""
     from swpipe.workloads.agree import plan_fields
-    from swpipe.workloads.bench import AUTO_SEEDS, PlanSpec, _auto_seeds, safe_task_plan
+    from swpipe.workloads.autoplan import AUTO_SEEDS, _auto_seeds, safe_task_plan
+    from swpipe.workloads.bench import PlanSpec
 
     wl = DLRMWorkload(CFG, env)
     for label, seed in _auto_seeds(wl, safe_task_plan(wl)):

@@ -47,7 +47,7 @@ def main(out_dir: str) -> None:
     from swpipe_core.workers import with_thread_map
     from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, train_reference
     from swpipe.workloads.agree import PlanMismatchError, check_same_plan, plan_fields
-    from swpipe.workloads.bench import auto_spec
+    from swpipe.workloads.autoplan import auto_spec
     from swpipe.workloads.distenv import group_timeout, init_distributed
 
     torch.set_num_threads(1)

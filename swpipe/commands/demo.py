@@ -88,7 +88,8 @@ def _specs(args: argparse.Namespace) -> List[Any]:
 def _rank_main(env: Any, args: argparse.Namespace) -> Any:
     import torch
 
-    from swpipe.workloads.bench import auto_spec, measure
+    from swpipe.workloads.autoplan import auto_spec
+    from swpipe.workloads.bench import measure
     from swpipe.workloads.dlrm import DLRMConfig, SyntheticData
 
     torch.set_num_threads(args.threads)

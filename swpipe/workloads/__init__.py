@@ -10,6 +10,7 @@ module                 what
 ``reference``          plain serial loops every plan is checked against
 ``launch``             ``spawn``: run a function on N loopback ranks
 ``bench``              serial vs each plan, side by side (``swpipe demo``, benchmarks)
+``autoplan``           the demo's auto-scheduled plan: safe task graph, measured costs, search
 ``checks``             everything a multi-rank equivalence test compares
 =====================  ================================================================
 """
