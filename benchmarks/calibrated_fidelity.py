@@ -27,7 +27,12 @@ For each plan, in one run:
    measured/predicted ratio: measurement fed back into the model, as
    ``auto_schedule``'s verification does (``VerifyTable.speed_factor``). It
    takes out the drift of the machine between when the costs were measured
-   and when the plan ran, which on a shared VM is larger than the target.
+   and when the plan ran, which on a shared VM is larger than the target;
+5. with ``--paired`` (default) every round measures each plan's task costs
+   again right before its run (plans in a rotated order), and ``paired`` is
+   the median over the rounds of the ``+engine`` error of the prediction from
+   those costs against that run: the costs and the run see the same machine,
+   so what is left is the model's error plus the noise of one short run.
 
 Targets (issue 15): with calibrated costs median |error| <= 3 % on sleep
 plans, <= 5 % on DLRM plans, worst <= 10 %.
@@ -57,7 +62,7 @@ from autosched.calibrated import calibrated_costs, simulate_calibrated  # noqa: 
 from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
-from autosched.verify import measure_plans, serial_plan  # noqa: E402
+from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
 from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
@@ -98,13 +103,19 @@ def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
     return {k: _robust_mean(v) for k, v in samples.items()}
 
 
+def engine_prediction(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
+                      core_pool: bool = True) -> float:
+    """The ``+engine`` prediction: task costs, the engine's own costs and the core pool, no GIL tags."""
+    engine = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=core_pool)  # threshold > 1: no GIL tags
+    return simulate(plan, engine, num_iterations=iters, period_overhead_s=cal.period_s).period
+
+
 def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
                 core_pool: bool = True) -> Dict[str, float]:
-    engine = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=core_pool)  # threshold > 1: no GIL tags
     gil = calibrated_costs(costs, plan, cal, core_pool=core_pool)
     out = {
         "tasks": simulate(plan, costs, num_iterations=iters).period,
-        "+engine": simulate(plan, engine, num_iterations=iters, period_overhead_s=cal.period_s).period,
+        "+engine": engine_prediction(plan, costs, cal, iters, core_pool),
         "+engine+gil": simulate(plan, gil, num_iterations=iters, period_overhead_s=cal.period_s).period,
     }
     if core_pool:
@@ -120,31 +131,58 @@ def _err(sim: float, meas: float) -> float:
 
 
 def report(rows: List[dict], what: str, median_target: float) -> None:
-    for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "rescaled", "share resc."):
-        errs = [abs(_err(r[key], r["measured"])) for r in rows if key in r]
+    for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "rescaled", "share resc.", "paired"):
+        errs = [abs(r["paired_err"] if key == "paired" else _err(r[key], r["measured"])) for r in rows
+                if key in r or (key == "paired" and "paired_err" in r)]
         if errs:
             print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
                   f"(target median <= {median_target:.0%}, worst <= 10%)")
+
+
+def _task_means(plan: PipelinePlan, batch: Any, args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, float]:
+    return serial_means(plan, batch, args.serial_iters) if args.costs == "serial" else timeline_means(plan, batches)
+
+
+def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, MachineCalibration],
+                  args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, List[float]]:
+    """Per plan and round, the ``+engine`` error of a prediction from costs measured right before the run it predicts.
+
+    Each round measures every plan's task costs and runs the plan just after
+    (plans in a rotated order), so the costs and the run see the same machine:
+    the error left is the model's, not the drift of a shared machine between a
+    profile taken once and runs taken later.
+    """
+    errs: Dict[str, List[float]] = {label: [] for label, _, _ in entries}
+    for r in range(args.rounds):
+        for label, plan, batch in turned(entries, r):
+            costs = CostModel({k: TaskCost(v) for k, v in _task_means(plan, batch, args, batches).items()},
+                              machine_calibration=cals[label])
+            predicted = engine_prediction(plan, costs, cals[label], args.sim_iters, args.core_pool)
+            measured = measure_plans([(label, plan)], batches, 1, warmup=False)[label].period_s
+            errs[label].append(_err(predicted, measured))
+    return errs
 
 
 def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibration, args: argparse.Namespace,
               batches: Sequence[Any]) -> List[dict]:
     """Measure the plans side by side (interleaved rounds), cost and simulate each."""
     costs: Dict[str, CostModel] = {}
+    cals: Dict[str, MachineCalibration] = {}
     for label, plan, batch in entries:
-        means = (serial_means(plan, batch, args.serial_iters) if args.costs == "serial"
-                 else timeline_means(plan, batches))
         gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        cal_plan = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
-        costs[label] = CostModel({k: TaskCost(v) for k, v in means.items()}, machine_calibration=cal_plan)
+        cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
+        costs[label] = CostModel({k: TaskCost(v) for k, v in _task_means(plan, batch, args, batches).items()},
+                                 machine_calibration=cals[label])
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:
         runs += [(f"{label} [serial]", serial_plan(plan)) for label, plan, _ in entries]
     table = measure_plans(runs, batches, args.rounds)
+    paired = paired_errors(entries, cals, args, batches) if args.paired else {}
     keys = ["tasks", "+engine"] + (["-pool", "+share"] if args.core_pool else []) + ["+engine+gil"] \
         + (["rescaled"] if args.rescale else []) + (["share resc."] if args.rescale and args.core_pool else [])
-    print(f"{'plan':<34} {'measured':>9} | " + " | ".join(f"{k[:8]:>8} {'err':>6}" for k in keys) + " | spread")
+    print(f"{'plan':<34} {'measured':>9} | " + " | ".join(f"{k[:8]:>8} {'err':>6}" for k in keys)
+          + (" | paired err (rounds)" if paired else "") + " | spread")
     rows = []
     for label, plan, _ in entries:
         measured = table[label].period_s
@@ -155,8 +193,12 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
             pred["rescaled"] = pred["+engine"] * table[f"{label} [serial]"].period_s / serial
             if "+share" in pred:  # the serial plan runs one part at a time: sharing leaves its prediction alone
                 pred["share resc."] = pred["+share"] * table[f"{label} [serial]"].period_s / serial
-        rows.append(dict(plan=label, measured=measured, **pred))
+        row = dict(plan=label, measured=measured, **pred)
         cells = " | ".join(f"{pred[k] * 1e3:>7.3f}m {_err(pred[k], measured):>+6.1%}" for k in keys)
+        if paired:
+            row["paired_err"] = statistics.median(paired[label])
+            cells += f" | {row['paired_err']:>+6.1%} ({' '.join(f'{e:+.0%}' for e in paired[label])})"
+        rows.append(row)
         print(f"{label:<34} {measured * 1e3:>8.3f}m | {cells} | {table[label].spread_pct:.1f}%")
     return rows
 
@@ -210,6 +252,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "recorded pipelined run of the plan")
     p.add_argument("--rescale", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each plan's serial version and rescale the prediction by it (default on)")
+    p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure each plan's task costs again right before each of its runs and report the "
+                        "median of the per-round errors (default on)")
     p.add_argument("--core-pool", action=argparse.BooleanOptionalAction, default=True,
                    help="model the measured free cores as a core pool (CostModel.cores; default on)")
     p.add_argument("--dlrm", action="store_true")

@@ -56,8 +56,8 @@ def _rss() -> int:
 
 
 class _Sampler:
-    """Wraps ``pipe._exec_task``: after every task, and (``within``) whenever a function a task calls
-    returns, the bytes reachable from all live contexts.
+    """A task wrapper for ``pipe._tasks_through``: after every task, and (``within``) whenever a function
+    a task calls returns, the bytes reachable from all live contexts.
 
     Sampling inside tasks sees what a context holds only while a task runs (the
     ``.grad`` backward puts on context tensors before the task deletes them);
@@ -72,23 +72,21 @@ class _Sampler:
         self.rss0 = _rss()
         self.rss_peak = self.rss0
         self.samples = 0
-        original = pipe._exec_task
+        self.within = within
 
-        def profile_hook(frame: Any, event: str, arg: Any) -> None:
-            if event in ("return", "c_return"):
-                self.sample()
-
-        def sampled(task: Any, ctx: Any) -> None:
-            if within:
-                sys.setprofile(profile_hook)  # this worker thread, this task only
-            try:
-                original(task, ctx)
-            finally:
-                if within:
-                    sys.setprofile(None)
+    def _profile_hook(self, frame: Any, event: str, arg: Any) -> None:
+        if event in ("return", "c_return"):
             self.sample()
 
-        pipe._exec_task = sampled
+    def __call__(self, run_task: Any, task: Any, ctx: Any) -> None:
+        if self.within:
+            sys.setprofile(self._profile_hook)  # this worker thread, this task only
+        try:
+            run_task(task, ctx)
+        finally:
+            if self.within:
+                sys.setprofile(None)
+        self.sample()
 
     def sample(self) -> None:
         run = self.pipe._run
@@ -115,7 +113,8 @@ def measure_plan(spec: Any, config: DLRMConfig, env: Any, batches: List[Any], sk
     plan = spec.plan(wl)
     with SWPipeline(plan, device=env.device, record_timeline=True) as pipe:
         sampler = _Sampler(pipe, within)
-        pipe.run(iter(batches))
+        with pipe._tasks_through(sampler):
+            pipe.run(iter(batches))
         events = [e for e in pipe.timeline if e.iteration >= skip]
     costs = CostModel.from_timeline(events).with_memory(figures)
     sim = simulate(plan, costs, num_iterations=len(batches), device=env.device)
