@@ -28,7 +28,11 @@ Feedback: the serial plan's prediction is the sum of the task costs, so its
 measured/predicted ratio (:attr:`VerifyTable.speed_factor`) is how fast the
 machine runs the tasks now against when the costs were taken; the table also
 reports every prediction rescaled by it. A uniform scale changes no ranking,
-only the absolute figures, so no second search is needed.
+only the absolute figures. What can reorder plans is how many of their
+threads really run at once: :mod:`autosched.refit` refits the model's core
+pool to the measured periods, and when it moves, ``auto_schedule`` searches
+once more with it and :func:`measure_refit` measures that plan beside the
+choice (the table of that measurement keeps the first one as ``earlier``).
 
 :func:`serial_plan` gives the serial candidate: every task at stage 0 on one
 thread group, the caller's (no overlap; what ``run_serial`` computes).
@@ -47,7 +51,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "verify_search", "turned", "within_band"]
+           "verify_search", "measure_refit", "plan_key", "turned", "within_band"]
 
 
 @dataclass
@@ -150,6 +154,7 @@ class VerifyTable:
     noise_floor_pct: float = 2.0
     load: Optional[float] = None
     notes: List[str] = field(default_factory=list)
+    earlier: Optional["VerifyTable"] = None  # the measurement this one follows up (refit round), printed first
 
     def __getitem__(self, label: str) -> PlanMeasurement:
         for r in self.rows:
@@ -238,6 +243,8 @@ class VerifyTable:
         if limit:
             lines.append(f"  {limit}")
         lines += [f"  note: {n}" for n in self.notes]
+        if self.earlier is not None:
+            lines = self.earlier.format().splitlines() + ["then " + lines[0]] + lines[1:]
         return "\n".join(indent + line for line in lines)
 
     def __str__(self) -> str:
@@ -523,37 +530,25 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
         binding, utilisation simulated for that plan) with ``verify`` set to
         the :class:`VerifyTable`.
     """
-    from .simulate import simulate
-
     opts = _options(verify)
     cands: List[Tuple[str, PipelinePlan]] = [("auto", report.plan)]
-    seen = {_key(report.plan)}
+    seen = {plan_key(report.plan)}
     searched = 1
     for label, plan in pool:  # the searchers' bests up to ``top``; every seed
         is_seed = label.startswith("seed")
         if plan is None or (not is_seed and searched >= opts.top):
             continue
-        if _key(plan) not in seen:
+        if plan_key(plan) not in seen:
             searched += 0 if is_seed else 1
-            seen.add(_key(plan))
+            seen.add(plan_key(plan))
             cands.append((label, plan))
     base = problem.base_plan
-    if base is not None and not base.unbound_tasks() and _key(base) not in seen:
-        seen.add(_key(base))
+    if base is not None and not base.unbound_tasks() and plan_key(base) not in seen:
+        seen.add(plan_key(base))
         cands.append(("input", base))
     serial = serial_plan(report.plan)
     cands.append(("serial", serial))
-    predicted: Dict[str, float] = {}
-    for label, plan in cands:
-        try:
-            predicted[label] = float(simulate(plan, problem.costs, num_iterations=num_iterations,
-                                              device=problem.device).period)
-        except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
-            pass
-    depth = max(p.pipeline_depth for _, p in cands)
-    table = measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
-                          device=opts.device, noise_floor_pct=opts.noise_floor_pct,
-                          max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds)
+    table = _measure(cands, problem, batches, opts, num_iterations)
     chosen = table.choose()
     if chosen.label != "auto":
         table.notes.append(f"the simulator's favourite (auto) measured {table['auto'].period_s * 1e3:.3f} ms, "
@@ -563,7 +558,72 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
     return chosen.plan, new
 
 
-def _key(plan: PipelinePlan) -> tuple:
+def measure_refit(report: Any, chosen: PlanMeasurement, plan: PipelinePlan, problem: Any, batches: Sequence[Any],
+                  verify: Any, num_iterations: int) -> Any:
+    """Measure a refitted search's plan beside the verified choice and the serial plan; report the fastest.
+
+    Parameters
+    ----------
+    report : SearchReport
+        The verified report (``report.verify`` holds the first measurement).
+    chosen : PlanMeasurement
+        The first measurement's choice.
+    plan : PipelinePlan
+        The plan the search found with the refitted model (:mod:`autosched.refit`).
+    problem : Problem
+        The refitted problem: its costs predict all three plans.
+    batches, verify, num_iterations
+        As for :func:`verify_search`.
+
+    Returns
+    -------
+    SearchReport
+        Re-judged with the refitted costs for the plan measured fastest in
+        these rounds (``"refit"``, the earlier choice or ``"serial"``); its
+        ``verify`` is the new table, with the first one as ``earlier``.
+    """
+    opts = _options(verify)
+    first = report.verify
+    cands = [(chosen.label, chosen.plan), ("refit", plan)]
+    if chosen.label != "serial":
+        cands.append(("serial", first["serial"].plan))
+    table = _measure(cands, problem, batches, opts, num_iterations)
+    table.earlier = first
+    won = table.choose()
+    table.notes.append(f"refit: the search with the refitted pool found a new plan; measured beside "
+                       f"{chosen.label}: refit {table['refit'].period_s * 1e3:.3f} ms, {chosen.label} "
+                       f"{table[chosen.label].period_s * 1e3:.3f} ms: returning {won.label}")
+    new = _rejudge(report, won.plan, problem, num_iterations)
+    return dataclasses.replace(new, verify=table, method=report.method + ("+refit" if won.label == "refit" else ""))
+
+
+def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Sequence[Any], opts: VerifyOptions,
+             num_iterations: int) -> VerifyTable:
+    """Predict each candidate with the problem's costs, then measure them all side by side (with racing)."""
+    from .simulate import simulate
+
+    predicted: Dict[str, float] = {}
+    for label, plan in cands:
+        try:
+            predicted[label] = float(simulate(plan, problem.costs, num_iterations=num_iterations,
+                                              device=problem.device).period)
+        except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
+            pass
+    depth = max(p.pipeline_depth for _, p in cands)
+    return measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
+                         device=opts.device, noise_floor_pct=opts.noise_floor_pct,
+                         max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds)
+
+
+def plan_key(plan: PipelinePlan) -> tuple:
+    """What makes two plans run alike on the engine: schedule, enqueue order, caller group (functions aside).
+
+    Examples
+    --------
+    >>> a = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
+    >>> plan_key(a) == plan_key(a.replace(pipeline_depth=2)), plan_key(a) == plan_key(serial_plan(a))
+    (True, False)
+    """
     from swpipe_core.order import enqueue_order
 
     return (tuple(sorted((n, plan.stage(n), plan.stream_of(n), plan.sched(n).thread_group,

@@ -255,7 +255,10 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         chosen_label = chosen.label
         k = report.verify.speed_factor
         rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
-        how = (f"measured fastest of {len(report.verify.rows)} plans on the engine ({chosen.label}: "
+        earlier = report.verify.earlier
+        measured = {r.label for r in report.verify.rows + (earlier.rows if earlier is not None else [])}
+        refit = ", after a round refitted to the measured cores" if earlier is not None else ""
+        how = (f"measured fastest of {len(measured)} plans on the engine{refit} ({chosen.label}: "
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"

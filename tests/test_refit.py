@@ -1,0 +1,99 @@
+"""Measurement fed back into the model: the core pool refitted to the verified periods, and a final search round."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from autosched.costs import CostModel, TaskCost
+from autosched.refit import fit_core_pool
+from autosched.search import Constraints, auto_schedule
+from autosched.verify import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, measure_refit, plan_key, \
+    serial_plan
+from autosched._problem import make_problem
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+pytestmark = pytest.mark.timeout(300)
+
+TWO_THREADS = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
+                           intra_iter_deps=[("B", "A")])
+COSTS = {"A": TaskCost(0.002), "B": TaskCost(0.002)}
+
+
+def _table(measured_two: float, measured_serial: float = 0.004) -> VerifyTable:
+    return VerifyTable([PlanMeasurement("auto", TWO_THREADS, [measured_two]),
+                        PlanMeasurement("serial", serial_plan(TWO_THREADS), [measured_serial], predicted_s=0.004)],
+                       rounds=1, iterations=20)
+
+
+def test_the_pool_moves_to_the_size_the_measurements_show():
+    fit = fit_core_pool(_table(0.004), CostModel(COSTS, cores=2))  # two threads ran one after the other
+    assert (fit.cores, fit.was, fit.plans) == (1, 2, 1)
+    assert fit.changed and fit.errors_pct[1] < 1.0 < 40.0 < fit.errors_pct[2]
+    fit = fit_core_pool(_table(0.002), CostModel(COSTS, cores=1))  # they ran at once
+    assert (fit.cores, fit.changed) == (2, True)
+
+
+def test_a_model_without_a_pool_is_fitted_against_unlimited():
+    fit = fit_core_pool(_table(0.004), CostModel(COSTS))
+    assert (fit.cores, fit.was) == (1, None)
+    assert set(fit.errors_pct) == {1, None}
+    assert "better than the model's unlimited" in fit.describe()
+
+
+def test_the_model_keeps_its_pool_when_no_size_fits_better_by_the_noise_floor():
+    fit = fit_core_pool(_table(0.003), CostModel(COSTS, cores=2))  # halfway: both sizes 33 % off
+    assert (fit.cores, fit.changed) == (2, False)
+    assert "keep the model's pool of 2 core(s)" in fit.describe()
+
+
+def test_no_fit_without_a_serial_row_or_a_multi_thread_plan():
+    one = serial_plan(TWO_THREADS)
+    no_serial = VerifyTable([PlanMeasurement("auto", TWO_THREADS, [0.004])], rounds=1, iterations=20)
+    one_thread = VerifyTable([PlanMeasurement("auto", one.replace(pipeline_depth=2), [0.004]),
+                              PlanMeasurement("serial", one, [0.004], predicted_s=0.004)], rounds=1, iterations=20)
+    assert fit_core_pool(no_serial, CostModel(COSTS, cores=2)) is None
+    assert fit_core_pool(one_thread, CostModel(COSTS, cores=2)) is None
+
+
+def _spin(seconds: float):
+    def fn(ctx):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # pure Python: the workload holds the GIL, so threads take turns
+            pass
+    return fn
+
+
+def test_gil_bound_tasks_refit_a_two_core_model_to_one_core_and_the_returned_plan_was_measured_fastest():
+    a, b = PipelineTask("A", _spin(0.003)), PipelineTask("B", _spin(0.003))
+    costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, cores=2)
+    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+                                 verify=VerifyOptions(rounds=2, iterations=16), batches=list(range(16)))
+    notes = "\n".join(report.verify.notes + (report.verify.earlier.notes if report.verify.earlier else []))
+    assert "fit a pool of 1 core(s) better than the model's 2" in notes
+    assert plan_key(plan) == plan_key(report.verify.choose().plan)
+
+
+def _sleeper(seconds: float):
+    return lambda ctx: time.sleep(seconds)  # the workload, not a synchronisation
+
+
+def test_a_refitted_plan_measured_faster_than_the_choice_is_returned():
+    a, b = PipelineTask("A", _sleeper(0.003)), PipelineTask("B", _sleeper(0.003))
+    costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, cores=2)
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=4)
+    fast, report = auto_schedule(([a, b], [(b, a)]), costs, c, verify=False)
+    assert report.period_s == pytest.approx(0.003)
+    slow = serial_plan(fast)
+    batches = list(range(12))
+    first = measure_plans([("serial", slow)], batches, 1)
+    report = dataclasses.replace(report, plan=slow, verify=first, method="beam+verify")
+    problem = make_problem(([a, b], [(b, a)]), costs, c)
+    new = measure_refit(report, first["serial"], fast, problem, batches, VerifyOptions(rounds=2, iterations=12), 30)
+    assert plan_key(new.plan) == plan_key(fast)
+    assert new.method == "beam+verify+refit"
+    assert new.verify.earlier is first and new.verify.choose().label == "refit"
+    assert new.verify["refit"].period_s < new.verify["serial"].period_s
+    assert "then verified on the engine: 2 plans" in new.verify.format()
