@@ -91,6 +91,7 @@ import torch
 from .order import enqueue_order
 from .plan import IterContext, PipelinePlan, PipelineTask, ref_name
 from .engine_device import _DeviceLifetime, _nvtx_mode
+from .engine_serial import _profiler_active, _SerialRunner
 from .engine_state import (PipelineTaskError, _Cancelled, _Flag, _GuardedContext, _IterState, _Run,
                            _TaskInfo)
 from .sequencer import SequencerAborted, _SubmissionSequencer
@@ -105,17 +106,9 @@ __all__ = ["SWPipeline", "PipelineTaskError"]
 _log = logging.getLogger(__name__)
 
 _NO_BATCH = object()
-_SERIAL_GROUP = "serial"
 
 
-def _profiler_active() -> bool:
-    """Whether a torch profiler is recording: the thread-local C++ flag, or the
-    module flag torch.profiler sets (also in all-threads mode, where the C++
-    flag reads False)."""
-    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False)) or torch.autograd._profiler_enabled()
-
-
-class SWPipeline(_DeviceLifetime):
+class SWPipeline(_DeviceLifetime, _SerialRunner):
     """Software-pipelined execution of a plan: pipelined, serial, or one iteration at a time.
 
     Parameters
@@ -248,17 +241,6 @@ class SWPipeline(_DeviceLifetime):
             infos.append(_TaskInfo(index[name], plan.task(name), name, sched.stage, sched.thread_group,
                                    sched.stream, stream, sched.globally_ordered, own, device_deps, starts))
         return infos
-
-    @staticmethod
-    def _topological(plan: PipelinePlan, by_name: Dict[str, _TaskInfo]) -> List[_TaskInfo]:
-        """Serial order: a topological order of the intra deps, ties broken by enqueue order."""
-        import networkx as nx
-
-        pos = {n: i for i, n in enumerate(enqueue_order(plan))}
-        graph = nx.DiGraph()
-        graph.add_nodes_from(plan.task_names)
-        graph.add_edges_from((d, t) for t, d in plan.intra_edges())
-        return [by_name[n] for n in nx.lexicographical_topological_sort(graph, key=lambda n: pos[n])]
 
     def _check_runnable(self) -> None:
         unbound = [t.name for t in self.plan.tasks if not callable(t.fn)]
@@ -946,111 +928,6 @@ class SWPipeline(_DeviceLifetime):
             _log.info("SWPipeline.run: %d iteration(s) in %.3f s (%.3f ms/iteration)", n, elapsed,
                       elapsed * 1e3 / max(n, 1))
         return elapsed
-
-    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
-        """Run every iteration serially on the caller's thread and the default stream; returns wall seconds.
-
-        The baseline a pipelined run is compared with: no workers, no overlap,
-        tasks in a topological order of the intra-iteration dependencies.
-        Ranges are named ``SWP_serial/{Task}/iter{N}`` (``[skip]`` added for
-        shortcut tasks). Timeline events carry thread group ``"serial"``.
-
-        Raises
-        ------
-        PipelineTaskError
-            A task raised (``thread_group`` is the task's configured group).
-        RuntimeError
-            Pipelined iterations are in flight (call :meth:`drain` first).
-
-        Examples
-        --------
-        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-        >>> seen = []
-        >>> plan = PipelinePlan({PipelineTask("B", lambda ctx: seen.append(("B", ctx.iter_idx))): TaskSchedule(1),
-        ...                      PipelineTask("A", lambda ctx: seen.append(("A", ctx.iter_idx))): TaskSchedule(0)},
-        ...                     intra_iter_deps=[("B", "A")])
-        >>> _ = SWPipeline(plan, device="cpu").run_serial(range(2))
-        >>> seen
-        [('A', 0), ('B', 0), ('A', 1), ('B', 1)]
-        """
-        self._check_runnable()
-        self._check_idle("run_serial() called")
-        self._teardown(cancel=False)
-        if self._recorder is not None:
-            self._recorder.clear()
-        t0 = time.perf_counter()
-        n = 0
-        with self._emit_nvtx(emit_nvtx):
-            for i, batch in enumerate(data_iter):
-                self._serial_iteration(batch, i)
-                n += 1
-                if verbose:
-                    _log.info("SWPipeline.run_serial: finished iteration %d at %.3f ms", i,
-                              (time.perf_counter() - t0) * 1e3)
-            self._sync_device("run_serial()")
-        elapsed = time.perf_counter() - t0
-        if verbose:
-            _log.info("SWPipeline.run_serial: %d iteration(s) in %.3f s (%.3f ms/iteration)", n, elapsed,
-                      elapsed * 1e3 / max(n, 1))
-        return elapsed
-
-    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> None:
-        """One serial iteration on the default stream; no workers, no in-flight state.
-
-        Respects shortcuts (a shortcut task replays its cache). Timeline
-        events, when recorded, are appended to the current timeline.
-
-        Parameters
-        ----------
-        batch : Any
-        iter_idx : int
-
-        Raises
-        ------
-        PipelineTaskError
-            A task raised.
-        RuntimeError
-            Pipelined iterations are in flight (call :meth:`drain` first).
-
-        Examples
-        --------
-        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-        >>> seen = []
-        >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: seen.append((ctx.batch, ctx.iter_idx))): TaskSchedule()})
-        >>> SWPipeline(plan, device="cpu").run_one_serial_iter("b", iter_idx=7); seen
-        [('b', 7)]
-        """
-        self._check_runnable()
-        self._check_idle("run_one_serial_iter() called")
-        self._serial_iteration(batch, iter_idx)
-
-    def _serial_iteration(self, batch: Any, i: int) -> None:
-        ctx = IterContext(batch, i)
-        cuda = self._streams.is_cuda
-        recorder = self._recorder
-        profiling = _profiler_active()
-        stream_ctx = self._streams.use(torch.cuda.default_stream(self.device)) if cuda else contextlib.nullcontext()
-        if cuda:  # a batch the iterator made on another current stream is ready before the tasks read it
-            self._streams.wait(torch.cuda.default_stream(self.device), self._streams.batch_ready(batch))
-        with stream_ctx:
-            for ti in self._serial_order:
-                t0 = time.perf_counter() if recorder is not None else 0.0
-                name = self._range_name("SWP_serial", ti.name, i) if (cuda or profiling) else ""
-                if cuda:
-                    torch.cuda.nvtx.range_push(name)
-                try:
-                    if profiling:
-                        with torch.autograd.profiler.record_function(name):
-                            self._exec_task(ti.task, ctx)
-                    else:
-                        self._exec_task(ti.task, ctx)
-                except Exception as exc:
-                    raise PipelineTaskError(ti.name, i, ti.group, ti.stage, exc) from exc
-                finally:
-                    if cuda:
-                        torch.cuda.nvtx.range_pop()
-                if recorder is not None:
-                    recorder.record(ti.name, i, _SERIAL_GROUP, "default", t0, time.perf_counter())
 
     def _emit_nvtx(self, enabled: bool) -> Any:
         if enabled and self._streams.is_cuda:
