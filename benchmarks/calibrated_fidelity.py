@@ -85,8 +85,13 @@ def timeline_means(plan: PipelinePlan, batches: Sequence[Any]) -> Dict[str, floa
     return {k: _robust_mean(v) for k, v in samples.items()}
 
 
-def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
-    """Mean seconds of each task over ``n`` serial iterations (after 5 warm-up iterations)."""
+def serial_means(plan: PipelinePlan, batches: Sequence[Any], n: int) -> Dict[str, float]:
+    """Mean seconds of each task over ``n`` serial iterations (after 5 warm-up iterations), the batches cycled.
+
+    Each iteration takes the next batch, as the measured runs do: one batch
+    repeated would keep the same embedding rows in the caches and read every
+    task faster than a run over fresh batches.
+    """
     pipe = SWPipeline(plan, device="cpu")
     samples: Dict[str, List[float]] = {}
 
@@ -96,10 +101,10 @@ def serial_means(plan: PipelinePlan, batch: Any, n: int) -> Dict[str, float]:
         samples.setdefault(task.name, []).append(time.perf_counter() - t0)
 
     for i in range(5):
-        pipe.run_one_serial_iter(batch, iter_idx=i)
+        pipe.run_one_serial_iter(batches[i % len(batches)], iter_idx=i)
     with pipe._tasks_through(timed):
-        for i in range(n):
-            pipe.run_one_serial_iter(batch, iter_idx=5 + i)
+        for i in range(5, 5 + n):
+            pipe.run_one_serial_iter(batches[i % len(batches)], iter_idx=i)
     return {k: _robust_mean(v) for k, v in samples.items()}
 
 
@@ -139,8 +144,8 @@ def report(rows: List[dict], what: str, median_target: float) -> None:
                   f"(target median <= {median_target:.0%}, worst <= 10%)")
 
 
-def _task_means(plan: PipelinePlan, batch: Any, args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, float]:
-    return serial_means(plan, batch, args.serial_iters) if args.costs == "serial" else timeline_means(plan, batches)
+def _task_means(plan: PipelinePlan, args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, float]:
+    return serial_means(plan, batches, args.serial_iters) if args.costs == "serial" else timeline_means(plan, batches)
 
 
 def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, MachineCalibration],
@@ -154,8 +159,8 @@ def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, 
     """
     errs: Dict[str, List[float]] = {label: [] for label, _, _ in entries}
     for r in range(args.rounds):
-        for label, plan, batch in turned(entries, r):
-            costs = CostModel({k: TaskCost(v) for k, v in _task_means(plan, batch, args, batches).items()},
+        for label, plan, _ in turned(entries, r):
+            costs = CostModel({k: TaskCost(v) for k, v in _task_means(plan, args, batches).items()},
                               machine_calibration=cals[label])
             predicted = engine_prediction(plan, costs, cals[label], args.sim_iters, args.core_pool)
             measured = measure_plans([(label, plan)], batches, 1, warmup=False)[label].period_s
@@ -172,7 +177,7 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
-        costs[label] = CostModel({k: TaskCost(v) for k, v in _task_means(plan, batch, args, batches).items()},
+        costs[label] = CostModel({k: TaskCost(v) for k, v in _task_means(plan, args, batches).items()},
                                  machine_calibration=cals[label])
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:
