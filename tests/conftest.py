@@ -8,7 +8,10 @@ run draws the same examples on every machine, so CI is reproducible.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
+from pathlib import Path
+from types import ModuleType
 from typing import Any, List, Sequence, Tuple
 
 import pytest
@@ -16,6 +19,15 @@ from hypothesis import settings
 
 settings.register_profile("swpipe", derandomize=True, database=None)
 settings.load_profile("swpipe")
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of ``benchmarks/`` (not a package) imported by path, e.g. ``load_benchmark("gpu_overlap")``."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def swpipe_threads() -> List[str]:

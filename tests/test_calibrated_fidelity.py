@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from swpipe_core.calibrate import MachineCalibration
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 pytestmark = pytest.mark.timeout(300)
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "calibrated_fidelity.py"
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("calibrated_fidelity", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("calibrated_fidelity")
 
 
 def _sleeper(seconds: float):

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.timeout(300)
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gil_retakes.py"
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gil_retakes", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gil_retakes")
 
 
 def test_smoke_run_measures_every_op_size_and_every_task_both_ways(capsys):

@@ -3,22 +3,15 @@ equal the serial ones (on CUDA: the copy on the ``memcpy`` stream is ordered bef
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.timeout(300)
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_overlap.py"
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_overlap", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_overlap")
 
 
 def test_smoke_run_on_a_cpu_prints_every_figure_and_pipelined_equals_serial(capsys):

@@ -181,11 +181,9 @@ def test_readme_figures_cite_benchmarks_results():
 
 def test_readme_example_benchmark_measures_the_readmes_own_plan():
     """``benchmarks/readme_example.py`` runs the README's first Usage block, so its figure is about that plan."""
-    import importlib.util
+    from conftest import load_benchmark
 
-    spec = importlib.util.spec_from_file_location("readme_example", ROOT / "benchmarks" / "readme_example.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("readme_example")
     plan, batches = bench.readme_plan()
     assert sorted(plan.task_names) == ["Backward", "Forward", "Load", "Step"]
     assert plan.sched("Load").thread_group == "io" and plan.stage("Load") == 0 and len(batches) == 30
