@@ -17,12 +17,20 @@ Noise band: ``noise_pct`` = the larger of ``noise_floor_pct`` and the median,
 over the plans, of ``(slowest round - fastest round) / median``. Two plans
 whose periods differ by less than the band are a tie as far as this machine
 can tell. :meth:`VerifyTable.choose` returns the plan with the lowest median
-period, so the chosen plan is never measured slower than the input plan
+period, or a known plan (below) that plan does not measurably beat, so the
+chosen plan is never measured slower than the input plan beyond the noise
 (nor than the serial plan, nor than the search's own favourite).
 
 Racing (``max_rounds``): after the first rounds, the plans still within the
 noise band of the fastest run further rounds among themselves, so measurement
 time goes where the ranking is in doubt.
+
+Known plans (``VerifyOptions.keep_known``): the seeds and the input plan are
+what the user would run without the search. One of them is returned unless the
+fastest plan beats it measurably: faster in at least 80 % of the rounds both
+ran, and by at least ``margin_pct`` (3 %) in the median of their per-round
+ratios (:meth:`VerifyTable.beats`). A plan ahead only within the machine's
+noise then never replaces a known one.
 
 Feedback: the serial plan's prediction is the sum of the task costs, so its
 measured/predicted ratio (:attr:`VerifyTable.speed_factor`) is how fast the
@@ -43,6 +51,7 @@ calls; it lives here so the search modules stay about the search.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -76,6 +85,13 @@ class VerifyOptions:
         Race the contenders: after ``rounds``, plans still within the noise
         band of the fastest run more rounds, up to ``max_rounds`` in all
         (default ``2 * rounds``; ``rounds``: no extra round).
+    keep_known : bool
+        Keep the best known plan (the seeds, the input plan) unless a
+        searched plan is measurably faster (:meth:`VerifyTable.beats`:
+        faster in at least 80 % of the rounds both ran and by at least
+        ``margin_pct`` in the median); False: the fastest median wins.
+    margin_pct : float
+        See ``keep_known``.
 
     Examples
     --------
@@ -89,6 +105,8 @@ class VerifyOptions:
     noise_floor_pct: float = 2.0
     device: Any = "cpu"
     max_rounds: Optional[int] = None
+    keep_known: bool = True
+    margin_pct: float = 3.0
 
 
 @dataclass
@@ -106,6 +124,11 @@ class PlanMeasurement:
     plan: Optional[PipelinePlan]
     rounds_s: List[float]
     predicted_s: Optional[float] = None
+    round_ids: List[int] = field(default_factory=list)  # the round of each period (racing skips some); [] = 0, 1, ...
+
+    def by_round(self) -> Dict[int, float]:
+        """``{round: period}``: what pairs this plan's runs with another's run in the same round."""
+        return dict(zip(self.round_ids or range(len(self.rounds_s)), self.rounds_s))
 
     @property
     def period_s(self) -> float:
@@ -155,6 +178,8 @@ class VerifyTable:
     load: Optional[float] = None
     notes: List[str] = field(default_factory=list)
     earlier: Optional["VerifyTable"] = None  # the measurement this one follows up (refit round), printed first
+    known: Tuple[str, ...] = ()  # plans kept unless measurably beaten (seeds, the input plan): see choose()
+    margin_pct: float = 3.0
 
     def __getitem__(self, label: str) -> PlanMeasurement:
         for r in self.rows:
@@ -201,8 +226,52 @@ class VerifyTable:
         return statistics.median(errs) if errs else None
 
     def choose(self) -> PlanMeasurement:
-        """The row measured fastest (lowest median period; ties keep the earlier row)."""
-        return min(self.rows, key=lambda r: r.period_s)
+        """The row measured fastest (lowest median period; ties keep the earlier row), or a known plan it does not beat.
+
+        A plan named in ``known`` (a seed, the input plan: what the user
+        would run without the search) is kept unless the fastest row
+        :meth:`beats` it; of several such, the fastest. So a plan that is
+        faster only within this machine's noise never replaces a known one.
+
+        Examples
+        --------
+        >>> seed = PlanMeasurement("seed:a", None, [0.0100, 0.0096, 0.0101])
+        >>> auto = PlanMeasurement("auto", None, [0.0098, 0.0099, 0.0097])   # faster in 2 of 3 rounds
+        >>> VerifyTable([auto, seed], 3, 20).choose().label
+        'auto'
+        >>> VerifyTable([auto, seed], 3, 20, known=("seed:a",)).choose().label
+        'seed:a'
+        """
+        fastest = min(self.rows, key=lambda r: r.period_s)
+        if fastest.label in self.known:
+            return fastest
+        kept = [r for r in self.rows if r.label in self.known and not self.beats(fastest, r)]
+        return min(kept, key=lambda r: r.period_s) if kept else fastest
+
+    def beats(self, a: PlanMeasurement, b: PlanMeasurement) -> bool:
+        """Whether ``a`` ran measurably faster than ``b``: paired by round, in both senses.
+
+        ``a`` was faster in at least 80 % of the rounds both ran (all of them
+        up to four), and the median over those rounds of ``b``'s period over
+        ``a``'s is at least ``1 + margin_pct / 100``. Pairing by round cancels
+        the machine's drift between rounds; asking for most rounds, not the
+        median alone, keeps one lucky run from deciding.
+
+        Examples
+        --------
+        >>> a = PlanMeasurement("a", None, [0.0090, 0.0091, 0.0095])
+        >>> b = PlanMeasurement("b", None, [0.0100, 0.0099, 0.0101])
+        >>> t = VerifyTable([a, b], 3, 20)
+        >>> t.beats(a, b), t.beats(b, a)
+        (True, False)
+        """
+        pa, pb = a.by_round(), b.by_round()
+        common = [k for k in pa if k in pb and pa[k] > 0]
+        if not common:
+            return False
+        ratios = [pb[k] / pa[k] for k in common]
+        wins = sum(r > 1.0 for r in ratios)
+        return wins >= math.ceil(0.8 * len(common)) and statistics.median(ratios) >= 1.0 + self.margin_pct / 100.0
 
     def machine_limit(self, serial_label: str = "serial") -> Optional[str]:
         """One line when no plan beats the serial plan by more than the noise band, else ``None``."""
@@ -330,7 +399,8 @@ def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
 
 def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, PipelinePlan]], batches: Sequence[Any],
                   rounds: int = 3, *, predicted: Optional[Dict[str, float]] = None, device: Any = "cpu",
-                  noise_floor_pct: float = 2.0, warmup: bool = True, max_rounds: Optional[int] = None) -> VerifyTable:
+                  noise_floor_pct: float = 2.0, warmup: bool = True, max_rounds: Optional[int] = None,
+                  known: Sequence[str] = (), margin_pct: float = 3.0) -> VerifyTable:
     """Run plans on the engine in interleaved rounds and tabulate their measured periods.
 
     Parameters
@@ -357,6 +427,11 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
         ``max_rounds`` rounds. Measurement time goes where the ranking is in
         doubt. Default: no extra round. Every caller must decide alike, so
         ranks measuring in lockstep leave it off (their times differ).
+    known : sequence of str
+        Labels of plans the table keeps unless measurably beaten
+        (:meth:`VerifyTable.choose`): seeds, the input plan.
+    margin_pct : float
+        The median gain, in percent, by which another plan must beat a known one.
 
     Returns
     -------
@@ -400,17 +475,19 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
         for _, plan in items:
             _one_run(plan, short, device)
     got: Dict[str, List[float]] = {k: [] for k in labels}
+    ids: Dict[str, List[int]] = {k: [] for k in labels}
     for r in range(rounds):
-        _one_round(items, r, got, batches, device)
+        _one_round(items, r, got, ids, batches, device)
     predicted = predicted or {}
-    table = VerifyTable([PlanMeasurement(label, plan, got[label], predicted.get(label)) for label, plan in items],
-                        rounds, len(batches), noise_floor_pct, _load())
+    table = VerifyTable([PlanMeasurement(label, plan, got[label], predicted.get(label), ids[label])
+                         for label, plan in items], rounds, len(batches), noise_floor_pct, _load(),
+                        known=tuple(k for k in known if k in labels), margin_pct=margin_pct)
     extra = 0
     for r in range(rounds, max_rounds or rounds):
         contenders = _contenders(table)
         if len(contenders) < 2:
             break
-        _one_round([(c.label, c.plan) for c in contenders], r, got, batches, device)
+        _one_round([(c.label, c.plan) for c in contenders], r, got, ids, batches, device)
         extra += 1
     if extra:
         table.notes.append(f"{extra} extra round(s) for the plans within the noise band of the fastest "
@@ -449,10 +526,11 @@ def within_band(periods: Dict[str, float], band_pct: float) -> List[str]:
 
 
 def _one_round(items: Sequence[Tuple[str, PipelinePlan]], r: int, got: Dict[str, List[float]],
-               batches: Sequence[Any], device: Any) -> None:
+               ids: Dict[str, List[int]], batches: Sequence[Any], device: Any) -> None:
     """Every plan once, in round ``r``'s order (:func:`turned`)."""
     for label, plan in turned(items, r):
         got[label].append(_one_run(plan, batches, device))
+        ids[label].append(r)
 
 
 def _contenders(table: VerifyTable) -> List[PlanMeasurement]:
@@ -548,8 +626,14 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
         cands.append(("input", base))
     serial = serial_plan(report.plan)
     cands.append(("serial", serial))
-    table = _measure(cands, problem, batches, opts, num_iterations)
+    known = [label for label, _ in cands if label == "input" or label.startswith("seed")] if opts.keep_known else []
+    table = _measure(cands, problem, batches, opts, num_iterations, known)
     chosen = table.choose()
+    fastest = min(table.rows, key=lambda r: r.period_s)
+    if chosen is not fastest:
+        table.notes.append(f"{fastest.label} measured fastest ({fastest.period_s * 1e3:.3f} ms) but does not beat the "
+                           f"known plan {chosen.label} ({chosen.period_s * 1e3:.3f} ms) in at least 80 % of their "
+                           f"rounds by {table.margin_pct:g} %: keeping {chosen.label}")
     if chosen.label != "auto":
         table.notes.append(f"the simulator's favourite (auto) measured {table['auto'].period_s * 1e3:.3f} ms, "
                            f"{chosen.label} {chosen.period_s * 1e3:.3f} ms: returning {chosen.label}")
@@ -587,7 +671,7 @@ def measure_refit(report: Any, chosen: PlanMeasurement, plan: PipelinePlan, prob
     cands = [(chosen.label, chosen.plan), ("refit", plan)]
     if chosen.label != "serial":
         cands.append(("serial", first["serial"].plan))
-    table = _measure(cands, problem, batches, opts, num_iterations)
+    table = _measure(cands, problem, batches, opts, num_iterations, [chosen.label] if opts.keep_known else [])
     table.earlier = first
     won = table.choose()
     table.notes.append(f"refit: the search with the refitted pool found a new plan; measured beside "
@@ -598,7 +682,7 @@ def measure_refit(report: Any, chosen: PlanMeasurement, plan: PipelinePlan, prob
 
 
 def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Sequence[Any], opts: VerifyOptions,
-             num_iterations: int) -> VerifyTable:
+             num_iterations: int, known: Sequence[str]) -> VerifyTable:
     """Predict each candidate with the problem's costs, then measure them all side by side (with racing)."""
     from .simulate import simulate
 
@@ -612,7 +696,8 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
     depth = max(p.pipeline_depth for _, p in cands)
     return measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
                          device=opts.device, noise_floor_pct=opts.noise_floor_pct,
-                         max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds)
+                         max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
+                         known=known, margin_pct=opts.margin_pct)
 
 
 def plan_key(plan: PipelinePlan) -> tuple:

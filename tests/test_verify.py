@@ -206,3 +206,62 @@ def test_verify_measures_the_search_pick_with_its_busiest_group_inline():
     busiest = inline[0].plan.caller_group
     assert inline[0].label == f"auto, {busiest} inline"
     assert "B" in [n for n in auto.task_names if auto.sched(n).thread_group == busiest]
+
+
+# ----------------------------------------------------------------------------- known plans (seeds, the input plan)
+
+
+def test_a_plan_ahead_only_within_noise_does_not_replace_a_known_one():
+    ahead = PlanMeasurement("auto", None, [0.0098, 0.0097, 0.0099, 0.0101])  # ahead in 3 of 4 rounds, by ~1 %
+    seed = PlanMeasurement("seed:x", None, [0.0100, 0.0099, 0.0100, 0.0099])
+    table = VerifyTable([ahead, seed], rounds=4, iterations=20, known=("seed:x",))
+    assert not table.beats(ahead, seed)
+    assert table.choose() is seed
+    assert VerifyTable([ahead, seed], rounds=4, iterations=20).choose() is ahead  # nothing known: the fastest
+
+
+def test_a_plan_measurably_faster_replaces_the_known_one_and_of_several_known_the_fastest_is_kept():
+    fast = PlanMeasurement("auto", None, [0.0050, 0.0052, 0.0049])
+    slow_seed = PlanMeasurement("seed:a", None, [0.0100, 0.0101, 0.0099])
+    table = VerifyTable([fast, slow_seed], rounds=3, iterations=20, known=("seed:a",))
+    assert table.beats(fast, slow_seed) and table.choose() is fast
+    near_seed = PlanMeasurement("seed:b", None, [0.0051, 0.0050, 0.0051])
+    table = VerifyTable([fast, slow_seed, near_seed], rounds=3, iterations=20, known=("seed:a", "seed:b"))
+    assert table.choose() is near_seed
+
+
+def test_runs_are_paired_by_round_when_racing_skipped_some():
+    # b sat out round 2: its third period is round 3's, paired with a's round 3 (where a lost)
+    a = PlanMeasurement("a", None, [0.009, 0.009, 0.009, 0.011], round_ids=[0, 1, 2, 3])
+    b = PlanMeasurement("b", None, [0.010, 0.010, 0.010], round_ids=[0, 1, 3])
+    table = VerifyTable([a, b], rounds=2, iterations=20)
+    assert b.by_round() == {0: 0.010, 1: 0.010, 3: 0.010}
+    assert not table.beats(a, b)  # 2 wins of 3 paired rounds: short of 80 %
+
+
+def test_measure_plans_records_the_round_of_each_run_and_keeps_an_equal_known_plan():
+    plan = _two_thread_plan(2 * MS)
+    table = measure_plans([("auto", plan), ("seed:same", plan), ("serial", serial_plan(plan))], list(range(10)),
+                          rounds=2, max_rounds=4, noise_floor_pct=30.0, known=["seed:same"], margin_pct=25.0)
+    assert table["serial"].round_ids == [0, 1]  # about twice as slow: never races
+    assert table["auto"].round_ids == table["seed:same"].round_ids == [0, 1, 2, 3]
+    assert table.choose().label == "seed:same"  # one plan measured twice never beats itself by 25 %
+
+
+def test_verify_keeps_a_seed_the_search_does_not_measurably_beat():
+    seed = _two_thread_plan(3 * MS)  # thread groups "a" and "b"; the search names its own groups
+    a, b = (seed.task(n) for n in ("A", "B"))
+    costs = CostModel({"A": TaskCost(3 * MS), "B": TaskCost(3 * MS)})
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=5)
+    # a 20 % margin: plans as fast as the seed (all are within a few %) never replace it
+    got, report = auto_schedule(([a, b], [(b, a)]), costs, c, seeds=[("two", seed)], batches=list(range(12)),
+                                verify=VerifyOptions(rounds=2, margin_pct=20.0))
+    table = report.verify
+    assert table.known == ("seed:two",)
+    assert table.choose().label == "seed:two"
+    assert {n: got.sched(n).thread_group for n in "AB"} == {"A": "a", "B": "b"}
+    fastest = min(table.rows, key=lambda r: r.period_s)
+    assert fastest.label == "seed:two" or any("keeping seed:two" in n for n in table.notes)
+    got, report = auto_schedule(([a, b], [(b, a)]), costs, c, seeds=[("two", seed)], batches=list(range(12)),
+                                verify=VerifyOptions(rounds=2, keep_known=False))
+    assert report.verify.known == () and report.verify.choose() is min(report.verify.rows, key=lambda r: r.period_s)

@@ -279,8 +279,9 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
     table = measure_plans(plans, runs, rounds, device=str(env.device))
     every = gather(env, {r.label: r.rounds_s for r in table.rows})
     folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
-                                                            for k in range(len(r.rounds_s))])
-                          for r in table.rows], table.rounds, table.iterations)
+                                                            for k in range(len(r.rounds_s))], round_ids=r.round_ids)
+                          for r in table.rows], table.rounds, table.iterations,
+                         known=tuple(label for label, _ in candidates if label.startswith("seed")))
     label = folded.choose().label
     return label, dict(candidates)[label]
 
