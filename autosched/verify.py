@@ -248,6 +248,24 @@ class VerifyTable:
         kept = [r for r in self.rows if r.label in self.known and not self.beats(fastest, r)]
         return min(kept, key=lambda r: r.period_s) if kept else fastest
 
+    def verdict(self) -> str:
+        """How :meth:`choose` decided, in a few words (for reports).
+
+        Examples
+        --------
+        >>> seed = PlanMeasurement("seed:a", None, [0.0100, 0.0096, 0.0101])
+        >>> auto = PlanMeasurement("auto", None, [0.0098, 0.0099, 0.0097])
+        >>> VerifyTable([auto, seed], 3, 20).verdict()
+        'measured fastest'
+        >>> VerifyTable([auto, seed], 3, 20, known=("seed:a",)).verdict()
+        'kept as a known plan (auto, the fastest median at 9.8 ms/it, does not beat it measurably)'
+        """
+        fastest = min(self.rows, key=lambda r: r.period_s)
+        if self.choose() is fastest:
+            return "measured fastest"
+        return (f"kept as a known plan ({fastest.label}, the fastest median at {fastest.period_s * 1e3:.1f} ms/it, "
+                "does not beat it measurably)")
+
     def beats(self, a: PlanMeasurement, b: PlanMeasurement) -> bool:
         """Whether ``a`` ran measurably faster than ``b``: paired by round, in both senses.
 

@@ -149,8 +149,8 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
         candidates, note = shared
-        label, fields = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
-        shared = (fields, f"{note}; measured fastest of {len(candidates)} plans on all {env.world_size} ranks in "
+        label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
+        shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
                           f"lockstep, the slowest rank's time counting ({label})", label)
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
@@ -258,7 +258,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         earlier = report.verify.earlier
         measured = {r.label for r in report.verify.rows + (earlier.rows if earlier is not None else [])}
         refit = ", after a round refitted to the measured cores" if earlier is not None else ""
-        how = (f"measured fastest of {len(measured)} plans on the engine{refit} ({chosen.label}: "
+        how = (f"{report.verify.verdict()} of {len(measured)} plans on the engine{refit} ({chosen.label}: "
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
@@ -269,7 +269,8 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
                           rounds: int) -> Any:
     """Run rank 0's candidates on every rank at once (their collectives pair up); the slowest rank's time counts.
 
-    Returns ``(label, plan fields)`` of the plan measured fastest, the same on every rank.
+    Returns ``(label, plan fields, verdict)`` of the plan chosen (:meth:`~autosched.verify.VerifyTable.choose`:
+    the fastest, or a seed it does not measurably beat), the same on every rank.
     """
     from autosched.verify import PlanMeasurement, VerifyTable, measure_plans
 
@@ -283,7 +284,7 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
                           for r in table.rows], table.rounds, table.iterations,
                          known=tuple(label for label, _ in candidates if label.startswith("seed")))
     label = folded.choose().label
-    return label, dict(candidates)[label]
+    return label, dict(candidates)[label], folded.verdict()
 
 
 def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
