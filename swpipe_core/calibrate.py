@@ -28,7 +28,9 @@ on this machine, now:
   ``alone`` seconds: ``gil = (with_probe - probe_held) / alone``, the
   smallest over the iterations (a probe starved of a core by other
   processes biases it upwards only), clipped to 0..1. Sleep and most torch kernels release the GIL (near 0); pure
-  Python holds it (near 1);
+  Python holds it (near 1). ``rate_alone`` is the probe's fastest 20 ms
+  window (a core idle before runs slower for a while), taken before and
+  after the iterations;
 * **CPU share per task** (:func:`measure_cpu`, needs a pipeline and a
   batch): over serial iterations, the task's thread CPU time
   (``time.thread_time``) over its wall time, the largest over the iterations
@@ -339,16 +341,25 @@ class _Probe:
         self._thread.join()
 
 
-def _probe_rate(seconds: float = 0.02) -> float:
-    """Probe turns per second while the GIL is free (the caller waits on a lock, releasing it)."""
+def _probe_rate(seconds: float = 0.02, windows: int = 5) -> float:
+    """Probe turns per second while the GIL is free (the caller waits on an event, releasing it).
+
+    The fastest of ``windows`` consecutive windows of one probe run: a core
+    that was idle runs slower for a while (measured on the 2-core VM: about
+    15 M turns/s in the first 20 ms windows after an idle spell, 36 M once
+    busy), and other processes only ever slow the probe down. A rate taken
+    too low makes every task's GIL share read 0.
+    """
     done = threading.Event()
+    best = 0.0
     with _Probe() as probe:
-        start = probe.count[0]
-        t0 = time.perf_counter()
-        done.wait(seconds)
-        turns = probe.count[0] - start
-        dt = time.perf_counter() - t0
-    return turns / dt if dt > 0 else 0.0
+        for _ in range(windows):
+            start, t0 = probe.count[0], time.perf_counter()
+            done.wait(seconds)
+            dt = time.perf_counter() - t0
+            if dt > 0:
+                best = max(best, (probe.count[0] - start) / dt)
+    return best
 
 
 def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
@@ -390,9 +401,8 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     processes hold every core the probe starves and every share reads high
     (``tests/test_calibrate.py`` checks the ranking).
     """
-    rate = _probe_rate()
     alone: Dict[str, List[float]] = {}
-    held: Dict[str, List[float]] = {}
+    beside: Dict[str, List[Tuple[float, int]]] = {}  # (seconds, probe turns meanwhile)
     state: Dict[str, Any] = {"probe": None}
 
     def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
@@ -404,9 +414,9 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
         if probe is None:
             alone.setdefault(task.name, []).append(dt)
         else:
-            probe_held = (probe.count[0] - c0) / rate if rate > 0 else 0.0
-            held.setdefault(task.name, []).append(max(0.0, dt - probe_held))
+            beside.setdefault(task.name, []).append((dt, probe.count[0] - c0))
 
+    rate = _probe_rate()
     with pipe._tasks_through(timed):
         for i in range(num_iterations):
             state["probe"] = None
@@ -415,12 +425,14 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
                 state["probe"] = probe
                 pipe.run_one_serial_iter(batch, iter_idx=2 * i + 1)
             state["probe"] = None
+    rate = max(rate, _probe_rate())  # again with the cores warm from the tasks: the faster reading is the probe's
     out = {}
     for name, times in alone.items():
         a = statistics.median(times)
         # the smallest share over the iterations: a probe starved of a core (other processes) only ever
         # makes a task look as if it held the GIL longer, never shorter
-        h = min(held.get(name, [0.0]))
+        h = min((max(0.0, dt - turns / rate) if rate > 0 else dt for dt, turns in beside.get(name, [])),
+                default=0.0)
         out[name] = min(1.0, max(0.0, h / a)) if a > 0 else 0.0
     return out
 

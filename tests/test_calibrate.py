@@ -214,3 +214,26 @@ def test_shared_cores_slow_only_the_parts_that_overlap_beyond_the_free_cores():
     assert simulate_calibrated(one_thread, costs, half, sharing=True).period == pytest.approx(3 * MS)
     asleep = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"B": 0.0})  # B sleeps: takes no core
     assert simulate_calibrated(two, costs, asleep, sharing=True).period == pytest.approx(2 * MS)
+
+
+def test_probe_rate_is_the_fastest_window_so_a_core_waking_from_idle_does_not_read_it_low(monkeypatch):
+    from swpipe_core import calibrate as cal_mod
+
+    class _RampingProbe:
+        """Counts 1 M turns/s for its first 100 ms (a core waking up), then 4 M/s."""
+
+        def __enter__(self):
+            self.t0 = time.perf_counter()
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        @property
+        def count(self):
+            t = time.perf_counter() - self.t0
+            return [int(1e6 * min(t, 0.1) + 4e6 * max(0.0, t - 0.1))]
+
+    monkeypatch.setattr(cal_mod, "_Probe", _RampingProbe)
+    assert cal_mod._probe_rate(seconds=0.02, windows=8) > 3e6
+    assert cal_mod._probe_rate(seconds=0.02, windows=1) < 2e6  # one window alone sees only the slow start
