@@ -153,8 +153,8 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
         off = sum(NOCORE in t.resources for t in tasks.values())
         how += f", {cores} free core(s)" + (f" ({off} task(s) off the CPU)" if off else "")
     # the calibration is now in the numbers: the folded model carries none, so nothing folds it twice
-    return CostModel(tasks, costs.machine, costs.method, f"{costs.notes}; calibrated: {how}".lstrip("; "),
-                     costs.pipeline, costs.batch_bytes, machine_calibration=None, cores=cores)
+    return dataclasses.replace(costs, tasks=tasks, notes=f"{costs.notes}; calibrated: {how}".lstrip("; "),
+                               machine_calibration=None, cores=cores)
 
 
 def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,
@@ -285,7 +285,7 @@ def parallelism_note(plan: PipelinePlan, costs: CostModel, calibration: Any = No
     the machine is the limit: 2 thread groups but 1.10 of 2 cores free now (measured); threads will share a core
     """
     cal = _calibration(costs, calibration)
-    groups = {plan.sched(n).thread_group for n in plan.task_names}
+    groups = plan.thread_groups
     gil = [n for n in plan.task_names if cal.gil.get(n, 0.0) >= 0.5]
     if len(groups) > 1 and core_capacity(cal.cores_free) < 2:
         return (f"the machine is the limit: {len(groups)} thread groups but {cal.cores_free:.2f} of {cal.cpu_count} "

@@ -429,8 +429,7 @@ class CostModel:
 
     def _copy(self, tasks: Dict[str, TaskCost], edit: str) -> "CostModel":
         notes = f"{self.notes}; what-if: {edit}" if self.notes else f"what-if: {edit}"
-        return CostModel(tasks, self.machine, self.method, notes, self.pipeline, self.batch_bytes,
-                         machine_calibration=self.machine_calibration, cores=self.cores)
+        return _dc_replace(self, tasks=tasks, notes=notes)
 
     # -- builders --
 

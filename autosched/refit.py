@@ -81,10 +81,6 @@ class PoolFit:
                 f"{self.errors_pct[self.was]:.1f}% -> {self.errors_pct[self.cores]:.1f}%)")
 
 
-def _threads(plan: Any) -> int:
-    return len({plan.sched(n).thread_group for n in plan.task_names})
-
-
 def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str = "cpu") -> Optional[PoolFit]:
     """Refit the cost model's core pool to a verification's measured periods.
 
@@ -102,8 +98,8 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     Returns
     -------
     PoolFit or None
-        ``None`` when the table cannot tell pools apart: no serial row with a
-        prediction, or no measured plan with two or more thread groups.
+        ``None`` when the table cannot tell pools apart: no serial row, or no
+        measured plan with two or more thread groups.
 
     Examples
     --------
@@ -127,10 +123,10 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     if "serial" not in table or table["serial"].plan is None or table["serial"].period_s <= 0:
         return None
     multi = [r for r in table.rows if r.label != "serial" and r.plan is not None and r.period_s > 0
-             and _threads(r.plan) > 1]
+             and len(r.plan.thread_groups) > 1]
     if not multi:
         return None
-    most = max(_threads(r.plan) for r in multi)
+    most = max(len(r.plan.thread_groups) for r in multi)
     was = costs.cores
     # a pool as large as the plans' threads predicts these plans as no pool does: without one, it is the model
     sizes = list(range(1, most)) + [None] if was is None else sorted(set(range(1, most + 1)) | {was})

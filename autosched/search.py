@@ -641,7 +641,7 @@ def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, fo
         plan=plan, period_s=period, latency_s=latency, lower_bound_s=lb,
         gap_pct=100.0 * (period / lb - 1.0) if lb > 0 else 0.0, binding=str(sim.binding),
         bound_binding=bound_why, depth=plan.pipeline_depth, max_depth=problem.max_depth,
-        depth_reason=depth_reason, threads=len({plan.sched(n).thread_group for n in plan.task_names}),
+        depth_reason=depth_reason, threads=len(plan.thread_groups),
         method=found.method, status=found.status, model_period_s=found.model_period, proven_bound_s=found.proven,
         solver_time_s=found.solver_time, search_time_s=time.perf_counter() - t0, tried=found.tried,
         device=problem.device, serial_period_s=_serial_period(problem), baseline_period_s=baseline,

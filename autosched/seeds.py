@@ -67,7 +67,7 @@ def check_seeds(seeds: Optional[Sequence[Any]], problem: Any) -> Tuple[List[Tupl
             diff = sorted(map(str, (intra ^ want_intra) | (inter ^ want_inter)))
             raise ValueError(f"seed {label!r} has other dependencies than the task graph (differ: {diff}); "
                              "a seed must keep the graph's dependencies exactly")
-        threads = len({plan.sched(n).thread_group for n in plan.task_names})
+        threads = len(plan.thread_groups)
         if plan.pipeline_depth > problem.max_depth:
             notes.append(f"seed {label} skipped: depth {plan.pipeline_depth} > max_depth {problem.max_depth}")
             continue

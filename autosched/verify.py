@@ -225,6 +225,10 @@ class VerifyTable:
                 if k is not None and r.label != "serial" and r.predicted_s is not None and r.period_s > 0]
         return statistics.median(errs) if errs else None
 
+    def fastest(self) -> PlanMeasurement:
+        """The row with the lowest median period (ties keep the earlier row)."""
+        return min(self.rows, key=lambda r: r.period_s)
+
     def choose(self) -> PlanMeasurement:
         """The row measured fastest (lowest median period; ties keep the earlier row), or a known plan it does not beat.
 
@@ -242,7 +246,7 @@ class VerifyTable:
         >>> VerifyTable([auto, seed], 3, 20, known=("seed:a",)).choose().label
         'seed:a'
         """
-        fastest = min(self.rows, key=lambda r: r.period_s)
+        fastest = self.fastest()
         if fastest.label in self.known:
             return fastest
         kept = [r for r in self.rows if r.label in self.known and not self.beats(fastest, r)]
@@ -260,7 +264,7 @@ class VerifyTable:
         >>> VerifyTable([auto, seed], 3, 20, known=("seed:a",)).verdict()
         'kept as a known plan (auto, the fastest median at 9.8 ms/it, does not beat it measurably)'
         """
-        fastest = min(self.rows, key=lambda r: r.period_s)
+        fastest = self.fastest()
         if self.choose() is fastest:
             return "measured fastest"
         return (f"kept as a known plan ({fastest.label}, the fastest median at {fastest.period_s * 1e3:.1f} ms/it, "
@@ -647,11 +651,8 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
     known = [label for label, _ in cands if label == "input" or label.startswith("seed")] if opts.keep_known else []
     table = _measure(cands, problem, batches, opts, num_iterations, known)
     chosen = table.choose()
-    fastest = min(table.rows, key=lambda r: r.period_s)
-    if chosen is not fastest:
-        table.notes.append(f"{fastest.label} measured fastest ({fastest.period_s * 1e3:.3f} ms) but does not beat the "
-                           f"known plan {chosen.label} ({chosen.period_s * 1e3:.3f} ms) in at least 80 % of their "
-                           f"rounds by {table.margin_pct:g} %: keeping {chosen.label}")
+    if chosen is not table.fastest():
+        table.notes.append(f"{table.verdict()}: keeping {chosen.label} ({chosen.period_s * 1e3:.3f} ms)")
     if chosen.label != "auto":
         table.notes.append(f"the simulator's favourite (auto) measured {table['auto'].period_s * 1e3:.3f} ms, "
                            f"{chosen.label} {chosen.period_s * 1e3:.3f} ms: returning {chosen.label}")
@@ -744,6 +745,6 @@ def _rejudge(report: Any, plan: PipelinePlan, problem: Any, num_iterations: int)
         report, plan=plan, period_s=float(sim.period), latency_s=float(sim.latency), binding=str(sim.binding),
         gap_pct=100.0 * (float(sim.period) / lb - 1.0) if lb > 0 else 0.0, depth=plan.pipeline_depth,
         depth_reason="chosen by measurement on the engine (verify), not by the simulator",
-        threads=len({plan.sched(n).thread_group for n in plan.task_names}), method=f"{report.method}+verify",
+        threads=len(plan.thread_groups), method=f"{report.method}+verify",
         utilisation=dict(sim.utilisation), what_if=[],
     )

@@ -9,6 +9,7 @@ side by side under one cost model. pandas is imported inside the functions.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Iterable, Mapping, Union
 
 from swpipe_core.plan import PipelinePlan
@@ -72,14 +73,12 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
         elif name == "*bytes":
             out = out.scaled(None, change, part="bytes")
         elif isinstance(change, TaskCost):
-            out = CostModel({**out.tasks, name: change}, out.machine, out.method, out.notes, out.pipeline,
-                            out.batch_bytes, machine_calibration=out.machine_calibration, cores=out.cores)
+            out = dataclasses.replace(out, tasks={**out.tasks, name: change})
         elif isinstance(change, Mapping):
             if name in out:
                 out = out.replace(name, **change)
             else:
-                out = CostModel({**out.tasks, name: dict(change)}, out.machine, out.method, out.notes, out.pipeline,
-                            out.batch_bytes, machine_calibration=out.machine_calibration, cores=out.cores)
+                out = dataclasses.replace(out, tasks={**out.tasks, name: dict(change)})
         elif isinstance(change, (int, float)) and not isinstance(change, bool):
             if name not in out:
                 raise CostModelError(f"no cost for task {name!r} to scale", "changes",

@@ -135,17 +135,27 @@ def _err(sim: float, meas: float) -> float:
     return (sim - meas) / meas
 
 
+def _errors(row: dict) -> Dict[str, float]:
+    """Each prediction's relative error for one plan's row (``paired``: the median over its paired rounds)."""
+    out = {k: _err(v, row["measured"]) for k, v in row.items() if k not in ("plan", "measured", "paired_err")}
+    if "paired_err" in row:
+        out["paired"] = row["paired_err"]
+    return out
+
+
 def report(rows: List[dict], what: str, median_target: float) -> None:
     for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "rescaled", "share resc.", "paired"):
-        errs = [abs(r["paired_err"] if key == "paired" else _err(r[key], r["measured"])) for r in rows
-                if key in r or (key == "paired" and "paired_err" in r)]
+        errs = [abs(e[key]) for e in map(_errors, rows) if key in e]
         if errs:
             print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
                   f"(target median <= {median_target:.0%}, worst <= 10%)")
 
 
-def _task_means(plan: PipelinePlan, args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, float]:
-    return serial_means(plan, batches, args.serial_iters) if args.costs == "serial" else timeline_means(plan, batches)
+def _task_costs(plan: PipelinePlan, args: argparse.Namespace, batches: Sequence[Any],
+                cal: MachineCalibration) -> CostModel:
+    """The plan's task costs measured now (``--costs``), with the calibration attached."""
+    means = serial_means(plan, batches, args.serial_iters) if args.costs == "serial" else timeline_means(plan, batches)
+    return CostModel({k: TaskCost(v) for k, v in means.items()}, machine_calibration=cal)
 
 
 def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, MachineCalibration],
@@ -160,8 +170,7 @@ def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, 
     errs: Dict[str, List[float]] = {label: [] for label, _, _ in entries}
     for r in range(args.rounds):
         for label, plan, _ in turned(entries, r):
-            costs = CostModel({k: TaskCost(v) for k, v in _task_means(plan, args, batches).items()},
-                              machine_calibration=cals[label])
+            costs = _task_costs(plan, args, batches, cals[label])
             predicted = engine_prediction(plan, costs, cals[label], args.sim_iters, args.core_pool)
             measured = measure_plans([(label, plan)], batches, 1, warmup=False)[label].period_s
             errs[label].append(_err(predicted, measured))
@@ -177,8 +186,7 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
-        costs[label] = CostModel({k: TaskCost(v) for k, v in _task_means(plan, args, batches).items()},
-                                 machine_calibration=cals[label])
+        costs[label] = _task_costs(plan, args, batches, cals[label])
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:
         runs += [(f"{label} [serial]", serial_plan(plan)) for label, plan, _ in entries]

@@ -203,9 +203,7 @@ def part_c(quick: bool, rounds: int) -> Dict[str, Any]:
     import warnings
 
     from swpipe.workloads.dlrm import DLRMConfig, init_distributed
-    from swpipe.workloads.torchrec_peer import _tasks, build_model, peer_available, to_torchrec_batches
-    from swpipe_core import pipelines
-    from swpipe_core.workers import with_thread_map
+    from swpipe.workloads.torchrec_peer import build_model, peer_available, swpipe_plan, to_torchrec_batches
 
     if not peer_available():
         print("\n(c) skipped: TorchRec is not importable here (install the [peer] extra)")
@@ -219,9 +217,8 @@ def part_c(quick: bool, rounds: int) -> Dict[str, Any]:
         batches = to_torchrec_batches(config, iters)
         for _ in range(rounds):
             for thread_map in (None, "by_stream"):
-                plan = pipelines.get("sparse_dist", _tasks("sparse_dist", build_model(config), {}))
-                out[thread_map].append(_host_times(with_thread_map(plan, thread_map) if thread_map else plan,
-                                                   batches, skip))
+                plan = swpipe_plan("sparse_dist", build_model(config), {}, thread_map)
+                out[thread_map].append(_host_times(plan, batches, skip))
     print(f"\n(c) our sparse_dist plan on TorchRec's model, host time per task (median, ms), {rounds} runs each: "
           "one thread / by stream")
     for task in out[None][0]["tasks"]:

@@ -330,6 +330,17 @@ class PipelinePlan:
         """Task names in schedule order."""
         return [ref_name(k) for k in self.schedule]
 
+    @property
+    def thread_groups(self) -> Tuple[str, ...]:
+        """The plan's thread groups, sorted (one thread each; the caller group's is the calling thread).
+
+        Examples
+        --------
+        >>> PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1)}).thread_groups
+        ('default', 'io')
+        """
+        return tuple(sorted({s.thread_group for s in self.schedule.values()}))
+
     def task(self, ref: TaskRef) -> PipelineTask:
         """The ``PipelineTask`` for a reference (unbound if the schedule key is a string)."""
         name = ref_name(ref)

@@ -232,7 +232,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
-    threads = max([max_threads] + [len({p.sched(n).thread_group for n in p.task_names}) for _, p in seeds])
+    threads = max([max_threads] + [len(p.thread_groups) for _, p in seeds])
     verify = not lockstep and verify_rounds > 0
     found, report = auto_schedule(
         base, costs, Constraints(max_depth=depth, max_threads=threads, time_limit_s=time_limit_s,

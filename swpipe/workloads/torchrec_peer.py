@@ -27,7 +27,7 @@ import torch
 from .dlrm import DLRMConfig, SyntheticData
 
 __all__ = ["PEERS", "peer_available", "PeerModel", "build_model", "to_torchrec_batches", "run_torchrec",
-           "run_swpipe", "run_plain"]
+           "swpipe_plan", "run_swpipe", "run_plain"]
 
 # our plan name -> TorchRec pipeline class (in torchrec.distributed.train_pipeline.train_pipelines)
 PEERS = {"base": "TrainPipelineBase", "sparse_dist": "TrainPipelineSparseDist",
@@ -171,6 +171,19 @@ def _tasks(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor]) -> Dict[
     return fns
 
 
+def swpipe_plan(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor],
+                thread_map: Optional[str] = None) -> Any:
+    """Our plan ``name`` bound to ``peer``'s model; each step's logits go into ``logits`` by iteration.
+
+    ``thread_map`` as in :func:`run_swpipe` (``"by_stream"``: one thread per stream).
+    """
+    from swpipe_core import pipelines
+    from swpipe_core.workers import with_thread_map
+
+    plan = pipelines.get(name, _tasks(name, peer, logits))
+    return with_thread_map(plan, thread_map) if thread_map else plan
+
+
 def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optional[str] = None
                ) -> Tuple[List[torch.Tensor], float]:
     """Drive ``peer`` with our plan ``name`` (``base``, ``sparse_dist``, ``sparse_dist_lite``).
@@ -207,14 +220,10 @@ def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optio
     ...     env.close()
     ...     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     """
-    from swpipe_core import pipelines
     from swpipe_core.engine import SWPipeline
-    from swpipe_core.workers import with_thread_map
 
     logits: Dict[int, torch.Tensor] = {}
-    plan = pipelines.get(name, _tasks(name, peer, logits))
-    if thread_map:
-        plan = with_thread_map(plan, thread_map)
+    plan = swpipe_plan(name, peer, logits, thread_map)
     with SWPipeline(plan, device=peer.device) as pipe:
         seconds = pipe.run(iter(batches))
     return [logits[i] for i in range(len(batches))], seconds
