@@ -23,14 +23,16 @@ on this machine, now:
   ``cores_free = threads * alone / together``;
 * **GIL fraction per task** (:func:`measure_gil`, needs a pipeline and a
   batch): serial iterations alternate without and with a pure-Python probe
-  thread; during a task the probe holds the GIL for ``count / rate_alone``
-  seconds, so the task held it for ``with_probe - that`` of its
-  ``alone`` seconds: ``gil = (with_probe - probe_held) / alone``, the
-  smallest over the iterations (a probe starved of a core by other
-  processes biases it upwards only), clipped to 0..1. Sleep and most torch kernels release the GIL (near 0); pure
-  Python holds it (near 1). ``rate_alone`` is the probe's fastest 20 ms
-  window (a core idle before runs slower for a while), taken before and
-  after the iterations;
+  thread; during a task the probe holds the GIL for ``count / rate`` seconds,
+  so the task held it for ``with_probe - that`` of its ``alone`` seconds:
+  ``gil = (with_probe - probe_held) / alone``, clipped to 0..1, the median
+  over the iterations. Sleep and most torch kernels release the GIL (near
+  0); pure Python holds it (near 1). ``rate`` is the probe's rate with the
+  GIL free, taken right before and right after each iteration with the probe
+  and averaged, and ``alone`` is the task's time in the iteration just
+  before: the speed of a core moves by up to 1.8x within a second on a
+  shared VM (a hyperthread sibling's load, clocks waking from idle), so a
+  rate or a time taken at another moment reads a wrong share;
 * **CPU share per task** (:func:`measure_cpu`, needs a pipeline and a
   batch): over serial iterations, the task's thread CPU time
   (``time.thread_time``) over its wall time, the largest over the iterations
@@ -341,25 +343,12 @@ class _Probe:
         self._thread.join()
 
 
-def _probe_rate(seconds: float = 0.02, windows: int = 5) -> float:
-    """Probe turns per second while the GIL is free (the caller waits on an event, releasing it).
-
-    The fastest of ``windows`` consecutive windows of one probe run: a core
-    that was idle runs slower for a while (measured on the 2-core VM: about
-    15 M turns/s in the first 20 ms windows after an idle spell, 36 M once
-    busy), and other processes only ever slow the probe down. A rate taken
-    too low makes every task's GIL share read 0.
-    """
-    done = threading.Event()
-    best = 0.0
-    with _Probe() as probe:
-        for _ in range(windows):
-            start, t0 = probe.count[0], time.perf_counter()
-            done.wait(seconds)
-            dt = time.perf_counter() - t0
-            if dt > 0:
-                best = max(best, (probe.count[0] - start) / dt)
-    return best
+def _free_rate(probe: "_Probe", seconds: float = 0.01) -> float:
+    """The running probe's turns per second while this thread waits on an event (the GIL free)."""
+    start, t0 = probe.count[0], time.perf_counter()
+    threading.Event().wait(seconds)
+    dt = time.perf_counter() - t0
+    return (probe.count[0] - start) / dt if dt > 0 else 0.0
 
 
 def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
@@ -376,7 +365,7 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     batch : Any
         A representative batch.
     num_iterations : int
-        Iterations of each kind (the smallest share per task counts).
+        Iterations of each kind (the median share per task counts).
 
     Returns
     -------
@@ -401,8 +390,9 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     processes hold every core the probe starves and every share reads high
     (``tests/test_calibrate.py`` checks the ranking).
     """
-    alone: Dict[str, List[float]] = {}
-    beside: Dict[str, List[Tuple[float, int]]] = {}  # (seconds, probe turns meanwhile)
+    alone: Dict[str, float] = {}
+    beside: Dict[str, Tuple[float, int]] = {}  # (seconds, probe turns meanwhile)
+    shares: Dict[str, List[float]] = {}
     state: Dict[str, Any] = {"probe": None}
 
     def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
@@ -412,29 +402,25 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
         original(task, ctx)
         dt = time.perf_counter() - t0
         if probe is None:
-            alone.setdefault(task.name, []).append(dt)
+            alone[task.name] = dt
         else:
-            beside.setdefault(task.name, []).append((dt, probe.count[0] - c0))
+            beside[task.name] = (dt, probe.count[0] - c0)
 
-    rate = _probe_rate()
     with pipe._tasks_through(timed):
         for i in range(num_iterations):
             state["probe"] = None
             pipe.run_one_serial_iter(batch, iter_idx=2 * i)
             with _Probe() as probe:
+                before = _free_rate(probe)
                 state["probe"] = probe
                 pipe.run_one_serial_iter(batch, iter_idx=2 * i + 1)
-            state["probe"] = None
-    rate = max(rate, _probe_rate())  # again with the cores warm from the tasks: the faster reading is the probe's
-    out = {}
-    for name, times in alone.items():
-        a = statistics.median(times)
-        # the smallest share over the iterations: a probe starved of a core (other processes) only ever
-        # makes a task look as if it held the GIL longer, never shorter
-        h = min((max(0.0, dt - turns / rate) if rate > 0 else dt for dt, turns in beside.get(name, [])),
-                default=0.0)
-        out[name] = min(1.0, max(0.0, h / a)) if a > 0 else 0.0
-    return out
+                state["probe"] = None
+                rate = (before + _free_rate(probe)) / 2
+            for name, (dt, turns) in beside.items():
+                a = alone.get(name, 0.0)
+                held = max(0.0, dt - turns / rate) if rate > 0 else dt
+                shares.setdefault(name, []).append(min(1.0, held / a) if a > 0 else 0.0)
+    return {name: statistics.median(s) for name, s in shares.items()}
 
 
 def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
