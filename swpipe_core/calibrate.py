@@ -22,17 +22,18 @@ on this machine, now:
   GIL, alone and on one thread per usable CPU at once;
   ``cores_free = threads * alone / together``;
 * **GIL fraction per task** (:func:`measure_gil`, needs a pipeline and a
-  batch): serial iterations alternate without and with a pure-Python probe
-  thread; during a task the probe holds the GIL for ``count / rate`` seconds,
-  so the task held it for ``with_probe - that`` of its ``alone`` seconds:
-  ``gil = (with_probe - probe_held) / alone``, clipped to 0..1, the median
-  over the iterations. Sleep and most torch kernels release the GIL (near
-  0); pure Python holds it (near 1). ``rate`` is the probe's rate with the
-  GIL free, taken right before and right after each iteration with the probe
-  and averaged, and ``alone`` is the task's time in the iteration just
-  before: the speed of a core moves by up to 1.8x within a second on a
-  shared VM (a hyperthread sibling's load, clocks waking from idle), so a
-  rate or a time taken at another moment reads a wrong share;
+  batch): the part of a task's host time outside the torch calls it makes
+  and on a CPU. Every torch call from Python releases the GIL while its op
+  runs (and ``loss.backward()`` while the autograd engine runs), so the time
+  inside torch ops (``torch.profiler``, in serial iterations, looking through
+  ``record_function`` ranges) is GIL-free; so is sleeping or waiting (the
+  thread is off the CPU). Per run, ``outside = (wall - ops) / wall`` and
+  ``on_cpu = thread CPU time / wall``; ``gil = min(outside, on_cpu)`` with
+  the medians over the iterations, clipped to 0..1. Sleep and torch kernels
+  read near 0, pure Python near 1. The profiler's own few microseconds per
+  op read as held (a task of many tiny ops reads up to about 0.2 high), and
+  CPU-bound work outside torch that releases the GIL (``hashlib``, some
+  NumPy) reads as held;
 * **CPU share per task** (:func:`measure_cpu`, needs a pipeline and a
   batch): over serial iterations, the task's thread CPU time
   (``time.thread_time``) over its wall time, the largest over the iterations
@@ -321,42 +322,23 @@ def measure_cores(units: int = 40, payload_kib: int = 256, threads: Optional[int
 # --------------------------------------------------------------------------- GIL
 
 
-class _Probe:
-    """A pure-Python thread counting loop turns until stopped (it needs the GIL for every turn)."""
-
-    def __init__(self) -> None:
-        self.count = [0]
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="swpipe-gil-probe", daemon=True)
-
-    def _loop(self) -> None:
-        c = self.count
-        while not self._stop:
-            c[0] += 1
-
-    def __enter__(self) -> "_Probe":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop = True
-        self._thread.join()
+_TASK_RANGE = "swpipe.calibrate.task"
 
 
-def _free_rate(probe: "_Probe", seconds: float = 0.01) -> float:
-    """The running probe's turns per second while this thread waits on an event (the GIL free)."""
-    start, t0 = probe.count[0], time.perf_counter()
-    threading.Event().wait(seconds)
-    dt = time.perf_counter() - t0
-    return (probe.count[0] - start) / dt if dt > 0 else 0.0
+def _op_seconds(event: Any) -> float:
+    """Seconds of torch ops directly under a profiler range; ``record_function`` ranges in it hold Python, so
+    their own ops count, not their span."""
+    return sum(_op_seconds(child) if child.is_user_annotation else child.time_range.elapsed_us() * 1e-6
+               for child in event.cpu_children)
 
 
 def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
     """Per task, the fraction of its host time that holds the GIL.
 
-    Serial iterations (``pipe.run_one_serial_iter``) alternate without and
-    with a pure-Python probe thread; each task's time and the probe's turns
-    during it give the GIL it held (module docstring).
+    Serial iterations (``pipe.run_one_serial_iter``) under ``torch.profiler``:
+    per task, its wall and thread CPU time and the time inside the torch ops
+    it calls; the share is the host time outside torch ops and on a CPU
+    (module docstring).
 
     Parameters
     ----------
@@ -365,62 +347,67 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     batch : Any
         A representative batch.
     num_iterations : int
-        Iterations of each kind (the median share per task counts).
+        Serial iterations (medians over them).
 
     Returns
     -------
     dict
         ``{task: fraction in 0..1}``.
 
+    Raises
+    ------
+    RuntimeError
+        A torch profiler is already recording (profilers do not nest).
+
     Examples
     --------
+    >>> import torch
     >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
     >>> from swpipe_core.engine import SWPipeline
     >>> def spin(ctx):
     ...     t = time.perf_counter()
     ...     while time.perf_counter() - t < 0.004:
     ...         pass
+    >>> a = torch.randn(256, 256)
     >>> plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule(),
-    ...                      PipelineTask("Spin", spin): TaskSchedule()})
+    ...                      PipelineTask("Spin", spin): TaskSchedule(),
+    ...                      PipelineTask("MatMul", lambda ctx: [a @ a for _ in range(20)]): TaskSchedule()})
     >>> gil = measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
-    >>> sorted(gil), all(0.0 <= share <= 1.0 for share in gil.values())
-    (['Sleep', 'Spin'], True)
-
-    On an idle core ``Sleep`` reads near 0 and ``Spin`` near 1; when other
-    processes hold every core the probe starves and every share reads high
-    (``tests/test_calibrate.py`` checks the ranking).
+    >>> gil["Sleep"] < 0.5 < gil["Spin"], gil["MatMul"] < 0.5
+    (True, True)
     """
-    alone: Dict[str, float] = {}
-    beside: Dict[str, Tuple[float, int]] = {}  # (seconds, probe turns meanwhile)
-    shares: Dict[str, List[float]] = {}
-    state: Dict[str, Any] = {"probe": None}
+    import torch
 
-    def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
-        probe = state["probe"]
-        c0 = probe.count[0] if probe else 0
-        t0 = time.perf_counter()
-        original(task, ctx)
-        dt = time.perf_counter() - t0
-        if probe is None:
-            alone[task.name] = dt
-        else:
-            beside[task.name] = (dt, probe.count[0] - c0)
+    from .engine_serial import _profiler_active
 
-    with pipe._tasks_through(timed):
+    if _profiler_active():
+        raise RuntimeError("measure_gil: a torch profiler is already recording, and it times the tasks' torch ops "
+                           "with its own. Fix: calibrate (or profile with calibrate=True) outside "
+                           "torch.profiler.profile")
+    runs: List[Tuple[str, float, float]] = []  # (task, wall, thread CPU) of each profiled range, by its number
+
+    def ranged(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
+        k = len(runs)
+        runs.append((task.name, 0.0, 0.0))
+        c0, t0 = time.thread_time(), time.perf_counter()
+        with torch.profiler.record_function(f"{_TASK_RANGE}/{k}"):
+            original(task, ctx)
+        runs[k] = (task.name, time.perf_counter() - t0, time.thread_time() - c0)
+
+    with pipe._tasks_through(ranged), \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for i in range(num_iterations):
-            state["probe"] = None
-            pipe.run_one_serial_iter(batch, iter_idx=2 * i)
-            with _Probe() as probe:
-                before = _free_rate(probe)
-                state["probe"] = probe
-                pipe.run_one_serial_iter(batch, iter_idx=2 * i + 1)
-                state["probe"] = None
-                rate = (before + _free_rate(probe)) / 2
-            for name, (dt, turns) in beside.items():
-                a = alone.get(name, 0.0)
-                held = max(0.0, dt - turns / rate) if rate > 0 else dt
-                shares.setdefault(name, []).append(min(1.0, held / a) if a > 0 else 0.0)
-    return {name: statistics.median(s) for name, s in shares.items()}
+            pipe.run_one_serial_iter(batch, iter_idx=i)
+    outside: Dict[str, List[float]] = {}  # per run, the share of the task's wall time outside torch ops
+    on_cpu: Dict[str, List[float]] = {}
+    for event in prof.events():
+        if event.name.startswith(_TASK_RANGE + "/"):
+            name, wall, cpu = runs[int(event.name.rsplit("/", 1)[1])]
+            if wall > 0:
+                outside.setdefault(name, []).append((wall - _op_seconds(event)) / wall)
+                on_cpu.setdefault(name, []).append(cpu / wall)
+    return {name: min(1.0, max(0.0, min(statistics.median(shares), statistics.median(on_cpu[name]))))
+            for name, shares in outside.items()}
 
 
 def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
