@@ -28,8 +28,9 @@ on this machine, now:
   inside torch ops (``torch.profiler``, in serial iterations, looking through
   ``record_function`` ranges) is GIL-free; so is sleeping or waiting (the
   thread is off the CPU). Per run, ``outside = (wall - ops) / wall`` and
-  ``on_cpu = thread CPU time / wall``; ``gil = min(outside, on_cpu)`` with
-  the medians over the iterations, clipped to 0..1. Sleep and torch kernels
+  ``on_cpu = thread CPU time / wall``; ``gil = min(outside, on_cpu)``, with
+  the median ``outside`` and the largest ``on_cpu`` over the iterations (as
+  for the CPU share below), clipped to 0..1. Sleep and torch kernels
   read near 0, pure Python near 1. The profiler's own few microseconds per
   op read as held (a task of many tiny ops reads up to about 0.2 high), and
   CPU-bound work outside torch that releases the GIL (``hashlib``, some
@@ -406,7 +407,7 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
             if wall > 0:
                 outside.setdefault(name, []).append((wall - _op_seconds(event)) / wall)
                 on_cpu.setdefault(name, []).append(cpu / wall)
-    return {name: min(1.0, max(0.0, min(statistics.median(shares), statistics.median(on_cpu[name]))))
+    return {name: max(0.0, min(statistics.median(shares), _largest_cpu_share(on_cpu[name])))
             for name, shares in outside.items()}
 
 
@@ -453,8 +454,13 @@ def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     with pipe._tasks_through(timed):
         for i in range(num_iterations):
             pipe.run_one_serial_iter(batch, iter_idx=i)
-    # the largest share: other processes only ever take the CPU away from the task's thread
-    return {name: min(1.0, max(0.0, max(v))) for name, v in shares.items()}
+    return {name: _largest_cpu_share(v) for name, v in shares.items()}
+
+
+def _largest_cpu_share(shares: List[float]) -> float:
+    """A task's CPU share from its runs' (thread CPU time / wall time): the largest, since other processes only
+    ever take the CPU away from the task's thread; clipped to 0..1."""
+    return min(1.0, max(0.0, max(shares)))
 
 
 # --------------------------------------------------------------------------- all together

@@ -226,7 +226,8 @@ def test_measure_gil_reads_torch_ops_as_released_and_the_python_around_them_as_h
                          PipelineTask("SmallOpsInPython", lambda ctx: [_spin_n(2_000) or a[:4] + 1 for _ in range(10)]):
                              TaskSchedule()})
     gil = measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=5)
-    assert gil["MatMul"] < 0.3 < 0.6 < gil["SmallOpsInPython"]
+    # apart by ~0.8 on an idle machine; other processes lower only the Python task's CPU share (descheduled)
+    assert gil["MatMul"] < 0.3 < gil["SmallOpsInPython"]
 
 
 def test_measure_gil_looks_through_record_function_ranges_in_a_task():
@@ -236,7 +237,7 @@ def test_measure_gil_looks_through_record_function_ranges_in_a_task():
             _spin(ctx)
 
     plan = PipelinePlan({PipelineTask("Annotated", annotated): TaskSchedule()})
-    assert measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=3)["Annotated"] > 0.6
+    assert measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=3)["Annotated"] > 0.3  # ~1 idle, 0 if counted
 
 
 def test_measure_gil_under_an_active_profiler_says_profilers_do_not_nest():
