@@ -60,7 +60,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "verify_search", "measure_refit", "plan_key", "turned", "within_band"]
+           "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band"]
 
 
 @dataclass
@@ -648,7 +648,7 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
         cands.append(("input", base))
     serial = serial_plan(report.plan)
     cands.append(("serial", serial))
-    known = [label for label, _ in cands if label == "input" or label.startswith("seed")] if opts.keep_known else []
+    known = [label for label, _ in cands if is_known(label)] if opts.keep_known else []
     table = _measure(cands, problem, batches, opts, num_iterations, known)
     chosen = table.choose()
     if chosen is not table.fastest():
@@ -717,6 +717,18 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
                          device=opts.device, noise_floor_pct=opts.noise_floor_pct,
                          max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
                          known=known, margin_pct=opts.margin_pct)
+
+
+def is_known(label: str) -> bool:
+    """Whether a candidate's label names a known plan (a seed, ``"seed..."``, or the input plan, ``"input"``):
+    what the user would run without the search, kept unless measurably beaten (:meth:`VerifyTable.choose`).
+
+    Examples
+    --------
+    >>> [is_known(label) for label in ("seed:prefetch", "input", "auto", "beam", "serial")]
+    [True, True, False, False, False]
+    """
+    return label == "input" or label.startswith("seed")
 
 
 def plan_key(plan: PipelinePlan) -> tuple:

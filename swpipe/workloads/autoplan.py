@@ -272,7 +272,7 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
     Returns ``(label, plan fields, verdict)`` of the plan chosen (:meth:`~autosched.verify.VerifyTable.choose`:
     the fastest, or a seed it does not measurably beat), the same on every rank.
     """
-    from autosched.verify import PlanMeasurement, VerifyTable, measure_plans
+    from autosched.verify import PlanMeasurement, VerifyTable, is_known, measure_plans
 
     fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
     plans = [(label, _plan_from_fields(fields).bind(fns)) for label, fields in candidates]
@@ -282,7 +282,7 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
     folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
                                                             for k in range(len(r.rounds_s))], round_ids=r.round_ids)
                           for r in table.rows], table.rounds, table.iterations,
-                         known=tuple(label for label, _ in candidates if label.startswith("seed")))
+                         known=tuple(label for label, _ in candidates if is_known(label)))
     label = folded.choose().label
     return label, dict(candidates)[label], folded.verdict()
 
