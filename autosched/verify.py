@@ -60,7 +60,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band"]
+           "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band", "predict_periods",
+           "predicted_speedup"]
 
 
 @dataclass
@@ -216,6 +217,10 @@ class VerifyTable:
         if "serial" not in self or self["serial"].predicted_s in (None, 0.0):
             return None
         return self["serial"].period_s / self["serial"].predicted_s
+
+    def predicted_speedup(self, label: str) -> Optional[float]:
+        """The model's speedup of ``label`` over the serial plan (:func:`predicted_speedup`), or ``None``."""
+        return predicted_speedup({r.label: r.predicted_s for r in self.rows}, label)
 
     @property
     def rescaled_error_pct(self) -> Optional[float]:
@@ -703,20 +708,82 @@ def measure_refit(report: Any, chosen: PlanMeasurement, plan: PipelinePlan, prob
 def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Sequence[Any], opts: VerifyOptions,
              num_iterations: int, known: Sequence[str]) -> VerifyTable:
     """Predict each candidate with the problem's costs, then measure them all side by side (with racing)."""
-    from .simulate import simulate
-
-    predicted: Dict[str, float] = {}
-    for label, plan in cands:
-        try:
-            predicted[label] = float(simulate(plan, problem.costs, num_iterations=num_iterations,
-                                              device=problem.device).period)
-        except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
-            pass
+    predicted = predict_periods(cands, problem.costs, num_iterations, problem.device)
     depth = max(p.pipeline_depth for _, p in cands)
     return measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
                          device=opts.device, noise_floor_pct=opts.noise_floor_pct,
                          max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
                          known=known, margin_pct=opts.margin_pct)
+
+
+def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_iterations: int = 50,
+                    device: str = "cpu") -> Dict[str, float]:
+    """The simulated steady period of each labelled plan: what the verification calls its prediction.
+
+    Parameters
+    ----------
+    plans : sequence of (label, PipelinePlan)
+    costs : CostModel
+        The costs the search used (with a machine calibration, the folded model).
+    num_iterations : int
+    device : {"cpu", "cuda"}
+
+    Returns
+    -------
+    dict
+        ``label -> seconds``; a plan the simulator rejects has no entry (it
+        can still be measured).
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
+    ...                     intra_iter_deps=[("B", "A")])
+    >>> got = predict_periods([("two", plan), ("serial", serial_plan(plan))],
+    ...                       CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)}))
+    >>> {label: round(s * 1e3, 6) for label, s in got.items()}
+    {'two': 1.0, 'serial': 2.0}
+    """
+    from .simulate import simulate
+
+    predicted: Dict[str, float] = {}
+    for label, plan in plans:
+        try:
+            predicted[label] = float(simulate(plan, costs, num_iterations=num_iterations, device=device).period)
+        except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
+            pass
+    return predicted
+
+
+def predicted_speedup(predicted: Dict[str, Optional[float]], label: str) -> Optional[float]:
+    """The model's speedup of ``label`` over the serial plan: predicted serial period / its predicted period.
+
+    A ratio of two predictions from one cost model, so how fast the machine
+    runs now against when the costs were taken cancels out: compare it with
+    a measured speedup over a serial run taken in the same rounds.
+
+    Parameters
+    ----------
+    predicted : dict
+        ``label -> predicted period`` (:func:`predict_periods`), with ``"serial"``.
+    label : str
+
+    Returns
+    -------
+    float or None
+        None when either prediction is missing or zero.
+
+    Examples
+    --------
+    >>> predicted_speedup({"serial": 0.008, "auto": 0.005}, "auto")
+    1.6
+    >>> predicted_speedup({"auto": 0.006}, "auto") is None
+    True
+    """
+    serial, own = predicted.get("serial"), predicted.get(label)
+    if not serial or not own:
+        return None
+    return serial / own
 
 
 def is_known(label: str) -> bool:

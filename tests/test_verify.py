@@ -13,7 +13,8 @@ import pytest
 
 from autosched.costs import CostModel, TaskCost
 from autosched.search import Constraints, auto_schedule
-from autosched.verify import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, serial_plan
+from autosched.verify import (PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, predict_periods,
+                              serial_plan)
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -265,3 +266,25 @@ def test_verify_keeps_a_seed_the_search_does_not_measurably_beat():
     got, report = auto_schedule(([a, b], [(b, a)]), costs, c, seeds=[("two", seed)], batches=list(range(12)),
                                 verify=VerifyOptions(rounds=2, keep_known=False))
     assert report.verify.known == () and report.verify.choose() is min(report.verify.rows, key=lambda r: r.period_s)
+
+
+def test_predicted_speedup_is_the_models_serial_period_over_the_chosen_plans():
+    """The demo compares it with a measured speedup: one model's two predictions, so the machine's speed cancels."""
+    table = VerifyTable([PlanMeasurement("serial", None, [0.020], predicted_s=0.010),
+                         PlanMeasurement("seed:x", None, [0.012], predicted_s=0.008),
+                         PlanMeasurement("beam", None, [0.011])], rounds=1, iterations=20)
+    assert table.predicted_speedup("seed:x") == pytest.approx(1.25)
+    assert table.predicted_speedup("serial") == pytest.approx(1.0)
+    assert table.predicted_speedup("beam") is None  # measured without a prediction
+    no_serial = VerifyTable([PlanMeasurement("auto", None, [0.01], predicted_s=0.008)], rounds=1, iterations=20)
+    assert no_serial.predicted_speedup("auto") is None
+
+
+def test_verification_predicts_every_candidate_with_the_simulator():
+    costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
+                       intra_iter_deps=[("B", "A")])
+    got = predict_periods([("two", two), ("serial", serial_plan(two))], costs)
+    assert got == {"two": pytest.approx(0.003), "serial": pytest.approx(0.005)}
+    broken = PipelinePlan({"A": TaskSchedule(0), "Z": TaskSchedule(0)})  # no cost for Z: left out, not raised
+    assert predict_periods([("broken", broken)], costs) == {}

@@ -319,11 +319,27 @@ def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batche
         spec = auto_spec(CFG, env, batches, max_depth=3, max_threads=2, time_limit_s=3.0)
     assert spec is not None and spec.label == "auto"
     assert "calibrated (" in spec.note and "cores free" in spec.note  # searched with the machine measured
+    assert spec.predicted_speedup is not None and spec.predicted_speedup > 0  # the demo checks it against its row
     wl = DLRMWorkload(CFG, env)
     plan = spec.plan(wl)
     assert plan.unbound_tasks() == [] and plan.enqueue_order is not None
     _run(plan, batches)
     _assert_same((wl.loss_list(), wl.snapshot()), reference)
+
+
+def test_a_searched_rows_prediction_is_compared_with_its_speedup_measured_in_the_same_rounds(env):
+    """The demo's prediction check: the model's speedup against the row's, so the machine's drift cancels."""
+    from swpipe.workloads.bench import PlanSpec, format_predictions, measure
+
+    specs = [PlanSpec("searched", "base", predicted_speedup=1.5), PlanSpec("hand-written", "base")]
+    m = measure(CFG, env, specs, iters=3, repeats=1, record_best=False)
+    searched, hand = m.rows
+    assert searched.predicted_speedup == 1.5 and hand.predicted_speedup is None
+    assert searched.prediction_error_pct == pytest.approx(100 * (searched.speedup / 1.5 - 1))
+    assert hand.prediction_error_pct is None
+    lines = format_predictions(m)
+    assert len(lines) == 1 and lines[0].startswith("searched: predicted 1.50x serial, measured ")
+    assert f"{searched.prediction_error_pct:+.1f} %" in lines[0]
 
 
 def test_search_costs_leave_out_the_cold_first_iterations():

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import torch
 
-    from swpipe.workloads.bench import format_table
+    from swpipe.workloads.bench import format_predictions, format_table
     from swpipe.workloads.distenv import init_distributed, launcher_env
 
     try:
@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"raced: {', '.join(m.meta['raced'])} (within {m.meta['race_band_pct']:g} % of the fastest after "
               f"{args.repeats} runs) ran {m.meta['race_rounds']} more, with the serial loop; the fastest run counts")
     print(format_table(m))
+    for line in format_predictions(m):
+        print(line)
     matches = [r for r in m.rows if r.matches is not None]
     close = sum(1 for r in matches if not r.matches and r.close)
     print(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit"

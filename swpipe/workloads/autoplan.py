@@ -148,14 +148,17 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
-        candidates, note = shared
+        from autosched.verify import predicted_speedup
+
+        candidates, note, predicted = shared
         label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})", label)
+                          f"lockstep, the slowest rank's time counting ({label})", label,
+                  predicted_speedup(predicted, label))
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
-    fields, note, chosen = shared
+    fields, note, chosen, speedup = shared
     # a seed is a hand-written row's schedule over the searched task graph (its extra dependencies are already
     # met by that schedule): the demo measures it once, in that row, rather than twice with the machine's noise
     same_as = _row_of_seed(chosen)
@@ -167,7 +170,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     check_same_plan(env, build(wl), "the auto plan")
     return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
         f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""),
-        same_as=same_as)
+        same_as=same_as, predicted_speedup=speedup)
 
 
 def _row_of_seed(label: Optional[str]) -> Optional[str]:
@@ -228,7 +231,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
     """Rank 0's search: ``(plan fields, note)``; with ``lockstep``, ``(candidates, note)`` to measure on every rank."""
     from autosched.search import Constraints, auto_schedule
-    from autosched.verify import VerifyOptions, inline_variant, serial_plan
+    from autosched.verify import VerifyOptions, inline_variant, predicted_speedup, serial_plan
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
@@ -248,11 +251,13 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         inline = inline_variant(found, costs)
         candidates = [("auto", found)] + ([inline] if inline else [])
         candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
-        return [(label, plan_fields(plan)) for label, plan in candidates], note
+        return [(label, plan_fields(plan)) for label, plan in candidates], note, _predictions(candidates, costs, env)
     chosen_label = None
+    speedup = predicted_speedup({"serial": report.serial_period_s, "auto": report.period_s}, "auto")
     if report.verify is not None:
         chosen = report.verify.choose()
         chosen_label = chosen.label
+        speedup = report.verify.predicted_speedup(chosen.label)
         k = report.verify.speed_factor
         rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
         earlier = report.verify.earlier
@@ -262,7 +267,17 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
-    return plan_fields(found), f"{note}; {how}", chosen_label
+    return plan_fields(found), f"{note}; {how}", chosen_label, speedup
+
+
+def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
+    """Each candidate's predicted period with the costs the search used (the calibration folded in, as it does)."""
+    from autosched.calibrated import calibrated_costs
+    from autosched.verify import predict_periods
+
+    device = env.device.type
+    searched = calibrated_costs(costs, None, device=device) if costs.machine_calibration is not None else costs
+    return predict_periods(candidates, searched, device=device)
 
 
 def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],

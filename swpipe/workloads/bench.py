@@ -22,8 +22,8 @@ from .dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
 from .reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from .tasks import EVAL_PIPELINES, plan_for
 
-__all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table", "parallel_probe",
-           "TORCHREC_PLANS"]
+__all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table", "format_predictions",
+           "parallel_probe", "TORCHREC_PLANS"]
 
 TORCHREC_PLANS = ("base", "pt2", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "prefetch",
                   "eval_sparse_dist", "eval_fused_sparse_dist", "staged", "sparse_dist_comp_autograd")
@@ -53,6 +53,7 @@ class PlanSpec:
     build: Optional[Callable[[DLRMWorkload], PipelinePlan]] = None
     note: str = ""
     same_as: Optional[str] = None  # the label of a row running the same schedule: measured once, shown twice
+    predicted_speedup: Optional[float] = None  # a searched row: the model's speedup over the serial plan
 
     def plan(self, workload: DLRMWorkload) -> PipelinePlan:
         """The runnable plan on ``workload``."""
@@ -91,6 +92,27 @@ class PlanResult:
     note: str = ""
     seconds: float = 0.0
     close: Optional[bool] = None
+    predicted_speedup: Optional[float] = None
+
+    @property
+    def prediction_error_pct(self) -> Optional[float]:
+        """The predicted period's error against this row's, once rescaled by the serial run of the same rounds.
+
+        The model's serial and plan periods give a predicted speedup; the
+        serial loop measured beside this row turns it into a period
+        (``serial / predicted_speedup``), compared with the row's measured
+        period: ``100 * (speedup / predicted_speedup - 1)``. How fast the
+        machine ran when the costs were taken cancels out. None without a
+        prediction.
+
+        Examples
+        --------
+        >>> round(PlanResult("auto", 2, 1, 2, 80.0, 1.2, True, predicted_speedup=1.25).prediction_error_pct, 6)
+        -4.0
+        """
+        if not self.predicted_speedup or not self.speedup == self.speedup:  # none, or a NaN speedup
+            return None
+        return 100.0 * (self.speedup / self.predicted_speedup - 1.0)
 
 
 @dataclass
@@ -394,7 +416,7 @@ def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: 
         rows.append(PlanResult(spec.label, plan.pipeline_depth, len({plan.stream_of(t) for t in plan.task_names}),
                                len({plan.sched(t).thread_group for t in plan.task_names}), rate,
                                rate / base_rate if base_rate else float("nan"), runs.matches[spec.label], note,
-                               min(runs.times[spec.label]), runs.close[spec.label]))
+                               min(runs.times[spec.label]), runs.close[spec.label], spec.predicted_speedup))
     return rows
 
 
@@ -439,6 +461,24 @@ def _bar(total: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="swpipe demo", unit="run", leave=False)
+
+
+def format_predictions(m: Measurement) -> List[str]:
+    """One line per row with a prediction: the model's speedup over serial against the measured one.
+
+    Both speedups are over a serial run: the model's serial period, and the
+    serial loop measured in the same rounds as the row, so the machine's speed
+    when the costs were taken cancels out (:attr:`PlanResult.prediction_error_pct`).
+
+    Examples
+    --------
+    >>> m = Measurement(100.0, None, [PlanResult("auto", 2, 1, 2, 130.0, 1.3, True, predicted_speedup=1.35)])
+    >>> print(format_predictions(m)[0])
+    auto: predicted 1.35x serial, measured 1.30x: period predicted -3.7 % (rescaled by this run's serial loop)
+    """
+    return [f"{r.label}: predicted {r.predicted_speedup:.2f}x serial, measured {r.speedup:.2f}x: period predicted "
+            f"{r.prediction_error_pct:+.1f} % (rescaled by this run's serial loop)"
+            for r in m.rows if r.prediction_error_pct is not None]
 
 
 def format_table(m: Measurement) -> str:
