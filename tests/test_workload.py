@@ -332,14 +332,27 @@ def test_a_searched_rows_prediction_is_compared_with_its_speedup_measured_in_the
     from swpipe.workloads.bench import PlanSpec, format_predictions, measure
 
     specs = [PlanSpec("searched", "base", predicted_speedup=1.5), PlanSpec("hand-written", "base")]
-    m = measure(CFG, env, specs, iters=3, repeats=1, record_best=False)
+    m = measure(CFG, env, specs, iters=3, repeats=3, record_best=False)
     searched, hand = m.rows
     assert searched.predicted_speedup == 1.5 and hand.predicted_speedup is None
-    assert searched.prediction_error_pct == pytest.approx(100 * (searched.speedup / 1.5 - 1))
+    # measured: the median over the 3 rounds of (serial loop / row) in the same round, not fastest over fastest
+    assert searched.paired_speedup is not None and hand.paired_speedup is not None
+    assert searched.prediction_error_pct == pytest.approx(100 * (searched.paired_speedup / 1.5 - 1))
     assert hand.prediction_error_pct is None
     lines = format_predictions(m)
-    assert len(lines) == 1 and lines[0].startswith("searched: predicted 1.50x serial, measured ")
-    assert f"{searched.prediction_error_pct:+.1f} %" in lines[0]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"searched: predicted 1.50x serial, measured {searched.paired_speedup:.2f}x in the same")
+    assert lines[0].endswith(f"period predicted {searched.prediction_error_pct:+.1f} %")
+
+
+def test_a_rows_paired_speedup_pairs_each_run_with_the_serial_run_of_its_round():
+    from swpipe.workloads.bench import _paired
+
+    serial = [0.30, 0.60, 0.36]  # the machine ran twice as slow in round 1, for both
+    plan = [0.20, 0.40, 0.18]
+    assert _paired(serial, plan) == pytest.approx(1.5)  # ratios 1.5, 1.5, 2.0
+    assert min(serial) / min(plan) == pytest.approx(0.30 / 0.18)  # fastest over fastest mixes rounds 0 and 2
+    assert _paired(serial, plan[:2]) == pytest.approx(1.5)  # a row not raced: its own rounds only
 
 
 def test_search_costs_leave_out_the_cold_first_iterations():

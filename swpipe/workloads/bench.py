@@ -9,6 +9,7 @@ that loop's.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -93,26 +94,32 @@ class PlanResult:
     seconds: float = 0.0
     close: Optional[bool] = None
     predicted_speedup: Optional[float] = None
+    paired_speedup: Optional[float] = None  # median over rounds of (serial loop / this row) in the same round
 
     @property
     def prediction_error_pct(self) -> Optional[float]:
-        """The predicted period's error against this row's, once rescaled by the serial run of the same rounds.
+        """The predicted period's error against this row's, once rescaled by the serial runs of the same rounds.
 
         The model's serial and plan periods give a predicted speedup; the
         serial loop measured beside this row turns it into a period
         (``serial / predicted_speedup``), compared with the row's measured
-        period: ``100 * (speedup / predicted_speedup - 1)``. How fast the
-        machine ran when the costs were taken cancels out. None without a
-        prediction.
+        period: ``100 * (measured speedup / predicted_speedup - 1)``, the
+        measured speedup paired by round (:attr:`paired_speedup`) when known,
+        else the table's. How fast the machine ran when the costs were taken
+        cancels out. None without a prediction.
 
         Examples
         --------
         >>> round(PlanResult("auto", 2, 1, 2, 80.0, 1.2, True, predicted_speedup=1.25).prediction_error_pct, 6)
         -4.0
+        >>> round(PlanResult("auto", 2, 1, 2, 80.0, 1.2, True, predicted_speedup=1.25,
+        ...                  paired_speedup=1.3).prediction_error_pct, 6)
+        4.0
         """
-        if not self.predicted_speedup or not self.speedup == self.speedup:  # none, or a NaN speedup
+        measured = self.paired_speedup if self.paired_speedup is not None else self.speedup
+        if not self.predicted_speedup or not measured == measured:  # none, or a NaN speedup
             return None
-        return 100.0 * (self.speedup / self.predicted_speedup - 1.0)
+        return 100.0 * (measured / self.predicted_speedup - 1.0)
 
 
 @dataclass
@@ -416,8 +423,26 @@ def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: 
         rows.append(PlanResult(spec.label, plan.pipeline_depth, len({plan.stream_of(t) for t in plan.task_names}),
                                len({plan.sched(t).thread_group for t in plan.task_names}), rate,
                                rate / base_rate if base_rate else float("nan"), runs.matches[spec.label], note,
-                               min(runs.times[spec.label]), runs.close[spec.label], spec.predicted_speedup))
+                               min(runs.times[spec.label]), runs.close[spec.label], spec.predicted_speedup,
+                               _paired(runs.eval_s if spec.is_eval else runs.serial_s, runs.times[spec.label])))
     return rows
+
+
+def _paired(serial_s: Sequence[float], plan_s: Sequence[float]) -> Optional[float]:
+    """Median over rounds of the serial run's time over the plan's in the same round (None without a pair).
+
+    A row raced in extra rounds ran in every round the serial loop did, so
+    run ``k`` of a row and of the serial loop belong to the same round.
+
+    Examples
+    --------
+    >>> round(_paired([0.30, 0.40, 0.36], [0.20, 0.25, 0.30]), 6)  # ratios 1.5, 1.6, 1.2
+    1.5
+    >>> _paired([], [0.2]) is None
+    True
+    """
+    ratios = [s / p for s, p in zip(serial_s, plan_s) if p > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def _fold_ranks(env: DistEnv, local: Dict[str, Any]) -> Dict[str, Any]:
@@ -467,18 +492,24 @@ def format_predictions(m: Measurement) -> List[str]:
     """One line per row with a prediction: the model's speedup over serial against the measured one.
 
     Both speedups are over a serial run: the model's serial period, and the
-    serial loop measured in the same rounds as the row, so the machine's speed
-    when the costs were taken cancels out (:attr:`PlanResult.prediction_error_pct`).
+    serial loop measured in the same rounds as the row (paired by round when
+    the row knows it, :attr:`PlanResult.paired_speedup`), so the machine's
+    speed when the costs were taken cancels out
+    (:attr:`PlanResult.prediction_error_pct`).
 
     Examples
     --------
     >>> m = Measurement(100.0, None, [PlanResult("auto", 2, 1, 2, 130.0, 1.3, True, predicted_speedup=1.35)])
     >>> print(format_predictions(m)[0])
-    auto: predicted 1.35x serial, measured 1.30x: period predicted -3.7 % (rescaled by this run's serial loop)
+    auto: predicted 1.35x serial, measured 1.30x in the same rounds: period predicted -3.7 %
     """
-    return [f"{r.label}: predicted {r.predicted_speedup:.2f}x serial, measured {r.speedup:.2f}x: period predicted "
-            f"{r.prediction_error_pct:+.1f} % (rescaled by this run's serial loop)"
-            for r in m.rows if r.prediction_error_pct is not None]
+    lines = []
+    for r in m.rows:
+        if r.prediction_error_pct is not None:
+            measured = r.paired_speedup if r.paired_speedup is not None else r.speedup
+            lines.append(f"{r.label}: predicted {r.predicted_speedup:.2f}x serial, measured {measured:.2f}x in the "
+                         f"same rounds: period predicted {r.prediction_error_pct:+.1f} %")
+    return lines
 
 
 def format_table(m: Measurement) -> str:
