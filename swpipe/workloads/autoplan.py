@@ -229,7 +229,10 @@ def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Seq
 
 def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
-    """Rank 0's search: ``(plan fields, note)``; with ``lockstep``, ``(candidates, note)`` to measure on every rank."""
+    """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial)``.
+
+    With ``lockstep``: ``(candidates, note, predicted period per candidate)``, to measure on every rank.
+    """
     from autosched.search import Constraints, auto_schedule
     from autosched.verify import VerifyOptions, inline_variant, predicted_speedup, serial_plan
 
