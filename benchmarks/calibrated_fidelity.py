@@ -29,10 +29,12 @@ For each plan, in one run:
    takes out the drift of the machine between when the costs were measured
    and when the plan ran, which on a shared VM is larger than the target;
 5. with ``--paired`` (default) every round measures each plan's task costs
-   again right before its run (plans in a rotated order), and ``paired`` is
-   the median over the rounds of the ``+engine`` error of the prediction from
-   those costs against that run: the costs and the run see the same machine,
-   so what is left is the model's error plus the noise of one short run.
+   again right before its run and (``--bracket``, default) right after it
+   (plans in a rotated order), and ``paired`` is the median over the rounds
+   of the ``+engine`` error of the mean of the two predictions against that
+   run: the costs and the run see the same machine, and a drift during the
+   run cancels to first order, so what is left is the model's error plus the
+   noise of one short run.
 
 Targets (issue 15): with calibrated costs median |error| <= 3 % on sleep
 plans, <= 5 % on DLRM plans, worst <= 10 %.
@@ -170,9 +172,12 @@ def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, 
     errs: Dict[str, List[float]] = {label: [] for label, _, _ in entries}
     for r in range(args.rounds):
         for label, plan, _ in turned(entries, r):
-            costs = _task_costs(plan, args, batches, cals[label])
-            predicted = engine_prediction(plan, costs, cals[label], args.sim_iters, args.core_pool)
+            before = _task_costs(plan, args, batches, cals[label])
             measured = measure_plans([(label, plan)], batches, 1, warmup=False)[label].period_s
+            after = _task_costs(plan, args, batches, cals[label]) if args.bracket else before
+            # costs taken on both sides of the run: the machine's drift during it cancels to first order
+            predicted = statistics.fmean(engine_prediction(plan, c, cals[label], args.sim_iters, args.core_pool)
+                                         for c in (before, after))
             errs[label].append(_err(predicted, measured))
     return errs
 
@@ -268,6 +273,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each plan's task costs again right before each of its runs and report the "
                         "median of the per-round errors (default on)")
+    p.add_argument("--bracket", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --paired, measure the task costs right before and right after each run and predict "
+                        "from both (default on; --no-bracket: before only)")
     p.add_argument("--core-pool", action=argparse.BooleanOptionalAction, default=True,
                    help="model the measured free cores as a core pool (CostModel.cores; default on)")
     p.add_argument("--dlrm", action="store_true")

@@ -29,7 +29,7 @@ def test_paired_errors_give_one_small_error_per_round_for_each_plan():
                               intra_iter_deps=[(b, a)])
     one_thread = PipelinePlan({a: TaskSchedule(0), b: TaskSchedule(0)}, intra_iter_deps=[(b, a)])
     cal = MachineCalibration(cores_free=2.0, cpu_count=2, cpu={"A": 0.0, "B": 0.0})  # sleeps hold no core
-    args = argparse.Namespace(rounds=3, costs="serial", serial_iters=3, sim_iters=30, core_pool=True)
+    args = argparse.Namespace(rounds=3, costs="serial", serial_iters=3, sim_iters=30, core_pool=True, bracket=True)
     entries = [("overlapped", overlapped, 0), ("one thread", one_thread, 0)]
     errs = _bench().paired_errors(entries, {"overlapped": cal, "one thread": cal}, args, list(range(12)))
     assert set(errs) == {"overlapped", "one thread"}
@@ -46,3 +46,30 @@ def test_the_summary_reports_the_paired_column(capsys):
     assert got == 0
     assert "paired err (rounds)" in out
     assert "sleep       paired (1 plans): median |error|" in out
+
+
+@pytest.mark.parametrize("bracket", [True, False])
+def test_paired_costs_are_taken_on_both_sides_of_each_run_when_bracketed(monkeypatch, bracket):
+    bench = _bench()
+    order = []
+    measure = bench.measure_plans
+    task_costs = bench._task_costs
+
+    def costs(plan, args, batches, cal):
+        order.append("costs")
+        return task_costs(plan, args, batches, cal)
+
+    def runs(*a, **k):
+        order.append("run")
+        return measure(*a, **k)
+
+    monkeypatch.setattr(bench, "_task_costs", costs)
+    monkeypatch.setattr(bench, "measure_plans", runs)
+    plan = PipelinePlan({PipelineTask("A", _sleeper(0.002)): TaskSchedule(0)})
+    args = argparse.Namespace(rounds=2, costs="serial", serial_iters=2, sim_iters=10, core_pool=True, bracket=bracket)
+    errs = bench.paired_errors([("one", plan, 0)], {"one": MachineCalibration(cores_free=2.0, cpu_count=2)}, args,
+                               list(range(6)))
+    assert len(errs["one"]) == 2
+    per_round = ["costs", "run", "costs"] if bracket else ["costs", "run"]
+    assert order == per_round * 2
+
