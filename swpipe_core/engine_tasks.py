@@ -1,0 +1,241 @@
+"""The worker side of the engine: one task instance from its waits to its signal.
+
+A mixin of :class:`~swpipe_core.engine.SWPipeline` (kept apart so each file
+stays one idea). A task instance (1) waits the CPU signals of its
+dependencies (:meth:`_TaskRunner._wait_signal`, bounded by
+``signal_timeout``), (2) takes its sequence turn if globally ordered, (3) on
+CUDA makes its stream wait the device events of dependencies on other
+streams, (4) runs through the one dispatch point (``_exec_task``: shortcuts,
+strict mode and measurement wrappers apply) with its stream current, and (5)
+records its device event, then sets its CPU signal. The same code runs the
+tasks on a worker thread and, inline, the caller's group on the caller's
+thread; :meth:`_TaskRunner._run_solo` is the lock-free path of a pipeline
+whose caller's thread is the only one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator, List, Optional
+
+import torch
+
+from .engine_device import _nvtx_mode
+from .engine_state import PipelineTaskError, _Cancelled, _Flag, _IterState, _Run, _TaskInfo
+from .plan import IterContext, PipelineTask
+from .sequencer import SequencerAborted
+from .trace import TimelineRecorder
+
+__all__: List[str] = []
+
+
+class _TaskRunner:
+    """Running task instances (a mixin: the state it reads lives on :class:`~swpipe_core.engine.SWPipeline`)."""
+
+    def _run_items(self, run: _Run, items: List[tuple], inline: bool = False) -> None:
+        """Run tasks in order, on a worker or (``inline``) on the caller's thread.
+
+        A task's failure cancels the run (the caller raises it). Inline, a
+        ``KeyboardInterrupt``/``SystemExit`` is the caller's own: it cancels
+        and propagates unchanged.
+        """
+        for st, ti, seq in items:
+            if run.cancelled:
+                return
+            try:
+                self._run_task(run, st, ti, seq)
+            except (_Cancelled, SequencerAborted):
+                if run.cancelled:
+                    return
+                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage,
+                                                    RuntimeError("woken without cancellation")), "internal")
+                return
+            except BaseException as exc:
+                if inline and not isinstance(exc, Exception):
+                    self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                    raise
+                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
+                             f"task {ti.name} failed on iteration {st.idx}")
+                return
+
+    def _run_solo(self, run: _Run, items: List[tuple]) -> None:
+        """The caller's thread is the only one and nothing is hooked: run the tasks, count them.
+
+        Every dependency is met by construction: it is an earlier task of
+        this period's enqueue order (a topological order of the period-local
+        graph) or a task of an earlier period, and this thread ran them all
+        already. No other thread reads the signals, so no lock either.
+        """
+        for st, ti, seq in items:
+            if run.cancelled:
+                return
+            if seq is not None:  # keep the sequencer's book for globally ordered tasks
+                self._run_items(run, [(st, ti, seq)], inline=True)
+                continue
+            try:
+                ti.task.fn(st.ctx)
+            except Exception as exc:
+                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
+                             f"task {ti.name} failed on iteration {st.idx}")
+                return
+            except BaseException:
+                self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                raise
+            st.done[ti.idx] = True
+            st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
+
+    def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int]) -> None:
+        i = st.idx
+        iters = run.iters
+        for d, dist in ti.deps:  # phase 1: CPU signals
+            if dist:
+                if i < dist:
+                    continue  # the first `dist` iterations have no predecessor
+                dst = iters.get(i - dist)
+                if dst is None:
+                    # retired, hence complete; or (dist < 0, a same-period dep) a newer iteration the data
+                    # never had: its state is registered before any task of its first period is enqueued
+                    continue
+            else:
+                dst = st
+            if not dst.done[d]:
+                self._wait_signal(run, dst, d, st, ti, dist)
+        if seq is None:
+            if run.bare:  # CPU, no timeline, profiler, NVTX or shortcut: nothing around the call
+                ti.task.fn(st.ctx)
+            else:
+                self._submit(run, st, ti)
+        else:
+            run.sequencer.execute_ordered(seq, lambda: self._submit(run, st, ti))
+        with run.lock:
+            st.done[ti.idx] = True
+            waiter = st.waiters.pop(ti.idx, None) if st.waiters else None
+            st.remaining -= 1
+            complete = st.complete if st.remaining == 0 else None
+        if waiter is not None:
+            waiter.set()
+        if complete is not None:
+            complete.set()
+
+    def _wait_signal(self, run: _Run, dst: _IterState, d: int, st: _IterState, ti: _TaskInfo, dist: int) -> None:
+        with run.lock:
+            if dst.done[d]:
+                return
+            if run.cancelled:
+                raise _Cancelled
+            event = dst.waiters.get(d)
+            if event is None:
+                event = dst.waiters[d] = _Flag()
+        if event.wait(self.signal_timeout) or dst.done[d]:
+            if not dst.done[d]:
+                raise _Cancelled
+            return
+        if run.cancelled:
+            raise _Cancelled
+        dep = self._infos[d]
+        kind = "intra-iteration" if dist == 0 else f"inter-iteration, distance {dist}"
+        raise RuntimeError(
+            f"task {ti.name!r} (iteration {st.idx}) waited {self.signal_timeout:g} s for {dep.name!r} of "
+            f"iteration {dst.idx} ({kind} dependency), which has not completed. {dep.name} runs on thread group "
+            f"{dep.group!r} at stage {dep.stage}; it is blocked or slow (raise signal_timeout if it is just slow)"
+        )
+
+    def _submit(self, run: _Run, st: _IterState, ti: _TaskInfo) -> None:
+        """Phase 2 and the task itself; records the device event."""
+        recorder = self._recorder
+        if self._streams.is_cuda:
+            self._submit_cuda(run, st, ti, recorder)
+            return
+        t0 = time.perf_counter() if recorder is not None else 0.0
+        if run.profiling:
+            with torch.autograd.profiler.record_function(self._range_name("SWP", ti.name, st.idx)):
+                self._exec_task(ti.task, st.ctx)
+        else:
+            self._exec_task(ti.task, st.ctx)
+        if recorder is not None:
+            recorder.record(ti.name, st.idx, ti.group, ti.stream, t0, time.perf_counter())
+
+    def _submit_cuda(self, run: _Run, st: _IterState, ti: _TaskInfo, recorder: Optional[TimelineRecorder]) -> None:
+        stream = run.streams[ti.idx]
+        if ti.starts and st.ready is not None:  # the batch's own device work (made on the caller's stream)
+            self._streams.wait(stream, st.ready)
+        for d, dist in ti.device_deps:
+            self._streams.wait(stream, self._dep_event(run, st, d, dist))
+        nvtx = run.nvtx
+        name = self._range_name("SWP", ti.name, st.idx) if (nvtx or run.profiling) else ""
+        t0 = time.perf_counter() if recorder is not None else 0.0
+        with torch.cuda.stream(stream):
+            if recorder is not None:  # after the waits, on the task's own stream
+                start_ev = torch.cuda.Event(enable_timing=True)
+                start_ev.record(stream)
+            if nvtx:
+                torch.cuda.nvtx.range_push(name)
+            try:
+                if run.profiling:
+                    with torch.autograd.profiler.record_function(name):
+                        self._exec_task(ti.task, st.ctx)
+                else:
+                    self._exec_task(ti.task, st.ctx)
+            finally:
+                if nvtx:
+                    torch.cuda.nvtx.range_pop()
+            if recorder is not None:
+                end_ev = torch.cuda.Event(enable_timing=True)
+                end_ev.record(stream)
+                run.device_timing.append((ti, st.idx, start_ev, end_ev))
+        st.events[ti.idx] = self._streams.record(stream)
+        if recorder is not None:
+            recorder.record(ti.name, st.idx, ti.group, ti.stream, t0, time.perf_counter())
+
+    def _dep_event(self, run: _Run, st: _IterState, d: int, dist: int) -> Any:
+        if dist == 0:
+            return st.events[d]
+        j = st.idx - dist
+        if j < 0:
+            return None
+        dst = run.iters.get(j) or run.device_pending.get(j)
+        return None if dst is None else dst.events[d]  # gone from both: its device work completed
+
+    def _worker_scope(self, run: _Run) -> Optional[Callable[[], Any]]:
+        """What every worker thread enters around its loop: ``emit_nvtx`` when requested on CUDA.
+
+        The profiler's NVTX mode is per thread, so entering it on the
+        caller's thread does not reach the workers.
+        """
+        if not run.nvtx:
+            return None
+        return _nvtx_mode
+
+    def _range_name(self, prefix: str, name: str, iteration: int) -> str:
+        skip = " [skip]" if name in self._shortcut.tasks else ""
+        return f"{prefix}/{name}{skip}/iter{iteration}"
+
+    @contextlib.contextmanager
+    def _tasks_through(self, wrapper: Callable[[Callable[[Any, Any], None], Any, Any], None]) -> Iterator[None]:
+        """For the block, run every task as ``wrapper(run, task, ctx)``, where ``run(task, ctx)`` runs it.
+
+        The one dispatch point measurements hook into (the profiler's timing,
+        the calibration, memory per task): a per-instance ``_exec_task``, which
+        the hot path checks for before it skips the dispatch. Restored on exit.
+        """
+        had_instance_attr = "_exec_task" in vars(self)
+        original = self._exec_task
+        self._exec_task = lambda task, ctx: wrapper(original, task, ctx)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            if had_instance_attr:
+                self._exec_task = original  # type: ignore[method-assign]
+            else:
+                del self._exec_task
+
+    def _exec_task(self, task: PipelineTask, ctx: IterContext) -> None:
+        """Run one task on one context: ``task.fn(ctx)``, or its shortcut when enabled."""
+        if self._strict is not None and self._run is not None and not self._strict.active():
+            with self._strict.watch(task.name, ctx):  # strict mode: check every access against the plan
+                return self._exec_task(task, ctx)
+        if task.name in self._shortcut.tasks:
+            self._shortcut.execute(task, ctx)
+        else:
+            task.fn(ctx)
