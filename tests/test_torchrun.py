@@ -95,6 +95,8 @@ def test_one_auto_plan_is_shared_by_both_ranks(ranks):
     # the model's speedup of the plan chosen in lockstep, the same on both ranks (rank 0's predictions, shared)
     assert ranks[0]["auto_predicted_speedup"] == ranks[1]["auto_predicted_speedup"]
     assert ranks[0]["auto_predicted_speedup"] > 0
+    assert ranks[0]["auto_predicts"] == ranks[1]["auto_predicts"]
+    assert set(ranks[0]["auto_predicts"]) == {"prefetch", "prefetch+by_stream"}  # the seeds' rows
 
 
 def test_a_plan_that_differs_on_one_rank_fails_on_every_rank_naming_the_field(ranks):

@@ -320,6 +320,11 @@ def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batche
     assert spec is not None and spec.label == "auto"
     assert "calibrated (" in spec.note and "cores free" in spec.note  # searched with the machine measured
     assert spec.predicted_speedup is not None and spec.predicted_speedup > 0  # the demo checks it against its row
+    from swpipe.workloads.autoplan import AUTO_SEEDS
+
+    assert set(spec.predicts) == set(AUTO_SEEDS) and all(x > 0 for x in spec.predicts.values())  # the seeds' rows
+    if spec.same_as is not None:  # the seed kept: its row and the auto row share one prediction
+        assert spec.predicted_speedup == spec.predicts[spec.same_as]
     wl = DLRMWorkload(CFG, env)
     plan = spec.plan(wl)
     assert plan.unbound_tasks() == [] and plan.enqueue_order is not None

@@ -79,6 +79,7 @@ def main(out_dir: str) -> None:
     out["auto_plan"] = repr(sorted(plan_fields(auto).items()))
     out["auto_note"] = spec.note
     out["auto_predicted_speedup"] = spec.predicted_speedup
+    out["auto_predicts"] = spec.predicts
     with SWPipeline(auto, device=env.device) as pipe:
         pipe.run(iter(batches))
     out["auto_equal"] = len(workload.loss_list()) == ITERS and all(

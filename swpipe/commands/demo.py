@@ -85,6 +85,22 @@ def _specs(args: argparse.Namespace) -> List[Any]:
     return specs
 
 
+def _attach_predictions(rows: List[Any], auto: Any) -> None:
+    """Give the hand-written rows the search predicted (its seeds) their predicted speedup, checked like auto's.
+
+    Examples
+    --------
+    >>> from swpipe.workloads.bench import PlanSpec
+    >>> rows = [PlanSpec("base", "base"), PlanSpec("prefetch", "prefetch")]
+    >>> _attach_predictions(rows, PlanSpec("auto", "auto", predicts={"prefetch": 1.2, "elsewhere": 1.5}))
+    >>> [r.predicted_speedup for r in rows]
+    [None, 1.2]
+    """
+    for row in rows:
+        if row.label in auto.predicts and row.predicted_speedup is None:
+            row.predicted_speedup = auto.predicts[row.label]
+
+
 def _rank_main(env: Any, args: argparse.Namespace) -> Any:
     import torch
 
@@ -98,6 +114,7 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
     if not args.no_auto:
         spec = auto_spec(config, env, SyntheticData(config, env.world_size, env.rank).batches(min(args.iters, 12)))
         if spec is not None:
+            _attach_predictions(specs, spec)
             specs.append(spec)
     m = measure(config, env, specs, iters=args.iters, repeats=args.repeats, progress=True,
                 record_best=bool(args.trace), race_rounds=args.race)

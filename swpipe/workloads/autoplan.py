@@ -118,6 +118,9 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     Returns
     -------
     PlanSpec or None
+        Its ``predicted_speedup`` is the model's speedup over serial of the
+        plan returned, and ``predicts`` the same for the seeds' demo rows
+        (:data:`AUTO_SEEDS`), so the demo can check each against its rows.
 
     Examples
     --------
@@ -148,17 +151,18 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
-        from autosched.verify import predicted_speedup
-
         candidates, note, predicted = shared
         label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})", label,
-                  predicted_speedup(predicted, label))
+                          f"lockstep, the slowest rank's time counting ({label})", label, predicted)
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
-    fields, note, chosen, speedup = shared
+    fields, note, chosen, predicted = shared
+    from autosched.verify import predicted_speedup
+
+    # the model's speedups over serial: the plan returned, and the seeds it predicted (their demo rows)
+    seed_rows = {row: predicted_speedup(predicted, f"seed:{row}") for row in AUTO_SEEDS}
     # a seed is a hand-written row's schedule over the searched task graph (its extra dependencies are already
     # met by that schedule): the demo measures it once, in that row, rather than twice with the machine's noise
     same_as = _row_of_seed(chosen)
@@ -170,7 +174,8 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     check_same_plan(env, build(wl), "the auto plan")
     return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
         f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""),
-        same_as=same_as, predicted_speedup=speedup)
+        same_as=same_as, predicted_speedup=predicted_speedup(predicted, chosen or "auto"),
+        predicts={row: x for row, x in seed_rows.items() if x is not None})
 
 
 def _row_of_seed(label: Optional[str]) -> Optional[str]:
@@ -229,12 +234,14 @@ def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Seq
 
 def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
-    """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial)``.
+    """Rank 0's search: ``(plan fields, note, chosen label, predicted period per candidate label)``.
 
     With ``lockstep``: ``(candidates, note, predicted period per candidate)``, to measure on every rank.
+    The candidates' labels are the verification's (``"seed:<row>"``, ``"serial"``, ...); without a
+    verification, the search's plan is ``"auto"``.
     """
     from autosched.search import Constraints, auto_schedule
-    from autosched.verify import VerifyOptions, inline_variant, predicted_speedup, serial_plan
+    from autosched.verify import VerifyOptions, inline_variant, serial_plan
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
@@ -256,11 +263,10 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
         return [(label, plan_fields(plan)) for label, plan in candidates], note, _predictions(candidates, costs, env)
     chosen_label = None
-    speedup = predicted_speedup({"serial": report.serial_period_s, "auto": report.period_s}, "auto")
     if report.verify is not None:
         chosen = report.verify.choose()
         chosen_label = chosen.label
-        speedup = report.verify.predicted_speedup(chosen.label)
+        predicted = {r.label: r.predicted_s for r in report.verify.rows if r.predicted_s is not None}
         k = report.verify.speed_factor
         rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
         earlier = report.verify.earlier
@@ -270,7 +276,9 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
-    return plan_fields(found), f"{note}; {how}", chosen_label, speedup
+        predicted = _predictions([("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds]
+                                 + [("serial", serial_plan(found))], costs, env)
+    return plan_fields(found), f"{note}; {how}", chosen_label, predicted
 
 
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:

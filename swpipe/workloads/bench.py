@@ -55,6 +55,7 @@ class PlanSpec:
     note: str = ""
     same_as: Optional[str] = None  # the label of a row running the same schedule: measured once, shown twice
     predicted_speedup: Optional[float] = None  # a searched row: the model's speedup over the serial plan
+    predicts: Dict[str, float] = field(default_factory=dict)  # the model's speedups of other rows, by label
 
     def plan(self, workload: DLRMWorkload) -> PipelinePlan:
         """The runnable plan on ``workload``."""
