@@ -222,6 +222,33 @@ class VerifyTable:
         """The model's speedup of ``label`` over the serial plan (:func:`predicted_speedup`), or ``None``."""
         return predicted_speedup({r.label: r.predicted_s for r in self.rows}, label)
 
+    def predicted_speedups(self) -> Dict[str, float]:
+        """Every measured plan's predicted speedup over serial, this table's or (refit) the earlier one's.
+
+        A refit round measures only its plan, the earlier choice and the
+        serial plan; the other plans keep the speedup the earlier table
+        predicted. Each speedup is a ratio within one table (one model).
+
+        Examples
+        --------
+        >>> first = VerifyTable([PlanMeasurement("serial", None, [0.01], predicted_s=0.009),
+        ...                      PlanMeasurement("seed:a", None, [0.008], predicted_s=0.006)], 1, 20)
+        >>> last = VerifyTable([PlanMeasurement("serial", None, [0.01], predicted_s=0.009),
+        ...                     PlanMeasurement("refit", None, [0.007], predicted_s=0.0045)], 1, 20)
+        >>> last.earlier = first
+        >>> {k: round(v, 6) for k, v in last.predicted_speedups().items()}
+        {'serial': 1.0, 'refit': 2.0, 'seed:a': 1.5}
+        """
+        out: Dict[str, float] = {}
+        table: Optional[VerifyTable] = self
+        while table is not None:
+            for r in table.rows:
+                speedup = table.predicted_speedup(r.label)
+                if r.label not in out and speedup is not None:
+                    out[r.label] = speedup
+            table = table.earlier
+        return out
+
     @property
     def rescaled_error_pct(self) -> Optional[float]:
         """Median |speed_factor * predicted - measured| / measured over the other plans, in percent."""

@@ -154,15 +154,12 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
         candidates, note, predicted = shared
         label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})", label, predicted)
+                          f"lockstep, the slowest rank's time counting ({label})", label, _speedups(predicted))
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
-    fields, note, chosen, predicted = shared
-    from autosched.verify import predicted_speedup
-
-    # the model's speedups over serial: the plan returned, and the seeds it predicted (their demo rows)
-    seed_rows = {row: predicted_speedup(predicted, f"seed:{row}") for row in AUTO_SEEDS}
+    # speedups: the model's speedup over serial of each candidate it predicted, by candidate label
+    fields, note, chosen, speedups = shared
     # a seed is a hand-written row's schedule over the searched task graph (its extra dependencies are already
     # met by that schedule): the demo measures it once, in that row, rather than twice with the machine's noise
     same_as = _row_of_seed(chosen)
@@ -174,8 +171,8 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     check_same_plan(env, build(wl), "the auto plan")
     return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
         f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""),
-        same_as=same_as, predicted_speedup=predicted_speedup(predicted, chosen or "auto"),
-        predicts={row: x for row, x in seed_rows.items() if x is not None})
+        same_as=same_as, predicted_speedup=speedups.get(chosen or "auto"),
+        predicts={row: speedups[f"seed:{row}"] for row in AUTO_SEEDS if f"seed:{row}" in speedups})
 
 
 def _row_of_seed(label: Optional[str]) -> Optional[str]:
@@ -234,7 +231,7 @@ def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Seq
 
 def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
-    """Rank 0's search: ``(plan fields, note, chosen label, predicted period per candidate label)``.
+    """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial per candidate label)``.
 
     With ``lockstep``: ``(candidates, note, predicted period per candidate)``, to measure on every rank.
     The candidates' labels are the verification's (``"seed:<row>"``, ``"serial"``, ...); without a
@@ -266,7 +263,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     if report.verify is not None:
         chosen = report.verify.choose()
         chosen_label = chosen.label
-        predicted = {r.label: r.predicted_s for r in report.verify.rows if r.predicted_s is not None}
+        speedups = report.verify.predicted_speedups()
         k = report.verify.speed_factor
         rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
         earlier = report.verify.earlier
@@ -276,9 +273,17 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
-        predicted = _predictions([("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds]
-                                 + [("serial", serial_plan(found))], costs, env)
-    return plan_fields(found), f"{note}; {how}", chosen_label, predicted
+        speedups = _speedups(_predictions([("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds]
+                                          + [("serial", serial_plan(found))], costs, env))
+    return plan_fields(found), f"{note}; {how}", chosen_label, speedups
+
+
+def _speedups(predicted: Dict[str, float]) -> Dict[str, float]:
+    """Predicted periods by label -> the model's speedup over ``"serial"`` by label (where both are known)."""
+    from autosched.verify import predicted_speedup
+
+    out = {label: predicted_speedup(predicted, label) for label in predicted}
+    return {label: x for label, x in out.items() if x is not None}
 
 
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
