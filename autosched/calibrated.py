@@ -27,7 +27,11 @@ is folded into its existing inputs:
   - a task holding the GIL for part of its time is either all-GIL or
     GIL-free (rounded at ``gil_threshold``); the simulator has no split
     tasks. Exact for pure-Python (share ~1) and GIL-free tasks (sleep,
-    most torch kernels, share ~0);
+    most torch kernels, share ~0). ``simulate_calibrated(..., gil="shared")``
+    serialises only the held share instead, in the mean field below: while
+    the shares of the parts running at once sum to more than one, the parts
+    holding the GIL are slowed by that sum (no jump at a threshold, no
+    queueing below full use);
   - the GIL tag applies on CPU only (on CUDA the simulator holds resources
     during the device part);
   - cores: a fractional ``cores_free`` becomes a whole pool (1.71 is 2
@@ -159,7 +163,7 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
 
 def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,
                         num_iterations: int = 50, device: str = "cpu", gil_threshold: float = 0.5,
-                        core_pool: bool = True, sharing: bool = False) -> Any:
+                        core_pool: bool = True, sharing: bool = False, gil: str = "tag") -> Any:
     """Simulate a plan with the calibration folded in (per task, per dependency, per period, GIL, core pool).
 
     Parameters
@@ -175,6 +179,13 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     sharing : bool
         Model the free cores as shared (module docstring): host parts that
         overlap slow each other down once more of them run than ``cores_free``.
+    gil : {"tag", "shared"}
+        ``"tag"``: a task whose GIL share is ``>= gil_threshold`` holds the
+        GIL for all its host time (the simulator's ``"gil"`` resource).
+        ``"shared"`` (CPU; implies ``sharing``): no tags; only each task's
+        measured GIL-held share is serialised, in the mean field: while the
+        shares of the host parts running at once sum to ``G > 1``, the parts
+        that hold the GIL run ``G`` times slower.
 
     Returns
     -------
@@ -204,18 +215,30 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     >>> round(simulate_calibrated(two, costs, MachineCalibration(cores_free=1.5, cpu_count=2), sharing=True).period
     ...       * 1e3, 3)
     1.333
+
+    Each holding the GIL for three quarters of its time: tagged, one waits for the other; shared, the
+    GIL's 1.5 seconds of demand per second stretch both by 1.5:
+
+    >>> held = MachineCalibration(cores_free=2.0, cpu_count=2, gil={"A": 0.75, "B": 0.75})
+    >>> [round(simulate_calibrated(two, costs, held, gil=how).period * 1e3, 3) for how in ("tag", "shared")]
+    [2.0, 1.5]
     """
     from .simulate import simulate
 
+    if gil not in ("tag", "shared"):
+        raise ValueError(f"gil must be 'tag' or 'shared', got {gil!r}")
     cal = _calibration(costs, calibration)
-    folded = calibrated_costs(costs, plan, cal, gil_threshold=gil_threshold, device=device, core_pool=core_pool)
+    shared_gil = gil == "shared" and device == "cpu"
+    sharing = sharing or shared_gil
+    folded = calibrated_costs(costs, plan, cal, gil_threshold=math.inf if shared_gil else gil_threshold,
+                              device=device, core_pool=core_pool)
     if sharing and device == "cpu":
         folded = dataclasses.replace(folded, cores=max(1, math.ceil(cal.cores_free - 1e-9)))
     sim = simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
     if not (sharing and device == "cpu"):
         return sim
     for _ in range(_SHARING_ROUNDS):
-        slow = _sharing_slowdown(sim.events, folded, cal.cores_free)
+        slow = _sharing_slowdown(sim.events, folded, cal.cores_free, cal.gil if shared_gil else None)
         stretched = {n: dataclasses.replace(c, host_s=c.host_s * slow.get(n, 1.0)) for n, c in folded.tasks.items()}
         sim = simulate(plan, dataclasses.replace(folded, tasks=stretched), num_iterations=num_iterations,
                        device=device, period_overhead_s=cal.period_s)
@@ -225,31 +248,44 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
 _SHARING_ROUNDS = 4  # mean-field rounds: the slowdowns settle within a few percent by then on DLRM plans
 
 
-def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float) -> Dict[str, float]:
+def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float,
+                      gil: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Per task, how much longer its host parts take when ``n`` running parts share ``cores_free`` cores.
 
     A part running for ``d`` seconds at rate ``min(1, cores_free / n(t))``
     does ``w = integral of the rate`` seconds of work, so a task is
-    ``d / w`` slower than alone (summed over its parts). The events are the
-    last simulation's; the factor applies to the unstretched costs, so the
-    rounds converge instead of compounding.
+    ``d / w`` slower than alone (summed over its parts). With ``gil`` (task
+    -> GIL-held share), a part that holds the GIL also runs at most at
+    ``1 / G(t)``, ``G`` the sum of the shares of the parts running (the
+    GIL does at most one second of held work per second); a task off the CPU
+    still holds its share (it is counted, but takes no core). The events
+    are the last simulation's; the factor applies to the unstretched costs,
+    so the rounds converge instead of compounding.
     """
+    gil = gil or {}
     parts = [e for e in events if e.kind == "host" and e.end > e.start
-             and NOCORE not in costs[e.task].resources]
+             and (NOCORE not in costs[e.task].resources or gil.get(e.task, 0.0) > 0)]
     edges = sorted({t for e in parts for t in (e.start, e.end)})
     if len(edges) < 2:
         return {}
-    running = [0] * (len(edges) - 1)  # parts running in each segment between consecutive edges
+    running = [0] * (len(edges) - 1)  # parts on a core in each segment between consecutive edges
+    held = [0.0] * (len(edges) - 1)  # the GIL shares of the parts running in each segment
     index = {t: k for k, t in enumerate(edges)}
     for e in parts:
+        on_core = NOCORE not in costs[e.task].resources
         for k in range(index[e.start], index[e.end]):
-            running[k] += 1
+            running[k] += on_core
+            held[k] += gil.get(e.task, 0.0)
     work: Dict[str, float] = {}
     took: Dict[str, float] = {}
     for e in parts:
         a, b = index[e.start], index[e.end]
+        core = NOCORE not in costs[e.task].resources
+        holds = gil.get(e.task, 0.0) > 0
         work[e.task] = work.get(e.task, 0.0) + sum(
-            (edges[k + 1] - edges[k]) * min(1.0, cores_free / running[k]) for k in range(a, b))
+            (edges[k + 1] - edges[k]) * min(min(1.0, cores_free / running[k]) if core else 1.0,
+                                            1.0 / held[k] if holds and held[k] > 1.0 else 1.0)
+            for k in range(a, b))
         took[e.task] = took.get(e.task, 0.0) + (e.end - e.start)
     return {task: took[task] / work[task] for task in work if work[task] > 0}
 

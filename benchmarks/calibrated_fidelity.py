@@ -19,7 +19,9 @@ For each plan, in one run:
    the pool on, ``-pool`` is ``+engine`` without it, from the same
    measurements (the pool's own effect, free of run-to-run noise), and
    ``+share`` is ``+engine`` with the free cores shared among the parts
-   that overlap (``simulate_calibrated(..., sharing=True)``);
+   that overlap (``simulate_calibrated(..., sharing=True)``); ``gil shared``
+   is ``+share`` with each task's GIL-held share serialised in the mean field
+   instead of GIL tags (``simulate_calibrated(..., gil="shared")``);
 4. with ``--rescale`` (default) each plan's serial version (``serial_plan``:
    the same tasks at depth 1 on one thread) is measured in the same rounds,
    and ``rescaled`` (``share resc.``) is the ``+engine`` (``+share``)
@@ -34,7 +36,7 @@ For each plan, in one run:
    of the ``+engine`` error of the mean of the two predictions against that
    run: the costs and the run see the same machine, and a drift during the
    run cancels to first order, so what is left is the model's error plus the
-   noise of one short run.
+   noise of one short run; ``paired gil`` is the same for ``gil shared``.
 
 Targets (issue 15): with calibrated costs median |error| <= 3 % on sleep
 plans, <= 5 % on DLRM plans, worst <= 10 %.
@@ -130,7 +132,13 @@ def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, i
         out["-pool"] = simulate(plan, free, num_iterations=iters, period_overhead_s=cal.period_s).period
         out["+share"] = simulate_calibrated(plan, costs, cal, num_iterations=iters, gil_threshold=2.0,
                                             sharing=True).period
+    out["gil shared"] = gil_shared_prediction(plan, costs, cal, iters)
     return out
+
+
+def gil_shared_prediction(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int) -> float:
+    """``+share`` with each task's GIL-held share serialised in the mean field (``gil="shared"``), no tags."""
+    return simulate_calibrated(plan, costs, cal, num_iterations=iters, gil="shared").period
 
 
 def _err(sim: float, meas: float) -> float:
@@ -139,14 +147,18 @@ def _err(sim: float, meas: float) -> float:
 
 def _errors(row: dict) -> Dict[str, float]:
     """Each prediction's relative error for one plan's row (``paired``: the median over its paired rounds)."""
-    out = {k: _err(v, row["measured"]) for k, v in row.items() if k not in ("plan", "measured", "paired_err")}
+    out = {k: _err(v, row["measured"]) for k, v in row.items()
+           if k not in ("plan", "measured", "paired_err", "paired_gil_err")}
     if "paired_err" in row:
         out["paired"] = row["paired_err"]
+    if "paired_gil_err" in row:
+        out["paired gil"] = row["paired_gil_err"]
     return out
 
 
 def report(rows: List[dict], what: str, median_target: float) -> None:
-    for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "rescaled", "share resc.", "paired"):
+    for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "gil shared", "rescaled", "share resc.",
+                "paired", "paired gil"):
         errs = [abs(e[key]) for e in map(_errors, rows) if key in e]
         if errs:
             print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
@@ -161,24 +173,27 @@ def _task_costs(plan: PipelinePlan, args: argparse.Namespace, batches: Sequence[
 
 
 def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, MachineCalibration],
-                  args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, List[float]]:
-    """Per plan and round, the ``+engine`` error of a prediction from costs measured right before the run it predicts.
+                  args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, Dict[str, List[float]]]:
+    """Per plan, model and round, the error of a prediction from costs measured around the run it predicts.
 
     Each round measures every plan's task costs and runs the plan just after
     (plans in a rotated order), so the costs and the run see the same machine:
     the error left is the model's, not the drift of a shared machine between a
-    profile taken once and runs taken later.
+    profile taken once and runs taken later. Models: ``"+engine"``, and
+    ``"gil shared"`` (:func:`gil_shared_prediction`).
     """
-    errs: Dict[str, List[float]] = {label: [] for label, _, _ in entries}
+    models = {"+engine": lambda plan, c, cal: engine_prediction(plan, c, cal, args.sim_iters, args.core_pool),
+              "gil shared": lambda plan, c, cal: gil_shared_prediction(plan, c, cal, args.sim_iters)}
+    errs: Dict[str, Dict[str, List[float]]] = {label: {m: [] for m in models} for label, _, _ in entries}
     for r in range(args.rounds):
         for label, plan, _ in turned(entries, r):
             before = _task_costs(plan, args, batches, cals[label])
             measured = measure_plans([(label, plan)], batches, 1, warmup=False)[label].period_s
             after = _task_costs(plan, args, batches, cals[label]) if args.bracket else before
             # costs taken on both sides of the run: the machine's drift during it cancels to first order
-            predicted = statistics.fmean(engine_prediction(plan, c, cals[label], args.sim_iters, args.core_pool)
-                                         for c in (before, after))
-            errs[label].append(_err(predicted, measured))
+            for name, model in models.items():
+                predicted = statistics.fmean(model(plan, c, cals[label]) for c in (before, after))
+                errs[label][name].append(_err(predicted, measured))
     return errs
 
 
@@ -197,10 +212,10 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         runs += [(f"{label} [serial]", serial_plan(plan)) for label, plan, _ in entries]
     table = measure_plans(runs, batches, args.rounds)
     paired = paired_errors(entries, cals, args, batches) if args.paired else {}
-    keys = ["tasks", "+engine"] + (["-pool", "+share"] if args.core_pool else []) + ["+engine+gil"] \
+    keys = ["tasks", "+engine"] + (["-pool", "+share"] if args.core_pool else []) + ["+engine+gil", "gil shared"] \
         + (["rescaled"] if args.rescale else []) + (["share resc."] if args.rescale and args.core_pool else [])
     print(f"{'plan':<34} {'measured':>9} | " + " | ".join(f"{k[:8]:>8} {'err':>6}" for k in keys)
-          + (" | paired err (rounds)" if paired else "") + " | spread")
+          + (" | paired err (rounds) | paired gil shared" if paired else "") + " | spread")
     rows = []
     for label, plan, _ in entries:
         measured = table[label].period_s
@@ -214,8 +229,10 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         row = dict(plan=label, measured=measured, **pred)
         cells = " | ".join(f"{pred[k] * 1e3:>7.3f}m {_err(pred[k], measured):>+6.1%}" for k in keys)
         if paired:
-            row["paired_err"] = statistics.median(paired[label])
-            cells += f" | {row['paired_err']:>+6.1%} ({' '.join(f'{e:+.0%}' for e in paired[label])})"
+            row["paired_err"] = statistics.median(paired[label]["+engine"])
+            row["paired_gil_err"] = statistics.median(paired[label]["gil shared"])
+            cells += (f" | {row['paired_err']:>+6.1%} ({' '.join(f'{e:+.0%}' for e in paired[label]['+engine'])})"
+                      f" | gil {row['paired_gil_err']:>+6.1%}")
         rows.append(row)
         print(f"{label:<34} {measured * 1e3:>8.3f}m | {cells} | {table[label].spread_pct:.1f}%")
     return rows

@@ -220,6 +220,32 @@ def test_shared_cores_slow_only_the_parts_that_overlap_beyond_the_free_cores():
     assert simulate_calibrated(two, costs, asleep, sharing=True).period == pytest.approx(2 * MS)
 
 
+@pytest.mark.parametrize("share, tagged_ms, shared_ms", [
+    (0.3, 1.0, 1.0),   # 0.6 of the GIL's second in use: no task waits in either model
+    (0.45, 1.0, 1.0),  # just under the tag threshold
+    (0.55, 2.0, 1.1),  # just over it: the tag serialises all of both tasks, the shared GIL only the excess
+    (1.0, 2.0, 2.0),   # pure Python: one at a time in both
+])
+def test_a_shared_gil_serialises_only_the_held_part_with_no_jump_at_the_threshold(share, tagged_ms, shared_ms):
+    two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"A": TaskCost(1 * MS), "B": TaskCost(1 * MS)})
+    cal = MachineCalibration(cores_free=2.0, cpu_count=2, gil={"A": share, "B": share})
+    assert simulate_calibrated(two, costs, cal).period == pytest.approx(tagged_ms * MS, rel=1e-3)
+    assert simulate_calibrated(two, costs, cal, gil="shared").period == pytest.approx(shared_ms * MS, rel=1e-3)
+
+
+def test_a_shared_gil_leaves_one_thread_and_gil_free_partners_alone_and_rejects_unknown_modes():
+    costs = CostModel({"A": TaskCost(1 * MS), "B": TaskCost(1 * MS)})
+    one_thread = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)})
+    python = MachineCalibration(cores_free=2.0, cpu_count=2, gil={"A": 1.0, "B": 1.0})
+    assert simulate_calibrated(one_thread, costs, python, gil="shared").period == pytest.approx(2 * MS)
+    two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    one_holds = MachineCalibration(cores_free=2.0, cpu_count=2, gil={"A": 1.0, "B": 0.0})
+    assert simulate_calibrated(two, costs, one_holds, gil="shared").period == pytest.approx(1 * MS)
+    with pytest.raises(ValueError, match="gil must be 'tag' or 'shared'"):
+        simulate_calibrated(two, costs, one_holds, gil="split")
+
+
 def test_measure_gil_reads_torch_ops_as_released_and_the_python_around_them_as_held():
     a = torch.randn(256, 256)
     plan = PipelinePlan({PipelineTask("MatMul", lambda ctx: [a @ a for _ in range(20)]): TaskSchedule(),

@@ -33,11 +33,13 @@ def test_paired_errors_give_one_small_error_per_round_for_each_plan():
     entries = [("overlapped", overlapped, 0), ("one thread", one_thread, 0)]
     errs = _bench().paired_errors(entries, {"overlapped": cal, "one thread": cal}, args, list(range(12)))
     assert set(errs) == {"overlapped", "one thread"}
-    assert all(len(v) == 3 for v in errs.values())
+    assert all(set(models) == {"+engine", "gil shared"} for models in errs.values())
+    assert all(len(v) == 3 for models in errs.values() for v in models.values())
     # 5 ms vs 10 ms per period: predicting either plan with the other's period would be off by 50-100 %;
     # the median of the rounds leaves one round slowed by a busy machine out
-    for label, v in errs.items():
-        assert abs(statistics.median(v)) < 0.3, (label, v)
+    for label, models in errs.items():
+        for model, v in models.items():
+            assert abs(statistics.median(v)) < 0.3, (label, model, v)
 
 
 def test_the_summary_reports_the_paired_column(capsys):
@@ -46,6 +48,7 @@ def test_the_summary_reports_the_paired_column(capsys):
     assert got == 0
     assert "paired err (rounds)" in out
     assert "sleep       paired (1 plans): median |error|" in out
+    assert "sleep   paired gil (1 plans): median |error|" in out
 
 
 @pytest.mark.parametrize("bracket", [True, False])
@@ -69,7 +72,7 @@ def test_paired_costs_are_taken_on_both_sides_of_each_run_when_bracketed(monkeyp
     args = argparse.Namespace(rounds=2, costs="serial", serial_iters=2, sim_iters=10, core_pool=True, bracket=bracket)
     errs = bench.paired_errors([("one", plan, 0)], {"one": MachineCalibration(cores_free=2.0, cpu_count=2)}, args,
                                list(range(6)))
-    assert len(errs["one"]) == 2
+    assert len(errs["one"]["+engine"]) == 2
     per_round = ["costs", "run", "costs"] if bracket else ["costs", "run"]
     assert order == per_round * 2
 
