@@ -68,7 +68,8 @@ from swpipe_core.plan import PipelinePlan
 from .costs import CostModel, TaskCost
 from .taskmodel import NOCORE, core_capacity
 
-__all__ = ["calibrated_costs", "simulate_calibrated", "serial_iteration_s", "parallelism_note", "format_profile"]
+__all__ = ["calibrated_costs", "searched_costs", "simulate_calibrated", "serial_iteration_s", "parallelism_note",
+           "format_profile"]
 
 
 def _calibration(costs: CostModel, calibration: Any) -> Any:
@@ -159,6 +160,26 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
     # the calibration is now in the numbers: the folded model carries none, so nothing folds it twice
     return dataclasses.replace(costs, tasks=tasks, notes=f"{costs.notes}; calibrated: {how}".lstrip("; "),
                                machine_calibration=None, cores=cores)
+
+
+def searched_costs(costs: CostModel, device: str = "cpu") -> CostModel:
+    """The costs ``auto_schedule(..., calibrated=True)`` searches with: the calibration folded in, plan-free.
+
+    A model without a ``machine_calibration`` is returned as it is.
+
+    Examples
+    --------
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> costs = CostModel({"A": TaskCost(1e-3)}, machine_calibration=MachineCalibration(task_s=1e-5))
+    >>> round(searched_costs(costs)["A"].host_s * 1e3, 6), searched_costs(costs).machine_calibration is None
+    (1.01, True)
+    >>> plain = CostModel({"A": TaskCost(1e-3)})
+    >>> searched_costs(plain) is plain
+    True
+    """
+    if costs.machine_calibration is None:
+        return costs
+    return calibrated_costs(costs, None, device=device)
 
 
 def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,

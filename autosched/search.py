@@ -440,9 +440,9 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     costs = as_cost_model(costs)
     folded_note = None
     if calibrated and costs.machine_calibration is not None:
-        from .calibrated import calibrated_costs
+        from .calibrated import searched_costs
 
-        costs = calibrated_costs(costs, None, device=c.device)
+        costs = searched_costs(costs, device=c.device)
         folded_note = "searched with the machine calibration folded in: " + costs.notes.rpartition("calibrated: ")[2]
     if c.max_memory_bytes is not None:  # one search per depth cap, keep the fastest that fits
         from .memsearch import schedule_under_cap

@@ -61,7 +61,7 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
            "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band", "predict_periods",
-           "predicted_speedup"]
+           "predicted_speedup", "predicted_speedups"]
 
 
 @dataclass
@@ -242,10 +242,8 @@ class VerifyTable:
         out: Dict[str, float] = {}
         table: Optional[VerifyTable] = self
         while table is not None:
-            for r in table.rows:
-                speedup = table.predicted_speedup(r.label)
-                if r.label not in out and speedup is not None:
-                    out[r.label] = speedup
+            own = predicted_speedups({r.label: r.predicted_s for r in table.rows})
+            out.update({label: x for label, x in own.items() if label not in out})
             table = table.earlier
         return out
 
@@ -811,6 +809,18 @@ def predicted_speedup(predicted: Dict[str, Optional[float]], label: str) -> Opti
     if not serial or not own:
         return None
     return serial / own
+
+
+def predicted_speedups(predicted: Dict[str, Optional[float]]) -> Dict[str, float]:
+    """:func:`predicted_speedup` of every label that has one.
+
+    Examples
+    --------
+    >>> predicted_speedups({"serial": 0.008, "auto": 0.005, "broken": None})
+    {'serial': 1.0, 'auto': 1.6}
+    """
+    out = {label: predicted_speedup(predicted, label) for label in predicted}
+    return {label: x for label, x in out.items() if x is not None}
 
 
 def is_known(label: str) -> bool:

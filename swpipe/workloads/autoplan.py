@@ -151,10 +151,12 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
+        from autosched.verify import predicted_speedups
+
         candidates, note, predicted = shared
         label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})", label, _speedups(predicted))
+                          f"lockstep, the slowest rank's time counting ({label})", label, predicted_speedups(predicted))
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
@@ -238,7 +240,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     verification, the search's plan is ``"auto"``.
     """
     from autosched.search import Constraints, auto_schedule
-    from autosched.verify import VerifyOptions, inline_variant, serial_plan
+    from autosched.verify import VerifyOptions, inline_variant, predicted_speedups, serial_plan
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
@@ -273,27 +275,18 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
-        speedups = _speedups(_predictions([("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds]
-                                          + [("serial", serial_plan(found))], costs, env))
+        candidates = [("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds]
+        speedups = predicted_speedups(_predictions(candidates + [("serial", serial_plan(found))], costs, env))
     return plan_fields(found), f"{note}; {how}", chosen_label, speedups
 
 
-def _speedups(predicted: Dict[str, float]) -> Dict[str, float]:
-    """Predicted periods by label -> the model's speedup over ``"serial"`` by label (where both are known)."""
-    from autosched.verify import predicted_speedup
-
-    out = {label: predicted_speedup(predicted, label) for label in predicted}
-    return {label: x for label, x in out.items() if x is not None}
-
-
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
-    """Each candidate's predicted period with the costs the search used (the calibration folded in, as it does)."""
-    from autosched.calibrated import calibrated_costs
+    """Each candidate's predicted period with the costs the search used."""
+    from autosched.calibrated import searched_costs
     from autosched.verify import predict_periods
 
     device = env.device.type
-    searched = calibrated_costs(costs, None, device=device) if costs.machine_calibration is not None else costs
-    return predict_periods(candidates, searched, device=device)
+    return predict_periods(candidates, searched_costs(costs, device), device=device)
 
 
 def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],

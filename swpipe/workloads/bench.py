@@ -98,6 +98,11 @@ class PlanResult:
     paired_speedup: Optional[float] = None  # median over rounds of (serial loop / this row) in the same round
 
     @property
+    def measured_speedup(self) -> float:
+        """The speedup a prediction is checked against: :attr:`paired_speedup` when known, else the table's."""
+        return self.paired_speedup if self.paired_speedup is not None else self.speedup
+
+    @property
     def prediction_error_pct(self) -> Optional[float]:
         """The predicted period's error against this row's, once rescaled by the serial runs of the same rounds.
 
@@ -117,7 +122,7 @@ class PlanResult:
         ...                  paired_speedup=1.3).prediction_error_pct, 6)
         4.0
         """
-        measured = self.paired_speedup if self.paired_speedup is not None else self.speedup
+        measured = self.measured_speedup
         if not self.predicted_speedup or not measured == measured:  # none, or a NaN speedup
             return None
         return 100.0 * (measured / self.predicted_speedup - 1.0)
@@ -504,13 +509,9 @@ def format_predictions(m: Measurement) -> List[str]:
     >>> print(format_predictions(m)[0])
     auto: predicted 1.35x serial, measured 1.30x in the same rounds: period predicted -3.7 %
     """
-    lines = []
-    for r in m.rows:
-        if r.prediction_error_pct is not None:
-            measured = r.paired_speedup if r.paired_speedup is not None else r.speedup
-            lines.append(f"{r.label}: predicted {r.predicted_speedup:.2f}x serial, measured {measured:.2f}x in the "
-                         f"same rounds: period predicted {r.prediction_error_pct:+.1f} %")
-    return lines
+    return [f"{r.label}: predicted {r.predicted_speedup:.2f}x serial, measured {r.measured_speedup:.2f}x in the "
+            f"same rounds: period predicted {r.prediction_error_pct:+.1f} %"
+            for r in m.rows if r.prediction_error_pct is not None]
 
 
 def format_table(m: Measurement) -> str:
