@@ -24,10 +24,16 @@ median host time from the engine's timeline (iterations after a warm-up),
 with the plan's thread groups as TorchRec threads them and with
 ``with_thread_map(plan, "by_stream")``, beside each task's torch calls per
 iteration (counted by a ``TorchFunctionMode`` in serial iterations). Tasks
-moved to their own thread slow while they overlap the main thread's.
+moved to their own thread slow while they overlap the main thread's. A line
+per plan then weighs what the split gains against what it costs on the
+caller's thread (:func:`caller_balance`): the work moved off it, and how much
+slower the tasks left on it ran. While that thread is busy the whole period,
+one thread per stream wins only if the second is smaller than the first.
 
 (c) ``--torchrec``: the same for our ``sparse_dist`` plan driving TorchRec's
-own model (``benchmarks/vs_torchrec.py``'s), one thread against by stream.
+own model (``benchmarks/vs_torchrec.py``'s), one thread against by stream,
+with the same balance line per run: what bounds ``sparse_dist+by_stream``
+against TorchRec's one-thread pipeline there.
 """
 
 from __future__ import annotations
@@ -168,6 +174,55 @@ def _host_times(plan: Any, batches: Sequence[Any], skip: int) -> Dict[str, Any]:
     return {"period": seconds / len(batches), "tasks": {k: statistics.median(v) for k, v in per.items()}}
 
 
+def caller_balance(one: Dict[str, float], split: Dict[str, float], split_plan: Any,
+                   period_s: float) -> Dict[str, float]:
+    """What moving tasks off the caller's thread gained and cost there, from two runs' host times per task.
+
+    Parameters
+    ----------
+    one, split : dict
+        Host seconds per task per iteration with the plan's threads as
+        TorchRec's (every task on the caller's thread) and split
+        (``split_plan``, e.g. one thread per stream).
+    split_plan : PipelinePlan
+        The split plan: its ``caller_group`` is the caller's thread.
+    period_s : float
+        The split run's seconds per iteration.
+
+    Returns
+    -------
+    dict
+        ``moved_s`` (one-thread time of the tasks moved off the caller's
+        thread), ``moved_there_s`` (their time on the other threads),
+        ``left_one_s`` / ``left_split_s`` (the tasks left on the caller's
+        thread, one thread and split), ``caller_busy`` (``left_split_s`` over
+        the period) and ``net_s`` (``left_split_s - left_one_s - moved_s``:
+        above 0, the caller's thread lost more than it shed).
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> plan = PipelinePlan({"Copy": TaskSchedule(0, thread_group="memcpy"), "Fwd": TaskSchedule(1)})
+    >>> b = caller_balance({"Copy": 1.0, "Fwd": 8.0}, {"Copy": 3.0, "Fwd": 8.5}, plan, period_s=8.6)
+    >>> b["moved_s"], b["left_split_s"] - b["left_one_s"], b["net_s"], round(b["caller_busy"], 2)
+    (1.0, 0.5, -0.5, 0.99)
+    """
+    moved = [t for t in split_plan.task_names if split_plan.sched(t).thread_group != split_plan.caller_group]
+    left = [t for t in split_plan.task_names if t not in moved]
+    out = {"moved_s": sum(one.get(t, 0.0) for t in moved), "moved_there_s": sum(split.get(t, 0.0) for t in moved),
+           "left_one_s": sum(one.get(t, 0.0) for t in left), "left_split_s": sum(split.get(t, 0.0) for t in left)}
+    out["caller_busy"] = out["left_split_s"] / period_s if period_s > 0 else 0.0
+    out["net_s"] = out["left_split_s"] - out["left_one_s"] - out["moved_s"]
+    return out
+
+
+def _balance_line(b: Dict[str, float], caller: Optional[str]) -> str:
+    return (f"caller's thread ({caller}) busy {b['caller_busy']:.0%} of the period; moved off it "
+            f"{b['moved_s'] * 1e3:.3f} ms/it (one-thread time), {b['moved_there_s'] * 1e3:.3f} there; "
+            f"its own tasks {b['left_one_s'] * 1e3:.3f} -> {b['left_split_s'] * 1e3:.3f} ms/it: "
+            f"net {b['net_s'] * 1e3:+.3f} ms/it on the caller's thread")
+
+
 def part_b(quick: bool) -> Dict[str, Any]:
     from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
     from swpipe.workloads.tasks import plan_for
@@ -195,6 +250,8 @@ def part_b(quick: bool) -> Dict[str, Any]:
                 ratio = f"{b / a:.2f}" if a > 0 else "-"
                 print(f"    {task:16s} {by_stream_plan.sched(task).thread_group:>18s} {calls.get(task, 0):>11.0f} "
                       f"{a * 1e3:>10.3f} {b * 1e3:>9.3f} {ratio:>6s}")
+            out[name]["balance"] = caller_balance(one["tasks"], split["tasks"], by_stream_plan, split["period"])
+            print("    " + _balance_line(out[name]["balance"], by_stream_plan.caller_group))
     return out
 
 
@@ -212,13 +269,15 @@ def part_c(quick: bool, rounds: int) -> Dict[str, Any]:
     warnings.filterwarnings("ignore")
     config = DLRMConfig.preset("test" if quick else "demo")
     iters, skip = (8, 2) if quick else (60, 10)
-    out: Dict[str, Any] = {None: [], "by_stream": []}
+    out: Dict[str, Any] = {None: [], "by_stream": [], "balance": []}
     with init_distributed():
         batches = to_torchrec_batches(config, iters)
         for _ in range(rounds):
             for thread_map in (None, "by_stream"):
                 plan = swpipe_plan("sparse_dist", build_model(config), {}, thread_map)
                 out[thread_map].append(_host_times(plan, batches, skip))
+            out["balance"].append(caller_balance(out[None][-1]["tasks"], out["by_stream"][-1]["tasks"], plan,
+                                                 out["by_stream"][-1]["period"]))
     print(f"\n(c) our sparse_dist plan on TorchRec's model, host time per task (median, ms), {rounds} runs each: "
           "one thread / by stream")
     for task in out[None][0]["tasks"]:
@@ -227,6 +286,8 @@ def part_c(quick: bool, rounds: int) -> Dict[str, Any]:
         print(f"    {task:16s} {a} / {b}")
     print("    per iteration       " + " ".join(f"{r['period'] * 1e3:.2f}" for r in out[None]) + " / "
           + " ".join(f"{r['period'] * 1e3:.2f}" for r in out["by_stream"]))
+    for b in out["balance"]:
+        print("    " + _balance_line(b, plan.caller_group))
     return out
 
 
