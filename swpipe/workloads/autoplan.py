@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -240,7 +240,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     verification, the search's plan is ``"auto"``.
     """
     from autosched.search import Constraints, auto_schedule
-    from autosched.verify import VerifyOptions, inline_variant, predicted_speedups, serial_plan
+    from autosched.verify import VerifyOptions, predicted_speedups
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
@@ -257,9 +257,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}" + (
         f", calibrated ({cal.cores_free:.1f} cores free)" if cal is not None else "")
     if lockstep:
-        inline = inline_variant(found, costs)
-        candidates = [("auto", found)] + ([inline] if inline else [])
-        candidates += [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
+        candidates = _candidates(found, costs, seeds)
         return [(label, plan_fields(plan)) for label, plan in candidates], note, _predictions(candidates, costs, env)
     chosen_label = None
     if report.verify is not None:
@@ -275,9 +273,19 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:
         how = "not measured before the run"
-        candidates = [("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds]
-        speedups = predicted_speedups(_predictions(candidates + [("serial", serial_plan(found))], costs, env))
+        speedups = predicted_speedups(_predictions(_candidates(found, costs, seeds), costs, env))
     return plan_fields(found), f"{note}; {how}", chosen_label, speedups
+
+
+def _candidates(found: PipelinePlan, costs: Any, seeds: Sequence[Any]) -> List[Tuple[str, PipelinePlan]]:
+    """The plans rank 0 predicts, and on several ranks measures: the search's plan (``"auto"``), the same with
+    its busiest group on the caller's thread (when that differs), the seeds (``"seed:<row>"``) and the serial plan.
+    """
+    from autosched.verify import inline_variant, serial_plan
+
+    inline = inline_variant(found, costs)
+    return ([("auto", found)] + ([inline] if inline else []) + [(f"seed:{label}", plan) for label, plan in seeds]
+            + [("serial", serial_plan(found))])
 
 
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
