@@ -30,8 +30,14 @@ is folded into its existing inputs:
     most torch kernels, share ~0). ``simulate_calibrated(..., gil="shared")``
     serialises only the held share instead, in the mean field below: while
     the shares of the parts running at once sum to more than one, the parts
-    holding the GIL are slowed by that sum (no jump at a threshold, no
-    queueing below full use);
+    holding the GIL are slowed by that sum (no jump at a threshold). Below
+    full use it adds one wait per contended take-back: every torch call a task
+    makes from Python (``MachineCalibration.calls``) takes the GIL back when its
+    op returns, and while other threads hold the GIL for a share ``rho`` of the
+    time that take-back waits for a wake-up, costed at the measured
+    cross-thread wake-up ``dep_s``; a task making ``c`` calls per second of its
+    own work then runs ``1 + c * rho * dep_s`` times slower while it overlaps
+    them (no free constant: ``c``, ``rho`` and ``dep_s`` are all measured);
   - the GIL tag applies on CPU only (on CUDA the simulator holds resources
     during the device part);
   - cores: a fractional ``cores_free`` becomes a whole pool (1.71 is 2
@@ -206,7 +212,9 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
         ``"shared"`` (CPU; implies ``sharing``): no tags; only each task's
         measured GIL-held share is serialised, in the mean field: while the
         shares of the host parts running at once sum to ``G > 1``, the parts
-        that hold the GIL run ``G`` times slower.
+        that hold the GIL run ``G`` times slower; and a part whose task makes
+        torch calls waits at each take-back while the other parts hold the
+        GIL (module docstring).
 
     Returns
     -------
@@ -243,6 +251,14 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     >>> held = MachineCalibration(cores_free=2.0, cpu_count=2, gil={"A": 0.75, "B": 0.75})
     >>> [round(simulate_calibrated(two, costs, held, gil=how).period * 1e3, 3) for how in ("tag", "shared")]
     [2.0, 1.5]
+
+    ``A`` makes 10 torch calls a run (10 000 per second of its work) beside ``B``, pure Python: each of its
+    take-backs waits one 20 us wake-up, so ``A`` runs 1.2 times slower while ``B`` runs, and ends after
+    1 + 1/6 ms:
+
+    >>> beside = MachineCalibration(cores_free=2.0, cpu_count=2, gil={"A": 0.0, "B": 1.0}, calls={"A": 10})
+    >>> round(simulate_calibrated(two, costs, dataclasses.replace(beside, dep_s=2e-5), gil="shared").period * 1e3, 2)
+    1.17
     """
     from .simulate import simulate
 
@@ -258,8 +274,10 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     sim = simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
     if not (sharing and device == "cpu"):
         return sim
+    take_backs = _take_backs_per_second(costs, cal) if shared_gil else {}
     for _ in range(_SHARING_ROUNDS):
-        slow = _sharing_slowdown(sim.events, folded, cal.cores_free, cal.gil if shared_gil else None)
+        slow = _sharing_slowdown(sim.events, folded, cal.cores_free, cal.gil if shared_gil else None,
+                                 take_backs, cal.dep_s)
         stretched = {n: dataclasses.replace(c, host_s=c.host_s * slow.get(n, 1.0)) for n, c in folded.tasks.items()}
         sim = simulate(plan, dataclasses.replace(folded, tasks=stretched), num_iterations=num_iterations,
                        device=device, period_overhead_s=cal.period_s)
@@ -269,8 +287,15 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
 _SHARING_ROUNDS = 4  # mean-field rounds: the slowdowns settle within a few percent by then on DLRM plans
 
 
+def _take_backs_per_second(costs: CostModel, cal: Any) -> Dict[str, float]:
+    """Per task, the torch calls it makes (GIL take-backs) per second of its own host time."""
+    return {name: cal.calls[name] / costs[name].host_s for name in costs.tasks
+            if cal.calls.get(name, 0.0) > 0 and costs[name].host_s > 0}
+
+
 def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float,
-                      gil: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+                      gil: Optional[Dict[str, float]] = None, take_backs: Optional[Dict[str, float]] = None,
+                      wake_s: float = 0.0) -> Dict[str, float]:
     """Per task, how much longer its host parts take when ``n`` running parts share ``cores_free`` cores.
 
     A part running for ``d`` seconds at rate ``min(1, cores_free / n(t))``
@@ -279,11 +304,16 @@ def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float,
     -> GIL-held share), a part that holds the GIL also runs at most at
     ``1 / G(t)``, ``G`` the sum of the shares of the parts running (the
     GIL does at most one second of held work per second); a task off the CPU
-    still holds its share (it is counted, but takes no core). The events
+    still holds its share (it is counted, but takes no core). With
+    ``take_backs`` (task -> torch calls per second of its own work, ``c``), a
+    part also runs ``1 + c * rho * wake_s`` times slower, ``rho`` the GIL
+    shares of the other parts running (at most 1): each take-back finds the
+    GIL held with that probability and waits one wake-up. The events
     are the last simulation's; the factor applies to the unstretched costs,
     so the rounds converge instead of compounding.
     """
     gil = gil or {}
+    take_backs = take_backs or {}
     parts = [e for e in events if e.kind == "host" and e.end > e.start
              and (NOCORE not in costs[e.task].resources or gil.get(e.task, 0.0) > 0)]
     edges = sorted({t for e in parts for t in (e.start, e.end)})
@@ -303,9 +333,11 @@ def _sharing_slowdown(events: Any, costs: CostModel, cores_free: float,
         a, b = index[e.start], index[e.end]
         core = NOCORE not in costs[e.task].resources
         holds = gil.get(e.task, 0.0) > 0
+        waits = take_backs.get(e.task, 0.0) * wake_s  # seconds lost per second of work, if the GIL is always held
         work[e.task] = work.get(e.task, 0.0) + sum(
             (edges[k + 1] - edges[k]) * min(min(1.0, cores_free / running[k]) if core else 1.0,
                                             1.0 / held[k] if holds and held[k] > 1.0 else 1.0)
+            / (1.0 + waits * min(1.0, max(0.0, held[k] - gil.get(e.task, 0.0))))
             for k in range(a, b))
         took[e.task] = took.get(e.task, 0.0) + (e.end - e.start)
     return {task: took[task] / work[task] for task in work if work[task] > 0}

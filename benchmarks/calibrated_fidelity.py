@@ -8,7 +8,7 @@ For each plan, in one run:
    time of each task over serial iterations (``run_one_serial_iter``;
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's GIL share
-   (``measure_gil``) and CPU share (``measure_cpu``: a task off the CPU takes
+   and torch calls per run (``measure_gil_and_calls``) and CPU share (``measure_cpu``: a task off the CPU takes
    no core of the pool);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
@@ -21,7 +21,8 @@ For each plan, in one run:
    ``+share`` is ``+engine`` with the free cores shared among the parts
    that overlap (``simulate_calibrated(..., sharing=True)``); ``gil shared``
    is ``+share`` with each task's GIL-held share serialised in the mean field
-   instead of GIL tags (``simulate_calibrated(..., gil="shared")``);
+   instead of GIL tags, and a wake-up per torch call that finds the GIL held
+   by another thread (``simulate_calibrated(..., gil="shared")``);
 4. with ``--rescale`` (default) each plan's serial version (``serial_plan``:
    the same tasks at depth 1 on one thread) is measured in the same rounds,
    and ``rescaled`` (``share resc.``) is the ``+engine`` (``+share``)
@@ -67,7 +68,7 @@ from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
 from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
-from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil  # noqa: E402
+from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil_and_calls  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
@@ -137,7 +138,7 @@ def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, i
 
 
 def gil_shared_prediction(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int) -> float:
-    """``+share`` with each task's GIL-held share serialised in the mean field (``gil="shared"``), no tags."""
+    """``+share`` with the GIL shared in the mean field (``gil="shared"``: held shares, take-back waits), no tags."""
     return simulate_calibrated(plan, costs, cal, num_iterations=iters, gil="shared").period
 
 
@@ -203,9 +204,9 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
     costs: Dict[str, CostModel] = {}
     cals: Dict[str, MachineCalibration] = {}
     for label, plan, batch in entries:
-        gil = measure_gil(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
+        gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu})
+        cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu, "calls": calls})
         costs[label] = _task_costs(plan, args, batches, cals[label])
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:

@@ -35,6 +35,11 @@ on this machine, now:
   op read as held (a task of many tiny ops reads up to about 0.2 high), and
   CPU-bound work outside torch that releases the GIL (``hashlib``, some
   NumPy) reads as held;
+* **torch calls per task** (the same profiler pass, :func:`measure_gil_and_calls`):
+  the torch ops a task calls directly from Python per run (ops nested in
+  another op, or in ``loss.backward()``'s autograd engine, are not counted).
+  Each one takes the GIL back when its op returns, and beside a thread that
+  holds the GIL that take-back waits (:mod:`autosched.calibrated`);
 * **CPU share per task** (:func:`measure_cpu`, needs a pipeline and a
   batch): over serial iterations, the task's thread CPU time
   (``time.thread_time``) over its wall time, the largest over the iterations
@@ -59,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_gil",
-           "measure_cpu", "CALIBRATION_VERSION"]
+           "measure_gil_and_calls", "measure_cpu", "CALIBRATION_VERSION"]
 
 CALIBRATION_VERSION = 1
 _FLOAT_FIELDS = ("task_s", "dep_s", "period_s", "serial_task_s", "serial_iter_s", "cores_free")
@@ -89,6 +94,10 @@ class MachineCalibration:
         ``{task: fraction of its host time on a CPU}`` (:func:`measure_cpu`; near 0
         for a task that sleeps or blocks). Written only when measured, so files
         without it read as before.
+    calls : dict
+        ``{task: torch calls per run made from Python}``
+        (:func:`measure_gil_and_calls`): the times it takes the GIL back. Written
+        only when measured, like ``cpu``.
     load : float, optional
         1-minute load average when measured.
     measured, machine, notes : str
@@ -111,16 +120,18 @@ class MachineCalibration:
     cpu_count: int = 1
     gil: Dict[str, float] = field(default_factory=dict)
     cpu: Dict[str, float] = field(default_factory=dict)
+    calls: Dict[str, float] = field(default_factory=dict)
     load: Optional[float] = None
     measured: str = ""
     machine: str = ""
     notes: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON form: ``{"version": 1, ...fields}`` (``cpu`` only when measured)."""
+        """The JSON form: ``{"version": 1, ...fields}`` (``cpu`` and ``calls`` only when measured)."""
         doc = {"version": CALIBRATION_VERSION, **asdict(self)}
-        if not doc["cpu"]:
-            del doc["cpu"]
+        for optional in ("cpu", "calls"):
+            if not doc[optional]:
+                del doc[optional]
         return doc
 
     @classmethod
@@ -161,6 +172,12 @@ class MachineCalibration:
                 raise ValueError(f"{where}.{key}: {shares!r} is not a map of task -> fraction in 0..1. "
                                  "Fix: re-run calibrate()")
             values[key] = {str(k): float(v) for k, v in shares.items()}
+        calls = values.get("calls", {})
+        if not isinstance(calls, Mapping) or any(isinstance(n, bool) or not isinstance(n, (int, float)) or not n >= 0
+                                                 for n in calls.values()):
+            raise ValueError(f"{where}.calls: {calls!r} is not a map of task -> torch calls per run >= 0. "
+                             "Fix: re-run calibrate()")
+        values["calls"] = {str(k): float(v) for k, v in calls.items()}
         return cls(**values)
 
     def summary(self) -> str:
@@ -180,6 +197,8 @@ class MachineCalibration:
             lines.append("GIL held: " + ", ".join(f"{k} {v:.0%}" for k, v in self.gil.items()))
         if self.cpu:
             lines.append("on a CPU: " + ", ".join(f"{k} {v:.0%}" for k, v in self.cpu.items()))
+        if self.calls:
+            lines.append("torch calls per run: " + ", ".join(f"{k} {v:g}" for k, v in self.calls.items()))
         return "\n".join(lines)
 
 
@@ -333,13 +352,25 @@ def _op_seconds(event: Any) -> float:
                for child in event.cpu_children)
 
 
+def _op_calls(event: Any) -> int:
+    """Torch ops directly under a profiler range (looking through ``record_function`` ranges, as
+    :func:`_op_seconds`): the calls made from Python, each of which takes the GIL back."""
+    return sum(_op_calls(child) if child.is_user_annotation else 1 for child in event.cpu_children)
+
+
 def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
-    """Per task, the fraction of its host time that holds the GIL.
+    """Per task, the fraction of its host time that holds the GIL: :func:`measure_gil_and_calls`'s shares."""
+    return measure_gil_and_calls(pipe, batch, num_iterations)[0]
+
+
+def measure_gil_and_calls(pipe: Any, batch: Any, num_iterations: int = 5
+                          ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Per task, the fraction of its host time that holds the GIL, and the torch calls it makes per run.
 
     Serial iterations (``pipe.run_one_serial_iter``) under ``torch.profiler``:
-    per task, its wall and thread CPU time and the time inside the torch ops
-    it calls; the share is the host time outside torch ops and on a CPU
-    (module docstring).
+    per task, its wall and thread CPU time and the torch ops it calls
+    directly; the share is the host time outside those ops and on a CPU, the
+    calls are how many there are (module docstring).
 
     Parameters
     ----------
@@ -352,8 +383,8 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
 
     Returns
     -------
-    dict
-        ``{task: fraction in 0..1}``.
+    (dict, dict)
+        ``{task: fraction in 0..1}`` and ``{task: median torch calls per run}``.
 
     Raises
     ------
@@ -373,9 +404,11 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     >>> plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule(),
     ...                      PipelineTask("Spin", spin): TaskSchedule(),
     ...                      PipelineTask("MatMul", lambda ctx: [a @ a for _ in range(20)]): TaskSchedule()})
-    >>> gil = measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
+    >>> gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
     >>> gil["Sleep"] < 0.5 < gil["Spin"], gil["MatMul"] < 0.5
     (True, True)
+    >>> calls["MatMul"], calls["Spin"]
+    (20.0, 0.0)
     """
     import torch
 
@@ -401,14 +434,16 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
             pipe.run_one_serial_iter(batch, iter_idx=i)
     outside: Dict[str, List[float]] = {}  # per run, the share of the task's wall time outside torch ops
     on_cpu: Dict[str, List[float]] = {}
+    calls: Dict[str, List[int]] = {}
     for event in prof.events():
         if event.name.startswith(_TASK_RANGE + "/"):
             name, wall, cpu = runs[int(event.name.rsplit("/", 1)[1])]
+            calls.setdefault(name, []).append(_op_calls(event))
             if wall > 0:
                 outside.setdefault(name, []).append((wall - _op_seconds(event)) / wall)
                 on_cpu.setdefault(name, []).append(cpu / wall)
-    return {name: max(0.0, min(statistics.median(shares), _largest_cpu_share(on_cpu[name])))
-            for name, shares in outside.items()}
+    shares = {name: max(0.0, min(statistics.median(v), _largest_cpu_share(on_cpu[name]))) for name, v in outside.items()}
+    return shares, {name: float(statistics.median(v)) for name, v in calls.items()}
 
 
 def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
@@ -468,7 +503,7 @@ def _largest_cpu_share(shares: List[float]) -> float:
 
 def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
               gil_iterations: int = 5) -> MachineCalibration:
-    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL and CPU shares.
+    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL and CPU use.
 
     Parameters
     ----------
@@ -479,7 +514,7 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
     iterations, repeats : int
         For :func:`measure_engine_costs`.
     gil_iterations : int
-        For :func:`measure_gil` and :func:`measure_cpu`.
+        For :func:`measure_gil_and_calls` and :func:`measure_cpu`.
 
     Returns
     -------
@@ -495,14 +530,14 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
 
     engine = measure_engine_costs(iterations=iterations, repeats=repeats)
     free, cpus = measure_cores()
-    gil = measure_gil(pipe, batch, gil_iterations) if pipe is not None else {}
+    gil, calls = measure_gil_and_calls(pipe, batch, gil_iterations) if pipe is not None else ({}, {})
     cpu = measure_cpu(pipe, batch, gil_iterations) if pipe is not None else {}
     try:
         load: Optional[float] = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
     return MachineCalibration(
-        cores_free=free, cpu_count=cpus, gil=gil, cpu=cpu, load=load,
+        cores_free=free, cpu_count=cpus, gil=gil, cpu=cpu, calls=calls, load=load,
         measured=datetime.datetime.now().isoformat(timespec="seconds"),
         machine=f"{cpus}-CPU {platform.machine()}, Python {platform.python_version()}",
         notes=f"swpipe_core.calibrate: no-op plans x {iterations} periods, median of {repeats}", **engine)

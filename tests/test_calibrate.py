@@ -6,6 +6,7 @@ with a pure-Python one) with generous margins, never an absolute time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -17,7 +18,7 @@ from autosched.calibrated import calibrated_costs, format_profile, parallelism_n
     simulate_calibrated
 from autosched.costs import CostModel, CostModelError, TaskCost
 from autosched.simulate import simulate
-from swpipe_core.calibrate import MachineCalibration, measure_gil
+from swpipe_core.calibrate import MachineCalibration, measure_gil, measure_gil_and_calls
 from swpipe_core.engine import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.profiler import TaskProfiler
@@ -45,6 +46,18 @@ def test_old_cost_file_without_calibration_still_loads():
     costs = CostModel.load(os.path.join(ROOT, "cost_models", "base.json"))
     assert costs.machine_calibration is None
     assert "machine_calibration" not in costs.to_dict()
+
+
+def test_torch_calls_per_task_go_through_json_and_files_without_them_read_as_before():
+    with_calls = _cal(gil={"A": 0.2}, calls={"A": 36.0})
+    doc = with_calls.to_dict()
+    assert doc["calls"] == {"A": 36.0} and MachineCalibration.from_dict(doc) == with_calls
+    assert "torch calls per run: A 36" in with_calls.summary()
+    without = _cal(gil={"A": 0.2}).to_dict()
+    assert "calls" not in without and MachineCalibration.from_dict(without).calls == {}
+    for bad in ({"A": -1}, {"A": True}, ["A"]):
+        with pytest.raises(ValueError, match="machine_calibration.calls: .* torch calls per run >= 0"):
+            MachineCalibration.from_dict({**doc, "calls": bad})
 
 
 def test_bad_calibration_section_is_a_cost_model_error():
@@ -244,6 +257,42 @@ def test_a_shared_gil_leaves_one_thread_and_gil_free_partners_alone_and_rejects_
     assert simulate_calibrated(two, costs, one_holds, gil="shared").period == pytest.approx(1 * MS)
     with pytest.raises(ValueError, match="gil must be 'tag' or 'shared'"):
         simulate_calibrated(two, costs, one_holds, gil="split")
+
+
+def test_a_shared_gil_makes_each_torch_call_wait_a_wake_up_while_another_thread_holds_the_gil():
+    two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
+    costs = CostModel({"A": TaskCost(1 * MS), "B": TaskCost(1 * MS)})
+    # A: 10 torch calls per 1 ms run, GIL-free between them; B: pure Python, holds the GIL throughout
+    cal = MachineCalibration(cores_free=2.0, cpu_count=2, dep_s=2e-5, gil={"A": 0.0, "B": 1.0}, calls={"A": 10})
+    # 10 000 take-backs per second of A's work, each waiting 20 us: 1.2x slower while B runs (1 ms),
+    # so A ends 1/6 ms after B
+    assert simulate_calibrated(two, costs, cal, gil="shared").period == pytest.approx((1 + 1 / 6) * MS, rel=2e-3)
+    half = dataclasses.replace(cal, gil={"A": 0.0, "B": 0.5})  # B holds it half the time: half the take-backs wait
+    assert simulate_calibrated(two, costs, half, gil="shared").period == pytest.approx((1 + 1 / 11) * MS, rel=2e-3)
+    # nothing to wait for: a GIL-free partner, one thread, no calls measured, or the GIL tags (the search's model)
+    free = dataclasses.replace(cal, gil={"A": 0.0, "B": 0.0})
+    assert simulate_calibrated(two, costs, free, gil="shared").period == pytest.approx(1 * MS)
+    one_thread = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)})
+    assert simulate_calibrated(one_thread, costs, cal, gil="shared").period == pytest.approx(2 * MS)
+    assert simulate_calibrated(two, costs, dataclasses.replace(cal, calls={}), gil="shared").period \
+        == pytest.approx(1 * MS)
+    assert simulate_calibrated(two, costs, cal).period == pytest.approx(1 * MS)
+
+
+def test_measure_gil_and_calls_counts_the_torch_calls_a_task_makes_from_python():
+    a = torch.randn(64, 64)
+
+    def annotated(ctx):
+        with torch.profiler.record_function("user.range"):  # looked through, as for the GIL share
+            [a + 1 for _ in range(3)]
+
+    plan = PipelinePlan({PipelineTask("Five", lambda ctx: [a @ a for _ in range(5)]): TaskSchedule(),
+                         PipelineTask("Nested", lambda ctx: torch.nn.functional.linear(a, a)): TaskSchedule(),
+                         PipelineTask("Annotated", annotated): TaskSchedule(),
+                         PipelineTask("Python", _spin): TaskSchedule()})
+    gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
+    assert calls == {"Five": 5, "Nested": 1, "Annotated": 3, "Python": 0}  # linear's inner ops are not take-backs
+    assert set(gil) == set(calls)
 
 
 def test_measure_gil_reads_torch_ops_as_released_and_the_python_around_them_as_held():
