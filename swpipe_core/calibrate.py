@@ -363,22 +363,13 @@ def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
 
     Parameters
     ----------
-    pipe : SWPipeline
-        Bound, idle (no iterations in flight), no shortcut enabled.
-    batch : Any
-        A representative batch.
-    num_iterations : int
-        Serial iterations (medians over them).
+    pipe, batch, num_iterations
+        As for :func:`measure_gil_and_calls` (it raises the same errors).
 
     Returns
     -------
     dict
         ``{task: fraction in 0..1}``.
-
-    Raises
-    ------
-    RuntimeError
-        A torch profiler is already recording (profilers do not nest).
 
     Examples
     --------
