@@ -8,8 +8,8 @@ For each plan, in one run:
    time of each task over serial iterations (``run_one_serial_iter``;
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's GIL share
-   and torch calls per run (``measure_gil_and_calls``) and CPU share (``measure_cpu``: a task off the CPU takes
-   no core of the pool);
+   and torch calls per run (``measure_gil_and_calls``) and CPU share
+   (``measure_cpu``: a task off the CPU takes no core of the pool);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
    ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:

@@ -151,12 +151,10 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
-        from autosched.verify import predicted_speedups
-
-        candidates, note, predicted = shared
+        candidates, note, speedups = shared
         label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})", label, predicted_speedups(predicted))
+                          f"lockstep, the slowest rank's time counting ({label})", label, speedups)
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
@@ -235,7 +233,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
     """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial per candidate label)``.
 
-    With ``lockstep``: ``(candidates, note, predicted period per candidate)``, to measure on every rank.
+    With ``lockstep``: ``(candidates, note, predicted speedups)``, the candidates to measure on every rank.
     The candidates' labels are the verification's (``"seed:<row>"``, ``"serial"``, ...); without a
     verification, the search's plan is ``"auto"``.
     """
@@ -256,9 +254,6 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     cal = costs.machine_calibration
     note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}" + (
         f", calibrated ({cal.cores_free:.1f} cores free)" if cal is not None else "")
-    if lockstep:
-        candidates = _candidates(found, costs, seeds)
-        return [(label, plan_fields(plan)) for label, plan in candidates], note, _predictions(candidates, costs, env)
     chosen_label = None
     if report.verify is not None:
         chosen = report.verify.choose()
@@ -271,9 +266,12 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         refit = ", after a round refitted to the measured cores" if earlier is not None else ""
         how = (f"{report.verify.verdict()} of {len(measured)} plans on the engine{refit} ({chosen.label}: "
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
-    else:
+    else:  # nothing measured here (with lockstep, every rank measures the candidates next): rank 0 predicts them
+        candidates = _candidates(found, costs, seeds)
+        speedups = predicted_speedups(_predictions(candidates, costs, env))
+        if lockstep:
+            return [(label, plan_fields(plan)) for label, plan in candidates], note, speedups
         how = "not measured before the run"
-        speedups = predicted_speedups(_predictions(_candidates(found, costs, seeds), costs, env))
     return plan_fields(found), f"{note}; {how}", chosen_label, speedups
 
 
