@@ -68,6 +68,7 @@ from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
 from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
+from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory  # noqa: E402
 from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil_and_calls  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
@@ -300,8 +301,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--dlrm-preset", default="demo")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1, as the demo: the pipeline's threads use the cores)")
+    add_keep_freed_memory(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    print(apply_keep_freed_memory(args))
     load0 = os.getloadavg()[0]
     print(f"calibrated fidelity: {platform.machine()} torch {torch.__version__}, {len(os.sched_getaffinity(0))} "
           f"CPU(s), {time.strftime('%Y-%m-%d %H:%M')}, load average {load0:.2f}, "

@@ -50,6 +50,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
+from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory
+
 
 def _mm_work(n: int, reps: int) -> Callable[[], None]:
     x = torch.randn(n, n)
@@ -298,8 +300,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as the demo)")
     parser.add_argument("--torchrec", action="store_true", help="also part (c): TorchRec's model (the [peer] extra)")
+    add_keep_freed_memory(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    print(apply_keep_freed_memory(args))
     print(f"gil_retakes: {len(os.sched_getaffinity(0))} CPU(s), torch {torch.__version__}, "
           f"{torch.get_num_threads()} intra-op thread(s), load average {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory
 from swpipe.workloads.autoplan import auto_spec
 from swpipe.workloads.bench import TORCHREC_PLANS, default_specs, format_table, measure
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
@@ -73,9 +74,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads for every row (default 1)")
     parser.add_argument("--plans", default=",".join(TORCHREC_PLANS))
     parser.add_argument("--no-auto", action="store_true")
+    add_keep_freed_memory(parser)
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    print(apply_keep_freed_memory(args))
     env = init_distributed()
     config = DLRMConfig.preset("demo", batch_size=args.batch_size)
     specs = default_specs([p.strip() for p in args.plans.split(",") if p.strip()])

@@ -33,6 +33,8 @@ import warnings
 
 import torch
 
+from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,7 +42,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="rounds (each gives one paired ratio per plan)")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    add_keep_freed_memory(parser)
     args = parser.parse_args()
+    print(apply_keep_freed_memory(args))
 
     from swpipe.workloads.torchrec_peer import PEERS, build_model, peer_available, run_plain, run_swpipe, run_torchrec
 

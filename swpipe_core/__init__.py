@@ -44,6 +44,7 @@ _LAZY = {
     "pipelines": "pipelines",
     "agree_on_end": "distributed",
     "AgreedIterator": "distributed",
+    "keep_freed_memory": "allocator",
 }
 
 __all__ = [

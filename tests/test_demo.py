@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 
@@ -15,9 +16,11 @@ from swpipe_core.trace import read_chrome_trace
 def test_demo_prints_the_table_and_writes_the_fastest_plans_trace(tmp_path, capsys):
     trace = tmp_path / "demo.trace.json"
     code = main(["demo", "--iters", "4", "--batch-size", "32", "--repeats", "1", "--no-auto",
-                 "--plans", "base,sparse_dist,sparse_dist+by_stream,eval_sparse_dist", "--trace", str(trace)])
+                 "--plans", "base,sparse_dist,sparse_dist+by_stream,eval_sparse_dist", "--trace", str(trace),
+                 "--no-keep-freed-memory"])  # in-process: leave this test process's malloc as it is
     out = capsys.readouterr().out
     assert code == 0, out
+    assert "host allocator: as the system sets it (--no-keep-freed-memory)" in out
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("plan "))
     assert lines[header].split()[:6] == ["plan", "depth", "streams", "threads", "iter/s", "speedup"]
@@ -49,4 +52,6 @@ def test_demo_on_two_spawned_ranks(tmp_path):
                            "--trace", ""], capture_output=True, text=True, timeout=280, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "world size 2 (gloo)" in proc.stdout
+    kept = platform.libc_ver()[0] == "glibc"
+    assert ("host allocator: glibc keeps freed memory" in proc.stdout) == kept, proc.stdout
     assert "2/2 plans reproduce the serial loop bit for bit" in proc.stdout

@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Callable
 
-__all__ = ["int_at_least", "positive_float"]
+__all__ = ["int_at_least", "positive_float", "add_keep_freed_memory", "apply_keep_freed_memory"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -75,3 +75,36 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds: give a time > 0, e.g. 30")
     return value
+
+
+def add_keep_freed_memory(parser: argparse.ArgumentParser) -> None:
+    """``--keep-freed-memory`` (default) / ``--no-keep-freed-memory``, for commands and benchmarks that time tasks.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> add_keep_freed_memory(parser)
+    >>> parser.parse_args([]).keep_freed_memory, parser.parse_args(["--no-keep-freed-memory"]).keep_freed_memory
+    (True, False)
+    """
+    parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep freed host memory in the process (glibc's mallopt, "
+                             "swpipe_core.allocator.keep_freed_memory) so that tasks do not fault their pages back "
+                             "in each iteration; --no-keep-freed-memory leaves malloc as it is")
+
+
+def apply_keep_freed_memory(args: argparse.Namespace) -> str:
+    """Apply ``args.keep_freed_memory`` in this process; one line that says what the allocator does.
+
+    Examples
+    --------
+    >>> apply_keep_freed_memory(argparse.Namespace(keep_freed_memory=False))
+    'host allocator: as the system sets it (--no-keep-freed-memory)'
+    """
+    from swpipe_core.allocator import keep_freed_memory
+
+    if not args.keep_freed_memory:
+        return "host allocator: as the system sets it (--no-keep-freed-memory)"
+    if keep_freed_memory():
+        return "host allocator: glibc keeps freed memory (mallopt; --no-keep-freed-memory to leave it)"
+    return "host allocator: as the system sets it (not glibc: --keep-freed-memory does nothing here)"

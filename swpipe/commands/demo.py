@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, List
 
-from ._args import int_at_least
+from ._args import add_keep_freed_memory, apply_keep_freed_memory, int_at_least
 
 __all__ = ["add_arguments", "run"]
 
@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default="swpipe_demo.trace.json",
                         help="Chrome trace of the fastest plan (default swpipe_demo.trace.json; '' to skip)")
     parser.add_argument("--seed", type=int, default=0, help="data and model seed")
+    add_keep_freed_memory(parser)
 
 
 def _specs(args: argparse.Namespace) -> List[Any]:
@@ -109,6 +110,7 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
     from swpipe.workloads.dlrm import DLRMConfig, SyntheticData
 
     torch.set_num_threads(args.threads)
+    allocator = apply_keep_freed_memory(args)  # in every rank's process: spawned ranks do not inherit it
     config = DLRMConfig.preset("demo", batch_size=args.batch_size, seed=args.seed)
     specs = _specs(args)
     if not args.no_auto:
@@ -118,6 +120,7 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
             specs.append(spec)
     m = measure(config, env, specs, iters=args.iters, repeats=args.repeats, progress=True,
                 record_best=bool(args.trace), race_rounds=args.race)
+    m.meta["allocator"] = allocator
     return m
 
 
@@ -179,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"DLRM workload: world size {world} ({backend}) {how}, batch {args.batch_size}/rank, "
           f"{args.iters} iterations x {args.repeats} runs, {args.threads} intra-op thread(s)/rank, "
           f"{os.cpu_count()} CPU(s), torch {torch.__version__}")
+    print(m.meta["allocator"])
     if m.meta.get("raced"):
         print(f"raced: {', '.join(m.meta['raced'])} (within {m.meta['race_band_pct']:g} % of the fastest after "
               f"{args.repeats} runs) ran {m.meta['race_rounds']} more, with the serial loop; the fastest run counts")
