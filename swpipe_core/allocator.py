@@ -60,9 +60,9 @@ def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
 
     Examples
     --------
-    >>> import platform
-    >>> keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
-    True
+    ``keep_freed_memory()`` at the start of a CPU training script; a threshold
+    ``mallopt`` cannot take is refused before anything changes:
+
     >>> keep_freed_memory(2**40)
     Traceback (most recent call last):
     ...

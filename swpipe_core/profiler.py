@@ -23,6 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .allocator import minor_faults
+
+# A step that faults this many pages (a few us each) is paying for the allocator, not only for its tasks.
+_FAULTS_WORTH_NOTING = 100
+_FAULTS_HINT = (" (malloc gives freed memory back to the system each step, and task times depend on how much: "
+                "swpipe.keep_freed_memory() keeps it)")
+
 __all__ = ["TaskProfiler", "ProfileResult"]
 
 _log = logging.getLogger(__name__)
@@ -102,7 +109,7 @@ class ProfileResult:
         pct = (lambda s: 100.0 * s / self.baseline_s) if self.baseline_s > 0 else (lambda s: 0.0)
         rule = f"  {'-' * width} {'-' * 10} {'-' * 12}"
         lines = [
-            f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms",
+            *self._header(),
             "",
             f"  {'Task':<{width}} {'Exposed':>9}  {'% baseline':>11}",
             rule,
@@ -112,6 +119,23 @@ class ProfileResult:
         total = sum(self.exposed_s.values())
         lines += [rule, f"  {'SUM':<{width}} {total * 1e3:>7.3f}ms{pct(total):>11.1f}%"]
         return "\n".join(lines)
+
+    def _header(self) -> List[str]:
+        """The baseline line, then the serial iteration's page faults where the profile counted them.
+
+        Examples
+        --------
+        >>> ProfileResult(0.008, {"A": 0.004}, meta={"page_faults_per_iteration": 12.0})._header()
+        ['Baseline serial iteration: 8.000 ms', 'Page faults per serial iteration: 12']
+        >>> many = ProfileResult(0.008, {"A": 0.004}, meta={"page_faults_per_iteration": 850.0})._header()[1]
+        >>> many.startswith("Page faults per serial iteration: 850 ("), "swpipe.keep_freed_memory()" in many
+        (True, True)
+        """
+        lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms"]
+        faults = self.meta.get("page_faults_per_iteration")
+        if faults is not None:
+            lines.append(f"Page faults per serial iteration: {faults:.0f}" + (_FAULTS_HINT if faults >= _FAULTS_WORTH_NOTING else ""))
+        return lines
 
     def _format_with_times(self) -> str:
         """The report with host and device time per task next to exposed time (the cost model's inputs)."""
@@ -125,7 +149,7 @@ class ProfileResult:
 
         head = f"  {'Task':<{width}} {'Exposed':>11} {'% baseline':>11} {'Host':>11} {'Device':>11}"
         rule = f"  {'-' * width} {'-' * 11} {'-' * 11} {'-' * 11} {'-' * 11}"
-        lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms", "", head, rule]
+        lines = [*self._header(), "", head, rule]
         for name in names:
             share = f"{pct(self.exposed_s[name]):>10.1f}%" if name in self.exposed_s else f"{'-':>11}"
             lines.append(f"  {name:<{width}} {ms(self.exposed_s, name)} {share} {ms(host, name)} {ms(device, name)}")
@@ -417,6 +441,7 @@ class TaskProfiler:
             "interleave": interleave,
             "skip_tasks": sorted(skip),
             "baseline_rounds_s": baseline_rounds,
+            "page_faults_per_iteration": statistics.median(rounds.baseline_faults),
             "shortcut_s": shortcut_s,
             "shortcut_rounds_s": shortcut_rounds,
             "host_time": "median perf_counter time of each task's execution on its thread" if task_times else "not measured",
@@ -539,6 +564,7 @@ class _Rounds:
                  bar: Any) -> None:
         self.pipe, self.batch, self.num_measure, self.counter, self.sync, self.bar = (
             pipe, batch, num_measure, counter, sync, bar)
+        self.baseline_faults: List[float] = []  # minor page faults per iteration, per baseline round
 
     def _iteration(self) -> None:
         self.pipe.run_one_serial_iter(self.batch, iter_idx=next(self.counter))
@@ -547,12 +573,15 @@ class _Rounds:
         """Seconds per iteration of one round."""
         self.bar.set_postfix_str(label)
         self.sync()
-        t0 = time.perf_counter()
+        faults0, t0 = minor_faults(), time.perf_counter()
         for _ in range(self.num_measure):
             self._iteration()
         self.sync()
+        elapsed = time.perf_counter() - t0
+        if label == "baseline":
+            self.baseline_faults.append((minor_faults() - faults0) / self.num_measure)
         self.bar.update(1)
-        return (time.perf_counter() - t0) / self.num_measure
+        return elapsed / self.num_measure
 
     def shortcut(self, name: str, rounds: int) -> List[float]:
         """``rounds`` timed rounds with ``name`` shortcut, after one untimed caching iteration."""

@@ -45,3 +45,21 @@ def test_not_glibc_changes_nothing(monkeypatch):
 def test_threshold_beyond_a_c_int_is_rejected():
     with pytest.raises(ValueError, match="mallopt takes a C int"):
         allocator.keep_freed_memory(-1)
+
+
+def test_the_profile_counts_the_serial_iterations_page_faults():
+    # in this process, whose malloc no test changes (the tests that run the demo or a benchmark in-process pass
+    # --no-keep-freed-memory)
+    from swpipe_core.engine import SWPipeline
+    from swpipe_core.plan import PipelinePlan, TaskSchedule
+    from swpipe_core.profiler import TaskProfiler
+
+    def churn(ctx):  # 64 MiB allocated, touched and freed each step: above glibc's largest own threshold
+        ctx.zeros = bytearray(1 << 26)[:: 1 << 12].count(0)
+
+    plan = PipelinePlan({"churn": TaskSchedule(0)}).bind({"churn": churn})
+    with SWPipeline(plan, device="cpu") as pipe:
+        result = TaskProfiler(pipe).profile(0, num_warmup=1, num_measure=2, num_rounds=1, task_times=False)
+    faults = result.meta["page_faults_per_iteration"]
+    assert faults >= 30, faults  # the 64 MiB is mapped afresh each step (4 KiB pages, or 2 MiB ones at least)
+    assert f"Page faults per serial iteration: {faults:.0f}" in result.format_report()
