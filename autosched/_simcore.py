@@ -29,7 +29,7 @@ from .taskmodel import CORES, plan_parts, pool_limit, resource_loads, stream_lab
 
 __all__ = ["SimDeadlock", "Stall"]
 
-_HOST_END, _DEV_END, _ENQUEUE = 0, 1, 2
+_HOST_END, _DEV_END, _ENQUEUE, _WAKE = 0, 1, 2, 3
 
 
 class SimDeadlock(RuntimeError):
@@ -43,8 +43,9 @@ class Stall(NamedTuple):
     stream); ``cause`` names what it waited for: ``"fifo:<group>"`` (queued behind
     earlier tasks of its thread group), ``"dep:<task>"`` / ``"dep:<task>[i-N]"``
     (a CPU signal), ``"sequencer"``, ``"comm:<name>"``, ``"pcie"``,
-    ``"stream:<name>"`` (device FIFO), ``"event:<task>"`` (a device event) or
-    ``"cores"`` (every core of the pool busy).
+    ``"stream:<name>"`` (device FIFO), ``"event:<task>"`` (a device event),
+    ``"cores"`` (every core of the pool busy) or ``"wake"`` (an idle worker
+    woken by the enqueue, ``wake_overhead_s``).
     """
 
     task: str
@@ -64,7 +65,8 @@ class _Sim:
     """
 
     def __init__(self, plan: PipelinePlan, costs: CostModel, n: int, cuda: bool,
-                 task_overhead_s: float, period_overhead_s: float, max_device_lag: int) -> None:
+                 task_overhead_s: float, period_overhead_s: float, max_device_lag: int,
+                 wake_overhead_s: float = 0.0) -> None:
         self.n, self.cuda = n, cuda
         self.lag = max_device_lag
         names = plan.task_names
@@ -94,6 +96,7 @@ class _Sim:
         self.cores = costs.cores
         self.cap = pool_limit(costs.cores, len(self.group_names)) or 0  # the core pool's size; 0: cannot bind
         self.period_overhead = period_overhead_s
+        self.wake_overhead = wake_overhead_s
         # deps[k]: (dep task, distance, label of the CPU-signal wait, label of the device-event wait)
         self.deps: List[List[Tuple[int, int, str, str]]] = [[] for _ in names]
         for t, d in plan.intra_edges():
@@ -134,6 +137,7 @@ class _Sim:
         self.queue: List[deque] = [deque() for _ in range(G)]
         self.cur = [-1] * G
         self.busy = [False] * G
+        self.asleep_until = [0.0] * G  # an idle worker woken by an enqueue starts nothing before this
         self.free_t = [0.0] * G
         self.free_op = [-1] * G
         S = len(self.stream_names)
@@ -218,6 +222,8 @@ class _Sim:
                 self.host_done(arg, t)
             elif kind == _DEV_END:
                 self.dev_done(arg, t)
+            elif kind == _WAKE:
+                self.try_host(arg, t)
             else:
                 self.enqueue(arg, t)
         if self.next_period < self.total_periods or (self.cuda and min(self.dev_end) < 0):
@@ -294,13 +300,18 @@ class _Sim:
                 if g not in touched:
                     touched.append(g)
         for g in touched:
-            self.try_host(g, t)
+            if self.wake_overhead > 0 and g != self.caller and not self.busy[g] and self.cur[g] < 0:
+                # an idle worker sleeps on its queue: it runs once woken (the caller's thread is awake already)
+                self.asleep_until[g] = t + self.wake_overhead
+                self.push(self.asleep_until[g], _WAKE, g)
+            else:
+                self.try_host(g, t)
 
     # -- host side --
 
     def try_host(self, g: int, now: float) -> None:
         """Start the task at the head of thread ``g`` if Phase 1, the sequencer and resources allow."""
-        if self.busy[g]:
+        if self.busy[g] or now < self.asleep_until[g]:
             return
         inst = self.cur[g]
         if inst < 0:
@@ -347,6 +358,8 @@ class _Sim:
         if ft >= bt:
             bt, bop, bkind = ft, self.free_op[g], self.thread_label[g]
         fifo_end = bt
+        if self.asleep_until[g] > bt:  # the enqueue woke the idle thread: the barrier stays its predecessor
+            bt, bkind = self.asleep_until[g], "wake"
         for r in res:
             if self.rfree_t[r] >= bt:
                 bt, bop, bkind = self.rfree_t[r], self.rfree_op[r], self.res_names[r]

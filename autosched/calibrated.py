@@ -8,11 +8,16 @@ is folded into its existing inputs:
 
   - per task: ``task_s`` added to every task's host time (it is spent on the
     task's thread, serialised with the task);
-  - per cross-thread dependency: ``dep_s`` added to the host time of the
-    waiting task, once per dependency whose producer is on another thread
-    group in the given plan (the wake-up happens on the waiting thread);
+  - per cross-thread dependency: a wake-up
+    (:attr:`~swpipe_core.calibrate.MachineCalibration.wake_up_s`: ``dep_s``,
+    or the plan's measured wait for a core after a wake-up, ``wake_s``, where
+    larger) added to the host time of the waiting task, once per dependency
+    whose producer is on another thread group in the given plan (the wake-up
+    happens on the waiting thread);
   - per period: ``period_s`` as the simulator's ``period_overhead_s``
     (main-thread time per enqueued period, serialised with the barrier);
+  - per wake-up of an idle worker by the enqueue: the plan's measured
+    ``wake_s``, where measured, as the simulator's ``wake_overhead_s``;
   - GIL: a task whose measured GIL share is ``>= gil_threshold`` gets the
     resource tag ``"gil"``: GIL tasks run one at a time, whatever thread;
   - cores: the cost model's core pool (``CostModel.cores``) is the measured
@@ -35,9 +40,10 @@ is folded into its existing inputs:
     makes from Python (``MachineCalibration.calls``) takes the GIL back when its
     op returns, and while other threads hold the GIL for a share ``rho`` of the
     time that take-back waits for a wake-up, costed at the measured
-    cross-thread wake-up ``dep_s``; a task making ``c`` calls per second of its
-    own work then runs ``1 + c * rho * dep_s`` times slower while it overlaps
-    them (no free constant: ``c``, ``rho`` and ``dep_s`` are all measured);
+    cross-thread wake-up (``wake_up_s``, as above); a task making ``c`` calls per
+    second of its own work then runs ``1 + c * rho * wake_up_s`` times slower while
+    it overlaps them (no free constant: ``c``, ``rho`` and the wake-up are all
+    measured);
   - the GIL tag applies on CPU only (on CUDA the simulator holds resources
     during the device part);
   - cores: a fractional ``cores_free`` becomes a whole pool (1.71 is 2
@@ -151,7 +157,7 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
     cross = _cross_deps(plan) if plan is not None else {}
     tasks = {}
     for name, c in costs.tasks.items():
-        extra = cal.task_s + cross.get(name, 0) * cal.dep_s
+        extra = cal.task_s + cross.get(name, 0) * cal.wake_up_s
         res = tuple(c.resources)
         if device == "cpu" and cal.gil.get(name, 0.0) >= gil_threshold and "gil" not in res:
             res = res + ("gil",)
@@ -271,16 +277,18 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
                               device=device, core_pool=core_pool)
     if sharing and device == "cpu":
         folded = dataclasses.replace(folded, cores=max(1, math.ceil(cal.cores_free - 1e-9)))
-    sim = simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s)
+    wake = cal.wake_s or 0.0  # an idle worker's wake-up at the enqueue: charged only where the plan's run measured it
+    sim = simulate(plan, folded, num_iterations=num_iterations, device=device, period_overhead_s=cal.period_s,
+                   wake_overhead_s=wake)
     if not (sharing and device == "cpu"):
         return sim
     take_backs = _take_backs_per_second(costs, cal) if shared_gil else {}
     for _ in range(_SHARING_ROUNDS):
         slow = _sharing_slowdown(sim.events, folded, cal.cores_free, cal.gil if shared_gil else None,
-                                 take_backs, cal.dep_s)
+                                 take_backs, cal.wake_up_s)
         stretched = {n: dataclasses.replace(c, host_s=c.host_s * slow.get(n, 1.0)) for n, c in folded.tasks.items()}
         sim = simulate(plan, dataclasses.replace(folded, tasks=stretched), num_iterations=num_iterations,
-                       device=device, period_overhead_s=cal.period_s)
+                       device=device, period_overhead_s=cal.period_s, wake_overhead_s=wake)
     return sim
 
 

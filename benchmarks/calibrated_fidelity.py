@@ -9,7 +9,9 @@ For each plan, in one run:
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's GIL share
    and torch calls per run (``measure_gil_and_calls``) and CPU share
-   (``measure_cpu``: a task off the CPU takes no core of the pool);
+   (``measure_cpu``: a task off the CPU takes no core of the pool), and the
+   plan's wait for a core after each wake-up over one pipelined run
+   (``measure_wake_s``; the model's wake-up where it exceeds ``dep_s``);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
    ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:
@@ -37,7 +39,8 @@ For each plan, in one run:
    of the ``+engine`` error of the mean of the two predictions against that
    run: the costs and the run see the same machine, and a drift during the
    run cancels to first order, so what is left is the model's error plus the
-   noise of one short run; ``paired gil`` is the same for ``gil shared``.
+   noise of one short run; ``paired gil`` is the same for ``gil shared``,
+   and ``gil -wake`` for ``gil shared`` without the measured ``wake_s``.
 
 Targets (issue 15): with calibrated costs median |error| <= 3 % on sleep
 plans, <= 5 % on DLRM plans, worst <= 10 %.
@@ -51,6 +54,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import random
@@ -71,6 +75,7 @@ from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
 from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory  # noqa: E402
 from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil_and_calls  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
+from swpipe_core.schedstat import measure_wake_s  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
 
@@ -150,17 +155,19 @@ def _err(sim: float, meas: float) -> float:
 def _errors(row: dict) -> Dict[str, float]:
     """Each prediction's relative error for one plan's row (``paired``: the median over its paired rounds)."""
     out = {k: _err(v, row["measured"]) for k, v in row.items()
-           if k not in ("plan", "measured", "paired_err", "paired_gil_err")}
+           if k not in ("plan", "measured", "paired_err", "paired_gil_err", "paired_nowake_err")}
     if "paired_err" in row:
         out["paired"] = row["paired_err"]
     if "paired_gil_err" in row:
         out["paired gil"] = row["paired_gil_err"]
+    if "paired_nowake_err" in row:
+        out["gil -wake"] = row["paired_nowake_err"]
     return out
 
 
 def report(rows: List[dict], what: str, median_target: float) -> None:
     for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "gil shared", "rescaled", "share resc.",
-                "paired", "paired gil"):
+                "paired", "paired gil", "gil -wake"):
         errs = [abs(e[key]) for e in map(_errors, rows) if key in e]
         if errs:
             print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
@@ -182,10 +189,13 @@ def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, 
     (plans in a rotated order), so the costs and the run see the same machine:
     the error left is the model's, not the drift of a shared machine between a
     profile taken once and runs taken later. Models: ``"+engine"``, and
-    ``"gil shared"`` (:func:`gil_shared_prediction`).
+    ``"gil shared"`` (:func:`gil_shared_prediction`), and ``"gil -wake"``: the
+    same without the plan's measured wait for a core per wake-up (``wake_s``).
     """
     models = {"+engine": lambda plan, c, cal: engine_prediction(plan, c, cal, args.sim_iters, args.core_pool),
-              "gil shared": lambda plan, c, cal: gil_shared_prediction(plan, c, cal, args.sim_iters)}
+              "gil shared": lambda plan, c, cal: gil_shared_prediction(plan, c, cal, args.sim_iters),
+              "gil -wake": lambda plan, c, cal: gil_shared_prediction(plan, c, dataclasses.replace(cal, wake_s=None),
+                                                                      args.sim_iters)}
     errs: Dict[str, Dict[str, List[float]]] = {label: {m: [] for m in models} for label, _, _ in entries}
     for r in range(args.rounds):
         for label, plan, _ in turned(entries, r):
@@ -207,7 +217,11 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
     for label, plan, batch in entries:
         gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu, "calls": calls})
+        with SWPipeline(plan, device="cpu") as pipe:
+            wake = measure_wake_s(pipe, batches)
+        cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu, "calls": calls, "wake_s": wake})
+        print(f"{label}: wait for a core per wake-up "
+              + ("not measured (no schedstat)" if wake is None else f"{wake * 1e6:.0f} us (dep_s {cal.dep_s * 1e6:.0f} us)"))
         costs[label] = _task_costs(plan, args, batches, cals[label])
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:
@@ -233,8 +247,9 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         if paired:
             row["paired_err"] = statistics.median(paired[label]["+engine"])
             row["paired_gil_err"] = statistics.median(paired[label]["gil shared"])
+            row["paired_nowake_err"] = statistics.median(paired[label]["gil -wake"])
             cells += (f" | {row['paired_err']:>+6.1%} ({' '.join(f'{e:+.0%}' for e in paired[label]['+engine'])})"
-                      f" | gil {row['paired_gil_err']:>+6.1%}")
+                      f" | gil {row['paired_gil_err']:>+6.1%} (-wake {row['paired_nowake_err']:>+6.1%})")
         rows.append(row)
         print(f"{label:<34} {measured * 1e3:>8.3f}m | {cells} | {table[label].spread_pct:.1f}%")
     return rows

@@ -98,6 +98,10 @@ class MachineCalibration:
         ``{task: torch calls per run made from Python}``
         (:func:`measure_gil_and_calls`): the times it takes the GIL back. Written
         only when measured, like ``cpu``.
+    wake_s : float, optional
+        A plan's threads' wait for a core after each wake-up, measured over a
+        pipelined run of that plan (:func:`swpipe_core.schedstat.measure_wake_s`);
+        :attr:`wake_up_s` uses it where it exceeds ``dep_s``. Written only when measured.
     load : float, optional
         1-minute load average when measured.
     measured, machine, notes : str
@@ -121,18 +125,33 @@ class MachineCalibration:
     gil: Dict[str, float] = field(default_factory=dict)
     cpu: Dict[str, float] = field(default_factory=dict)
     calls: Dict[str, float] = field(default_factory=dict)
+    wake_s: Optional[float] = None
     load: Optional[float] = None
     measured: str = ""
     machine: str = ""
     notes: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON form: ``{"version": 1, ...fields}`` (``cpu`` and ``calls`` only when measured)."""
+        """The JSON form: ``{"version": 1, ...fields}`` (``cpu``, ``calls`` and ``wake_s`` only when measured)."""
         doc = {"version": CALIBRATION_VERSION, **asdict(self)}
-        for optional in ("cpu", "calls"):
-            if not doc[optional]:
+        for optional in ("cpu", "calls", "wake_s"):
+            if doc[optional] is None or doc[optional] == {}:
                 del doc[optional]
         return doc
+
+    @property
+    def wake_up_s(self) -> float:
+        """What one cross-thread wake-up costs: ``dep_s``, or the plan's measured ``wake_s`` where larger.
+
+        ``dep_s`` is measured in a tight loop whose threads never idle; a plan
+        whose threads idle in turn waits longer for a core when woken.
+
+        Examples
+        --------
+        >>> MachineCalibration(dep_s=1.5e-5).wake_up_s, MachineCalibration(dep_s=1.5e-5, wake_s=9e-5).wake_up_s
+        (1.5e-05, 9e-05)
+        """
+        return self.dep_s if self.wake_s is None else max(self.dep_s, self.wake_s)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], where: str = "machine_calibration") -> "MachineCalibration":
@@ -178,6 +197,9 @@ class MachineCalibration:
             raise ValueError(f"{where}.calls: {calls!r} is not a map of task -> torch calls per run >= 0. "
                              "Fix: re-run calibrate()")
         values["calls"] = {str(k): float(v) for k, v in calls.items()}
+        wake = values.get("wake_s")
+        if wake is not None and (isinstance(wake, bool) or not isinstance(wake, (int, float)) or not wake >= 0):
+            raise ValueError(f"{where}.wake_s: {wake!r} is not a time >= 0 (or null). Fix: re-run measure_wake_s()")
         return cls(**values)
 
     def summary(self) -> str:
@@ -199,6 +221,8 @@ class MachineCalibration:
             lines.append("on a CPU: " + ", ".join(f"{k} {v:.0%}" for k, v in self.cpu.items()))
         if self.calls:
             lines.append("torch calls per run: " + ", ".join(f"{k} {v:g}" for k, v in self.calls.items()))
+        if self.wake_s is not None:
+            lines.append(f"wait for a core per wake-up in the plan's run: {self.wake_s * 1e6:.1f} us")
         return "\n".join(lines)
 
 
