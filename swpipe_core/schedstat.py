@@ -16,6 +16,7 @@ whose threads stay busy waited 15-25 us, as much as the cross-thread wake-up
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -34,11 +35,43 @@ def thread_run_delay() -> Optional[Tuple[float, int]]:
     True
     """
     try:
-        with open(_SCHEDSTAT) as f:
-            _on_cpu_ns, delay_ns, slices = (int(x) for x in f.read().split()[:3])
-    except (OSError, ValueError):
+        fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _parse(os.pread(fd, 128, 0))
+    finally:
+        os.close(fd)
+
+
+def _parse(text: bytes) -> Optional[Tuple[float, int]]:
+    try:
+        _on_cpu_ns, delay_ns, slices = (int(x) for x in text.split()[:3])
+    except ValueError:
         return None
     return delay_ns * 1e-9, slices
+
+
+class _Readers:
+    """One open ``schedstat`` per thread, read again with ``pread``: a task start costs one system call."""
+
+    def __init__(self) -> None:
+        self._fds: Dict[int, int] = {}
+
+    def read(self) -> Optional[Tuple[float, int]]:
+        me = threading.get_native_id()
+        fd = self._fds.get(me)
+        if fd is None:
+            try:
+                fd = self._fds[me] = os.open(_SCHEDSTAT, os.O_RDONLY)  # the file of the thread that opens it
+            except OSError:
+                return None
+        return _parse(os.pread(fd, 128, 0))
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def measure_wake_s(pipe: Any, batches: Sequence[Any]) -> Optional[float]:
@@ -76,16 +109,22 @@ def measure_wake_s(pipe: Any, batches: Sequence[Any]) -> Optional[float]:
     first: Dict[int, Tuple[float, int]] = {}
     last: Dict[int, Tuple[float, int]] = {}
 
+    readers = _Readers() if thread_run_delay() is not None else None
+
     def read_then_run(run: Any, task: Any, ctx: Any) -> None:
-        now = thread_run_delay()
+        now = readers.read() if readers is not None else None
         if now is not None:
             me = threading.get_native_id()
             first.setdefault(me, now)  # one writer per key: the thread itself
             last[me] = now
         run(task, ctx)
 
-    with pipe._tasks_through(read_then_run):
-        pipe.run(list(batches))
+    try:
+        with pipe._tasks_through(read_then_run):
+            pipe.run(list(batches))
+    finally:
+        if readers is not None:
+            readers.close()
     delay = sum(last[t][0] - first[t][0] for t in first)
     slices = sum(last[t][1] - first[t][1] for t in first)
     return delay / slices if slices > 0 else None

@@ -33,13 +33,19 @@ def test_wake_s_is_the_run_delay_per_time_on_a_cpu_summed_over_the_threads_that_
     # every reading on a thread adds 3 ms of run delay and 2 times on a CPU: 1.5 ms per time, whatever the thread
     counts = {}
 
-    def fake() -> tuple:
-        n = counts[threading.get_native_id()] = counts.get(threading.get_native_id(), 0) + 1
-        return n * 3e-3, n * 2
+    class FakeReaders:
+        def read(self) -> tuple:
+            n = counts[threading.get_native_id()] = counts.get(threading.get_native_id(), 0) + 1
+            return n * 3e-3, n * 2
 
-    monkeypatch.setattr(schedstat, "thread_run_delay", fake)
+        def close(self) -> None:
+            counts["closed"] = 1
+
+    monkeypatch.setattr(schedstat, "thread_run_delay", lambda: (0.0, 1))
+    monkeypatch.setattr(schedstat, "_Readers", FakeReaders)
     with SWPipeline(_two_threads(), device="cpu") as pipe:
         got = schedstat.measure_wake_s(pipe, range(10))
+    assert counts.pop("closed") == 1
     assert len(counts) == 2  # one reader per task thread
     assert got == pytest.approx(1.5e-3)
 
