@@ -134,7 +134,8 @@ class ProfileResult:
         lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms"]
         faults = self.meta.get("page_faults_per_iteration")
         if faults is not None:
-            lines.append(f"Page faults per serial iteration: {faults:.0f}" + (_FAULTS_HINT if faults >= _FAULTS_WORTH_NOTING else ""))
+            hint = _FAULTS_HINT if faults >= _FAULTS_WORTH_NOTING else ""
+            lines.append(f"Page faults per serial iteration: {faults:.0f}{hint}")
         return lines
 
     def _format_with_times(self) -> str:
