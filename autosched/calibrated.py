@@ -205,6 +205,8 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     costs : CostModel
         The tasks' own costs (without engine costs: they are added here).
     calibration : MachineCalibration, optional
+        The costs' own when omitted. Its ``wake_s``, where measured, is each cross-thread
+        wake-up (where above ``dep_s``) and an idle worker's wake-up at each enqueue.
     num_iterations : int
     device : {"cpu", "cuda"}
     gil_threshold, core_pool

@@ -47,6 +47,11 @@ on this machine, now:
   0..1. Sleep and blocking waits read near 0, Python and CPU kernels near 1:
   whether the task needs a core of the machine while it runs.
 
+One more measurement belongs to a plan rather than to the machine and is not
+taken here: how long the plan's threads wait for a core after each wake-up
+(:func:`swpipe_core.schedstat.measure_wake_s`, over a pipelined run of that
+plan), kept as ``wake_s`` where a caller measures it.
+
 The result (:class:`MachineCalibration`) is plain data with a versioned JSON
 form; cost models carry it as their ``machine_calibration`` section and
 :mod:`autosched.calibrated` folds it into what the simulator uses.
