@@ -137,7 +137,8 @@ class _Sim:
         self.queue: List[deque] = [deque() for _ in range(G)]
         self.cur = [-1] * G
         self.busy = [False] * G
-        self.asleep_until = [0.0] * G  # an idle worker woken by an enqueue starts nothing before this
+        self.waking = [False] * G  # an idle worker woken by an enqueue: it starts nothing until its _WAKE event
+        self.asleep_until = [0.0] * G  # when its last wake-up ended (the binding wait of the task it then starts)
         self.free_t = [0.0] * G
         self.free_op = [-1] * G
         S = len(self.stream_names)
@@ -223,6 +224,7 @@ class _Sim:
             elif kind == _DEV_END:
                 self.dev_done(arg, t)
             elif kind == _WAKE:
+                self.waking[arg] = False
                 self.try_host(arg, t)
             else:
                 self.enqueue(arg, t)
@@ -301,9 +303,12 @@ class _Sim:
                     touched.append(g)
         for g in touched:
             if self.wake_overhead > 0 and g != self.caller and not self.busy[g] and self.cur[g] < 0:
-                # an idle worker sleeps on its queue: it runs once woken (the caller's thread is awake already)
-                self.asleep_until[g] = t + self.wake_overhead
-                self.push(self.asleep_until[g], _WAKE, g)
+                # an idle worker sleeps on its queue: it runs once woken (the caller's thread is awake already);
+                # a second enqueue while it wakes (fill_pipeline's periods) finds it waking, not asleep again
+                if not self.waking[g]:
+                    self.waking[g] = True
+                    self.asleep_until[g] = t + self.wake_overhead
+                    self.push(self.asleep_until[g], _WAKE, g)
             else:
                 self.try_host(g, t)
 
@@ -311,7 +316,7 @@ class _Sim:
 
     def try_host(self, g: int, now: float) -> None:
         """Start the task at the head of thread ``g`` if Phase 1, the sequencer and resources allow."""
-        if self.busy[g] or now < self.asleep_until[g]:
+        if self.busy[g] or self.waking[g]:
             return
         inst = self.cur[g]
         if inst < 0:

@@ -131,3 +131,14 @@ def test_a_busy_worker_takes_its_next_task_without_a_wake_up():
     got = simulate(plan, costs, wake_overhead_s=1e-4)
     assert got.period == pytest.approx(3 * MS)
     assert [s.iteration for s in got.stalls if s.cause == "wake"] == [0]
+
+
+def test_periods_enqueued_while_a_worker_wakes_do_not_wake_it_again():
+    # depth 3: fill_pipeline enqueues three periods 50 us apart; the worker, woken by the first, starts A(0) 100 us
+    # after it and runs the others in turn
+    plan = PipelinePlan({"A": TaskSchedule(0, thread_group="w"), "B": TaskSchedule(2)}, intra_iter_deps=[("B", "A")],
+                        caller_group="default")
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
+    got = simulate(plan, costs, num_iterations=6, period_overhead_s=5e-5, wake_overhead_s=1e-4)
+    starts = sorted(e.start for e in got.events if e.task == "A")
+    assert starts[:3] == pytest.approx([1.5e-4, 1.5e-4 + MS, 1.5e-4 + 2 * MS])
