@@ -47,10 +47,10 @@ on this machine, now:
   0..1. Sleep and blocking waits read near 0, Python and CPU kernels near 1:
   whether the task needs a core of the machine while it runs.
 
-One more measurement belongs to a plan rather than to the machine and is not
-taken here: how long the plan's threads wait for a core after each wake-up
-(:func:`swpipe_core.schedstat.measure_wake_s`, over a pipelined run of that
-plan), kept as ``wake_s`` where a caller measures it.
+* **wait for a core per wake-up** (``calibrate(pipe, batch, wake_batches=...)``
+  only, :func:`swpipe_core.schedstat.measure_wake_s`): over one pipelined run
+  of the pipeline's plan, its threads' run delay per time on a CPU. It belongs
+  to that plan rather than to the machine (13-79 us on one 2-core VM).
 
 The result (:class:`MachineCalibration`) is plain data with a versioned JSON
 form; cost models carry it as their ``machine_calibration`` section and
@@ -66,7 +66,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_gil",
            "measure_gil_and_calls", "measure_cpu", "CALIBRATION_VERSION"]
@@ -550,7 +550,7 @@ def _largest_cpu_share(shares: List[float]) -> float:
 
 
 def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
-              gil_iterations: int = 5) -> MachineCalibration:
+              gil_iterations: int = 5, wake_batches: Optional[Sequence[Any]] = None) -> MachineCalibration:
     """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL and CPU use.
 
     Parameters
@@ -563,6 +563,11 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
         For :func:`measure_engine_costs`.
     gil_iterations : int
         For :func:`measure_gil_and_calls` and :func:`measure_cpu`.
+    wake_batches : sequence, optional
+        With ``pipe``: batches for one pipelined run of its plan, over which
+        :func:`swpipe_core.schedstat.measure_wake_s` measures ``wake_s`` (the
+        plan's threads' wait for a core per wake-up). It belongs to that plan:
+        simulate that plan with it. Without them ``wake_s`` is not measured.
 
     Returns
     -------
@@ -580,12 +585,17 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
     free, cpus = measure_cores()
     gil, calls = measure_gil_and_calls(pipe, batch, gil_iterations) if pipe is not None else ({}, {})
     cpu = measure_cpu(pipe, batch, gil_iterations) if pipe is not None else {}
+    wake = None
+    if pipe is not None and wake_batches is not None:
+        from .schedstat import measure_wake_s
+
+        wake = measure_wake_s(pipe, wake_batches)
     try:
         load: Optional[float] = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
     return MachineCalibration(
-        cores_free=free, cpu_count=cpus, gil=gil, cpu=cpu, calls=calls, load=load,
+        cores_free=free, cpu_count=cpus, gil=gil, cpu=cpu, calls=calls, wake_s=wake, load=load,
         measured=datetime.datetime.now().isoformat(timespec="seconds"),
         machine=f"{cpus}-CPU {platform.machine()}, Python {platform.python_version()}",
         notes=f"swpipe_core.calibrate: no-op plans x {iterations} periods, median of {repeats}", **engine)

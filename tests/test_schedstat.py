@@ -142,3 +142,15 @@ def test_periods_enqueued_while_a_worker_wakes_do_not_wake_it_again():
     got = simulate(plan, costs, num_iterations=6, period_overhead_s=5e-5, wake_overhead_s=1e-4)
     starts = sorted(e.start for e in got.events if e.task == "A")
     assert starts[:3] == pytest.approx([1.5e-4, 1.5e-4 + MS, 1.5e-4 + 2 * MS])
+
+
+def test_calibrate_measures_the_plans_wake_up_only_when_given_batches_for_a_pipelined_run(monkeypatch):
+    from swpipe_core import calibrate as calibration
+
+    monkeypatch.setattr(calibration, "measure_engine_costs", lambda **kw: {
+        "task_s": 0.0, "dep_s": 0.0, "period_s": 0.0, "serial_task_s": 0.0, "serial_iter_s": 0.0})
+    monkeypatch.setattr(calibration, "measure_cores", lambda: (2.0, 2))
+    monkeypatch.setattr(schedstat, "measure_wake_s", lambda pipe, batches: 7e-5 if len(list(batches)) == 12 else None)
+    with SWPipeline(_two_threads(), device="cpu") as pipe:
+        assert calibration.calibrate(pipe, 0, gil_iterations=1).wake_s is None
+        assert calibration.calibrate(pipe, 0, gil_iterations=1, wake_batches=range(12)).wake_s == 7e-5
