@@ -66,7 +66,7 @@ class _Sim:
 
     def __init__(self, plan: PipelinePlan, costs: CostModel, n: int, cuda: bool,
                  task_overhead_s: float, period_overhead_s: float, max_device_lag: int,
-                 wake_overhead_s: float = 0.0) -> None:
+                 wake_overhead_s: float) -> None:
         self.n, self.cuda = n, cuda
         self.lag = max_device_lag
         names = plan.task_names

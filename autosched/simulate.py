@@ -403,7 +403,7 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
 
 
 def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, device: Any, task_overhead_s: Any,
-                period_overhead_s: Any, max_device_lag: Any, wake_overhead_s: Any = 0.0) -> Tuple[bool, int]:
+                period_overhead_s: Any, max_device_lag: Any, wake_overhead_s: Any) -> Tuple[bool, int]:
     """Validate the inputs of :func:`simulate`; return (CUDA?, device lag in iterations)."""
     validate(plan)
     costs.check(plan)
@@ -425,7 +425,7 @@ def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, devic
 
 def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, task_overhead_s: float,
                       period_overhead_s: float, lag: int,
-                      wake_overhead_s: float = 0.0) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
+                      wake_overhead_s: float) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
     """Run the simulation, doubling its length until the window shows the steady state.
 
     Returns the last run, each iteration's completion time and op, the window and the period.

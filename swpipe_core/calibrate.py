@@ -45,8 +45,7 @@ on this machine, now:
   (``time.thread_time``) over its wall time, the largest over the iterations
   (a thread descheduled by other processes only ever reads lower), clipped to
   0..1. Sleep and blocking waits read near 0, Python and CPU kernels near 1:
-  whether the task needs a core of the machine while it runs.
-
+  whether the task needs a core of the machine while it runs;
 * **wait for a core per wake-up** (``calibrate(pipe, batch, wake_batches=...)``
   only, :func:`swpipe_core.schedstat.measure_wake_s`): over one pipelined run
   of the pipeline's plan, its threads' run delay per time on a CPU. It belongs
