@@ -57,6 +57,9 @@ class Problem:
     unit_s: float = 1e-6
     base_plan: Optional[PipelinePlan] = None
     nocore: FrozenSet[str] = frozenset()   # tasks whose host part holds no core of the pool (cost tag "nocore")
+    # the costs as given, machine calibration attached, when ``costs`` has it folded in: the verification predicts
+    # each candidate with them (autosched.verify.predict_periods), its plan-dependent engine costs included
+    measured_costs: Any = None
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
     _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
     _dur: Optional[Dict[str, int]] = field(default=None, repr=False)

@@ -13,7 +13,8 @@ pool size from one core up to its threads, rescaled by the serial plan, and
 keeps the size whose predictions are nearest the measurements (median
 relative error). The model's own pool is kept unless another size lowers that
 error by at least the table's noise floor, so one noisy round does not move
-it. ``auto_schedule`` then searches once more with the refitted pool and
+it (:meth:`PoolFit.applied_to` sets it, in the search's model and in the
+verification's calibrated one). ``auto_schedule`` then searches once more with the refitted pool and
 measures that search's plan against the one verification chose; the faster
 one is returned (:func:`autosched.search.auto_schedule`).
 
@@ -67,6 +68,30 @@ class PoolFit:
     def changed(self) -> bool:
         """Whether the fit moved the pool."""
         return self.cores != self.was
+
+    def applied_to(self, costs: Any) -> Any:
+        """``costs`` with the fitted pool: the folded model's ``cores``, or, on a model that carries its
+        machine calibration (the verification's calibrated model), the calibration's ``cores_free``.
+
+        Examples
+        --------
+        >>> from autosched.costs import CostModel, TaskCost
+        >>> from swpipe_core.calibrate import MachineCalibration
+        >>> fit = PoolFit(cores=1, was=2, errors_pct={1: 3.0, 2: 21.5}, plans=2)
+        >>> fit.applied_to(CostModel({"A": TaskCost(1e-3)}, cores=2)).cores
+        1
+        >>> calibrated = CostModel({"A": TaskCost(1e-3)}, machine_calibration=MachineCalibration(cores_free=1.8))
+        >>> fit.applied_to(calibrated).machine_calibration.cores_free
+        1.0
+        >>> PoolFit(cores=None, was=2, errors_pct={}, plans=1).applied_to(calibrated) is calibrated
+        True
+        """
+        cal = getattr(costs, "machine_calibration", None)
+        if cal is None:
+            return dataclasses.replace(costs, cores=self.cores)
+        if self.cores is None:  # unlimited: a calibrated model has no such pool, it keeps the cores measured free
+            return costs
+        return dataclasses.replace(costs, machine_calibration=dataclasses.replace(cal, cores_free=float(self.cores)))
 
     def describe(self) -> str:
         """One line for the report."""

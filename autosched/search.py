@@ -387,11 +387,13 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         (``TaskProfiler.profile(calibrate=True)``, or ``machine_calibration=``),
         search with it folded in (:func:`autosched.calibrated.calibrated_costs`):
         the engine's cost per task, the GIL tags, the tasks off the CPU and the
-        pool of free cores. Every searcher, the report and the verification's
-        predictions then use the folded model. The per-dependency and
-        per-period engine costs depend on the plan and stay out of the search
-        (:func:`~autosched.calibrated.simulate_calibrated` adds them). False:
-        the tasks' costs as given.
+        pool of free cores. Every searcher and the report then use the folded
+        model. The per-dependency and per-period engine costs depend on the
+        plan and stay out of the search; the verification predicts each plan
+        it measures with them (:func:`autosched.verify.predict_periods`:
+        :func:`~autosched.calibrated.simulate_calibrated`, the GIL's shares in
+        the mean field, the plan's wait for a core per wake-up measured in its
+        warm-up run). False: the tasks' costs as given.
 
     Returns
     -------
@@ -438,8 +440,9 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     if c.method not in ("auto", "cpsat", "beam"):
         raise ValueError(f"method must be 'auto', 'cpsat' or 'beam', got {c.method!r}")
     costs = as_cost_model(costs)
-    folded_note = None
+    folded_note, measured_costs = None, None
     if calibrated and costs.machine_calibration is not None:
+        measured_costs = costs
         from .calibrated import searched_costs
 
         costs = searched_costs(costs, device=c.device)
@@ -455,6 +458,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         return schedule_under_cap(tasks_or_graph, costs, c)
     t0 = time.perf_counter()
     problem = make_problem(tasks_or_graph, costs, c)
+    problem.measured_costs = measured_costs
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
     # budget: beam 30% then CP-SAT up to 70% (its depth refinement may add a fifth of that), or beam 85%;
     # the depth explanation takes at most 10%
@@ -484,8 +488,6 @@ def _refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, seeds: O
     serial plan) in fresh interleaved rounds and returned only if measured
     faster; either way the report's verification table says what happened.
     """
-    import dataclasses
-
     from . import verify as verify_mod
     from .refit import fit_core_pool
 
@@ -497,8 +499,9 @@ def _refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, seeds: O
     if not fit.changed:
         return report
     t0 = time.perf_counter()
-    costs = dataclasses.replace(problem.costs, cores=fit.cores)
-    refit_problem = make_problem(tasks_or_graph, costs, c)
+    refit_problem = make_problem(tasks_or_graph, fit.applied_to(problem.costs), c)
+    if problem.measured_costs is not None:  # the verification's model, refitted alike
+        refit_problem.measured_costs = fit.applied_to(problem.measured_costs)
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(refit_problem.names) <= c.cpsat_max_tasks)
     budget = c.time_limit_s / 2  # a second look, hinted by what is known: half the first search's time
     found = _search_beam(refit_problem, c, budget * (0.3 if use_cpsat else 0.85))

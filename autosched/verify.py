@@ -13,6 +13,17 @@ Measured period of one run: the retire times of ``progress()`` over the
 steady iterations (after a warm-up quarter, at least ``depth`` iterations in,
 before the drain), averaged. A plan's period is the median over the rounds.
 
+Prediction of each plan (:func:`predict_periods`): its simulated period with
+the costs the search used; after a calibrated search (the costs carried a
+machine calibration), the calibrated model's
+(:func:`~autosched.calibrated.simulate_calibrated`, ``gil="shared"``: the
+plan's own engine costs per cross-thread dependency and per period, the GIL's
+held shares and the free cores shared, in the mean field), and each plan's
+warm-up is a full run that measures its threads' wait for a core per wake-up
+(``wake_s``), charged in that plan's prediction. The search ranks many plans
+with one plan-free model; the plan-dependent terms come in here, for the few
+plans measured.
+
 Noise band: ``noise_pct`` = the larger of ``noise_floor_pct`` and the median,
 over the plans, of ``(slowest round - fastest round) / median``. Two plans
 whose periods differ by less than the band are a tie as far as this machine
@@ -732,26 +743,62 @@ def measure_refit(report: Any, chosen: PlanMeasurement, plan: PipelinePlan, prob
 
 def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Sequence[Any], opts: VerifyOptions,
              num_iterations: int, known: Sequence[str]) -> VerifyTable:
-    """Predict each candidate with the problem's costs, then measure them all side by side (with racing)."""
-    predicted = predict_periods(cands, problem.costs, num_iterations, problem.device)
-    depth = max(p.pipeline_depth for _, p in cands)
-    return measure_plans(cands, _batches_for(batches, opts, depth), opts.rounds, predicted=predicted,
-                         device=opts.device, noise_floor_pct=opts.noise_floor_pct,
-                         max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
-                         known=known, margin_pct=opts.margin_pct)
+    """Predict each candidate, then measure them all side by side (with racing).
+
+    A search with a machine calibration (``problem.measured_costs``) predicts
+    with the calibrated model, and each candidate's warm-up is one full run
+    that measures its threads' wait for a core per wake-up
+    (:func:`swpipe_core.schedstat.measure_wake_s`), which the model charges.
+    """
+    runs = _batches_for(batches, opts, max(p.pipeline_depth for _, p in cands))
+    calibrated = getattr(problem, "measured_costs", None)
+    wake = _wake_per_plan(cands, runs, opts.device) if calibrated is not None else None
+    predicted = predict_periods(cands, calibrated if calibrated is not None else problem.costs, num_iterations,
+                                problem.device, wake_s=wake)
+    table = measure_plans(cands, runs, opts.rounds, predicted=predicted, device=opts.device,
+                          noise_floor_pct=opts.noise_floor_pct, warmup=wake is None,
+                          max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
+                          known=known, margin_pct=opts.margin_pct)
+    if wake is not None:
+        got = [f"{label} {w * 1e6:.0f} us" for label, w in wake.items() if w is not None]
+        table.notes.append("predicted by the calibrated model (each plan's engine costs, GIL shares, shared cores)"
+                           + (f"; wait for a core per wake-up, from each plan's warm-up run: {', '.join(got)}"
+                              if got else ""))
+    return table
+
+
+def _wake_per_plan(cands: Sequence[Tuple[str, PipelinePlan]], batches: Sequence[Any],
+                   device: Any) -> Dict[str, Optional[float]]:
+    """Each plan's wait for a core per wake-up, over one run of ``batches`` (the plan's warm-up run)."""
+    from swpipe_core.engine import SWPipeline
+    from swpipe_core.schedstat import measure_wake_s
+
+    out: Dict[str, Optional[float]] = {}
+    for label, plan in cands:
+        with SWPipeline(plan, device=device) as pipe:
+            out[label] = measure_wake_s(pipe, batches)
+    return out
 
 
 def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_iterations: int = 50,
-                    device: str = "cpu") -> Dict[str, float]:
+                    device: str = "cpu", *, wake_s: Optional[Dict[str, Optional[float]]] = None) -> Dict[str, float]:
     """The simulated steady period of each labelled plan: what the verification calls its prediction.
 
     Parameters
     ----------
     plans : sequence of (label, PipelinePlan)
     costs : CostModel
-        The costs the search used (with a machine calibration, the folded model).
+        The costs the search used; or a model carrying its
+        ``machine_calibration``: each plan is then simulated with it by
+        :func:`~autosched.calibrated.simulate_calibrated` (``gil="shared"``:
+        that plan's engine costs, the GIL's held shares and the free cores
+        shared, in the mean field).
     num_iterations : int
     device : {"cpu", "cuda"}
+    wake_s : dict, optional
+        With a calibration: ``label -> that plan's measured wait for a core
+        per wake-up`` (``MachineCalibration.wake_s``; None or a missing label:
+        not charged). Default: the calibration's own ``wake_s`` for every plan.
 
     Returns
     -------
@@ -764,17 +811,35 @@ def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_i
     >>> from autosched.costs import CostModel, TaskCost
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
     ...                     intra_iter_deps=[("B", "A")])
-    >>> got = predict_periods([("two", plan), ("serial", serial_plan(plan))],
-    ...                       CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)}))
+    >>> costs = CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)})
+    >>> got = predict_periods([("two", plan), ("serial", serial_plan(plan))], costs)
     >>> {label: round(s * 1e3, 6) for label, s in got.items()}
     {'two': 1.0, 'serial': 2.0}
+
+    Calibrated: 10 us per task, 2 free cores, and a 50 us wake-up measured for ``two``. ``B`` waits for
+    ``A`` on another thread (one wake-up), and its thread, idle when the period is enqueued, wakes first:
+
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> cal = MachineCalibration(task_s=1e-5, cores_free=2.0, cpu_count=2)
+    >>> got = predict_periods([("two", plan), ("serial", serial_plan(plan))],
+    ...                       dataclasses.replace(costs, machine_calibration=cal), wake_s={"two": 5e-5})
+    >>> {label: round(s * 1e3, 6) for label, s in got.items()}
+    {'two': 1.11, 'serial': 2.02}
     """
+    from .calibrated import simulate_calibrated
     from .simulate import simulate
 
+    cal = getattr(costs, "machine_calibration", None)
     predicted: Dict[str, float] = {}
     for label, plan in plans:
         try:
-            predicted[label] = float(simulate(plan, costs, num_iterations=num_iterations, device=device).period)
+            if cal is None:
+                sim = simulate(plan, costs, num_iterations=num_iterations, device=device)
+            else:
+                own = dataclasses.replace(cal, wake_s=wake_s.get(label)) if wake_s is not None else cal
+                sim = simulate_calibrated(plan, costs, own, num_iterations=num_iterations, device=device,
+                                          gil="shared")
+            predicted[label] = float(sim.period)
         except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
             pass
     return predicted

@@ -288,3 +288,49 @@ def test_verification_predicts_every_candidate_with_the_simulator():
     assert got == {"two": pytest.approx(0.003), "serial": pytest.approx(0.005)}
     broken = PipelinePlan({"A": TaskSchedule(0), "Z": TaskSchedule(0)})  # no cost for Z: left out, not raised
     assert predict_periods([("broken", broken)], costs) == {}
+
+
+def test_a_calibrated_search_predicts_each_candidate_with_its_plans_engine_costs_and_measured_wake(monkeypatch):
+    """The verification's predictions are the calibrated model's, each with the wake-up its own warm-up measured."""
+    import dataclasses
+
+    import swpipe_core.schedstat as schedstat
+    from swpipe_core.calibrate import MachineCalibration
+
+    woken = []
+
+    def fake_wake(pipe, batches):  # 0.5 ms per wake-up for plans with several threads: large enough to see
+        woken.append(len(pipe.plan.thread_groups))
+        return 5e-4 if len(pipe.plan.thread_groups) > 1 else 0.0
+
+    monkeypatch.setattr(schedstat, "measure_wake_s", fake_wake)
+    plan = _two_thread_plan(2 * MS)
+    cal = MachineCalibration(task_s=1e-5, dep_s=2e-5, period_s=5e-5, cores_free=2.0, cpu_count=2)
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)}, machine_calibration=cal)
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+                              verify=VerifyOptions(rounds=1, iterations=12), batches=list(range(12)))
+    table = report.verify
+    rows = {r.label: r for r in table.rows}
+    assert len(woken) == len(rows)  # one warm-up run per candidate measures its wake-up
+    for label, row in rows.items():
+        wake = 5e-4 if len(row.plan.thread_groups) > 1 else 0.0
+        own = predict_periods([(label, row.plan)], dataclasses.replace(costs, machine_calibration=cal),
+                              wake_s={label: wake})
+        assert row.predicted_s == pytest.approx(own[label])
+    multi = [r for r in table.rows if len(r.plan.thread_groups) > 1]
+    assert multi and all(r.predicted_s > 2 * MS + 5e-4 for r in multi)  # a wake-up and the engine's costs charged
+    assert any("predicted by the calibrated model" in n and "500 us" in n for n in table.notes)
+
+
+def test_an_uncalibrated_search_predicts_with_its_costs_and_measures_no_wake(monkeypatch):
+    import swpipe_core.schedstat as schedstat
+
+    def refuse(pipe, batches):
+        raise AssertionError("no calibration: the verification must not measure wake-ups")
+
+    monkeypatch.setattr(schedstat, "measure_wake_s", refuse)
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
+    _, report = auto_schedule(_two_thread_plan(2 * MS), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+                              verify=VerifyOptions(rounds=1, iterations=12), batches=list(range(12)))
+    assert report.verify["serial"].predicted_s == pytest.approx(4 * MS)
+    assert not any("calibrated model" in n for n in report.verify.notes)

@@ -287,12 +287,10 @@ def _candidates(found: PipelinePlan, costs: Any, seeds: Sequence[Any]) -> List[T
 
 
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
-    """Each candidate's predicted period with the costs the search used."""
-    from autosched.calibrated import searched_costs
+    """Each candidate's predicted period, as the verification predicts it (the calibrated model, when measured)."""
     from autosched.verify import predict_periods
 
-    device = env.device.type
-    return predict_periods(candidates, searched_costs(costs, device), device=device)
+    return predict_periods(candidates, costs, device=env.device.type)
 
 
 def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],
