@@ -259,8 +259,9 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         chosen = report.verify.choose()
         chosen_label = chosen.label
         speedups = report.verify.predicted_speedups()
-        k = report.verify.speed_factor
-        rescaled = f", {k * report.period_s * 1e3:.1f} rescaled by the serial plan" if k is not None else ""
+        k, predicted = report.verify.speed_factor, chosen.predicted_s
+        rescaled = (f", predicted {k * predicted * 1e3:.1f} rescaled by the serial plan"
+                    if k is not None and predicted is not None else "")
         earlier = report.verify.earlier
         measured = {r.label for r in report.verify.rows + (earlier.rows if earlier is not None else [])}
         refit = ", after a round refitted to the measured cores" if earlier is not None else ""
