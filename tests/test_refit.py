@@ -97,3 +97,39 @@ def test_a_refitted_plan_measured_faster_than_the_choice_is_returned():
     assert new.verify.earlier is first and new.verify.choose().label == "refit"
     assert new.verify["refit"].period_s < new.verify["serial"].period_s
     assert "then verified on the engine: 2 plans" in new.verify.format()
+
+
+def test_a_refitted_pool_reaches_the_verifications_calibrated_model_too(monkeypatch):
+    """The refit round's measurement predicts with the calibration's cores_free set to the fitted pool."""
+    import autosched.refit as refit_mod
+    import autosched.verify as verify_mod
+    from autosched.calibrated import searched_costs
+    from autosched.refit import PoolFit
+    from autosched.search import _refit_round
+    from swpipe_core.calibrate import MachineCalibration
+
+    a, b = PipelineTask("A", _sleeper(0.003)), PipelineTask("B", _sleeper(0.003))
+    graph = ([a, b], [(b, a)])
+    cal = MachineCalibration(cores_free=2.0, cpu_count=2, cpu={"A": 0.0, "B": 0.0})  # both off the CPU
+    costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, machine_calibration=cal)
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=4)
+    _, report = auto_schedule(graph, costs, c, verify=False)
+    serial = serial_plan(report.plan)
+    table = VerifyTable([PlanMeasurement("serial", serial, [0.006], predicted_s=0.006)], rounds=1, iterations=12)
+    report = dataclasses.replace(report, plan=serial, verify=table)
+    problem = make_problem(graph, searched_costs(costs), c)
+    problem.measured_costs = costs
+    monkeypatch.setattr(refit_mod, "fit_core_pool", lambda *args: PoolFit(cores=1, was=2, errors_pct={1: 1.0, 2: 20.0},
+                                                                             plans=1))
+    seen = {}
+
+    def fake_measure_refit(report, chosen, plan, refit_problem, *rest):
+        seen["problem"] = refit_problem
+        return report
+
+    monkeypatch.setattr(verify_mod, "measure_refit", fake_measure_refit)
+    _refit_round(graph, problem, c, None, report, list(range(12)), VerifyOptions(rounds=1))
+    refitted = seen["problem"]
+    assert refitted.costs.cores == 1
+    assert refitted.measured_costs.machine_calibration.cores_free == 1.0
+    assert problem.measured_costs.machine_calibration.cores_free == 2.0  # the first model is left as it was
