@@ -27,6 +27,9 @@ worst <= 15%.
 simulated from the cost model measured on that plan's run, without and with
 the fitted per-task overhead (target 10%).
 
+Without a fitted constant, with the machine calibrated instead (issue 15's
+targets), see ``benchmarks/calibrated_fidelity.py``.
+
 Usage::
 
     python benchmarks/sim_fidelity.py                 # 24 sleep plans
