@@ -72,7 +72,7 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
            "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band", "predict_periods",
-           "predicted_speedup", "predicted_speedups"]
+           "measure_wakes", "wakes_note", "predicted_speedup", "predicted_speedups"]
 
 
 @dataclass
@@ -752,7 +752,7 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
     """
     runs = _batches_for(batches, opts, max(p.pipeline_depth for _, p in cands))
     calibrated = getattr(problem, "measured_costs", None)
-    wake = _wake_per_plan(cands, runs, opts.device) if calibrated is not None else None
+    wake = measure_wakes(cands, runs, opts.device) if calibrated is not None else None
     predicted = predict_periods(cands, calibrated if calibrated is not None else problem.costs, num_iterations,
                                 problem.device, wake_s=wake)
     table = measure_plans(cands, runs, opts.rounds, predicted=predicted, device=opts.device,
@@ -760,24 +760,57 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
                           max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
                           known=known, margin_pct=opts.margin_pct)
     if wake is not None:
-        got = [f"{label} {w * 1e6:.0f} us" for label, w in wake.items() if w is not None]
-        table.notes.append("predicted by the calibrated model (each plan's engine costs, GIL shares, shared cores)"
-                           + (f"; wait for a core per wake-up, from each plan's warm-up run: {', '.join(got)}"
-                              if got else ""))
+        table.notes.append(wakes_note(wake))
     return table
 
 
-def _wake_per_plan(cands: Sequence[Tuple[str, PipelinePlan]], batches: Sequence[Any],
-                   device: Any) -> Dict[str, Optional[float]]:
-    """Each plan's wait for a core per wake-up, over one run of ``batches`` (the plan's warm-up run)."""
+def measure_wakes(plans: Sequence[Tuple[str, PipelinePlan]], batches: Sequence[Any],
+                  device: Any = "cpu") -> Dict[str, Optional[float]]:
+    """Each plan's wait for a core per wake-up, over one run of ``batches`` each (a warm-up run).
+
+    Parameters
+    ----------
+    plans : sequence of (label, PipelinePlan)
+        Bound plans, run in this order (ranks running them in lockstep pair their collectives).
+    batches : sequence
+    device : str
+
+    Returns
+    -------
+    dict
+        ``label -> seconds`` (:func:`swpipe_core.schedstat.measure_wake_s`; None where the
+        kernel's counters cannot be read).
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelineTask
+    >>> a, b = PipelineTask("A", lambda ctx: None), PipelineTask("B", lambda ctx: None)
+    >>> two = PipelinePlan({a: TaskSchedule(0, thread_group="x"), b: TaskSchedule(1, thread_group="y")}, [(b, a)])
+    >>> got = measure_wakes([("two", two)], range(12))
+    >>> list(got), got["two"] is None or got["two"] >= 0
+    (['two'], True)
+    """
     from swpipe_core.engine import SWPipeline
     from swpipe_core.schedstat import measure_wake_s
 
     out: Dict[str, Optional[float]] = {}
-    for label, plan in cands:
+    for label, plan in plans:
         with SWPipeline(plan, device=device) as pipe:
             out[label] = measure_wake_s(pipe, batches)
     return out
+
+
+def wakes_note(wakes: Dict[str, Optional[float]]) -> str:
+    """The report's line on the calibrated predictions and the wake-ups measured for them.
+
+    Examples
+    --------
+    >>> wakes_note({"auto": 2.1e-5, "serial": None})
+    "predicted by the calibrated model (each plan's engine costs, GIL shares, shared cores); wait for a core per wake-up, from each plan's warm-up run: auto 21 us"
+    """
+    got = [f"{label} {w * 1e6:.0f} us" for label, w in wakes.items() if w is not None]
+    return ("predicted by the calibrated model (each plan's engine costs, GIL shares, shared cores)"
+            + (f"; wait for a core per wake-up, from each plan's warm-up run: {', '.join(got)}" if got else ""))
 
 
 def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_iterations: int = 50,

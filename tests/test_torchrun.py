@@ -92,6 +92,8 @@ def test_one_auto_plan_is_shared_by_both_ranks(ranks):
     assert "schedule" in ranks[0]["auto_plan"]
     # the candidates were measured on both ranks at once, and both chose the same one from the folded table
     assert ranks[0]["auto_note"] == ranks[1]["auto_note"] and "on all 2 ranks in lockstep" in ranks[0]["auto_note"]
+    # predicted after the lockstep runs, with the calibrated model and each plan's slowest rank's wake-ups
+    assert "predicted by the calibrated model" in ranks[0]["auto_note"]
     # the model's speedup of the plan chosen in lockstep, the same on both ranks (rank 0's predictions, shared)
     assert ranks[0]["auto_predicted_speedup"] == ranks[1]["auto_predicted_speedup"]
     assert ranks[0]["auto_predicted_speedup"] > 0

@@ -151,10 +151,14 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
             shared = f"auto_schedule failed ({type(exc).__name__}: {exc})"
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
-        candidates, note, speedups = shared
-        label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
+        candidates, note = shared
+        label, fields, verdict, wakes = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
+        # rank 0 predicts the candidates, each with the wait for a core per wake-up of its slowest rank
+        speedups, how = from_rank0(env, _lockstep_predictions(candidates, costs, env, wakes) if env.rank == 0
+                                   else None)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
-                          f"lockstep, the slowest rank's time counting ({label})", label, speedups)
+                          f"lockstep, the slowest rank's time counting ({label})" + (f"; {how}" if how else ""),
+                  label, speedups)
     if isinstance(shared, str):
         warnings.warn(f"auto plan skipped: {shared}", RuntimeWarning)
         return None
@@ -233,7 +237,8 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
     """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial per candidate label)``.
 
-    With ``lockstep``: ``(candidates, note, predicted speedups)``, the candidates to measure on every rank.
+    With ``lockstep``: ``(candidates, note)``, the candidates to measure on every rank (their predictions follow
+    the measurement, :func:`_lockstep_speedups`).
     The candidates' labels are the verification's (``"seed:<row>"``, ``"serial"``, ...); without a
     verification, the search's plan is ``"auto"``.
     """
@@ -267,11 +272,11 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         refit = ", after a round refitted to the measured cores" if earlier is not None else ""
         how = (f"{report.verify.verdict()} of {len(measured)} plans on the engine{refit} ({chosen.label}: "
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
-    else:  # nothing measured here (with lockstep, every rank measures the candidates next): rank 0 predicts them
+    else:  # nothing measured here (with lockstep, every rank measures the candidates next)
         candidates = _candidates(found, costs, seeds)
-        speedups = predicted_speedups(_predictions(candidates, costs, env))
         if lockstep:
-            return [(label, plan_fields(plan)) for label, plan in candidates], note, speedups
+            return [(label, plan_fields(plan)) for label, plan in candidates], note
+        speedups = predicted_speedups(_predictions(candidates, costs, env))
         how = "not measured before the run"
     return plan_fields(found), f"{note}; {how}", chosen_label, speedups
 
@@ -287,33 +292,53 @@ def _candidates(found: PipelinePlan, costs: Any, seeds: Sequence[Any]) -> List[T
             + [("serial", serial_plan(found))])
 
 
-def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
+def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv,
+                 wakes: Optional[Dict[str, Optional[float]]] = None) -> Dict[str, float]:
     """Each candidate's predicted period, as the verification predicts it (the calibrated model, when measured)."""
     from autosched.verify import predict_periods
 
-    return predict_periods(candidates, costs, device=env.device.type)
+    return predict_periods(candidates, costs, device=env.device.type, wake_s=wakes)
+
+
+def _lockstep_predictions(candidates: Sequence[Any], costs: Any, env: DistEnv,
+                          wakes: Dict[str, Optional[float]]) -> Tuple[Dict[str, float], Optional[str]]:
+    """Rank 0's predicted speedups of the shared candidates (plan fields) with the wake-ups measured in
+    lockstep, and the line that says so (None when the costs carry no calibration: the wake-ups are unused)."""
+    from autosched.verify import predicted_speedups, wakes_note
+
+    try:
+        plans = [(label, _plan_from_fields(fields)) for label, fields in candidates]
+        speedups = predicted_speedups(_predictions(plans, costs, env, wakes))
+    except Exception as exc:  # noqa: BLE001 - the other ranks wait for rank 0's answer: always give one
+        return {}, f"no predictions ({type(exc).__name__}: {exc})"
+    return speedups, wakes_note(wakes) if getattr(costs, "machine_calibration", None) is not None else None
 
 
 def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],
                           rounds: int) -> Any:
     """Run rank 0's candidates on every rank at once (their collectives pair up); the slowest rank's time counts.
 
-    Returns ``(label, plan fields, verdict)`` of the plan chosen (:meth:`~autosched.verify.VerifyTable.choose`:
-    the fastest, or a seed it does not measurably beat), the same on every rank.
+    Returns ``(label, plan fields, verdict, wake-ups)`` of the plan chosen
+    (:meth:`~autosched.verify.VerifyTable.choose`: the fastest, or a seed it does not measurably beat), the same
+    on every rank; the last is each candidate's wait for a core per wake-up on its slowest rank, measured in a
+    warm-up run of each (:func:`~autosched.verify.measure_wakes`; None where not measured).
     """
-    from autosched.verify import PlanMeasurement, VerifyTable, is_known, measure_plans
+    from autosched.verify import PlanMeasurement, VerifyTable, is_known, measure_plans, measure_wakes
 
     fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
     plans = [(label, _plan_from_fields(fields).bind(fns)) for label, fields in candidates]
     runs = [batches[i % len(batches)] for i in range(40)]
-    table = measure_plans(plans, runs, rounds, device=str(env.device))
+    wakes_by_rank = gather(env, measure_wakes(plans, runs, str(env.device)))  # the warm-up runs, in lockstep
+    wakes = {label: max((w[label] for w in wakes_by_rank if w[label] is not None), default=None)
+             for label, _ in plans}
+    table = measure_plans(plans, runs, rounds, device=str(env.device), warmup=False)
     every = gather(env, {r.label: r.rounds_s for r in table.rows})
     folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
                                                             for k in range(len(r.rounds_s))], round_ids=r.round_ids)
                           for r in table.rows], table.rounds, table.iterations,
                          known=tuple(label for label, _ in candidates if is_known(label)))
     label = folded.choose().label
-    return label, dict(candidates)[label], folded.verdict()
+    return label, dict(candidates)[label], folded.verdict(), wakes
 
 
 def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
