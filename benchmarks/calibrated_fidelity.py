@@ -11,7 +11,7 @@ For each plan, in one run:
    and torch calls per run (``measure_gil_and_calls``) and CPU share
    (``measure_cpu``: a task off the CPU takes no core of the pool), and the
    plan's wait for a core after each wake-up over one pipelined run
-   (``measure_wake_s``; the model's wake-up where it exceeds ``dep_s``);
+   (``measure_wakes``; the model's wake-up where it exceeds ``dep_s``);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated four ways:
    ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:
@@ -71,11 +71,10 @@ from autosched.calibrated import calibrated_costs, simulate_calibrated  # noqa: 
 from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
-from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
+from autosched.verify import measure_plans, measure_wakes, serial_plan, turned  # noqa: E402
 from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory  # noqa: E402
 from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil_and_calls  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
-from swpipe_core.schedstat import measure_wake_s  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
 
@@ -217,8 +216,7 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
     for label, plan, batch in entries:
         gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        with SWPipeline(plan, device="cpu") as pipe:
-            wake = measure_wake_s(pipe, batches)
+        wake = measure_wakes([(label, plan)], batches)[label]
         cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu, "calls": calls, "wake_s": wake})
         print(f"{label}: wait for a core per wake-up "
               + ("not measured (no schedstat)" if wake is None else f"{wake * 1e6:.0f} us (dep_s {cal.dep_s * 1e6:.0f} us)"))

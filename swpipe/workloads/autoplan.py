@@ -238,7 +238,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial per candidate label)``.
 
     With ``lockstep``: ``(candidates, note)``, the candidates to measure on every rank (their predictions follow
-    the measurement, :func:`_lockstep_speedups`).
+    the measurement, :func:`_lockstep_predictions`).
     The candidates' labels are the verification's (``"seed:<row>"``, ``"serial"``, ...); without a
     verification, the search's plan is ``"auto"``.
     """
@@ -328,12 +328,11 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
     fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
     plans = [(label, _plan_from_fields(fields).bind(fns)) for label, fields in candidates]
     runs = [batches[i % len(batches)] for i in range(40)]
-    wakes_by_rank = gather(env, measure_wakes(plans, runs, str(env.device)))  # the warm-up runs, in lockstep
-    wakes = {label: max((w[label] for w in wakes_by_rank if w[label] is not None), default=None)
-             for label, _ in plans}
+    own_wakes = measure_wakes(plans, runs, str(env.device))  # each plan's warm-up run, in lockstep
     table = measure_plans(plans, runs, rounds, device=str(env.device), warmup=False)
-    every = gather(env, {r.label: r.rounds_s for r in table.rows})
-    folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
+    every = gather(env, ({r.label: r.rounds_s for r in table.rows}, own_wakes))
+    wakes = {label: max((w[label] for _, w in every if w[label] is not None), default=None) for label, _ in plans}
+    folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank, _ in every)
                                                             for k in range(len(r.rounds_s))], round_ids=r.round_ids)
                           for r in table.rows], table.rounds, table.iterations,
                          known=tuple(label for label, _ in candidates if is_known(label)))
