@@ -188,6 +188,8 @@ class _Sim:
                         self.caller_left[i + self.stage[k]] += 1
         self.caller_done_t = [0.0] * P
         self.caller_done_op = [-1] * P
+        self.held: Dict[int, List[int]] = {}  # a caller's task -> the worker tasks handed off once it has run
+        self.handoff_pred: Dict[int, int] = {}  # a worker task handed off late -> the caller's task it waited for
         self.period_pred: List[Tuple[int, str]] = [(-1, "barrier")] * P
         self.next_period = 0
         self.cut = math.inf  # when the first period short of a batch is enqueued (see _window)
@@ -285,22 +287,45 @@ class _Sim:
                 self.push(self.main_t, _ENQUEUE, p)
 
     def enqueue(self, p: int, t: float) -> None:
+        """Walk period ``p``'s tasks in the enqueue order, as the engine's main thread does.
+
+        A worker task placed after a task of the caller's group is held until
+        the main thread has run that task (:meth:`release`, from
+        :meth:`host_done`); the rest are handed off now.
+        """
         n = self.n
-        touched: List[int] = []
+        now: List[int] = []
+        inline = -1  # the caller's task the walk passed last: what the next worker tasks wait for
         if 0 <= p < n:
             self.entry[p] = t
         for k in self.order:
             i = p - self.stage[k]
             if 0 <= i < n:
                 inst = k * n + i
-                self.enq[inst] = t
                 if self.seqd[k]:
                     self.ticket[inst] = self.seq_issued
                     self.seq_issued += 1
                 g = self.thread[k]
-                self.queue[g].append(inst)
-                if g not in touched:
-                    touched.append(g)
+                if g == self.caller:
+                    inline = inst
+                    now.append(inst)
+                elif inline >= 0:
+                    self.held.setdefault(inline, []).append(inst)
+                else:
+                    now.append(inst)
+        self.release(now, t, -1)
+
+    def release(self, insts: List[int], t: float, after: int) -> None:
+        """Hand ``insts`` to their threads at ``t``; ``after``: the caller's task they waited for (-1: none)."""
+        touched: List[int] = []
+        for inst in insts:
+            self.enq[inst] = t
+            if after >= 0:
+                self.handoff_pred[inst] = after
+            g = self.thread[inst // self.n]
+            self.queue[g].append(inst)
+            if g not in touched:
+                touched.append(g)
         for g in touched:
             if self.wake_overhead > 0 and g != self.caller and not self.busy[g] and self.cur[g] < 0:
                 # an idle worker sleeps on its queue: it runs once woken (the caller's thread is awake already);
@@ -358,6 +383,8 @@ class _Sim:
         # the binding wait is the latest constraint; on ties: dep > sequencer > resource > thread > barrier
         enq = self.enq[inst]
         bop, bkind = self.period_pred[i + self.stage[k]]
+        if inst in self.handoff_pred:  # handed off once the caller ran the task before it in the order
+            bop, bkind = self.handoff_pred[inst], self.thread_label[self.caller]
         bt = enq
         ft = self.free_t[g]
         if ft >= bt:
@@ -431,6 +458,9 @@ class _Sim:
             self.caller_left[p] -= 1
             self.caller_done_t[p] = t
             self.caller_done_op[p] = inst
+            held = self.held.pop(inst, None)
+            if held:
+                self.release(held, t, inst)
         self.advance_main()
         for x in wake_threads:
             self.try_host(x, t)

@@ -311,6 +311,7 @@ def _plan_doc(plan: PipelinePlan) -> Dict[str, Any]:
         "pipeline_depth": plan.pipeline_depth,
         "enqueue_order": None if plan.enqueue_order is None else [ref_name(r) for r in plan.enqueue_order],
         "enqueue_policy": plan.enqueue_policy,
+        "caller_group": plan.caller_group,
     }
 
 
@@ -439,7 +440,7 @@ def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> P
     """
     path, doc = _read_doc(path, _PLAN_FORMAT)
     _check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps",
-                                         "pipeline_depth", "enqueue_order", "enqueue_policy"}, {"tasks"})
+                                         "pipeline_depth", "enqueue_order", "enqueue_policy", "caller_group"}, {"tasks"})
     if not isinstance(doc["tasks"], list) or not doc["tasks"]:
         raise GraphFileError(path, "tasks", f"{doc['tasks']!r} is not a non-empty list",
                              'write "tasks": [{"name": "H2D", "stage": 0}, ...]')
@@ -462,12 +463,16 @@ def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> P
     if order is not None and not isinstance(order, list):
         raise GraphFileError(path, "enqueue_order", f"{order!r} is not a list or null",
                              "list every task name once in enqueue order, or null to use enqueue_policy")
+    caller = doc.get("caller_group", "default")
+    if caller is not None and not isinstance(caller, str):
+        raise GraphFileError(path, "caller_group", f"{caller!r} is not a string or null",
+                             'name the thread group run on the caller\'s thread ("default"), or null for none')
     if fns:
         _check_fns(fns, names, path)
     tasks = {n: PipelineTask(n, (fns or {}).get(n)) for n in names}
     plan = PipelinePlan({tasks[n]: s for n, s in schedule.items()}, intra, inter,
                         pipeline_depth=doc.get("pipeline_depth"), enqueue_order=order,
-                        enqueue_policy=doc.get("enqueue_policy", "ready_first"))
+                        enqueue_policy=doc.get("enqueue_policy", "ready_first"), caller_group=caller)
     validate(plan)
     return plan
 

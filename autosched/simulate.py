@@ -43,7 +43,8 @@ class CriticalCycle:
     """The chain of binding waits that repeats in steady state.
 
     ``steps`` run forward in time: ``(task, part, iteration, via)`` where ``via`` is
-    the kind of wait that let the *next* step start (``"thread:<g>"``,
+    the kind of wait that let the *next* step start (``"thread:<g>"``: the thread
+    was busy, or, for a task handed off late, the main thread running group ``<g>``,
     ``"stream:<s>"``, ``"dep:<t>"``, ``"event:<t>"``, ``"submit"``,
     ``"barrier"``, ``"wake"`` (an idle worker woken by the enqueue), ``"sequencer"``, ``"comm:<c>"``,
     ``"pcie"``, ``"cores"``). The chain spans

@@ -433,8 +433,10 @@ def inline_variant(plan: PipelinePlan, costs: Any) -> Optional[Tuple[str, Pipeli
         group = plan.sched(name).thread_group
         load[group] = load.get(group, 0.0) + costs[name].host_s
     busiest = max(sorted(load), key=load.get)
+    # the order again, by the plan's policy: with a group inline it also says when the others are handed off,
+    # and the policy hands them off as early as the graph allows (swpipe_core.order.handed_off_first)
     return (f"auto, {busiest} inline",
-            plan.replace(caller_group=busiest, enqueue_order=plan.enqueue_order, pipeline_depth=plan.pipeline_depth))
+            plan.replace(caller_group=busiest, enqueue_order=None, pipeline_depth=plan.pipeline_depth))
 
 
 def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:

@@ -21,6 +21,14 @@ the printed ratio is the median over the rounds, with the middle half of the
 rounds' ratios beside it. Pairing cancels the slow drift of a shared or
 frequency-scaled machine that a ratio of two separately taken minima carries
 (best-of-N rates are printed too). Each runner runs once untimed first.
+
+``+by_stream`` runs each stream's tasks on its own thread; the caller's
+thread runs the default stream's. By default its side tasks are handed off
+first in each period, beside the caller's forward pass. The rows
+``+by_stream, after Forward`` hand them off after the forward pass
+(:func:`swpipe_core.order.hand_off_after`; ``--hand-off-after ''`` leaves
+those rows out): on a CPU host their Python then runs beside the backward
+pass, which holds no interpreter lock.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="rounds (each gives one paired ratio per plan)")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--hand-off-after", default="Forward", metavar="TASK",
+                        help="also run each +by_stream plan with its side threads' tasks handed off after this task "
+                             "of the caller's thread ('' for none)")
     add_keep_freed_memory(parser)
     args = parser.parse_args()
     print(apply_keep_freed_memory(args))
@@ -61,19 +72,24 @@ def main() -> None:
     config = DLRMConfig.preset("demo", batch_size=args.batch_size)
     batches = to_torchrec_batches(config, args.iters)
     runners = {"plain loop": lambda: run_plain(build_model(config), batches)}
+    groups = [["plain loop"]]  # each TorchRec pipeline with our plans for it: the runs one round pairs
+    peer_of = {}
     for name, cls in PEERS.items():
         runners[f"TorchRec {cls}"] = lambda name=name: run_torchrec(name, build_model(config), batches)
         runners[f"swpipe {name}"] = lambda name=name: run_swpipe(name, build_model(config), batches)
         runners[f"swpipe {name}+by_stream"] = lambda name=name: run_swpipe(name, build_model(config), batches,
                                                                            "by_stream")
+        if args.hand_off_after:
+            runners[f"swpipe {name}+by_stream, after {args.hand_off_after}"] = (
+                lambda name=name: run_swpipe(name, build_model(config), batches, "by_stream", args.hand_off_after))
+        groups.append([k for k in runners if k not in peer_of and k != "plain loop"])
+        peer_of.update((k, f"TorchRec {cls}") for k in groups[-1])
     from autosched.verify import turned  # the same turned order as the verification's rounds
 
     for fn in runners.values():  # warm-up: first-call costs, allocator, lazy init
         fn()
     times = {k: [] for k in runners}
     outputs = {}
-    groups = [["plain loop"]] + [[k for k in runners if k.startswith("swpipe " + n) or k == f"TorchRec {c}"]
-                                 for n, c in PEERS.items()]
     for r in range(args.repeats):
         for group in groups:
             for label in turned(group, r):
@@ -86,13 +102,13 @@ def main() -> None:
     print(f"TorchRec peer comparison: {os.cpu_count()} CPU(s), torch {torch.__version__}, gloo world size 1, "
           f"batch {args.batch_size}, {args.iters} steps, {args.repeats} interleaved rounds (order rotated), "
           f"{args.threads} intra-op thread(s)")
-    print(f"{'run':36s} {'best iter/s':>11s} {'vs TorchRec':>11s} {'middle half':>13s}  logits == plain loop")
+    print(f"{'run':50s} {'best iter/s':>11s} {'vs TorchRec':>11s} {'middle half':>13s}  logits == plain loop")
     for label in runners:
         rate = args.iters / min(times[label])
         ratio, spread = "", ""
         if label.startswith("swpipe"):
-            name = label.split()[1].split("+")[0]
-            peer = times[f"TorchRec {PEERS[name]}"]
+            peer = times[peer_of[label]]
+            assert len(peer) == len(times[label]) == args.repeats  # one run of each per round: paired
             paired = sorted(p / o for p, o in zip(peer, times[label]))
             q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
             ratio, spread = f"{statistics.median(paired):.3f}x", f"{q[0]:.2f}-{q[2]:.2f}"
@@ -100,7 +116,7 @@ def main() -> None:
         exact = all(torch.equal(a, b) for a, b in zip(outputs[label], ref))
         for a, b in zip(outputs[label], ref):
             torch.testing.assert_close(a, b)
-        print(f"{label:36s} {rate:11.1f} {ratio:>11s} {spread:>13s}  "
+        print(f"{label:50s} {rate:11.1f} {ratio:>11s} {spread:>13s}  "
               f"{'bit-identical' if exact else ('close' if close else 'DIFFERENT')}")
 
 

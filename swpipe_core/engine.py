@@ -8,10 +8,10 @@ Execution semantics (the contract :mod:`autosched.simulate` models):
   tasks' CPU signals set), retires it, on CUDA waits until the device work
   of iteration ``retired - max_device_lag`` completed (bounded run-ahead),
   enqueues the next period and returns the retired index. Iterations beyond the data are never enqueued.
-* The main thread enqueues a period's tasks, in the plan's enqueue order,
-  onto the FIFO queue of each task's thread group (one worker thread
-  ``swpipe-<group>`` per group, :mod:`swpipe_core.workers`), then runs the
-  caller group's tasks itself (below).
+* The main thread walks a period's tasks in the plan's enqueue order,
+  putting each onto the FIFO queue of its thread group (one worker thread
+  ``swpipe-<group>`` per group, :mod:`swpipe_core.workers`), and running
+  each task of the caller's group itself when the walk reaches it (below).
 * A worker takes a task and (1) waits the CPU signals of its dependencies:
   ``dep(i)`` for intra deps and ``dep(i - N)`` for inter deps of distance
   ``N`` (nothing for ``i - N < 0``); (2) a ``globally_ordered`` task waits its
@@ -35,9 +35,12 @@ and joins the workers. After any failure ``drain()`` (or a new
 
 Caller group (``PipelinePlan.caller_group``, ``"default"`` unless set; ``None``
 = off): that group's tasks run inline on the thread calling
-``fill_pipeline``/``progress``, after the period's tasks of the other groups
-were enqueued, in enqueue order; no worker thread exists for it, so a
-single-group plan starts no thread at all and pays no hand-off.
+``fill_pipeline``/``progress``, in enqueue order; a task of another group is
+handed to its worker when the walk reaches it, so one placed after a
+caller's task starts once that task has run (the order policies place every
+other group's task as early as the graph allows: :mod:`swpipe_core.order`).
+No worker thread exists for the caller's group, so a single-group plan
+starts no thread at all and pays no hand-off.
 
 Memory: every in-flight iteration has its own :class:`IterContext`; on CPU a
 retired iteration's context is dropped when ``progress`` returns, so at most
@@ -444,12 +447,16 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
     def _advance(self, run: _Run, batch: Any) -> None:
         """Run period ``run.period`` (creating its new iteration if a batch was fetched).
 
-        Worker groups' tasks are enqueued first, then the caller group's run
-        inline in enqueue order. No deadlock: the enqueue order is a
-        topological order of the period-local graph, so every dependency of
-        an inline task is an earlier inline task, a task already enqueued on
-        a worker (whose own dependencies precede it in the same order), or a
-        task of an earlier period, all of which complete without the caller.
+        The caller walks the enqueue order: a worker group's task is handed
+        to its worker when the walk reaches it, the caller group's task is
+        run inline then, so a worker task placed after a caller's task starts
+        only once the caller has run that task (as a pipeline's
+        ``progress()`` issues work at its place in the program). No deadlock:
+        the enqueue order is a topological order of the period-local graph,
+        so every dependency of an inline task is an earlier inline task, an
+        earlier task already handed to a worker (whose own dependencies
+        precede it in the same order), or a task of an earlier period, all of
+        which complete without the caller.
         """
         p = run.period
         if batch is not _NO_BATCH:
@@ -462,24 +469,39 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         lo, hi = run.oldest, run.fetched
         iters = run.iters
         ticket = run.sequencer.ticket
-        by_group: Dict[str, List[tuple]] = {}
+        caller = self._caller_group
+        # the period as segments: (worker tasks handed off, then the caller's tasks run inline), in enqueue order
+        segments: List[Tuple[Dict[str, List[tuple]], List[tuple]]] = []
+        handoff: Dict[str, List[tuple]] = {}
+        inline: List[tuple] = []
         for ti in self._order:
             i = p - ti.stage
             if i < lo or i >= hi:
                 continue
-            seq = ticket(f"{ti.name} (iteration {i})") if ti.ordered else None
-            items = by_group.get(ti.group)
+            item = (iters[i], ti, ticket(f"{ti.name} (iteration {i})") if ti.ordered else None)
+            if ti.group == caller:
+                inline.append(item)
+                continue
+            if inline:  # a worker task after a caller's task: handed off once the caller has run that task
+                segments.append((handoff, inline))
+                handoff, inline = {}, []
+            items = handoff.get(ti.group)
             if items is None:
-                items = by_group[ti.group] = []
-            items.append((iters[i], ti, seq))
-        caller = self._caller_group
-        inline = by_group.pop(caller, None) if caller is not None else None
-        for group, items in by_group.items():
-            run.workers.submit(group, items)
-        if inline is not None:
-            if run.workers is None and run.bare:
+                items = handoff[ti.group] = []
+            items.append(item)
+        segments.append((handoff, inline))
+        if run.workers is None:
+            if run.bare:
                 self._run_solo(run, inline)
             else:
+                self._run_items(run, inline, inline=True)
+            return
+        for handoff, inline in segments:
+            if run.cancelled:
+                return
+            for group, items in handoff.items():
+                run.workers.submit(group, items)
+            if inline:
                 self._run_items(run, inline, inline=True)
 
     def _retire_oldest(self, run: _Run) -> int:

@@ -90,7 +90,9 @@ def check_contract(plan: Any, events: Sequence[Any], num_iterations: int) -> Non
     * each thread group ran its tasks in the order they were enqueued (FIFO);
     * at most ``depth`` iterations in flight: a task of period ``p`` starts after iteration ``p - depth``
       has completed on the host;
-    * globally ordered tasks ran one at a time in enqueue order (the sequencer).
+    * globally ordered tasks ran one at a time in enqueue order (the sequencer);
+    * with a caller's group, a worker task the enqueue order places after a caller's task started after
+      that task ended (the main thread hands it off when its walk reaches it).
     """
     host = {(e.task, e.iteration): e for e in events if e.kind == "host"}
     dev = {(e.task, e.iteration): e for e in events if e.kind == "device"}
@@ -118,6 +120,13 @@ def check_contract(plan: Any, events: Sequence[Any], num_iterations: int) -> Non
         j = i + plan.stage(t) - depth
         if j >= 0:
             assert e.start >= done[j], f"{t}[{i}] started before iteration {j} completed: more than {depth} in flight"
+    last_inline = None
+    for t, i in seq:  # the periods one after another, each walked in enqueue order
+        if plan.sched(t).thread_group == plan.caller_group:
+            last_inline = (t, i)
+        elif last_inline is not None and last_inline[1] + plan.stage(last_inline[0]) == i + plan.stage(t):
+            assert host[t, i].start >= host[last_inline].end, \
+                f"{t}[{i}] started before the caller ran {last_inline[0]}[{last_inline[1]}], placed before it"
     ordered = [x for x in seq if plan.sched(x[0]).globally_ordered]
     ran = sorted(ordered, key=lambda x: host[x].start)
     assert ran == ordered, "globally ordered tasks ran out of enqueue order"

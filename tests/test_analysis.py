@@ -282,8 +282,20 @@ def test_lds_le_min_depth_le_depth_for_every_pipeline_and_policy():
 def test_stage_descending_torchrec_plans_need_their_depth():
     # Enqueued stage-descending (older iterations first), every TorchRec plan's depth is minimal.
     for name in pipelines.PIPELINES:
-        plan = pipelines.get(name).replace(enqueue_policy="stage_descending")
+        plan = pipelines.get(name).replace(enqueue_policy="stage_descending", caller_group=None)
         assert min_depth(plan) == plan.pipeline_depth, name
+
+
+def test_handing_worker_tasks_off_first_can_lower_the_depth_needed():
+    # With the caller's group inline the policy hands the loader's H2D off before the caller's older
+    # tasks, so the eval pipeline's order needs one stage less; the other TorchRec plans keep theirs.
+    shallower = []
+    for name in pipelines.PIPELINES:
+        plan = pipelines.get(name).replace(enqueue_policy="stage_descending")
+        assert min_depth(plan) <= plan.pipeline_depth, name
+        if min_depth(plan) < plan.pipeline_depth:
+            shallower.append(name)
+    assert shallower == ["eval_sparse_dist"]
 
 
 def test_lds_bound_holds_on_random_plans():

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
+import networkx as nx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ from autosched.costs import CostModel, TaskCost
 from autosched.simulate import simulate
 from conftest import check_contract
 from swpipe_core.engine import SWPipeline
+from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 
@@ -182,6 +184,33 @@ def test_simulator_replays_the_engine_on_random_plans(caller_group, rng, hand_of
 @given(rng=st.randoms(use_true_random=False))
 def test_simulator_replays_the_engine_on_many_random_plans(caller_group, rng, hand_off):
     _check_replay(*random_plan(rng, caller_group), hand_off)
+
+
+def late_hand_off_plan(rng: random.Random) -> Tuple[PipelinePlan, Dict[str, float]]:
+    """A random plan with the caller's group and an explicit random enqueue order (a random topological
+    order of the period-local graph) that places some worker task after a caller's task it does not wait for."""
+    while True:
+        plan, sleeps = random_plan(rng, "default")
+        graph = period_local_graph(plan)
+        indegree = dict(graph.in_degree())
+        order: List[str] = []
+        while len(order) < len(indegree):
+            name = rng.choice(sorted(n for n, d in indegree.items() if d == 0 and n not in order))
+            order.append(name)
+            for succ in graph.successors(name):
+                indegree[succ] -= 1
+        plan = plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth)
+        inline = [k for k, n in enumerate(order) if plan.sched(n).thread_group == "default"]
+        late = [n for k, n in enumerate(order) if plan.sched(n).thread_group != "default" and inline and k > inline[0]
+                and not any(nx.has_path(graph, order[j], n) for j in inline if j < k)]
+        if late:
+            return plan, sleeps
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_simulator_replays_late_hand_offs_on_the_engine(seed, hand_off):
+    # A worker task placed after a caller's task waits for it on the engine (check_contract) and in the model.
+    _check_replay(*late_hand_off_plan(random.Random(seed)), hand_off)
 
 
 def test_contract_check_catches_a_timeline_out_of_enqueue_order():

@@ -442,3 +442,15 @@ def test_recorder_on_cuda_names_weights_grads_and_state():
     assert deps.intra == [("Bwd", "Fwd"), ("Step", "Bwd")] and deps.inter == [("Fwd", "Step", 1)]
     assert "optimizer.state[weight].exp_avg" in record_dataflow(tasks, [torch.ones(2, 4)] * 2,
                                                                 state=[model, opt]).touched("Step", "write")
+
+
+def test_plan_order_knows_a_late_hand_off_orders_the_worker_task_after_the_callers():
+    from swpipe_core.dataflow._happens import PlanOrder
+
+    plan = PipelinePlan({"C": TaskSchedule(0), "W": TaskSchedule(0, thread_group="io")})
+    late = PlanOrder(plan.replace(enqueue_order=["C", "W"]))
+    assert late.before(("C", 2), ("W", 2)) and not late.before(("W", 2), ("C", 2))
+    early = PlanOrder(plan.replace(enqueue_order=["W", "C"]))
+    assert not early.before(("C", 2), ("W", 2)) and not early.before(("W", 2), ("C", 2))
+    assert not PlanOrder(plan.replace(enqueue_order=["C", "W"], caller_group=None)).before(("C", 2), ("W", 2))
+    assert not PlanOrder(plan.replace(enqueue_order=["C", "W"]), device="cuda").before(("C", 2), ("W", 2))

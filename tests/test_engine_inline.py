@@ -180,3 +180,48 @@ def test_inline_tasks_in_timeline_shortcut_and_profiler():
     pipe.disable_shortcut("Gen")
     r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=2, num_rounds=1)
     assert set(r.exposed_s) == {"Gen", "Use"} and swpipe_threads() == []
+
+
+def _handoff_plan(order, seen, met, wait_s):
+    """Caller's task C and worker task W ("io"), independent, both stage 0, enqueued in ``order``.
+
+    C waits (at most ``wait_s``) for W to have run and records whether it had; W records whether C had
+    ended when it ran.
+    """
+    ran_w, c_done = threading.Event(), threading.Event()
+
+    def c(ctx):
+        c_done.clear()
+        met.append(ran_w.wait(wait_s))
+        c_done.set()
+
+    def w(ctx):
+        seen.append(c_done.is_set())
+        ran_w.set()
+
+    return PipelinePlan({PipelineTask("C", c): TaskSchedule(0), PipelineTask("W", w): TaskSchedule(0, None, "io"),
+                         PipelineTask("Reset", lambda ctx: ran_w.clear()): TaskSchedule(0)},
+                        [("Reset", "C"), ("Reset", "W")], enqueue_order=order)
+
+
+def test_a_worker_task_placed_after_a_callers_task_is_handed_off_once_it_ran():
+    seen, met = [], []
+    SWPipeline(_handoff_plan(["C", "W", "Reset"], seen, met, 0.05), device="cpu").run(range(4))
+    assert seen == [True] * 4  # W never started while C ran
+    assert met == [False] * 4
+
+
+def test_a_worker_task_placed_first_runs_beside_the_callers_tasks():
+    seen, met = [], []
+    SWPipeline(_handoff_plan(["W", "C", "Reset"], seen, met, 10.0), device="cpu").run(range(4))
+    assert met == [True] * 4 and seen == [False] * 4  # W ran while C waited for it
+
+
+def test_the_policies_hand_worker_tasks_off_before_the_callers_tasks():
+    # io (stage 0) and compute (stage 1) do not wait on each other within a period: by name or by stage,
+    # compute would come first and, inline, hold io back until it ran. Both policies put io first.
+    plan = PipelinePlan({"compute": TaskSchedule(1, None, "compute"), "io": TaskSchedule(0, None, "io")},
+                        [("compute", "io")], caller_group="compute")
+    for policy in ("ready_first", "stage_descending"):
+        assert enqueue_order(plan.replace(enqueue_policy=policy)) == ["io", "compute"], policy
+        assert enqueue_order(plan.replace(enqueue_policy=policy, caller_group=None))[0] == "compute", policy

@@ -129,6 +129,26 @@ def test_plan_json_keeps_an_explicit_enqueue_order_and_binds_functions_by_name(t
         load_plan(path, fns={"C": print})
 
 
+@pytest.mark.parametrize("caller", [None, "io", "default"])
+def test_plan_json_keeps_the_callers_group(tmp_path, caller):
+    # The caller's group decides which tasks run inline and when the others are handed off: a plan file
+    # that lost it would run (and simulate) a searched plan, which has none, with "default" inline.
+    plan = PipelinePlan({"A": TaskSchedule(0, None, "io"), "B": TaskSchedule(1)}, [("B", "A")], caller_group=caller)
+    path = str(tmp_path / "p.json")
+    save_plan(plan, path)
+    assert load_plan(path).caller_group == caller
+
+
+def test_a_plan_file_without_a_callers_group_runs_default_inline_and_rejects_a_bad_one(tmp_path):
+    path = tmp_path / "p.json"
+    doc = {"format": "swpipe-plan", "version": 1, "tasks": [{"name": "A"}]}
+    path.write_text(json.dumps(doc))
+    assert load_plan(str(path)).caller_group == "default"  # files written before the field existed
+    path.write_text(json.dumps({**doc, "caller_group": 3}))
+    with pytest.raises(GraphFileError, match="caller_group: 3 is not a string or null"):
+        load_plan(str(path))
+
+
 def test_a_plan_with_functions_runs_after_a_json_round_trip(tmp_path):
     from swpipe_core.engine import SWPipeline
 

@@ -9,6 +9,7 @@ import pytest
 from swpipe_core import pipelines
 from swpipe_core.order import (
     enqueue_order,
+    hand_off_after,
     period_local_graph,
     ready_first_order,
     stage_descending_order,
@@ -153,3 +154,33 @@ def test_ready_first_on_cyclic_period_local_graph_raises():
     plan = PipelinePlan({"A": S(0), "B": S(0)}, intra_iter_deps=[("A", "B"), ("B", "A")])
     with pytest.raises(nx.NetworkXUnfeasible):
         ready_first_order(plan)
+
+
+@pytest.mark.parametrize("name", ["base", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "prefetch",
+                                  "semi_sync"])
+def test_hand_off_after_forward_moves_only_what_nothing_before_it_waits_for(name):
+    from swpipe_core.workers import with_thread_map
+
+    plan = with_thread_map(pipelines.get(name), "by_stream")
+    before, late = enqueue_order(plan), hand_off_after(plan, "Forward")
+    validate(plan.replace(enqueue_order=late, pipeline_depth=plan.pipeline_depth))  # still a topological order
+    assert sorted(late) == sorted(before)
+    inline = [t for t in plan.task_names if plan.sched(t).thread_group == "default"]
+    assert [t for t in late if t in inline] == [t for t in before if t in inline]  # the caller's program unchanged
+    graph = period_local_graph(plan)
+    at = late.index("Forward")
+    for t in late[:at]:  # a worker task left before Forward is one a caller's task up to Forward waits for
+        if t not in inline:
+            assert any(nx.has_path(graph, t, c) for c in late[:at + 1] if c in inline), (name, t)
+    moved = [t for t in late[at + 1:] if t not in inline and before.index(t) < before.index("Forward")]
+    assert moved, name  # every one of these plans has side work the policy hands off before Forward
+
+
+def test_hand_off_after_names_a_task_of_the_callers_group():
+    from swpipe_core.workers import with_thread_map
+
+    plan = with_thread_map(pipelines.get("sparse_dist"), "by_stream")
+    with pytest.raises(ValueError, match="'H2D' is not a task of the caller's group 'default'"):
+        hand_off_after(plan, "H2D")
+    with pytest.raises(ValueError, match="'Nope' is not a task"):
+        hand_off_after(plan, "Nope")

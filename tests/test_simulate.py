@@ -232,6 +232,17 @@ def test_core_pool_counts_the_caller_groups_main_thread():
     assert ms(r.period) == 3.0 and r.binding == "cores"
 
 
+def test_a_worker_task_placed_after_a_callers_task_waits_for_it():
+    # The main thread hands W off when its walk of the enqueue order reaches it: after running C.
+    plan = PipelinePlan({"C": TaskSchedule(0), "W": TaskSchedule(0, thread_group="io")})
+    costs = costs_ms(C=3.0, W=1.0)
+    late = simulate(plan.replace(enqueue_order=["C", "W"]), costs)
+    assert ms(late.period) == 4.0  # W after C, then the next period after W retires the iteration
+    assert any(step[0] == "C" and step[3] == "thread:default" for step in late.critical_cycle.steps)
+    assert ms(simulate(plan.replace(enqueue_order=["W", "C"]), costs).period) == 3.0
+    assert ms(simulate(plan, costs).period) == 3.0  # the policy hands W off first
+
+
 def test_core_pool_of_two_for_three_threads_bounds_and_binds():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b"),
                          "C": TaskSchedule(2, thread_group="c")})

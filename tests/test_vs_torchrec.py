@@ -34,14 +34,14 @@ def setup():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("thread_map", [None, "by_stream"])
+@pytest.mark.parametrize("thread_map, after", [(None, None), ("by_stream", None), ("by_stream", "Forward")])
 @pytest.mark.parametrize("name", list(PEERS))
-def test_our_plan_gives_torchrecs_outputs_on_torchrecs_model(setup, name, thread_map):
+def test_our_plan_gives_torchrecs_outputs_on_torchrecs_model(setup, name, thread_map, after):
     from swpipe.workloads.torchrec_peer import build_model, run_swpipe, run_torchrec
 
     config, batches, plain = setup
     theirs, _ = run_torchrec(name, build_model(config), batches)
-    ours, _ = run_swpipe(name, build_model(config), batches, thread_map)
+    ours, _ = run_swpipe(name, build_model(config), batches, thread_map, after)
     assert len(theirs) == len(ours) == len(plain) == len(batches)
     for step, (a, b, c) in enumerate(zip(ours, theirs, plain)):
         torch.testing.assert_close(a, b, msg=lambda m: f"step {step}: ours vs TorchRec: {m}")

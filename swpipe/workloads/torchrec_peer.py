@@ -172,20 +172,23 @@ def _tasks(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor]) -> Dict[
 
 
 def swpipe_plan(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor],
-                thread_map: Optional[str] = None) -> Any:
+                thread_map: Optional[str] = None, hand_off_after: Optional[str] = None) -> Any:
     """Our plan ``name`` bound to ``peer``'s model; each step's logits go into ``logits`` by iteration.
 
-    ``thread_map`` as in :func:`run_swpipe` (``"by_stream"``: one thread per stream).
+    ``thread_map`` and ``hand_off_after`` as in :func:`run_swpipe`.
     """
-    from swpipe_core import pipelines
+    from swpipe_core import order, pipelines
     from swpipe_core.workers import with_thread_map
 
     plan = pipelines.get(name, _tasks(name, peer, logits))
-    return with_thread_map(plan, thread_map) if thread_map else plan
+    plan = with_thread_map(plan, thread_map) if thread_map else plan
+    if hand_off_after is not None:
+        plan = plan.replace(enqueue_order=order.hand_off_after(plan, hand_off_after), pipeline_depth=plan.pipeline_depth)
+    return plan
 
 
-def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optional[str] = None
-               ) -> Tuple[List[torch.Tensor], float]:
+def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optional[str] = None,
+               hand_off_after: Optional[str] = None) -> Tuple[List[torch.Tensor], float]:
     """Drive ``peer`` with our plan ``name`` (``base``, ``sparse_dist``, ``sparse_dist_lite``).
 
     Parameters
@@ -200,6 +203,11 @@ def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optio
         E.g. ``"by_stream"`` (world size 1 only: TorchRec issues all its
         collectives on the default process group, so at world size > 1 its
         tasks must stay on one thread).
+    hand_off_after : str, optional
+        With ``thread_map``: a task of the caller's thread (``"Forward"``)
+        after which the side threads' tasks are handed off
+        (:func:`swpipe_core.order.hand_off_after`); by default they are
+        handed off first.
 
     Returns
     -------
@@ -223,7 +231,7 @@ def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optio
     from swpipe_core.engine import SWPipeline
 
     logits: Dict[int, torch.Tensor] = {}
-    plan = swpipe_plan(name, peer, logits, thread_map)
+    plan = swpipe_plan(name, peer, logits, thread_map, hand_off_after)
     with SWPipeline(plan, device=peer.device) as pipe:
         seconds = pipe.run(iter(batches))
     return [logits[i] for i in range(len(batches))], seconds

@@ -8,7 +8,9 @@ An event is ``(task, iteration)``. The engine orders two events when
   (``"cuda"``): the group's FIFO runs period ``p`` before ``p + 1`` and, within
   a period, in enqueue order;
 * on the CPU, the retire barrier: period ``r + depth`` is enqueued only after
-  every task of iteration ``r`` completed (host completion, so not on CUDA).
+  every task of iteration ``r`` completed (host completion, so not on CUDA);
+* on the CPU, the hand-off: a worker task placed after a task of the caller's
+  group in the enqueue order is handed off once the caller has run that task.
 """
 
 from __future__ import annotations
@@ -75,7 +77,26 @@ class PlanOrder:
             g.add_edges_from(((a[2], a[3]), (b[2], b[3])) for a, b in zip(events, events[1:]))
         if device == "cpu":
             self._add_retire(g, names, stage)
+            self._add_handoffs(g, stage)
         return g
+
+    def _add_handoffs(self, g: nx.DiGraph, stage: Dict[str, int]) -> None:
+        """A worker task the walk reaches after a caller's task is handed off once that task has run."""
+        plan, w = self.plan, self.window
+        caller = plan.caller_group
+        if caller is None:
+            return
+        order = enqueue_order(plan)
+        for p in range(w + plan.pipeline_depth):
+            last = None
+            for n in order:
+                i = p - stage[n]
+                if not 0 <= i < w:
+                    continue
+                if plan.sched(n).thread_group == caller:
+                    last = (n, i)
+                elif last is not None:
+                    g.add_edge(last, (n, i))
 
     def _add_retire(self, g: nx.DiGraph, names: list, stage: Dict[str, int]) -> None:
         plan, w, depth = self.plan, self.window, self.plan.pipeline_depth
