@@ -474,7 +474,8 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
 
     if verify_mod.wanted(verify, problem, batches):
         inline = verify_mod.inline_variant(report.plan, problem.costs)
-        pool = ([inline] if inline else []) + found.pool
+        late = verify_mod.late_hand_off_variant(inline, problem.measured_costs or problem.costs) if inline else None
+        pool = [v for v in (inline, late) if v] + found.pool
         plan, report = verify_mod.verify_search(report, pool, problem, batches, verify, c.num_iterations)
         report = _refit_round(tasks_or_graph, problem, c, seeds, report, batches, verify)
     return _with_enqueue_order(report)

@@ -68,10 +68,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from swpipe_core.order import enqueue_order, hand_off_after
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band", "predict_periods",
+           "late_hand_off_variant", "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band", "predict_periods",
            "measure_wakes", "wakes_note", "predicted_speedup", "predicted_speedups"]
 
 
@@ -437,6 +438,63 @@ def inline_variant(plan: PipelinePlan, costs: Any) -> Optional[Tuple[str, Pipeli
     # and the policy hands them off as early as the graph allows (swpipe_core.order.handed_off_first)
     return (f"auto, {busiest} inline",
             plan.replace(caller_group=busiest, enqueue_order=None, pipeline_depth=plan.pipeline_depth))
+
+
+def late_hand_off_variant(labelled: Tuple[str, PipelinePlan], costs: Any) -> Optional[Tuple[str, PipelinePlan]]:
+    """A plan with a group inline, its other groups' tasks handed off where the caller's longest lock-free task starts.
+
+    On a CPU host a side thread's Python slows the caller's own Python (one
+    interpreter lock) but not its lock-free calls. The calibration's GIL
+    shares (``costs.machine_calibration.gil``) say how long each task of the
+    caller's group runs without the lock (``host_s * (1 - share)``; a task
+    without a share is taken to hold it throughout); the variant hands the
+    other groups' tasks off after the caller's task placed just before the
+    longest of them (:func:`swpipe_core.order.hand_off_after`). None without
+    GIL shares, when that task is the caller's first, or when the order does
+    not change. Only a measurement tells whether it is faster.
+
+    Parameters
+    ----------
+    labelled : (str, PipelinePlan)
+        A labelled plan whose ``caller_group`` is set (:func:`inline_variant`).
+    costs : CostModel
+        With ``machine_calibration`` carrying GIL shares.
+
+    Returns
+    -------
+    (str, PipelinePlan) or None
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> p = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Fwd": TaskSchedule(1), "Bwd": TaskSchedule(1)},
+    ...                  intra_iter_deps=[("Fwd", "Load"), ("Bwd", "Fwd")])
+    >>> cal = MachineCalibration(gil={"Load": 1.0, "Fwd": 0.9, "Bwd": 0.1})
+    >>> costs = CostModel({"Load": TaskCost(0.001), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004)},
+    ...                   machine_calibration=cal)
+    >>> label, late = late_hand_off_variant(("auto, default inline", p), costs)
+    >>> label, enqueue_order(late)
+    ('auto, default inline, handed off after Fwd', ['Fwd', 'Load', 'Bwd'])
+    """
+    label, plan = labelled
+    cal = getattr(costs, "machine_calibration", None)
+    gil = getattr(cal, "gil", None) or {}
+    if not gil or plan.caller_group is None:
+        return None
+    order = enqueue_order(plan)
+    inline = [t for t in order if plan.sched(t).thread_group == plan.caller_group]
+    if len(inline) < 2 or len(inline) == len(order):
+        return None
+    free = [costs[t].host_s * (1.0 - gil.get(t, 1.0)) for t in inline]
+    k = max(range(len(inline)), key=lambda j: (free[j], -j))
+    if k == 0:
+        return None
+    after = inline[k - 1]
+    late = hand_off_after(plan, after)
+    if late == order:
+        return None
+    return f"{label}, handed off after {after}", plan.replace(enqueue_order=late, pipeline_depth=plan.pipeline_depth)
 
 
 def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
@@ -944,8 +1002,6 @@ def plan_key(plan: PipelinePlan) -> tuple:
     >>> plan_key(a) == plan_key(a.replace(pipeline_depth=2)), plan_key(a) == plan_key(serial_plan(a))
     (True, False)
     """
-    from swpipe_core.order import enqueue_order
-
     return (tuple(sorted((n, plan.stage(n), plan.stream_of(n), plan.sched(n).thread_group,
                           plan.sched(n).globally_ordered) for n in plan.task_names)), tuple(enqueue_order(plan)),
             plan.caller_group)

@@ -209,6 +209,49 @@ def test_verify_measures_the_search_pick_with_its_busiest_group_inline():
     assert "B" in [n for n in auto.task_names if auto.sched(n).thread_group == busiest]
 
 
+def test_late_hand_off_variant_hands_off_before_the_callers_longest_lock_free_task():
+    from autosched.verify import late_hand_off_variant
+    from swpipe_core import pipelines
+    from swpipe_core.calibrate import MachineCalibration
+    from swpipe_core.order import hand_off_after
+    from swpipe_core.workers import with_thread_map
+
+    plan = with_thread_map(pipelines.get("sparse_dist"), "by_stream")  # the caller's: ZeroGrad ... Backward, Step
+
+    def variant(gil, **host_ms):
+        costs = CostModel({n: TaskCost(host_ms.get(n, 1.0) * MS) for n in plan.task_names},
+                          machine_calibration=MachineCalibration(gil=gil))
+        return late_hand_off_variant(("auto, default inline", plan), costs)
+
+    label, late = variant({"Forward": 0.9, "Backward": 0.1}, Backward=3.0)
+    assert label == "auto, default inline, handed off after Forward"
+    assert enqueue_order(late) == hand_off_after(plan, "Forward") != enqueue_order(plan)
+    assert variant({}, Backward=3.0) is None  # no GIL shares: nothing to place the hand-off by
+    assert variant({"ZeroGrad": 0.0}, ZeroGrad=9.0) is None  # the caller's first task: the policy hands off before it
+    costs = CostModel({n: TaskCost(MS) for n in plan.task_names}, machine_calibration=MachineCalibration(gil={"A": 1}))
+    assert late_hand_off_variant(("x", plan.replace(caller_group=None)), costs) is None
+
+
+def test_the_verification_measures_the_late_hand_off_variant_of_its_inline_pick(monkeypatch):
+    import autosched.verify as verify_mod
+
+    asked = []
+
+    def fake_variant(labelled, costs):
+        asked.append(labelled[0])
+        label, plan = labelled
+        return f"{label}, handed off late", plan.replace(enqueue_order=list(reversed(enqueue_order(plan))))
+
+    monkeypatch.setattr(verify_mod, "late_hand_off_variant", fake_variant)
+    a, b = PipelineTask("A", _sleeper(MS)), PipelineTask("B", _sleeper(2 * MS))
+    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(2 * MS)})
+    _, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+                              batches=list(range(8)), verify=1)
+    inline = [r.label for r in report.verify.rows if r.label.endswith(" inline")]
+    assert asked == inline and len(inline) == 1
+    assert f"{inline[0]}, handed off late" in [r.label for r in report.verify.rows]
+
+
 # ----------------------------------------------------------------------------- known plans (seeds, the input plan)
 
 

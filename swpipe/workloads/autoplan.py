@@ -283,12 +283,15 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
 
 def _candidates(found: PipelinePlan, costs: Any, seeds: Sequence[Any]) -> List[Tuple[str, PipelinePlan]]:
     """The plans rank 0 predicts, and on several ranks measures: the search's plan (``"auto"``), the same with
-    its busiest group on the caller's thread (when that differs), the seeds (``"seed:<row>"``) and the serial plan.
+    its busiest group on the caller's thread (when that differs) and, with the calibration's GIL shares, also
+    with the other groups handed off where that group's longest lock-free task starts, the seeds
+    (``"seed:<row>"``) and the serial plan.
     """
-    from autosched.verify import inline_variant, serial_plan
+    from autosched.verify import inline_variant, late_hand_off_variant, serial_plan
 
     inline = inline_variant(found, costs)
-    return ([("auto", found)] + ([inline] if inline else []) + [(f"seed:{label}", plan) for label, plan in seeds]
+    late = late_hand_off_variant(inline, costs) if inline else None
+    return ([("auto", found)] + [v for v in (inline, late) if v] + [(f"seed:{label}", plan) for label, plan in seeds]
             + [("serial", serial_plan(found))])
 
 
