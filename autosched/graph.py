@@ -440,7 +440,8 @@ def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> P
     """
     path, doc = _read_doc(path, _PLAN_FORMAT)
     _check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps",
-                                         "pipeline_depth", "enqueue_order", "enqueue_policy", "caller_group"}, {"tasks"})
+                                         "pipeline_depth", "enqueue_order", "enqueue_policy", "caller_group"},
+                {"tasks"})
     if not isinstance(doc["tasks"], list) or not doc["tasks"]:
         raise GraphFileError(path, "tasks", f"{doc['tasks']!r} is not a non-empty list",
                              'write "tasks": [{"name": "H2D", "stage": 0}, ...]')

@@ -72,7 +72,8 @@ from swpipe_core.order import enqueue_order, hand_off_after
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "late_hand_off_variant", "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band", "predict_periods",
+           "late_hand_off_variant", "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band",
+           "predict_periods",
            "measure_wakes", "wakes_note", "predicted_speedup", "predicted_speedups"]
 
 

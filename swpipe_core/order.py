@@ -146,11 +146,13 @@ def handed_off_first(plan: PipelinePlan, graph: nx.DiGraph = None) -> Dict[str, 
 
 
 def ready_first_order(plan: PipelinePlan) -> List[str]:
-    """Topological order of the period-local graph by ``(stall_cost, ready_at, name)``.
+    """Topological order of the period-local graph by ``(handed_off_first, stall_cost, ready_at, name)``.
 
     Kahn's algorithm: among the tasks whose same-period dependencies are all
-    enqueued, take the one with the fewest cross-stream waits, then the one
-    that became ready earliest, then by name (deterministic across ranks).
+    enqueued, take a task of a group with a worker before one the caller runs
+    inline (:func:`handed_off_first`), then the one with the fewest
+    cross-stream waits, then the one that became ready earliest, then by name
+    (deterministic across ranks).
 
     Parameters
     ----------
@@ -195,7 +197,7 @@ def ready_first_order(plan: PipelinePlan) -> List[str]:
 
 
 def stage_descending_order(plan: PipelinePlan) -> List[str]:
-    """Topological order of the period-local graph by ``(-stage, stall_cost, name)``.
+    """Topological order of the period-local graph by ``(handed_off_first, -stage, stall_cost, name)``.
 
     Parameters
     ----------

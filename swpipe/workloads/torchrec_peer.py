@@ -183,7 +183,8 @@ def swpipe_plan(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor],
     plan = pipelines.get(name, _tasks(name, peer, logits))
     plan = with_thread_map(plan, thread_map) if thread_map else plan
     if hand_off_after is not None:
-        plan = plan.replace(enqueue_order=order.hand_off_after(plan, hand_off_after), pipeline_depth=plan.pipeline_depth)
+        late = order.hand_off_after(plan, hand_off_after)
+        plan = plan.replace(enqueue_order=late, pipeline_depth=plan.pipeline_depth)
     return plan
 
 
