@@ -31,7 +31,8 @@ slower the tasks left on it ran. While that thread is busy the whole period,
 one thread per stream wins only if the second is smaller than the first.
 
 (c) ``--torchrec``: the same for our ``sparse_dist`` plan driving TorchRec's
-own model (``benchmarks/vs_torchrec.py``'s), one thread against by stream,
+own model (``benchmarks/vs_torchrec.py``'s), one thread against by stream
+(its side threads handed off first, and after ``Forward``),
 with the same balance line per run: what bounds ``sparse_dist+by_stream``
 against TorchRec's one-thread pipeline there.
 """
@@ -271,26 +272,30 @@ def part_c(quick: bool, rounds: int) -> Dict[str, Any]:
     warnings.filterwarnings("ignore")
     config = DLRMConfig.preset("test" if quick else "demo")
     iters, skip = (8, 2) if quick else (60, 10)
-    out: Dict[str, Any] = {None: [], "by_stream": [], "balance": []}
+    late = "by_stream, after Forward"  # the side threads handed off after Forward (swpipe_core.order.hand_off_after)
+    out: Dict[str, Any] = {None: [], "by_stream": [], late: [], "balance": [], "balance late": []}
     with init_distributed():
         batches = to_torchrec_batches(config, iters)
         for _ in range(rounds):
             one = _host_times(swpipe_plan("sparse_dist", build_model(config), {}), batches, skip)
-            split_plan = swpipe_plan("sparse_dist", build_model(config), {}, "by_stream")
-            split = _host_times(split_plan, batches, skip)
             out[None].append(one)
-            out["by_stream"].append(split)
-            out["balance"].append(caller_balance(one["tasks"], split["tasks"], split_plan, split["period"]))
+            for key, after in (("by_stream", None), (late, "Forward")):
+                split_plan = swpipe_plan("sparse_dist", build_model(config), {}, "by_stream", after)
+                split = _host_times(split_plan, batches, skip)
+                out[key].append(split)
+                out["balance" if after is None else "balance late"].append(
+                    caller_balance(one["tasks"], split["tasks"], split_plan, split["period"]))
     print(f"\n(c) our sparse_dist plan on TorchRec's model, host time per task (median, ms), {rounds} runs each: "
-          "one thread / by stream")
+          "one thread / by stream / by stream, handed off after Forward")
     for task in out[None][0]["tasks"]:
-        a = " ".join(f"{r['tasks'][task] * 1e3:.3f}" for r in out[None])
-        b = " ".join(f"{r['tasks'][task] * 1e3:.3f}" for r in out["by_stream"])
-        print(f"    {task:16s} {a} / {b}")
-    print("    per iteration       " + " ".join(f"{r['period'] * 1e3:.2f}" for r in out[None]) + " / "
-          + " ".join(f"{r['period'] * 1e3:.2f}" for r in out["by_stream"]))
-    for b in out["balance"]:
-        print("    " + _balance_line(b, split_plan.caller_group))
+        cols = [" ".join(f"{r['tasks'][task] * 1e3:.3f}" for r in out[k]) for k in (None, "by_stream", late)]
+        print(f"    {task:16s} " + " / ".join(cols))
+    print("    per iteration       " + " / ".join(" ".join(f"{r['period'] * 1e3:.2f}" for r in out[k])
+                                                 for k in (None, "by_stream", late)))
+    for key in ("balance", "balance late"):
+        print(f"  {'handed off first' if key == 'balance' else 'handed off after Forward'}:")
+        for b in out[key]:
+            print("    " + _balance_line(b, split_plan.caller_group))
     return out
 
 
