@@ -88,7 +88,10 @@ for value, order_name in wide.columns:
 numbers"""),
     ("md", """\
 What the table says: TorchRec's depths are exactly what its own submission order needs (every `torchrec`
-cell is ✓), and the same holds for swpipe's `stage_descending` (older iterations first, as TorchRec does).
+cell is ✓), and the same holds for swpipe's `stage_descending` (older iterations first, as TorchRec does),
+except `eval_sparse_dist`. Its `H2D` runs on a `loader` thread, and with the caller's group inline both policies
+hand a worker's task off before the caller's own tasks (the caller hands each one off when it reaches it in
+the order), so the copy no longer waits behind the older iteration and one stage could go.
 swpipe's default `ready_first` policy enqueues the input pipeline (H2D, the all-to-all) *before* the
 iteration that consumes it, so most plans could run shallower with it: their extra stages are there for
 overlap, and the ✗ cells name which ones could go. `prefetch` under `ready_first` is the case where the
