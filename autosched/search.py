@@ -473,9 +473,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     from . import verify as verify_mod
 
     if verify_mod.wanted(verify, problem, batches):
-        inline = verify_mod.inline_variant(report.plan, problem.costs)
-        late = verify_mod.late_hand_off_variant(inline, problem.measured_costs or problem.costs) if inline else None
-        pool = [v for v in (inline, late) if v] + found.pool
+        pool = verify_mod.caller_variants(report.plan, problem.costs, problem.measured_costs) + found.pool
         plan, report = verify_mod.verify_search(report, pool, problem, batches, verify, c.num_iterations)
         report = _refit_round(tasks_or_graph, problem, c, seeds, report, batches, verify)
     return _with_enqueue_order(report)

@@ -72,9 +72,9 @@ from swpipe_core.order import enqueue_order, hand_off_after
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "late_hand_off_variant", "verify_search", "measure_refit", "plan_key", "is_known", "turned", "within_band",
-           "predict_periods",
-           "measure_wakes", "wakes_note", "predicted_speedup", "predicted_speedups"]
+           "late_hand_off_variant", "caller_variants", "verify_search", "measure_refit", "plan_key", "is_known",
+           "turned", "within_band", "predict_periods", "measure_wakes", "wakes_note", "predicted_speedup",
+           "predicted_speedups"]
 
 
 @dataclass
@@ -496,6 +496,28 @@ def late_hand_off_variant(labelled: Tuple[str, PipelinePlan], costs: Any) -> Opt
     if late == order:
         return None
     return f"{label}, handed off after {after}", plan.replace(enqueue_order=late, pipeline_depth=plan.pipeline_depth)
+
+
+def caller_variants(plan: PipelinePlan, costs: Any, calibrated: Any = None) -> List[Tuple[str, PipelinePlan]]:
+    """The labelled variants of a searched plan that run a group on the caller's thread, for measuring beside it.
+
+    :func:`inline_variant` (by ``costs``), then its :func:`late_hand_off_variant`
+    (by ``calibrated``, the model carrying the GIL shares; ``costs`` when
+    omitted), each where it exists.
+
+    Examples
+    --------
+    >>> from autosched.costs import CostModel, TaskCost
+    >>> p = PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1, thread_group="compute")},
+    ...                  intra_iter_deps=[("B", "A")], caller_group=None)
+    >>> [label for label, _ in caller_variants(p, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.003)}))]
+    ['auto, compute inline']
+    """
+    inline = inline_variant(plan, costs)
+    if inline is None:
+        return []
+    late = late_hand_off_variant(inline, calibrated if calibrated is not None else costs)
+    return [inline] + ([late] if late is not None else [])
 
 
 def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:

@@ -287,11 +287,9 @@ def _candidates(found: PipelinePlan, costs: Any, seeds: Sequence[Any]) -> List[T
     with the other groups handed off where that group's longest lock-free task starts, the seeds
     (``"seed:<row>"``) and the serial plan.
     """
-    from autosched.verify import inline_variant, late_hand_off_variant, serial_plan
+    from autosched.verify import caller_variants, serial_plan
 
-    inline = inline_variant(found, costs)
-    late = late_hand_off_variant(inline, costs) if inline else None
-    return ([("auto", found)] + [v for v in (inline, late) if v] + [(f"seed:{label}", plan) for label, plan in seeds]
+    return ([("auto", found)] + caller_variants(found, costs) + [(f"seed:{label}", plan) for label, plan in seeds]
             + [("serial", serial_plan(found))])
 
 
