@@ -93,14 +93,15 @@ import torch
 
 from .order import enqueue_order
 from .plan import PipelinePlan, ref_name
-from .engine_device import _DeviceLifetime, _nvtx_mode
+from .device import as_device
+from .engine_device import _DeviceLifetime
 from .engine_serial import _profiler_active, _SerialRunner
 from .engine_tasks import _TaskRunner
-from .engine_state import (PipelineTaskError, _Flag, _GuardedContext, _IterState, _Run,
-                           _TaskInfo)
+from .engine_state import (PipelineTaskError, _context_keeper, _Flag, _GuardedContext, _IterState, _parameters,
+                           _Run, _TaskInfo)
 from .sequencer import _SubmissionSequencer
 from .shortcut import _ShortcutState
-from .streams import StreamPool, resolve_device, set_thread_device
+from .streams import StreamPool
 from .trace import TimelineEvent, TimelineRecorder
 from .validate import PlanError, validate
 from .workers import _Workers
@@ -119,9 +120,11 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
     ----------
     plan : PipelinePlan
         Validated at construction (:func:`~swpipe_core.validate.validate`).
-    device : int, str or torch.device
+    device : int, str, torch.device or swpipe_core.device.Device
         An integer is that CUDA device when CUDA is available, else the CPU;
-        ``"cpu"``/``"cuda:1"`` are taken literally.
+        ``"cpu"``/``"cuda:1"`` are taken literally; a
+        :class:`~swpipe_core.device.Device` is used as given (e.g. a device of
+        ``swpipe.testing.FakeCuda``, which runs the CUDA paths on a CPU).
     signal_timeout : float
         Seconds a task waits for one dependency's CPU signal before failing
         with an error naming the task, the dependency and its iteration.
@@ -146,6 +149,12 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         attribute access (and, given modules/optimizers, their tensors) against
         the plan's order and raise on the first unordered one
         (:mod:`swpipe_core.dataflow.strict`).
+    state : module, optimizer, or a list/dict of them, optional
+        What the tasks train. On CUDA the engine keeps its parameters'
+        gradients alive until the device work of the iteration that made
+        them has completed, so ``zero_grad(set_to_none=True)`` on one stream
+        never frees a gradient an optimizer step on another stream still
+        reads (docs/semantics.md, "Lifetimes on CUDA"). Nothing on CPU.
 
     Raises
     ------
@@ -180,7 +189,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
     def __init__(self, plan: PipelinePlan, device: Any = 0, *, signal_timeout: float = 30.0,
                  sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
                  record_timeline: bool = False, max_device_lag: Optional[int] = None,
-                 strict: Any = False) -> None:
+                 strict: Any = False, state: Any = None) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
                             "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
@@ -195,7 +204,9 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                              f"got {max_device_lag!r}")
         self.plan = plan
         self.max_device_lag = plan.pipeline_depth if max_device_lag is None else max_device_lag
-        self.device = resolve_device(device)
+        self._dev = as_device(device)
+        self.device = self._dev.torch_device
+        self._state_params = _parameters(state)  # checked now: a bad state is an error at construction
         # float("inf") means "no limit"; lock waits accept at most TIMEOUT_MAX
         self.signal_timeout = min(float(signal_timeout), threading.TIMEOUT_MAX)
         self.sequencer_timeout = min(float(sequencer_timeout), threading.TIMEOUT_MAX)
@@ -203,7 +214,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self.record_timeline = bool(record_timeline)
         self._join_timeout = 5.0  # per worker, after a cancel: a task stuck in user code cannot be interrupted
         self._teardown_timeout = 5.0  # device work after a failure: a dead NCCL peer never finishes
-        self._streams = StreamPool(self.device)
+        self._streams = StreamPool(self._dev)
         self._infos = self._compile(plan, self._streams)
         by_name = {ti.name: ti for ti in self._infos}
         self._order: List[_TaskInfo] = [by_name[n] for n in enqueue_order(plan)]
@@ -332,13 +343,13 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                 run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]
                 run.nvtx = bool(emit_nvtx)
                 run.ctx_type = _GuardedContext  # early frees stay alive until the device is done
+                run.keep = _context_keeper(self._dev, self._state_params)
                 if self._recorder is not None:
-                    run.origin_event = torch.cuda.Event(enable_timing=True)
-                    run.origin_event.record(torch.cuda.default_stream(self.device))
+                    run.origin_event = self._streams.record(self._dev.default_stream(), timing=True)
                     self._recorder.origin = time.perf_counter()
             if self._groups:  # a plan whose only group is the caller's starts no thread
                 run.workers = _Workers(self._groups, lambda group, items: self._run_items(run, items),
-                                       setup=lambda: set_thread_device(self.device),
+                                       setup=self._dev.set_current,
                                        on_crash=lambda group, exc: self._cancel(run, exc,
                                                                                 f"worker swpipe-{group} crashed"),
                                        scope=self._worker_scope(run))
@@ -461,7 +472,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         p = run.period
         if batch is not _NO_BATCH:
             st = run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos), run.streams)
-            st.ready, run.ready = run.ready, None
+            st.ready, run.ready = run.ready, ()
             run.fetched = p + 1
         run.period = p + 1
         run.profiling = profiling = _profiler_active()
@@ -745,7 +756,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
 
     def _emit_nvtx(self, enabled: bool) -> Any:
         if enabled and self._streams.is_cuda:
-            return _nvtx_mode()
+            return self._dev.nvtx_mode()
         if enabled:
             _log.debug("emit_nvtx ignored: NVTX needs a CUDA device (running on %s)", self.device)
         return contextlib.nullcontext()

@@ -16,9 +16,8 @@ method here is (nearly) free: there are no events and nothing to wait for.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Any, Iterator, List, Optional
+from typing import Any, List, Optional
 
 from .engine_state import _IterState, _Run
 
@@ -27,49 +26,28 @@ __all__: List[str] = []
 _log = logging.getLogger("swpipe_core.engine")
 
 
-@contextlib.contextmanager
-def _nvtx_mode() -> Iterator[None]:
-    """``torch.autograd.profiler.emit_nvtx()`` on the calling thread, without its device synchronisation.
-
-    ``emit_nvtx`` calls ``torch.cuda.synchronize()`` on entry and on exit.
-    On exit after a failure that blocks forever on a kernel that never ends
-    (a collective whose peer died) and, after a sticky CUDA error, raises and
-    replaces the task's exception; every worker thread would do the same.
-    NVTX ranges are pushed on the host when an op is dispatched and need no
-    synchronisation, so this enables the same profiler state (NVTX mode, this
-    thread only) and leaves the device alone. Falls back to ``emit_nvtx``
-    when this torch lacks the private calls it mirrors.
-    """
-    import torch
-
-    try:
-        from torch.autograd.profiler import (ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
-                                             _ExperimentalConfig, _run_on_profiler_start, _run_on_profiler_stop)
-    except ImportError:  # another torch: its own context manager, synchronising
-        with torch.autograd.profiler.emit_nvtx():
-            yield
-        return
-    _run_on_profiler_start()
-    _enable_profiler(ProfilerConfig(ProfilerState.NVTX, False, False, False, False, False, _ExperimentalConfig()),
-                     set())
-    try:
-        yield
-    finally:
-        _disable_profiler()
-        _run_on_profiler_stop()
-
-
 class _DeviceLifetime:
     """Device-side bookkeeping of a pipeline; expects ``_streams``, ``_infos``, ``_recorder``,
     ``_limbo``, ``max_device_lag``, ``progress_timeout`` and the failure helpers of the engine."""
 
     def _prune_device(self, run: _Run) -> None:
         """Release retired contexts (and what their tasks deleted) whose device work has completed."""
+        query = self._streams.query
         for j in list(run.device_pending):
             st = run.device_pending[j]
-            if all(ev is None or ev.query() for ev in st.events):
-                st.ctx = None
+            if all(map(query, st.events)):
                 del run.device_pending[j]
+                self._free_state(run, st)
+
+    def _free_state(self, run: _Run, st: _IterState) -> None:
+        """An iteration whose device work has completed: read its timing, give its events back, drop its context."""
+        if st.timing:
+            run.device_timing.extend(st.timing)
+            st.timing = []
+            self._collect_device_timeline(run)
+        self._streams.recycle(st.events)
+        st.events = [None] * len(st.events)
+        st.ctx = None
 
     def _bound_device_lag(self, run: _Run, retired: int) -> None:
         """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
@@ -88,8 +66,8 @@ class _DeviceLifetime:
             self._stop_workers(run)
             run.reported = True
             raise error
-        st.ctx = None
         del run.device_pending[st.idx]
+        self._free_state(run, st)
 
     def _device_lag(self) -> int:
         """Retired iterations whose device work has not completed yet (0 on CPU); for tests."""
@@ -119,9 +97,10 @@ class _DeviceLifetime:
                          type(exc).__name__, exc, len(states))
             events, done = None, False
         if done:
-            self._collect_device_timeline(run)
+            self._streams.recycle(events)
             for st in states:
-                st.ctx = None
+                self._free_state(run, st)
+            self._collect_device_timeline(run)
             return True
         if events is not None:
             _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
@@ -139,7 +118,7 @@ class _DeviceLifetime:
                 done = False
             if done:
                 for st in states:
-                    st.ctx = None
+                    st.ctx = None  # the run they belonged to is gone; their events are dropped with them
             else:
                 kept.append((events, states))
         self._limbo = kept
@@ -160,11 +139,13 @@ class _DeviceLifetime:
         Device times are placed on the host clock by the origin event recorded
         at fill time (assumed to execute when it was recorded: an idle device).
         """
-        if not run.device_timing or run.origin_event is None or self._recorder is None:
-            return
-        origin_host = self._recorder.origin
+        origin = run.origin_event
+        if not run.device_timing or origin is None or self._recorder is None or not self._streams.query(origin):
+            return  # not yet: the origin is read once it completed (at the latest when the run ends)
+        dev, origin_host = self._streams.dev, self._recorder.origin
         for ti, i, start_ev, end_ev in run.device_timing:
-            start = origin_host + run.origin_event.elapsed_time(start_ev) / 1e3
-            end = origin_host + run.origin_event.elapsed_time(end_ev) / 1e3
+            start = origin_host + dev.elapsed_s(origin, start_ev)
+            end = origin_host + dev.elapsed_s(origin, end_ev)
             self._recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
+            self._streams.recycle((start_ev, end_ev), timing=True)
         run.device_timing.clear()

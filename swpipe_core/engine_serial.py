@@ -12,7 +12,6 @@ path uses too.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Any, Dict, Iterable, List
@@ -137,15 +136,17 @@ class _SerialRunner:
         cuda = self._streams.is_cuda
         recorder = self._recorder
         profiling = _profiler_active()
-        stream_ctx = self._streams.use(torch.cuda.default_stream(self.device)) if cuda else contextlib.nullcontext()
+        dev = self._streams.dev
+        stream = dev.default_stream()
         if cuda:  # a batch the iterator made on another current stream is ready before the tasks read it
-            self._streams.wait(torch.cuda.default_stream(self.device), self._streams.batch_ready(batch))
-        with stream_ctx:
+            for ready in self._streams.batch_ready(batch):
+                dev.wait(stream, ready)
+        with self._streams.use(stream):
             for ti in self._serial_order:
                 t0 = time.perf_counter() if recorder is not None else 0.0
                 name = self._range_name("SWP_serial", ti.name, i) if (cuda or profiling) else ""
                 if cuda:
-                    torch.cuda.nvtx.range_push(name)
+                    dev.nvtx_push(name)
                 try:
                     if profiling:
                         with torch.autograd.profiler.record_function(name):
@@ -156,6 +157,6 @@ class _SerialRunner:
                     raise PipelineTaskError(ti.name, i, ti.group, ti.stage, exc) from exc
                 finally:
                     if cuda:
-                        torch.cuda.nvtx.range_pop()
+                        dev.nvtx_pop()
                 if recorder is not None:
                     recorder.record(ti.name, i, _SERIAL_GROUP, "default", t0, time.perf_counter())

@@ -10,7 +10,9 @@ from __future__ import annotations
 import _thread
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
 
 from .plan import IterContext, PipelineTask
 from .sequencer import _SubmissionSequencer
@@ -117,7 +119,7 @@ class _TaskInfo:
 class _IterState:
     """One in-flight iteration: its context, CPU signals and device events."""
 
-    __slots__ = ("idx", "ctx", "done", "remaining", "waiters", "complete", "events", "ready")
+    __slots__ = ("idx", "ctx", "done", "remaining", "waiters", "complete", "events", "ready", "timing")
 
     def __init__(self, idx: int, ctx: Optional[IterContext], n: int, device: Any = ()) -> None:
         self.idx = idx
@@ -127,7 +129,8 @@ class _IterState:
         self.waiters: Dict[int, _Flag] = {}  # created only when someone must block
         self.complete: Optional[_Flag] = None  # created (under the run's lock) only when the caller must block
         self.events: List[Any] = [None] * n if device else []  # device events (CUDA: device = the run's streams)
-        self.ready: Any = None  # CUDA: event after the batch's own device work (StreamPool.batch_ready)
+        self.ready: Tuple[Any, ...] = ()  # CUDA: events after the batch's own device work (StreamPool.batch_ready)
+        self.timing: List[tuple] = []  # CUDA with a timeline: (task info, start event, end event)
 
 
 class _Run:
@@ -136,7 +139,7 @@ class _Run:
     __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
                  "data_iter", "data_source", "cancelled", "stop", "error", "reported", "finished", "lock",
                  "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type",
-                 "plain", "bare", "ready")
+                 "plain", "bare", "ready", "keep")
 
     def __init__(self, data_source: Any, data_iter: Iterator, sequencer: _SubmissionSequencer) -> None:
         self.iters: Dict[int, _IterState] = {}
@@ -164,34 +167,41 @@ class _Run:
         self.bare = False      # plain and no torch profiler this period
         self.device_timing: List[tuple] = []
         self.origin_event: Any = None
-        self.ready: Any = None  # the last fetched batch's ready event, until its iteration state takes it
+        self.ready: Tuple[Any, ...] = ()  # the last fetched batch's ready events, until its iteration state takes them
+        self.keep: Optional[Callable[[Any], None]] = None  # CUDA: after each task, what its context must keep alive
 
 
 class _GuardedContext(IterContext):
-    """The :class:`IterContext` of a CUDA pipeline: keeps what tasks delete or replace.
+    """The :class:`IterContext` of a CUDA pipeline: keeps what its tasks may still read on the device.
 
     On CUDA a task may ``del ctx.x`` (or assign ``ctx.x = new``) while a
     kernel launched on *another* stream still reads ``x``; dropping the last
     reference would hand the block back to the caching allocator, which
     reuses it at once on the stream that allocated it. Every value removed
-    from the context therefore goes to ``_swp_graveyard``, a slot (invisible
-    to ``vars(ctx)``, so shortcuts and ``repr`` see the same attributes as
-    on CPU) that lives as long as the context: the engine releases a context
-    only once the device events of all its iteration's tasks have completed.
-    CPU pipelines use the plain :class:`IterContext` and pay nothing.
+    from the context therefore goes to ``_swp_graveyard``, and what the
+    engine collects after each task (device tensors inside containers and
+    objects of the context, the gradients of the pipeline's ``state``) and
+    what a task passes to :meth:`keep_alive` goes to ``_swp_kept``. Both are
+    slots (invisible to ``vars(ctx)``, so shortcuts and ``repr`` see the same
+    attributes as on CPU) that live as long as the context: the engine
+    releases a context only once the device events of all its iteration's
+    tasks have completed. CPU pipelines use the plain :class:`IterContext`
+    and pay nothing.
 
     Examples
     --------
     >>> ctx = _GuardedContext(batch=None, iter_idx=0)
     >>> ctx.x = "first"; ctx.x = "second"; del ctx.x
-    >>> ctx._swp_graveyard, vars(ctx)
-    (['first', 'second'], {'batch': None, 'iter_idx': 0})
+    >>> ctx.keep_alive("cached")
+    >>> ctx._swp_graveyard, list(ctx._swp_kept.values()), vars(ctx)
+    (['first', 'second'], ['cached'], {'batch': None, 'iter_idx': 0})
     """
 
-    __slots__ = ("_swp_graveyard",)
+    __slots__ = ("_swp_graveyard", "_swp_kept")
 
     def __init__(self, batch: Any, iter_idx: int) -> None:
         object.__setattr__(self, "_swp_graveyard", [])
+        object.__setattr__(self, "_swp_kept", {})
         super().__init__(batch, iter_idx)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -205,3 +215,73 @@ class _GuardedContext(IterContext):
         object.__delattr__(self, name)
         if old is not _MISSING:
             self._swp_graveyard.append(old)
+
+    def keep_alive(self, *values: Any) -> None:
+        kept = self._swp_kept
+        for value in values:
+            kept[id(value)] = value
+
+
+_KEEP_WALK_LIMIT = 2000  # objects walked per task for device tensors nested in the context
+
+
+def _context_keeper(dev: Any, state: Any) -> Callable[[_GuardedContext], None]:
+    """What the engine runs after each task of a CUDA pipeline: keep the context's nested device values alive.
+
+    A device tensor inside a container or object of the context (``ctx.d[k]``,
+    ``ctx.batch.dense``) can be replaced or popped by the next task without
+    the context seeing it; so after every task each device tensor reachable
+    from the context's non-tensor attributes is kept (top-level tensors need
+    nothing: the graveyard catches them when they leave). The gradients of
+    ``state``'s parameters are kept too: ``zero_grad(set_to_none=True)`` in
+    the next iteration drops them while the optimizer step may still read
+    them on another stream.
+    """
+    from .reach import reachable_objects
+
+    params = _parameters(state)
+
+    def keep(ctx: _GuardedContext) -> None:
+        kept = ctx._swp_kept
+        roots = [v for v in ctx.__dict__.values() if not isinstance(v, (torch.Tensor, int, float, str))]
+        if roots:
+            for item in reachable_objects(roots, _KEEP_WALK_LIMIT):
+                if dev.memory_of(item) is not None:
+                    kept[id(item)] = item
+        for p in params:
+            g = p.grad
+            if g is not None:
+                kept[id(g)] = g
+
+    return keep
+
+
+def _parameters(state: Any) -> List[torch.Tensor]:
+    """The parameters of ``state``: modules, optimizers, or lists/tuples/dicts of them (each once).
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> len(_parameters([lin, torch.optim.SGD(lin.parameters(), lr=0.1)])), _parameters(None)
+    (2, [])
+    """
+    out: Dict[int, torch.Tensor] = {}
+    items: List[Any] = [state]
+    while items:
+        obj = items.pop()
+        if obj is None:
+            continue
+        if isinstance(obj, torch.nn.Module):
+            out.update((id(p), p) for p in obj.parameters())
+        elif isinstance(obj, torch.optim.Optimizer):
+            out.update((id(p), p) for group in obj.param_groups for p in group["params"])
+        elif isinstance(obj, torch.Tensor):
+            out[id(obj)] = obj
+        elif isinstance(obj, dict):
+            items.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            items.extend(obj)
+        else:
+            raise TypeError(f"state: expected modules, optimizers, tensors or lists/dicts of them, got "
+                            f"{type(obj).__name__}")
+    return list(out.values())

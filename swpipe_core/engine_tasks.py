@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 
-from .engine_device import _nvtx_mode
 from .engine_state import PipelineTaskError, _Cancelled, _Flag, _IterState, _Run, _TaskInfo
 from .plan import IterContext, PipelineTask
 from .sequencer import SequencerAborted
@@ -157,20 +156,21 @@ class _TaskRunner:
             recorder.record(ti.name, st.idx, ti.group, ti.stream, t0, time.perf_counter())
 
     def _submit_cuda(self, run: _Run, st: _IterState, ti: _TaskInfo, recorder: Optional[TimelineRecorder]) -> None:
+        streams = self._streams
+        dev = streams.dev
         stream = run.streams[ti.idx]
-        if ti.starts and st.ready is not None:  # the batch's own device work (made on the caller's stream)
-            self._streams.wait(stream, st.ready)
+        if ti.starts:  # the batch's own device work (made on the fetching thread's current streams)
+            for ready in st.ready:
+                dev.wait(stream, ready)
         for d, dist in ti.device_deps:
-            self._streams.wait(stream, self._dep_event(run, st, d, dist))
+            streams.wait(stream, self._dep_event(run, st, d, dist))
         nvtx = run.nvtx
         name = self._range_name("SWP", ti.name, st.idx) if (nvtx or run.profiling) else ""
         t0 = time.perf_counter() if recorder is not None else 0.0
-        with torch.cuda.stream(stream):
-            if recorder is not None:  # after the waits, on the task's own stream
-                start_ev = torch.cuda.Event(enable_timing=True)
-                start_ev.record(stream)
+        with dev.use(stream), dev.annotate(f"{ti.name}({st.idx})"):
+            start_ev = streams.record(stream, timing=True) if recorder is not None else None  # after the waits
             if nvtx:
-                torch.cuda.nvtx.range_push(name)
+                dev.nvtx_push(name)
             try:
                 if run.profiling:
                     with torch.autograd.profiler.record_function(name):
@@ -179,12 +179,11 @@ class _TaskRunner:
                     self._exec_task(ti.task, st.ctx)
             finally:
                 if nvtx:
-                    torch.cuda.nvtx.range_pop()
-            if recorder is not None:
-                end_ev = torch.cuda.Event(enable_timing=True)
-                end_ev.record(stream)
-                run.device_timing.append((ti, st.idx, start_ev, end_ev))
-        st.events[ti.idx] = self._streams.record(stream)
+                    dev.nvtx_pop()
+            if start_ev is not None:
+                st.timing.append((ti, st.idx, start_ev, streams.record(stream, timing=True)))
+        run.keep(st.ctx)
+        st.events[ti.idx] = streams.record(stream)
         if recorder is not None:
             recorder.record(ti.name, st.idx, ti.group, ti.stream, t0, time.perf_counter())
 
@@ -205,7 +204,7 @@ class _TaskRunner:
         """
         if not run.nvtx:
             return None
-        return _nvtx_mode
+        return self._streams.dev.nvtx_mode
 
     def _range_name(self, prefix: str, name: str, iteration: int) -> str:
         skip = " [skip]" if name in self._shortcut.tasks else ""

@@ -158,13 +158,6 @@ class MemoryFigures:
                    str(data.get("method", "")))
 
 
-def _device_counters(device: Any) -> Tuple[int, int]:
-    import torch
-
-    stats = torch.cuda.memory_stats(device)
-    return int(stats.get("allocated_bytes.all.allocated", 0)), int(stats.get("allocated_bytes.all.freed", 0))
-
-
 def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_start: int = 0) -> MemoryFigures:
     """Per-task context and device bytes over ``num_iterations`` serial iterations (medians).
 
@@ -210,15 +203,15 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
 
     if num_iterations < 1:
         raise ValueError(f"num_iterations={num_iterations!r}: measure at least one iteration")
-    device = torch.device(getattr(pipe, "device", "cpu"))
-    # a CUDA device without a CUDA runtime (a stubbed device in tests) has no allocator to read
-    cuda = device.type == "cuda" and torch.cuda.is_available()
+    streams = getattr(pipe, "_streams", None)
+    device = streams.dev if streams is not None and streams.is_cuda else None
+    cuda = device is not None and device.memory_counters() is not None  # a device allocator to read
     samples: Dict[str, List[Tuple[int, int, int, int, int]]] = {}
 
     def measured(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
         before = reachable_storages(ctx)
         if cuda:
-            a0, f0 = _device_counters(device)
+            a0, f0 = device.memory_counters()
         high = [0]
 
         def sample(frame: Any, event: str, arg: Any) -> None:
@@ -235,7 +228,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
         add = sum(v for k, v in after.items() if k not in before)
         free = sum(v for k, v in before.items() if k not in after)
         if cuda:
-            a1, f1 = _device_counters(device)
+            a1, f1 = device.memory_counters()
             dev = (a1 - a0, f1 - f0)
         else:
             dev = (add, free)

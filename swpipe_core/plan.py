@@ -54,6 +54,22 @@ class IterContext:
         attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
         return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
 
+    def keep_alive(self, *values: Any) -> None:
+        """Keep ``values`` alive until this iteration's device work has completed (nothing to do on CPU).
+
+        On CUDA, a tensor one task hands to another *outside* ``ctx`` (module
+        state, a closure, a queue) and that the receiving task drops while a
+        kernel on another stream may still read it, returns to the caching
+        allocator too early. Call ``ctx.keep_alive(t)`` in either task: the
+        engine holds ``t`` until every task of this iteration has completed on
+        the device. Values reached through ``ctx`` need nothing
+        (docs/semantics.md, "Lifetimes on CUDA").
+
+        Examples
+        --------
+        >>> IterContext(batch=None, iter_idx=0).keep_alive("anything")
+        """
+
 
 @dataclass
 class DeclaredIO:

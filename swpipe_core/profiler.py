@@ -406,7 +406,7 @@ class TaskProfiler:
         skip, targets = _targets(pipe, skip_tasks)
         device = torch.device(getattr(pipe, "device", "cpu"))
         cuda = device.type == "cuda"
-        sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+        sync = _device_sync(pipe)
         counter = itertools.count()
         wall0 = time.perf_counter()
 
@@ -424,7 +424,7 @@ class TaskProfiler:
         host_s = device_s = None
         host_mean: Dict[str, float] = {}
         if task_times:
-            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, device, sync, means=host_mean)
+            host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, sync, means=host_mean)
         mem = None
         if task_times if memory is None else memory:
             from .memory import measure_task_memory
@@ -435,7 +435,7 @@ class TaskProfiler:
             mem = measure_task_memory(pipe, batch, num_measure, iter_start=start).to_dict()
         meta: Dict[str, Any] = {
             "device": str(device),
-            "machine": _machine(device),
+            "machine": _machine(pipe),
             "num_warmup": num_warmup,
             "num_measure": num_measure,
             "num_rounds": num_rounds,
@@ -449,7 +449,8 @@ class TaskProfiler:
             # means add up to the serial iteration (medians of skewed times do not): CostModel.from_profile uses them
             "host_mean_s": host_mean,
             "device_time": ("CUDA events around each task on its stream, the stream held by a spin kernel "
-                            "until the host has launched the task (device work only)" if cuda else _CPU_DEVICE_NOTE)
+                            "until the host has launched the task (device work only), in iterations apart from "
+                            "those that time the host" if cuda else _CPU_DEVICE_NOTE)
             if task_times else "not measured",
             "wall_s": time.perf_counter() - wall0,
             "torch": torch.__version__,
@@ -503,7 +504,7 @@ class TaskProfiler:
         return results
 
 
-def _machine(device: Any) -> str:
+def _machine(pipe: Any) -> str:
     """A one-line description of where the profile ran (recorded in cost models)."""
     import os
     import platform
@@ -511,13 +512,24 @@ def _machine(device: Any) -> str:
     import torch
 
     host = f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}"
-    if device.type == "cuda":
-        try:
-            name = torch.cuda.get_device_name(device)
-        except (RuntimeError, AssertionError):  # no usable CUDA runtime (e.g. a stubbed device)
-            name = str(device)
-        return f"{name}; {host}"
+    streams = getattr(pipe, "_streams", None)
+    if streams is not None and streams.is_cuda:
+        return f"{streams.dev.describe()}; {host}"
     return host
+
+
+def _device_sync(pipe: Any) -> Callable[[], None]:
+    """A bounded wait for all of ``pipe``'s device work (nothing on CPU); raises if the device does not finish."""
+    streams = getattr(pipe, "_streams", None)
+    if streams is None or not streams.is_cuda:
+        return lambda: None
+    timeout = getattr(pipe, "progress_timeout", 60.0)
+
+    def sync() -> None:
+        if not streams.synchronize(timeout):
+            raise RuntimeError(f"profiling: the device work did not complete within {timeout:g} s "
+                               "(progress_timeout); a kernel is hung or slow")
+    return sync
 
 
 class _NoBar:
@@ -618,46 +630,44 @@ class _Rounds:
             self.bar.close()
         return baseline, per_task
 
-def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: Callable[[], None],
+def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, sync: Callable[[], None],
                 means: Optional[Dict[str, float]] = None):
     """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
 
     Runs every task through ``SWPipeline._tasks_through`` for the duration, so
-    the timing covers exactly one task execution. Device time is the span
-    between CUDA events recorded before and after the task on the current
-    (task's) stream, after its waits. Two events around a task alone read
-    about ``max(host, device)``: an idle stream runs the start event at once
-    and then waits for the host to launch each kernel. So the stream is first
-    held by a spin kernel (``torch.cuda._sleep``) lasting twice the task's
-    last host time plus 1 ms; the kernels queue up behind it and the span
-    between the events is the device's own work.
+    the timing covers exactly one task execution. Host time comes from ``n``
+    iterations with nothing added around the tasks. On CUDA, device time
+    comes from ``n`` further iterations: the span between events recorded
+    before and after the task on its (current) stream. Two events around a
+    task alone read about ``max(host, device)``: an idle stream runs the
+    start event at once and then waits for the host to launch each kernel.
+    So the stream is first held by a spin kernel lasting twice the task's
+    host time plus 1 ms; the kernels queue up behind it and the span between
+    the events is the device's own work. The spin would delay a task that
+    waits for the device on the host (``.item()``, a blocking collective)
+    by its own length, which is why the host is timed in iterations
+    without it.
     """
-    import torch
-
-    cuda = device.type == "cuda"
+    streams = getattr(pipe, "_streams", None)
+    cuda = streams is not None and streams.is_cuda
     host: Dict[str, List[float]] = {}
     events: List[tuple] = []
-    spin_hz = _spin_rate(device) if cuda else 0.0
 
-    def timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            last = host.get(task.name)
-            torch.cuda._sleep(int(spin_hz * (2.0 * (last[-1] if last else 0.0) + 1e-3)))
-            start.record()
+    def host_timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
         t0 = time.perf_counter()
         original(task, ctx)
         host.setdefault(task.name, []).append(time.perf_counter() - t0)
-        if cuda:
-            end.record()
-            events.append((task.name, start, end))
 
-    with pipe._tasks_through(timed):
+    def device_timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
+        dev = streams.dev
+        stream = dev.current_stream()
+        dev.spin(2.0 * host_s.get(task.name, 0.0) + 1e-3)
+        start = streams.record(stream, timing=True)
+        original(task, ctx)
+        events.append((task.name, start, streams.record(stream, timing=True)))
+
+    with pipe._tasks_through(host_timed):
         sync()
-        if cuda:  # one untimed iteration: every task then has a host time to size its spin
-            pipe.run_one_serial_iter(batch, iter_idx=next(counter))
-            sync()
-            events.clear()
         for _ in range(n):
             pipe.run_one_serial_iter(batch, iter_idx=next(counter))
         sync()
@@ -667,25 +677,14 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, device: Any, sync: 
     host_s = {name: statistics.median(v[-n:]) for name, v in host.items()}
     if means is not None:
         means.update({name: statistics.fmean(v[-n:]) for name, v in host.items()})
-    device_s = None
-    if cuda:
-        spans: Dict[str, List[float]] = {}
-        for name, start, end in events:
-            spans.setdefault(name, []).append(start.elapsed_time(end) / 1e3)
-        device_s = {name: statistics.median(v) for name, v in spans.items()}
-    return host_s, device_s
-
-
-def _spin_rate(device: Any) -> float:
-    """Cycles per second of ``torch.cuda._sleep`` on ``device`` (timed once with CUDA events)."""
-    import torch
-
-    cycles = 20_000_000
-    with torch.cuda.device(device):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        return cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+    if not cuda:
+        return host_s, None
+    with pipe._tasks_through(device_timed):
+        for _ in range(n):
+            pipe.run_one_serial_iter(batch, iter_idx=next(counter))
+        sync()
+    spans: Dict[str, List[float]] = {}
+    for name, start, end in events:
+        spans.setdefault(name, []).append(streams.dev.elapsed_s(start, end))
+        streams.recycle((start, end), timing=True)
+    return host_s, {name: statistics.median(v) for name, v in spans.items()}

@@ -1,16 +1,17 @@
-"""Streams and device events: phase 2 of the two-phase sync (no-ops on CPU).
+"""Streams and device events through the device seam: phase 2 of the two-phase sync (no-ops on CPU).
 
 A task's stream spec is ``None`` (the device's default stream), a name (one
-``torch.cuda.Stream`` per name per device, created on first use and reused),
-or a torch stream object used as given. On a CPU device there is no device
-queue: a stream is just a name, events are ``None`` and waiting on them does
-nothing, so CPU signals alone carry the order and the same engine runs on
-both.
+stream of its own per name per device, :meth:`Device.new_stream
+<swpipe_core.device.Device.new_stream>`), or a stream object used as given.
+On a CPU device there is no device queue: a stream is just a name, events
+are ``None`` and waiting on them does nothing, so CPU signals alone carry the
+order and the same engine runs on both.
 
 Device events order *device* work: the producer records an event on its
 stream after launching its kernels, and the consumer makes its own stream
-wait on that event before launching its kernels (``stream.wait_event``),
-without blocking the CPU.
+wait on that event before launching its kernels (``wait``), without blocking
+the CPU. Events come from a pool and go back to it once the work they mark
+has completed, so a long run creates a bounded number of them.
 
 Stream identity is the *resolved* stream: :meth:`StreamPool.key` gives
 (device, stream id) on CUDA, so two specs that end up on one stream need no
@@ -25,84 +26,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, ContextManager, Dict, Hashable, Iterable, List, Optional, Sequence, Union
+from typing import Any, ContextManager, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .device import Device, as_device, resolve_device
 from .plan import StreamSpec, stream_name
 from .reach import reachable_objects
 
-__all__ = ["resolve_device", "StreamPool", "set_thread_device"]
+__all__ = ["resolve_device", "StreamPool"]
 
-
-def resolve_device(device: Union[int, str, torch.device, None]) -> torch.device:
-    """The ``torch.device`` a pipeline runs on.
-
-    An integer means CUDA device ``device`` when CUDA is available and the CPU
-    otherwise (so code written for a GPU runs unchanged on a CPU-only machine);
-    a string or ``torch.device`` is taken literally.
-
-    Parameters
-    ----------
-    device : int, str, torch.device or None
-        ``None`` is the same as ``0``.
-
-    Returns
-    -------
-    torch.device
-
-    Raises
-    ------
-    RuntimeError
-        A CUDA device was named explicitly but CUDA is not available, or the
-        index is out of range.
-    ValueError
-        The device type is neither ``cpu`` nor ``cuda``.
-
-    Examples
-    --------
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    >>> resolve_device(0) == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
-    True
-    """
-    if device is None:
-        device = 0
-    if isinstance(device, int) and not isinstance(device, bool):
-        if torch.cuda.is_available():
-            dev = torch.device("cuda", device)
-        else:
-            return torch.device("cpu")
-    else:
-        try:
-            dev = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device {device!r} is not a device: {exc}; use 'cpu', 'cuda', 'cuda:N' or an "
-                             "integer") from None
-    if dev.type == "cpu":
-        return dev
-    if dev.type != "cuda":
-        raise ValueError(f"SWPipeline runs on 'cpu' or 'cuda' devices, got {dev}")
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"device {dev} was requested but CUDA is not available; use device='cpu' "
-                           "(or an integer, which falls back to the CPU)")
-    index = torch.cuda.current_device() if dev.index is None else dev.index
-    if not 0 <= index < torch.cuda.device_count():
-        raise RuntimeError(f"device cuda:{index} does not exist; this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device("cuda", index)
-
-
-def set_thread_device(device: torch.device) -> None:
-    """Make ``device`` the calling thread's current CUDA device (nothing on CPU).
-
-    CUDA's current device is per thread, so every worker calls this first.
-
-    Examples
-    --------
-    >>> set_thread_device(torch.device("cpu"))
-    """
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+_NULL = contextlib.nullcontext()
 
 
 class StreamPool:
@@ -110,7 +44,8 @@ class StreamPool:
 
     Parameters
     ----------
-    device : torch.device
+    device : torch.device, str, int or Device
+        Anything :func:`swpipe_core.device.as_device` takes.
 
     Examples
     --------
@@ -124,33 +59,33 @@ class StreamPool:
     ...     pass
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.is_cuda = device.type == "cuda"
+    def __init__(self, device: Any) -> None:
+        self.dev: Device = as_device(device)
+        self.device = self.dev.torch_device
+        self.is_cuda = self.dev.is_async  # CUDA semantics: a real GPU or swpipe.testing's fake
         self._named: Dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._free: Dict[bool, List[Any]] = {False: [], True: []}  # events whose work completed, by timing
         self._wake = threading.Event()  # set by interrupt(): ends the pool's device waits
 
     def resolve(self, spec: StreamSpec) -> Optional[Any]:
         """The stream object for a spec; ``None`` on CPU.
 
-        ``None`` is the device's default stream, a name gets one stream per
-        name (created on first use, then reused), and a stream object is used
-        as given.
+        ``None`` is the device's default stream, a name gets the device's
+        stream of that name (created on first use, then reused), and a stream
+        object is used as given.
         """
         if not self.is_cuda:
             return None
         if spec is None:
-            return torch.cuda.default_stream(self.device)
+            return self.dev.default_stream()
         if isinstance(spec, str):
             stream = self._named.get(spec)
             if stream is None:
                 with self._lock:  # two workers may ask for a new name at once
                     stream = self._named.get(spec)
                     if stream is None:
-                        stream = torch.cuda.Stream(device=self.device)
-                        stream.swpipe_name = spec
-                        self._named[spec] = stream
+                        stream = self._named[spec] = self.dev.new_stream(spec)
             return stream
         return spec
 
@@ -172,8 +107,7 @@ class StreamPool:
         ('cuda:1', 0)
         """
         if self.is_cuda:
-            stream = self.resolve(spec)
-            return (str(stream.device), stream.stream_id)
+            return self.dev.stream_key(self.resolve(spec))
         if spec is None:
             return ("cpu", 0)
         if isinstance(spec, str):
@@ -188,65 +122,86 @@ class StreamPool:
 
     def use(self, stream: Optional[Any]) -> ContextManager:
         """Context manager making ``stream`` current (a no-op on CPU)."""
-        if stream is None:
-            return contextlib.nullcontext()
-        return torch.cuda.stream(stream)
+        return self.dev.use(stream) if stream is not None else _NULL
 
-    def record(self, stream: Optional[Any]) -> Optional[Any]:
-        """Record and return a new device event on ``stream`` (``None`` on CPU)."""
+    def record(self, stream: Optional[Any], timing: bool = False) -> Optional[Any]:
+        """Record an event of the pool on ``stream`` and return it (``None`` on CPU).
+
+        Give it back with :meth:`recycle` once the work it marks has completed
+        and nothing will wait on it again.
+        """
         if stream is None:
             return None
-        event = torch.cuda.Event()
-        event.record(stream)
+        free = self._free[timing]
+        try:
+            event = free.pop()
+        except IndexError:
+            event = self.dev.event(timing=timing)
+        self.dev.record(event, stream)
         return event
 
-    def batch_ready(self, batch: Any) -> Optional[Any]:
-        """An event after the device work that made ``batch``, if it holds CUDA tensors; else ``None``.
+    def recycle(self, events: Iterable[Optional[Any]], timing: bool = False) -> None:
+        """Give back events whose recorded work has completed (re-recording one moves it to new work)."""
+        self._free[timing].extend(ev for ev in events if ev is not None)
+
+    def batch_ready(self, batch: Any) -> Tuple[Any, ...]:
+        """Events after the device work that made ``batch``, one per device holding part of it; ``()`` if none.
 
         Called on the thread that fetched the batch, right after the fetch.
-        A data iterator that builds CUDA tensors (``.to("cuda",
+        A data iterator that builds device tensors (``.to("cuda",
         non_blocking=True)``, a generator on the GPU) enqueues that work on
-        the *fetching* thread's current stream; a task reading the batch on
-        another stream must wait for it (what TorchRec gets by fetching on its
-        memcpy stream). A batch of CPU tensors needs no event: waiting for one
-        would order the copy of the next batch after every kernel already
-        queued on the caller's stream and end the copy/compute overlap.
+        the *fetching* thread's current stream *of the device the tensors are
+        on* (the thread's current device, which need not be the pipeline's);
+        a task reading the batch on another stream must wait for it (what
+        TorchRec gets by fetching on its memcpy stream). So an event is
+        recorded on the fetching thread's current stream of each device that
+        holds a tensor of the batch (a stream may wait for an event of
+        another device). A batch of CPU tensors needs no event: waiting for
+        one would order the copy of the next batch after every kernel
+        already queued on the caller's stream and end the copy/compute
+        overlap.
 
         Examples
         --------
-        >>> StreamPool(torch.device("cpu")).batch_ready(torch.ones(2)) is None
-        True
+        >>> StreamPool(torch.device("cpu")).batch_ready(torch.ones(2))
+        ()
         """
-        if not self.is_cuda or not _holds_cuda(batch):
-            return None
-        return self.record(torch.cuda.current_stream(self.device))
+        if not self.is_cuda:
+            return ()
+        events = []
+        for dev in _devices_holding(self.dev, batch):
+            if dev is self.dev:
+                events.append(self.record(dev.current_stream()))
+            else:  # an event belongs to one device: another device's is made there, and not pooled
+                event = dev.event()
+                dev.record(event, dev.current_stream())
+                events.append(event)
+        return tuple(events)
 
-    @staticmethod
-    def wait(stream: Optional[Any], event: Optional[Any]) -> None:
+    def wait(self, stream: Optional[Any], event: Optional[Any]) -> None:
         """Make ``stream`` wait for ``event`` on the device; the CPU does not block."""
         if stream is not None and event is not None:
-            stream.wait_event(event)
+            self.dev.wait(stream, event)
 
-    @staticmethod
-    def query(event: Optional[Any]) -> bool:
+    def query(self, event: Optional[Any]) -> bool:
         """Whether the device work before ``event`` has completed (always true on CPU)."""
-        return event is None or event.query()
+        return event is None or self.dev.query(event)
 
     def fence(self, streams: Iterable[Optional[Any]] = ()) -> List[Any]:
         """Record an event on the default stream, every pool stream and ``streams``; ``[]`` on CPU.
 
         Once they have all completed, every kernel launched on those streams
-        before the call has completed. Raises whatever CUDA raises (a sticky
-        error); callers on failure paths catch it.
+        before the call has completed. Raises whatever the device raises (a
+        sticky error); callers on failure paths catch it.
         """
         if not self.is_cuda:
             return []
         seen: Dict[Hashable, Any] = {}
         with self._lock:
             named = list(self._named.values())
-        for stream in [torch.cuda.default_stream(self.device), *named, *streams]:
+        for stream in [self.dev.default_stream(), *named, *streams]:
             if stream is not None:
-                seen.setdefault((str(stream.device), stream.stream_id), stream)
+                seen.setdefault(self.dev.stream_key(stream), stream)
         return [self.record(stream) for stream in seen.values()]
 
     def wait_events(self, events: Sequence[Optional[Any]], timeout: float,
@@ -255,12 +210,11 @@ class StreamPool:
 
         CUDA has no timed wait on an event (``event.synchronize()`` blocks
         until the kernels finish, forever if a dead NCCL peer holds them), so
-        the device state is read with ``event.query()``; between reads the
-        caller blocks on ``wake`` (default: this pool's, set by
-        :meth:`interrupt`) for a pause that grows from 20 us to 1 ms. Setting
-        ``wake`` ends the wait at once (the engine sets its run's when the
-        run is cancelled, so a failure elsewhere is not held up by a hung
-        device).
+        the device state is read with ``query``; between reads the caller
+        blocks on ``wake`` (default: this pool's, set by :meth:`interrupt`)
+        for a pause that grows from 20 us to 1 ms. Setting ``wake`` ends the
+        wait at once (the engine sets its run's when the run is cancelled, so
+        a failure elsewhere is not held up by a hung device).
 
         Examples
         --------
@@ -278,10 +232,11 @@ class StreamPool:
         """
         wake = self._wake if wake is None else wake
         pending = [ev for ev in events if ev is not None]
+        query = self.dev.query if self.is_cuda else (lambda ev: ev.query())
         deadline = time.monotonic() + timeout
         pause = 2e-5
         while pending:
-            pending = [ev for ev in pending if not ev.query()]
+            pending = [ev for ev in pending if not query(ev)]
             if not pending:
                 break
             left = deadline - time.monotonic()
@@ -299,23 +254,35 @@ class StreamPool:
 
         Always true on CPU.
         """
-        return self.wait_events(self.fence(), timeout)
+        events = self.fence()
+        done = self.wait_events(events, timeout)
+        if done:
+            self.recycle(events)
+        return done
 
 
 _WALK_LIMIT = 1000  # objects a batch is searched through for a CUDA tensor; past it, assume one
 
 
-def _holds_cuda(obj: Any) -> bool:
-    """Whether a CUDA tensor is reachable from ``obj`` (:func:`swpipe_core.reach.reachable_objects`).
+def _devices_holding(dev: Device, obj: Any) -> List[Device]:
+    """The devices whose memory is reachable from ``obj``, ``dev``'s kind only (:meth:`Device.memory_of`).
+
+    The walk is :func:`swpipe_core.reach.reachable_objects`; past
+    ``_WALK_LIMIT`` objects it stops and assumes ``dev`` holds part of it
+    (a wait that may be needless, never a missing one).
 
     Examples
     --------
-    >>> _holds_cuda({"x": [torch.ones(1), (2, "a")]}), _holds_cuda(None)
-    (False, False)
+    >>> from swpipe_core.device import CpuDevice
+    >>> _devices_holding(CpuDevice(), {"x": [torch.ones(1), (2, "a")]})
+    []
     """
+    found: Dict[int, Device] = {}
     for n, item in enumerate(reachable_objects([obj], _WALK_LIMIT + 1)):
         if n >= _WALK_LIMIT:
-            return True  # too big to search every iteration: wait (safe, maybe slower)
-        if isinstance(item, torch.Tensor) and item.is_cuda:
-            return True
-    return False
+            found.setdefault(id(dev), dev)  # too big to search every iteration: wait (safe, maybe slower)
+            break
+        owner = dev.memory_of(item)
+        if owner is not None:
+            found.setdefault(id(owner), owner)
+    return list(found.values())

@@ -73,16 +73,10 @@ class PlanError(ValueError):
 
 
 def _is_stream(stream: Any) -> bool:
+    """A stream spec: ``None``, a name, or a stream object (a torch stream, or any with ``stream_id`` and ``wait_event``)."""
     if stream is None or isinstance(stream, str):
         return True
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        return False
-    kinds = [torch.Stream]
-    if hasattr(torch, "cuda"):
-        kinds.append(torch.cuda.Stream)
-    return isinstance(stream, tuple(kinds))
+    return hasattr(stream, "stream_id") and hasattr(stream, "wait_event")
 
 
 def _check_ref(ref: Any, where: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Dict, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 
+from ..engine_state import _GuardedContext
 from ..plan import IterContext, PipelinePlan
 from ._happens import PlanOrder
 from ._names import check_state, named_state, storage_names
@@ -43,21 +44,31 @@ class _StrictContext(IterContext):
     """The class a watched context is switched to: reports attribute accesses to its guard."""
 
     def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("_") and name != "iter_idx":
+        if not name.startswith("_") and name not in ("iter_idx", "keep_alive"):
             object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "read")
         return object.__getattribute__(self, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
-        object.__setattr__(self, name, value)
+        super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
         object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
-        object.__delattr__(self, name)
+        super().__delattr__(name)
 
     def __repr__(self) -> str:
         attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx") and not k.startswith("_"))
         return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
+
+
+class _StrictGuardedContext(_StrictContext, _GuardedContext):
+    """A CUDA pipeline's watched context: reports accesses, and keeps what it drops (the graveyard)."""
+
+    __slots__ = ()
+
+
+# the class a watched context is switched to, by the class the engine made it with (CPU, CUDA)
+_STRICT_CLASS = {IterContext: _StrictContext, _GuardedContext: _StrictGuardedContext}
 
 
 class StrictGuard:
@@ -81,9 +92,10 @@ class StrictGuard:
     @contextlib.contextmanager
     def watch(self, task: str, ctx: IterContext) -> Iterator[None]:
         """Run a task's body with its accesses checked."""
-        if type(ctx) is IterContext:
+        strict_class = _STRICT_CLASS.get(type(ctx))
+        if strict_class is not None:
             object.__setattr__(ctx, "_swp_guard", self)
-            ctx.__class__ = _StrictContext
+            ctx.__class__ = strict_class
         self._tls.event = (task, ctx.iter_idx)
         mode = StorageWatch(self._tensor, set(), lambda exc, func: None) if self._state is not None else contextlib.nullcontext()
         try:

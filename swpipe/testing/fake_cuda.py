@@ -1,0 +1,683 @@
+"""A CPU device with CUDA's semantics: run a multi-stream pipeline without a GPU and see its races.
+
+:class:`FakeCuda` implements the device seam (:class:`swpipe_core.device.Device`)
+on threads, so every CUDA path of the engine runs on a CPU machine:
+
+* each stream is an executor thread that runs the work enqueued on it in
+  order; an event is a token recorded at a point of a stream's queue;
+  ``wait`` makes a stream wait for the latest record made before it;
+  ``query`` says whether that record has run. The current stream is per
+  thread (a new thread starts on the default stream), and so is the current
+  device; a fake has as many devices as asked.
+* memory is blocks of host bytes behind :class:`FakeTensor` handles. Its
+  caching allocator behaves as CUDA's: a block freed on the host (the last
+  reference dropped) goes back at once to the pool of the stream that
+  allocated it, and the next allocation of that size on that stream gets it
+  and queues a *poison* kernel on that stream that overwrites it. A missing
+  wait or an early free then gives wrong numbers, not just a wrong log.
+* timing is adversarial on request: each kernel waits a seeded random delay
+  (``max_delay_s``) before it runs.
+* failures: :meth:`FakeKernels.hang` queues a kernel that never completes (until
+  :meth:`FakeCuda.close`), :meth:`FakeKernels.fault` a sticky device error
+  after which every call on the device raises, as after a CUDA error.
+* a deterministic check besides the values: every kernel's reads and writes,
+  every free, record and wait feed :class:`~swpipe.testing.races.HappensBefore`,
+  which reports each pair of accesses no stream order or event orders,
+  naming the tasks (the engine labels its kernels ``Task(iteration)``), even
+  when the timing of a run hid it.
+
+The kernels tests and workloads need are in :class:`FakeKernels` (``device.kernels``;
+:func:`swpipe.testing.kernels` gives the same set for a real CUDA device and
+for the CPU).
+
+Examples
+--------
+>>> import torch
+>>> with FakeCuda(num_devices=1) as fake:
+...     dev = fake.device(0)
+...     k = dev.kernels
+...     x = k.full(4, 2.0)
+...     total = k.sum(x)
+...     k.item(total)
+8.0
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import random
+import threading
+import time
+import weakref
+from typing import Any, Callable, ContextManager, Deque, Dict, Hashable, Iterator, List, Optional, Set, Tuple
+
+import torch
+
+from swpipe_core.device import Device
+
+from .races import HappensBefore, RaceError
+
+__all__ = ["FakeCuda", "FakeCudaDevice", "FakeStream", "FakeEvent", "FakeTensor", "FakeKernels", "FakeCudaError",
+           "FakeDeviceHang"]
+
+_BLOCK_ROUND = 512  # bytes: the caching allocator's size rounding
+
+
+class FakeCudaError(RuntimeError):
+    """A sticky error of the fake device (as ``CUDA error: ...``): every later call on the device raises it."""
+
+
+class FakeDeviceHang(RuntimeError):
+    """A host call that blocks on the device (``synchronize``, ``item``) waited past ``FakeCuda.hang_timeout_s``.
+
+    On a real GPU that call would block forever (a kernel that never
+    completes); the fake raises instead so a test fails rather than hangs.
+    """
+
+
+class _Token:
+    """One record of an event: done once its stream reached it."""
+
+    __slots__ = ("done", "time", "clock")
+
+    def __init__(self, clock: Dict[Hashable, int]) -> None:
+        self.done = False
+        self.time = 0.0
+        self.clock = clock
+
+
+class FakeStream:
+    """A stream of a fake device: a FIFO queue run by its own executor thread (started on first use)."""
+
+    def __init__(self, device: "FakeCudaDevice", stream_id: int, name: Optional[str] = None) -> None:
+        self._dev = device
+        self.stream_id = stream_id
+        self.device = device.torch_device
+        self.key = (str(self.device), stream_id)
+        self.label = name or ("default" if stream_id == 0 else f"stream{stream_id}")
+        if name:
+            self.swpipe_name = name
+        self._queue: Deque[Callable[[], None]] = collections.deque()
+        self._thread: Optional[threading.Thread] = None
+        self._rng = random.Random(hash((device.fake.seed, device.index, stream_id)))
+
+    def __repr__(self) -> str:
+        return f"<FakeStream {self.device}/{self.label}>"
+
+    def wait_event(self, event: "FakeEvent") -> None:
+        self._dev.wait(self, event)
+
+    def query(self) -> bool:
+        event = FakeEvent(self._dev)
+        event.record(self)
+        return event.query()
+
+    def synchronize(self) -> None:
+        event = FakeEvent(self._dev)
+        event.record(self)
+        event.synchronize()
+
+    # -- the executor -------------------------------------------------------------------------------------
+    def _enqueue(self, op: Callable[[], None]) -> None:
+        fake = self._dev.fake
+        with fake._cv:
+            if fake._closed:
+                raise FakeCudaError("the fake device was closed")
+            self._queue.append(op)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._execute, name=f"fakecuda{self._dev.index}-{self.label}",
+                                                daemon=True)
+                fake._threads.append(self._thread)
+                self._thread.start()
+            fake._cv.notify_all()
+
+    def _execute(self) -> None:
+        fake = self._dev.fake
+        while True:
+            with fake._cv:
+                while not self._queue and not fake._closed:
+                    fake._cv.wait()
+                if fake._closed:
+                    return
+                op = self._queue.popleft()
+            op()
+
+    def _delay(self) -> float:
+        limit = self._dev.fake.max_delay_s
+        return self._rng.uniform(0.0, limit) if limit > 0 else 0.0
+
+
+class FakeEvent:
+    """An event of a fake device (``torch.cuda.Event``'s methods): the latest record is what it stands for."""
+
+    def __init__(self, device: "FakeCudaDevice", enable_timing: bool = False) -> None:
+        self._dev = device
+        self.enable_timing = enable_timing
+        self._token: Optional[_Token] = None
+
+    def record(self, stream: Optional[FakeStream] = None) -> None:
+        self._dev.record(self, stream if stream is not None else self._dev.current_stream())
+
+    def query(self) -> bool:
+        return self._dev.query(self)
+
+    def synchronize(self) -> None:
+        self._dev.fake._block_on(self._token, f"{self!r}.synchronize()")
+        self._dev.fake._observe(self._token)
+
+    def wait(self, stream: Optional[FakeStream] = None) -> None:
+        self._dev.wait(stream if stream is not None else self._dev.current_stream(), self)
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        """Milliseconds between two completed records, as ``torch.cuda.Event.elapsed_time``."""
+        return self._dev.elapsed_s(self, end) * 1e3
+
+
+class _Block:
+    """Bytes of fake device memory, allocated from one stream's pool."""
+
+    __slots__ = ("id", "raw", "stream", "owner", "record_streams", "free_clocks")
+
+    def __init__(self, block_id: int, nbytes: int, stream: FakeStream) -> None:
+        self.id = block_id
+        self.raw = torch.zeros(nbytes, dtype=torch.uint8)
+        self.stream = stream
+        self.owner = ""
+        self.record_streams: Set[FakeStream] = set()
+        self.free_clocks: List[Any] = []  # tokens of record_stream streams at the free (reuse waits for them)
+
+
+class FakeTensor:
+    """A 1-D array in fake device memory; freed (back to its stream's pool) when the last reference goes.
+
+    Hold the values only through kernels (:class:`FakeKernels`); ``is_cuda`` is
+    true so code that looks for device tensors finds it.
+    """
+
+    __slots__ = ("device", "numel", "dtype", "_block", "__weakref__")
+
+    is_cuda = True
+
+    def __init__(self, device: "FakeCudaDevice", block: _Block, numel: int, dtype: torch.dtype) -> None:
+        self.device, self.numel, self.dtype, self._block = device, numel, dtype, block
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    def _view(self) -> torch.Tensor:
+        return self._block.raw[:self.nbytes].view(self.dtype)
+
+    def record_stream(self, stream: FakeStream) -> None:
+        """As ``Tensor.record_stream``: on free, the block is reused only after ``stream``'s work so far."""
+        self._block.record_streams.add(stream)
+
+    def __repr__(self) -> str:
+        return f"FakeTensor(numel={self.numel}, dtype={self.dtype}, block=#{self._block.id})"
+
+    def __del__(self) -> None:
+        try:
+            self.device._allocator.free(self._block)
+        except Exception:  # interpreter shutdown, or a closed fake: nothing to give back to
+            pass
+
+
+class _Allocator:
+    """CUDA's caching allocator, as far as reuse goes: per stream and size, a freed block is reused at once."""
+
+    def __init__(self, device: "FakeCudaDevice") -> None:
+        self._dev = device
+        self._free: Dict[Tuple[Hashable, int], List[_Block]] = {}
+        self._ids = itertools.count(1)
+        self.allocated = 0
+        self.freed = 0
+
+    def alloc(self, numel: int, dtype: torch.dtype, stream: FakeStream, label: str) -> FakeTensor:
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        size = max(_BLOCK_ROUND, -(-nbytes // _BLOCK_ROUND) * _BLOCK_ROUND)
+        fake = self._dev.fake
+        with fake._lock:
+            pool = self._free.get((stream.key, size))
+            block = None
+            if pool:
+                for k, candidate in enumerate(pool):  # record_stream: reused once those streams reached the free
+                    if all(token.done for token in candidate.free_clocks):
+                        block = pool.pop(k)
+                        break
+            self.allocated += size
+        if block is None:
+            block = _Block(next(self._ids), size, stream)
+        else:
+            raw = block.raw
+            self._dev._launch(stream, lambda: raw.fill_(0xFF), f"{label} [reuses the block]", writes=(block,))
+        block.owner, block.record_streams, block.free_clocks = label, set(), []
+        return FakeTensor(self._dev, block, numel, dtype)
+
+    def free(self, block: _Block) -> None:
+        dev = self._dev
+        fake = dev.fake
+        if fake._closed:
+            return
+        tokens = [dev._record_token(s) for s in block.record_streams] if block.record_streams else []
+        label = fake._label()
+        stamp = fake.hb.free_stamp(fake._host(), block.stream.key, [t.clock for t in tokens], label,
+                                   threading.current_thread().name)
+        fake.hb.access(block.id, stamp, "free", dev._block_name(block))
+        size = block.raw.numel()
+        with fake._lock:
+            block.free_clocks = tokens
+            self._free.setdefault((block.stream.key, size), []).append(block)
+            self.freed += size
+
+
+class FakeCudaDevice(Device):
+    """One device of a :class:`FakeCuda`: the seam's methods on executor threads. Pass it as ``device=``."""
+
+    type = "cuda"
+    is_async = True
+
+    def __init__(self, fake: "FakeCuda", index: int) -> None:
+        self.fake = fake
+        self.index = index
+        self._streams: List[FakeStream] = []
+        self._named: Dict[str, FakeStream] = {}
+        self._default = self._new(None)
+        self._allocator = _Allocator(self)
+        self.kernels = FakeKernels(self)
+
+    def _new(self, name: Optional[str]) -> FakeStream:
+        stream = FakeStream(self, len(self._streams), name)
+        self._streams.append(stream)
+        return stream
+
+    # -- the calling thread -----------------------------------------------------------------------------------
+    def set_current(self) -> None:
+        self.fake._tls.device = self.index
+
+    def default_stream(self) -> FakeStream:
+        return self._default
+
+    def current_stream(self) -> FakeStream:
+        streams = getattr(self.fake._tls, "streams", None)
+        return self._default if streams is None else streams.get(self.index, self._default)
+
+    @contextlib.contextmanager
+    def use(self, stream: Optional[FakeStream]) -> Iterator[None]:
+        if stream is None:
+            yield
+            return
+        tls = self.fake._tls
+        streams = getattr(tls, "streams", None)
+        if streams is None:
+            streams = tls.streams = {}
+        before = streams.get(stream._dev.index)
+        streams[stream._dev.index] = stream
+        try:
+            yield
+        finally:
+            if before is None:
+                del streams[stream._dev.index]
+            else:
+                streams[stream._dev.index] = before
+
+    @contextlib.contextmanager
+    def annotate(self, label: str) -> Iterator[None]:
+        tls = self.fake._tls
+        before = getattr(tls, "label", None)
+        tls.label = label
+        try:
+            yield
+        finally:
+            tls.label = before
+
+    # -- streams and events -----------------------------------------------------------------------------------
+    def new_stream(self, name: str) -> FakeStream:
+        with self.fake._lock:
+            stream = self._named.get(name)
+            if stream is None:
+                stream = self._named[name] = self._new(name)
+        return stream
+
+    def stream_key(self, stream: Any) -> Hashable:
+        return stream.key
+
+    def is_stream(self, obj: Any) -> bool:
+        return isinstance(obj, FakeStream)
+
+    def event(self, timing: bool = False) -> FakeEvent:
+        self.fake._check()
+        return FakeEvent(self, timing)
+
+    def record(self, event: FakeEvent, stream: FakeStream) -> None:
+        event._token = self._record_token(stream)
+
+    def _record_token(self, stream: FakeStream) -> _Token:
+        fake = self.fake
+        fake._check()
+        token = _Token(fake.hb.record(stream.key))
+
+        def reached() -> None:
+            with fake._cv:
+                token.time = time.perf_counter()
+                token.done = True
+                fake._cv.notify_all()
+        stream._enqueue(reached)
+        return token
+
+    def wait(self, stream: FakeStream, event: FakeEvent) -> None:
+        fake = self.fake
+        fake._check()
+        token = event._token
+        if token is None:  # never recorded: CUDA's wait orders nothing
+            return
+        fake.hb.wait(stream.key, token.clock)
+
+        def wait_for_it() -> None:
+            with fake._cv:
+                while not token.done and not fake._closed:
+                    fake._cv.wait()
+        stream._enqueue(wait_for_it)
+
+    def query(self, event: FakeEvent) -> bool:
+        fake = self.fake
+        fake._check()
+        token = event._token
+        if token is None:
+            return True
+        if token.done:
+            fake._observe(token)
+        return token.done
+
+    def elapsed_s(self, start: FakeEvent, end: FakeEvent) -> float:
+        self.fake._check()
+        if start._token is None or end._token is None or not (start._token.done and end._token.done):
+            raise FakeCudaError("elapsed_time: both events must be recorded and completed")
+        return end._token.time - start._token.time
+
+    def spin(self, seconds: float) -> None:
+        self.kernels.spin(seconds)
+
+    # -- what the device holds --------------------------------------------------------------------------------
+    def memory_of(self, value: Any) -> Optional[Device]:
+        if isinstance(value, FakeTensor):
+            return value.device
+        return None
+
+    def memory_counters(self) -> Optional[Tuple[int, int]]:
+        return self._allocator.allocated, self._allocator.freed
+
+    def describe(self) -> str:
+        return f"FakeCuda device {self.index} (a CPU stand-in)"
+
+    def nvtx_push(self, name: str) -> None:
+        self.fake.nvtx.append((threading.current_thread().name, "push", name))
+
+    def nvtx_pop(self) -> None:
+        self.fake.nvtx.append((threading.current_thread().name, "pop", ""))
+
+    @contextlib.contextmanager
+    def nvtx_mode(self) -> Iterator[None]:
+        self.fake.nvtx.append((threading.current_thread().name, "mode", "on"))
+        try:
+            yield
+        finally:
+            self.fake.nvtx.append((threading.current_thread().name, "mode", "off"))
+
+    # -- kernels ----------------------------------------------------------------------------------------------
+    def _launch(self, stream: FakeStream, fn: Callable[[], None], label: str, reads: Tuple[_Block, ...] = (),
+                writes: Tuple[_Block, ...] = ()) -> None:
+        """Enqueue ``fn`` on ``stream`` after a random delay; record its accesses in the happens-before check."""
+        fake = self.fake
+        fake._check()
+        stamp = fake.hb.launch(fake._host(), stream.key, label, stream.label)
+        for block in reads:
+            fake.hb.access(block.id, stamp, "read", self._block_name(block))
+        for block in writes:
+            fake.hb.access(block.id, stamp, "write", self._block_name(block))
+        delay = stream._delay()
+
+        def kernel() -> None:
+            if fake._error is not None:
+                return  # after a sticky error nothing runs
+            if delay:
+                time.sleep(delay)  # the adversarial timing is the workload here
+            try:
+                fn()
+            except Exception as exc:  # an error inside a kernel is sticky, as on CUDA
+                fake._fail(FakeCudaError(f"kernel {label!r} on {stream!r} failed: {type(exc).__name__}: {exc}"))
+        fake.kernels_launched += 1
+        stream._enqueue(kernel)
+
+    @staticmethod
+    def _block_name(block: _Block) -> str:
+        return f"block #{block.id} ({block.raw.numel()} B, allocated by {block.owner or '?'} on {block.stream.label})"
+
+
+class FakeKernels:
+    """The kernels of a fake device; each runs on the calling thread's current stream of the device.
+
+    The same methods exist for a real CUDA device and for the CPU
+    (:func:`swpipe.testing.kernels`), so a test or a workload written with
+    them runs on any of the three.
+    """
+
+    def __init__(self, device: FakeCudaDevice) -> None:
+        self._dev = device
+
+    def _stream(self) -> FakeStream:
+        return self._dev.current_stream()
+
+    def _label(self, what: str) -> str:
+        return self._dev.fake._label() or what
+
+    def empty(self, n: int, dtype: torch.dtype = torch.float32) -> FakeTensor:
+        """``n`` elements of unspecified values (the block's previous contents, or the poison)."""
+        stream = self._stream()
+        return self._dev._allocator.alloc(n, dtype, stream, self._label("empty"))
+
+    def full(self, n: int, value: float, dtype: torch.dtype = torch.float32) -> FakeTensor:
+        out = self.empty(n, dtype)
+        self.fill_(out, value)
+        return out
+
+    def fill_(self, x: FakeTensor, value: float) -> FakeTensor:
+        view = x._view()
+        self._dev._launch(self._stream(), lambda: view.fill_(value), self._label("fill_"), writes=(x._block,))
+        return x
+
+    def copy_(self, dst: FakeTensor, src: FakeTensor) -> FakeTensor:
+        d, s = dst._view(), src._view()
+        self._dev._launch(self._stream(), lambda: d.copy_(s), self._label("copy_"), reads=(src._block,),
+                          writes=(dst._block,))
+        return dst
+
+    def add_(self, dst: FakeTensor, src: FakeTensor) -> FakeTensor:
+        d, s = dst._view(), src._view()
+        self._dev._launch(self._stream(), lambda: d.add_(s), self._label("add_"), reads=(src._block, dst._block),
+                          writes=(dst._block,))
+        return dst
+
+    def sum(self, x: FakeTensor) -> FakeTensor:
+        out = self.empty(1, x.dtype)
+        o, v = out._view(), x._view()
+        self._dev._launch(self._stream(), lambda: o.copy_(v.sum().reshape(1)), self._label("sum"),
+                          reads=(x._block,), writes=(out._block,))
+        return out
+
+    def spin(self, seconds: float) -> None:
+        """Hold the current stream for ``seconds`` (a kernel that only waits)."""
+        self._dev._launch(self._stream(), lambda: time.sleep(seconds), self._label("spin"))
+
+    def to_device(self, t: torch.Tensor) -> FakeTensor:
+        """A host-to-device copy of a 1-D host tensor: asynchronous from pinned memory, blocking from pageable."""
+        t = t.reshape(-1)
+        out = self.empty(t.numel(), t.dtype)
+        o = out._view()
+        self._dev._launch(self._stream(), lambda: o.copy_(t), self._label("to_device"), writes=(out._block,))
+        if not self._dev.fake.is_pinned(t):  # CUDA stages pageable memory: the host waits for the copy
+            self._dev.fake._sync_stream(self._stream(), "a copy from pageable memory")
+        return out
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as page-locked memory (a copy registered with the fake), as ``Tensor.pin_memory``."""
+        pinned = t.clone()
+        self._dev.fake._pinned.add(pinned)
+        return pinned
+
+    def to_host(self, x: FakeTensor) -> torch.Tensor:
+        """The values, after the current stream's work so far (the host blocks, as ``.cpu()``)."""
+        self._dev.fake._sync_stream(self._stream(), f"to_host of {x!r}")
+        return x._view().clone()
+
+    def item(self, x: FakeTensor) -> float:
+        """The first value as a Python number (the host blocks, as ``.item()``)."""
+        return self.to_host(x)[0].item()
+
+    def hang(self) -> None:
+        """A kernel that never completes (until the fake is closed): a collective whose peer died."""
+        fake = self._dev.fake
+
+        def never() -> None:
+            with fake._cv:
+                while not fake._closed:
+                    fake._cv.wait()
+        self._dev._launch(self._stream(), never, self._label("hang"))
+
+    def fault(self, message: str = "an illegal memory access was encountered") -> None:
+        """A kernel that fails with a sticky error: from then on every call on the device raises it."""
+        def fail() -> None:
+            raise RuntimeError(message)
+        self._dev._launch(self._stream(), fail, self._label("fault"))
+
+
+class FakeCuda:
+    """A fake CUDA runtime: devices, their streams' executor threads, the allocator and the race check.
+
+    Parameters
+    ----------
+    num_devices : int
+    seed : int
+        Seeds each stream's random kernel delays.
+    max_delay_s : float
+        Each kernel waits ``uniform(0, max_delay_s)`` before it runs (0: none).
+    hang_timeout_s : float
+        A host call that blocks on the device (``synchronize``, ``item``,
+        ``to_host``) raises :class:`FakeDeviceHang` after this long instead of
+        blocking forever.
+
+    Attributes
+    ----------
+    hb : HappensBefore
+        The race check; :meth:`assert_no_races` raises what it found.
+    nvtx : list
+        ``(thread, "push"/"pop"/"mode", name)``: the NVTX calls made.
+    kernels_launched : int
+    """
+
+    def __init__(self, num_devices: int = 2, seed: int = 0, max_delay_s: float = 0.0,
+                 hang_timeout_s: float = 30.0) -> None:
+        self.seed = seed
+        self.max_delay_s = max_delay_s
+        self.hang_timeout_s = hang_timeout_s
+        self.hb = HappensBefore()
+        self.nvtx: List[Tuple[str, str, str]] = []
+        self.kernels_launched = 0
+        self._lock = threading.RLock()  # re-entrant: a FakeTensor freed by the cyclic GC may run under it
+        self._cv = threading.Condition()
+        self._tls = threading.local()
+        self._closed = False
+        self._error: Optional[FakeCudaError] = None
+        self._threads: List[threading.Thread] = []
+        self._hosts = itertools.count(1)
+        self._pinned: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+        self.devices = [FakeCudaDevice(self, i) for i in range(num_devices)]
+
+    def device(self, index: int = 0) -> FakeCudaDevice:
+        """Device ``index`` (pass it as ``SWPipeline(plan, device=...)``)."""
+        return self.devices[index]
+
+    @property
+    def races(self) -> List[Any]:
+        """The races found so far (:class:`~swpipe.testing.races.Race`)."""
+        return list(self.hb.races)
+
+    def assert_no_races(self) -> None:
+        """Raise :class:`~swpipe.testing.races.RaceError` naming every race found so far."""
+        if self.hb.races:
+            raise RaceError(self.hb.races)
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return t in self._pinned
+
+    def synchronize(self) -> None:
+        """Wait for every stream of every device (raises :class:`FakeDeviceHang` past ``hang_timeout_s``)."""
+        for dev in self.devices:
+            for stream in list(dev._streams):
+                self._sync_stream(stream, "synchronize()")
+
+    def clear_error(self) -> None:
+        """Forget a sticky error (a new process would start clean; tests reuse the fake instead)."""
+        with self._cv:
+            self._error = None
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """End every executor thread (hung kernels and waits included) and join them."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10.0)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            raise RuntimeError(f"FakeCuda.close(): executor threads still running: {alive} (a kernel that blocks "
+                               "outside the fake, e.g. on a lock of the test?)")
+
+    def __enter__(self) -> "FakeCuda":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, error: FakeCudaError) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            self._cv.notify_all()
+
+    def _host(self) -> Hashable:
+        """The calling thread's lane in the happens-before order (a token of its own, never reused)."""
+        lane = getattr(self._tls, "lane", None)
+        if lane is None:
+            lane = self._tls.lane = ("host", next(self._hosts), threading.current_thread().name)
+        return lane
+
+    def _label(self) -> str:
+        return getattr(self._tls, "label", None) or ""
+
+    def _observe(self, token: Optional[_Token]) -> None:
+        if token is not None and token.done:
+            self.hb.observe(self._host(), token.clock)
+
+    def _block_on(self, token: Optional[_Token], what: str) -> None:
+        if token is None:
+            return
+        with self._cv:
+            done = self._cv.wait_for(lambda: token.done or self._error is not None or self._closed,
+                                     timeout=self.hang_timeout_s)
+        self._check()
+        if not done or not token.done:
+            raise FakeDeviceHang(f"{what} waited {self.hang_timeout_s:g} s for the device: a kernel never "
+                                 "completes; on a GPU this call would block forever")
+
+    def _sync_stream(self, stream: FakeStream, what: str) -> None:
+        token = stream._dev._record_token(stream)
+        self._block_on(token, what)
+        self._observe(token)
