@@ -1,6 +1,9 @@
 """Shared test configuration and helpers.
 
-Tests marked ``cuda`` skip on a machine without a GPU. Helpers used by several
+Tests marked ``cuda`` run everywhere: the ``cuda_device`` fixture gives them
+``swpipe.testing.FakeCuda``'s device on every machine and, where there is a
+GPU, the real device as a second parameter. Tests marked ``gpu`` need a real
+GPU (NCCL, torch's own CUDA kernels) and skip without one. Helpers used by several
 test files live here once; import them with ``from conftest import ...``.
 Every property test is derandomised (the ``swpipe`` hypothesis profile): a
 run draws the same examples on every machine, so CI is reproducible.
@@ -50,19 +53,50 @@ def drive(pipe: Any, data: Any) -> List[int]:
     return progress_until_end(pipe, pipe.fill_pipeline(data))
 
 
-def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
+def _has_gpu() -> bool:
+    import torch
 
-        has_cuda = torch.cuda.is_available()
-    except Exception:  # pragma: no cover - torch is a hard dependency
-        has_cuda = False
-    if has_cuda:
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skip = pytest.mark.skip(reason="needs a real GPU (marked gpu); the cuda-marked tests run on swpipe.testing.FakeCuda")
     for item in items:
-        if "cuda" in item.keywords:
+        if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# kernel delays of the fake: seeded, up to 2 ms, so a missing wait or an early free shows in the values
+FAKE_DELAY_S = 0.002
+
+
+@pytest.fixture
+def fake_cuda():
+    """A :class:`swpipe.testing.FakeCuda` (two devices, seeded random kernel delays), closed afterwards."""
+    from swpipe.testing import FakeCuda
+
+    fake = FakeCuda(num_devices=2, seed=0, max_delay_s=FAKE_DELAY_S)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(params=["fake"] + (["real"] if _has_gpu() else []))
+def cuda_device(request):
+    """A CUDA device for a ``cuda``-marked test: the fake's device 0 everywhere, the real cuda:0 where there is one.
+
+    The test reads ``cuda_device.fake`` (``None`` on a real GPU) for what only the fake can tell (races,
+    launches, hung kernels).
+    """
+    if request.param == "real":
+        from swpipe_core.device import as_device
+
+        dev = as_device("cuda:0")
+        yield dev
+        return
+    fake = request.getfixturevalue("fake_cuda")
+    yield fake.device(0)
 
 
 # -- the execution contract (docs/semantics.md), checked on a timeline -----------------------------------------

@@ -30,9 +30,9 @@ Examples
 from __future__ import annotations
 
 from .fake_cuda import (FakeCuda, FakeCudaDevice, FakeCudaError, FakeDeviceHang, FakeEvent, FakeKernels, FakeStream,
-                        FakeTensor)
+                        FakeTensor, Launch)
 from .kernels import kernels
 from .races import HappensBefore, Race, RaceError
 
 __all__ = ["FakeCuda", "FakeCudaDevice", "FakeCudaError", "FakeDeviceHang", "FakeEvent", "FakeKernels", "FakeStream",
-           "FakeTensor", "HappensBefore", "Race", "RaceError", "kernels"]
+           "FakeTensor", "HappensBefore", "Launch", "Race", "RaceError", "kernels"]

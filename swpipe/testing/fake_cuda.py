@@ -51,16 +51,16 @@ import random
 import threading
 import time
 import weakref
-from typing import Any, Callable, ContextManager, Deque, Dict, Hashable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Hashable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
 from swpipe_core.device import Device
 
-from .races import HappensBefore, RaceError
+from .races import Access, HappensBefore, RaceError
 
 __all__ = ["FakeCuda", "FakeCudaDevice", "FakeStream", "FakeEvent", "FakeTensor", "FakeKernels", "FakeCudaError",
-           "FakeDeviceHang"]
+           "FakeDeviceHang", "Launch"]
 
 _BLOCK_ROUND = 512  # bytes: the caching allocator's size rounding
 
@@ -75,6 +75,19 @@ class FakeDeviceHang(RuntimeError):
     On a real GPU that call would block forever (a kernel that never
     completes); the fake raises instead so a test fails rather than hangs.
     """
+
+
+class Launch(NamedTuple):
+    """One kernel launch: who (``label``), where (``stream``), from which host ``thread``, and its ``order`` stamp."""
+
+    label: str
+    stream: str
+    thread: str
+    order: Access
+
+    def before(self, other: "Launch") -> bool:
+        """Whether CUDA's rules run this kernel before ``other`` (stream order, event waits, host syncs)."""
+        return self.order.before(other.order)
 
 
 class _Token:
@@ -447,7 +460,7 @@ class FakeCudaDevice(Device):
                 fn()
             except Exception as exc:  # an error inside a kernel is sticky, as on CUDA
                 fake._fail(FakeCudaError(f"kernel {label!r} on {stream!r} failed: {type(exc).__name__}: {exc}"))
-        fake.kernels_launched += 1
+        fake.launches.append(Launch(label, stream.label, threading.current_thread().name, stamp))
         stream._enqueue(kernel)
 
     @staticmethod
@@ -573,7 +586,9 @@ class FakeCuda:
         The race check; :meth:`assert_no_races` raises what it found.
     nvtx : list
         ``(thread, "push"/"pop"/"mode", name)``: the NVTX calls made.
-    kernels_launched : int
+    launches : list of Launch
+        Every kernel launched, in launch order: its label (the engine's
+        ``Task(iteration)``), stream, host thread and place in the device order.
     """
 
     def __init__(self, num_devices: int = 2, seed: int = 0, max_delay_s: float = 0.0,
@@ -583,7 +598,7 @@ class FakeCuda:
         self.hang_timeout_s = hang_timeout_s
         self.hb = HappensBefore()
         self.nvtx: List[Tuple[str, str, str]] = []
-        self.kernels_launched = 0
+        self.launches: List[Launch] = []
         self._lock = threading.RLock()  # re-entrant: a FakeTensor freed by the cyclic GC may run under it
         self._cv = threading.Condition()
         self._tls = threading.local()
