@@ -87,7 +87,8 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -227,6 +228,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._device_waits: Dict[str, Tuple[Tuple[str, int], ...]] = {
             ti.name: tuple((self._infos[d].name, n) for d, n in ti.device_deps) for ti in self._infos}
         self._limbo: List[Tuple[List[Any], List[Any]]] = []  # (events, contexts) a failed teardown could not free
+        self._serial_pending: Deque[Tuple[Any, Any]] = deque()  # CUDA: (event, context) of serial iterations
         self._shortcut = _ShortcutState()
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
         self._run: Optional[_Run] = None

@@ -132,6 +132,7 @@ class _DeviceLifetime:
         """A bounded wait for all work on the pipeline's streams (nothing on CPU)."""
         if not self._streams.synchronize(self.progress_timeout):
             raise RuntimeError(self._device_hung(what))
+        self._serial_pending.clear()  # their device work completed
 
     def _collect_device_timeline(self, run: _Run) -> None:
         """On CUDA with record_timeline: turn timing events into ``kind="device"`` events.

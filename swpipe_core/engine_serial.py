@@ -12,13 +12,14 @@ path uses too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, Iterator, List
 
 import torch
 
-from .engine_state import PipelineTaskError, _TaskInfo
+from .engine_state import PipelineTaskError, _GuardedContext, _TaskInfo
 from .order import enqueue_order
 from .plan import IterContext, PipelinePlan
 
@@ -132,8 +133,8 @@ class _SerialRunner:
         self._serial_iteration(batch, iter_idx)
 
     def _serial_iteration(self, batch: Any, i: int) -> None:
-        ctx = IterContext(batch, i)
         cuda = self._streams.is_cuda
+        ctx = (_GuardedContext if cuda else IterContext)(batch, i)
         recorder = self._recorder
         profiling = _profiler_active()
         dev = self._streams.dev
@@ -141,7 +142,7 @@ class _SerialRunner:
         if cuda:  # a batch the iterator made on another current stream is ready before the tasks read it
             for ready in self._streams.batch_ready(batch):
                 dev.wait(stream, ready)
-        with self._streams.use(stream):
+        with self._streams.use(stream), self._serial_held(stream, ctx):
             for ti in self._serial_order:
                 t0 = time.perf_counter() if recorder is not None else 0.0
                 name = self._range_name("SWP_serial", ti.name, i) if (cuda or profiling) else ""
@@ -160,3 +161,28 @@ class _SerialRunner:
                         dev.nvtx_pop()
                 if recorder is not None:
                     recorder.record(ti.name, i, _SERIAL_GROUP, "default", t0, time.perf_counter())
+
+    @contextlib.contextmanager
+    def _serial_held(self, stream: Any, ctx: IterContext) -> Iterator[None]:
+        """On CUDA, keep a serial iteration's context (its batch too) until its device work has completed.
+
+        The batch may come from another stream (the loader's) and a task may
+        have deleted values its kernels still read: dropping them when the
+        iteration returns would hand their blocks back to the caching
+        allocator, which reuses them at once on the stream that made them
+        (the loader's next batch). As on the pipelined path, at most
+        ``max_device_lag + 1`` iterations wait; beyond that the oldest is
+        waited for (a bounded poll).
+        """
+        try:
+            yield
+        finally:
+            if self._streams.is_cuda:
+                streams, pending = self._streams, self._serial_pending
+                pending.append((streams.record(stream), ctx))
+                while pending and streams.query(pending[0][0]):
+                    streams.recycle([pending.popleft()[0]])
+                if len(pending) > self.max_device_lag + 1:
+                    if not streams.wait_events([pending[0][0]], self.progress_timeout):
+                        raise RuntimeError(self._device_hung("a serial iteration"))
+                    streams.recycle([pending.popleft()[0]])

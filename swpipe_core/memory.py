@@ -16,7 +16,8 @@ memory a deeper plan pays for. This module measures it:
   that backward puts on context tensors before the task deletes them; another
   thread sees it), and on CUDA the device
   memory the caching allocator handed out and took back while it ran
-  (``torch.cuda.memory_stats`` before and after; the counters are updated on
+  (the device allocator's counters before and after, ``torch.cuda.memory_stats`` on
+  a GPU; the counters are updated on
   the host when a tensor is created or released, so no synchronisation is
   needed). On CPU the device figures equal the context figures.
 
@@ -240,7 +241,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
             pipe.run_one_serial_iter(batch, iter_idx=iter_start + i)
     tasks = {name: TaskMemory(*(float(statistics.median(col)) for col in zip(*rows)))
              for name, rows in samples.items()}
-    how = ("context: storages reachable from ctx before/after each task; device: torch.cuda.memory_stats "
+    how = ("context: storages reachable from ctx before/after each task; device: the device allocator's "
            "allocated/freed bytes around it" if cuda else
            "context: storages reachable from ctx before/after each task (CPU: device figures = context figures)")
     return MemoryFigures(float(reachable_bytes(batch)), tasks, f"median of {num_iterations} serial iteration(s); {how}")

@@ -4,15 +4,17 @@ Used where the engine or a measurement must find the tensors a user's data
 holds without knowing its type (a dict of tensors, a dataclass, a
 KeyedJaggedTensor): :func:`swpipe_core.memory.reachable_storages` sums their
 storages, :meth:`swpipe_core.streams.StreamPool.batch_ready` looks for a CUDA
-tensor. Modules, classes and Python modules are not entered (their parameters
-and globals are not the data's), scalars are skipped, and each object is
-visited once.
+tensor. Modules, classes, Python modules and devices are not entered (their
+parameters, globals and allocators are not the data's), scalars are skipped,
+and each object is visited once.
 """
 
 from __future__ import annotations
 
 import types
 from typing import Any, Callable, Iterable, Iterator, List
+
+from .device import Device
 
 __all__ = ["reachable_objects"]
 
@@ -59,8 +61,8 @@ def reachable_objects(roots: Iterable[Any], max_nodes: int,
         yield obj
         if isinstance(obj, torch.Tensor):
             stack.extend(tensor_children(obj))
-        elif isinstance(obj, (torch.nn.Module, type, types.ModuleType)):
-            continue
+        elif isinstance(obj, (torch.nn.Module, type, types.ModuleType, Device)):
+            continue  # not the data's: a module's parameters, a device's allocator
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, (list, tuple, set, frozenset)):
@@ -73,11 +75,12 @@ def _attributes(obj: Any) -> List[Any]:
     values: List[Any] = []
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict):
-        values.extend(d.values())
+        values.extend(v for k, v in d.items() if not (isinstance(k, str) and k.startswith("_swp_")))
     for cls in type(obj).__mro__:
         slots = getattr(cls, "__slots__", ()) or ()
         for name in (slots,) if isinstance(slots, str) else slots:
-            if isinstance(name, str) and not name.startswith("__"):
+            # the engine's own slots on a context (what it keeps alive, a strict guard) are not the data's
+            if isinstance(name, str) and not name.startswith("__") and not name.startswith("_swp_"):
                 try:
                     values.append(getattr(obj, name))
                 except AttributeError:  # an unset slot

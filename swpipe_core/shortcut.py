@@ -65,7 +65,7 @@ class ShortcutCorruptedError(RuntimeError):
 
 def _holds_tensor(v: Any, seen: Optional[set] = None) -> bool:
     """Whether ``v`` is, or transitively holds, a tensor (cycle safe)."""
-    if isinstance(v, torch.Tensor):
+    if isinstance(v, torch.Tensor) or hasattr(type(v), "__swpipe_clone__"):
         return True
     if seen is None:
         seen = set()
@@ -117,6 +117,8 @@ def _cache_val(v: Any, _memo: Optional[Dict[int, Any]] = None) -> Any:
     - list: ``(_CACHE_TAG, "l", [cached], type)``
     - tuple: ``(_CACHE_TAG, "u", [cached], type)`` (namedtuples keep their type)
     - object holding tensors (e.g. a jagged tensor): ``(_CACHE_TAG, "o", cls, {attr: cached})``
+    - device memory of another runtime, whose type has ``__swpipe_clone__`` (a copy of itself, as
+      ``swpipe.testing.FakeTensor``): ``(_CACHE_TAG, "x", clone)``
 
     Anything else (numbers, strings, modules, objects without tensors) is kept
     by reference. Aliasing inside one call is preserved: a tensor reachable
@@ -163,6 +165,8 @@ def _cache_val(v: Any, _memo: Optional[Dict[int, Any]] = None) -> Any:
         return rec
     elif isinstance(v, tuple):
         rec = (_CACHE_TAG, "u", [_cache_val(x, memo) for x in v], type(v))
+    elif hasattr(type(v), "__swpipe_clone__"):  # device memory of another runtime (swpipe.testing.FakeTensor)
+        rec = (_CACHE_TAG, "x", v.__swpipe_clone__())
     else:
         attrs = _object_attrs(v)
         if attrs is None or not _holds_tensor(v):
@@ -256,6 +260,8 @@ def _restore_val(
         _, _, elems, typ = v
         vals = [_restore_val(x, graft, copy, memo) for x in elems]
         out = tuple(vals) if typ is tuple else (typ(*vals) if hasattr(typ, "_fields") else typ(vals))
+    elif kind == "x":
+        out = v[2].__swpipe_clone__() if copy else v[2]
     elif kind == "o":
         _, _, cls, cached_attrs = v
         out = cls.__new__(cls)

@@ -321,6 +321,28 @@ def test_strict_mode_raises_on_first_unordered_attribute_access():
         pipe.run(iter([torch.ones(2)] * 6))
 
 
+@pytest.mark.cuda
+@pytest.mark.timeout(60)
+def test_strict_mode_raises_on_a_cuda_pipeline_too(fake_cuda):
+    """A CUDA pipeline's context keeps what tasks drop (the graveyard); strict mode must still watch it."""
+    from swpipe_core.dataflow.strict import StrictDataflowError
+    from swpipe_core.engine import PipelineTaskError
+
+    dev = fake_cuda.device(0)
+    with SWPipeline(_two_writers_plan(), device=dev, strict=True) as pipe:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(iter([torch.ones(2)] * 4))
+    cause = info.value.__cause__
+    assert isinstance(cause, StrictDataflowError) and cause.attribute == "ctx.y" and cause.fix == ("B", "A")
+    fixed = _two_writers_plan()
+    fixed = fixed.replace(intra_iter_deps=fixed.intra_iter_deps + [("B", "A")])
+    kept = []
+    with SWPipeline(fixed, device=dev, strict=True) as pipe:
+        with pipe._tasks_through(lambda run, task, ctx: (run(task, ctx), kept.append(len(ctx._swp_graveyard)))):
+            pipe.run(iter([torch.ones(2)] * 6))
+    assert max(kept) >= 1  # B replaced A's ctx.y: the watched context still kept the old value
+
+
 @pytest.mark.timeout(60)
 def test_strict_mode_names_stale_weights_and_passes_correct_plans():
     from swpipe_core.dataflow.strict import StrictDataflowError
@@ -429,7 +451,7 @@ def test_inferred_deps_are_sufficient_and_each_one_necessary(spec):
         assert not report.ok and any(f.fix == edge for f in report.missing)
 
 
-@pytest.mark.cuda
+@pytest.mark.gpu
 def test_recorder_on_cuda_names_weights_grads_and_state():
     model = torch.nn.Linear(4, 1).cuda()
     opt = torch.optim.Adam(model.parameters())

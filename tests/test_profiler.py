@@ -32,8 +32,11 @@ class FakePipe:
     """The slice of SWPipeline the profiler uses, with a device it can pretend to have."""
 
     def __init__(self, plan, device="cpu"):
+        from swpipe_core.streams import StreamPool
+
         self.plan = plan
-        self.device = torch.device(device)
+        self._streams = StreamPool(device)
+        self.device = self._streams.device
         self._shortcut = _ShortcutState()
         self.iterations = 0
 
@@ -115,11 +118,13 @@ def test_to_dataframe_has_exposed_pct_host_and_device_columns():
 
 # -- TaskProfiler with a fake pipe (phases, syncs, validation) ----------------
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("interleave", [True, False])
-def test_two_device_syncs_per_round_on_cuda(monkeypatch, interleave):
+def test_two_device_syncs_per_round_on_cuda(fake_cuda, monkeypatch, interleave):
     calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
-    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0, "C": 0.0}), device="cuda")
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0, "C": 0.0}), device=fake_cuda.device(0))
+    synchronize = pipe._streams.synchronize
+    monkeypatch.setattr(pipe._streams, "synchronize", lambda timeout: calls.append(timeout) or synchronize(timeout))
     r = TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=4, num_rounds=3, task_times=False,
                                    interleave=interleave)
     rounds = 3 * (1 + 3)  # baseline + one per task
@@ -286,22 +291,49 @@ def test_profile_multi_stage_plan_with_skip_and_backward():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_records_host_and_device_time_and_shortcut_skips_kernels():
-    a = torch.randn(2048, 2048, device="cuda")
+def test_cuda_records_host_and_device_time(cuda_device):
+    from swpipe.testing import kernels
+    from swpipe_core.engine import SWPipeline
 
-    def matmul(ctx):
-        ctx.y = a @ a @ a
+    k = kernels(cuda_device)
+
+    def heavy(ctx):
+        ctx.y = k.full(1 << 10, 1.0)
+        k.spin(0.02)  # device work far longer than its launch
 
     plan = PipelinePlan(
-        schedule={PipelineTask("MatMul", matmul): TaskSchedule(),
-                  PipelineTask("Reduce", lambda ctx: setattr(ctx, "s", ctx.y.sum())): TaskSchedule()},
-        intra_iter_deps=[("Reduce", "MatMul")],
+        schedule={PipelineTask("Heavy", heavy): TaskSchedule(),
+                  PipelineTask("Reduce", lambda ctx: setattr(ctx, "s", k.sum(ctx.y))): TaskSchedule()},
+        intra_iter_deps=[("Reduce", "Heavy")],
     )
-    with SWPipeline(plan, device="cuda") as pipe:
-        r = TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=5, num_rounds=3)
-    assert set(r.device_s) == {"MatMul", "Reduce"} and r.device_s["MatMul"] > r.device_s["Reduce"]
+    with SWPipeline(plan, device=cuda_device) as pipe:
+        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=3, num_rounds=2)
+    assert set(r.device_s) == {"Heavy", "Reduce"} and r.device_s["Heavy"] > r.device_s["Reduce"]
     assert "CUDA events" in r.meta["device_time"]
-    # host time is submission only: launching two matmuls is far cheaper than running them
-    assert r.host_s["MatMul"] < r.device_s["MatMul"]
-    assert r.exposed_s["MatMul"] > 0.5 * r.device_s["MatMul"]
+    # host time is submission only: launching the kernels is far cheaper than running them
+    assert r.host_s["Heavy"] < r.device_s["Heavy"] / 2
+    assert r.exposed_s["Heavy"] > 0.5 * r.device_s["Heavy"]
+
+
+@pytest.mark.cuda
+def test_a_task_that_waits_for_the_device_is_timed_without_the_profilers_spin(cuda_device):
+    """``.item()`` in a task waits for everything queued on its stream; the profiler's spin must not be there.
+
+    The device-time spin holds the stream for twice the task's host time plus 1 ms. Were it queued in the
+    iterations that time the host, this task's host time would include it: at least 2 x 20 ms + 1 ms more
+    than its own 20 ms of host work. Timed apart, it reads its own time.
+    """
+    from swpipe.testing import kernels
+    from swpipe_core.engine import SWPipeline
+
+    k = kernels(cuda_device)
+    host_work = 0.02
+
+    def syncing(ctx):
+        time.sleep(host_work)  # the workload: host work
+        ctx.n = k.item(k.sum(k.full(16, 1.0)))  # then a read back: the host waits for its stream
+
+    plan = PipelinePlan({PipelineTask("Sync", syncing): TaskSchedule()})
+    with SWPipeline(plan, device=cuda_device) as pipe:
+        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=4, num_rounds=1)
+    assert host_work <= r.host_s["Sync"] < 2 * host_work + 1e-3

@@ -223,6 +223,11 @@ class FakeTensor:
     def _view(self) -> torch.Tensor:
         return self._block.raw[:self.nbytes].view(self.dtype)
 
+    def __swpipe_clone__(self) -> "FakeTensor":
+        """A copy on the calling thread's current stream (what a shortcut caches, as ``Tensor.clone``)."""
+        kernels = self.device.kernels
+        return kernels.copy_(kernels.empty(self.numel, self.dtype), self)
+
     def record_stream(self, stream: FakeStream) -> None:
         """As ``Tensor.record_stream``: on free, the block is reused only after ``stream``'s work so far."""
         self._block.record_streams.add(stream)
@@ -243,7 +248,7 @@ class _Allocator:
     def __init__(self, device: "FakeCudaDevice") -> None:
         self._dev = device
         self._free: Dict[Tuple[Hashable, int], List[_Block]] = {}
-        self._ids = itertools.count(1)
+        self._ids = device.fake._block_ids  # unique across the fake's devices: the race check keys blocks by id
         self.allocated = 0
         self.freed = 0
 
@@ -361,6 +366,7 @@ class FakeCudaDevice(Device):
 
     def event(self, timing: bool = False) -> FakeEvent:
         self.fake._check()
+        self.fake.events_created += 1
         return FakeEvent(self, timing)
 
     def record(self, event: FakeEvent, stream: FakeStream) -> None:
@@ -558,6 +564,15 @@ class FakeKernels:
                     fake._cv.wait()
         self._dev._launch(self._stream(), never, self._label("hang"))
 
+    def wait_host(self, flag: threading.Event) -> None:
+        """A kernel that runs until the host sets ``flag`` (or the fake is closed): device work a test ends at will."""
+        fake = self._dev.fake
+
+        def gate() -> None:
+            while not flag.wait(0.01) and not fake._closed:  # the kernel's own body: holds its stream until then
+                pass
+        self._dev._launch(self._stream(), gate, self._label("wait_host"))
+
     def fault(self, message: str = "an illegal memory access was encountered") -> None:
         """A kernel that fails with a sticky error: from then on every call on the device raises it."""
         def fail() -> None:
@@ -589,6 +604,8 @@ class FakeCuda:
     launches : list of Launch
         Every kernel launched, in launch order: its label (the engine's
         ``Task(iteration)``), stream, host thread and place in the device order.
+    events_created : int
+        Events made through the seam (``Device.event``).
     """
 
     def __init__(self, num_devices: int = 2, seed: int = 0, max_delay_s: float = 0.0,
@@ -599,6 +616,7 @@ class FakeCuda:
         self.hb = HappensBefore()
         self.nvtx: List[Tuple[str, str, str]] = []
         self.launches: List[Launch] = []
+        self.events_created = 0
         self._lock = threading.RLock()  # re-entrant: a FakeTensor freed by the cyclic GC may run under it
         self._cv = threading.Condition()
         self._tls = threading.local()
@@ -607,6 +625,7 @@ class FakeCuda:
         self._threads: List[threading.Thread] = []
         self._hosts = itertools.count(1)
         self._pinned: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+        self._block_ids = itertools.count(1)
         self.devices = [FakeCudaDevice(self, i) for i in range(num_devices)]
 
     def device(self, index: int = 0) -> FakeCudaDevice:
