@@ -178,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
     code = 0 if all(r.matches or r.close for r in m.rows if r.matches is not None) else 1
     if rank != 0:
         return code  # the same table and verdict as rank 0's: every rank's checks are folded in
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    from swpipe_core.device import cuda_available
+
+    backend = "nccl" if cuda_available() else "gloo"
     print(f"DLRM workload: world size {world} ({backend}) {how}, batch {args.batch_size}/rank, "
           f"{args.iters} iterations x {args.repeats} runs, {args.threads} intra-op thread(s)/rank, "
           f"{os.cpu_count()} CPU(s), torch {torch.__version__}")

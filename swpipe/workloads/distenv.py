@@ -28,6 +28,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from swpipe_core.device import as_device, cuda_available, cuda_device_count
+
 __all__ = ["DistEnv", "init_distributed", "launcher_env", "group_timeout", "LAUNCHER_VARS", "CHANNELS",
            "DEFAULT_TIMEOUT_S"]
 
@@ -206,10 +208,10 @@ def launcher_env(environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[
 
 
 def _pick_backend(world_size: int, launched: bool) -> str:
-    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+    if not (cuda_available() and dist.is_nccl_available()):
         return "gloo"
     # Under a launcher every process owns cuda:<LOCAL_RANK>; spawned ranks need one GPU each here.
-    return "nccl" if launched or torch.cuda.device_count() >= world_size else "gloo"
+    return "nccl" if launched or cuda_device_count() >= world_size else "gloo"
 
 
 def _check_existing(world_size: int, rank: int, source: str) -> None:
@@ -302,7 +304,7 @@ def init_distributed(world_size: Optional[int] = None, rank: Optional[int] = Non
     if device is None:
         device = _default_device(backend, local_rank, launched is not None)
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        as_device(device).set_current()
     ranks = list(range(world_size))
     groups = {name: dist.new_group(ranks, backend=backend, timeout=timeout) for name in CHANNELS}
     control = dist.new_group(ranks, backend="gloo", timeout=timeout)
@@ -313,7 +315,7 @@ def init_distributed(world_size: Optional[int] = None, rank: Optional[int] = Non
 def _default_device(backend: str, local_rank: int, launched: bool) -> torch.device:
     if backend != "nccl":
         return torch.device("cpu")
-    count = torch.cuda.device_count()
+    count = cuda_device_count()
     if not launched:
         return torch.device("cuda", local_rank % count)
     if local_rank >= count:
