@@ -45,23 +45,23 @@ starts no thread at all and pays no hand-off.
 Memory: every in-flight iteration has its own :class:`IterContext`; on CPU a
 retired iteration's context is dropped when ``progress`` returns, so at most
 ``pipeline_depth`` are alive. On CUDA, CPU completion is not device
-completion, and a task that frees early (``del ctx.x``, ``ctx.x = new``) may
-drop the last reference to a tensor a kernel on *another* stream has not
-read yet: the caching allocator would hand the block at once to the stream
-that allocated it (e.g. the next H2D copy on ``memcpy``), overwriting the
-reader's input. So on CUDA the context keeps everything removed from it --
-by a task, by a shortcut replay, or replaced by a ``DeclaredIO`` restore --
-in a per-context graveyard (:class:`~swpipe_core.engine_state._GuardedContext`),
-and a retired context is released only once the device events of all its
-iteration's tasks have completed (checked on each ``progress``; the
-device-lag bound, ``max_device_lag``, keeps their number bounded). We chose
-this over ``record_stream`` because it is stream-agnostic and type-agnostic:
-it needs no list of consumer streams and no walk into the freed value, so it
-covers a ``KeyedJaggedTensor``, a dataclass of tensors or a loss whose
-autograd graph holds saved tensors (none of which ``record_stream`` can
-reach), at the cost of freeing at iteration granularity rather than per
-stream. Tensors that never leave a task, or live only on one stream, are
-safe by stream order and untouched. CPU pipelines use the plain context.
+completion, and a task that frees early (``del ctx.x``, ``ctx.x = new``,
+``ctx.d.pop(k)``, ``zero_grad(set_to_none=True)``) may drop the last
+reference to a tensor a kernel on *another* stream has not read yet: the
+caching allocator would hand the block at once to the stream that allocated
+it (e.g. the next H2D copy on ``memcpy``), overwriting the reader's input.
+So on CUDA the context (:class:`~swpipe_core.engine_state._GuardedContext`)
+keeps everything removed from it, every device tensor nested in it at the end
+of each task, the gradients of ``state`` and what tasks pass to
+``ctx.keep_alive``, and a retired context is released only once the device
+events of all its iteration's tasks have completed (checked on each
+``progress``; the device-lag bound, ``max_device_lag``, keeps their number
+bounded). docs/semantics.md ("Lifetimes on CUDA") lists exactly what is kept
+and what the user keeps. We chose this over ``record_stream`` because it is
+stream-agnostic and type-agnostic: it needs no list of consumer streams, so
+it covers a ``KeyedJaggedTensor``, a dataclass of tensors or a loss whose
+autograd graph holds saved tensors, at the cost of freeing at iteration
+granularity rather than per stream. CPU pipelines use the plain context.
 
 Stream identity: "same stream" is the *resolved* stream (device + stream
 id, :meth:`~swpipe_core.streams.StreamPool.key`), so a device wait is
