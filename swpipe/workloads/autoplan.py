@@ -22,7 +22,7 @@ from swpipe_core.plan import PipelinePlan
 
 from .agree import check_same_plan, from_rank0, gather, plan_fields, slowest_rank_costs
 from .bench import PlanSpec
-from .dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv
+from .dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, pin_for
 from .tasks import plan_for
 
 __all__ = ["auto_spec", "safe_task_plan", "AUTO_SEEDS"]
@@ -39,7 +39,11 @@ def safe_task_plan(workload: DLRMWorkload, pipeline: str = "prefetch") -> Pipeli
     ``ZeroGrad(i)`` waiting ``OptimizerStep(i-1)`` (TorchRec relies on the
     default stream's FIFO for that; a searcher may put the two on different
     threads). This is the input :func:`auto_spec` hands to the auto-scheduler,
-    so any plan it returns computes what the serial loop computes.
+    so any plan it returns computes what the serial loop computes. On several
+    ranks its tasks that issue collectives are ``globally_ordered``
+    (:func:`~swpipe.workloads.tasks.plan_for`), and the search keeps that mark
+    on every plan it builds, so they issue their collectives in one order on
+    every rank.
 
     Examples
     --------
@@ -108,6 +112,8 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     env : DistEnv
     batches : sequence of Batch
         The serial run that measures the costs, and the verification runs.
+        On a CUDA device they are pinned here, once for all these runs
+        (:func:`~swpipe.workloads.dlrm.pin_for`; a batch already pinned is not copied).
     max_depth, max_threads : int
         The search's constraints (raised to what the seeds need).
     time_limit_s : float
@@ -137,6 +143,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     except ImportError as exc:
         _log.info("no auto plan: autosched.search is not importable (%s)", exc)
         return None
+    batches = pin_for(batches, env.device)  # the H2D costs measured and verified are the asynchronous copy's
     wl = DLRMWorkload(config, env)
     base = safe_task_plan(wl)
     costs = slowest_rank_costs(env, _serial_costs(base, batches, env.device))

@@ -282,7 +282,8 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
     if iters < 1 or repeats < 1 or race_rounds < 0 or race_band_pct < 0:
         raise ValueError(f"measure: iters and repeats must be >= 1, race_rounds and race_band_pct >= 0; got "
                          f"iters={iters}, repeats={repeats}, race_rounds={race_rounds}, race_band_pct={race_band_pct}")
-    data = SyntheticData(config, env.world_size, env.rank)
+    # pinned on CUDA, once here: every round reuses these batches, and the H2D task must not pay for it
+    data = SyntheticData(config, env.world_size, env.rank, device=env.device)
     batches = data.batches(iters)
     train_reference(DLRMWorkload(config, env), data.batches(warmup, start=iters))
     shared = _twins(specs)

@@ -68,7 +68,7 @@ def run_all(env: DistEnv, config: DLRMConfig, names: Sequence[str], iters: int,
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    batches = SyntheticData(config, env.world_size, env.rank).batches(iters)
+    batches = SyntheticData(config, env.world_size, env.rank, device=env.device).batches(iters)  # pinned on CUDA
     out: Dict[Tuple[str, Optional[str]], Any] = {}
 
     def train_result(wl: DLRMWorkload) -> Dict[str, Any]:

@@ -26,15 +26,25 @@ One training step is split into the primitive operations a pipeline schedules
 
 Every collective runs on its own process group ("channel"), one per issuing
 task kind, so the order of collectives within a group is the iteration order
-on every rank whatever thread runs the task; that is what makes any thread map
-safe for gloo and NCCL alike.
+on every rank whatever thread runs the task; that is all gloo needs. NCCL
+also needs the order *across* communicators to be the same on every rank
+(ranks that issue operations on several communicators in different orders may
+deadlock on the device), which several thread groups make rank-dependent: the
+plans of :func:`swpipe.workloads.tasks.plan_for` therefore mark every task
+that issues a collective ``globally_ordered`` when more than one rank runs
+(:func:`swpipe.workloads.tasks.collective_tasks`).
+
+Host batches bound for a CUDA device are pinned (page-locked) where they are
+made, :class:`SyntheticData` with ``device`` or :func:`pin_for`: a
+``non_blocking`` copy from pageable memory blocks the host, so the H2D task
+would not overlap anything, while the simulator models it as asynchronous.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -53,6 +63,8 @@ __all__ = [
     "DLRM",
     "DLRMWorkload",
     "CHANNELS",
+    "pins_batches",
+    "pin_for",
 ]
 
 
@@ -198,6 +210,60 @@ class Batch:
         return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory())
 
 
+def pins_batches(device: Union[str, torch.device, None]) -> bool:
+    """Whether host batches bound for ``device`` are pinned: on CUDA only.
+
+    A ``non_blocking`` copy to a CUDA device is asynchronous only from
+    page-locked memory; from pageable memory it blocks the host. Elsewhere
+    pinning is of no use (and the CPU build of torch raises on it).
+
+    Parameters
+    ----------
+    device : str, torch.device or None
+        ``None`` means the batches stay on the host (no device copy).
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> pins_batches("cuda:1"), pins_batches(torch.device("cpu")), pins_batches(None)
+    (True, False, False)
+    """
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def pin_for(batches: Sequence[Batch], device: Union[str, torch.device, None]) -> List[Batch]:
+    """``batches`` made ready for the H2D copy to ``device``: each pinned once on CUDA, as they are elsewhere.
+
+    Call it where the batches are made or handed in, once, and reuse the
+    result for every run: pinning copies each batch into page-locked memory,
+    which is not the H2D task's work (and a batch already pinned is not
+    copied again).
+
+    Parameters
+    ----------
+    batches : sequence of Batch
+    device : str, torch.device or None
+        The device the H2D task copies to (:func:`pins_batches`).
+
+    Returns
+    -------
+    list of Batch
+        The same objects when ``device`` is not CUDA.
+
+    Examples
+    --------
+    >>> data = SyntheticData(DLRMConfig.preset("test")).batches(2)
+    >>> all(a is b for a, b in zip(pin_for(data, "cpu"), data))
+    True
+    """
+    if not pins_batches(device):
+        return list(batches)
+    return [b.pin_memory() for b in batches]
+
+
 class SyntheticData:
     """A deterministic synthetic dataset: global batch ``i`` depends only on ``(seed, i)``.
 
@@ -211,6 +277,11 @@ class SyntheticData:
     config : DLRMConfig
     world_size, rank : int
         The rank's slice of each global batch is returned.
+    device : str or torch.device, optional
+        The device the batches are copied to (the workload's,
+        ``env.device``): on CUDA every batch is returned pinned
+        (:func:`pins_batches`), so its H2D copy is asynchronous. Default: not
+        pinned.
 
     Examples
     --------
@@ -222,12 +293,14 @@ class SyntheticData:
     True
     """
 
-    def __init__(self, config: DLRMConfig, world_size: int = 1, rank: int = 0) -> None:
+    def __init__(self, config: DLRMConfig, world_size: int = 1, rank: int = 0,
+                 device: Union[str, torch.device, None] = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"SyntheticData: rank {rank} is not in [0, {world_size})")
         self.config = config
         self.world_size = world_size
         self.rank = rank
+        self.device = device
 
     def global_batch(self, index: int) -> Batch:
         """The whole global batch ``index`` (all ranks' rows)."""
@@ -250,6 +323,11 @@ class SyntheticData:
         return Batch(dense, KJT(keys, values, lengths.reshape(-1)), labels)
 
     def __getitem__(self, index: int) -> Batch:
+        """This rank's slice of global batch ``index``, pinned when ``device`` is CUDA."""
+        batch = self._slice(index)
+        return batch.pin_memory() if pins_batches(self.device) else batch
+
+    def _slice(self, index: int) -> Batch:
         whole = self.global_batch(index)
         b, r, n = self.config.batch_size, self.rank, self.config.batch_size * self.world_size
         lengths = whole.sparse.lengths.view(self.config.num_tables, n)
@@ -266,7 +344,7 @@ class SyntheticData:
         return Batch(whole.dense[r * b:(r + 1) * b].contiguous(), sparse, whole.labels[r * b:(r + 1) * b].contiguous())
 
     def batches(self, num: int, start: int = 0) -> List[Batch]:
-        """``num`` consecutive batches, materialised (so timing never includes generation)."""
+        """``num`` consecutive batches, materialised (so timing never includes generation, nor pinning)."""
         return [self[i] for i in range(start, start + num)]
 
 
@@ -519,7 +597,10 @@ class DLRMWorkload:
         """Copy a host batch to the device, casting to the model's dtypes.
 
         On CPU this is a real cast (float64 -> float32, int32 -> int64), so the
-        task has a cost like a copy would; on CUDA a non-blocking copy.
+        task has a cost like a copy would; on CUDA a non-blocking copy, which
+        is asynchronous only from pinned memory: pin the batches where they
+        are made (:class:`SyntheticData` with ``device``, :func:`pin_for`),
+        not here, where the pinning would be charged to the H2D task.
         """
         dev = self.device
         nb = non_blocking and dev.type == "cuda"

@@ -27,14 +27,22 @@ task                does
 ``OptimizerStep``   dense optimizer step
 ``TrainStep``       zero_grad + forward + backward + step in one task (the ``staged`` plan)
 ==================  ===================================================================
+
+Which of them issue a collective is said in one place, :func:`collective_tasks`
+(it depends on the plan: ``Forward`` runs the lookup's all-to-all itself only
+when the plan has no ``EmbLookup``). :func:`plan_for` marks those tasks
+``globally_ordered`` when the workload runs on more than one rank, so every
+rank issues its collectives, on all communicators together, in one order
+(:func:`with_collectives_ordered`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
@@ -42,7 +50,8 @@ from swpipe_core.plan import IterContext, PipelinePlan
 
 from .dlrm import Batch, DLRMWorkload
 
-__all__ = ["task_fns", "fns_for", "plan_for", "STAGED_STAGES", "TASK_NAMES", "EVAL_PIPELINES"]
+__all__ = ["task_fns", "fns_for", "plan_for", "collective_tasks", "with_collectives_ordered", "STAGED_STAGES",
+           "TASK_NAMES", "EVAL_PIPELINES"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,6 +61,23 @@ TASK_NAMES = ("LoadBatch", "H2D", "InputTransform", "InputDistStart", "InputDist
 STAGED_STAGES = ("H2D", "InputDistStart", "InputDistWait", "TrainStep")
 EVAL_PIPELINES = ("eval_sparse_dist", "eval_fused_sparse_dist")
 TaskFn = Callable[[IterContext], None]
+
+# Which task functions below issue a collective (the one place that says so; tests/test_collective_order.py
+# checks it against the collectives each task of every TorchRec plan really issues). These always do:
+_COLLECTIVE_ALWAYS = frozenset({
+    "InputTransform",  # both input all-to-alls (lengths, ids)
+    "InputDistStart",  # the lengths all-to-all
+    "InputDistWait",   # the ids all-to-all (phase 2)
+    "EmbLookup",       # the pooled embeddings' all-to-all
+    "Backward",        # the pooled gradients' all-to-all (not in semi-sync) and the dense all-reduce
+    "EmbBackward",     # the pooled gradients' all-to-all
+    "TrainStep",       # everything of one step
+})
+# These do the step of the named task themselves when the plan lacks that task (see _Tasks._emb, EmbPrefetch):
+_COLLECTIVE_UNLESS = {
+    "Forward": "EmbLookup",          # the lookup (and the input dist, when the plan has none) inside Forward
+    "EmbPrefetch": "InputDistWait",  # phase 2 of the input dist
+}
 
 
 def _missing(task: str, needs: str, iter_idx: int) -> RuntimeError:
@@ -300,6 +326,78 @@ def task_fns(workload: DLRMWorkload, names: Iterable[str], train: bool = True, *
     return {n: getattr(tasks, n) for n in names}
 
 
+def collective_tasks(names: Iterable[str]) -> List[str]:
+    """The tasks, of a plan over ``names``, whose functions issue a collective on this workload.
+
+    ``H2D``, ``LoadBatch``, ``ZeroGrad``, ``WaitBatch`` and ``OptimizerStep``
+    never do; the input-distribution tasks, ``EmbLookup``, ``Backward``,
+    ``EmbBackward``, ``InputTransform`` and ``TrainStep`` always do;
+    ``Forward`` does when the plan has no ``EmbLookup`` (it looks the
+    embeddings up itself) and ``EmbPrefetch`` when it has no
+    ``InputDistWait``.
+
+    Parameters
+    ----------
+    names : iterable of str
+        The plan's task names (all of them: whether a task issues a
+        collective depends on which other tasks the plan has).
+
+    Returns
+    -------
+    list of str
+        In the order of ``names``.
+
+    Examples
+    --------
+    >>> collective_tasks(["H2D", "InputDistStart", "InputDistWait", "Forward", "Backward", "OptimizerStep"])
+    ['InputDistStart', 'InputDistWait', 'Forward', 'Backward']
+    >>> collective_tasks(["H2D", "InputDistStart", "InputDistWait", "EmbLookup", "Forward"])
+    ['InputDistStart', 'InputDistWait', 'EmbLookup']
+    """
+    names = list(names)
+    present = set(names)
+    return [n for n in names
+            if n in _COLLECTIVE_ALWAYS or (n in _COLLECTIVE_UNLESS and _COLLECTIVE_UNLESS[n] not in present)]
+
+
+def with_collectives_ordered(plan: PipelinePlan) -> PipelinePlan:
+    """``plan`` with every task that issues a collective (:func:`collective_tasks`) marked ``globally_ordered``.
+
+    The engine's sequencer then hands those tasks their turns in the plan's
+    enqueue order on every rank, whichever thread runs them, so every rank
+    issues its collectives in the same order *across* communicators. Each
+    channel (``swpipe.workloads.distenv.CHANNELS``) being used by one task
+    kind keeps the order within a communicator, which is all gloo needs; NCCL
+    documents that ranks issuing operations on several communicators in
+    different orders may deadlock (their kernels wait for each other on the
+    device), which one thread group per stream otherwise makes
+    rank-dependent. The price: two ordered tasks never run their host parts
+    at the same time, and each waits for the ones enqueued before it. The
+    other tasks, the stages, streams, thread groups, dependencies and the
+    enqueue order are kept.
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+        A plan over this workload's task names (bound or not).
+
+    Returns
+    -------
+    PipelinePlan
+
+    Examples
+    --------
+    >>> from swpipe_core import pipelines
+    >>> plan = with_collectives_ordered(pipelines.get("sparse_dist"))
+    >>> [n for n in plan.task_names if plan.sched(n).globally_ordered]
+    ['InputDistStart', 'InputDistWait', 'Forward', 'Backward']
+    """
+    ordered = set(collective_tasks(plan.task_names))
+    schedule = {k: dataclasses.replace(v, globally_ordered=True) if plan.task(k).name in ordered else v
+                for k, v in plan.schedule.items()}
+    return plan.replace(schedule=schedule, pipeline_depth=plan.pipeline_depth)
+
+
 def _factory_options(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
     if name == "staged" and "stages" not in options:
         return {**options, "stages": list(STAGED_STAGES)}
@@ -355,11 +453,32 @@ def fns_for(pipeline_name: str, workload: DLRMWorkload, plan: Optional[PipelineP
                     compiled_autograd=compiled_autograd)
 
 
-def plan_for(pipeline_name: str, workload: DLRMWorkload, **options: Any) -> PipelinePlan:
-    """A runnable plan: ``pipelines.get(name, fns_for(name, workload), **options)``.
+def plan_for(pipeline_name: str, workload: DLRMWorkload, *, order_collectives: Optional[bool] = None,
+             **options: Any) -> PipelinePlan:
+    """A runnable plan of a TorchRec pipeline on ``workload``; on several ranks its collectives are ordered.
 
+    ``pipelines.get(name, fns_for(name, workload), **options)``:
     ``compile_backend`` and ``compiled_autograd`` in ``options`` go to
     :func:`fns_for`; the rest to the factory.
+
+    Parameters
+    ----------
+    pipeline_name : str
+        A name of ``swpipe_core.pipelines.PIPELINES``.
+    workload : DLRMWorkload
+    order_collectives : bool, optional
+        Mark every task that issues a collective ``globally_ordered``
+        (:func:`with_collectives_ordered`). Default: when the workload runs
+        on more than one rank. On one rank there is no peer to agree with, and
+        the mark would only serialise those tasks' host parts across thread
+        groups, so the factory's plan is kept as it is (only
+        ``InputDistStart`` ordered).
+    **options
+        The factory's options, ``compile_backend`` and ``compiled_autograd``.
+
+    Returns
+    -------
+    PipelinePlan
 
     Examples
     --------
@@ -368,6 +487,9 @@ def plan_for(pipeline_name: str, workload: DLRMWorkload, **options: Any) -> Pipe
     >>> plan = plan_for("staged", DLRMWorkload(DLRMConfig.preset("test"), env))
     >>> plan.task_names, plan.unbound_tasks()
     (['H2D', 'InputDistStart', 'InputDistWait', 'TrainStep'], [])
+    >>> plan = plan_for("sparse_dist", DLRMWorkload(DLRMConfig.preset("test"), env), order_collectives=True)
+    >>> [n for n in plan.task_names if plan.sched(n).globally_ordered]
+    ['InputDistStart', 'InputDistWait', 'Forward', 'Backward']
     >>> env.close()
     """
     from swpipe_core import pipelines
@@ -376,4 +498,7 @@ def plan_for(pipeline_name: str, workload: DLRMWorkload, **options: Any) -> Pipe
     options = _factory_options(pipeline_name, options)
     unbound = pipelines.get(pipeline_name, **options)
     fns = fns_for(pipeline_name, workload, unbound, **fn_opts)
-    return pipelines.get(pipeline_name, fns, **options)
+    plan = pipelines.get(pipeline_name, fns, **options)
+    if order_collectives is None:
+        order_collectives = workload.env.world_size > 1
+    return with_collectives_ordered(plan) if order_collectives else plan

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .dlrm import DLRMConfig, SyntheticData
+from .dlrm import DLRMConfig, SyntheticData, pins_batches
 
 __all__ = ["PEERS", "peer_available", "PeerModel", "build_model", "to_torchrec_batches", "run_torchrec",
            "swpipe_plan", "run_swpipe", "run_plain"]
@@ -101,15 +101,35 @@ def build_model(config: DLRMConfig, device: Optional[torch.device] = None) -> Pe
     return PeerModel(model, CombinedOptimizer([model.fused_optimizer, dense]), device)
 
 
-def to_torchrec_batches(config: DLRMConfig, num: int, world_size: int = 1, rank: int = 0) -> List[Any]:
-    """Our synthetic batches as TorchRec ``Batch`` objects (float32 dense, int64 ids, int labels)."""
+def to_torchrec_batches(config: DLRMConfig, num: int, world_size: int = 1, rank: int = 0,
+                        device: Optional[torch.device] = None) -> List[Any]:
+    """Our synthetic batches as TorchRec ``Batch`` objects (float32 dense, int64 ids, int labels).
+
+    Parameters
+    ----------
+    config : DLRMConfig
+    num : int
+        How many batches.
+    world_size, rank : int
+        This rank's slice of each global batch.
+    device : torch.device, optional
+        The device the pipelines copy them to (the model's, ``PeerModel.device``): on CUDA each batch is
+        pinned here, once, as TorchRec's data loaders pin theirs (``pin_memory=True``): both our H2D task
+        and TorchRec's pipelines copy with ``non_blocking=True``, which blocks the host from pageable
+        memory (:func:`swpipe.workloads.dlrm.pins_batches`).
+
+    Returns
+    -------
+    list of torchrec.datasets.utils.Batch
+    """
     from torchrec import KeyedJaggedTensor
     from torchrec.datasets.utils import Batch
 
     out = []
     for b in SyntheticData(config, world_size, rank).batches(num):
         kjt = KeyedJaggedTensor(keys=list(b.sparse.keys), values=b.sparse.values.long(), lengths=b.sparse.lengths)
-        out.append(Batch(dense_features=b.dense.float(), sparse_features=kjt, labels=b.labels.long()))
+        batch = Batch(dense_features=b.dense.float(), sparse_features=kjt, labels=b.labels.long())
+        out.append(batch.pin_memory() if pins_batches(device) else batch)
     return out
 
 
@@ -177,10 +197,19 @@ def swpipe_plan(name: str, peer: PeerModel, logits: Dict[int, torch.Tensor],
 
     ``thread_map`` and ``hand_off_after`` as in :func:`run_swpipe`.
     """
+    import torch.distributed as dist
+
     from swpipe_core import order, pipelines
     from swpipe_core.workers import with_thread_map
 
+    from .tasks import with_collectives_ordered
+
     plan = pipelines.get(name, _tasks(name, peer, logits))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # TorchRec's work under these task names issues the collectives ours does (input dist in InputDist*,
+        # the pooled all-to-all in Forward, its gradient and DDP's all-reduce in Backward), so the
+        # workload's list of collective tasks holds for it: one issue order on every rank.
+        plan = with_collectives_ordered(plan)
     plan = with_thread_map(plan, thread_map) if thread_map else plan
     if hand_off_after is not None:
         late = order.hand_off_after(plan, hand_off_after)
@@ -201,9 +230,10 @@ def run_swpipe(name: str, peer: PeerModel, batches: List[Any], thread_map: Optio
     batches : list of torchrec Batch
         From :func:`to_torchrec_batches`.
     thread_map : str, optional
-        E.g. ``"by_stream"`` (world size 1 only: TorchRec issues all its
-        collectives on the default process group, so at world size > 1 its
-        tasks must stay on one thread).
+        E.g. ``"by_stream"``. TorchRec issues all its collectives on the
+        default process group, so at world size > 1 the tasks that issue them
+        are globally ordered (:func:`swpipe_plan`), one order on every rank;
+        compared with TorchRec at world size 1 only.
     hand_off_after : str, optional
         With ``thread_map``: a task of the caller's thread (``"Forward"``)
         after which the side threads' tasks are handed off
