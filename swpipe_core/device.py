@@ -279,13 +279,20 @@ def _nvtx_mode() -> Iterator[None]:
     error entering the mode), it says so once and runs without NVTX mode
     rather than synchronising or failing every worker.
     """
+    started = False
     try:
         from torch.autograd import profiler as _p
 
         config = _p.ProfilerConfig(_p.ProfilerState.NVTX, False, False, False, False, False, _p._ExperimentalConfig())
         _p._run_on_profiler_start()
+        started = True
         _p._enable_profiler(config, set())
     except Exception as exc:  # another torch: its private profiler API moved
+        if started:  # the start hook marks a profiler as running: undo it, or every later profile refuses
+            try:
+                _p._run_on_profiler_stop()
+            except Exception:
+                pass
         _warn_nvtx_once(exc)
         yield
         return

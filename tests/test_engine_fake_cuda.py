@@ -187,3 +187,4 @@ def test_nvtx_mode_falls_back_when_torchs_private_profiler_api_changed(monkeypat
         with device_module._nvtx_mode():
             ran.append(threading.current_thread().name)
     assert ran == [threading.current_thread().name]
+    assert not profiler._is_profiler_enabled  # the half-entered mode was left: a later profile can start
