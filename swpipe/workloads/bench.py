@@ -319,7 +319,7 @@ def measure(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], iters: 
         if record_best:
             spec = next(s for s in specs if s.label == best.label)
             wl = DLRMWorkload(config, env)
-            with SWPipeline(spec.plan(wl), device=env.device, record_timeline=True) as pipe:
+            with SWPipeline(spec.plan(wl), device=env.device, record_timeline=True, state=wl.state) as pipe:
                 pipe.run(iter(batches))
                 result.best_timeline = list(pipe.timeline)
     return result
@@ -395,7 +395,7 @@ def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], bat
             if spec.label not in runs.plans:  # every rank must run the same plan, or collectives hang
                 check_same_plan(env, plan, f"plan {spec.label!r}")
             runs.plans[spec.label] = plan
-            with SWPipeline(plan, device=env.device) as pipe:
+            with SWPipeline(plan, device=env.device, state=wl.state) as pipe:
                 runs.times[spec.label].append(pipe.run(iter(batches)))
             got = [wl.outputs[i] for i in range(iters)] if spec.is_eval else wl.loss_list()
             want = ref_preds if spec.is_eval else runs.ref_losses
@@ -474,7 +474,7 @@ def _losses_of(spec: PlanSpec, config: DLRMConfig, env: DistEnv, batches: Sequen
     from swpipe_core.engine import SWPipeline
 
     wl = DLRMWorkload(config, env)
-    with SWPipeline(spec.plan(wl), device=env.device) as pipe:
+    with SWPipeline(spec.plan(wl), device=env.device, state=wl.state) as pipe:
         pipe.run(iter(batches))
     return wl.loss_list()
 

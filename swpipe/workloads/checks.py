@@ -95,7 +95,7 @@ def run_all(env: DistEnv, config: DLRMConfig, names: Sequence[str], iters: int,
                 assert emb_staleness(plan) == 1
             if tm is not None:
                 plan = with_thread_map(plan, tm)
-            with SWPipeline(plan, device=env.device) as pipe:
+            with SWPipeline(plan, device=env.device, state=wl.state) as pipe:
                 pipe.run(iter(batches))
             if name in EVAL_PIPELINES:
                 out[(label, tm)] = {"outputs": [wl.outputs[i] for i in range(iters)]}

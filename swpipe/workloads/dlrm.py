@@ -582,6 +582,8 @@ class DLRMWorkload:
             self.dense_opt: torch.optim.Optimizer = torch.optim.SGD(self.dense_params, lr=config.dense_lr)
         else:
             self.dense_opt = torch.optim.Adagrad(self.dense_params, lr=config.dense_lr)
+        # what the tasks train: on CUDA the engine keeps its gradients alive across streams (SWPipeline(state=))
+        self.state: List[Any] = [self.model, self.dense_opt]
         self.dense_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model.dense_arch
         self.losses: Dict[int, torch.Tensor] = {}
         self.outputs: Dict[int, torch.Tensor] = {}

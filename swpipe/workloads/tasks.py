@@ -222,12 +222,13 @@ class _Tasks:
 
     def WaitBatch(self, ctx: IterContext) -> None:
         # The wait *is* the task's dependencies: the engine makes this task's stream wait the device
-        # events of its dependencies on other streams. Memory is the engine's too: on CUDA every value a
-        # task deletes or replaces in ctx (the early ``del ctx.idist`` / ``del ctx.emb`` here) is kept
-        # alive with the context until the device events of all that iteration's tasks have completed,
-        # so a block another stream still reads is never reused; TorchRec's record_stream is not needed
-        # for ctx values. (In fused_sparse_dist WaitBatch depends only on ZeroGrad, so it must not touch
-        # the batch.)
+        # events of its dependencies on other streams. Memory is the engine's too, for what it can see: on
+        # CUDA every value a task deletes or replaces in ctx (the early ``del ctx.idist`` / ``del ctx.emb``
+        # here), every device tensor nested in ctx and the gradients of SWPipeline(state=wl.state) are kept
+        # alive until the device events of all that iteration's tasks have completed, so TorchRec's
+        # record_stream is not needed for those. A tensor handed between tasks outside ctx would need
+        # ctx.keep_alive (docs/semantics.md, "Lifetimes on CUDA"); these tasks hand everything through ctx.
+        # (In fused_sparse_dist WaitBatch depends only on ZeroGrad, so it must not touch the batch.)
         return None
 
     def Forward(self, ctx: IterContext) -> None:
