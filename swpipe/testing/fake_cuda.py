@@ -113,6 +113,7 @@ class FakeStream:
         if name:
             self.swpipe_name = name
         self._queue: Deque[Callable[[], None]] = collections.deque()
+        self._ready = threading.Condition(device.fake._mutex)  # this executor's wake-up: work was enqueued
         self._thread: Optional[threading.Thread] = None
         self._rng = random.Random(hash((device.fake.seed, device.index, stream_id)))
 
@@ -143,15 +144,16 @@ class FakeStream:
                 self._thread = threading.Thread(target=self._execute, name=f"fakecuda{self._dev.index}-{self.label}",
                                                 daemon=True)
                 fake._threads.append(self._thread)
+                fake._streams.append(self)
                 self._thread.start()
-            fake._cv.notify_all()
+            self._ready.notify()
 
     def _execute(self) -> None:
         fake = self._dev.fake
         while True:
-            with fake._cv:
+            with self._ready:
                 while not self._queue and not fake._closed:
-                    fake._cv.wait()
+                    self._ready.wait()
                 if fake._closed:
                     return
                 op = self._queue.popleft()
@@ -618,7 +620,9 @@ class FakeCuda:
         self.launches: List[Launch] = []
         self.events_created = 0
         self._lock = threading.RLock()  # re-entrant: a FakeTensor freed by the cyclic GC may run under it
-        self._cv = threading.Condition()
+        self._mutex = threading.RLock()  # the executors' queues and the events' completion
+        self._cv = threading.Condition(self._mutex)  # an event completed (or the fake closed, or failed)
+        self._streams: List[FakeStream] = []  # those with an executor
         self._tls = threading.local()
         self._closed = False
         self._error: Optional[FakeCudaError] = None
@@ -643,7 +647,15 @@ class FakeCuda:
             raise RaceError(self.hb.races)
 
     def is_pinned(self, t: torch.Tensor) -> bool:
-        return t in self._pinned
+        """Whether ``t`` is memory :meth:`FakeKernels.pin` made, or a view of it (as ``Tensor.is_pinned``).
+
+        Page-locked is a property of the storage: ``to_device`` copies from a
+        view (``reshape(-1)``), which must count as pinned too. Compared by
+        storage, never with ``in`` on the set: that compares tensors by
+        value when hashes collide.
+        """
+        ptr = t.untyped_storage().data_ptr()
+        return any(p.untyped_storage().data_ptr() == ptr for p in list(self._pinned))
 
     def synchronize(self) -> None:
         """Wait for every stream of every device (raises :class:`FakeDeviceHang` past ``hang_timeout_s``)."""
@@ -662,6 +674,8 @@ class FakeCuda:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            for stream in self._streams:
+                stream._ready.notify_all()
         for thread in self._threads:
             thread.join(timeout=10.0)
         alive = [t.name for t in self._threads if t.is_alive()]
