@@ -227,7 +227,8 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         # the resolved device waits, {task: ((dependency, distance), ...)}: inspectable on CPU too
         self._device_waits: Dict[str, Tuple[Tuple[str, int], ...]] = {
             ti.name: tuple((self._infos[d].name, n) for d, n in ti.device_deps) for ti in self._infos}
-        self._limbo: List[Tuple[List[Any], List[Any]]] = []  # (events, contexts) a failed teardown could not free
+        # (events, contexts, streams) a failed teardown could not free; events None: the fence itself failed
+        self._limbo: List[Tuple[Optional[List[Any]], List[Any], List[Any]]] = []
         self._serial_pending: Deque[Tuple[Any, Any]] = deque()  # CUDA: (event, context) of serial iterations
         self._shortcut = _ShortcutState()
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
@@ -607,8 +608,9 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
             pending = list(run.device_pending.values())
             run.device_pending.clear()
             run.finished = True
-            if not self._release(run, pending, self.progress_timeout):
-                raise RuntimeError(self._device_hung("progress() at the end of the data"))
+            done, error = self._release(run, pending, self.progress_timeout)
+            if not done:
+                raise self._device_not_done("progress() at the end of the data", error)
 
     def _teardown(self, cancel: bool) -> None:
         """Stop this run's workers, wait (bounded) for its device work, release every context, forget the run.
@@ -631,8 +633,9 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         run.device_pending.clear()
         self._run = None
         timeout = self._teardown_timeout if failing else self.progress_timeout
-        if not self._release(run, states, timeout) and not failing:
-            raise RuntimeError(self._device_hung("drain()"))
+        done, error = self._release(run, states, timeout)
+        if not done and not failing:
+            raise self._device_not_done("drain()", error)
 
     def drain(self) -> None:
         """Retire every in-flight iteration, stop the workers, synchronise, reset.

@@ -17,7 +17,7 @@ method here is (nearly) free: there are no events and nothing to wait for.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from .engine_state import _IterState, _Run
 
@@ -76,52 +76,73 @@ class _DeviceLifetime:
             return 0
         return sum(1 for st in list(run.device_pending.values()) if not all(map(self._streams.query, st.events)))
 
-    def _release(self, run: _Run, states: List[_IterState], timeout: float) -> bool:
+    def _release(self, run: _Run, states: List[_IterState], timeout: float) -> Tuple[bool, Optional[Exception]]:
         """Drop ``states``' contexts once the device work of the run completed (a bounded poll).
 
         Instead of an unconditional ``torch.cuda.synchronize()``, which blocks
         forever on a kernel that never ends (a collective whose peer died)
         and raises after a sticky CUDA error: the device is fenced and polled
-        for ``timeout`` s. If it does not finish, or CUDA fails, the contexts
-        are kept alive in ``_limbo`` (memory a stream may still read is never
-        handed back to the allocator) and freed by a later fill or drain
-        whose poll finds the fence complete. Returns whether the device finished.
+        for ``timeout`` s. If it does not finish, or the device fails, the
+        contexts are kept alive in ``_limbo`` (memory a stream may still read
+        is never handed back to the allocator) and freed by a later fill or
+        drain whose poll finds the fence complete. Returns whether the device
+        finished, and the device's error when it failed (never raised here:
+        on a failure path it must not mask the caller's exception).
         """
         if not states and not run.device_timing:
-            return True  # nothing waits on the device
+            return True, None  # nothing waits on the device
+        error: Optional[Exception] = None
         try:
             events: Optional[List[Any]] = self._streams.fence(run.streams)
             done = self._streams.wait_events(events, timeout)
-        except Exception as exc:  # a sticky CUDA error: log it, never mask the caller's exception
+        except Exception as exc:  # a sticky device error
             _log.warning("could not wait for the device (%s: %s); keeping %d iteration context(s) alive",
                          type(exc).__name__, exc, len(states))
-            events, done = None, False
+            events, done, error = None, False, exc
         if done:
             self._streams.recycle(events)
             for st in states:
                 self._free_state(run, st)
             self._collect_device_timeline(run)
-            return True
+            return True, None
         if events is not None:
             _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
                          "it does", timeout, len(states))
-        self._limbo.append((events, states))
-        return False
+        self._limbo.append((events, states, list(run.streams)))
+        return False, error
 
     def _prune_limbo(self) -> None:
-        """Free the contexts of earlier teardowns whose device fence has completed since."""
+        """Free the contexts of earlier teardowns whose device fence has completed since.
+
+        An entry whose fence could not even be recorded (the device had
+        failed) is fenced now: once the device works again, its contexts go
+        as soon as that fence completes.
+        """
         kept = []
-        for events, states in self._limbo:
+        for events, states, streams in self._limbo:
             try:
-                done = events is not None and self._streams.wait_events(events, 0.0)
+                if events is None:
+                    events = self._streams.fence(streams)
+                done = self._streams.wait_events(events, 0.0)
             except Exception:  # the device is still broken
                 done = False
             if done:
                 for st in states:
                     st.ctx = None  # the run they belonged to is gone; their events are dropped with them
             else:
-                kept.append((events, states))
+                kept.append((events, states, streams))
         self._limbo = kept
+
+    def _device_not_done(self, what: str, error: Optional[Exception]) -> RuntimeError:
+        """The error for device work that did not complete: the device's own failure, chained, or a timeout."""
+        if error is None:
+            return RuntimeError(self._device_hung(what))
+        failure = RuntimeError(
+            f"{what}: the device failed ({type(error).__name__}: {error}). Its iteration contexts are kept alive "
+            "until a later fence completes; a CUDA error is sticky, so the process usually cannot use the device "
+            "again")
+        failure.__cause__ = error
+        return failure
 
     def _device_hung(self, what: str) -> str:
         return (f"{what}: the device work did not complete within {self.progress_timeout:g} s (progress_timeout); a "

@@ -346,11 +346,6 @@ def _sigint_in_inline_task(probe, dev, results):
 
 
 STICKY_MESSAGE = "an illegal memory access was encountered"
-END_OF_RUN_DEFECT = ("a sticky device error that no task call notices (the run's last kernels) is reported at once by "
-                     "the end-of-run fence as 'the device work did not complete within 60 s (progress_timeout); a "
-                     "kernel is hung', and the device's own error is only logged: no __cause__, the wrong diagnosis "
-                     "(SWPipeline._finish and _teardown read _release's False as a timeout)")
-
 CUDA_FAULTS: List[CudaFault] = [
     CudaFault("task raises after enqueuing kernels", "worker task, kernels queued on the default stream",
               _raise_after_kernels("Bwd", 4), PipelineTaskError, "Bwd", 4, Boom,
@@ -376,8 +371,7 @@ CUDA_FAULTS: List[CudaFault] = [
               message=("kernel 'Bwd(5)'", STICKY_MESSAGE), recover="clear_error"),
     CudaFault("sticky device error in the last kernels", "nothing but the end-of-run fence touches the device",
               _sticky("Opt", N_BATCHES - 1, sync=False), (RuntimeError, FakeCudaError), cause=FakeCudaError,
-              message=(f"kernel 'Opt({N_BATCHES - 1})'", STICKY_MESSAGE), recover="clear_error",
-              defect=END_OF_RUN_DEFECT),
+              message=(f"kernel 'Opt({N_BATCHES - 1})'", STICKY_MESSAGE), recover="clear_error"),
     CudaFault("Ctrl-C while progress() waits for the device", "caller, SIGINT, max_device_lag=0",
               _sigint_while_waiting_for_the_device, KeyboardInterrupt),
     CudaFault("Ctrl-C inside an inline task", "caller's group (compute inline), SIGINT, kernels queued",
@@ -405,7 +399,7 @@ def describe(err: Optional[BaseException]) -> str:
 
 def _kept(pipe: SWPipeline) -> int:
     """Contexts the pipeline keeps alive for the device (retired or failed runs' ``_limbo``)."""
-    return sum(1 for _, states in pipe._limbo for st in states if st.ctx is not None)
+    return sum(1 for _, states, _ in pipe._limbo for st in states if st.ctx is not None)
 
 
 def _rerun(pipe: SWPipeline, probe: Probe, results: Dict[int, Any], dev: FakeCudaDevice) -> str:
@@ -566,7 +560,7 @@ def test_a_released_hang_keeps_the_contexts_until_the_device_finishes_and_the_ne
         try:
             with pytest.raises(RuntimeError, match="device work of iteration 3"):
                 trigger()
-            kept = [weakref.ref(st.ctx) for _, states in pipe._limbo for st in states]
+            kept = [weakref.ref(st.ctx) for _, states, _ in pipe._limbo for st in states]
             assert kept and all(ref() is not None for ref in kept)
             with pytest.raises(RuntimeError, match="did not complete within"):
                 pipe.drain()  # nothing in flight: a bounded wait for the device, which is still hung
@@ -581,8 +575,6 @@ def test_a_released_hang_keeps_the_contexts_until_the_device_finishes_and_the_ne
 
 
 @pytest.mark.timeout(GUARD_S)
-@pytest.mark.xfail(strict=True, reason="engine defect: a teardown whose fence raised (sticky error) keeps its "
-                                       "contexts in _limbo with no events, and _prune_limbo never fences again")
 def test_after_clear_error_the_contexts_kept_by_the_failed_teardown_are_freed():
     fault = next(f for f in CUDA_FAULTS if f.name == "sticky device error, the task syncs")
     out = measure(fault, teardown_s=TEST_TEARDOWN_S)
