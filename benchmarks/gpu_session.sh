@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What a session with a GPU runs first, in one go: every `cuda`-marked test, then the GPU figures.
+# What a session with a GPU runs first, in one go: every `cuda`-marked test (on the fake device and on the GPU)
+# and every `gpu`-marked one (real GPU only: NCCL, torch's CUDA kernels), then the GPU figures.
 # Logs go to the folder given (default: $OUT if set, else ./gpu_logs); record the figures in RESULTS.md.
 #
 #     bash benchmarks/gpu_session.sh [LOG_DIR]
@@ -15,8 +16,8 @@ py=${PYTHON:-python3}
   "$py" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
   nproc; uptime; } > "$out/machine.txt"
 cat "$out/machine.txt"
-"$py" -m pytest -m cuda -rfEs -o addopts="" -p no:cacheprovider --timeout 300 --continue-on-collection-errors \
+"$py" -m pytest -m "cuda or gpu" -rfEs -o addopts="" -p no:cacheprovider --timeout 300 --continue-on-collection-errors \
     tests 2>&1 | tee "$out/cuda_tests.log" | tail -40
-"$py" benchmarks/gpu_overlap.py 2>&1 | tee "$out/gpu_overlap.log"
+"$py" benchmarks/gpu_overlap.py --device cuda 2>&1 | tee "$out/gpu_overlap.log"
 "$py" -m swpipe.cli demo --plans base,sparse_dist,prefetch,prefetch+by_stream --trace "" 2>&1 \
     | grep -v "run/s\]" | tee "$out/demo_cuda.log"

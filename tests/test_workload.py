@@ -10,14 +10,17 @@ caught.
 
 from __future__ import annotations
 
+import collections
+import threading
 import warnings
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
 
 from swpipe_core import pipelines
 from swpipe_core.engine import PipelineTaskError, SWPipeline
-from swpipe_core.plan import PipelinePlan, TaskSchedule
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.workers import with_thread_map
 from swpipe.workloads.dlrm import KJT, DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
@@ -293,21 +296,193 @@ def test_pt2_falls_back_to_eager_with_a_warning_when_compile_fails(env, batches,
     _assert_same(got, reference)
 
 
-@pytest.mark.cuda
+# -- on a real GPU, with device work queued ----------------------------------------------------------------------
+
+# Seconds of spin queued ahead of a late producer: far longer than the host takes (a few ms of Python) between a
+# producer's launch and the launch of the task on another stream that reads its output.
+SPIN_S = 0.025
+
+
+def _cross_stream_deps(plan: PipelinePlan) -> Dict[str, List[Tuple[str, int]]]:
+    """``{task: [(producer, distance)]}``: the dependencies of each task on a task of another stream."""
+    deps: Dict[str, List[Tuple[str, int]]] = {t: [] for t in plan.task_names}
+    for t, d, dist in [(t, d, 0) for t, d in plan.intra_edges()] + list(plan.inter_edges()):
+        if plan.stream_of(t) != plan.stream_of(d):
+            deps[t].append((d, dist))
+    return deps
+
+
+def late_producers(plan: PipelinePlan, late: str) -> List[str]:
+    """The tasks whose kernels a run delays with a spin: ``"batch copy"`` (H2D) or ``"default stream"``.
+
+    Only producers that another stream reads and that do not wait on the host for their own stream: a task
+    that synchronises the host (``.tolist()``, ``unique_consecutive``, ``repeat_interleave`` without a size:
+    the input distribution, and the lookup plan of EmbPrefetch, of EmbLookup without a prefetch and of a
+    Forward without an EmbLookup) would turn a spin ahead of it into host waiting, not into queued work.
+    ``"default stream"``: the default-stream tasks a side stream reads (fused_sparse_dist's Backward, read by
+    the next EmbLookup; prefetch's Forward, read by the next EmbPrefetch); none in sparse_dist.
+    """
+    read_across = {d for reads in _cross_stream_deps(plan).values() for d, _ in reads}
+    if late == "batch copy":
+        return [t for t in ("H2D",) if t in read_across]
+    return [t for t in ("Forward", "Backward") if t in read_across and plan.sched(t).stream is None]
+
+
+class QueuedWork:
+    """A plan whose late producers start with a spin on their stream, and how often a reader found them unfinished.
+
+    Each task of ``spun`` queues ``spin_s`` of spin on its stream before its own kernels, so they complete that
+    long after the task was launched at the earliest. Every task records an event after its kernels; a task
+    launched while a producer it depends on, on another stream, has not completed on the device counts in
+    ``pending[(task, producer)]`` (of ``checked[(task, producer)]`` launches): only the engine's device wait
+    orders that read after those kernels, and without it the read would see memory not yet written.
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+        A bound plan; :attr:`plan` is it with every task wrapped.
+    device : swpipe_core.device.Device
+    spun : iterable of str
+    spin_s : float
+    """
+
+    def __init__(self, plan: PipelinePlan, device: Any, spun: Any, spin_s: float) -> None:
+        self.dev, self.spun, self.spin_s = device, set(spun), spin_s
+        self.deps = _cross_stream_deps(plan)
+        self.pending: collections.Counter = collections.Counter()
+        self.checked: collections.Counter = collections.Counter()
+        self._done: Dict[Tuple[str, int], Any] = {}
+        self._lock = threading.Lock()  # tasks run on several threads
+        self.plan = plan.bind({t.name: self._wrap(t.name, t.fn) for t in plan.tasks})
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        dev = self.dev
+
+        def task(ctx: Any) -> None:
+            i = ctx.iter_idx
+            for d, dist in self.deps[name]:
+                with self._lock:
+                    if (d, i - dist) not in self._done:  # an iteration before the first
+                        continue
+                    event = self._done[(d, i - dist)]
+                unfinished = not dev.query(event)  # (None on a CPU: finished with the host)
+                with self._lock:
+                    self.checked[(name, d)] += 1
+                    self.pending[(name, d)] += unfinished
+            if name in self.spun:
+                dev.spin(self.spin_s)  # the task's stream is current: its kernels queue behind the spin
+            fn(ctx)
+            event = dev.event()
+            dev.record(event, dev.current_stream())
+            with self._lock:
+                self._done[(name, i)] = event
+        return task
+
+
+def train_with_device_work_queued(env: Any, config: DLRMConfig, names: List[str], iters: int,
+                                  spin_s: float) -> Dict[Any, Any]:
+    """On one rank: the serial loop, then each plan under each thread map with each kind of late producer.
+
+    Spawned (module level); returns ``{"reference": result, (name, thread_map, late): result}``, a result
+    being losses and parameters, plus ``pending`` / ``checked`` / ``spun`` for the plans.
+    """
+    from swpipe_core.device import as_device
+
+    dev = as_device(env.device)
+    dev.spin(1e-4)  # the first spin times the spin rate (one synchronisation): here, not inside a task
+    batches = SyntheticData(config, env.world_size, env.rank, device=env.device).batches(iters)  # pinned
+    wl = DLRMWorkload(config, env)
+    train_reference(wl, batches)
+    out: Dict[Any, Any] = {"reference": {"losses": wl.loss_list(), "params": wl.snapshot()}}
+    for name in names:
+        for tm in (None, "by_stream"):
+            for late in ("batch copy", "default stream"):
+                wl = DLRMWorkload(config, env)
+                plan = plan_for(name, wl, compile_backend=None, compiled_autograd=None)
+                if tm is not None:
+                    plan = with_thread_map(plan, tm)
+                spun = late_producers(plan, late)
+                if not spun:
+                    continue
+                queued = QueuedWork(plan, dev, spun, spin_s)
+                with SWPipeline(queued.plan, device=env.device, state=wl.state) as pipe:
+                    pipe.run(iter(batches))
+                out[(name, tm, late)] = {"losses": wl.loss_list(), "params": wl.snapshot(), "spun": spun,
+                                         "pending": dict(queued.pending), "checked": dict(queued.checked)}
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)  # a fresh process with CUDA and NCCL, then ten runs of twelve iterations
 def test_plans_on_cuda_match_the_serial_loop_to_tolerance():
-    from swpipe.workloads.checks import run_all
+    """NCCL and torch's CUDA kernels on a real GPU (``gpu``: the fake device runs neither).
+
+    With the test model (batch 32) every kernel takes microseconds and the host far longer, so the device never
+    has work queued: by the time a task on another stream is launched to read a producer's output, the
+    producer's kernels have long completed, and neither a missing device wait nor an early free could change a
+    value. So each run queues a spin (``SPIN_S``, far longer than the host's few milliseconds between the two
+    launches) on a producer's stream ahead of its kernels: the batch copy (H2D, which InputDistStart reads on
+    the data_dist stream) in one run; in another, the default-stream tasks a side stream waits for
+    (fused_sparse_dist's Backward, whose embedding update the next EmbLookup reads; prefetch's Forward, which
+    the next EmbPrefetch waits for), so the default stream lags and still reads blocks the host is done with.
+    Only the engine's device waits and its keep-alive of freed memory order those reads: without the wait a
+    read sees a batch not yet copied or tables one update old, without the keep-alive a block is handed to the
+    next allocation while it is read; either changes the losses far beyond the tolerance. Twelve iterations
+    run the pipeline (depth 3) well past its fill. The test asserts that readers were indeed launched before
+    their producer finished (``pending``, in at least half of the launches), so it cannot pass with an idle
+    device. Equality is to a tolerance: CUDA's kernels need not reduce in the serial loop's order.
+    """
     from swpipe.workloads.launch import spawn
 
-    # one NCCL rank in a fresh process (this one already holds a gloo group); CUDA's index_add_ uses
-    # atomics, so equality is to a tolerance here
-    (out,) = spawn(run_all, 1, CFG, ["sparse_dist", "fused_sparse_dist", "prefetch"], 4, (None, "by_stream"),
-                   backend="nccl", timeout=240)
-    want = out[("reference", None)]
+    names, iters = ["sparse_dist", "fused_sparse_dist", "prefetch"], 12
+    # one NCCL rank in a fresh process (this one already holds a gloo group)
+    (out,) = spawn(train_with_device_work_queued, 1, CFG, names, iters, SPIN_S, backend="nccl", timeout=240)
+    want = out.pop("reference")
+    assert {key[0] for key in out} == set(names)
+    assert {key[2] for key in out if key[0] != "sparse_dist"} == {"batch copy", "default stream"}
     for key, got in out.items():
-        if "losses" in got and key[0] in ("sparse_dist", "fused_sparse_dist", "prefetch"):
-            for a, b in zip(got["losses"], want["losses"]):
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-            assert a.is_cuda
+        early = {edge: (got["pending"].get(edge, 0), n) for edge, n in got["checked"].items()
+                 if edge[1] in got["spun"]}
+        assert early, f"{key}: no task reads {got['spun']} from another stream"
+        for edge, (pending, n) in early.items():
+            assert 2 * pending >= n, f"{key}: {edge[0]} found {edge[1]} finished on the device in {n - pending} " \
+                                     f"of {n} launches: the device was not kept busy ({early})"
+        assert len(got["losses"]) == iters and got["losses"][0].is_cuda
+        for a, b in zip(got["losses"], want["losses"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+        assert got["params"].keys() == want["params"].keys()
+        for k in want["params"]:
+            torch.testing.assert_close(got["params"][k], want["params"][k], rtol=1e-4, atol=1e-5,
+                                       msg=lambda m: f"{key}, {k}: {m}")
+
+
+@pytest.mark.cuda
+def test_queued_work_keeps_a_late_producer_unfinished_when_its_reader_is_launched(fake_cuda):
+    """The GPU test's instrument, on the fake: the spin delays the producer, the reader counts it, values hold."""
+    from swpipe.testing import kernels
+
+    dev = fake_cuda.device(0)
+    k = kernels(dev)
+    n, iters, sums = 256, 6, {}
+
+    def copy(ctx):
+        ctx.x = k.to_device(k.pin(torch.full((n,), float(ctx.batch + 1))))
+
+    def total(ctx):
+        sums[ctx.iter_idx] = k.sum(ctx.x)
+
+    plan = PipelinePlan({PipelineTask("Copy", copy): TaskSchedule(0, "memcpy", "io"),
+                         PipelineTask("Sum", total): TaskSchedule(1)}, intra_iter_deps=[("Sum", "Copy")])
+    assert late_producers(plan, "batch copy") == [] and _cross_stream_deps(plan)["Sum"] == [("Copy", 0)]
+    queued = QueuedWork(plan, dev, ["Copy"], spin_s=SPIN_S)
+    with SWPipeline(queued.plan, device=dev) as pipe:
+        pipe.run(iter(range(iters)))
+    assert [k.item(sums[i]) for i in range(iters)] == [n * (i + 1.0) for i in range(iters)]
+    fake_cuda.assert_no_races()
+    assert queued.checked == {("Sum", "Copy"): iters}
+    # Sum(i) is launched one period (a millisecond or two on the host) after Copy(i), whose kernels queue behind
+    # SPIN_S of spin: the GPU test's criterion, met by a wide margin
+    assert 2 * queued.pending[("Sum", "Copy")] >= iters
 
 
 def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batches, reference):
