@@ -90,8 +90,6 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-import torch
-
 from .order import enqueue_order
 from .plan import PipelinePlan, ref_name
 from .device import as_device

@@ -31,7 +31,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 from .reach import reachable_objects
 
@@ -200,8 +200,6 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     >>> m.batch_bytes, m.tasks["Load"].add_bytes, m.tasks["Step"].free_bytes, m.tasks["Step"].add_bytes
     (16.0, 400.0, 400.0, 40.0)
     """
-    import torch
-
     if num_iterations < 1:
         raise ValueError(f"num_iterations={num_iterations!r}: measure at least one iteration")
     streams = getattr(pipe, "_streams", None)

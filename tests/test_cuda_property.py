@@ -22,13 +22,12 @@ instead of asserting, so a mutation table can say which check caught what).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -391,57 +390,6 @@ def _compare(got: Dict[Key, int], want: Dict[Key, int]) -> List[str]:
     return bad + [f"{t}({i}): never ran" for t, i in missing]
 
 
-@contextlib.contextmanager
-def _handoffs_ordered(fake: FakeCuda) -> Iterator[None]:
-    """Make what any host thread saw complete ordered before what any host thread launches or frees afterwards.
-
-    The fake's race check keeps one clock per host thread and joins a
-    completed event only into the thread that saw it (``query``,
-    ``synchronize``); it has no edge between host threads. The engine relies
-    on one: its main thread sees an iteration's events complete, releases the
-    iteration, and a worker that then finds it gone (a dict read, after the
-    main thread's write) skips the device wait for a cross-iteration
-    dependency on it, as it may on a GPU: that work has completed. Without
-    this, the check reports that correct read as a race whenever the device
-    happened to be done early (a limitation of the fake, with a reproducer
-    in benchmarks/RESULTS.md, "CUDA mutation table"). The join is global, so a launch from a
-    thread with no hand-off that by chance follows another thread's
-    observation is ordered too: a race hidden only when the timing hides it,
-    which the values still see.
-    """
-    hb = fake.hb
-    seen: Dict[Any, int] = {}
-    lock = threading.Lock()
-    observe, launch, free_stamp = hb.observe, hb.launch, hb.free_stamp
-
-    def observe_all(host, token):
-        if token is not None:
-            with lock:
-                for lane, seq in token.items():
-                    if seen.get(lane, 0) < seq:
-                        seen[lane] = seq
-        observe(host, token)
-
-    def everything_seen(host):
-        with lock:
-            known = dict(seen)
-        observe(host, known)
-
-    def launch_after(host, stream, label, where):
-        everything_seen(host)
-        return launch(host, stream, label, where)
-
-    def free_after(host, stream, also, label, where):
-        everything_seen(host)
-        return free_stamp(host, stream, also, label, where)
-
-    hb.observe, hb.launch, hb.free_stamp = observe_all, launch_after, free_after
-    try:
-        yield
-    finally:
-        del hb.observe, hb.launch, hb.free_stamp
-
-
 def run_workload(w: Workload, n_iters: int = 50, seed: int = 0, max_delay_s: float = MAX_DELAY_S,
                  max_device_lag: Optional[int] = None, serial: bool = True) -> Outcome:
     """Run ``w`` pipelined and serially on a fresh fake device; what the values and the race check say.
@@ -464,8 +412,7 @@ def run_workload(w: Workload, n_iters: int = 50, seed: int = 0, max_delay_s: flo
     """
     out = Outcome()
     want = expected_sums(w, n_iters)
-    with FakeCuda(num_devices=1, seed=seed, max_delay_s=max_delay_s, hang_timeout_s=20.0) as fake, \
-            _handoffs_ordered(fake):
+    with FakeCuda(num_devices=1, seed=seed, max_delay_s=max_delay_s, hang_timeout_s=20.0) as fake:
         dev = fake.device(0)
         try:
             bound = _Bound(w, dev, n_iters)

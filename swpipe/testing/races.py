@@ -4,7 +4,8 @@ A device's work is ordered only by its rules: a stream runs its work in
 order, ``wait_event`` orders what the stream runs next after the latest
 record of the event made before the wait, and a host thread that saw an
 event complete (``query``, ``synchronize``) orders everything it launches
-afterwards after that work. :class:`HappensBefore` keeps that order as a
+afterwards (from any thread: completion is a fact in time) after that
+work. :class:`HappensBefore` keeps that order as a
 vector clock per stream and per host thread, and checks every access of a
 block of device memory against the block's earlier accesses: a write and any
 other access that the rules do not order is a race, even when a run's timing
@@ -116,6 +117,7 @@ class HappensBefore:
 
     def __init__(self, keep: int = 1000) -> None:
         self._clocks: Dict[Hashable, Clock] = {}
+        self._seen: Clock = {}  # work some host saw complete: before anything any host issues afterwards
         self._blocks: Dict[Hashable, _BlockHistory] = {}
         self._keep = keep
         self.races: List[Race] = []
@@ -139,6 +141,7 @@ class HappensBefore:
         with self._lock:
             clock = self._clock(stream)
             self._join(clock, self._clock(host))
+            self._join(clock, self._seen)
             clock[stream] = clock.get(stream, 0) + 1
             return Access(stream, clock[stream], dict(clock), "read", label, where)
 
@@ -156,16 +159,27 @@ class HappensBefore:
                 self._join(self._clock(stream), token)
 
     def observe(self, host: Hashable, token: Optional[Clock]) -> None:
-        """Host ``host`` saw the work before an event complete: what it does next comes after that work."""
+        """Host ``host`` saw the work before an event complete: what any host does next comes after that work.
+
+        Completion is a fact in time, not a message to one thread: once a host
+        has seen the work complete, every launch or free any thread issues
+        afterwards follows it (the engine relies on this: its main thread
+        releases an iteration whose events it saw complete, and a worker that
+        then finds it released skips the device wait on it). A launch that
+        only by chance comes after another thread's observation is ordered
+        too; the values of a run still show such a race when timing exposes it.
+        """
         if token is not None:
             with self._lock:
                 self._join(self._clock(host), token)
+                self._join(self._seen, token)
 
     def free_stamp(self, host: Hashable, stream: Hashable, also: Sequence[Clock], label: str, where: str) -> Access:
         """Where a free by ``host`` of a block of ``stream``'s pool falls: after what both (and ``also``) know."""
         with self._lock:
             clock = dict(self._clock(stream))
             self._join(clock, self._clock(host))
+            self._join(clock, self._seen)
             for other in also:
                 self._join(clock, other)
             return Access(stream, clock.get(stream, 0), clock, "free", label, where)
