@@ -29,9 +29,10 @@ Examples
 
 from __future__ import annotations
 
-from .fake_cuda import (FakeCuda, FakeCudaDevice, FakeCudaError, FakeDeviceHang, FakeEvent, FakeKernels, FakeStream,
-                        FakeTensor, Launch)
-from .kernels import kernels
+from .fake_cuda import FakeCuda, FakeCudaDevice
+from .fake_memory import FakeTensor
+from .fake_streams import FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch
+from .kernels import FakeKernels, kernels
 from .races import HappensBefore, Race, RaceError
 
 __all__ = ["FakeCuda", "FakeCudaDevice", "FakeCudaError", "FakeDeviceHang", "FakeEvent", "FakeKernels", "FakeStream",
