@@ -646,7 +646,8 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, sync: Callable[[], 
     the events is the device's own work. The spin would delay a task that
     waits for the device on the host (``.item()``, a blocking collective)
     by its own length, which is why the host is timed in iterations
-    without it.
+    without it. For such a task the span also holds its host work after
+    the wait (the stream idles meanwhile).
     """
     streams = getattr(pipe, "_streams", None)
     cuda = streams is not None and streams.is_cuda
