@@ -21,8 +21,8 @@ import math
 from collections import deque
 from typing import Dict, List, NamedTuple, Tuple
 
-from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
+from swpipe_core.walk import PeriodWalk
 
 from .costs import CostModel
 from .taskmodel import CORES, plan_parts, pool_limit, resource_loads, stream_label
@@ -72,7 +72,9 @@ class _Sim:
         names = plan.task_names
         self.names = names
         idx = {name: k for k, name in enumerate(names)}
-        self.order = [idx[name] for name in enqueue_order(plan)]
+        self.walk = PeriodWalk(plan)  # the contract's walk of a period (swpipe_core.walk)
+        self.idx = idx
+        self.order = [idx[name] for name in self.walk.order]
         sched = [plan.sched(name) for name in names]
         self.stage = [s.stage for s in sched]
         self.depth = plan.pipeline_depth
@@ -174,18 +176,15 @@ class _Sim:
 
     def _init_main_thread(self, plan: PipelinePlan, n: int) -> None:
         """The main thread: the caller's group it runs inline, periods to enqueue, the event heap."""
-        T = self.T
         # the caller's group runs inline: the main thread is that group's thread
         self.caller = (self.group_names.index(plan.caller_group)
                        if plan.caller_group in self.group_names else -1)
         self.total_periods = n + self.depth - 1
         P = max(self.total_periods, n + 1)
-        self.caller_left = [0] * P
+        self.caller_left = [0] * P  # the caller's tasks each period runs
         if self.caller >= 0:
-            for k in range(T):
-                if self.thread[k] == self.caller:
-                    for i in range(n):
-                        self.caller_left[i + self.stage[k]] += 1
+            for p in range(self.total_periods):
+                self.caller_left[p] = sum(1 for step in self.walk.shape(p, 0, n).steps if step[2])
         self.caller_done_t = [0.0] * P
         self.caller_done_op = [-1] * P
         self.held: Dict[int, List[int]] = {}  # a caller's task -> the worker tasks handed off once it has run
@@ -295,24 +294,20 @@ class _Sim:
         """
         n = self.n
         now: List[int] = []
-        inline = -1  # the caller's task the walk passed last: what the next worker tasks wait for
+        placed: List[int] = []  # the instance at each position of the period's walk
         if 0 <= p < n:
             self.entry[p] = t
-        for k in self.order:
-            i = p - self.stage[k]
-            if 0 <= i < n:
-                inst = k * n + i
-                if self.seqd[k]:
-                    self.ticket[inst] = self.seq_issued
-                    self.seq_issued += 1
-                g = self.thread[k]
-                if g == self.caller:
-                    inline = inst
-                    now.append(inst)
-                elif inline >= 0:
-                    self.held.setdefault(inline, []).append(inst)
-                else:
-                    now.append(inst)
+        for task, stage, inline, after in self.walk.shape(p, 0, n).steps:
+            k = self.idx[task]
+            inst = k * n + p - stage
+            placed.append(inst)
+            if self.seqd[k]:
+                self.ticket[inst] = self.seq_issued
+                self.seq_issued += 1
+            if inline or after is None:
+                now.append(inst)
+            else:  # held until the main thread has run the caller's task the walk passed last
+                self.held.setdefault(placed[after], []).append(inst)
         self.release(now, t, -1)
 
     def release(self, insts: List[int], t: float, after: int) -> None:

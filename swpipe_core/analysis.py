@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import networkx as nx
 
 from .order import enqueue_order, stage_descending_order
+from .walk import PeriodWalk
 from .plan import PipelinePlan, TaskRef, ref_name
 from .validate import validate
 
@@ -116,13 +117,16 @@ def format_schedule(plan: PipelinePlan, num_iterations: int = 3, shortcuts: Iter
     if not isinstance(num_iterations, int) or num_iterations < 1:
         raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}")
     skip = _shortcut_names(plan, shortcuts)
+    walk = PeriodWalk(plan)
+    # every period's iterations, data without end: iterations 0 .. period exist
+    runs = [{s.task: s.iteration for s in walk.steps(period, 0, period + 1)} for period in range(num_iterations)]
     rows = []
     for name in stage_descending_order(plan):
         sched = plan.sched(name)
         cells = []
-        for period in range(num_iterations):
-            k = period - sched.stage
-            if k < 0:
+        for present in runs:
+            k = present.get(name)
+            if k is None:
                 cells.append(" --")
             elif name in skip:
                 cells.append(" .")

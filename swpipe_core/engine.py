@@ -90,7 +90,6 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from .order import enqueue_order
 from .plan import PipelinePlan, ref_name
 from .device import as_device
 from .engine_device import _DeviceLifetime
@@ -103,6 +102,7 @@ from .shortcut import _ShortcutState
 from .streams import StreamPool
 from .trace import TimelineEvent, TimelineRecorder
 from .validate import PlanError, validate
+from .walk import PeriodWalk
 from .workers import _Workers
 
 __all__ = ["SWPipeline", "PipelineTaskError"]
@@ -215,8 +215,10 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._teardown_timeout = 5.0  # device work after a failure: a dead NCCL peer never finishes
         self._streams = StreamPool(self._dev)
         self._infos = self._compile(plan, self._streams)
-        by_name = {ti.name: ti for ti in self._infos}
-        self._order: List[_TaskInfo] = [by_name[n] for n in enqueue_order(plan)]
+        by_name = self._by_name = {ti.name: ti for ti in self._infos}
+        self._walk = PeriodWalk(plan)  # the contract's walk of a period (swpipe_core.walk)
+        self._programs: Dict[Tuple[int, int], Any] = {}  # period shape -> its tasks and segments
+        self._order: List[_TaskInfo] = [by_name[n] for n in self._walk.order]
         self._serial_order: List[_TaskInfo] = self._topological(plan, by_name)
         groups = list(dict.fromkeys(ti.group for ti in self._order))
         # the caller's group runs inline on the thread calling fill_pipeline/progress: no hand-off
@@ -478,43 +480,55 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         run.period = p + 1
         run.profiling = profiling = _profiler_active()
         run.bare = run.plain and not profiling
-        lo, hi = run.oldest, run.fetched
+        program = self._programs.get(self._walk.key(p, run.oldest, run.fetched))
+        infos, segments = program if program is not None else self._period_program(p, run.oldest, run.fetched)
         iters = run.iters
-        ticket = run.sequencer.ticket
-        caller = self._caller_group
-        # the period as segments: (worker tasks handed off, then the caller's tasks run inline), in enqueue order
-        segments: List[Tuple[Dict[str, List[tuple]], List[tuple]]] = []
-        handoff: Dict[str, List[tuple]] = {}
-        inline: List[tuple] = []
-        for ti in self._order:
-            i = p - ti.stage
-            if i < lo or i >= hi:
-                continue
-            item = (iters[i], ti, ticket(f"{ti.name} (iteration {i})") if ti.ordered else None)
-            if ti.group == caller:
-                inline.append(item)
-                continue
-            if inline:  # a worker task after a caller's task: handed off once the caller has run that task
-                segments.append((handoff, inline))
-                handoff, inline = {}, []
-            items = handoff.get(ti.group)
-            if items is None:
-                items = handoff[ti.group] = []
-            items.append(item)
-        segments.append((handoff, inline))
+        ticket = run.sequencer.ticket  # taken in the walk's order, across groups: every rank issues the same
+        items = [(iters[p - ti.stage], ti, ticket(f"{ti.name} (iteration {p - ti.stage})") if ti.ordered else None)
+                 for ti in infos]
         if run.workers is None:
+            inline = items
             if run.bare:
                 self._run_solo(run, inline)
             else:
                 self._run_items(run, inline, inline=True)
             return
-        for handoff, inline in segments:
+        for handoff, inline_at in segments:
             if run.cancelled:
                 return
-            for group, items in handoff.items():
-                run.workers.submit(group, items)
-            if inline:
-                self._run_items(run, inline, inline=True)
+            for group, at in handoff:
+                run.workers.submit(group, [items[k] for k in at])
+            if inline_at:
+                self._run_items(run, [items[k] for k in inline_at], inline=True)
+
+    def _period_program(self, p: int, first: int, end: int) -> Tuple[List[_TaskInfo], List[Tuple[List[Tuple[str, List[int]]], List[int]]]]:
+        """Period ``p``'s shape compiled for the hot path (cached per shape): its tasks, its segments by position.
+
+        A segment is the worker steps handed off together (by group), then the
+        caller's steps run inline before the next worker step; the walk says
+        where each worker step is handed off (:attr:`Step.after
+        <swpipe_core.walk.Step.after>`).
+        """
+        key = self._walk.key(p, first, end)
+        program = self._programs.get(key)
+        if program is None:
+            shape = self._walk.shape(p, first, end)
+            infos = [self._by_name[task] for task, _, _, _ in shape.steps]
+            segments: List[Tuple[List[Tuple[str, List[int]]], List[int]]] = []
+            handoff: Dict[str, List[int]] = {}
+            inline: List[int] = []
+            handed_after: Optional[int] = None
+            for k, (task, _, is_inline, after) in enumerate(shape.steps):
+                if is_inline:
+                    inline.append(k)
+                    continue
+                if after != handed_after:  # handed off once the caller ran its step `after`
+                    segments.append((list(handoff.items()), inline))
+                    handoff, inline, handed_after = {}, [], after
+                handoff.setdefault(infos[k].group, []).append(k)
+            segments.append((list(handoff.items()), inline))
+            program = self._programs[key] = (infos, segments)
+        return program
 
     def _retire_oldest(self, run: _Run) -> int:
         idx = run.oldest

@@ -103,17 +103,10 @@ def cuda_device(request):
 
 
 def enqueue_sequence(plan: Any, num_iterations: int) -> List[Tuple[str, int]]:
-    """Every (task, iteration) in the order the main thread enqueues them: period by period, in enqueue order."""
-    from swpipe_core.order import enqueue_order
+    """Every (task, iteration) in the order the main thread enqueues them: the contract's walk, period by period."""
+    from swpipe_core.walk import PeriodWalk
 
-    order = enqueue_order(plan)
-    out = []
-    for p in range(num_iterations + plan.pipeline_depth - 1):
-        for t in order:
-            i = p - plan.stage(t)
-            if 0 <= i < num_iterations:
-                out.append((t, i))
-    return out
+    return PeriodWalk(plan).sequence(num_iterations)
 
 
 def check_contract(plan: Any, events: Sequence[Any], num_iterations: int) -> None:
@@ -154,13 +147,14 @@ def check_contract(plan: Any, events: Sequence[Any], num_iterations: int) -> Non
         j = i + plan.stage(t) - depth
         if j >= 0:
             assert e.start >= done[j], f"{t}[{i}] started before iteration {j} completed: more than {depth} in flight"
-    last_inline = None
-    for t, i in seq:  # the periods one after another, each walked in enqueue order
-        if plan.sched(t).thread_group == plan.caller_group:
-            last_inline = (t, i)
-        elif last_inline is not None and last_inline[1] + plan.stage(last_inline[0]) == i + plan.stage(t):
-            assert host[t, i].start >= host[last_inline].end, \
-                f"{t}[{i}] started before the caller ran {last_inline[0]}[{last_inline[1]}], placed before it"
+    from swpipe_core.walk import PeriodWalk
+
+    for _, steps in PeriodWalk(plan).periods(num_iterations):
+        for step in steps:
+            if step.after is not None:  # handed off once the caller ran the step the walk passed last
+                caller = steps[step.after]
+                assert host[step.task, step.iteration].start >= host[caller.task, caller.iteration].end, \
+                    f"{step.task}[{step.iteration}] started before the caller ran {caller.task}[{caller.iteration}]"
     ordered = [x for x in seq if plan.sched(x[0]).globally_ordered]
     ran = sorted(ordered, key=lambda x: host[x].start)
     assert ran == ordered, "globally ordered tasks ran out of enqueue order"

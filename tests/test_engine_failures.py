@@ -13,6 +13,7 @@ from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
+from swpipe_core.walk import PeriodWalk
 from conftest import swpipe_threads
 
 pytestmark = pytest.mark.timeout(60)
@@ -324,7 +325,7 @@ def test_ascending_order_deadlocks_and_validate_rejects_it(scenario, ascending):
         validate(scenario(enqueue_order=ascending))
     pipe = SWPipeline(scenario(), device="cpu", signal_timeout=0.3)
     assert enqueue_order(pipe.plan) != ascending
-    pipe._order = [next(ti for ti in pipe._order if ti.name == n) for n in ascending]  # bypass validation
+    pipe._walk = PeriodWalk(pipe.plan, ascending)  # bypass validation
     t0 = time.perf_counter()
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(10))
@@ -346,7 +347,7 @@ def test_ready_first_avoids_head_of_line_deadlock():
     with pytest.raises(PlanError, match=r"enqueue-order.*block the head"):
         validate(plan.replace(enqueue_order=["X", "Y"]))
     blocked = SWPipeline(plan, device="cpu", signal_timeout=0.3)
-    blocked._order = list(reversed(blocked._order))  # [X, Y], bypassing validation
+    blocked._walk = PeriodWalk(plan, ["X", "Y"])  # bypassing validation
     with pytest.raises(PipelineTaskError) as info:
         blocked.run(range(3))
     assert info.value.task == "X" and "'Y' of iteration 0" in str(info.value.__cause__)

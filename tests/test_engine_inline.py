@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from conftest import enqueue_sequence
 
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
@@ -32,11 +33,8 @@ def run_all(pipe, data):
 
 
 def expected_sequence(plan, n_iters):
-    """(task, iteration) period after period, each period in the plan's enqueue order."""
-    order = enqueue_order(plan)
-    return [(name, p - plan.stage(name)) for p in range(n_iters + plan.pipeline_depth) for name in order
-            if 0 <= p - plan.stage(name) < n_iters]
-
+    """(task, iteration) period after period, each period in the plan's enqueue order (the contract's walk)."""
+    return enqueue_sequence(plan, n_iters)
 
 def _chain(record, groups=("default", "default", "default"), caller_group="default", fail=None):
     """Load (stage 0) -> Fwd (stage 1) -> Bwd (stage 1); records (task, iteration, thread)."""

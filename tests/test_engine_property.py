@@ -14,11 +14,11 @@ import itertools
 import threading
 
 import pytest
+from conftest import enqueue_sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swpipe_core.engine import SWPipeline
-from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 
@@ -78,16 +78,8 @@ class Recorder:
 
 
 def expected_sequence(plan, n_iters):
-    """(task, iteration) in enqueue order, period after period."""
-    order = enqueue_order(plan)
-    out = []
-    for p in range(n_iters + plan.pipeline_depth):
-        for name in order:
-            i = p - plan.stage(name)
-            if 0 <= i < n_iters:
-                out.append((name, i))
-    return out
-
+    """(task, iteration) period after period, each period in the plan's enqueue order (the contract's walk)."""
+    return enqueue_sequence(plan, n_iters)
 
 def check_run(plan, n_iters):
     rec = Recorder()

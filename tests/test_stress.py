@@ -30,11 +30,11 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+from conftest import enqueue_sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swpipe_core.engine import PipelineTaskError, SWPipeline
-from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import validate
 
@@ -82,11 +82,9 @@ def bind_jittered(plan: PipelinePlan, seed: int, ordered_log: List[Tuple[str, in
     return plan.bind({n: make(n) for n in plan.task_names})
 
 
-def expected_sequence(plan: PipelinePlan, n_iters: int) -> List[Tuple[str, int]]:
-    order = enqueue_order(plan)
-    return [(name, p - plan.stage(name)) for p in range(n_iters + plan.pipeline_depth) for name in order
-            if 0 <= p - plan.stage(name) < n_iters]
-
+def expected_sequence(plan, n_iters):
+    """(task, iteration) period after period, each period in the plan's enqueue order (the contract's walk)."""
+    return enqueue_sequence(plan, n_iters)
 
 def check_timeline(plan: PipelinePlan, n_iters: int, seed: int) -> int:
     """Run ``plan`` pipelined with jitter and assert every timeline property; returns the events checked."""

@@ -19,8 +19,8 @@ from typing import Dict, FrozenSet, Hashable, Optional, Tuple
 
 import networkx as nx
 
-from ..order import enqueue_order
 from ..plan import PipelinePlan
+from ..walk import PeriodWalk
 
 __all__: list = []
 
@@ -60,56 +60,45 @@ class PlanOrder:
 
     def _build(self, device: str) -> nx.DiGraph:
         plan, w = self.plan, self.window
+        walk = PeriodWalk(plan)
+        periods = list(walk.periods(w))
         g = nx.DiGraph()
-        names = plan.task_names
-        stage = {n: plan.stage(n) for n in names}
         for i in range(w):
-            g.add_nodes_from((n, i) for n in names)
+            g.add_nodes_from((n, i) for n in plan.task_names)
             g.add_edges_from(((d, i), (t, i)) for t, d in plan.intra_edges())
             g.add_edges_from(((d, i - k), (t, i)) for t, d, k in plan.inter_edges() if i - k >= 0)
-        pos = {n: k for k, n in enumerate(enqueue_order(plan))}
-        lanes: Dict[tuple, list] = {}
-        for n in names:
-            lane = (plan.sched(n).thread_group,) + ((plan.stream_of(n),) if device == "cuda" else ())
-            lanes.setdefault(lane, []).append(n)
-        for members in lanes.values():
-            events = sorted(((i + stage[n], pos[n], n, i) for n in members for i in range(w)))
-            g.add_edges_from(((a[2], a[3]), (b[2], b[3])) for a, b in zip(events, events[1:]))
+        lanes: Dict[tuple, list] = {}  # each thread group's FIFO (and stream's, on CUDA): the walk's order
+        for _, steps in periods:
+            for step in steps:
+                n = step.task
+                lane = (plan.sched(n).thread_group,) + ((plan.stream_of(n),) if device == "cuda" else ())
+                lanes.setdefault(lane, []).append((n, step.iteration))
+        for events in lanes.values():
+            g.add_edges_from(zip(events, events[1:]))
         if device == "cpu":
-            self._add_retire(g, names, stage)
-            self._add_handoffs(g, stage)
+            self._add_retire(g, periods, walk.depth)
+            self._add_handoffs(g, periods)
         return g
 
-    def _add_handoffs(self, g: nx.DiGraph, stage: Dict[str, int]) -> None:
+    @staticmethod
+    def _add_handoffs(g: nx.DiGraph, periods: list) -> None:
         """A worker task the walk reaches after a caller's task is handed off once that task has run."""
-        plan, w = self.plan, self.window
-        caller = plan.caller_group
-        if caller is None:
-            return
-        order = enqueue_order(plan)
-        for p in range(w + plan.pipeline_depth):
-            last = None
-            for n in order:
-                i = p - stage[n]
-                if not 0 <= i < w:
-                    continue
-                if plan.sched(n).thread_group == caller:
-                    last = (n, i)
-                elif last is not None:
-                    g.add_edge(last, (n, i))
+        for _, steps in periods:
+            for step in steps:
+                if step.after is not None:
+                    caller = steps[step.after]
+                    g.add_edge((caller.task, caller.iteration), (step.task, step.iteration))
 
-    def _add_retire(self, g: nx.DiGraph, names: list, stage: Dict[str, int]) -> None:
-        plan, w, depth = self.plan, self.window, self.plan.pipeline_depth
-        periods = w + depth
-        for p in range(periods):
-            if p + 1 < periods:
-                g.add_edge(_enq(p), _enq(p + 1))
-            for n in names:
-                i = p - stage[n]
-                if 0 <= i < w:
-                    g.add_edge(_enq(p), (n, i))
-                    if plan.caller_group is not None and plan.sched(n).thread_group == plan.caller_group:
-                        g.add_edge((n, i), _enq(p + 1))
+    def _add_retire(self, g: nx.DiGraph, periods: list, depth: int) -> None:
+        w = self.window
+        for p in range(w + depth - 1):
+            g.add_edge(_enq(p), _enq(p + 1))
+        for p, steps in periods:
+            for step in steps:
+                g.add_edge(_enq(p), (step.task, step.iteration))
+                if step.inline:  # the main thread runs it before it enqueues the next period
+                    g.add_edge((step.task, step.iteration), _enq(p + 1))
+        names = self.plan.task_names
         for r in range(w):
             g.add_edges_from(((n, r), _retired(r)) for n in names)
             g.add_edge(_retired(r), _enq(r + depth))
