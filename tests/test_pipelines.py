@@ -1,4 +1,4 @@
-"""TorchRec's eleven pipelines as plans: names, stages, streams, threads, binding, options."""
+"""TorchRec's twelve pipelines as plans: names, stages, streams, threads, binding, options."""
 
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ EXPECTED = {
     "staged": ("StagedTrainPipeline", 2, {"data_copy", "gpu_postproc"}, {"default"}),
     "sparse_dist_comp_autograd": ("TrainPipelineSparseDistCompAutograd", 3, {"memcpy", "data_dist", "default"},
                                   {"default"}),
+    "sparse_dist_t": ("TrainPipelineSparseDistT", 3, {"memcpy", "data_dist", "default"}, {"copy", "default"}),
 }
 
 
-def test_eleven_pipelines_registered():
+def test_twelve_pipelines_registered():
     assert list(pipelines.PIPELINES) == list(EXPECTED)
 
 

@@ -29,6 +29,8 @@ DOCUMENTED = {
     "eval_fused_sparse_dist": "EmbLookup[i] WaitBatch[i] InputDistStart[i+1] H2D[i+2] Forward[i] InputDistWait[i+1]",
     "sparse_dist_comp_autograd": "ZeroGrad[i] WaitBatch[i] InputDistStart[i+1] H2D[i+2] Forward[i] "
                                 "InputDistWait[i+1] Backward[i] OptimizerStep[i]",
+    "sparse_dist_t": "ZeroGrad[i] WaitBatch[i] InputDistStart[i+1] H2D[i+2] Forward[i] InputDistWait[i+1] "
+                     "Backward[i] OptimizerStep[i]",
 }
 
 

@@ -1,4 +1,4 @@
-"""TorchRec's eleven TrainPipeline classes as :class:`~swpipe_core.plan.PipelinePlan` factories.
+"""TorchRec's twelve TrainPipeline classes as :class:`~swpipe_core.plan.PipelinePlan` factories.
 
 Every factory takes ``fns`` (``{task_name: fn(ctx)}``; omitted = an unbound,
 analysis-only plan) plus its own options, and returns a plan that passes
@@ -21,6 +21,7 @@ name                          TorchRec class
 ``eval_fused_sparse_dist``    EvalPipelineFusedSparseDist (``emb_lookup``)
 ``staged``                    StagedTrainPipeline (``stages``)
 ``sparse_dist_comp_autograd`` TrainPipelineSparseDistCompAutograd
+``sparse_dist_t``             TrainPipelineSparseDistT (experimental: H2D on its own thread)
 ============================  ===========================================
 """
 
@@ -32,6 +33,7 @@ from typing import Any, Callable, Dict
 from ..plan import PipelinePlan
 from ._build import TaskFns
 from .eval import eval_fused_sparse_dist, eval_sparse_dist
+from .experimental import sparse_dist_t
 from .staged import staged
 from .train import (
     base,
@@ -58,6 +60,7 @@ PIPELINES: Dict[str, Callable[..., PipelinePlan]] = {
     "eval_fused_sparse_dist": eval_fused_sparse_dist,
     "staged": staged,
     "sparse_dist_comp_autograd": sparse_dist_comp_autograd,
+    "sparse_dist_t": sparse_dist_t,
 }
 
 

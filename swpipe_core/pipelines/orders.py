@@ -53,6 +53,8 @@ TORCHREC_ORDERS: Dict[str, Tuple[Tuple[str, ...], str]] = {
                                "EvalPipelineFusedSparseDist inherits TrainPipelineFusedSparseDist.progress() "
                                "(no zero_grad, backward or optimizer step in eval)"),
     "sparse_dist_comp_autograd": (_SPARSE_DIST, "TrainPipelineSparseDistCompAutograd.progress() = SparseDist's"),
+    "sparse_dist_t": (_SPARSE_DIST, "TrainPipelineSparseDistT.progress() = SparseDist's (the copy it submits runs on "
+                                    "its executor's thread)"),
 }
 
 ORDERS = ("torchrec", *ENQUEUE_POLICIES)
