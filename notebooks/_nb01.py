@@ -28,8 +28,8 @@ import torch
 import pandas as pd
 
 from swpipe import (PipelinePlan, PipelineTask, TaskSchedule, SWPipeline, TaskProfiler, CostModel,
-                    Constraints, auto_schedule, simulate, lower_bounds, what_if, validate,
-                    format_schedule, format_stage_analysis)
+                    Constraints, auto_schedule, simulate, lower_bounds, what_if, validate)
+from swpipe_core.analysis import format_schedule, format_stage_analysis
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.tasks import task_fns
 

@@ -27,7 +27,9 @@ import networkx as nx
 import pandas as pd
 import matplotlib.pyplot as plt
 
-from swpipe import PlanError, TaskSchedule, validate, lds, min_depth, format_stage_analysis, enqueue_order
+from swpipe import PlanError, TaskSchedule, validate
+from swpipe_core.analysis import format_stage_analysis, lds, min_depth
+from swpipe_core.order import enqueue_order
 from swpipe_core import pipelines
 from swpipe_core.analysis import removable_boundaries
 

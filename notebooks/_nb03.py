@@ -29,10 +29,11 @@ import pandas as pd
 import matplotlib.pyplot as plt
 import torch
 
-from swpipe import (CostModel, TaskSchedule, SWPipeline, simulate, lower_bounds, what_if, validate,
-                    format_schedule, gantt, compare_gantt, sweep, sweep_plot, compare_plans)
+from swpipe import CostModel, TaskSchedule, SWPipeline, simulate, lower_bounds, what_if, validate, gantt
+from swpipe_core.analysis import format_schedule
+from autosched.plots import compare_gantt, sweep_plot
 from swpipe_core import pipelines
-from autosched.whatif import apply_changes
+from autosched.whatif import apply_changes, compare_plans, sweep
 
 REPO = pathlib.Path.cwd().parent          # the notebook runs in notebooks/
 costs = CostModel.load(REPO / "cost_models" / "dlrm_cpu" / "fused_sparse_dist.json")

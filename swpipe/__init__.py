@@ -1,25 +1,75 @@
-"""swpipe: the face package. ``import swpipe`` re-exports the public API of swpipe_core and autosched."""
+"""swpipe: software-pipelined PyTorch training loops, their analysis and their automatic schedule.
+
+``import swpipe`` gives what the workflow needs, and nothing else:
+
+* the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``,
+  ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
+  ``save_plan``/``load_plan``;
+* running it: ``SWPipeline``, ``PipelineTaskError``;
+* measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
+* checking what it computes: ``infer_plan``, ``check_dataflow``;
+* predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
+* searching a better one: ``auto_schedule``, ``Constraints``, ``VerifyOptions``, ``SearchReport``.
+
+Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``).
+
+Examples
+--------
+>>> import swpipe
+>>> len(swpipe.__all__) <= 30 and "SWPipeline" in swpipe.__all__
+True
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
-import autosched
-import swpipe_core
-from swpipe_core.plan import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule  # noqa: F401
-from swpipe_core.validate import PlanError, validate  # noqa: F401
 
 from ._version import __version__
 
-__all__ = sorted(set(swpipe_core.__all__) | set(autosched.__all__))
+# public name -> the module that defines it; loaded on first use, so ``import swpipe`` stays light
+_PUBLIC = {
+    "PipelineTask": "swpipe_core.plan",
+    "TaskSchedule": "swpipe_core.plan",
+    "PipelinePlan": "swpipe_core.plan",
+    "IterContext": "swpipe_core.plan",
+    "DeclaredIO": "swpipe_core.plan",
+    "validate": "swpipe_core.validate",
+    "PlanError": "swpipe_core.validate",
+    "pipelines": "swpipe_core.pipelines",
+    "with_thread_map": "swpipe_core.workers",
+    "save_plan": "autosched.graph",
+    "load_plan": "autosched.graph",
+    "SWPipeline": "swpipe_core.engine",
+    "PipelineTaskError": "swpipe_core.engine",
+    "TaskProfiler": "swpipe_core.profiler",
+    "ProfileResult": "swpipe_core.profiler",
+    "CostModel": "autosched.costs",
+    "TaskCost": "autosched.costs",
+    "CostModelError": "autosched.costs",
+    "infer_plan": "swpipe_core.dataflow",
+    "check_dataflow": "swpipe_core.dataflow",
+    "simulate": "autosched.simulate",
+    "lower_bounds": "autosched.bounds",
+    "what_if": "autosched.whatif",
+    "gantt": "autosched.plots",
+    "auto_schedule": "autosched.search",
+    "Constraints": "autosched.search",
+    "VerifyOptions": "autosched.verify",
+    "SearchReport": "autosched.search",
+}
+
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
-    if name in swpipe_core.__all__:
-        return getattr(swpipe_core, name)
-    if name in autosched.__all__:
-        return getattr(autosched, name)
-    raise AttributeError(f"module 'swpipe' has no attribute {name!r}")
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swpipe' has no attribute {name!r}; the public API is swpipe.__all__, "
+                             "everything else is in its module (swpipe_core.*, autosched.*)")
+    if name == "pipelines":
+        return importlib.import_module(module)
+    return getattr(importlib.import_module(module), name)
 
 
 def __dir__() -> list:

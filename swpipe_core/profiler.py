@@ -28,7 +28,7 @@ from .allocator import minor_faults
 # A step that faults this many pages (a few us each) is paying for the allocator, not only for its tasks.
 _FAULTS_WORTH_NOTING = 100
 _FAULTS_HINT = (" (malloc gives freed memory back to the system each step, and task times depend on how much: "
-                "swpipe.keep_freed_memory() keeps it)")
+                "swpipe_core.keep_freed_memory() keeps it)")
 
 __all__ = ["TaskProfiler", "ProfileResult"]
 
@@ -128,7 +128,7 @@ class ProfileResult:
         >>> ProfileResult(0.008, {"A": 0.004}, meta={"page_faults_per_iteration": 12.0})._header()
         ['Baseline serial iteration: 8.000 ms', 'Page faults per serial iteration: 12']
         >>> many = ProfileResult(0.008, {"A": 0.004}, meta={"page_faults_per_iteration": 850.0})._header()[1]
-        >>> many.startswith("Page faults per serial iteration: 850 ("), "swpipe.keep_freed_memory()" in many
+        >>> many.startswith("Page faults per serial iteration: 850 ("), "swpipe_core.keep_freed_memory()" in many
         (True, True)
         """
         lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms"]
@@ -634,7 +634,7 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, sync: Callable[[], 
                 means: Optional[Dict[str, float]] = None):
     """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
 
-    Runs every task through ``SWPipeline._tasks_through`` for the duration, so
+    Runs every task through ``SWPipeline.instrument`` for the duration, so
     the timing covers exactly one task execution. Host time comes from ``n``
     iterations with nothing added around the tasks. On CUDA, device time
     comes from ``n`` further iterations: the span between events recorded
@@ -667,20 +667,20 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, sync: Callable[[], 
         original(task, ctx)
         events.append((task.name, start, streams.record(stream, timing=True)))
 
-    with pipe._tasks_through(host_timed):
+    with pipe.instrument(host_timed):
         sync()
         for _ in range(n):
             pipe.run_one_serial_iter(batch, iter_idx=next(counter))
         sync()
     if not host:
-        _log.warning("per-task times not recorded: the pipeline did not run its tasks through _exec_task")
+        _log.warning("per-task times not recorded: the pipeline did not run its tasks through instrument()")
         return None, None
     host_s = {name: statistics.median(v[-n:]) for name, v in host.items()}
     if means is not None:
         means.update({name: statistics.fmean(v[-n:]) for name, v in host.items()})
     if not cuda:
         return host_s, None
-    with pipe._tasks_through(device_timed):
+    with pipe.instrument(device_timed):
         for _ in range(n):
             pipe.run_one_serial_iter(batch, iter_idx=next(counter))
         sync()

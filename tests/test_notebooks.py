@@ -58,7 +58,8 @@ print("PROBE " + json.dumps({
 """,
     "02_stage_analysis.ipynb": """\
 import json
-from swpipe import min_depth, validate, PlanError
+from swpipe import validate, PlanError
+from swpipe_core.analysis import min_depth
 from swpipe_core import pipelines
 from swpipe_core.analysis import removable_boundaries
 checked = []
