@@ -103,6 +103,19 @@ class Constraints:
     progress: bool = False
     max_memory_bytes: Optional[float] = None
 
+    def __post_init__(self) -> None:
+        from ._fields import check_fields, flag, integer, mapping, names, number, one_of, optional
+
+        check_fields(self, {
+            "max_depth": integer(1), "max_threads": integer(1), "streams": optional(names(allow_none=True)),
+            "frozen": mapping(expected="a dict {task: {'stage'|'stream'|'thread_group': value}} or {task: TaskSchedule}"),
+            "globally_ordered": optional(names()), "time_limit_s": number(0, strict=True), "seed": integer(0),
+            "device": one_of(("cpu", "cuda")), "method": one_of(("auto", "cpsat", "beam")),
+            "cpsat_max_tasks": integer(0), "beam_width": integer(1), "beam_rounds": integer(1),
+            "num_workers": integer(1), "num_iterations": integer(2), "time_unit_s": optional(number(0, strict=True)),
+            "progress": flag(), "max_memory_bytes": optional(number(0, strict=True)),
+        })
+
 
 @dataclass
 class SearchReport:

@@ -122,6 +122,15 @@ class VerifyOptions:
     keep_known: bool = True
     margin_pct: float = 3.0
 
+    def __post_init__(self) -> None:
+        from ._fields import check_fields, flag, integer, number, optional
+
+        check_fields(self, {
+            "rounds": integer(1), "top": integer(0), "iterations": optional(integer(1)),
+            "noise_floor_pct": number(0), "max_rounds": optional(integer(1)), "keep_known": flag(),
+            "margin_pct": number(0),
+        })
+
 
 @dataclass
 class PlanMeasurement:

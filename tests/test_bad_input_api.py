@@ -127,3 +127,22 @@ def test_profile_report_prints_host_device_and_exposed_time_per_task():
         row = next(line for line in text.splitlines() if line.split()[:1] == [name])
         assert f"{result.host_s[name] * 1e3:.3f}ms" in row
     assert "CostModel.from_profile takes host_s = Host" in text
+
+
+@pytest.mark.parametrize("field,value", [("max_depth", "3"), ("max_threads", 0), ("time_limit_s", -1.0),
+                                         ("method", "annealing"), ("device", "tpu"), ("streams", "memcpy"),
+                                         ("frozen", ["A"]), ("progress", "yes")])
+def test_a_bad_constraint_is_an_error_at_construction_naming_the_field(field, value):
+    from autosched._fields import OptionError
+
+    with pytest.raises(OptionError, match=rf"Constraints\({field}={value!r}\): expected "):
+        Constraints(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("rounds", 0), ("top", 1.5), ("keep_known", 1), ("margin_pct", "3")])
+def test_a_bad_verify_option_is_an_error_at_construction_naming_the_field(field, value):
+    from autosched._fields import OptionError
+    from autosched.verify import VerifyOptions
+
+    with pytest.raises(OptionError, match=rf"VerifyOptions\({field}={value!r}\): expected "):
+        VerifyOptions(**{field: value})
