@@ -72,3 +72,16 @@ def test_dir_and_help_of_the_face_package_name_the_users_entry_points():
     text = pydoc.render_doc(swpipe, renderer=pydoc.plaintext)
     for name in ("SWPipeline", "auto_schedule", "CostModel", "simulate"):
         assert name in text, f"help(swpipe) does not list {name}"
+
+
+def test_torch_requirement_is_a_range_the_cpu_and_cuda_builds_of_the_tested_version_satisfy():
+    """Installing swpipe beside a user's CUDA torch must keep it: a range, not a pin to one build."""
+    from packaging.requirements import Requirement
+
+    reqs = [Requirement(line.strip()) for line in _setup_cfg()["options"]["install_requires"].splitlines()
+            if line.strip()]
+    torch_req = next(r for r in reqs if r.name == "torch")
+    assert "==" not in str(torch_req.specifier)
+    for build in ("2.13.0", "2.13.0+cpu", "2.13.0+cu126", "2.13.1+cu128", "2.14.1"):
+        assert torch_req.specifier.contains(build), f"torch {build} does not satisfy {torch_req}"
+    assert not torch_req.specifier.contains("2.12.1"), "older than any tested torch"
