@@ -54,6 +54,15 @@ class IterContext:
         attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
         return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
 
+    def __getattr__(self, name: str) -> Any:
+        # only reached when the attribute is missing: say what that means in a pipeline
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"ctx.{name} is not set in iteration {self.__dict__.get('iter_idx', '?')}: no task that ran before this "
+            f"one wrote it. Tasks pass values through ctx in the plan's order, so the task that sets ctx.{name} "
+            "must be a dependency of this one (swpipe_core.dataflow.check_dataflow names a missing one)")
+
     def keep_alive(self, *values: Any) -> None:
         """Keep ``values`` alive until this iteration's device work has completed (nothing to do on CPU).
 

@@ -48,6 +48,16 @@ class _StrictContext(IterContext):
             object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "read")
         return object.__getattribute__(self, name)
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        guard = object.__getattribute__(self, "_swp_guard")
+        event = getattr(guard._tls, "event", None) or ("?", self.__dict__.get("iter_idx", "?"))
+        raise AttributeError(
+            f"strict mode: {event[0]}({event[1]}) reads ctx.{name}, which no task has written in iteration "
+            f"{event[1]} before it. Add a dependency on the task that sets ctx.{name} "
+            f"(swpipe_core.dataflow.check_dataflow names it with the tuple to add)")
+
     def __setattr__(self, name: str, value: Any) -> None:
         object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
         super().__setattr__(name, value)

@@ -1,0 +1,25 @@
+"""A task that reads a ctx attribute no earlier task wrote gets an error that says what that means."""
+
+from __future__ import annotations
+
+import pytest
+
+from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+
+
+def test_a_missing_attribute_names_itself_the_iteration_and_the_fix():
+    with pytest.raises(AttributeError, match=r"ctx.x is not set in iteration 4: .* must be a dependency"):
+        IterContext(batch=None, iter_idx=4).x
+    ctx = IterContext(batch=None, iter_idx=0)
+    assert not hasattr(ctx, "x") and getattr(ctx, "x", "default") == "default"  # the protocol still holds
+
+
+def test_strict_mode_names_the_task_that_read_an_attribute_no_task_had_written():
+    plan = PipelinePlan({PipelineTask("Step", lambda ctx: ctx.x + 1): TaskSchedule(0)})
+    with SWPipeline(plan, device="cpu", strict=True) as pipe:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(range(2))
+    cause = info.value.__cause__
+    assert isinstance(cause, AttributeError)
+    assert str(cause).startswith("strict mode: Step(0) reads ctx.x, which no task has written in iteration 0")
