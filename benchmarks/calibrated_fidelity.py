@@ -117,7 +117,7 @@ def serial_means(plan: PipelinePlan, batches: Sequence[Any], n: int) -> Dict[str
 
     for i in range(5):
         pipe.run_one_serial_iter(batches[i % len(batches)], iter_idx=i)
-    with pipe._tasks_through(timed):
+    with pipe.instrument(timed):
         for i in range(5, 5 + n):
             pipe.run_one_serial_iter(batches[i % len(batches)], iter_idx=i)
     return {k: _robust_mean(v) for k, v in samples.items()}

@@ -159,7 +159,7 @@ def _calls_per_task(plan: Any, batches: Sequence[Any], n: int) -> Dict[str, floa
         counts.setdefault(task.name, []).append(counter.calls)
 
     pipe = SWPipeline(plan, device="cpu")
-    with pipe._tasks_through(counted):
+    with pipe.instrument(counted):
         for i in range(n):
             pipe.run_one_serial_iter(batches[i % len(batches)], iter_idx=i)
     return {k: statistics.median(v) for k, v in counts.items()}

@@ -56,7 +56,7 @@ def _rss() -> int:
 
 
 class _Sampler:
-    """A task wrapper for ``pipe._tasks_through``: after every task, and (``within``) whenever a function
+    """A task wrapper for ``pipe.instrument``: after every task, and (``within``) whenever a function
     a task calls returns, the bytes reachable from all live contexts.
 
     Sampling inside tasks sees what a context holds only while a task runs (the
@@ -113,7 +113,7 @@ def measure_plan(spec: Any, config: DLRMConfig, env: Any, batches: List[Any], sk
     plan = spec.plan(wl)
     with SWPipeline(plan, device=env.device, record_timeline=True) as pipe:
         sampler = _Sampler(pipe, within)
-        with pipe._tasks_through(sampler):
+        with pipe.instrument(sampler):
             pipe.run(iter(batches))
         events = [e for e in pipe.timeline if e.iteration >= skip]
     costs = CostModel.from_timeline(events).with_memory(figures)

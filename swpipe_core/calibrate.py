@@ -475,7 +475,7 @@ def measure_gil_and_calls(pipe: Any, batch: Any, num_iterations: int = 5
             original(task, ctx)
         runs[k] = (task.name, time.perf_counter() - t0, time.thread_time() - c0)
 
-    with pipe._tasks_through(ranged), \
+    with pipe.instrument(ranged), \
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for i in range(num_iterations):
             pipe.run_one_serial_iter(batch, iter_idx=i)
@@ -533,7 +533,7 @@ def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
         c1, t1 = time.thread_time(), time.perf_counter()
         shares.setdefault(task.name, []).append((c1 - c0) / (t1 - t0) if t1 > t0 else 1.0)
 
-    with pipe._tasks_through(timed):
+    with pipe.instrument(timed):
         for i in range(num_iterations):
             pipe.run_one_serial_iter(batch, iter_idx=i)
     return {name: _largest_cpu_share(v) for name, v in shares.items()}

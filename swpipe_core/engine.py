@@ -231,6 +231,8 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._limbo: List[Tuple[Optional[List[Any]], List[Any], List[Any]]] = []
         self._serial_pending: Deque[Tuple[Any, Any]] = deque()  # CUDA: (event, context) of serial iterations
         self._shortcut = _ShortcutState()
+        self._wrappers: Tuple[Tuple[object, Any], ...] = ()  # instrument(): (token, wrapper), outermost first
+        self._wrapped: Optional[Any] = None  # ... composed around _call_task; None: none installed
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
         self._run: Optional[_Run] = None
         from .dataflow.strict import strict_guard  # strict mode (off by default): see swpipe_core.dataflow.strict
@@ -337,10 +339,10 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._run = run
         if self._recorder is not None:
             self._recorder.clear()
-        # shortcuts cannot change while a run is in flight (enable/disable need an idle pipeline); a
-        # per-instance _exec_task (the profiler's wrapper) is the dispatch point and must see every task
+        # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
+        # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
         run.plain = (not self._streams.is_cuda and self._recorder is None and not self._shortcut.tasks
-                     and "_exec_task" not in vars(self) and self._strict is None)
+                     and self._wrapped is None and self._strict is None)
         try:
             if self._streams.is_cuda:
                 run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]

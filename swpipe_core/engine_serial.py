@@ -5,8 +5,8 @@ stays one idea). The serial run is the baseline a pipelined run is compared
 with: no workers, no overlap, no in-flight state; the tasks of an iteration
 run in a topological order of the intra-iteration dependencies (ties broken
 by enqueue order) on the default stream, through the same dispatch point as
-the pipelined run (``_exec_task``: shortcuts, strict mode and measurement
-wrappers apply). Also here: :func:`_profiler_active`, which the pipelined
+the pipelined run (``_exec_task``: the wrappers of ``instrument``, shortcuts
+and strict mode apply). Also here: :func:`_profiler_active`, which the pipelined
 path uses too.
 """
 

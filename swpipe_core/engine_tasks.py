@@ -5,8 +5,8 @@ stays one idea). A task instance (1) waits the CPU signals of its
 dependencies (:meth:`_TaskRunner._wait_signal`, bounded by
 ``signal_timeout``), (2) takes its sequence turn if globally ordered, (3) on
 CUDA makes its stream wait the device events of dependencies on other
-streams, (4) runs through the one dispatch point (``_exec_task``: shortcuts,
-strict mode and measurement wrappers apply) with its stream current, and (5)
+streams, (4) runs through the one dispatch point (``_exec_task``: the wrappers
+of ``instrument``, shortcuts, strict mode) with its stream current, and (5)
 records its device event, then sets its CPU signal. The same code runs the
 tasks on a worker thread and, inline, the caller's group on the caller's
 thread; :meth:`_TaskRunner._run_solo` is the lock-free path of a pipeline
@@ -16,8 +16,9 @@ whose caller's thread is the only one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -27,6 +28,9 @@ from .sequencer import SequencerAborted
 from .trace import TimelineRecorder
 
 __all__: List[str] = []
+
+#: ``wrapper(run_task, task, ctx)``, where ``run_task(task, ctx)`` runs the task (:meth:`SWPipeline.instrument`).
+TaskWrapper = Callable[[Callable[[PipelineTask, IterContext], None], PipelineTask, IterContext], Any]
 
 
 class _TaskRunner:
@@ -211,29 +215,121 @@ class _TaskRunner:
         return f"{prefix}/{name}{skip}/iter{iteration}"
 
     @contextlib.contextmanager
-    def _tasks_through(self, wrapper: Callable[[Callable[[Any, Any], None], Any, Any], None]) -> Iterator[None]:
-        """For the block, run every task as ``wrapper(run, task, ctx)``, where ``run(task, ctx)`` runs it.
+    def instrument(self, wrapper: TaskWrapper) -> Iterator[TaskWrapper]:
+        """For the ``with`` block, run every task execution as ``wrapper(run_task, task, ctx)``.
 
-        The one dispatch point measurements hook into (the profiler's timing,
-        the calibration, memory per task): a per-instance ``_exec_task``, which
-        the hot path checks for before it skips the dispatch. Restored on exit.
+        The hook for measurement and tracing around each task: the profiler's
+        per-task timing, memory per task, the calibration and the scheduler
+        statistics all use it. ``run_task(task, ctx)`` runs the task as the
+        engine would have (its shortcut replay when the task is shortcut,
+        strict mode's checks when on); the wrapper should call it once and
+        may do anything before and after. It is called once per task
+        execution in every mode (:meth:`run`, :meth:`fill_pipeline` /
+        :meth:`progress`, :meth:`run_serial`, :meth:`run_one_serial_iter`),
+        on the thread that runs the task (a worker, or the caller's thread
+        for the caller's group and for serial runs), with the task's stream
+        current on CUDA and inside the task's profiler range; with
+        ``record_timeline=True`` the recorded times include it. An exception
+        it raises is the task's failure (:class:`PipelineTaskError` names the
+        task). A pipelined run calls it from several threads at once: guard
+        what it shares (a lock, or state per thread).
+
+        Blocks nest: the wrapper entered first is outermost (called first;
+        its ``run_task`` calls the next one). Each is removed when its block
+        exits, also when the block raises, and then the engine's fast path (a
+        CPU run with nothing around its tasks calls ``fn(ctx)`` directly) is
+        back for the runs that follow. Enter and leave the block between runs
+        (no pipelined iteration in flight), on the thread that drives the
+        pipeline: a pipelined run decides when it starts whether it may skip
+        the dispatch, so a wrapper entered during it would miss tasks.
+
+        Parameters
+        ----------
+        wrapper : callable
+            ``wrapper(run_task, task, ctx)``: ``task`` is the
+            :class:`~swpipe_core.plan.PipelineTask` (``task.name``), ``ctx``
+            the iteration's :class:`~swpipe_core.plan.IterContext`
+            (``ctx.iter_idx``). Its return value is ignored.
+
+        Yields
+        ------
+        callable
+            ``wrapper`` itself (``with pipe.instrument(Counter()) as counter:``).
+
+        Raises
+        ------
+        TypeError
+            ``wrapper`` is not callable.
+        RuntimeError
+            Entered while pipelined iterations are in flight, or the block was
+            left without an exception while iterations are still in flight
+            (the wrapper is removed all the same and the remaining tasks run
+            without it): call :meth:`drain` inside the block.
+
+        Examples
+        --------
+        >>> import time
+        >>> from swpipe_core.engine import SWPipeline
+        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+        >>> plan = PipelinePlan({PipelineTask("Load", lambda ctx: None): TaskSchedule(0, thread_group="io"),
+        ...                      PipelineTask("Step", lambda ctx: None): TaskSchedule(1)},
+        ...                     intra_iter_deps=[("Step", "Load")])
+        >>> seconds = {}
+        >>> def timed(run_task, task, ctx):
+        ...     t0 = time.perf_counter()
+        ...     run_task(task, ctx)
+        ...     seconds.setdefault(task.name, []).append(time.perf_counter() - t0)
+        >>> with SWPipeline(plan, device="cpu") as pipe:
+        ...     with pipe.instrument(timed):
+        ...         _ = pipe.run(range(3))
+        ...     _ = pipe.run(range(3))  # not timed: the wrapper is gone
+        >>> {name: len(v) for name, v in sorted(seconds.items())}
+        {'Load': 3, 'Step': 3}
         """
-        had_instance_attr = "_exec_task" in vars(self)
-        original = self._exec_task
-        self._exec_task = lambda task, ctx: wrapper(original, task, ctx)  # type: ignore[method-assign]
+        if not callable(wrapper):
+            raise TypeError(f"instrument() needs a callable wrapper(run_task, task, ctx), got "
+                            f"{type(wrapper).__name__}")
+        self._check_idle("instrument() entered")
+        token = object()  # the same wrapper may be entered twice: each block removes its own
+        self._set_wrappers(self._wrappers + ((token, wrapper),))
         try:
-            yield
+            yield wrapper
         finally:
-            if had_instance_attr:
-                self._exec_task = original  # type: ignore[method-assign]
-            else:
-                del self._exec_task
+            self._set_wrappers(tuple(w for w in self._wrappers if w[0] is not token))
+        run = self._run
+        if run is not None and not (run.finished or run.cancelled):
+            raise RuntimeError(f"instrument() block left while {run.fetched - run.oldest} pipelined iteration(s) "
+                               "are in flight: their remaining tasks run without the wrapper; call drain() (or "
+                               "let run() finish) inside the block")
+
+    def _set_wrappers(self, wrappers: Tuple[Tuple[object, TaskWrapper], ...]) -> None:
+        """Install the wrappers (outermost first) as one callable chain around :meth:`_call_task`."""
+        chain: Optional[Callable[[PipelineTask, IterContext], None]] = None
+        if wrappers:
+            chain = self._call_task
+            for _, wrapper in reversed(wrappers):
+                chain = functools.partial(wrapper, chain)
+        self._wrappers = wrappers
+        self._wrapped = chain
 
     def _exec_task(self, task: PipelineTask, ctx: IterContext) -> None:
+        """The one dispatch point of every mode: the wrappers of :meth:`instrument`, then :meth:`_call_task`.
+
+        The CPU fast path (``run.bare``) skips it only when no wrapper is installed.
+        """
+        wrapped = self._wrapped
+        if wrapped is not None:
+            wrapped(task, ctx)
+        elif self._strict is not None or task.name in self._shortcut.tasks:
+            self._call_task(task, ctx)
+        else:  # nothing around the task: no second call
+            task.fn(ctx)
+
+    def _call_task(self, task: PipelineTask, ctx: IterContext) -> None:
         """Run one task on one context: ``task.fn(ctx)``, or its shortcut when enabled."""
         if self._strict is not None and self._run is not None and not self._strict.active():
             with self._strict.watch(task.name, ctx):  # strict mode: check every access against the plan
-                return self._exec_task(task, ctx)
+                return self._call_task(task, ctx)
         if task.name in self._shortcut.tasks:
             self._shortcut.execute(task, ctx)
         else:

@@ -162,7 +162,7 @@ class MemoryFigures:
 def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_start: int = 0) -> MemoryFigures:
     """Per-task context and device bytes over ``num_iterations`` serial iterations (medians).
 
-    Runs every task through ``SWPipeline._tasks_through`` for the duration (as
+    Runs every task through ``SWPipeline.instrument`` for the duration (as
     the profiler's task timing does) and walks the iteration's context before
     and after each task.
 
@@ -234,7 +234,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
         transient = max(0, high[0] - max(sum(before.values()), sum(after.values())))
         samples.setdefault(task.name, []).append((add, free, dev[0], dev[1], transient))
 
-    with pipe._tasks_through(measured):
+    with pipe.instrument(measured):
         for i in range(num_iterations):
             pipe.run_one_serial_iter(batch, iter_idx=iter_start + i)
     tasks = {name: TaskMemory(*(float(statistics.median(col)) for col in zip(*rows)))

@@ -120,7 +120,7 @@ def measure_wake_s(pipe: Any, batches: Sequence[Any]) -> Optional[float]:
         run(task, ctx)
 
     try:
-        with pipe._tasks_through(read_then_run):
+        with pipe.instrument(read_then_run):
             pipe.run(list(batches))
     finally:
         if readers is not None:

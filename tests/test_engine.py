@@ -336,16 +336,15 @@ def test_context_manager_closes_workers_and_cancels_in_flight_work():
     assert drive(pipe, range(2)) == [0, 1]  # still usable after close
 
 
-def test_exec_task_is_the_single_dispatch_point():
-    """Room C's profiler wraps _exec_task per instance; every mode must go through it."""
+def test_every_mode_runs_its_tasks_through_instrument():
+    """The profiler, memory and calibration measure through instrument(); every mode must go through it."""
     log = Log()
     pipe = SWPipeline(three_stage_plan(log), device="cpu")
     seen = []
-    original = pipe._exec_task
-    pipe._exec_task = lambda task, ctx: (seen.append((task.name, ctx.iter_idx)), original(task, ctx))
-    pipe.run(range(2))
-    pipe.run_serial(range(2))
-    pipe.run_one_serial_iter(0, iter_idx=9)
+    with pipe.instrument(lambda run, task, ctx: (seen.append((task.name, ctx.iter_idx)), run(task, ctx))):
+        pipe.run(range(2))
+        pipe.run_serial(range(2))
+        pipe.run_one_serial_iter(0, iter_idx=9)
     assert len(seen) == len(log.calls) == 6 * 5
     assert ("Opt", 9) in seen
 

@@ -76,7 +76,7 @@ def _plan():
 def test_measure_task_memory_reports_adds_frees_and_batch():
     with SWPipeline(_plan(), device="cpu") as pipe:
         m = measure_task_memory(pipe, torch.zeros(25, dtype=torch.float64), num_iterations=2)
-        assert "_exec_task" not in vars(pipe)  # the wrapper is removed
+        assert pipe._wrappers == ()  # the wrapper is removed
     assert m.batch_bytes == 200
     assert (m.tasks["Load"].add_bytes, m.tasks["Load"].free_bytes) == (4096, 0)
     assert (m.tasks["Step"].add_bytes, m.tasks["Step"].free_bytes) == (64, 4096)
