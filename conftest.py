@@ -1,0 +1,26 @@
+"""Collection rules for the whole repository (the tests' own helpers are in tests/conftest.py).
+
+``swpipe.torchrec`` needs TorchRec (the ``[peer]`` extra): without it, importing
+the package raises an ImportError that says how to install it, so its modules'
+doctests are not collected; ``tests/test_torchrec_optional.py`` checks that
+message instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _torchrec_importable() -> bool:
+    try:
+        import swpipe.torchrec  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool:
+    parts = collection_path.parts
+    if "torchrec" in parts and "swpipe" in parts and parts.index("torchrec") == parts.index("swpipe") + 1:
+        return not _torchrec_importable() or None
+    return None
