@@ -40,7 +40,9 @@ handed to its worker when the walk reaches it, so one placed after a
 caller's task starts once that task has run (the order policies place every
 other group's task as early as the graph allows: :mod:`swpipe_core.order`).
 No worker thread exists for the caller's group, so a single-group plan
-starts no thread at all and pays no hand-off.
+starts no worker and pays no hand-off; a watchdog thread turns a caller's
+task that blocks past ``signal_timeout`` into its error
+(:mod:`swpipe_core.watchdog`).
 
 Memory: every in-flight iteration has its own :class:`IterContext`; on CPU a
 retired iteration's context is dropped when ``progress`` returns, so at most
@@ -103,6 +105,7 @@ from .streams import StreamPool
 from .trace import TimelineEvent, TimelineRecorder
 from .validate import PlanError, validate
 from .walk import PeriodWalk
+from .watchdog import InlineWatchdog
 from .workers import _Workers
 
 __all__ = ["SWPipeline", "PipelineTaskError"]
@@ -352,7 +355,11 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                 if self._recorder is not None:
                     run.origin_event = self._streams.record(self._dev.default_stream(), timing=True)
                     self._recorder.origin = time.perf_counter()
-            if self._groups:  # a plan whose only group is the caller's starts no thread
+            if self._caller_group is not None and self.signal_timeout < threading.TIMEOUT_MAX:
+                run.watchdog = InlineWatchdog(self.signal_timeout,
+                                              lambda task, i, interrupts: self._inline_overran(run, task, i, interrupts))
+                run.watchdog.start()
+            if self._groups:  # a plan whose only group is the caller's starts no worker thread
                 run.workers = _Workers(self._groups, lambda group, items: self._run_items(run, items),
                                        setup=self._dev.set_current,
                                        on_crash=lambda group, exc: self._cancel(run, exc,
@@ -586,6 +593,23 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
     def _stop_workers(self, run: _Run) -> None:
         if run.workers is not None:
             run.workers.stop(self._join_timeout)
+        if run.watchdog is not None:
+            run.watchdog.stop()
+
+    def _inline_overran(self, run: _Run, task: str, iteration: int, interrupts: bool) -> None:
+        """The watchdog found a caller's-group task running past ``signal_timeout`` (on the watchdog's thread)."""
+        ti = self._by_name[task]
+        how = ("the watchdog interrupts it" if interrupts else
+               "the caller's thread cannot be interrupted from here (not the main thread, or Ctrl-C is handled by "
+               "your code): the run is cancelled and this error is raised when the task returns. Run that group on "
+               "a worker (caller_group=None) to have such a hang reported at once")
+        message = (f"{task} (iteration {iteration}) ran longer than signal_timeout={self.signal_timeout:g} s on the "
+                   f"caller's thread (caller group {ti.group!r}); {how}. A blocked collective or queue? Raise "
+                   "signal_timeout if it is just slow")
+        if not interrupts:  # interrupted, the task's error reaches the caller at once; here it may not for a while
+            _log.error("%s", message)
+            self._cancel(run, PipelineTaskError(task, iteration, ti.group, ti.stage, TimeoutError(message)),
+                         f"inline task {task} overran on iteration {iteration}")
 
     def _surface_failure(self, run: _Run) -> None:
         """Join the workers and raise the run's first error to the caller (once)."""

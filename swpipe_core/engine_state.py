@@ -139,7 +139,7 @@ class _Run:
     __slots__ = ("iters", "device_pending", "oldest", "period", "fetched", "exhausted", "draining",
                  "data_iter", "data_source", "cancelled", "stop", "error", "reported", "finished", "lock",
                  "sequencer", "workers", "profiling", "streams", "device_timing", "origin_event", "nvtx", "ctx_type",
-                 "plain", "bare", "ready", "keep")
+                 "plain", "bare", "ready", "keep", "watchdog")
 
     def __init__(self, data_source: Any, data_iter: Iterator, sequencer: _SubmissionSequencer) -> None:
         self.iters: Dict[int, _IterState] = {}
@@ -169,6 +169,7 @@ class _Run:
         self.origin_event: Any = None
         self.ready: Tuple[Any, ...] = ()  # the last fetched batch's ready events, until its iteration state takes them
         self.keep: Optional[Callable[[Any], None]] = None  # CUDA: after each task, what its context must keep alive
+        self.watchdog: Any = None  # the caller's thread watched while it runs a task of its group (watchdog.py)
 
 
 class _GuardedContext(IterContext):

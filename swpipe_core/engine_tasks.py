@@ -26,6 +26,7 @@ from .engine_state import PipelineTaskError, _Cancelled, _Flag, _IterState, _Run
 from .plan import IterContext, PipelineTask
 from .sequencer import SequencerAborted
 from .trace import TimelineRecorder
+from .watchdog import InlineTaskTimeout
 
 __all__: List[str] = []
 
@@ -43,11 +44,22 @@ class _TaskRunner:
         ``KeyboardInterrupt``/``SystemExit`` is the caller's own: it cancels
         and propagates unchanged.
         """
+        watchdog = run.watchdog if inline else None
         for st, ti, seq in items:
             if run.cancelled:
                 return
             try:
-                self._run_task(run, st, ti, seq)
+                if watchdog is not None:
+                    watchdog.begin(ti.name, st.idx)
+                    try:
+                        self._run_task(run, st, ti, seq)
+                    finally:
+                        watchdog.end()
+                else:
+                    self._run_task(run, st, ti, seq)
+            except InlineTaskTimeout as exc:  # the watchdog interrupted this inline task
+                self._inline_timed_out(run, st, ti, exc)
+                return
             except (_Cancelled, SequencerAborted):
                 if run.cancelled:
                     return
@@ -70,6 +82,7 @@ class _TaskRunner:
         graph) or a task of an earlier period, and this thread ran them all
         already. No other thread reads the signals, so no lock either.
         """
+        watchdog = run.watchdog
         for st, ti, seq in items:
             if run.cancelled:
                 return
@@ -77,7 +90,17 @@ class _TaskRunner:
                 self._run_items(run, [(st, ti, seq)], inline=True)
                 continue
             try:
-                ti.task.fn(st.ctx)
+                if watchdog is not None:
+                    watchdog.begin(ti.name, st.idx)
+                    try:
+                        ti.task.fn(st.ctx)
+                    finally:
+                        watchdog.end()
+                else:
+                    ti.task.fn(st.ctx)
+            except InlineTaskTimeout as exc:
+                self._inline_timed_out(run, st, ti, exc)
+                return
             except Exception as exc:
                 self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
                              f"task {ti.name} failed on iteration {st.idx}")
@@ -87,6 +110,15 @@ class _TaskRunner:
                 raise
             st.done[ti.idx] = True
             st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
+
+    def _inline_timed_out(self, run: _Run, st: _IterState, ti: _TaskInfo, exc: InlineTaskTimeout) -> None:
+        """The watchdog interrupted an inline task that overran ``signal_timeout``: the task's error, the run cancelled."""
+        error = TimeoutError(f"{ti.name} (iteration {st.idx}) ran longer than signal_timeout={self.signal_timeout:g} s "
+                             "on the caller's thread; the watchdog interrupted it (a blocked collective or queue? "
+                             "raise signal_timeout if it is just slow)")
+        error.__cause__ = exc
+        self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, error),
+                     f"inline task {ti.name} overran on iteration {st.idx}")
 
     def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int]) -> None:
         i = st.idx

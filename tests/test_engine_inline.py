@@ -52,13 +52,14 @@ def _chain(record, groups=("default", "default", "default"), caller_group="defau
                         caller_group=caller_group)
 
 
-def test_single_group_plan_starts_no_thread():
+def test_single_group_plan_starts_no_worker_thread():
     record = []
     plan = _chain(record)
     pipe = SWPipeline(plan, device="cpu")
     assert run_all(pipe, range(6)) == list(range(6))
     assert {thread for _, _, thread, _ in record} == {MAIN}
-    assert all(alive == [] for *_, alive in record)  # no swpipe thread existed while any task ran
+    # no worker existed while any task ran: only the watchdog that watches the caller's tasks
+    assert all(alive == ["swpipe-watchdog"] for *_, alive in record)
     assert pipe.worker_threads == [] and swpipe_threads() == []
     assert [(n, i) for n, i, *_ in record] == expected_sequence(plan, 6)  # enqueue order, period by period
 
@@ -75,7 +76,7 @@ def test_two_group_plan_has_one_worker_for_the_other_group():
     pipe.run(range(5))
     threads = {name: {t for n, _, t, _ in record if n == name} for name in ("Load", "Fwd", "Bwd")}
     assert threads == {"Load": {"swpipe-io"}, "Fwd": {MAIN}, "Bwd": {MAIN}}
-    assert {tuple(alive) for *_, alive in record} == {("swpipe-io",)} and swpipe_threads() == []
+    assert {tuple(alive) for *_, alive in record} == {("swpipe-io", "swpipe-watchdog")} and swpipe_threads() == []
 
 
 @pytest.mark.parametrize("groups", [("default",) * 3, ("io", "default", "default")])
