@@ -214,6 +214,25 @@ def test_auto_equals_the_non_pipelined_loop_and_reports_its_choice():
     assert "depth 2:" in report and "depth 3:" in report
 
 
+def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_much_is_needed():
+    from autosched.memsearch import MemoryCapError
+
+    from swpipe.torchrec import TrainPipeline
+
+    small = dict(profile_batches=3, time_limit_s=1.0, verify_rounds=1, verify_iterations=6, calibrate=False)
+    batches = _batches("sparse_nn", 8)
+    model, opt = _build("sparse_nn")
+    with TrainPipeline(model, opt, CPU, plan="auto", max_memory_bytes=1, **small) as pipeline:
+        with pytest.raises(MemoryCapError, match=r"max_memory_bytes=1 \(1 B\): no candidate fits; the leanest "
+                                                 r"\(serial\) needs .+ Raise max_memory_bytes"):
+            pipeline.progress(iter(batches))
+    # the failed choice left the model as it was: the same model trains to the loop's outputs under a loose cap
+    with TrainPipeline(model, opt, CPU, plan="auto", max_memory_bytes=2**40, **small) as pipeline:
+        ours = _drive(pipeline, batches)
+    _same(ours, _plain("sparse_nn", batches), "auto under a memory cap vs the non-pipelined loop")
+    assert "memory cap 1024.00 GiB: predicted peak bytes in flight per candidate" in pipeline.report
+
+
 @pytest.mark.parametrize("name", _plans() if peer_available() else [])
 def test_train_eval_train_on_one_pipeline_equals_the_loop_doing_the_same(name):
     modes = [True, True, False, False, True, False, True, True]

@@ -58,8 +58,11 @@ class AutoOptions:
     cost_iterations : int
         Serial iterations (the batches cycled) whose per-task medians are the costs; the first third is warm-up.
     max_memory_bytes : float, optional
-        Cap on the predicted peak bytes in flight: the search returns the fastest plan that fits
-        (:mod:`autosched.memsearch`), verified against the serial loop.
+        Cap on the predicted peak bytes in flight (each task's bytes measured,
+        :func:`swpipe_core.memory.measure_task_memory`; each candidate's peak
+        simulated, :mod:`autosched.memory`): only the candidates that fit are
+        verified, and if none does, :class:`autosched.memsearch.MemoryCapError`
+        says how much the leanest needs.
     max_depth, max_threads : int
         The search's bounds.
     time_limit_s : float
@@ -215,18 +218,15 @@ def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
     for d in depths:
         frozen = {t: {"stage": d - 1} for t in MODE_TASKS if t in graph.task_names}
         c = Constraints(max_depth=d, max_threads=opts.max_threads, time_limit_s=opts.time_limit_s / len(depths),
-                        device=device.type, frozen=frozen, max_memory_bytes=opts.max_memory_bytes)
+                        device=device.type, frozen=frozen)
         usable = [(label, p) for label, p in known if p.pipeline_depth <= d]
         try:
-            plan, report = auto_schedule(graph, costs, c, verify=False,
-                                         seeds=usable if opts.max_memory_bytes is None and usable else None)
-        except Exception as exc:  # noqa: BLE001 - one depth failing (no plan fits the cap) leaves the others
+            plan, report = auto_schedule(graph, costs, c, verify=False, seeds=usable or None)
+        except Exception as exc:  # noqa: BLE001 - one depth failing leaves the others
             lines.append(f"  depth {d}: no plan ({type(exc).__name__}: {exc})")
             continue
-        peak = getattr(report, "peak_bytes", None)
         lines.append(f"  depth {d}: simulated {report.period_s * 1e3:.3f} ms/it ({report.status}, bound "
-                     f"{report.lower_bound_s * 1e3:.3f} ms, binding {report.binding})"
-                     + (f", predicted peak {peak / 2**20:.1f} MiB" if peak else ""))
+                     f"{report.lower_bound_s * 1e3:.3f} ms, binding {report.binding.split(' (')[0][:120]})")
         try:
             check_shape(plan)
         except ValueError as exc:
@@ -236,19 +236,47 @@ def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
     return found, lines
 
 
-def _candidates(graph: PipelinePlan, found: List[Tuple[str, PipelinePlan]], known: List[Tuple[str, PipelinePlan]],
-                capped: bool) -> List[Tuple[str, PipelinePlan]]:
+def _candidates(graph: PipelinePlan, found: List[Tuple[str, PipelinePlan]],
+                known: List[Tuple[str, PipelinePlan]]) -> List[Tuple[str, PipelinePlan]]:
     from autosched.verify import plan_key, serial_plan
 
     out: List[Tuple[str, PipelinePlan]] = []
     seen = set()
-    pool = found + ([] if capped else [(f"seed:{label}", p) for label, p in known]) + [("serial", serial_plan(graph))]
-    for label, plan in pool:
+    for label, plan in found + [(f"seed:{label}", p) for label, p in known] + [("serial", serial_plan(graph))]:
         key = plan_key(plan)
         if key not in seen:
             seen.add(key)
             out.append((label, plan))
     return out
+
+
+def _under_cap(cands: List[Tuple[str, PipelinePlan]], costs: Any, device: torch.device,
+               cap: float) -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
+    """The candidates whose simulated peak bytes in flight fit ``cap``; a line per candidate.
+
+    Raises
+    ------
+    autosched.memsearch.MemoryCapError
+        None fits: the message names the leanest candidate's peak and the least any plan needs.
+    """
+    from autosched.memory import format_bytes, min_memory
+    from autosched.memsearch import MemoryCapError
+    from autosched.simulate import simulate
+
+    peaks = {label: simulate(plan, costs, device=device.type).memory.peak_bytes for label, plan in cands}
+    lines = [f"memory cap {format_bytes(cap)}: predicted peak bytes in flight per candidate"]
+    lines += [f"  {label}: {format_bytes(peak)}{'' if peak <= cap else '  (over the cap)'}"
+              for label, peak in peaks.items()]
+    fitting = [(label, plan) for label, plan in cands if peaks[label] <= cap]
+    if not fitting:
+        graph = cands[-1][1]
+        least = min_memory(list(graph.task_names), list(graph.intra_edges()), costs, device=device.type)
+        lean = min(peaks, key=peaks.get)
+        raise MemoryCapError(f"plan='auto', max_memory_bytes={cap:.0f} ({format_bytes(cap)}): no candidate fits; the "
+                             f"leanest ({lean}) needs {format_bytes(peaks[lean])}, no plan less than "
+                             f"{format_bytes(least.value)}. Raise max_memory_bytes, or make a batch hold less\n"
+                             + "\n".join(lines), least.value)
+    return fitting, lines
 
 
 def _gather(group: Any, obj: Any, world: int) -> List[Any]:
@@ -342,12 +370,23 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
                 costs = dataclasses.replace(costs, machine_calibration=cal)
         known = seeds(graph)
         shared: Any = None
+        failure: Optional[BaseException] = None
         if rank == 0:
-            found, search_lines = _search(graph, costs, device, opts, known)
-            cands = _candidates(graph, found, known, opts.max_memory_bytes is not None)
-            shared = ([(label, _fields(p)) for label, p in cands], search_lines)
+            try:
+                found, search_lines = _search(graph, costs, device, opts, known)
+                cands = _candidates(graph, found, known)
+                if opts.max_memory_bytes is not None:
+                    cands, cap_lines = _under_cap(cands, costs, device, float(opts.max_memory_bytes))
+                    search_lines += cap_lines
+                shared = ([(label, _fields(p)) for label, p in cands], search_lines)
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait forever
+                failure, shared = exc, f"{type(exc).__name__}: {exc}"
         if world > 1:
             shared = _broadcast(group, shared, rank)
+        if failure is not None:
+            raise failure
+        if isinstance(shared, str):
+            raise RuntimeError(f"plan='auto': rank 0's search failed, so every rank stops: {shared}")
         cand_fields, search_lines = shared
         lines += [f"costs: {costs.method or 'measured'} ({costs.notes.split(';')[0]})",
                   "search, one per depth (the forward and the tasks after it in the last stage):", *search_lines]
