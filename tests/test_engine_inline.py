@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import enqueue_sequence
+from conftest import drive, enqueue_sequence, swpipe_threads
 
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
@@ -17,24 +17,6 @@ pytestmark = pytest.mark.timeout(60)
 
 MAIN = threading.current_thread().name
 
-
-def swpipe_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")]
-
-
-def run_all(pipe, data):
-    it = pipe.fill_pipeline(data)
-    out = []
-    while True:
-        try:
-            out.append(pipe.progress(it))
-        except StopIteration:
-            return out
-
-
-def expected_sequence(plan, n_iters):
-    """(task, iteration) period after period, each period in the plan's enqueue order (the contract's walk)."""
-    return enqueue_sequence(plan, n_iters)
 
 def _chain(record, groups=("default", "default", "default"), caller_group="default", fail=None):
     """Load (stage 0) -> Fwd (stage 1) -> Bwd (stage 1); records (task, iteration, thread)."""
@@ -56,12 +38,12 @@ def test_single_group_plan_starts_no_worker_thread():
     record = []
     plan = _chain(record)
     pipe = SWPipeline(plan, device="cpu")
-    assert run_all(pipe, range(6)) == list(range(6))
+    assert drive(pipe, range(6)) == list(range(6))
     assert {thread for _, _, thread, _ in record} == {MAIN}
     # no worker existed while any task ran: only the watchdog that watches the caller's tasks
     assert all(alive == ["swpipe-watchdog"] for *_, alive in record)
     assert pipe.worker_threads == [] and swpipe_threads() == []
-    assert [(n, i) for n, i, *_ in record] == expected_sequence(plan, 6)  # enqueue order, period by period
+    assert [(n, i) for n, i, *_ in record] == enqueue_sequence(plan, 6)  # enqueue order, period by period
 
 
 def test_caller_group_none_runs_every_group_on_a_worker():
@@ -76,7 +58,8 @@ def test_two_group_plan_has_one_worker_for_the_other_group():
     pipe.run(range(5))
     threads = {name: {t for n, _, t, _ in record if n == name} for name in ("Load", "Fwd", "Bwd")}
     assert threads == {"Load": {"swpipe-io"}, "Fwd": {MAIN}, "Bwd": {MAIN}}
-    assert {tuple(alive) for *_, alive in record} == {("swpipe-io", "swpipe-watchdog")} and swpipe_threads() == []
+    assert {frozenset(alive) for *_, alive in record} == {frozenset({"swpipe-io", "swpipe-watchdog"})}
+    assert swpipe_threads() == []
 
 
 @pytest.mark.parametrize("groups", [("default",) * 3, ("io", "default", "default")])
@@ -91,7 +74,7 @@ def test_inline_task_exception_surfaces_with_task_and_iteration(groups):
     assert swpipe_threads() == []
     record.clear()
     pipe2 = SWPipeline(_chain(record, groups=groups), device="cpu")
-    assert run_all(pipe2, range(4)) == [0, 1, 2, 3]
+    assert drive(pipe2, range(4)) == [0, 1, 2, 3]
 
 
 def test_inline_wait_timeout_names_what_it_waited_for():
@@ -148,7 +131,7 @@ def test_ctrl_c_in_an_inline_task_leaves_no_thread_and_a_usable_pipeline(groups)
     with pytest.raises(RuntimeError, match="drain"):
         pipe.progress(it)
     pipe.drain()
-    assert run_all(pipe, range(3)) == [0, 1, 2] and swpipe_threads() == []
+    assert drive(pipe, range(3)) == [0, 1, 2] and swpipe_threads() == []
 
 
 def test_inline_globally_ordered_tasks_keep_the_sequence():
@@ -157,7 +140,7 @@ def test_inline_globally_ordered_tasks_keep_the_sequence():
                          PipelineTask("B", lambda ctx: order.append(("B", ctx.iter_idx))): TaskSchedule(1, None, "default", True)},
                         [("B", "A")])
     SWPipeline(plan, device="cpu").run(range(5))
-    assert order == expected_sequence(plan, 5)  # tickets follow the enqueue order across worker and caller
+    assert order == enqueue_sequence(plan, 5)  # tickets follow the enqueue order across worker and caller
 
 
 def test_inline_tasks_in_timeline_shortcut_and_profiler():
