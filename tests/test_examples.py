@@ -22,7 +22,7 @@ def _run(script: str, *args: str, timeout: float = 240) -> str:
 
 def test_examples_folder_has_only_tested_scripts():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(
-        ["train_dlrm_pipelined.py", "custom_plan.py", "two_ranks.py"])
+        ["train_dlrm_pipelined.py", "custom_plan.py", "two_ranks.py", "torchrec_dropin.py"])
 
 
 @pytest.mark.timeout(300)
@@ -37,6 +37,19 @@ def test_custom_plan_validates_runs_and_matches():
     out = _run("custom_plan.py", "--iters", "6")
     assert "depth 4, threads ['default', 'io', 'sparse']" in out
     assert "losses equal to the plain loop: True" in out
+
+
+@pytest.mark.peer
+@pytest.mark.timeout(300)
+def test_torchrec_dropin_matches_torchrecs_pipeline_and_the_loop():
+    from swpipe.workloads.torchrec_peer import peer_available
+
+    if not peer_available():
+        pytest.skip("TorchRec not installed (the [peer] extra)")
+    out = _run("torchrec_dropin.py", "--batches", "8")
+    assert "plan 'sparse_dist', TorchRec's TrainPipelineSparseDist" in out
+    assert "outputs equal to TorchRec's TrainPipelineSparseDist: True" in out
+    assert "train/eval/train (TTTTEETT): outputs equal to the non-pipelined loop: True" in out
 
 
 @pytest.mark.slow
