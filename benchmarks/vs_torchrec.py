@@ -22,6 +22,14 @@ rounds' ratios beside it. Pairing cancels the slow drift of a shared or
 frequency-scaled machine that a ratio of two separately taken minima carries
 (best-of-N rates are printed too). Each runner runs once untimed first.
 
+Drop-in rows (``--rows all`` or ``--rows dropin``): ``swpipe.torchrec.TrainPipeline``,
+TorchRec's interface on swpipe's engine, with each plan name next to TorchRec's
+class of that name (``TrainPipelineSparseDistT`` too), and ``drop-in auto``: the
+plan ``plan="auto"`` chose (measured, searched and verified once on the first
+batches, before the warm-up; the time that took is printed, not in the rows),
+trained from fresh weights in every round and paired with the TorchRec class
+whose median is best, round by round.
+
 ``+by_stream`` runs each stream's tasks on its own thread; the caller's
 thread runs the default stream's. By default its side tasks are handed off
 first in each period, beside the caller's forward pass. The rows
@@ -50,6 +58,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="rounds (each gives one paired ratio per plan)")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", choices=("all", "dropin"), default="all",
+                        help="dropin: only the plain loop, TorchRec's classes and the drop-in's rows")
+    parser.add_argument("--auto-time-limit", type=float, default=6.0, help="plan='auto': the search's budget (s)")
     parser.add_argument("--hand-off-after", default="Forward", metavar="TASK",
                         help="also run each +by_stream plan with its side threads' tasks handed off after this task "
                              "of the caller's thread ('' for none)")
@@ -74,16 +85,26 @@ def main() -> None:
     runners = {"plain loop": lambda: run_plain(build_model(config), batches)}
     groups = [["plain loop"]]  # each TorchRec pipeline with our plans for it: the runs one round pairs
     peer_of = {}
-    for name, cls in PEERS.items():
-        runners[f"TorchRec {cls}"] = lambda name=name: run_torchrec(name, build_model(config), batches)
-        runners[f"swpipe {name}"] = lambda name=name: run_swpipe(name, build_model(config), batches)
-        runners[f"swpipe {name}+by_stream"] = lambda name=name: run_swpipe(name, build_model(config), batches,
-                                                                           "by_stream")
-        if args.hand_off_after:
-            runners[f"swpipe {name}+by_stream, after {args.hand_off_after}"] = (
-                lambda name=name: run_swpipe(name, build_model(config), batches, "by_stream", args.hand_off_after))
+    dropin = _dropin_runners(config, batches, args.auto_time_limit)
+    classes = dict(PEERS, sparse_dist_t="TrainPipelineSparseDistT")
+    for name, cls in classes.items():
+        if name in PEERS:
+            runners[f"TorchRec {cls}"] = lambda name=name: run_torchrec(name, build_model(config), batches)
+        else:
+            runners[f"TorchRec {cls}"] = lambda cls=cls: _run_torchrec_class(cls, build_model(config), batches)
+        if args.rows == "all" and name in PEERS:
+            runners[f"swpipe {name}"] = lambda name=name: run_swpipe(name, build_model(config), batches)
+            runners[f"swpipe {name}+by_stream"] = lambda name=name: run_swpipe(name, build_model(config), batches,
+                                                                               "by_stream")
+            if args.hand_off_after:
+                runners[f"swpipe {name}+by_stream, after {args.hand_off_after}"] = (
+                    lambda name=name: run_swpipe(name, build_model(config), batches, "by_stream",
+                                                 args.hand_off_after))
+        runners[f"drop-in {name}"] = dropin[name]
         groups.append([k for k in runners if k not in peer_of and k != "plain loop"])
         peer_of.update((k, f"TorchRec {cls}") for k in groups[-1])
+    runners["drop-in auto"] = dropin["auto"]
+    groups.append(["drop-in auto"])
     from autosched.verify import turned  # the same turned order as the verification's rounds
 
     for fn in runners.values():  # warm-up: first-call costs, allocator, lazy init
@@ -99,14 +120,20 @@ def main() -> None:
     env.close()
 
     ref = outputs["plain loop"]
+    torchrec_rows = [k for k in runners if k.startswith("TorchRec ")]
+    best = min(torchrec_rows, key=lambda k: statistics.median(times[k]))
+    peer_of["drop-in auto"] = best
+    choice = dropin["choice"]
     print(f"TorchRec peer comparison: {os.cpu_count()} CPU(s), torch {torch.__version__}, gloo world size 1, "
           f"batch {args.batch_size}, {args.iters} steps, {args.repeats} interleaved rounds (order rotated), "
-          f"{args.threads} intra-op thread(s)")
+          f"{args.threads} intra-op thread(s), load average {os.getloadavg()[0]:.2f} at the end")
+    print(f"drop-in auto: plan='auto' chose {choice.label} ({choice.verdict}) in {choice.seconds:.1f} s before the "
+          f"warm-up; its row is paired with the TorchRec class of best median, {best}")
     print(f"{'run':50s} {'best iter/s':>11s} {'vs TorchRec':>11s} {'middle half':>13s}  logits == plain loop")
     for label in runners:
         rate = args.iters / min(times[label])
         ratio, spread = "", ""
-        if label.startswith("swpipe"):
+        if label.startswith(("swpipe", "drop-in")):
             peer = times[peer_of[label]]
             assert len(peer) == len(times[label]) == args.repeats  # one run of each per round: paired
             paired = sorted(p / o for p, o in zip(peer, times[label]))
@@ -118,6 +145,59 @@ def main() -> None:
             torch.testing.assert_close(a, b)
         print(f"{label:50s} {rate:11.1f} {ratio:>11s} {spread:>13s}  "
               f"{'bit-identical' if exact else ('close' if close else 'DIFFERENT')}")
+
+
+def _run_torchrec_class(cls_name, peer, batches):
+    """A TorchRec pipeline class of ``train_pipelines`` or ``experimental_pipelines`` on ``peer``; (logits, seconds)."""
+    import time
+
+    from torchrec.distributed.train_pipeline import experimental_pipelines, train_pipelines
+
+    cls = getattr(train_pipelines, cls_name, None) or getattr(experimental_pipelines, cls_name)
+    pipeline = cls(peer.model, peer.optimizer, peer.device)
+    it = iter(batches)
+    logits = []
+    t0 = time.perf_counter()
+    while True:
+        try:
+            _, out_logits, _ = pipeline.progress(it)
+        except StopIteration:
+            break
+        logits.append(out_logits)
+    return logits, time.perf_counter() - t0
+
+
+def _dropin_runners(config, batches, auto_time_limit):
+    """``{plan name: runner}`` of ``swpipe.torchrec.TrainPipeline`` on fresh models, ``"auto"``, and ``"choice"``.
+
+    ``plan="auto"`` chooses once here, on a model of its own (the choice leaves that model as it was, then trains
+    it); the ``"auto"`` runner trains fresh models with the chosen plan.
+    """
+    import time
+
+    from swpipe.torchrec import TORCHREC_CLASSES, TrainPipeline
+    from swpipe.workloads.torchrec_peer import build_model
+
+    def run(plan, **options):
+        peer = build_model(config)
+        logits = []
+        with TrainPipeline(peer.model, peer.optimizer, peer.device, plan=plan, **options) as pipeline:
+            it = iter(batches)
+            t0 = time.perf_counter()
+            while True:
+                try:
+                    _, out_logits, _ = pipeline.progress(it)
+                except StopIteration:
+                    break
+                logits.append(out_logits)
+            seconds = time.perf_counter() - t0
+        return logits, seconds, pipeline
+
+    _, _, chooser = run("auto", time_limit_s=auto_time_limit)
+    runners = {name: (lambda name=name: run(name)[:2]) for name in TORCHREC_CLASSES}
+    runners["auto"] = lambda: run(chooser.choice.plan)[:2]
+    runners["choice"] = chooser.choice
+    return runners
 
 
 if __name__ == "__main__":
