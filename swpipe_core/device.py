@@ -117,6 +117,10 @@ class Device:
     def spin(self, seconds: float) -> None:
         """Hold the calling thread's current stream for about ``seconds`` (a kernel that only waits)."""
 
+    def default_generator(self) -> torch.Generator:
+        """torch's default random generator of this device (the CPU's here)."""
+        return torch.default_generator
+
     # -- what the device holds ---------------------------------------------------------------------------------
     def memory_of(self, value: Any) -> Optional["Device"]:
         """The device of this runtime whose memory ``value`` is (a tensor written asynchronously); else ``None``."""
@@ -224,6 +228,9 @@ class CudaDevice(Device):
 
     def spin(self, seconds: float) -> None:
         torch.cuda._sleep(max(1, int(self._spin_rate() * seconds)))
+
+    def default_generator(self) -> torch.Generator:
+        return torch.cuda.default_generators[self.index]
 
     def _spin_rate(self) -> float:
         """Cycles per second of ``torch.cuda._sleep`` here (timed once with CUDA events, then kept)."""

@@ -92,6 +92,8 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
+import torch
+
 from .plan import PipelinePlan, ref_name
 from .device import as_device
 from .engine_device import _DeviceLifetime
@@ -103,6 +105,7 @@ from .sequencer import _SubmissionSequencer
 from .shortcut import _ShortcutState
 from .streams import StreamPool
 from .trace import TimelineEvent, TimelineRecorder
+from .rng import PerTaskRng
 from .validate import PlanError, validate
 from .walk import PeriodWalk
 from .watchdog import InlineWatchdog
@@ -151,6 +154,15 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         attribute access (and, given modules/optimizers, their tensors) against
         the plan's order and raise on the first unordered one
         (:mod:`swpipe_core.dataflow.strict`).
+    rng : {None, "per_task"}
+        ``"per_task"``: every task draws its random numbers from a generator
+        of its own for each iteration, seeded from ``torch.initial_seed()``
+        at construction, on pipelined and serial runs alike, so a pipelined
+        run equals its serial run bit for bit whatever the threads' timing
+        (:mod:`swpipe_core.rng`; a few microseconds per op). ``None``: tasks
+        share torch's default generators, and tasks that draw must be
+        ordered by the plan to match the serial loop (``check_dataflow``
+        names the missing order).
     state : module, optimizer, or a list/dict of them, optional
         What the tasks train. On CUDA the engine keeps its parameters'
         gradients alive until the device work of the iteration that made
@@ -191,7 +203,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
     def __init__(self, plan: PipelinePlan, device: Any = 0, *, signal_timeout: float = 30.0,
                  sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
                  record_timeline: bool = False, max_device_lag: Optional[int] = None,
-                 strict: Any = False, state: Any = None) -> None:
+                 strict: Any = False, state: Any = None, rng: Optional[str] = None) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
                             "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
@@ -209,6 +221,10 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._dev = as_device(device)
         self.device = self._dev.torch_device
         self._state_params = _parameters(state)  # checked now: a bad state is an error at construction
+        if rng not in (None, "per_task"):
+            raise ValueError(f"rng={rng!r}: use None (tasks share torch's default generators) or 'per_task' (each "
+                             "task draws from its own generator, seeded from torch.initial_seed())")
+        self._rng = PerTaskRng(torch.initial_seed()) if rng == "per_task" else None
         # float("inf") means "no limit"; lock waits accept at most TIMEOUT_MAX
         self.signal_timeout = min(float(signal_timeout), threading.TIMEOUT_MAX)
         self.sequencer_timeout = min(float(sequencer_timeout), threading.TIMEOUT_MAX)
@@ -239,7 +255,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
         self._run: Optional[_Run] = None
         from .dataflow.strict import strict_guard  # strict mode (off by default): see swpipe_core.dataflow.strict
-        self._strict = strict_guard(plan, strict, self.device)
+        self._strict = strict_guard(plan, strict, self.device, shared_rng=self._rng is None)
 
     # ------------------------------------------------------------------ setup
 
@@ -345,7 +361,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
         # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
         run.plain = (not self._streams.is_cuda and self._recorder is None and not self._shortcut.tasks
-                     and self._wrapped is None and self._strict is None)
+                     and self._wrapped is None and self._strict is None and self._rng is None)
         try:
             if self._streams.is_cuda:
                 run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]

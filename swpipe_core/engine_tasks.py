@@ -352,13 +352,16 @@ class _TaskRunner:
         wrapped = self._wrapped
         if wrapped is not None:
             wrapped(task, ctx)
-        elif self._strict is not None or task.name in self._shortcut.tasks:
+        elif self._strict is not None or self._rng is not None or task.name in self._shortcut.tasks:
             self._call_task(task, ctx)
         else:  # nothing around the task: no second call
             task.fn(ctx)
 
     def _call_task(self, task: PipelineTask, ctx: IterContext) -> None:
         """Run one task on one context: ``task.fn(ctx)``, or its shortcut when enabled."""
+        if self._rng is not None and not self._rng_active():
+            with self._rng.scope(task.name, ctx.iter_idx):  # the task's own generators (rng="per_task")
+                return self._call_task(task, ctx)
         if self._strict is not None and self._run is not None and not self._strict.active():
             with self._strict.watch(task.name, ctx):  # strict mode: check every access against the plan
                 return self._call_task(task, ctx)
@@ -366,3 +369,10 @@ class _TaskRunner:
             self._shortcut.execute(task, ctx)
         else:
             task.fn(ctx)
+
+    @staticmethod
+    def _rng_active() -> bool:
+        """Whether this thread already runs inside a task's generator scope (the scope is entered once)."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        return any(type(mode).__name__ == "_OwnGenerators" for mode in _get_current_dispatch_mode_stack())

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-def infer_plan(tasks, batches, *, state=None, order=None) -> InferredDeps:
+def infer_plan(tasks, batches, *, state=None, order=None, rng=None) -> InferredDeps:
     """Record ``tasks`` on ``batches`` and return the inferred dependencies (``.plan`` is the skeleton).
 
     Parameters
@@ -34,6 +34,11 @@ def infer_plan(tasks, batches, *, state=None, order=None) -> InferredDeps:
         Two or more batches.
     state : modules/optimizers, optional
     order : list of str, optional
+    rng : {None, "per_task"}
+        As in :func:`record_dataflow`: with ``None`` the tasks that draw from
+        one of torch's default generators are ordered as the serial loop
+        orders them (their numbers then match it); with ``"per_task"`` (for
+        ``SWPipeline(rng="per_task")``) they are not.
 
     Returns
     -------
@@ -51,5 +56,6 @@ def infer_plan(tasks, batches, *, state=None, order=None) -> InferredDeps:
     from ..plan import PipelinePlan
 
     seq = serial_order(tasks)
-    record = record_dataflow(seq if not isinstance(tasks, PipelinePlan) else tasks, batches, state=state, order=order)
+    record = record_dataflow(seq if not isinstance(tasks, PipelinePlan) else tasks, batches, state=state, order=order,
+                             rng=rng)
     return infer_deps(record, seq)

@@ -1,4 +1,4 @@
-"""Watch tensor reads and writes by storage through PyTorch's dispatcher.
+"""Watch tensor reads and writes by storage, and draws from torch's default generators, through the dispatcher.
 
 A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every aten
 (and c10d) op a task runs, including the ones autograd runs during
@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from ..rng import default_generator_draw
 
 __all__: list = []
 
@@ -73,11 +75,13 @@ class StorageWatch(TorchDispatchMode):
     """
 
     def __init__(self, sink: Callable[[int, torch.Tensor, str], None], seen: set,
-                 on_error: Callable[[BaseException, Any], None]) -> None:
+                 on_error: Callable[[BaseException, Any], None],
+                 draws: Optional[Callable[[str], None]] = None) -> None:
         super().__init__()
         self._sink = sink
         self._seen = seen
         self._on_error = on_error
+        self._draws = draws  # draws(device): the op drew from that device's default generator
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105 - the dispatcher hook
         kwargs = kwargs or {}
@@ -91,6 +95,10 @@ class StorageWatch(TorchDispatchMode):
         return out
 
     def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if self._draws is not None:
+            device = default_generator_draw(func, args, kwargs)
+            if device is not None:
+                self._draws(device)
         written = _written_args(func)
         schema_args = func._schema.arguments
         pairs = list(zip((a.name for a in schema_args), args)) + list(kwargs.items())

@@ -182,7 +182,7 @@ def _redundant(plan: PipelinePlan, hazards: List[Hazard], verdicts: list, device
 
 def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: State = None,
                    record: Optional[DataflowRecord] = None, device: str = "cpu",
-                   order: Optional[Sequence[str]] = None) -> DataflowReport:
+                   order: Optional[Sequence[str]] = None, rng: Optional[str] = None) -> DataflowReport:
     """Record the plan's tasks on ``batches`` and check the plan orders every observed hazard.
 
     Parameters
@@ -200,6 +200,11 @@ def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: St
         stream and drops the host-only retire barrier.
     order : list of str, optional
         Serial order for recording (default: the plan's, see :func:`~.record.serial_order`).
+    rng : {None, "per_task"}
+        How the pipeline will run random ops (``SWPipeline(rng=...)``): with
+        ``None``, tasks drawing from one of torch's default generators must be
+        ordered, as for any shared state, or their numbers differ from the
+        serial loop's; ``"per_task"`` needs no order.
 
     Returns
     -------
@@ -226,7 +231,7 @@ def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: St
     """
     validate(plan)  # a plan outside the engine's rules has no order to check against
     if record is None:
-        record = record_dataflow(plan, batches, state=state, order=order)
+        record = record_dataflow(plan, batches, state=state, order=order, rng=rng)
     hazards = find_hazards(record)
     verdicts = _classify(plan, hazards, device, None)
     report = DataflowReport(hazards=hazards, record=record)

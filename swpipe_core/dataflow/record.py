@@ -173,6 +173,8 @@ class _Recorder:
         self._ops: Dict[int, set] = {}
         self._attrs: List[Tuple[str, str]] = []
         self._io_keys: set = set()
+        self._draws: set = set()
+        self.shared_rng = True  # False: the tasks draw from generators of their own (SWPipeline(rng="per_task"))
 
     # -- sinks -------------------------------------------------------------
     def attr(self, name: str, mode: str) -> None:
@@ -194,6 +196,11 @@ class _Recorder:
             self._io_keys.add(key)
         self._ops.setdefault(key, set()).add("write" if mode == "new" else mode)
 
+    def draw(self, device: str) -> None:
+        """The current task drew from ``device``'s default generator: a write of that generator's state."""
+        if self.task is not None:
+            self._draws.add(device)
+
     def op_error(self, exc: BaseException, func: Any) -> None:
         note = f"the recorder could not analyse op {func} in {self.task} ({type(exc).__name__}: {exc}); its accesses are missing"
         if note not in self.notes:
@@ -205,9 +212,9 @@ class _Recorder:
         before = named_state(self.state)
         before_fp = {k: fingerprint(v) for k, v in _ctx_items(ctx).items()}
         before_ids = {k: id(v) for k, v in _ctx_items(ctx).items()}
-        self.task, self._ops, self._attrs, self._io_keys = task.name, {}, [], set()
+        self.task, self._ops, self._attrs, self._io_keys, self._draws = task.name, {}, [], set(), set()
         try:
-            with StorageWatch(self.tensor, self.seen, self.op_error):
+            with StorageWatch(self.tensor, self.seen, self.op_error, self.draw if self.shared_rng else None):
                 task.fn(ctx)
                 for io in task.io:
                     self.capturing = True
@@ -258,6 +265,8 @@ class _Recorder:
     def _finish_accesses(self, i: int, name: str, names: Dict[int, str]) -> None:
         for attr, mode in sorted(set(self._attrs), key=lambda am: (am[1] != "read", am[0])):
             self.raw.append((i, name, ("ctx", i, attr), mode, "ctx"))
+        for device in sorted(self._draws):  # a draw reads and advances the generator: a write of shared state
+            self.raw.append((i, name, ("rng", device), "write", "rng"))
         for key, modes in self._ops.items():
             obj = ("state", names[key]) if key in names else ("tensor", key)
             via = "state" if key in names else ("batch" if key in self.batch_keys else "tensor")
@@ -271,6 +280,8 @@ class _Recorder:
         kind = obj[0]
         if kind == "ctx":
             return f"ctx.{obj[2]}"
+        if kind == "rng":
+            return f"torch's default generator ({obj[1]})"
         if kind == "state":
             return obj[1]
         key = obj[1]
@@ -336,7 +347,7 @@ def serial_order(tasks: Tasks) -> List[PipelineTask]:
 
 
 def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None,
-                    order: Optional[Sequence[str]] = None) -> DataflowRecord:
+                    order: Optional[Sequence[str]] = None, rng: Optional[str] = None) -> DataflowRecord:
     """Run a few serial iterations under the recorder and return what every task read and wrote.
 
     Parameters
@@ -350,6 +361,12 @@ def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None
         Names parameters, gradients, buffers and optimizer state in the report.
     order : list of str, optional
         The serial order of the task names (default: see :func:`serial_order`).
+    rng : {None, "per_task"}
+        As ``SWPipeline(rng=...)``. ``None``: a task that draws from torch's
+        default generator of a device (a random op without a generator of its
+        own) writes that generator's state, which every other drawing task
+        shares. ``"per_task"``: each task has its own, and draws are not
+        recorded.
 
     Returns
     -------
@@ -384,7 +401,10 @@ def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None
             raise ValueError(f"order must list every task once; unknown {unknown}, tasks {sorted(by_name)}")
         seq = [by_name[n] for n in order]
     names = [t.name for t in seq]
+    if rng not in (None, "per_task"):
+        raise ValueError(f"rng={rng!r}: use None (tasks share torch's default generators) or 'per_task'")
     rec = _Recorder(state)
+    rec.shared_rng = rng is None
     rec.state_keys.update(storage_names(named_state(state)))
     n = 0
     t0 = time.perf_counter()

@@ -1,7 +1,9 @@
 """Strict mode of :class:`~swpipe_core.engine.SWPipeline`: raise on the first access the plan does not order.
 
 ``SWPipeline(plan, strict=True)`` watches, during pipelined runs, every
-``ctx`` attribute each task reads, writes or deletes; ``strict=[model,
+``ctx`` attribute each task reads, writes or deletes, and every draw from
+torch's default generators (unless the pipeline gives each task its own,
+``rng="per_task"``); ``strict=[model,
 optimizer]`` (any ``state`` the recorder takes) also watches in-place reads
 and writes of those parameters, buffers and optimizer state through the
 dispatcher. Each conflicting pair of accesses (a write and any other access
@@ -84,8 +86,9 @@ _STRICT_CLASS = {IterContext: _StrictContext, _GuardedContext: _StrictGuardedCon
 class StrictGuard:
     """Checks each access of a pipelined run against the plan's order (one guard per pipeline)."""
 
-    def __init__(self, plan: PipelinePlan, state: Any = None, device: str = "cpu") -> None:
+    def __init__(self, plan: PipelinePlan, state: Any = None, device: str = "cpu", shared_rng: bool = True) -> None:
         check_state(state)
+        self._shared_rng = shared_rng  # tasks share torch's default generators: a draw is an access
         self._order = PlanOrder(plan, device=device)
         self._pos = {n: k for k, n in enumerate(_serial_names(plan))}
         self._state = state
@@ -107,12 +110,18 @@ class StrictGuard:
             object.__setattr__(ctx, "_swp_guard", self)
             ctx.__class__ = strict_class
         self._tls.event = (task, ctx.iter_idx)
-        mode = StorageWatch(self._tensor, set(), lambda exc, func: None) if self._state is not None else contextlib.nullcontext()
+        watched = self._state is not None or self._shared_rng
+        mode = (StorageWatch(self._tensor, set(), lambda exc, func: None, self._draw if self._shared_rng else None)
+                if watched else contextlib.nullcontext())
         try:
             with mode:
                 yield
         finally:
             self._tls.event = None
+
+    def _draw(self, device: str) -> None:
+        name = f"torch's default generator ({device})"
+        self.access(("rng", device), name, "write")
 
     def _tensor(self, key: int, t: torch.Tensor, mode: str) -> None:
         name = self._names.get(key)
@@ -171,11 +180,12 @@ def _serial_names(plan: PipelinePlan) -> List[str]:
     return [t.name for t in serial_order(plan)]
 
 
-def strict_guard(plan: PipelinePlan, strict: Any, device: Any = "cpu") -> Optional[StrictGuard]:
+def strict_guard(plan: PipelinePlan, strict: Any, device: Any = "cpu", shared_rng: bool = True) -> Optional[StrictGuard]:
     """The guard for ``SWPipeline(strict=...)``: ``None`` when off, else a :class:`StrictGuard`.
 
-    ``strict`` is ``False``/``None`` (off), ``True`` (ctx attributes) or the
-    state to watch as well (a module, an optimizer, a list or a mapping).
+    ``strict`` is ``False``/``None`` (off), ``True`` (ctx attributes, and
+    draws from torch's default generators when ``shared_rng``) or the state to
+    watch as well (a module, an optimizer, a list or a mapping).
 
     Examples
     --------
@@ -186,4 +196,4 @@ def strict_guard(plan: PipelinePlan, strict: Any, device: Any = "cpu") -> Option
     if strict is None or strict is False:
         return None
     kind = "cuda" if str(getattr(device, "type", device)).startswith("cuda") else "cpu"
-    return StrictGuard(plan, None if strict is True else strict, kind)
+    return StrictGuard(plan, None if strict is True else strict, kind, shared_rng)
