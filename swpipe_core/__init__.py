@@ -45,6 +45,9 @@ _LAZY = {
     "agree_on_end": "distributed",
     "AgreedIterator": "distributed",
     "keep_freed_memory": "allocator",
+    "snapshot_state": "state",
+    "restore_state": "state",
+    "StateSnapshot": "state",
 }
 
 __all__ = [
