@@ -10,6 +10,7 @@ interleaved over paired rounds; the ratio is the median of the rounds'
 costs (one main<->worker thread round trip on this machine).
 
     python benchmarks/readme_example.py            # 15 paired rounds
+    python benchmarks/readme_example.py --rounds 1 # a smoke run
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 import statistics
 import sys
 import time
+from typing import Optional, Sequence
 
 import torch
 
@@ -43,10 +45,10 @@ def readme_plan() -> tuple:
     return namespace["plan"], namespace["batches"]
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     plan, batches = readme_plan()
     n = len(batches)

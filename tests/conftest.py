@@ -7,15 +7,23 @@ GPU (NCCL, torch's own CUDA kernels) and skip without one. Helpers used by sever
 test files live here once; import them with ``from conftest import ...``.
 Every property test is derandomised (the ``swpipe`` hypothesis profile): a
 run draws the same examples on every machine, so CI is reproducible.
+
+Tests assert behaviour, never timings: no bound on elapsed wall time and no
+measured speed ratio (a hang is caught by the pytest-timeout marks; speed is
+measured by ``benchmarks/``). Where a behaviour depends on what a measurement
+says (which plan the verification keeps, when a search stops), the
+measurement is made deterministic: :func:`measured_by_simulation` for the
+verification's engine runs, :class:`FakeClock` for a module's clock.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import socket
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 from hypothesis import settings
@@ -38,19 +46,120 @@ def swpipe_threads() -> List[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("swpipe-"))
 
 
-def progress_until_end(pipe: Any, it: Any) -> List[int]:
-    """Call ``pipe.progress(it)`` until the data ends; the retired iteration indices in order."""
-    out: List[int] = []
+def retirements(pipe: Any, it: Any = None) -> Iterator[int]:
+    """Call ``pipe.progress(it)`` until the data ends, yielding each retired iteration index (look at the
+    pipeline between two calls: ``[pipe._device_lag() for _ in retirements(pipe, it)]``)."""
     while True:
         try:
-            out.append(pipe.progress(it))
+            idx = pipe.progress(it)
         except StopIteration:
-            return out
+            return
+        yield idx
+
+
+def progress_until_end(pipe: Any, it: Any = None) -> List[int]:
+    """Call ``pipe.progress(it)`` until the data ends; the retired iteration indices in order."""
+    return list(retirements(pipe, it))
 
 
 def drive(pipe: Any, data: Any) -> List[int]:
     """Fill the pipeline with ``data`` and progress it to the end; the retired indices in order."""
     return progress_until_end(pipe, pipe.fill_pipeline(data))
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (for a rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """torch's intra-op threads set to 1 for a module (``pytestmark = pytest.mark.usefixtures(...)``).
+
+    On a shared 2-core machine OpenMP teams of 2 stall at barriers whenever a core is taken (ops
+    become 10-100x slower); the pipeline's own threads are the parallelism in these tests.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def env():
+    """A one-rank gloo job on the CPU for the DLRM workload (``swpipe.workloads``' DistEnv), closed after the module."""
+    import torch
+
+    from swpipe.workloads.dlrm import init_distributed
+
+    e = init_distributed(backend="gloo", device=torch.device("cpu"))
+    yield e
+    e.close()
+
+
+class FakeClock:
+    """A clock that moves only when told: stands in for a module's ``time`` (``monkeypatch.setattr(mod, "time", clock)``).
+
+    ``perf_counter``, ``monotonic`` and ``time`` read the wall clock, ``thread_time`` and
+    ``process_time`` the CPU clock; :meth:`advance` moves them (a task that sleeps moves the
+    wall clock only, one that computes moves both). ``sleep`` advances the wall clock.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.cpu = 0.0
+
+    def advance(self, wall_s: float, cpu_s: float = 0.0) -> None:
+        self.now += wall_s
+        self.cpu += cpu_s
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = time = perf_counter
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+    process_time = thread_time
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+
+def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callable[[Any], float]] = None
+                           ) -> List[Tuple[Any, int]]:
+    """Make the verification's engine runs report the period ``truth`` simulates for each plan.
+
+    ``autosched.verify`` measures a plan by one engine run per round. Patched here, each run still
+    runs the plan on the engine (its tasks, its failures), but the period it reports is
+    ``simulate(plan, truth).period`` (times ``factor(plan)`` when given): the machine, made
+    deterministic, so which plan is measured fastest no longer depends on the load. ``truth`` is the
+    cost model of what the tasks really do (a sleep's length, one core for tasks that hold the GIL).
+
+    Returns
+    -------
+    list of (PipelinePlan, int)
+        Each engine run in order: the plan and its number of batches (warm-up runs included).
+    """
+    import autosched.verify as verify
+    from autosched.simulate import simulate
+
+    engine_run = verify._one_run
+    runs: List[Tuple[Any, int]] = []
+
+    def run(plan: Any, batches: Sequence[Any], device: Any) -> float:
+        engine_run(plan, batches, device)
+        runs.append((plan, len(batches)))
+        period = float(simulate(plan, truth, num_iterations=40).period)
+        return period * (factor(plan) if factor is not None else 1.0)
+
+    monkeypatch.setattr(verify, "_one_run", run)
+    return runs
 
 
 def _has_gpu() -> bool:

@@ -33,11 +33,11 @@ from swpipe_core.engine import SWPipeline
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.workers import with_thread_map
 from swpipe.workloads.bench import TORCHREC_PLANS, PlanSpec
-from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, DistEnv, SyntheticData, init_distributed
+from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
 from swpipe.workloads.launch import spawn
 from swpipe.workloads.tasks import STAGED_STAGES, plan_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_intra_op_thread")]
 
 CFG = DLRMConfig.preset("test", batch_size=16)
 # every collective the workload calls (dlrm.py: input dist, pooled exchange and its gradient, dense all-reduce)
@@ -100,21 +100,6 @@ def _eager(name: str, wl: DLRMWorkload, **kw: Any) -> PipelinePlan:
 
 
 # ------------------------------------------------------------------------------------------ one rank
-
-@pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def env():
-    e = init_distributed(backend="gloo", device=torch.device("cpu"))
-    yield e
-    e.close()
-
 
 @pytest.fixture(scope="module")
 def issuers(env) -> Dict[str, set]:

@@ -35,6 +35,7 @@ from swpipe.testing import FakeCuda, kernels
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
+from conftest import retirements
 
 GROUPS = ("g0", "g1", "g2")
 STREAMS = (None, "s1", "s2", "s3")
@@ -464,12 +465,7 @@ def check_device_lag(lag: int = 1, n_iters: int = 16, slow_s: float = 0.3) -> Tu
         pipe = SWPipeline(plan, device=dev, max_device_lag=lag, progress_timeout=20)
         seen = [0]
         try:
-            it = pipe.fill_pipeline(range(n_iters))
-            while True:
-                try:
-                    pipe.progress(it)
-                except StopIteration:
-                    break
+            for _ in retirements(pipe, pipe.fill_pipeline(range(n_iters))):
                 seen.append(pipe._device_lag())
         except Exception as exc:
             pipe.close()

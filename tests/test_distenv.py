@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 from datetime import timedelta
 
 import pytest
@@ -16,6 +15,7 @@ from swpipe.workloads.agree import PlanMismatchError, check_same_plan, combine_s
 from swpipe.workloads.distenv import LAUNCHER_VARS, group_timeout, init_distributed, launcher_env
 from swpipe_core.distributed import agree_on_end
 from swpipe_core.plan import PipelinePlan, TaskSchedule
+from conftest import free_port
 
 
 @pytest.fixture
@@ -27,15 +27,9 @@ def clean_env(monkeypatch):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launcher(monkeypatch, rank="0", world="1", local="0"):
     for var, value in dict(RANK=rank, WORLD_SIZE=world, LOCAL_RANK=local, MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(_free_port())).items():
+                           MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(var, value)
 
 

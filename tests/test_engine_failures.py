@@ -1,4 +1,9 @@
-"""Failures never hang and never get lost: they surface fast, name the task, and leave no thread behind."""
+"""Failures never hang and never get lost: they surface, name the task, and leave no thread behind.
+
+No assertion reads a clock: a hang is caught by the pytest-timeout mark, and a failure that must not
+wait for a timeout runs with waits longer than that mark (:data:`NO_TIMEOUTS`), so waiting for one
+fails the test.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 from swpipe_core.walk import PeriodWalk
-from conftest import swpipe_threads
+from conftest import drive, progress_until_end, swpipe_threads
 
 pytestmark = pytest.mark.timeout(60)
 
-SURFACE_S = 5.0
+# the engine's waits made longer than the test's timeout: an error that reached the caller only when a
+# wait timed out would fail the test (pytest-timeout) instead of passing late
+NO_TIMEOUTS = dict(signal_timeout=3600, sequencer_timeout=3600, progress_timeout=3600)
 
 # name: (stage, stream, thread group, globally ordered)
 LAYOUT = {
@@ -48,13 +55,12 @@ def make_plan(fail_task=None, fail_iter=None, exc=Boom):
     return PipelinePlan(sched, intra_iter_deps=deps, inter_iter_deps=[("Fwd", "Opt", 1)])
 
 
-def assert_usable(pipe):
-    """The pipeline runs a fresh set of batches to completion after drain()."""
+def assert_usable(pipe, clean):
+    """After drain(), the same pipeline runs the ``clean`` batches before the injected fault to completion."""
     pipe.drain()
     assert swpipe_threads() == []
-    plan_ok = pipe.plan.bind({n: (lambda ctx: None) for n in pipe.plan.task_names})
-    pipe2 = SWPipeline(plan_ok, device="cpu")
-    assert pipe2.run(range(4)) > 0
+    assert drive(pipe, range(clean)) == list(range(clean))
+    assert swpipe_threads() == []
 
 
 CASES = [
@@ -64,12 +70,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("task,iteration", CASES)
-def test_exception_surfaces_fast_with_task_and_iteration(task, iteration):
-    pipe = SWPipeline(make_plan(task, iteration), device="cpu")
-    t0 = time.perf_counter()
+def test_exception_surfaces_without_a_timeout_with_task_and_iteration(task, iteration):
+    pipe = SWPipeline(make_plan(task, iteration), device="cpu", **NO_TIMEOUTS)
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(12))
-    assert time.perf_counter() - t0 < SURFACE_S
     err = info.value
     stage, _, group, _ = LAYOUT[task]
     assert (err.task, err.iteration, err.thread_group, err.stage) == (task, iteration, group, stage)
@@ -78,7 +82,7 @@ def test_exception_surfaces_fast_with_task_and_iteration(task, iteration):
     frames = traceback.extract_tb(err.__cause__.__traceback__)
     assert frames[-1].name == "fn"
     assert swpipe_threads() == []
-    assert_usable(pipe)
+    assert_usable(pipe, iteration)
 
 
 @pytest.mark.parametrize("task,iteration", [("H2D", 2), ("DistWait", 1), ("Opt", 3)])
@@ -96,14 +100,8 @@ def test_exception_surfaces_through_progress_and_pipeline_refills(task, iteratio
     with pytest.raises(RuntimeError, match="drain"):
         pipe.progress(it)
     # a new fill_pipeline without drain also works (fresh batches never hit the injected iteration)
-    assert pipe.fill_pipeline(range(iteration)) is not None
-    got = []
-    while True:
-        try:
-            got.append(pipe.progress())
-        except StopIteration:
-            break
-    assert got == list(range(iteration))
+    pipe.fill_pipeline(range(iteration))
+    assert progress_until_end(pipe) == list(range(iteration))
 
 
 def test_unreported_failure_is_raised_by_drain():
@@ -124,7 +122,7 @@ def test_unreported_failure_is_raised_by_drain():
     assert info.value.task == "A" and isinstance(info.value.__cause__, Boom)
     assert swpipe_threads() == []
     pipe.drain()  # now clean: nothing raised again
-    assert pipe.plan.bind({"A": lambda ctx: None}) is not None
+    assert pipe.in_flight == 0
 
 
 def test_failure_during_fill_pipeline_leaves_no_thread():
@@ -133,7 +131,7 @@ def test_failure_during_fill_pipeline_leaves_no_thread():
         it = pipe.fill_pipeline(range(10))
         pipe.progress(it)
     assert swpipe_threads() == []
-    assert_usable(pipe)
+    assert_usable(pipe, 0)
 
 
 def test_data_iterator_exception_propagates_as_itself_and_pipeline_stays_usable():
@@ -164,7 +162,7 @@ def test_data_iterator_exception_in_fill_propagates_and_leaves_no_thread():
     with pytest.raises(ValueError, match="loader broke"):
         pipe.fill_pipeline(data())
     assert swpipe_threads() == []
-    assert pipe.run(range(3)) > 0
+    assert drive(pipe, range(3)) == [0, 1, 2]
 
 
 def test_data_iterator_exception_in_run_propagates_and_leaves_no_thread():
@@ -176,7 +174,7 @@ def test_data_iterator_exception_in_run_propagates_and_leaves_no_thread():
     with pytest.raises(ValueError, match="at 6"):
         pipe.run(data())
     assert swpipe_threads() == []
-    assert pipe.run(range(3)) > 0
+    assert drive(pipe, range(3)) == [0, 1, 2]
 
 
 def test_blocked_dependency_times_out_naming_waiter_dependency_and_iteration():
@@ -188,15 +186,13 @@ def test_blocked_dependency_times_out_naming_waiter_dependency_and_iteration():
 
     plan = make_plan().bind({"DistWait": stuck})
     pipe = SWPipeline(plan, device="cpu", signal_timeout=0.3)
-    t0 = time.perf_counter()
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(10))
-    assert time.perf_counter() - t0 < SURFACE_S
     cause = str(info.value.__cause__)
     assert info.value.task == "Fwd" and info.value.iteration == 2
     assert "'DistWait' of iteration 2" in cause and "signal_timeout" in cause
     assert swpipe_threads() == []
-    assert_usable(pipe)
+    assert_usable(pipe, 2)
 
 
 def test_progress_timeout_names_iteration_and_unfinished_tasks():
@@ -211,7 +207,7 @@ def test_progress_timeout_names_iteration_and_unfinished_tasks():
         pipe.progress(it)
     assert not isinstance(info.value, PipelineTaskError)
     assert swpipe_threads() == []
-    assert_usable(pipe)
+    assert_usable(pipe, 0)
 
 
 def test_sequencer_timeout_surfaces_as_task_error():
@@ -239,7 +235,7 @@ def test_keyboard_interrupt_in_caller_stops_workers():
     with pytest.raises(KeyboardInterrupt):
         pipe.run(range(1000))
     assert swpipe_threads() == []
-    assert_usable(pipe)
+    assert_usable(pipe, 3)
 
 
 def test_keyboard_interrupt_from_data_iterator_stops_workers():
@@ -255,7 +251,7 @@ def test_keyboard_interrupt_from_data_iterator_stops_workers():
     assert swpipe_threads() == []
     with pytest.raises(RuntimeError, match="interrupted"):
         pipe.progress(it)
-    assert_usable(pipe)
+    assert_usable(pipe, 5)
 
 
 def test_failure_while_draining_is_raised_and_pipeline_reset():
@@ -266,7 +262,7 @@ def test_failure_while_draining_is_raised_and_pipeline_reset():
         pipe.drain()
     assert info.value.task == "Opt" and info.value.iteration == 3
     assert swpipe_threads() == [] and pipe.in_flight == 0
-    assert_usable(pipe)
+    assert_usable(pipe, 3)
 
 
 def test_serial_failure_is_a_task_error_too():
@@ -326,10 +322,8 @@ def test_ascending_order_deadlocks_and_validate_rejects_it(scenario, ascending):
     pipe = SWPipeline(scenario(), device="cpu", signal_timeout=0.3)
     assert enqueue_order(pipe.plan) != ascending
     pipe._walk = PeriodWalk(pipe.plan, ascending)  # bypass validation
-    t0 = time.perf_counter()
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(10))
-    assert time.perf_counter() - t0 < SURFACE_S
     assert info.value.iteration == 1 and "waited 0.3 s" in str(info.value.__cause__)
     assert swpipe_threads() == []
 

@@ -14,7 +14,7 @@ import itertools
 import threading
 
 import pytest
-from conftest import enqueue_sequence
+from conftest import check_contract, enqueue_sequence, swpipe_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -77,10 +77,6 @@ class Recorder:
         return plan.bind({n: make(n) for n in plan.task_names})
 
 
-def expected_sequence(plan, n_iters):
-    """(task, iteration) period after period, each period in the plan's enqueue order (the contract's walk)."""
-    return enqueue_sequence(plan, n_iters)
-
 def check_run(plan, n_iters):
     rec = Recorder()
     bound = rec.bind(plan)
@@ -91,18 +87,11 @@ def check_run(plan, n_iters):
     runs = sorted((name, i) for _, name, i, _ in rec.calls)
     assert runs == sorted((n, i) for n in plan.task_names for i in range(n_iters))
 
-    # every dependency holds on the timeline
-    ev = {(e.task, e.iteration): e for e in pipe.timeline}
-    assert len(ev) == len(plan.task_names) * n_iters
-    for t, d in plan.intra_edges():
-        for i in range(n_iters):
-            assert ev[(t, i)].start >= ev[(d, i)].end, (t, d, i)
-    for t, d, dist in plan.inter_edges():
-        for i in range(dist, n_iters):
-            assert ev[(t, i)].start >= ev[(d, i - dist)].end, (t, d, dist, i)
+    # the timeline obeys the contract: dependencies, FIFO groups, depth in flight, hand-offs, sequencer
+    check_contract(plan, pipe.timeline, n_iters)
 
     # each thread group runs its tasks in the enqueue order, on its own named thread
-    seq = expected_sequence(plan, n_iters)
+    seq = enqueue_sequence(plan, n_iters)
     for group in {plan.sched(n).thread_group for n in plan.task_names}:
         want = [x for x in seq if plan.sched(x[0]).thread_group == group]
         got = [(name, i) for _, name, i, thread in sorted(rec.calls) if plan.sched(name).thread_group == group]
@@ -123,7 +112,7 @@ def check_run(plan, n_iters):
     for t, d in plan.intra_edges():
         for i in range(n_iters):
             assert pos[(d, i)] < pos[(t, i)]
-    assert [t.name for t in threading.enumerate() if t.name.startswith("swpipe-")] == []
+    assert swpipe_threads() == []
 
 
 @pytest.mark.timeout(120)

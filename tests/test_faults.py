@@ -1,12 +1,13 @@
-"""Fault matrix: every kind of failure surfaces fast, named, with no thread left and a usable pipeline.
+"""Fault matrix: every kind of failure surfaces, named, with no thread left and a usable pipeline.
 
 Each entry of :data:`FAULTS` builds a pipeline, injects one fault and
 triggers it; :func:`measure` catches what reaches the caller and records the
 error type and message, the seconds from the fault firing to the caller's
 exception, the ``swpipe-*`` threads alive at that moment and after blocked
 tasks are released, and whether the same pipeline runs a clean set of
-batches after ``drain()``. The test asserts each outcome;
-``benchmarks/reliability.py`` runs the same table and writes it to
+batches after ``drain()``. The test asserts each outcome but the seconds (a
+hang fails the pytest-timeout mark; how fast a fault surfaces is a figure):
+``benchmarks/reliability.py`` runs the same table with them and writes it to
 ``benchmarks/RELIABILITY.md``.
 
 The plan: seven tasks in a chain over three thread groups and three stages,
@@ -45,7 +46,6 @@ LAYOUT = {
 CHAIN = list(LAYOUT)
 N_BATCHES = 12
 SHORT_TIMEOUT = 1.0        # signal/sequencer/progress timeout of the blocking faults
-SURFACE_GUARD_S = 20.0     # deadlock guard only; the measured times go to the table
 
 
 class Boom(Exception):
@@ -377,11 +377,6 @@ def test_fault_surfaces_named_leaves_no_thread_and_pipeline_runs_again(fault):
         assert (err.thread_group, err.stage) == (LAYOUT[err.task][2], LAYOUT[err.task][0])
     for part in fault.message:
         assert part in out.message, f"{part!r} not in {out.message!r}"
-    assert out.seconds < SURFACE_GUARD_S + fault.timeout_s
-    if fault.blocks:
-        # the timeout plus one bounded join of the stuck worker, not one join per clean-up step
-        join_s = SWPipeline(make_plan(Probe()), device="cpu")._join_timeout  # grace for a worker stuck in user code
-        assert out.seconds < fault.timeout_s + join_s + 3.0, out.seconds
     if not (fault.blocks or fault.intact):
         assert out.threads_at_raise == []
     assert out.threads_after == []

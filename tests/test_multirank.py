@@ -279,19 +279,20 @@ def test_uneven_data_stops_every_rank_at_the_same_iteration_and_keeps_the_extra_
     assert r0["mispaired"] == [] and r1["mispaired"] == []
 
 
-def test_a_failing_rank_makes_the_peer_fail_within_the_timeout_and_every_process_exits(session):
+def test_a_failing_rank_makes_the_peer_fail_in_that_collective_and_every_process_exits(session):
     _no_crash(session)
     failer, peer = session["ranks"][FAIL_RANK]["fail"], session["ranks"][1 - FAIL_RANK]["fail"]
     assert (failer["error"], failer["task"], failer["iteration"]) == ("PipelineTaskError", "SyncA", FAIL_ITER)
     assert "injected failure" in failer["message"]
-    # the peer blocks in SyncA(FAIL_ITER)'s all_reduce until gloo's timeout, then fails naming it
+    # the peer blocks in SyncA(FAIL_ITER)'s all_reduce until gloo's timeout, then fails naming it (not a wait of
+    # the engine's, whose timeouts are longer: that would name another task); how long it took is a figure
+    # of benchmarks/reliability.py
     assert (peer["error"], peer["task"], peer["iteration"]) == ("PipelineTaskError", "SyncA", FAIL_ITER)
-    assert peer["seconds"] < GLOO_TIMEOUT_S + 20  # generous guard; the table reports the measured time
     assert failer["peer_failed_in_time"] is True
     assert failer["threads_after"] == [] and peer["threads_after"] == []
 
 
-def test_uneven_data_without_agreement_fails_the_longer_rank_within_the_timeout_instead_of_hanging(session):
+def test_uneven_data_without_agreement_fails_the_longer_rank_in_its_collective_instead_of_hanging(session):
     """The field's hang, without agree_on_end: rank 0 waits in iteration 9's all_reduce for a rank that has
     finished; gloo's timeout turns it into a PipelineTaskError naming the collective and the iteration."""
     _no_crash(session)
@@ -302,5 +303,4 @@ def test_uneven_data_without_agreement_fails_the_longer_rank_within_the_timeout_
     assert s["error"] is None and s["retired"] == list(range(n))
     assert lng["error"] == "PipelineTaskError" and lng["task"] == "SyncA" and lng["iteration"] == n
     assert lng["retired"] == list(range(n - 1)) or lng["retired"] == list(range(n))
-    assert lng["seconds"] < GLOO_TIMEOUT_S + 20
     assert s["peer_failed_in_time"] is True and lng["threads_after"] == [] and s["threads_after"] == []

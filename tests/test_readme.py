@@ -1,4 +1,4 @@
-"""Every code block of README.md's Usage section runs as written.
+"""Every code block of README.md's Usage section runs as written, and the two first commands can run.
 
 The blocks run in document order in one fresh interpreter, in a scratch folder
 (with ``cost_models/`` linked in): ``python`` blocks share one namespace, and each
@@ -6,13 +6,21 @@ line of a ``bash`` block is a ``swpipe ...`` command run through the console
 script's entry point (``python -m swpipe.cli``, the same ``swpipe.cli:main``).
 A ``text`` block shows output: every one of its lines must appear in what the
 blocks before it printed. Tracebacks name README.md line numbers.
+
+The README's first code block holds the commands a newcomer types first
+(install and run the main job, install and run the tests); they are checked
+in form (the packages, extras, commands and modules they name exist), not run.
+Nothing here asserts the README's prose or figures: it is written for users.
 """
 
 from __future__ import annotations
 
+import configparser
+import importlib.util
 import json
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 from typing import List, Tuple
@@ -80,19 +88,73 @@ def _printed_before(out: str, line: int) -> str:
     return out
 
 
-def test_usage_section_comes_after_the_two_first_commands():
-    text = README.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    assert lines[0] == "# swpipe"
-    first_block = text.split("```")[1]
-    assert "pip install -e ." in first_block and "python -m pytest" in first_block
-    assert text.index("```bash") < text.index("## Usage")
+def first_commands(text: str) -> List[List[str]]:
+    """The commands of the README's first code block (a ``bash`` block), each split into its words;
+    ``a && b`` is two commands."""
+    language, code = text.split("```")[1].split("\n", 1)
+    assert language.strip() == "bash", "README.md's first code block is not a bash block"
+    commands = []
+    for line in code.splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            commands.append(words[:cut])
+            words = words[cut + 1:]
+    return commands
+
+
+def _setup_cfg() -> configparser.ConfigParser:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
+
+
+def test_the_first_two_commands_install_and_run_the_main_job_and_the_tests():
+    commands = first_commands(README.read_text(encoding="utf-8"))
+    assert any(c[:3] == ["pip", "install", "-e"] for c in commands), commands
+    assert ["swpipe", "demo"] in commands and ["python", "-m", "pytest"] in commands, commands
+
+
+def test_the_first_commands_name_what_exists():
+    """Each command of the first block could run here: a package it installs is one setup.cfg requires, at a
+    version setup.cfg accepts; ``-e`` installs this folder with extras it declares; ``swpipe`` is its console
+    script and takes the subcommand; ``python -m`` names an importable module."""
+    from packaging.requirements import Requirement
+
+    from swpipe.cli import main
+
+    cfg = _setup_cfg()
+    requires = [Requirement(r) for r in cfg["options"]["install_requires"].splitlines() if r.strip()]
+    extras = set(cfg["options.extras_require"])
+    assert "swpipe = swpipe.cli:main" in cfg["options.entry_points"]["console_scripts"]
+    for cmd in first_commands(README.read_text(encoding="utf-8")):
+        if cmd[:2] == ["pip", "install"]:
+            for arg in cmd[2:]:
+                if arg == "-e":
+                    continue
+                if arg.startswith("."):
+                    m = re.fullmatch(r"\.(?:\[([\w,]+)\])?", arg)
+                    assert m is not None, cmd
+                    assert set((m.group(1) or "").split(",")) - {""} <= extras, f"{cmd}: extras not in setup.cfg"
+                else:  # a package the install needs, at a version setup.cfg accepts
+                    want = Requirement(arg)
+                    same = [r for r in requires if r.name == want.name]
+                    assert same, f"{cmd}: setup.cfg does not require {want.name}"
+                    pinned = [spec.version for spec in want.specifier if spec.operator == "=="]
+                    assert all(same[0].specifier.contains(v) for v in pinned), f"{cmd}: setup.cfg requires {same[0]}"
+        elif cmd[0] == "swpipe":
+            with pytest.raises(SystemExit) as info:
+                main([*cmd[1:], "--help"])
+            assert info.value.code == 0, cmd
+        elif cmd[:2] == ["python", "-m"]:
+            assert importlib.util.find_spec(cmd[2]) is not None, cmd
+        else:
+            pytest.fail(f"README.md's first block runs {cmd}, which this test does not know how to check")
 
 
 def test_usage_blocks_are_parsed_in_order_with_line_numbers():
     blocks = usage_blocks(README.read_text(encoding="utf-8"))
-    kinds = [k for k, _, _ in blocks]
-    assert kinds.count("python") >= 4 and "bash" in kinds
+    assert blocks, "README.md's Usage section has no code block"
     lines = README.read_text(encoding="utf-8").splitlines()
     for kind, line, code in blocks:
         assert kind in ("python", "bash", "text"), f"README.md:{line}: untested block language {kind!r}"
@@ -106,14 +168,6 @@ def test_usage_bash_blocks_only_run_swpipe_commands():
         for offset, cmd in enumerate(code.splitlines()):
             if cmd.strip():
                 assert cmd.split()[0] == "swpipe", f"README.md:{line + offset}: only `swpipe ...` lines are tested"
-
-
-def test_usage_section_names_every_step_of_the_users_path():
-    code = "".join(c for k, _, c in usage_blocks(README.read_text(encoding="utf-8")) if k in ("python", "bash"))
-    for name in ("PipelinePlan(", "SWPipeline(", "print_schedule(", "TaskProfiler(", "print_report()",
-                 "CostModel.from_profile(", "auto_schedule(", "simulate(", "what_if(", "swpipe plan",
-                 "swpipe simulate", "swpipe show", "swpipe demo"):
-        assert name in code, f"README Usage lacks {name}"
 
 
 @pytest.mark.slow
@@ -137,53 +191,15 @@ def test_every_usage_code_block_runs(tmp_path):
         for ln in code.splitlines():
             assert ln.rstrip() in before, f"README.md:{line}: shown output line not printed: {ln!r}"
 
-    # what the snippets claim they produce
-    assert "Baseline serial iteration:" in out and "auto_schedule (" in out
-    assert "simulated 50 iterations on cpu: period" in out and "lower bound" in out
-    for name in ("costs.json", "graph.json", "plan.json", "sweep_load.png", "auto.sim.trace.json"):
-        assert (tmp_path / name).stat().st_size > 0, f"{name} was not written"
-    from autosched.costs import CostModel
-    from autosched.graph import load_plan
-    from swpipe_core.validate import validate
-
-    plan = load_plan(tmp_path / "plan.json")
-    validate(plan)
-    assert sorted(plan.task_names) == ["Backward", "Forward", "Load", "Step"]
-    assert ("Forward", "Step", 1) in plan.inter_edges()
-    assert set(CostModel.load(tmp_path / "costs.json").tasks) == {"Load", "Forward", "Backward", "Step"}
-    assert "reproduce the serial loop bit for bit" in out
-
 
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def test_readme_links_only_to_files_in_the_repository():
+def test_readme_links_to_files_that_exist():
+    """A link into the repository resolves (files move in a redesign; the README must follow)."""
     text = README.read_text(encoding="utf-8")
     targets = [t.split("#")[0] for t in _LINK.findall(text)]
-    local = [t for t in targets if not re.match(r"^[a-z]+://", t)]
-    assert local, "README.md links to no file of the repository"
+    local = [t for t in targets if t and not re.match(r"^[a-z]+:", t)]
     for target in local:
         assert not target.startswith(("/", "..")), f"README.md links outside the repository: {target}"
-        if target.startswith("docs/") and not (ROOT / "docs").is_dir():
-            continue  # docs/ comes from another branch of this merge; once it is there, every link is checked
         assert (ROOT / target).exists(), f"README.md links to {target}, which is not in the repository"
-    assert "notebooks/figures/measured_vs_simulated.png" in local, "the README's picture is not linked"
-
-
-def test_readme_figures_cite_benchmarks_results():
-    text = README.read_text(encoding="utf-8")
-    head = text[:text.index("## Usage")]
-    assert "benchmarks/RESULTS.md" in head and "2-core x86_64 CPU" in head
-    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
-    for figure in ("2.9%", "7.6%", "1.19x", "1.032x", "1.88x", "1.97x"):
-        assert figure in results, f"README cites {figure}, which benchmarks/RESULTS.md does not record"
-
-
-def test_readme_example_benchmark_measures_the_readmes_own_plan():
-    """``benchmarks/readme_example.py`` runs the README's first Usage block, so its figure is about that plan."""
-    from conftest import load_benchmark
-
-    bench = load_benchmark("readme_example")
-    plan, batches = bench.readme_plan()
-    assert sorted(plan.task_names) == ["Backward", "Forward", "Load", "Step"]
-    assert plan.sched("Load").thread_group == "io" and plan.stage("Load") == 0 and len(batches) == 30

@@ -45,51 +45,46 @@ def test_timeout_names_waiting_task_and_the_turn_it_waits_for():
     seq = _SubmissionSequencer(timeout=0.05)
     seq.ticket("DistStart (iteration 4)")
     mine = seq.ticket("AllReduce (iteration 2)")
-    t0 = time.perf_counter()
     with pytest.raises(RuntimeError) as info:
         seq.execute_ordered(mine, lambda: None)
-    assert time.perf_counter() - t0 < 2
     msg = str(info.value)
     assert "AllReduce (iteration 2)" in msg and "sequence 1" in msg
     assert "waiting for DistStart (iteration 4)" in msg and not isinstance(info.value, SequencerAborted)
 
 
-def test_abort_wakes_every_waiter_promptly():
-    seq = _SubmissionSequencer(timeout=30)
+def test_abort_wakes_every_waiter():
+    seq = _SubmissionSequencer(timeout=3600)  # longer than the test: only the abort can end the waits
     errors = []
 
     def wait(s):
         try:
             seq.execute_ordered(s, lambda: None)
-        except SequencerAborted as exc:
-            errors.append((s, time.perf_counter()))
+        except SequencerAborted:
+            errors.append(s)
 
-    threads = [threading.Thread(target=wait, args=(s,), name=f"seq-wait-{s}") for s in (1, 2, 3)]
+    threads = [threading.Thread(target=wait, args=(s,), name=f"seq-wait-{s}", daemon=True) for s in (1, 2, 3)]
     for t in threads:
         t.start()
     time.sleep(0.05)  # workload: let them block (the assertion does not depend on it)
-    t0 = time.perf_counter()
     seq.abort("task X failed")
     for t in threads:
         t.join(5)
-    assert sorted(s for s, _ in errors) == [1, 2, 3]
-    assert all(t - t0 < 2 for _, t in errors)
+    assert not [t.name for t in threads if t.is_alive()]  # every waiter woke and returned
+    assert sorted(errors) == [1, 2, 3]
     with pytest.raises(SequencerAborted, match="task X failed"):
         seq.execute_ordered(0, lambda: None)
 
 
 def test_failing_fn_aborts_so_later_tickets_do_not_hang():
-    seq = _SubmissionSequencer(timeout=30)
+    seq = _SubmissionSequencer(timeout=3600)  # longer than the test: a later ticket must not wait for it
 
     def bad():
         raise ValueError("collective failed")
 
     with pytest.raises(ValueError):
         seq.execute_ordered(0, bad)
-    t0 = time.perf_counter()
     with pytest.raises(SequencerAborted, match="sequence 0 raised ValueError"):
         seq.execute_ordered(1, lambda: None)
-    assert time.perf_counter() - t0 < 1
 
 
 def test_reset_restarts_at_zero_and_clears_abort():

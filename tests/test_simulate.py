@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from autosched.bounds import lower_bounds
 from autosched.costs import CostModel, TaskCost
-from autosched.simulate import SimResult, simulate
+from autosched.simulate import simulate
 from swpipe_core import pipelines
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, TaskSchedule
@@ -353,7 +352,8 @@ def test_summary_names_period_binding_and_waits():
     assert "period 2.000 ms/iter" in text and "binding: thread:b" in text and "thread:b 100%" in text
 
 
-def test_ten_thousand_task_iterations_simulate_quickly():
+@pytest.mark.timeout(60)  # a deadlock guard; the simulator's speed is a figure of benchmarks/sim_device_bound.py
+def test_a_twenty_task_plan_simulates_ten_thousand_task_iterations_to_a_steady_period():
     names = [f"T{k}" for k in range(20)]
     sched = {n: TaskSchedule(k % 3, f"s{k % 4}", f"g{k % 3}", k == 5) for k, n in enumerate(names)}
     deps = [(names[k], names[k - 1]) for k in range(1, 20) if k % 3 >= (k - 1) % 3]
@@ -361,13 +361,11 @@ def test_ten_thousand_task_iterations_simulate_quickly():
     costs = CostModel({n: TaskCost((1 + k % 5) * MS, 2 * MS, ("comm:x",) if k % 7 == 0 else ())
                        for k, n in enumerate(names)})
     for device in ("cpu", "cuda"):
-        t0 = time.perf_counter()
         r = simulate(plan, costs, num_iterations=500, device=device)
-        dt = time.perf_counter() - t0
-        print(f"\n10k task-iterations on {device}: {dt:.3f} s (period {r.period * 1e3:.3f} ms, {r.binding})")
         assert r.num_iterations * len(names) >= 10_000
-        assert dt < 30  # a deadlock guard, not a speed target (benchmarks hold those)
-    assert isinstance(r, SimResult)
+        host = [e for e in r.events if e.kind == "host"]
+        assert len(host) == r.num_iterations * len(names)  # every task of every iteration ran once
+        assert r.period >= lower_bounds(plan, costs, device=device).value * (1 - 1e-9)
 
 
 def _slow_queue(kind: str):

@@ -18,6 +18,7 @@ from swpipe.testing import kernels
 from swpipe_core.engine import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.streams import StreamPool
+from conftest import retirements
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
 
@@ -199,14 +200,7 @@ def test_device_lag_never_exceeds_the_bound(cuda_device, lag):
     k = kernels(cuda_device)
     plan = PipelinePlan({PipelineTask("Spin", lambda ctx: k.spin(0.003)): TaskSchedule(0, "work")})
     pipe = SWPipeline(plan, device=cuda_device, max_device_lag=lag)
-    it = pipe.fill_pipeline(range(20))
-    seen = []
-    while True:
-        try:
-            pipe.progress(it)
-        except StopIteration:
-            break
-        seen.append(pipe._device_lag())
+    seen = [pipe._device_lag() for _ in retirements(pipe, pipe.fill_pipeline(range(20)))]
     assert max(seen) <= lag
     # and the count can exceed a loose bound: the check above is not vacuous
     loose = SWPipeline(plan, device=cuda_device, max_device_lag=30)

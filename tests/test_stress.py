@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 import pytest
-from conftest import enqueue_sequence
+from conftest import check_contract, enqueue_sequence, swpipe_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -82,38 +82,23 @@ def bind_jittered(plan: PipelinePlan, seed: int, ordered_log: List[Tuple[str, in
     return plan.bind({n: make(n) for n in plan.task_names})
 
 
-def expected_sequence(plan, n_iters):
-    """(task, iteration) period after period, each period in the plan's enqueue order (the contract's walk)."""
-    return enqueue_sequence(plan, n_iters)
-
 def check_timeline(plan: PipelinePlan, n_iters: int, seed: int) -> int:
-    """Run ``plan`` pipelined with jitter and assert every timeline property; returns the events checked."""
+    """Run ``plan`` pipelined with jitter and assert every timeline property; returns the events checked.
+
+    The contract (:func:`conftest.check_contract`) on the recorded timeline; each thread group's events one
+    after another; and the globally ordered tasks called in ticket order (their own log, not the clock's).
+    """
     log: List[Tuple[str, int]] = []
     pipe = SWPipeline(bind_jittered(plan, seed, log), device="cpu", record_timeline=True,
                       signal_timeout=30, sequencer_timeout=30, progress_timeout=60)
     pipe.run(range(n_iters))
+    check_contract(plan, pipe.timeline, n_iters)
     events = [e for e in pipe.timeline if e.kind == "host"]
-    ev = {(e.task, e.iteration): e for e in events}
-    assert Counter((e.task, e.iteration) for e in events) == Counter(
-        (n, i) for n in plan.task_names for i in range(n_iters))
-    seq = expected_sequence(plan, n_iters)
     for group in {plan.sched(n).thread_group for n in plan.task_names}:
         mine = sorted((e for e in events if e.thread_group == group), key=lambda e: e.start)
-        assert [(e.task, e.iteration) for e in mine] == [x for x in seq if plan.sched(x[0]).thread_group == group]
         for a, b in zip(mine, mine[1:]):
             assert b.start >= a.end, (group, a, b)
-    for t, d in plan.intra_edges():
-        for i in range(n_iters):
-            assert ev[(t, i)].start >= ev[(d, i)].end, (t, d, i)
-    for t, d, dist in plan.inter_edges():
-        for i in range(dist, n_iters):
-            assert ev[(t, i)].start >= ev[(d, i - dist)].end, (t, d, dist, i)
-    depth = plan.pipeline_depth
-    ends = {i: max(ev[(n, i)].end for n in plan.task_names) for i in range(n_iters)}
-    starts = {i: min(ev[(n, i)].start for n in plan.task_names) for i in range(n_iters)}
-    for i in range(n_iters - depth):
-        assert starts[i + depth] >= ends[i], f"iteration {i + depth} started before {i} retired (depth {depth})"
-    assert log == [x for x in seq if plan.sched(x[0]).globally_ordered]
+    assert log == [x for x in enqueue_sequence(plan, n_iters) if plan.sched(x[0]).globally_ordered]
     return len(events)
 
 
@@ -139,7 +124,7 @@ def test_two_random_pipelines_at_once_keep_order_dependencies_and_depth(plan_a, 
     assert not t.is_alive(), "the second caller hung"
     if errors:
         raise errors[0]
-    assert [x.name for x in threading.enumerate() if x.name.startswith("swpipe-")] == []
+    assert swpipe_threads() == []
 
 
 def chaos_round(plan: PipelinePlan, rng: random.Random) -> str:
@@ -191,7 +176,7 @@ def chaos_round(plan: PipelinePlan, rng: random.Random) -> str:
         outcome = "failed at drain"
     if raised:  # a task did fail: the caller saw it, or close() discarded it knowingly
         assert outcome in ("failed", "failed at drain", "closed"), outcome
-    assert [x.name for x in threading.enumerate() if x.name.startswith("swpipe-")] == []
+    assert swpipe_threads() == []
     fail = None
     ran.clear()
     pipe.run(range(3))  # usable again

@@ -12,24 +12,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("torchrun_worker.py")
 WALL_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nproc: int, *target: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -41,7 +35,7 @@ def torchrun(nproc: int, *target: str, cwd: Path = ROOT) -> subprocess.Completed
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--max-restarts=0", *target]
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0", *target]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

@@ -19,26 +19,11 @@ import torch
 from swpipe.workloads import dlrm, torchrec_peer
 from swpipe.workloads.bench import default_specs, measure
 from swpipe.workloads.checks import run_all
-from swpipe.workloads.dlrm import KJT, Batch, DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
+from swpipe.workloads.dlrm import KJT, Batch, DLRMConfig, DLRMWorkload, SyntheticData
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_intra_op_thread")]
 
 CFG = DLRMConfig.preset("test", batch_size=8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def env():
-    e = init_distributed(backend="gloo", device=torch.device("cpu"))
-    yield e
-    e.close()
 
 
 class Pins:

@@ -30,7 +30,7 @@ from swpipe_core.engine import SWPipeline
 from swpipe_core.plan import PipelinePlan
 
 from .auto import AutoChoice, AutoOptions, choose_plan, task_graph
-from .plans import TORCHREC_CLASSES, named_plan, runnable
+from .plans import CLASS_NOTES, TORCHREC_CLASSES, named_plan, runnable
 from .tasks import TorchRecTasks, toolbox_kind
 
 __all__ = ["TrainPipeline", "DropInOptions"]
@@ -166,15 +166,28 @@ class TrainPipeline:
 
     Examples
     --------
-    See ``examples/torchrec_dropin.py`` and ``tests/test_torchrec_dropin.py``::
+    TorchRec's ``TestSparseNN`` on one gloo rank (``examples/torchrec_dropin.py`` compares it with TorchRec's
+    own pipeline):
 
-        pipeline = TrainPipeline(model, optimizer, torch.device("cpu"), plan="sparse_dist")
-        it = iter(dataloader)
-        while True:
-            try:
-                output = pipeline.progress(it)
-            except StopIteration:
-                break
+    >>> import torch.distributed as dist
+    >>> from swpipe.torchrec import models
+    >>> owns = not dist.is_initialized()
+    >>> if owns:
+    ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> model, optimizer = models.sparse_nn()
+    >>> batches = models.sparse_nn_batches(models.SparseNNConfig(), 5)
+    >>> pipeline = TrainPipeline(model, optimizer, torch.device("cpu"), plan="sparse_dist")
+    >>> it, outputs = iter(batches), []
+    >>> while True:
+    ...     try:
+    ...         outputs.append(pipeline.progress(it))
+    ...     except StopIteration:
+    ...         break
+    >>> len(outputs), tuple(outputs[0].shape)
+    (5, (32,))
+    >>> pipeline.close()
+    >>> if owns:
+    ...     dist.destroy_process_group()
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, device: Union[str, torch.device],
@@ -220,7 +233,8 @@ class TrainPipeline:
                        if v is not None}
             base = named_plan(plan, **factory)
             key = plan.strip().lower().replace("-", "_")
-            label = f"plan {key!r}, TorchRec's {TORCHREC_CLASSES[key]}"
+            label = f"plan {key!r}, TorchRec's {TORCHREC_CLASSES[key]}" + (
+                f" ({CLASS_NOTES[key]})" if key in CLASS_NOTES else "")
         else:
             raise TypeError(f"plan must be a plan name, 'auto' or a PipelinePlan, got {type(plan).__name__}")
         self._tasks = TorchRecTasks(model, optimizer, self._device, toolbox_kind(base.task_names),

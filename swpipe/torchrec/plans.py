@@ -21,7 +21,7 @@ from swpipe_core.workers import with_thread_map
 
 from .tasks import COLLECTIVE_TASKS, MODE_TASKS, TASK_NAMES
 
-__all__ = ["TORCHREC_CLASSES", "UNSUPPORTED", "named_plan", "runnable", "check_shape"]
+__all__ = ["TORCHREC_CLASSES", "CLASS_NOTES", "UNSUPPORTED", "named_plan", "runnable", "check_shape"]
 
 #: plan name -> the TorchRec class whose ``progress()`` it schedules (checked equal in tests/test_torchrec_dropin.py)
 TORCHREC_CLASSES: Dict[str, str] = {
@@ -31,6 +31,12 @@ TORCHREC_CLASSES: Dict[str, str] = {
     "fused_sparse_dist": "TrainPipelineFusedSparseDist",
     "semi_sync": "TrainPipelineSemiSync",
     "sparse_dist_t": "TrainPipelineSparseDistT",
+}
+
+#: where a plan is TorchRec's class only in part (said in the pipeline's report)
+CLASS_NOTES: Dict[str, str] = {
+    "semi_sync": "as TorchRec runs it before start_batch (900 by default): the lookup of batch i+1 after the "
+                 "embedding update of batch i; TorchRec's stale lookup from start_batch on is not reproduced",
 }
 
 #: the other names of swpipe_core.pipelines, and why the drop-in does not run them

@@ -1,0 +1,76 @@
+"""Smoke runs of the benchmark scripts the tests used to look inside: each runs with its quickest options and
+prints its figures.
+
+What a script measures (prediction errors, speedups, thread balances) is its figures, recorded in
+``benchmarks/RESULTS.md``, not asserted here; its internals are its own. Where a run states a behaviour of
+the library, that is asserted: ``gpu_overlap`` reads every element of every copy, and the pipelined sums
+equal the serial ones exactly (on the fake device with no race between its streams). The CUDA mutation
+table (every injected engine fault caught) is ``tests/test_cuda_mutations.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import load_benchmark
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """The scripts set torch's intra-op threads for their run; the rest of the session keeps its own."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_calibrated_fidelity_runs_and_prints_its_errors(capsys):
+    got = load_benchmark("calibrated_fidelity").main([
+        "--plans", "1", "--rounds", "1", "--iters", "8", "--serial-iters", "3", "--sim-iters", "20",
+        "--no-keep-freed-memory"])  # in-process: leave the test process's malloc as it is
+    out = capsys.readouterr().out
+    assert got == 0
+    assert "median |error|" in out
+
+
+def test_gil_retakes_runs_and_prints_both_parts(capsys):
+    load_benchmark("gil_retakes").main(["--quick", "--no-keep-freed-memory"])  # in-process: malloc as it is
+    out = capsys.readouterr().out
+    assert "(a) two threads" in out and "(b) host time per task" in out
+
+
+def test_readme_example_runs_the_readmes_plan_and_prints_the_ratio(capsys):
+    load_benchmark("readme_example").main(["--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "pipelined vs serial: x" in out
+
+
+FIGURES = ("(a) overlap", "(b) serial", "(b) pipelined", "(c) engine")
+
+
+def test_gpu_overlap_on_a_cpu_prints_every_figure_and_pipelined_equals_serial(capsys):
+    got = load_benchmark("gpu_overlap").main(["--device", "cpu", "--quick"])
+    out = capsys.readouterr().out
+    assert got["overlap"]["equal"], got["overlap"]["mismatches"]
+    assert all(line in out for line in FIGURES), out
+
+
+@pytest.mark.cuda
+def test_gpu_overlap_on_the_fake_is_exact_with_no_race_and_closes_the_fake(capsys):
+    before = set(threading.enumerate())
+    got = load_benchmark("gpu_overlap").main(["--device", "fake", "--quick"])
+    out = capsys.readouterr().out
+    assert got["overlap"]["equal"] and got["overlap"]["races"] == [], got["overlap"]
+    assert all(line in out for line in FIGURES), out
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("fakecuda")]
+
+
+@pytest.mark.gpu
+def test_gpu_overlap_on_a_gpu_is_exact():
+    got = load_benchmark("gpu_overlap").main(["--device", "cuda", "--mib", "64", "--n", "4", "--iters", "12",
+                                              "--rounds", "2"])
+    assert got["overlap"]["equal"], got["overlap"]["mismatches"]
+    assert got["overlap"]["costs"]["Copy"].device_s > 0  # the profiler timed the copy on the device
