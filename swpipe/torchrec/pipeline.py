@@ -92,6 +92,18 @@ def _split_options(options: Dict[str, Any]) -> Any:
             {k for k in options if k in auto})
 
 
+def _job_timeout() -> Any:
+    """The default group's timeout, for the group the drop-in makes (a new group would wait 30 minutes otherwise)."""
+    import torch.distributed as dist
+
+    from swpipe.workloads.distenv import group_timeout
+
+    try:
+        return group_timeout(dist.group.WORLD)
+    except Exception:  # noqa: BLE001 - a backend that does not say: torch's default
+        return None
+
+
 class _Feed(Iterator[Any]):
     """The engine's data: batches put back first, then the latest iterator ``progress`` was given."""
 
@@ -209,7 +221,7 @@ class TrainPipeline:
         if self._world > 1 and (self._opts.agree_on_end is not False or self._auto):
             # a gloo group of its own, used only from the caller's thread: the end-of-data exchange, auto's exchanges
             # (a collective: every rank constructs its pipeline at the same point, as with TorchRec's)
-            self._group = dist.new_group(backend="gloo")
+            self._group = dist.new_group(backend="gloo", timeout=_job_timeout())
         self.plan: Optional[PipelinePlan] = None
         self.report = ""
         self.choice: Optional[AutoChoice] = None
