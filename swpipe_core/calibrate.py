@@ -549,7 +549,8 @@ def _largest_cpu_share(shares: List[float]) -> float:
 
 
 def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
-              gil_iterations: int = 5, wake_batches: Optional[Sequence[Any]] = None) -> MachineCalibration:
+              gil_iterations: int = 5, wake_batches: Optional[Sequence[Any]] = None,
+              state: Any = None) -> MachineCalibration:
     """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL and CPU use.
 
     Parameters
@@ -567,6 +568,10 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
         :func:`swpipe_core.schedstat.measure_wake_s` measures ``wake_s`` (the
         plan's threads' wait for a core per wake-up). It belongs to that plan:
         simulate that plan with it. Without them ``wake_s`` is not measured.
+    state : modules, optimizers, or a list of them, optional
+        What ``pipe``'s tasks train: restored exactly after the measurement
+        runs them (:func:`swpipe_core.state.measured_on`); without it a
+        ``RuntimeWarning`` says how many steps ran on the model.
 
     Returns
     -------
@@ -582,13 +587,17 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
 
     engine = measure_engine_costs(iterations=iterations, repeats=repeats)
     free, cpus = measure_cores()
-    gil, calls = measure_gil_and_calls(pipe, batch, gil_iterations) if pipe is not None else ({}, {})
-    cpu = measure_cpu(pipe, batch, gil_iterations) if pipe is not None else {}
-    wake = None
-    if pipe is not None and wake_batches is not None:
-        from .schedstat import measure_wake_s
+    gil, calls, cpu, wake = {}, {}, {}, None
+    if pipe is not None:
+        from .state import measured_on
 
-        wake = measure_wake_s(pipe, wake_batches)
+        with measured_on(pipe, state, "calibrate"):
+            gil, calls = measure_gil_and_calls(pipe, batch, gil_iterations)
+            cpu = measure_cpu(pipe, batch, gil_iterations)
+            if wake_batches is not None:
+                from .schedstat import measure_wake_s
+
+                wake = measure_wake_s(pipe, wake_batches)
     try:
         load: Optional[float] = os.getloadavg()[0]
     except (AttributeError, OSError):

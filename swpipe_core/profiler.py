@@ -132,6 +132,11 @@ class ProfileResult:
         (True, True)
         """
         lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms"]
+        if self.meta.get("task_runs") is not None:
+            from .state import MeasuredRun
+
+            ran = MeasuredRun(dict(self.meta["task_runs"]), bool(self.meta.get("state_restored")))
+            lines.append(f"The profile {ran.describe()}")
         faults = self.meta.get("page_faults_per_iteration")
         if faults is not None:
             hint = _FAULTS_HINT if faults >= _FAULTS_WORTH_NOTING else ""
@@ -339,6 +344,7 @@ class TaskProfiler:
         interleave: bool = True,
         memory: Optional[bool] = None,
         calibrate: bool = False,
+        state: Any = None,
     ) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
@@ -384,6 +390,14 @@ class TaskProfiler:
             Also measure the machine (:func:`swpipe_core.calibrate.calibrate`:
             engine costs, cores free, each task's GIL share) into
             ``meta["machine_calibration"]``; ``CostModel.from_profile`` keeps it.
+        state : modules, optimizers, or a list of them, optional
+            What the tasks train. The profile runs the training step many
+            times on ``batch``; with ``state`` the model, its gradients, the
+            optimizer's state and torch's random generators are restored
+            exactly afterwards (:func:`swpipe_core.state.measured_on`).
+            Without it the model keeps those steps and a ``RuntimeWarning``
+            says how many; ``meta["task_runs"]`` (how often each task ran) and
+            the report say it either way.
 
         Returns
         -------
@@ -395,6 +409,18 @@ class TaskProfiler:
             Unknown task names in ``skip_tasks`` (valid names listed), counts
             out of range, or shortcuts already enabled on the pipeline.
         """
+        from .state import measured_on
+
+        with measured_on(self.pipe, state, "TaskProfiler.profile") as ran:
+            result = self._profile(batch, num_warmup, num_measure, num_rounds, skip_tasks, progress,
+                                   task_times=task_times, interleave=interleave, memory=memory, calibrate=calibrate)
+        result.meta["task_runs"] = dict(ran.runs)
+        result.meta["state_restored"] = ran.restored
+        return result
+
+    def _profile(self, batch: Any, num_warmup: int, num_measure: int, num_rounds: int,
+                 skip_tasks: Optional[Iterable[str]], progress: bool, *, task_times: bool, interleave: bool,
+                 memory: Optional[bool], calibrate: bool) -> ProfileResult:
         if num_warmup < 0 or num_measure < 1 or num_rounds < 1:
             raise ValueError(
                 f"need num_warmup >= 0, num_measure >= 1 and num_rounds >= 1; got "
@@ -474,6 +500,7 @@ class TaskProfiler:
         *,
         task_times: bool = True,
         interleave: bool = True,
+        state: Any = None,
     ) -> List[ProfileResult]:
         """Profile each batch independently (how exposed time varies with the data).
 
@@ -481,8 +508,8 @@ class TaskProfiler:
         ----------
         batches : iterable
             One :meth:`profile` per batch, with the same settings.
-        num_warmup, num_measure, num_rounds, skip_tasks, progress, task_times, interleave
-            As in :meth:`profile`.
+        num_warmup, num_measure, num_rounds, skip_tasks, progress, task_times, interleave, state
+            As in :meth:`profile` (with ``state``, restored after each batch's profile).
 
         Returns
         -------
@@ -498,7 +525,7 @@ class TaskProfiler:
         results = []
         for i, batch in enumerate(batches):
             r = self.profile(batch, num_warmup, num_measure, num_rounds, skip, progress,
-                             task_times=task_times, interleave=interleave)
+                             task_times=task_times, interleave=interleave, state=state)
             r.meta["batch_index"] = i
             results.append(r)
         return results
