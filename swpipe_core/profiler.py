@@ -118,6 +118,7 @@ class ProfileResult:
             lines.append(f"  {name:<{width}} {s * 1e3:>7.3f}ms{pct(s):>11.1f}%")
         total = sum(self.exposed_s.values())
         lines += [rule, f"  {'SUM':<{width}} {total * 1e3:>7.3f}ms{pct(total):>11.1f}%"]
+        lines += self._consistency(total, self.exposed_noise_s())
         return "\n".join(lines)
 
     def _header(self) -> List[str]:
@@ -143,29 +144,79 @@ class ProfileResult:
             lines.append(f"Page faults per serial iteration: {faults:.0f}{hint}")
         return lines
 
+    def exposed_noise_s(self) -> Dict[str, float]:
+        """Per task, half the range of its exposed time over the rounds (``{}`` with fewer than two rounds).
+
+        Round ``r``'s exposed time is that round's baseline minus the task's
+        shortcut round ``r`` (interleaved rounds are taken side by side).
+
+        Examples
+        --------
+        >>> r = ProfileResult(0.010, {"A": 0.002}, meta={"baseline_rounds_s": [0.010, 0.011, 0.010],
+        ...                                                "shortcut_rounds_s": {"A": [0.008, 0.008, 0.009]}})
+        >>> round(r.exposed_noise_s()["A"] * 1e3, 3)
+        1.0
+        """
+        base = self.meta.get("baseline_rounds_s") or []
+        out: Dict[str, float] = {}
+        for name, rounds in (self.meta.get("shortcut_rounds_s") or {}).items():
+            exposed = [b - s for b, s in zip(base, rounds)]
+            if len(exposed) >= 2:
+                out[name] = (max(exposed) - min(exposed)) / 2
+        return out
+
     def _format_with_times(self) -> str:
         """The report with host and device time per task next to exposed time (the cost model's inputs)."""
         host, device = self.host_s or {}, self.device_s or {}
         names = list(dict.fromkeys([*self.exposed_s, *host, *device]))
         width = max([24, *(len(n) for n in names)])
         pct = (lambda s: 100.0 * s / self.baseline_s) if self.baseline_s > 0 else (lambda s: 0.0)
+        noise = self.exposed_noise_s()
 
         def ms(table: Dict[str, float], name: str) -> str:
             return f"{table[name] * 1e3:>9.3f}ms" if name in table else f"{'-':>11}"
 
-        head = f"  {'Task':<{width}} {'Exposed':>11} {'% baseline':>11} {'Host':>11} {'Device':>11}"
-        rule = f"  {'-' * width} {'-' * 11} {'-' * 11} {'-' * 11} {'-' * 11}"
+        def spread(name: str) -> str:
+            if not noise:
+                return ""
+            if name not in noise:
+                return f" {'':>9}"
+            flag = "~" if noise[name] >= self.exposed_s.get(name, 0.0) else " "
+            return f" {'+-' + format(noise[name] * 1e3, '.3f'):>8}{flag}"
+
+        head = (f"  {'Task':<{width}} {'Exposed':>11}" + (f" {'noise':>9}" if noise else "")
+                + f" {'% baseline':>11} {'Host':>11} {'Device':>11}")
+        rule = f"  {'-' * width} {'-' * 11}" + (f" {'-' * 9}" if noise else "") + f" {'-' * 11} {'-' * 11} {'-' * 11}"
         lines = [*self._header(), "", head, rule]
         for name in names:
             share = f"{pct(self.exposed_s[name]):>10.1f}%" if name in self.exposed_s else f"{'-':>11}"
-            lines.append(f"  {name:<{width}} {ms(self.exposed_s, name)} {share} {ms(host, name)} {ms(device, name)}")
+            lines.append(f"  {name:<{width}} {ms(self.exposed_s, name)}{spread(name)} {share} {ms(host, name)} "
+                         f"{ms(device, name)}")
         total = {"e": sum(self.exposed_s.values())}
         total.update({k: sum(t.values()) for k, t in (("h", host), ("d", device)) if t})
-        lines += [rule, f"  {'SUM':<{width}} {ms(total, 'e')} {pct(total['e']):>10.1f}% {ms(total, 'h')} {ms(total, 'd')}"]
+        lines += [rule, f"  {'SUM':<{width}} {ms(total, 'e')}" + (f" {'':>9}" if noise else "")
+                  + f" {pct(total['e']):>10.1f}% {ms(total, 'h')} {ms(total, 'd')}"]
         lines += ["", "  Exposed: how much the serial step speeds up without the task (shortcut).",
                   "  Host: CPU time the task's function held its thread; Device: time on its stream (CUDA).",
                   "  CostModel.from_profile takes host_s = Host (Exposed where Host is -) and device_s = Device."]
+        lines += self._consistency(total["e"], noise)
         return "\n".join(lines)
+
+    def _consistency(self, exposed_sum: float, noise: Dict[str, float]) -> List[str]:
+        """What the exposed times say about each other and the baseline, when they need saying."""
+        out = []
+        if noise:
+            out.append("  noise: half the range of the exposed time over the rounds; ~: the task's exposed time is "
+                       "within it (not measurably above 0)")
+            flagged = [n for n, v in noise.items() if v >= self.exposed_s.get(n, 0.0)]
+            if flagged:
+                out.append(f"  Within noise: {', '.join(flagged)} (more rounds, num_rounds=, narrow it)")
+        if self.baseline_s > 0 and exposed_sum > 1.05 * self.baseline_s:
+            out.append(f"  The exposed times sum to {100 * exposed_sum / self.baseline_s:.0f} % of the baseline: each is "
+                       "what skipping that task alone saves, and a task whose wait another task's work covers saves "
+                       "that wait once per task, so they add up to more than the step" + (
+                           " (and noise adds to each)" if noise else ""))
+        return [""] + out if out else []
 
     def print_report(self) -> None:
         """Print :meth:`format_report` (baseline, per-task exposed, host and device ms, SUM).
