@@ -186,7 +186,7 @@ def _serial_costs(plan: PipelinePlan, batches: Sequence[Any], device: Any, itera
 
 
 def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, opts: AutoOptions,
-                   world: int) -> Any:
+                   world: int, state: Any) -> Any:
     from swpipe_core.engine import SWPipeline
 
     costs = _serial_costs(graph, batches, device, opts.cost_iterations)
@@ -200,7 +200,7 @@ def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, opt
 
         if world == 1:
             with SWPipeline(graph, device=device) as pipe:
-                cal = calibrate(pipe, batches[0], iterations=100, repeats=3, gil_iterations=3)
+                cal = calibrate(pipe, batches[0], iterations=100, repeats=3, gil_iterations=3, state=state)
         else:  # the tasks' own shares would run collectives the other ranks do not: the machine's figures only
             cal = calibrate(iterations=100, repeats=3)
         costs = dataclasses.replace(costs, machine_calibration=cal)
@@ -358,7 +358,7 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
         fns = tasks.functions(task_graph().task_names)
         graph = task_graph(fns)
         bound = runnable(graph, fns, world)
-        costs = _measure_costs(bound, batches, device, opts, world)
+        costs = _measure_costs(bound, batches, device, opts, world, [model, optimizer])
         if world > 1:
             from autosched.costs import CostModel
             from swpipe.workloads.agree import combine_slowest
