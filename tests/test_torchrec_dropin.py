@@ -312,6 +312,8 @@ def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it
         TrainPipeline(model, opt, CPU, threads=2)
     with pytest.raises(TypeError, match=r"\['time_limit_s'\] are for plan='auto' only"):
         TrainPipeline(model, opt, CPU, time_limit_s=3)
+    with pytest.raises(TypeError, match=r"option\(s\) \['thread_map'\] shape a named plan; plan=auto takes"):
+        TrainPipeline(model, opt, CPU, plan="auto", thread_map="by_stream")
     with pytest.raises(ValueError, match=r"TorchRec's execute_all_batches=False is not supported"):
         TrainPipeline(model, opt, CPU, execute_all_batches=False)
     deep = pipelines.get("sparse_dist")

@@ -217,6 +217,11 @@ class TrainPipeline:
         self._auto = isinstance(plan, str) and plan.strip().lower() == "auto"
         if auto_given and not self._auto:
             raise TypeError(f"option(s) {sorted(auto_given)} are for plan='auto' only")
+        named_only = [k for k in ("order", "emb_lookup") + (("thread_map", "hand_off_after") if self._auto else ())
+                      if getattr(self._opts, k) is not None]
+        if named_only and (self._auto or isinstance(plan, PipelinePlan)):
+            raise TypeError(f"option(s) {named_only} shape a named plan; plan={'auto' if self._auto else 'a PipelinePlan'} "
+                            "takes its schedule as it is")
         self._group: Any = None
         if self._world > 1 and (self._opts.agree_on_end is not False or self._auto):
             # a gloo group of its own, used only from the caller's thread: the end-of-data exchange, auto's exchanges
