@@ -145,6 +145,9 @@ def main() -> None:
             torch.testing.assert_close(a, b)
         print(f"{label:50s} {rate:11.1f} {ratio:>11s} {spread:>13s}  "
               f"{'bit-identical' if exact else ('close' if close else 'DIFFERENT')}")
+    paired = {k: statistics.median(p / o for p, o in zip(times[k], times["drop-in auto"])) for k in torchrec_rows}
+    print("drop-in auto against each TorchRec class (median of paired rounds): "
+          + ", ".join(f"{k[len('TorchRec '):]} {v:.3f}x" for k, v in paired.items()))
 
 
 def _run_torchrec_class(cls_name, peer, batches):

@@ -147,14 +147,16 @@ def seeds(graph: PipelinePlan) -> List[Tuple[str, PipelinePlan]]:
     lookup in the forward's period on the default stream
     (``TrainPipelineSparseDist``'s schedule), everything after the copy in
     one stage (``TrainPipelineSparseDistLite``'s), the copy on its own thread
-    (``TrainPipelineSparseDistT``'s), and one thread per stream.
+    (``TrainPipelineSparseDistT``'s), one thread per stream, and the same with
+    the side threads' tasks handed off after the forward.
 
     Examples
     --------
-    >>> [label for label, _ in seeds(task_graph())]
-    ['fused_sparse_dist', 'sparse_dist', 'sparse_dist_lite', 'sparse_dist_t', 'fused_sparse_dist+by_stream']
+    >>> [label for label, _ in seeds(task_graph())][3:]
+    ['sparse_dist_t', 'fused_sparse_dist+by_stream', 'sparse_dist+by_stream, after Forward']
     """
     from autosched.seeds import with_dependencies_of
+    from swpipe_core.order import hand_off_after
     from swpipe_core.pipelines.experimental import COPY_THREAD
     from swpipe_core.workers import with_thread_map
 
@@ -167,7 +169,12 @@ def seeds(graph: PipelinePlan) -> List[Tuple[str, PipelinePlan]]:
                                 pipeline_depth=fused.pipeline_depth)
     out = [("fused_sparse_dist", fused), ("sparse_dist", sparse), ("sparse_dist_lite", lite),
            ("sparse_dist_t", copy_thread), ("fused_sparse_dist+by_stream", with_thread_map(fused, "by_stream"))]
-    return [(label, with_dependencies_of(plan, graph)) for label, plan in out]
+    out = [(label, with_dependencies_of(plan, graph)) for label, plan in out]
+    # the side threads' Python handed off after the forward, beside the backward that holds no interpreter lock
+    # (the fastest hand-written row of benchmarks/vs_torchrec.py on a 2-core CPU, RESULTS.md's ninth session)
+    by_stream = with_dependencies_of(with_thread_map(sparse, "by_stream"), graph)
+    late = by_stream.replace(enqueue_order=hand_off_after(by_stream, "Forward"), pipeline_depth=by_stream.pipeline_depth)
+    return out + [("sparse_dist+by_stream, after Forward", late)]
 
 
 def _serial_costs(plan: PipelinePlan, batches: Sequence[Any], device: Any, iterations: int) -> Any:
