@@ -10,14 +10,14 @@ A missing wait or an early free then gives wrong numbers.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Set, Tuple
+from typing import Any, Dict, Hashable, List, Set, Tuple
 
 import torch
 
+from swpipe_core.device import Device
+
 from .fake_streams import FakeStream
 
-if TYPE_CHECKING:
-    from .fake_cuda import FakeCudaDevice
 
 __all__ = ["FakeTensor"]
 
@@ -49,7 +49,7 @@ class FakeTensor:
 
     is_cuda = True
 
-    def __init__(self, device: "FakeCudaDevice", block: _Block, numel: int, dtype: torch.dtype) -> None:
+    def __init__(self, device: Device, block: _Block, numel: int, dtype: torch.dtype) -> None:
         self.device, self.numel, self.dtype, self._block = device, numel, dtype, block
 
     @property
@@ -81,7 +81,7 @@ class FakeTensor:
 class _Allocator:
     """CUDA's caching allocator, as far as reuse goes: per stream and size, a freed block is reused at once."""
 
-    def __init__(self, device: "FakeCudaDevice") -> None:
+    def __init__(self, device: Device) -> None:
         self._dev = device
         self._free: Dict[Tuple[Hashable, int], List[_Block]] = {}
         self._ids = device.fake._block_ids  # unique across the fake's devices: the race check keys blocks by id

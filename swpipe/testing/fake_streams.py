@@ -10,12 +10,12 @@ from __future__ import annotations
 import collections
 import random
 import threading
-from typing import TYPE_CHECKING, Callable, Deque, Dict, Hashable, NamedTuple, Optional
+from typing import Callable, Deque, Dict, Hashable, NamedTuple, Optional
+
+from swpipe_core.device import Device
 
 from .races import Access
 
-if TYPE_CHECKING:  # the device owns its streams; only the annotations name it here
-    from .fake_cuda import FakeCudaDevice
 
 __all__ = ["FakeCudaError", "FakeDeviceHang", "Launch", "FakeStream", "FakeEvent"]
 
@@ -59,7 +59,7 @@ class _Token:
 class FakeStream:
     """A stream of a fake device: a FIFO queue run by its own executor thread (started on first use)."""
 
-    def __init__(self, device: "FakeCudaDevice", stream_id: int, name: Optional[str] = None) -> None:
+    def __init__(self, device: Device, stream_id: int, name: Optional[str] = None) -> None:
         self._dev = device
         self.stream_id = stream_id
         self.device = device.torch_device
@@ -122,7 +122,7 @@ class FakeStream:
 class FakeEvent:
     """An event of a fake device (``torch.cuda.Event``'s methods): the latest record is what it stands for."""
 
-    def __init__(self, device: "FakeCudaDevice", enable_timing: bool = False) -> None:
+    def __init__(self, device: Device, enable_timing: bool = False) -> None:
         self._dev = device
         self.enable_timing = enable_timing
         self._token: Optional[_Token] = None

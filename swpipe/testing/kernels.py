@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -21,8 +21,6 @@ from swpipe_core.device import Device, as_device
 from .fake_memory import FakeTensor
 from .fake_streams import FakeStream
 
-if TYPE_CHECKING:
-    from .fake_cuda import FakeCudaDevice
 
 __all__ = ["kernels", "TorchKernels", "FakeKernels"]
 
@@ -79,7 +77,7 @@ class FakeKernels:
     them runs on any of the three.
     """
 
-    def __init__(self, device: FakeCudaDevice) -> None:
+    def __init__(self, device: Device) -> None:
         self._dev = device
 
     def _stream(self) -> FakeStream:
