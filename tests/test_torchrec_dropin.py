@@ -214,6 +214,26 @@ def test_auto_equals_the_non_pipelined_loop_and_reports_its_choice():
     assert "depth 2:" in report and "depth 3:" in report
 
 
+def test_auto_can_measure_the_models_own_forward_and_the_pipelined_one_on_one_model():
+    """plan='auto' runs TorchRec's base plan (the sharded modules' own forward) between pipelined plans."""
+    from swpipe.torchrec.auto import task_graph
+    from swpipe.torchrec.plans import named_plan, runnable
+    from swpipe.torchrec.tasks import TorchRecTasks
+    from swpipe_core.engine import SWPipeline
+
+    batches = _batches("sparse_nn", 8)
+    model, opt = _build("sparse_nn")
+    tasks = TorchRecTasks(model, opt, CPU, "fused")
+    tasks.keep_outputs = True
+    out = []
+    for plan, part in ((task_graph(), batches[:3]), (named_plan("base"), batches[3:6]), (task_graph(), batches[6:])):
+        tasks.reset()
+        with SWPipeline(runnable(plan, tasks.functions(plan.task_names)), device=CPU) as pipe:
+            pipe.run(iter(part))
+        out += [tasks.take_output(i) for i in range(len(part))]
+    _same(out, _plain("sparse_nn", batches), "fused, base, fused on one model vs the non-pipelined loop")
+
+
 def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_much_is_needed():
     from autosched.memsearch import MemoryCapError
 

@@ -16,8 +16,10 @@ before its first pass with ``plan="auto"``:
    the forward and the tasks after it in the last stage (the drop-in's
    ``progress`` returns that batch's output), with TorchRec's plans over the
    same graph as seeds (:func:`seeds`), or under the memory cap;
-4. verify: the searched plans, the seeds and the serial loop run on the
-   engine in interleaved rounds (:func:`autosched.verify.measure_plans`); the
+4. verify: the searched plans, the seeds, TorchRec's ``base`` plan (the
+   model's own forward: no input-dist tasks, so not a seed of the search; the
+   sharded modules get their forward back for its runs) and the serial loop run
+   on the engine in interleaved rounds (:func:`autosched.verify.measure_plans`); the
    fastest is chosen, a seed (a TorchRec plan) unless another plan beats it
    measurably; on several ranks every rank runs the candidates at once and the
    slowest rank's time of each round counts;
@@ -122,6 +124,10 @@ class AutoChoice:
         head = (f"plan='auto' chose {self.label} ({self.verdict}); measured, searched and verified in "
                 f"{self.seconds:.1f} s on the first batches, the model restored exactly afterwards")
         return "\n".join([head, *self.lines])
+
+
+#: the candidate label of TorchRec's ``TrainPipelineBase`` plan (the model's own forward, no input-dist tasks)
+BASE = "seed:base"
 
 
 def task_graph(fns: Optional[Dict[str, Any]] = None) -> PipelinePlan:
@@ -385,6 +391,8 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
                 if opts.max_memory_bytes is not None:
                     cands, cap_lines = _under_cap(cands, costs, device, float(opts.max_memory_bytes))
                     search_lines += cap_lines
+                else:  # TorchRec's TrainPipelineBase: the model's own forward (its bytes are not measured)
+                    cands.append((BASE, pipelines.get("base")))
                 shared = ([(label, _fields(p)) for label, p in cands], search_lines)
             except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait forever
                 failure, shared = exc, f"{type(exc).__name__}: {exc}"
@@ -397,12 +405,15 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
         cand_fields, search_lines = shared
         lines += [f"costs: {costs.method or 'measured'} ({costs.notes.split(';')[0]})",
                   "search, one per depth (the forward and the tasks after it in the last stage):", *search_lines]
-        plans = [(label, runnable(_from_fields(f), fns, world)) for label, f in cand_fields]
+        plans = []
+        for label, f in cand_fields:
+            plan = _from_fields(f)
+            plans.append((label, runnable(plan, tasks.functions(plan.task_names), world)))
         runs = list(itertools.islice(itertools.cycle(batches), max(opts.verify_iterations, 2 * len(batches), 4)))
         known_labels = [label for label, _ in plans if label.startswith("seed:")]
         table = measure_plans(plans, runs, max(1, opts.verify_rounds), device=str(device), known=known_labels,
                               max_rounds=2 * max(1, opts.verify_rounds) if world == 1 else None,
-                              predicted=_predictions(plans, costs, device))
+                              predicted=_predictions([(k, p) for k, p in plans if k != BASE], costs, device))
         if world > 1:  # every rank ran the same rounds; the slowest rank's time of each counts
             every = _gather(group, {r.label: r.rounds_s for r in table.rows}, world)
             table = VerifyTable([PlanMeasurement(r.label, r.plan, [max(e[r.label][k] for e in every)

@@ -163,10 +163,13 @@ class TorchRecTasks:
             raise ValueError(f"swpipe.torchrec has no task function for {unknown}; a plan for a TorchRec model may use "
                              f"{', '.join(TASK_NAMES)}")
         need = toolbox_kind(names)
-        if need != self.kind:
+        fns = {n: getattr(self, n) for n in names}
+        if need is None and self.kind is not None and "H2D" in fns:
+            fns["H2D"] = self._h2d_own_forward  # a plan of the model's own forward, on a model rewritten before
+        elif need != self.kind:
             raise ValueError(f"tasks {names} need TorchRec's {need or 'plain'} machinery, these were built for "
                              f"{self.kind or 'plain'}")
-        return {n: getattr(self, n) for n in names}
+        return fns
 
     # ------------------------------------------------------------------------------ tasks
 
@@ -174,6 +177,13 @@ class TorchRecTasks:
         ctx.dev = ctx.batch.to(device=self.device, non_blocking=True)
         if self.toolbox is not None:
             ctx.tr = self.toolbox.new_context(ctx.iter_idx)
+
+    def _h2d_own_forward(self, ctx: IterContext) -> None:
+        """H2D of a plan without input-dist tasks (``base``): the sharded modules get their own forward back first
+        (they may have run pipelined in an earlier run: ``plan="auto"`` measures both kinds on one model)."""
+        if self.toolbox.rewritten:
+            self.toolbox.detach()
+        self.H2D(ctx)
 
     def InputDistStart(self, ctx: IterContext) -> None:
         self.toolbox.start_input_dist(ctx.dev, ctx.tr)
