@@ -45,6 +45,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -693,12 +694,19 @@ def run_peer_ranks(deadline_s: float = PEER_DEADLINE_S) -> Dict[str, Any]:
         killed itself), ``exitcodes``, ``killed``, ``seconds``.
     """
     ctx = mp.get_context("spawn")
+    # The children import this module, whose `conftest` must be tests/conftest.py, not the repository's own
+    # conftest.py: they get the parent's sys.path as it is at start(), so this folder goes first meanwhile.
+    here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=_peer_rank_main, args=(r, os.path.join(tmp, "store"), tmp), name=f"rank{r}")
                  for r in range(WORLD)]
         t0 = time.perf_counter()
-        for p in procs:
-            p.start()
+        sys.path.insert(0, here)
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            sys.path.remove(here)  # the first entry: the one inserted above
         killed = []
         for p in procs:
             p.join(max(0.0, deadline_s - (time.perf_counter() - t0)))
