@@ -69,6 +69,17 @@ def _draw(ax: Any, events: Sequence[Any], window: Optional[Tuple[float, float]],
     ax.grid(axis="x", alpha=0.3)
 
 
+def _legend(fig: Any, events: Sequence[Any]) -> None:
+    """One colour per task, named below the chart (a bar's own label only shows where it is wide enough)."""
+    from matplotlib.patches import Patch
+
+    tasks = list(dict.fromkeys(e.task for e in events))
+    if tasks:
+        handles = [Patch(facecolor=_colour(t), edgecolor="black", linewidth=0.3, label=t) for t in tasks]
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(tasks), 6), fontsize=7, frameon=False,
+                   title="task (bars read task/iteration)", title_fontsize=7)
+
+
 def _save(fig: Any, path: Optional[str]) -> Any:
     if path:
         fig.savefig(path, dpi=120)
@@ -98,13 +109,14 @@ def gantt(events: Iterable[Any], window: Optional[Tuple[float, float]] = None, t
     >>> from swpipe_core.trace import TimelineEvent
     >>> fig = gantt([TimelineEvent("A", 0, "io", "memcpy", 0.0, 0.002),
     ...              TimelineEvent("A", 0, "io", "memcpy", 0.002, 0.005, "device")])
-    >>> [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    ['thread io', 'stream memcpy']
+    >>> [t.get_text() for t in fig.axes[0].get_yticklabels()], [t.get_text() for t in fig.legends[0].get_texts()]
+    (['thread io', 'stream memcpy'], ['A'])
     """
     events = list(events)
     tracks = _tracks(events)
-    fig = _new_figure(10, 1.0 + 0.45 * max(1, len(tracks)))
+    fig = _new_figure(10, 1.6 + 0.45 * max(1, len(tracks)))
     _draw(fig.add_subplot(1, 1, 1), events, window, title, tracks)
+    _legend(fig, events)
     return _save(fig, path)
 
 
@@ -142,6 +154,7 @@ def compare_gantt(measured: Iterable[Any], simulated: Iterable[Any], window: Opt
     ax1 = fig.add_subplot(2, 1, 2, sharex=ax0)
     _draw(ax0, measured, window, titles[0], tracks)
     _draw(ax1, simulated, window, titles[1], tracks)
+    _legend(fig, both)
     return _save(fig, path)
 
 

@@ -163,7 +163,7 @@ def what_if(plan: PipelinePlan, costs: CostModel, changes: Changes, num_iteratio
             "after": {"change": _describe(changes), **_row(plan, after, num_iterations, device)}}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["speedup"] = table["period_s"].iloc[0] / table["period_s"]
-    return table
+    return printable(table)
 
 
 def sweep(plan: PipelinePlan, costs: CostModel, task: str, factors: Iterable[float] = (0.25, 0.5, 1, 1.5, 2, 3, 4),
@@ -209,7 +209,7 @@ def sweep(plan: PipelinePlan, costs: CostModel, task: str, factors: Iterable[flo
         tc = c[task]
         cost = tc.device_s if part == "device" else (tc.host_s if str(device).startswith("cuda") else tc.cpu_s)
         rows.append({"factor": float(f), "task_cost_s": cost, **_row(plan, c, num_iterations, device)})
-    table = pd.DataFrame(rows)
+    table = printable(pd.DataFrame(rows))
     table.attrs["task"] = task
     return table
 
@@ -246,4 +246,37 @@ def compare_plans(plans: Mapping[str, PipelinePlan], costs: CostModel, num_itera
 
     rows = {label: {"depth": plan.pipeline_depth, **_row(plan, costs, num_iterations, device)}
             for label, plan in plans.items()}
-    return pd.DataFrame.from_dict(rows, orient="index").sort_values("period_s", kind="stable")
+    return printable(pd.DataFrame.from_dict(rows, orient="index").sort_values("period_s", kind="stable"))
+
+
+_PRINTABLE: list = []
+
+
+def printable(table: Any) -> Any:
+    """``table`` as a DataFrame that prints every column and row (``print`` of a plain one hides columns behind ...).
+
+    Everything else is a ``pandas.DataFrame``'s; operations that return a
+    new frame keep the class.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> wide = printable(pd.DataFrame({f"column_{k}": [k] for k in range(30)}))
+    >>> "..." in repr(wide), "column_29" in str(wide)
+    (False, True)
+    """
+    if not _PRINTABLE:
+        import pandas as pd
+
+        class PrintableFrame(pd.DataFrame):
+            """A DataFrame whose text form is complete (``to_string``)."""
+
+            @property
+            def _constructor(self) -> Any:
+                return PrintableFrame
+
+            def __repr__(self) -> str:
+                return self.to_string()
+
+        _PRINTABLE.append(PrintableFrame)
+    return _PRINTABLE[0](table)
