@@ -397,8 +397,9 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         iteration completed (CPU signals) and retire it; on CUDA wait until
         iteration ``retired - max_device_lag`` completed on the device;
         enqueue the next period's tasks of the worker groups; run its
-        caller-group tasks inline, in enqueue order. A failure of an inline
-        task is raised by the next call, as a worker task's is.
+        caller-group tasks inline, in enqueue order. A failure of a task the
+        caller ran inline is raised by this call; a worker task's failure by
+        the first call that finds it.
 
         Parameters
         ----------
@@ -465,6 +466,8 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
             if run.device_pending:
                 self._bound_device_lag(run, idx)
             self._advance(run, batch)
+            if run.cancelled:  # a task of this period failed (one the caller ran inline, or a worker's): now
+                self._surface_failure(run)
         except BaseException:
             if not run.reported:
                 self._abort(run, "interrupted in progress()")
