@@ -7,14 +7,18 @@ The space is exactly the one the searchers cover (:mod:`autosched._problem`):
   skipped: they relabel periods, same timing, deeper pipeline);
 * thread maps: every partition of the tasks into at most ``max_threads``
   groups (frozen groups respected); group names do not change timing;
+* the caller's thread: each group of the map inline, or none (only the frozen
+  caller's group when there is one; none when the problem has no caller's
+  group);
 * streams: every combination of each task's stream choices;
-* enqueue orders: every topological order of the period-local graph. Orders
-  that put each thread's queue and the sequencer in the same sequence behave
-  the same (a period is enqueued at one instant), so one per class is scored,
-  unless tasks share a communicator or PCIe (then first-come ties may differ and
-  every order is scored).
+  Orders
+  that put each thread's queue and the sequencer in the same sequence, and
+  hand each worker's task off after the same task of the inline group, behave
+  the same (the rest of a period is enqueued at one instant), so one per class
+  is scored, unless tasks share a communicator or PCIe (then first-come ties
+  may differ and every order is scored).
 
-Only for a handful of tasks: the count grows as depth^n x Bell(n) x n!.
+Only for a handful of tasks: the count grows as depth^n x Bell(n) x (n + 1) x n!.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from swpipe_core.plan import PipelinePlan
 from swpipe_core.stage_rules import stage_rule_holds
 
 from ._problem import Problem, build_plan
+from .presets import inline_choices
 
 __all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph",
            "stage_assignments"]
@@ -83,7 +88,13 @@ def _order_key(problem: Problem, plan: PipelinePlan, order: Tuple[str, ...], exa
     for n in order:
         by_group.setdefault(plan.sched(n).thread_group, []).append(n)
     ordered = tuple(n for n in order if n in problem.ordered)
-    return tuple(sorted((g, tuple(v)) for g, v in by_group.items())) + (ordered,)
+    handoffs, last = [], None  # each worker's task with the inline task the main thread runs before handing it off
+    for n in order:
+        if plan.sched(n).thread_group == plan.caller_group:
+            last = n
+        else:
+            handoffs.append((n, last))
+    return tuple(sorted((g, tuple(v)) for g, v in by_group.items())) + (ordered, tuple(sorted(handoffs, key=str)))
 
 
 def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
@@ -101,8 +112,8 @@ def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
     >>> from autosched.search import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
-    >>> len(list(enumerate_plans(p)))   # (0,0) on 1 or 2 threads; (0,1) on 2 threads, or on 1 in either order
-    5
+    >>> len(list(enumerate_plans(p)))   # stages (0,0): 2 + 3; (0,1): one thread 2 x 2 orders, two threads 1 + 2 + 2
+    14
     """
 
     exact = any(problem.comm[n] is not None for n in problem.names) or bool(problem.pcie)
@@ -112,14 +123,17 @@ def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
         for smap in stream_sets:
             stream = dict(zip(problem.names, smap))
             for group in groups:
-                base = build_plan(problem, stage, group, stream)
-                seen = set()
-                for order in nx.all_topological_sorts(period_local_graph(base)):
-                    key = _order_key(problem, base, tuple(order), exact)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    yield base.replace(enqueue_order=list(order), pipeline_depth=base.pipeline_depth)
+                labels = tuple(group[n] for n in problem.names)
+                for anchor in inline_choices(problem, labels):
+                    inline = group[anchor] if anchor is not None else None
+                    base = build_plan(problem, stage, group, stream, inline=inline)
+                    seen = set()
+                    for order in nx.all_topological_sorts(period_local_graph(base)):
+                        key = _order_key(problem, base, tuple(order), exact)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        yield base.replace(enqueue_order=list(order), pipeline_depth=base.pipeline_depth)
 
 
 @dataclass
@@ -162,7 +176,7 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
     >>> from autosched.beam import sim_scorer
     >>> truth = brute_force(p, sim_scorer(p, 20))
     >>> round(truth.period * 1e3, 6), truth.count
-    (3.0, 5)
+    (3.0, 14)
     """
     best_period, best_plan, count = math.inf, None, 0
     for plan in enumerate_plans(problem):

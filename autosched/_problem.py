@@ -7,11 +7,25 @@ this one :class:`Problem` so they search exactly the same plan space:
 * ``stage[t]`` in ``0 .. max_depth - 1`` (or frozen),
 * ``thread_group[t]``: at most ``max_threads`` distinct groups (or frozen),
 * ``stream[t]`` from ``stream_choices[t]`` (matters only on CUDA),
-* the enqueue order: a topological order of the period-local graph.
+* the enqueue order: a topological order of the period-local graph,
+* the caller's group (:attr:`Problem.caller_group`, docs/semantics.md "The
+  caller's group"): which group, if any, runs inline on the thread calling
+  ``progress()``, and after which of its tasks the other groups' tasks are
+  handed off.
+
+The caller's group is a choice like the thread map. ``caller_group`` is the
+name it carries (the input plan's ``caller_group``, ``"default"`` for a bare
+graph); ``None`` rules it out: every group then has a worker. A group frozen
+under that name always runs inline. Otherwise each searcher decides whether
+one of its groups runs inline and which: the main thread is then one resource
+that runs that group's tasks of a period and the per-period engine time
+(:attr:`Problem.period_overhead_s`), and a worker's task placed after an
+inline task in the enqueue order is handed off only once that task has run.
 
 It also holds the timing the models use (:meth:`Problem.thread_time` etc.)
-and :func:`build_plan`, which turns a choice of the four into a
-``PipelinePlan``.
+and :func:`build_plan`, which turns a choice of these into a ``PipelinePlan``
+(``caller_group`` set when a group runs inline, the hand-offs written into
+its ``enqueue_order``).
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ from swpipe_core.stage_rules import stage_rule_holds
 
 from .taskmodel import NOCORE, TaskParts, stream_label, task_parts
 
-__all__ = ["Problem", "make_problem", "build_plan", "DEFAULT_GROUP"]
+__all__ = ["Problem", "make_problem", "build_plan", "enqueue_order_for", "inline_key", "DEFAULT_GROUP"]
 
 DEFAULT_GROUP = "default"
 
@@ -60,6 +74,8 @@ class Problem:
     # the costs as given, machine calibration attached, when ``costs`` has it folded in: the verification predicts
     # each candidate with them (autosched.verify.predict_periods), its plan-dependent engine costs included
     measured_costs: Any = None
+    # the name of the group that may run inline on the caller's thread (None: every group has a worker)
+    caller_group: Optional[str] = DEFAULT_GROUP
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
     _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
     _dur: Optional[Dict[str, int]] = field(default=None, repr=False)
@@ -121,6 +137,51 @@ class Problem:
         else:
             host, dev = self.host[name], self.dev[name]
         return task_parts(host, dev, self.tags(name), group, stream_label(stream), name in self.ordered, self.cuda)
+
+    # -- the caller's thread -------------------------------------------------
+
+    @property
+    def forced_caller(self) -> Optional[str]:
+        """The caller's group when tasks are frozen into it (it then always runs inline), else None."""
+        c = self.caller_group
+        return c if c is not None and c in self.frozen_group.values() else None
+
+    @property
+    def period_overhead_s(self) -> float:
+        """The main thread's engine time per period: ``period_s`` of the machine calibration the search folded
+        in (:attr:`measured_costs`), else 0.
+
+        The main thread spends it each period, before it enqueues the period
+        (the simulator's ``period_overhead_s``), on the same thread as the
+        caller's group when one runs inline.
+        """
+        cal = getattr(self.measured_costs, "machine_calibration", None)
+        return float(getattr(cal, "period_s", 0.0) or 0.0) if cal is not None else 0.0
+
+    def period_units(self) -> int:
+        """:attr:`period_overhead_s` in time units."""
+        return self.units(self.period_overhead_s)
+
+    def simulate(self, plan: PipelinePlan, num_iterations: int = 40) -> Any:
+        """The simulator's result for a plan of this problem: its costs, device and per-period engine time.
+
+        Examples
+        --------
+        >>> from autosched.costs import CostModel, TaskCost
+        >>> from autosched.search import Constraints
+        >>> from swpipe_core.calibrate import MachineCalibration
+        >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001)}), Constraints(max_depth=1))
+        >>> plan = build_plan(p, {"A": 0}, {"A": "g"}, inline="g")
+        >>> round(p.simulate(plan).period * 1e3, 6)
+        1.0
+        >>> p.measured_costs = CostModel(p.costs.tasks, machine_calibration=MachineCalibration(period_s=2e-4))
+        >>> round(p.simulate(plan).period * 1e3, 6)   # the main thread runs A and the engine's 0.2 ms per period
+        1.2
+        """
+        from .simulate import simulate
+
+        return simulate(plan, self.costs, num_iterations=num_iterations, device=self.device,
+                        period_overhead_s=self.period_overhead_s)
 
     def memo(self, key: Any, make: Any) -> Any:
         """A value computed once per problem (presets, fire orders, levels)."""
@@ -386,23 +447,31 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
             init_stream[n] = choices[n][0]
 
     unit = float(c.time_unit_s) if c.time_unit_s is not None else _auto_unit(list(host.values()) + list(dev.values()))
+    caller = plan.caller_group if plan is not None else DEFAULT_GROUP
     return Problem(
         names=names, tasks=tasks, intra=tuple(intra), inter=tuple(inter), costs=costs, device=device,
         host=host, dev=dev, comm=comm, pcie=frozenset(pcie), ordered=frozenset(ordered),
         frozen_stage=frozen_stage, frozen_stream=frozen_stream, frozen_group=frozen_group,
         stream_choices=choices, init_stream=init_stream, max_depth=c.max_depth, max_threads=c.max_threads,
-        unit_s=unit, base_plan=plan, nocore=frozenset(nocore), _dag=dag,
+        unit_s=unit, base_plan=plan, nocore=frozenset(nocore), caller_group=caller, _dag=dag,
     )
 
 
-def _group_names(problem: Problem, group: Mapping[str, Any], stream: Mapping[str, Any]) -> Dict[Any, str]:
-    """Readable thread-group names: frozen names kept, else the dominant stream's name."""
+def _group_names(problem: Problem, group: Mapping[str, Any], stream: Mapping[str, Any],
+                 inline: Any = None) -> Dict[Any, str]:
+    """Readable thread-group names: frozen names kept, the inline group (key ``inline``) named the caller's
+    group, else the dominant stream's name."""
     members: Dict[Any, List[str]] = {}
     for n in problem.names:
         members.setdefault(group[n], []).append(n)
     names: Dict[Any, str] = {}
     used = set()
+    if inline is not None:  # no worker's group takes its name (it would run inline)
+        names[inline] = problem.caller_group
+        used.add(problem.caller_group)
     for g, ms in members.items():
+        if g in names:
+            continue
         fixed = {problem.frozen_group[m] for m in ms if m in problem.frozen_group}
         if isinstance(g, str) and g in problem.frozen_group.values():
             fixed.add(g)
@@ -432,9 +501,105 @@ def _group_names(problem: Problem, group: Mapping[str, Any], stream: Mapping[str
     return names
 
 
+def inline_key(problem: Problem, group: Mapping[str, Any], inline: Any = None) -> Any:
+    """Which key of ``group`` runs inline: the frozen caller's group, else ``inline`` (None: none).
+
+    Raises ValueError when the problem rules the caller's group out (``caller_group`` None) but
+    ``inline`` names one, ``inline`` is not a key of ``group``, or it is a group frozen under another
+    name (which keeps its name, and its worker).
+    """
+    forced = problem.forced_caller
+    if forced is not None:
+        return forced
+    if inline is None:
+        return None
+    if problem.caller_group is None:
+        raise ValueError(f"inline={inline!r}: this problem runs no group inline (caller_group=None)")
+    if inline not in set(group.values()):
+        keys = sorted(map(str, set(group.values())))
+        raise ValueError(f"inline={inline!r} is not one of the thread-group keys {keys}")
+    if any(group[n] == inline for n in problem.frozen_group):
+        raise ValueError(f"inline={inline!r}: that group holds tasks frozen to thread group(s) "
+                         f"{sorted({problem.frozen_group[n] for n in problem.frozen_group if group[n] == inline})}, "
+                         f"not the caller's group {problem.caller_group!r}")
+    return inline
+
+
+def enqueue_order_for(plan: PipelinePlan, offset: Optional[Mapping[str, float]] = None,
+                      priority: Optional[Sequence[str]] = None, handoff: Optional[str] = None,
+                      length: Optional[Mapping[str, float]] = None) -> List[str]:
+    """The enqueue order of a searched plan: by start offset, with the hand-offs where the model starts the tasks.
+
+    The base order sorts the period-local graph topologically by ``(offset,
+    priority)``: the order in which the model starts the tasks of one period.
+    Where the plan runs a group inline (its ``caller_group``) the order is
+    also when the main thread hands the other groups' tasks off
+    (docs/semantics.md, "The caller's group"): a worker's task placed after a
+    caller's task waits until that task has run. So the tasks are walked
+    again, each thread group's tasks and the globally ordered tasks keeping
+    their base order (each FIFO and the sequencer see the same sequence),
+    with a worker's task placed after exactly the caller's tasks that end
+    (``offset + length``) by its own start in the model: it is handed off
+    no later than the model starts it, and no earlier than the model's last
+    caller's task before it has ended (so that it does not take a core, the
+    interpreter lock or a communicator sooner than the model says).
+    Without ``offset`` and ``length`` every worker's task is handed off as
+    early as the graph allows, as the enqueue policies do
+    (:func:`swpipe_core.order.handed_off_first`). ``handoff`` (a task of the
+    caller's group) then hands off after it every worker's task that can
+    wait (:func:`swpipe_core.order.hand_off_after`).
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> plan = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Fwd": TaskSchedule(1),
+    ...                      "Bwd": TaskSchedule(1), "Log": TaskSchedule(1, thread_group="io")},
+    ...                     [("Fwd", "Load"), ("Bwd", "Fwd")])
+    >>> at, length = {"Fwd": 0, "Bwd": 3, "Load": 1, "Log": 4}, {"Fwd": 3, "Bwd": 5, "Load": 1, "Log": 1}
+    >>> enqueue_order_for(plan.replace(caller_group=None), at, length=length)   # by start
+    ['Fwd', 'Load', 'Bwd', 'Log']
+    >>> enqueue_order_for(plan, at, length=length)   # Load starts while Fwd runs, Log while Bwd does
+    ['Load', 'Fwd', 'Log', 'Bwd']
+    >>> enqueue_order_for(plan, {**at, "Log": 8}, length=length)   # Log starts once Bwd has ended
+    ['Load', 'Fwd', 'Bwd', 'Log']
+    >>> enqueue_order_for(plan, at, length=length, handoff="Fwd")
+    ['Fwd', 'Load', 'Log', 'Bwd']
+    """
+    from swpipe_core.order import hand_off_after, period_local_graph
+
+    pos = {n: i for i, n in enumerate(priority or plan.task_names)}
+    off = offset or {}
+    graph = period_local_graph(plan)
+    base = list(nx.lexicographical_topological_sort(graph, key=lambda n: (off.get(n, 0.0), pos.get(n, 0), n)))
+    groups = {plan.sched(n).thread_group for n in base}
+    caller = plan.caller_group
+    if caller is None or caller not in groups or len(groups) == 1:
+        return base
+    at = {n: i for i, n in enumerate(base)}
+    chained = graph.copy()
+    for members in ([n for n in base if plan.sched(n).thread_group == g] for g in sorted(groups)):
+        chained.add_edges_from(zip(members, members[1:]))
+    ordered = [n for n in base if plan.sched(n).globally_ordered]
+    chained.add_edges_from(zip(ordered, ordered[1:]))
+
+    def key(n: str) -> tuple:
+        inline = plan.sched(n).thread_group == caller
+        if offset is None or length is None:
+            return (inline, at[n])  # as early as the graph allows
+        # a caller's task at its end, a worker's task at its start: the worker's task follows the caller's
+        # tasks that have ended by then (on a tie, the caller's task first)
+        return (off.get(n, 0.0) + (length.get(n, 0.0) if inline else 0.0), not inline, at[n])
+
+    order = list(nx.lexicographical_topological_sort(chained, key=key))
+    if handoff is not None:
+        order = hand_off_after(plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth), handoff)
+    return order
+
+
 def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, Any],
                stream: Optional[Mapping[str, Any]] = None, priority: Optional[Sequence[str]] = None,
-               offset: Optional[Mapping[str, float]] = None) -> PipelinePlan:
+               offset: Optional[Mapping[str, float]] = None, inline: Any = None,
+               handoff: Optional[str] = None) -> PipelinePlan:
     """A ``PipelinePlan`` from per-task choices.
 
     Parameters
@@ -448,11 +613,21 @@ def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, A
         Tie-break order for the enqueue order (default: declaration order).
     offset : dict, optional
         Start offset within the period: the enqueue order sorts by it first.
+    inline : optional
+        The group key whose tasks run inline on the caller's thread (named
+        ``problem.caller_group``); None: every group has a worker. A group
+        frozen under the caller's group's name runs inline whatever this says.
+    handoff : str, optional
+        A task of the inline group after which the other groups' tasks that
+        can wait are handed off (default: each where the offsets start it,
+        or as early as it can be without them: :func:`enqueue_order_for`).
 
     Returns
     -------
     PipelinePlan
-        With ``enqueue_order`` a topological order of its period-local graph.
+        With ``enqueue_order`` a topological order of its period-local graph,
+        and ``caller_group`` the caller's group's name when a group runs
+        inline, else None.
 
     Examples
     --------
@@ -462,24 +637,26 @@ def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, A
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
     >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": 1, "B": 0}, offset={"A": 1, "B": 0})
-    >>> plan.enqueue_order, plan.sched("A").thread_group, plan.sched("B").thread_group, plan.pipeline_depth
-    (['B', 'A'], 'worker1', 'default', 2)
-    """
-    from swpipe_core.order import period_local_graph
+    >>> plan.enqueue_order, plan.sched("A").thread_group, plan.sched("B").thread_group, plan.caller_group
+    (['B', 'A'], 'worker1', 'default', None)
 
+    B on the caller's thread: A's worker gets A first, then the main thread runs B:
+
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": 1, "B": 0}, offset={"A": 1, "B": 0}, inline=0)
+    >>> plan.enqueue_order, plan.sched("A").thread_group, plan.sched("B").thread_group, plan.caller_group
+    (['A', 'B'], 'worker1', 'default', 'default')
+    """
     stream = dict(problem.init_stream) if stream is None else dict(stream)
-    gname = _group_names(problem, group, stream)
+    inline = inline_key(problem, group, inline)
+    gname = _group_names(problem, group, stream, inline)
     schedule = {
         problem.tasks[n]: TaskSchedule(stage=int(stage[n]), stream=stream[n], thread_group=gname[group[n]],
                                        globally_ordered=n in problem.ordered)
         for n in problem.names
     }
-    # caller_group=None: CP-SAT and the beam model one worker thread per group (the main thread only
-    # enqueues), so the plans they build run that way; an inline caller group is not in their model.
     plan = PipelinePlan(schedule, intra_iter_deps=list(problem.intra),
-                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter], caller_group=None)
-    pos = {n: i for i, n in enumerate(priority or problem.names)}
-    off = offset or {}
-    graph = period_local_graph(plan)
-    order = list(nx.lexicographical_topological_sort(graph, key=lambda n: (off.get(n, 0.0), pos.get(n, 0), n)))
+                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter],
+                        caller_group=problem.caller_group if inline is not None else None)
+    order = enqueue_order_for(plan, offset, priority or problem.names, handoff,
+                              length={n: problem.dur(n) for n in problem.names})
     return plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth)

@@ -1,20 +1,27 @@
-"""Beam search over thread map x stream map x fire order, stages derived by modulo list scheduling.
+"""Beam search over thread map x stream map x fire order x caller's thread, stages by modulo list scheduling.
 
-It searches thread groups, streams and stages jointly:
+It searches thread groups, streams, stages and the caller's group jointly:
 
 * a **candidate** is a thread map (task -> group), a stream map (task ->
-  stream) and a fire order (a topological order of the intra-iteration DAG
-  used as list-scheduling priority);
+  stream), a fire order (a topological order of the intra-iteration DAG
+  used as list-scheduling priority) and the caller's thread: the group run
+  inline on it (or none) and where its hand-offs go;
 * its **stages** are derived by *modulo list scheduling*: for a target period
   ``II`` every task, in fire order, is placed at the earliest time its
   dependencies allow where its thread (and, if it has them, the sequencer,
   its communicator, PCIe, its stream) is free modulo ``II``; its stage is
   ``start // II`` (capped by ``max_depth``). The smallest ``II`` that places
-  every task is found by bisection. The enqueue order sorts tasks by their
-  offset ``start % II`` (a topological order of the period-local graph);
+  every task is found by bisection (with a group inline, the main thread's
+  window holds that group's tasks of a period and the per-period engine
+  time: :mod:`autosched.modulo`). The enqueue order sorts tasks by their
+  offset ``start % II``, each worker's task handed off no later than the
+  timetable starts it or, where the candidate says so, after a given task of
+  the caller's group (:func:`autosched._problem.enqueue_order_for`);
 * every candidate is **scored by the simulator** (the engine's semantics:
-  progress barrier, FIFO threads, sequencer), lower is better, ties broken by
-  smaller depth (memory) then latency;
+  progress barrier, FIFO threads, sequencer, the caller's group and its
+  hand-offs, the per-period engine time), lower is better, ties broken by
+  smaller depth (memory), latency, then fewer worker threads (a group on the
+  caller's thread starts none) and an early hand-off;
 * each round **mutates** the beam: thread-map presets (single, by_stream,
   per_task, io_compute, io_collective_compute, balanced) and single-task moves;
   stream-group moves (CUDA only: on CPU a stream is just a name); fire-order
@@ -23,7 +30,15 @@ It searches thread groups, streams and stages jointly:
   then **dominance-prunes** (per thread map x stream map x stages keep the best
   order) and keeps the best ``width``;
 * for small graphs the best candidates also try **every** valid stage
-  assignment (exact for the stage axis).
+  assignment (exact for the stage axis);
+* last, the **caller's thread is placed** (:func:`_place_caller`, a tenth of
+  the budget): the best plans are read with each group on the caller's
+  thread, or none (their own timetable, and one derived anew), and the best
+  such reading with the other groups' tasks handed off after each task of
+  the inline group in turn. The rounds explore with every group on a
+  worker (unless a group is frozen to the caller's thread): in the
+  timetable the caller's thread only adds constraints, so the caller's
+  group is chosen for the plans the rounds found best, by the simulator.
 
 The search stops after ``rounds`` rounds, ``patience`` rounds without
 improvement, or its time limit, and always returns the best plan seen.
@@ -46,9 +61,9 @@ from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 from ._problem import Problem, build_plan
 from ._enumerate import stage_assignments
 from .bounds import critical_path_units, recurrence_bound
-from .modulo import Candidate, derive_timetable, modulo_schedule
-from .presets import (FIRE_POLICIES, _adjacent_swaps, _canonical_groups, _cap_groups, fire_order, stream_presets,
-                      thread_presets)
+from .modulo import Candidate, derive_timetable, inline_label, modulo_schedule
+from .presets import (FIRE_POLICIES, _adjacent_swaps, _canonical_groups, _cap_groups, busiest_anchor, fire_order,
+                      inline_anchor, inline_choices, stream_presets, thread_presets)
 from .taskmodel import resource_loads
 
 __all__ = ["Candidate", "Scored", "BeamResult", "beam_search", "modulo_schedule", "fire_order",
@@ -91,15 +106,17 @@ class Scored:
 
     @property
     def threads(self) -> int:
-        return len(set(self.cand.group))
+        """Worker threads the plan starts: its groups, less the one on the caller's thread."""
+        return len(set(self.cand.group)) - (self.cand.inline is not None)
 
     def rank(self, unit: float) -> tuple:
-        """Simulated rank: period, then depth (memory), latency, threads."""
-        return (round(self.period / unit, 3), self.depth, round(self.latency / unit, 3), self.threads)
+        """Simulated rank: period, then depth (memory), latency, worker threads, a late hand-off last."""
+        return (round(self.period / unit, 3), self.depth, round(self.latency / unit, 3), self.threads,
+                self.cand.handoff is not None)
 
     def proxy_rank(self) -> tuple:
-        """Timetable rank, before simulation."""
-        return (self.ii, self.depth, self.span, self.threads)
+        """Timetable rank, before simulation (a late hand-off, which the timetable does not see, last)."""
+        return (self.ii, self.depth, self.span, self.threads, self.cand.handoff is not None)
 
 
 @dataclass
@@ -116,8 +133,9 @@ class BeamResult:
 def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     """Seconds of work per iteration on the plan's busiest resource: no steady state is faster.
 
-    Threads (and on CUDA streams), the sequencer, each communicator, PCIe and the
-    core pool's work per core (``CostModel.cores``).
+    Threads (and on CUDA streams), the sequencer, each communicator, PCIe, the
+    core pool's work per core (``CostModel.cores``) and the main thread (the
+    per-period engine time, and the caller's group when one runs inline).
 
     Parameters
     ----------
@@ -151,7 +169,9 @@ def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
     sched = {ref_name(k): v for k, v in plan.schedule.items()}
     load = resource_loads((problem.parts(n, sched[n].thread_group, sched[n].stream) for n in problem.names),
                           problem.cores)
-    return max(load.values(), default=0.0)
+    main = problem.period_overhead_s + (load.get(f"thread:{plan.caller_group}", 0.0)
+                                        if plan.caller_group in plan.thread_groups else 0.0)
+    return max([main, *load.values()])
 
 
 def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
@@ -160,7 +180,7 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     Parameters
     ----------
     problem : Problem
-        Gives the cost model and the device.
+        Gives the cost model, the device and the per-period engine time (:meth:`Problem.simulate`).
     num_iterations : int
         Iterations simulated per plan (more while the run is not steady).
 
@@ -181,10 +201,8 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     >>> [round(x * 1e3, 6) for x in score(build_plan(p, {"A": 0, "B": 0}, {"A": "x", "B": "x"}))]
     [5.0, 5.0]
     """
-    from .simulate import simulate
-
     def score(plan: PipelinePlan) -> Tuple[float, float]:
-        res = simulate(plan, problem.costs, num_iterations=num_iterations, device=problem.device)
+        res = problem.simulate(plan, num_iterations)
         return float(res.period), float(res.latency)
 
     return score
@@ -320,14 +338,14 @@ class _Evaluator:
     def __init__(self, problem: Problem, scorer: Scorer, rec: int) -> None:
         self.problem, self.scorer, self.rec = problem, scorer, rec
         self.counts = {"candidates": 0, "unique": 0, "derived": 0, "underivable": 0, "simulated": 0,
-                       "invalid": 0, "pruned": 0, "stage_enumerated": 0}
+                       "invalid": 0, "pruned": 0, "stage_enumerated": 0, "caller_readings": 0}
         self.seen: Dict[tuple, Optional[Scored]] = {}
         self.sim_cache: Dict[tuple, Tuple[float, float]] = {}
 
     @staticmethod
     def plan_key(plan: PipelinePlan) -> tuple:
         return tuple((ref_name(k), s.stage, s.thread_group, stream_name(s.stream)) for k, s in plan.schedule.items()) + (
-            tuple(ref_name(r) for r in plan.enqueue_order or ()),)
+            tuple(ref_name(r) for r in plan.enqueue_order or ()), plan.caller_group)
 
     def score_plan(self, plan: PipelinePlan) -> Optional[Tuple[float, float]]:
         key = self.plan_key(plan)
@@ -367,9 +385,12 @@ class _Evaluator:
         if sc.simulated:
             return True
         if sc.plan is None:
-            group = dict(zip(self.problem.names, sc.cand.group))
-            stream = dict(zip(self.problem.names, sc.cand.stream))
-            sc.plan = build_plan(self.problem, sc.stage, group, stream, sc.cand.priority, sc.offset or None)
+            names, cand = self.problem.names, sc.cand
+            group = dict(zip(names, cand.group))
+            stream = dict(zip(names, cand.stream))
+            sc.plan = build_plan(self.problem, sc.stage, group, stream, cand.priority, sc.offset or None,
+                                 inline=inline_label(self.problem, names, cand.group, cand.inline),
+                                 handoff=cand.handoff)
         got = self.score_plan(sc.plan)
         if got is None:
             return False
@@ -380,6 +401,12 @@ class _Evaluator:
         """Derive and simulate."""
         sc = self.derive(cand, max_depth)
         return sc if sc is not None and self.simulate(sc) else None
+
+    def reread(self, sc: Scored, cand: Candidate) -> Optional[Scored]:
+        """``sc``'s stages and offsets read as ``cand`` (another caller's thread or hand-off), simulated."""
+        self.counts["caller_readings"] += 1
+        got = Scored(cand, sc.ii, dict(sc.stage), dict(sc.offset), sc.span)
+        return got if self.simulate(got) else None
 
     def with_stages(self, cand: Candidate, stage: Dict[str, int]) -> Optional[Scored]:
         self.counts["stage_enumerated"] += 1
@@ -420,8 +447,10 @@ def _given_plan(problem: Problem, ev: _Evaluator) -> Optional[Scored]:
     from swpipe_core.order import enqueue_order
 
     plan = base.replace(enqueue_order=enqueue_order(base), pipeline_depth=base.pipeline_depth)
-    cand = Candidate(_canonical_groups(problem, groups), tuple(base.sched(n).stream for n in problem.names),
-                     tuple(plan.enqueue_order), "given plan as is")
+    labels = _canonical_groups(problem, groups)
+    on_caller = next((n for n in problem.names if groups[n] == base.caller_group), None)
+    cand = Candidate(labels, tuple(base.sched(n).stream for n in problem.names), tuple(plan.enqueue_order),
+                     "given plan as is", inline=inline_anchor(problem, labels, on_caller))
     sc = Scored(cand, 0, stage, {}, plan=plan)
     return sc if ev.simulate(sc) else None
 
@@ -435,6 +464,58 @@ def _simulate_top(problem: Problem, ev: _Evaluator, pool: List[Scored], k: int, 
             break
         ev.simulate(s)
     return [s for s in pool if s.simulated]
+
+
+def _place_caller(problem: Problem, ev: _Evaluator, members: Sequence[Scored], best: Scored, deadline: float,
+                  budget: int) -> Scored:
+    """PLACE_CALLER: the best plans read with each group on the caller's thread, then with later hand-offs.
+
+    Each member is read with each group it may run inline (and with none):
+    its own timetable read so, and the timetable derived anew for it (the
+    main thread's window, :mod:`autosched.modulo`); then the best reading
+    with a group inline is read with the other groups' tasks handed off
+    after each task of that group in turn (up to ``budget`` of them, spread
+    over the group). Every reading is simulated; the best ranked wins
+    (:meth:`Scored.rank`: on equal period, depth and latency, the one with a
+    group inline, one worker thread fewer, and an early hand-off; then the
+    busiest group inline). The first reading is made even past the deadline.
+    """
+    unit, names = problem.unit_s, problem.names
+    readings: List[Scored] = list(members)
+    first = True
+
+    def load(labels: Sequence[str], anchor: Optional[str]) -> int:
+        if anchor is None:
+            return -1
+        group = labels[names.index(anchor)]
+        return sum(problem.dur(n) for n, g in zip(names, labels) if g == group)
+
+    for member in members:
+        # the busiest group first: of readings that tie, the first is kept (a hand-written loop's choice)
+        for anchor in sorted(inline_choices(problem, member.cand.group), key=lambda a: -load(member.cand.group, a)):
+            if anchor == member.cand.inline:
+                continue
+            if not first and time.perf_counter() > deadline:
+                break
+            first = False
+            cand = dataclasses.replace(member.cand, inline=anchor, handoff=None, near=member.ii or None,
+                                       origin=f"{member.cand.origin}; caller's thread: {anchor}'s group")
+            readings += [s for s in (ev.reread(member, cand), ev.evaluate(cand)) if s is not None]
+    on_main = [s for s in readings if inline_label(problem, names, s.cand.group, s.cand.inline) is not None]
+    if on_main:
+        top = min(on_main, key=lambda s: s.rank(unit))
+        caller = inline_label(problem, names, top.cand.group, top.cand.inline)
+        tasks = [n for n in top.cand.priority if top.cand.group[names.index(n)] == caller]
+        if len(tasks) < len(names):
+            step = max(1, -(-len(tasks) // max(1, budget)))
+            for task in tasks[::step]:
+                if time.perf_counter() > deadline:
+                    break
+                got = ev.reread(top, dataclasses.replace(top.cand, handoff=task,
+                                                        origin=f"{top.cand.origin}; hand off after {task}"))
+                if got is not None:
+                    readings.append(got)
+    return min(readings + [best], key=lambda s: s.rank(unit))
 
 
 def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience: int = 3,
@@ -482,12 +563,16 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
     >>> best = beam_search(p, time_limit_s=10).best
-    >>> round(best.period * 1e3, 6), best.plan.stage("B"), best.threads
-    (3.0, 1, 2)
+    >>> round(best.period * 1e3, 6), best.plan.stage("B"), best.threads, best.plan.caller_group
+    (3.0, 1, 1, 'default')
+    >>> {n: best.plan.sched(n).thread_group for n in "AB"}   # B on the caller's thread, A on one worker
+    {'A': 'worker1', 'B': 'default'}
     """
     t0 = time.perf_counter()
-    # keep a little of the budget for the last simulation, which may overrun the deadline
-    deadline = t0 + time_limit_s - min(0.5, 0.05 * time_limit_s)
+    # keep a little of the budget for the last simulation, which may overrun the deadline, and a tenth
+    # of the rest for placing the caller's thread
+    end = t0 + time_limit_s - min(0.5, 0.05 * time_limit_s)
+    deadline = t0 + (end - t0) * (0.9 if problem.caller_group is not None else 1.0)
     rng = random.Random(seed)
     if scorer is None:
         n_iter = max(12, min(40, 2000 // max(1, len(problem.names))))
@@ -509,7 +594,7 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
         stage0 = next(iter(stage_assignments(problem, limit=1)), None)
         single = thread_presets(problem, problem.init_stream)["single"]
         fallback = Candidate(single, tuple(problem.init_stream[n] for n in problem.names),
-                             fire_order(problem, "declared"), "fallback")
+                             fire_order(problem, "declared"), "fallback", inline=busiest_anchor(problem, single))
         s = ev.with_stages(fallback, stage0) if stage0 is not None else None
         if s is None:
             raise RuntimeError("no plan satisfies the constraints (frozen stages/groups, depth and thread caps); "
@@ -567,6 +652,9 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
                     s = ev.with_stages(member.cand, stage)
                     if s is not None and s.rank(unit) < best.rank(unit):
                         best = s
+    if problem.caller_group is not None:
+        members = [best] + [m for m in beam[:3] if m is not best]
+        best = _place_caller(problem, ev, members, best, end, budget // 4 or 1)
     ev.counts["rounds"] = len(history) - 1
     return BeamResult(best, ev.counts, history, time.perf_counter() - t0, stopped)
 

@@ -18,9 +18,25 @@ offset. The model holds exactly the engine's rules (CPU semantics):
   same circular host intervals (exact on the circle, as the ``NoOverlap`` is),
   posted when the pool has fewer cores than the model has thread slots (else
   it cannot bind); the period's lower bound includes host work / ``cores``;
-* the **progress barrier**: period ``p + depth`` is enqueued when iteration
-  ``p`` has retired, so ``offset[t] >= iter_end - II * depth`` with
-  ``depth = max(stage) + 1``;
+* the **main thread** (docs/semantics.md, "The caller's group"): it spends the
+  per-period engine time ``E`` (:attr:`~autosched._problem.Problem.period_overhead_s`)
+  before it enqueues a period, and at most one group slot runs on it
+  (``inline[j]``; forced for a group frozen under the caller's group's name,
+  none when the problem has no caller's group). The period is enqueued at
+  ``window`` (``0 <= window <= offset[t]`` for every task: every task of the
+  period starts after it); the main thread runs the inline slot's tasks of
+  the period and then the next period's engine time within that window:
+  ``offset[t] + time[t] <= window + II - E`` for a task of the inline slot;
+* the **progress barrier**: period ``p + depth`` is enqueued, engine time
+  first, when iteration ``p`` has retired, so
+  ``window >= iter_end + E - II * depth`` with ``depth = max(stage) + 1``;
+* **hand-offs** need no constraint of their own: the plan's enqueue order
+  places each worker's task after the inline tasks that end by its start in
+  the model, or that it waits for through a dependency, its FIFO or the
+  sequencer, which the model already holds
+  (:func:`autosched._problem.enqueue_order_for`): it is handed off no later
+  than the model starts it (a late hand-off on purpose is the beam search's
+  move, scored by the simulator);
 * ``stage[t] <= max_depth - 1`` and frozen stages, streams and groups.
 
 On CUDA the device part of each task is modelled on its stream (a choice) as a
@@ -32,6 +48,11 @@ The outer loop searches ``II`` from a lower bound upward (first the bound, then
 bisection up to a known feasible ``II``). A proven-infeasible ``II`` proves
 every smaller one infeasible (the constraints only loosen as ``II`` grows), so
 ``OPTIMAL`` means: no plan in the space reaches a smaller period in this model.
+At the best period a last solve minimises the depth, then the iteration's
+length. The solution, and the one it refined, are read as plans with each
+group whose tasks fit the main thread's window on the caller's thread (the
+solved inline slot among them), or with none; the simulator ranks these
+readings, a group inline winning a tie (it starts no worker; :func:`_plan_of`).
 """
 
 from __future__ import annotations
@@ -41,7 +62,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan, stream_name
 
@@ -96,7 +117,8 @@ class CpsatResult:
 
 
 def model_lower_bound(problem: Problem) -> int:
-    """A period no plan can beat, in time units (resources, recurrences, depth-limited critical path).
+    """A period no plan can beat, in time units (resources, recurrences, depth-limited critical path, the main thread's
+    engine time per period).
 
     Examples
     --------
@@ -116,7 +138,7 @@ def model_lower_bound(problem: Problem) -> int:
 
     names = problem.names
     threads = min(problem.max_threads, len(names))
-    bounds = [1, recurrence_bound(problem), max((problem.dur(n) for n in names), default=0),
+    bounds = [1, recurrence_bound(problem), problem.period_units(), max((problem.dur(n) for n in names), default=0),
               -(-sum(problem.dur(n) for n in names) // max(1, threads)),
               -(-critical_path_units(problem) // problem.max_depth)]
     # shared resources (sequencer, comm:, pcie, the core pool) hold the same whatever the thread and stream choice
@@ -151,6 +173,8 @@ class _Model:
     streams: List[Any]
     depth_minus_1: Any
     iter_end: Any
+    inline: Dict[int, Any] = field(default_factory=dict)   # slot -> "runs on the caller's thread"
+    solutions: Optional[List[dict]] = None   # when a list: every solution the solve finds, in order (_solve)
 
 
 class _Builder:
@@ -205,6 +229,23 @@ class _Builder:
                     m.Add(self.in_group[t, j] == 0)
                 free_rank += 1
             m.AddExactlyOne(self.in_group[t, j] for j in range(n_slots))
+
+    def caller(self) -> None:
+        """Which slot, if any, runs on the caller's thread: the frozen caller's group, else at most one free slot."""
+        p, m = self.problem, self.m
+        self.inline: Dict[int, Any] = {}
+        if p.caller_group is None:
+            return
+        if p.forced_caller is not None:
+            self.inline[self.slots.index(p.forced_caller)] = m.NewConstant(1)
+            return
+        fixed = set(p.frozen_group.values())
+        for j, slot in enumerate(self.slots):
+            if slot not in fixed:
+                self.inline[j] = m.NewBoolVar(f"inline[{slot}]")
+                m.Add(sum(self.in_group[t, j] for t in self.names) >= 1).OnlyEnforceIf(self.inline[j])  # a group
+        if len(self.inline) > 1:
+            m.AddAtMostOne(self.inline.values())
 
     def streams(self) -> None:
         """Each task on exactly one of its stream choices (a choice only on CUDA)."""
@@ -304,15 +345,23 @@ class _Builder:
                     self.m.Add(self.dev_start[t] >= self.dev_start[d] + p.ddur(d) - ii * n)
 
     def barrier(self) -> None:
-        """The progress barrier: period ``p + depth`` waits until iteration ``p`` has retired."""
-        m, names = self.m, self.names
+        """The main thread's window: the progress barrier, the engine time, the inline slot's tasks."""
+        m, names, ii = self.m, self.names, self.ii
+        engine = self.problem.period_units()
         self.iter_end = m.NewIntVar(0, self.horizon, "iter_end")
         for t in names:
             m.Add(self.iter_end >= self.start[t] + self.dur[t])
         self.depth_minus_1 = m.NewIntVar(0, self.D - 1, "depth_minus_1")
         m.AddMaxEquality(self.depth_minus_1, [self.stage[t] for t in names])
+        window = m.NewIntVar(0, ii - 1, "window")   # when the period is enqueued
         for t in names:
-            m.Add(self.offset[t] >= self.iter_end - self.ii * (self.depth_minus_1 + 1))
+            m.Add(window <= self.offset[t])
+        # period p + depth is enqueued, the engine's time first, once iteration p has retired
+        m.Add(window >= self.iter_end + engine - ii * (self.depth_minus_1 + 1))
+        for j, on_main in self.inline.items():
+            for t in names:
+                m.Add(self.offset[t] + self.dur[t] <= window + ii - engine).OnlyEnforceIf(
+                    [self.in_group[t, j], on_main])
 
     def objective(self) -> None:
         """At the best period: fewest batches in flight (memory), then the shortest iteration."""
@@ -329,17 +378,21 @@ class _Builder:
             if t in hint.get("slot", {}) and t not in p.frozen_group:
                 for j in range(len(self.slots)):
                     self.m.AddHint(self.in_group[t, j], int(j == hint["slot"][t]))
+        if "inline" in hint and p.forced_caller is None:
+            for j, var in self.inline.items():
+                self.m.AddHint(var, int(j == hint["inline"]))
 
     def model(self) -> _Model:
         return _Model(self.m, self.ii, self.stage, self.offset, self.in_group, self.in_stream, self.slots,
-                      self.stream_list, self.depth_minus_1, self.iter_end)
+                      self.stream_list, self.depth_minus_1, self.iter_end, self.inline)
 
 
 def _build(problem: Problem, ii: int, hint: Optional[dict], optimise: bool) -> _Model:
-    """The model of period ``II``: when, where, what each part holds, dependencies, barrier."""
+    """The model of period ``II``: when, where, what each part holds, dependencies, the main thread's window."""
     b = _Builder(problem, ii)
     b.when()
     b.thread_groups()
+    b.caller()
     b.streams()
     b.host_resources()
     b.device_parts()
@@ -367,7 +420,14 @@ def _solve(mod: _Model, time_limit_s: float, num_workers: int, seed: int) -> Tup
     # SIG_DFL afterwards: a later Ctrl-C would kill the process instead of
     # raising KeyboardInterrupt (which the engine turns into a clean stop).
     solver.parameters.catch_sigint_signal = False
-    code = solver.Solve(mod.model)
+    if mod.solutions is None:
+        code = solver.Solve(mod.model)
+    else:
+        class Collect(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                mod.solutions.append(_values(mod, self.Value))
+
+        code = solver.Solve(mod.model, Collect())
     return solver.StatusName(code), solver, solver.WallTime()
 
 
@@ -375,13 +435,20 @@ def _solve(mod: _Model, time_limit_s: float, num_workers: int, seed: int) -> Tup
 
 
 def _read(problem: Problem, mod: _Model, solver: Any) -> Dict[str, dict]:
-    names = problem.names
-    stage = {t: int(solver.Value(mod.stage[t])) for t in names}
-    offset = {t: int(solver.Value(mod.offset[t])) for t in names}
-    group = {t: next(mod.slots[j] for j in range(len(mod.slots)) if solver.Value(mod.in_group[t, j])) for t in names}
-    stream = {t: next(mod.streams[k] for (tt, k), v in mod.in_stream.items() if tt == t and solver.Value(v))
+    return _values(mod, solver.Value)
+
+
+def _values(mod: _Model, value: Any) -> Dict[str, Any]:
+    """A solution's choices (``value`` reads a variable: the solver's, or a solution callback's)."""
+    names = list(mod.stage)
+    stage = {t: int(value(mod.stage[t])) for t in names}
+    offset = {t: int(value(mod.offset[t])) for t in names}
+    group = {t: next(mod.slots[j] for j in range(len(mod.slots)) if value(mod.in_group[t, j])) for t in names}
+    stream = {t: next(mod.streams[k] for (tt, k), v in mod.in_stream.items() if tt == t and value(v))
               for t in names}
-    return {"stage": stage, "offset": offset, "group": group, "stream": stream}
+    used = set(group.values())
+    inline = next((mod.slots[j] for j, v in mod.inline.items() if value(v) and mod.slots[j] in used), None)
+    return {"stage": stage, "offset": offset, "group": group, "stream": stream, "inline": inline}
 
 
 def _hint_from(problem: Problem, hint: Any, ii: int) -> Optional[dict]:
@@ -399,11 +466,77 @@ def _hint_from(problem: Problem, hint: Any, ii: int) -> Optional[dict]:
     offset = {}
     if hint.ii and hint.offset:
         offset = {t: int(o * ii / hint.ii) for t, o in hint.offset.items()}
-    return {"stage": dict(hint.stage), "offset": offset, "slot": slots}
+    got = {"stage": dict(hint.stage), "offset": offset, "slot": slots}
+    if problem.caller_group is not None:
+        got["inline"] = slots[hint.cand.inline] if hint.cand.inline is not None else -1
+    return got
+
+
+def _plan_of(problem: Problem, sols: Sequence[dict], ii: int, scorer: Any) -> Tuple[PipelinePlan, dict]:
+    """The best simulated reading of the solutions at ``ii``: ``(plan, its solution)``.
+
+    ``sols`` are the refined solution (fewest stages, shortest iteration in
+    the model), the refinement's last solutions before it, and the solution
+    it refined, in that order: the simulator keeps the refinement unless
+    one found on the way runs faster (the model approximates what the
+    simulator runs: on a tie the earlier in ``sols`` wins). Each solution is read with every group on a
+    worker, and with any one group on the caller's thread whose tasks fit
+    the main thread's window (the model's constraint, with the window at
+    the first task's start): the solved inline slot is one of these. The
+    scorer ranks the readings by period, then depth and latency, then a
+    group inline (it starts no worker), the busiest (as a hand-written
+    loop). The model's timetable is one that the simulator's tasks, each
+    started as soon as it can, need not follow where they share a core
+    pool or a lock, and on CUDA the model approximates the streams.
+    """
+    def simulated(p: PipelinePlan) -> Tuple[float, float]:
+        res = problem.simulate(p)
+        return float(res.period), float(res.latency)
+
+    def readings(sol: dict) -> List[Tuple[Any, PipelinePlan]]:
+        def plan(inline: Any) -> PipelinePlan:
+            return build_plan(problem, sol["stage"], sol["group"], sol["stream"], None, sol["offset"], inline=inline)
+
+        if problem.caller_group is None or problem.forced_caller is not None:
+            return [(sol["inline"], plan(sol["inline"]))]
+        offset, group = sol["offset"], sol["group"]
+        window = min(offset.values()) + ii - problem.period_units()
+        frozen = {group[t] for t in problem.frozen_group}  # groups frozen under another name keep their worker
+        fits = [g for g in sorted(set(group.values()), key=str) if g not in frozen
+                and max(offset[t] + problem.dur(t) for t in group if group[t] == g) <= window]
+        return [(g, plan(g)) for g in fits] + [(None, plan(None))]
+
+    score = scorer or simulated
+    u = problem.unit_s
+    ranked = []
+    try:
+        seen = set()
+        for k, sol in enumerate(sols):
+            key = repr(sorted((t, sol["stage"][t], sol["offset"][t], str(sol["group"][t]), str(sol["stream"][t]))
+                              for t in sol["stage"])) + repr(sol["inline"])
+            if key in seen:
+                continue
+            seen.add(key)
+            work = {g: sum(problem.dur(t) for t in sol["group"] if sol["group"][t] == g) for g in sol["group"].values()}
+            for g, p in readings(sol):
+                period, latency = score(p)
+                rank = (round(period / u, 3), p.pipeline_depth, round(latency / u, 3), g is None, -work.get(g, 0),
+                        g != sol["inline"], k)
+                ranked.append((rank, p, sol))
+    except Exception as exc:  # noqa: BLE001 - costs the simulator cannot take: keep the model's reading
+        log.debug("CP-SAT plan not simulated: %s", exc)
+        sol = sols[0]
+        return build_plan(problem, sol["stage"], sol["group"], sol["stream"], None, sol["offset"],
+                          inline=sol["inline"]), sol
+    _, plan, sol = min(ranked, key=lambda r: r[0])
+    return plan, sol
+
+
+_READ_SOLUTIONS = 6  # of the refinement's solutions, the last ones the simulator ranks
 
 
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: int = 2, seed: int = 0,
-                hint: Any = None, upper: Optional[int] = None) -> CpsatResult:
+                hint: Any = None, upper: Optional[int] = None, scorer: Any = None) -> CpsatResult:
     """Minimise the period over the joint space with CP-SAT (outer loop over ``II``).
 
     Parameters
@@ -419,11 +552,17 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
         A beam-search result: its stages, offsets and groups seed each solve.
     upper : int, optional
         A period (time units) known to be reachable, e.g. the beam's.
+    scorer : callable, optional
+        ``plan -> (period_s, latency_s)`` (default: the simulator,
+        :meth:`Problem.simulate`): it ranks the readings of the solution's
+        caller's thread, and the refined solution against the one it refined
+        (:func:`_plan_of`).
 
     Returns
     -------
     CpsatResult
-        With ``plan`` built (enqueue order by offset) when a solution was found.
+        With ``plan`` built (enqueue order by offset, ``caller_group`` set
+        when a slot runs inline) when a solution was found.
 
     Examples
     --------
@@ -445,6 +584,7 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
     best: Optional[Tuple[int, dict]] = None
     tried: List[Tuple[int, str]] = []
     solve_time = 0.0
+    improving: List[dict] = []   # the refinement's solutions, in the order found
 
     def attempt(ii: int, optimise: bool = False) -> Optional[dict]:
         nonlocal proven, solve_time
@@ -458,6 +598,8 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
             # until a plan is in hand, no single period may eat the whole budget
             left = min(left, max(1.0, 0.25 * time_limit_s))
         mod = _build(problem, ii, _hint_from(problem, hint, ii), optimise)
+        if optimise:
+            mod.solutions = improving
         status, solver, wall = _solve(mod, left, num_workers, seed)
         solve_time += wall
         tried.append((ii, status))
@@ -500,10 +642,10 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
         return CpsatResult("UNKNOWN", None, proven, problem.unit_s, tried=tried, solve_time_s=solve_time)
     ii, sol = best
     refined = attempt(ii, optimise=True)
-    if refined is not None:
-        sol = refined
     refine_status = tried[-1][1] if tried and tried[-1][0] == ii else ""
     status = "OPTIMAL" if proven >= ii else "FEASIBLE"
-    plan = build_plan(problem, sol["stage"], sol["group"], sol["stream"], None, sol["offset"])
+    # the refinement's last solutions (the last one first), then the solution it refined
+    sols = ([refined] if refined is not None else []) + improving[::-1][:_READ_SOLUTIONS] + [sol]
+    plan, sol = _plan_of(problem, sols, ii, scorer)
     return CpsatResult(status, ii, min(proven, ii), problem.unit_s, plan, sol["stage"], sol["offset"], sol["group"],
                        sol["stream"], tried, solve_time, refine_status)

@@ -12,6 +12,21 @@ threads). Its stage is ``start // II``;
 :func:`derive_timetable` finds the smallest ``II`` that places every task by
 bisection. The beam search (:mod:`autosched.beam`) ranks candidates by it
 before simulating the best.
+
+The main thread (docs/semantics.md, "The caller's group") spends the
+per-period engine time (:attr:`~autosched._problem.Problem.period_overhead_s`)
+before it enqueues a period; a period is enqueued only once the oldest
+iteration has retired and, when the candidate runs a group inline, once the
+main thread has run that group's tasks of the previous period. So a window of
+``II`` that opens where the period is enqueued holds the caller's group's
+tasks of that period and the engine time: they end by ``II`` minus the engine
+time. The placement itself is the same for an inline group as for a worker's
+(one ring); the window is checked when the stages are read off, over the
+shifts of the timetable. Hand-offs need no check: the plan's enqueue order
+places each worker's task after the inline tasks that end by its start in
+the timetable (:func:`autosched._problem.enqueue_order_for`), so it is
+handed off no later than the timetable starts it. A late hand-off
+(``Candidate.handoff``) is left to the simulator, which scores every plan.
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from ._problem import Problem
 from .bounds import critical_path_units
 from .taskmodel import CORES, pool_limit, resource_loads
 
-__all__ = ["Candidate", "modulo_schedule", "derive_timetable"]
+__all__ = ["Candidate", "modulo_schedule", "derive_timetable", "inline_label"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +54,20 @@ class Candidate:
     priority: Tuple[str, ...]   # fire order: a topological order of the intra DAG
     origin: str = field(default="", compare=False)
     near: Optional[int] = field(default=None, compare=False)   # the parent's period, a bisection hint
+    # the caller's thread runs this task's group (its first task in problem.names order; None: every group has a
+    # worker), and hands the other groups' tasks off after ``handoff`` (None: where the timetable starts them)
+    inline: Optional[str] = None
+    handoff: Optional[str] = None
 
     def key(self) -> tuple:
-        return (self.group, tuple(stream_name(s) for s in self.stream), self.priority)
+        return (self.group, tuple(stream_name(s) for s in self.stream), self.priority, self.inline, self.handoff)
 
 
+def inline_label(problem: Problem, names: Sequence[str], group: Sequence[str], inline: Optional[str]) -> Optional[str]:
+    """The label of the group run on the caller's thread: the frozen caller's group, else ``inline``'s group."""
+    if problem.forced_caller is not None:
+        return problem.forced_caller
+    return None if inline is None else group[list(names).index(inline)]
 
 
 
@@ -250,7 +274,7 @@ def _place(rings: Dict[str, _Ring], keys: Sequence[str], est: int, dur: int, ii:
 
 def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any],
                     priority: Sequence[str], ii: int, max_depth: Optional[int] = None,
-                    repairs: int = 3) -> Optional[_Timetable]:
+                    repairs: int = 3, inline: Optional[str] = None) -> Optional[_Timetable]:
     """Place one iteration's tasks on a modulo-``ii`` reservation table, in ``priority`` order.
 
     Parameters
@@ -268,12 +292,17 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
         When an inter-iteration dependency on a task placed later fails, the
         waiting task is given that release time and the placement is redone,
         at most this many times.
+    inline : str, optional
+        The label of the group run on the caller's thread (the module
+        docstring): its tasks of a period and the per-period engine time fit
+        one window.
 
     Returns
     -------
     _Timetable or None
         None when some task does not fit, a stage would exceed the cap, an
-        inter-iteration dependency or the progress barrier is violated.
+        inter-iteration dependency, the progress barrier or (``inline``) the
+        main thread's window is violated.
 
     Examples
     --------
@@ -290,13 +319,25 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
     ({'A': 0, 'B': 1}, {'A': 1, 'B': 0})
     >>> modulo_schedule(p, {"A": "a", "B": "a"}, p.init_stream, ("A", "B"), ii=3) is None   # one thread: 5 ms of work
     True
+
+    B on the caller's thread: still 3 ms, the main thread runs B's 3 ms each period. With 1 ms of
+    engine time per period on the main thread as well, 3 ms no longer fit:
+
+    >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3, inline="b").stage
+    {'A': 0, 'B': 1}
+    >>> from swpipe_core.calibrate import MachineCalibration
+    >>> p.measured_costs = CostModel(costs.tasks, machine_calibration=MachineCalibration(period_s=0.001))
+    >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3, inline="b") is None
+    True
+    >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=4, inline="b").stage
+    {'A': 0, 'B': 1}
     """
     cap = problem.max_depth if max_depth is None else max_depth
     if ii <= 0:
         return None
     release: Dict[str, int] = {}
     for _ in range(repairs + 1):
-        tt, need = _place_all(problem, group, stream, priority, ii, cap, release)
+        tt, need = _place_all(problem, group, stream, priority, ii, cap, release, inline)
         if tt is not None or not need:
             return tt
         for t, r in need.items():
@@ -305,7 +346,8 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 
 
 def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], priority: Sequence[str],
-               ii: int, cap: int, release: Mapping[str, int]) -> Tuple[Optional[_Timetable], Dict[str, int]]:
+               ii: int, cap: int, release: Mapping[str, int],
+               inline: Optional[str] = None) -> Tuple[Optional[_Timetable], Dict[str, int]]:
     """One placement pass; on an inter-dependency violation also the release times that would fix it."""
     rings: Dict[str, Any] = {}
     cores = pool_limit(problem.cores, len(set(group[t] for t in problem.names)))
@@ -358,23 +400,31 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
     # shifts that open a window at some task's start.
     shifts = [0] + sorted({(-s) % ii for s in start.values()} - {0})
     end = max(signal.values())
+    engine = problem.period_units()
+    on_main = [t for t in problem.names if inline is not None and group[t] == inline]
     for shift in shifts:
         stage = {t: (s + shift) // ii for t, s in start.items()}
         depth = max(stage.values()) + 1
         if depth > cap or any(stage[t] != fs for t, fs in problem.frozen_stage.items()):
             continue
         offset = {t: (s + shift) % ii for t, s in start.items()}
-        # progress barrier: period p + depth is enqueued when iteration p has retired
-        if min(offset.values()) >= end + shift - ii * depth:
+        # The period is enqueued at some w <= the first offset (every task starts after it), the engine time
+        # after the retirement of iteration p - depth (the progress barrier), and, with a group inline, after
+        # the main thread ran that group's tasks of the period before: they end by w + ii - engine time.
+        w = max([0, end + shift + engine - ii * depth] + [offset[t] + problem.dur(t) + engine - ii for t in on_main])
+        if min(offset.values()) >= w:
             return _Timetable(ii, {t: s + shift for t, s in start.items()}, stage, offset), {}
     return None, {}
 
 
-def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], rec: int, cap: int) -> int:
+def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], rec: int, cap: int,
+                     inline: Optional[str] = None) -> int:
     load = resource_loads((problem.parts(t, group[t], stream[t], units=True) for t in problem.names), problem.cores)
+    engine = problem.period_units()
+    main = engine + (load.get(f"thread:{inline}", 0) if inline is not None else 0)  # the main thread's work
     longest = max((problem.dur(t) for t in problem.names), default=0)
     crit = -(-critical_path_units(problem) // cap)
-    return max([1, rec, longest, crit, *(math.ceil(v) for v in load.values())])  # the pool's load is fractional
+    return max([1, rec, longest, crit, main, *(math.ceil(v) for v in load.values())])  # the pool's load is fractional
 
 
 def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Optional[int] = None,
@@ -413,11 +463,12 @@ def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Opt
     cap = problem.max_depth if max_depth is None else max_depth
     group = dict(zip(problem.names, cand.group))
     stream = dict(zip(problem.names, cand.stream))
+    inline = inline_label(problem, problem.names, cand.group, cand.inline)
 
     def place(ii: int) -> Optional[_Timetable]:
-        return modulo_schedule(problem, group, stream, cand.priority, ii, cap)
+        return modulo_schedule(problem, group, stream, cand.priority, ii, cap, inline=inline)
 
-    lo = _candidate_bound(problem, group, stream, rec, cap)
+    lo = _candidate_bound(problem, group, stream, rec, cap, inline)
     found = place(lo)
     if found is not None:
         return found

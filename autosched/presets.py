@@ -1,10 +1,12 @@
-"""The beam search's moves: named thread maps and stream maps, and fire-order policies.
+"""The beam search's moves: named thread maps and stream maps, fire-order policies, the caller's thread.
 
 Thread maps (one group, one per stream, one per task, I/O vs compute, ...) are
 capped at ``max_threads``; stream maps (CUDA only: on CPU a stream is a name);
 fire orders are topological orders of the intra-iteration DAG chosen by a
 policy (:data:`FIRE_POLICIES`), used as list-scheduling priorities by
-:mod:`autosched.modulo`.
+:mod:`autosched.modulo`. A candidate names the group it runs on the caller's
+thread by that group's first task (:func:`inline_anchor`); the beam's last
+phase reads its best plans with each choice (:func:`inline_choices`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from swpipe_core.plan import stream_name
 
 from ._problem import Problem
 
-__all__ = ["FIRE_POLICIES", "fire_order", "thread_presets", "stream_presets"]
+__all__ = ["FIRE_POLICIES", "fire_order", "thread_presets", "stream_presets", "inline_anchor", "busiest_anchor",
+           "inline_choices"]
 
 FIRE_POLICIES = ("declared", "critical_chain_first", "longest_off_default_first", "collective_early",
                  "pcie_prep_early", "min_slack_first")
@@ -133,6 +136,74 @@ def _canonical_groups(problem: Problem, labels: Mapping[str, str]) -> Tuple[str,
             rename[lab] = f"g{len(rename)}"
         out.append(rename[lab])
     return tuple(out)
+
+
+def inline_anchor(problem: Problem, labels: Sequence[str], task: Optional[str]) -> Optional[str]:
+    """How a candidate names the group on the caller's thread: its first task in ``problem.names`` order.
+
+    ``task`` is any task of that group (None: every group has a worker). The
+    frozen caller's group is named whatever ``task`` says: it always runs inline;
+    a group frozen under another name never does (None).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> from autosched._problem import make_problem
+    >>> from autosched.search import Constraints
+    >>> c = NS(tasks={n: NS(host_s=1.0, device_s=0, resources=()) for n in "ABC"})
+    >>> p = make_problem((["A", "B", "C"], []), c, Constraints())
+    >>> inline_anchor(p, ("g0", "g1", "g1"), "C"), inline_anchor(p, ("g0", "g1", "g1"), None)
+    ('B', None)
+    """
+    names = problem.names
+    forced = problem.forced_caller
+    if forced is not None:
+        return next(n for n, g in zip(names, labels) if g == forced)
+    if task is None:
+        return None
+    group = labels[names.index(task)]
+    if group in problem.frozen_group.values():  # frozen under another name: it keeps that name, and its worker
+        return None
+    return next(n for n, g in zip(names, labels) if g == group)
+
+
+def busiest_anchor(problem: Problem, labels: Sequence[str]) -> Optional[str]:
+    """The anchor (:func:`inline_anchor`) of the group with the most thread time, or None when no group may run inline.
+
+    The group a new thread map starts with on the caller's thread: the main
+    thread then carries the most work, as a hand-written loop's does.
+    """
+    if problem.caller_group is None:
+        return None
+    if problem.forced_caller is not None:
+        return inline_anchor(problem, labels, None)
+    fixed = set(problem.frozen_group.values())
+    load: Dict[str, int] = {}
+    for n, g in zip(problem.names, labels):
+        if g not in fixed:  # a group frozen under another name keeps it, and a worker
+            load[g] = load.get(g, 0) + problem.dur(n)
+    if not load:
+        return None
+    busiest = min(load, key=lambda g: (-load[g], labels.index(g)))
+    return inline_anchor(problem, labels, problem.names[labels.index(busiest)])
+
+
+def inline_choices(problem: Problem, labels: Sequence[str]) -> Tuple[Optional[str], ...]:
+    """Every choice of the caller's thread for a thread map: each group's anchor, and None (all workers).
+
+    Only the frozen caller's group when there is one; only None when the problem rules it out. A group
+    frozen under another name is never a choice: it keeps that name, and its worker.
+    """
+    if problem.caller_group is None:
+        return (None,)
+    if problem.forced_caller is not None:
+        return (inline_anchor(problem, labels, None),)
+    fixed = set(problem.frozen_group.values())
+    firsts = []
+    for n, g in zip(problem.names, labels):
+        if g not in fixed and all(labels[problem.names.index(f)] != g for f in firsts):
+            firsts.append(n)
+    return tuple(firsts) + (None,)
 
 
 def _cap_groups(problem: Problem, labels: Dict[str, str]) -> Dict[str, str]:

@@ -1,6 +1,7 @@
 """``auto_schedule``: the best PipelinePlan for a task graph and a cost model, and why it is best.
 
-The search space is stage x thread group x stream x enqueue order (see
+The search space is stage x thread group x stream x enqueue order, and the
+group run inline on the caller's thread with where its hand-offs go (see
 :mod:`autosched._problem`). Two searchers cover it:
 
 * :mod:`autosched.beam` — beam search with stages derived by modulo list
@@ -11,7 +12,10 @@ The search space is stage x thread group x stream x enqueue order (see
 
 Whatever the searchers say, the returned plan is the one with the best
 *simulated* period (the simulator models the engine: progress barrier, FIFO
-thread queues, sequencer), it passes ``validate`` and never deadlocks. When
+thread queues, sequencer, the caller's group and its hand-offs), it passes
+``validate`` and never deadlocks. It carries the caller's group the search
+chose (``caller_group``; None when every group has a worker) and the
+enqueue order that places its hand-offs. When
 the input is a plan (e.g. a hand-written TorchRec pipeline) that plan, as
 given, is a candidate too, so the result is never worse than it.
 """
@@ -199,7 +203,9 @@ class SearchReport:
             gain = 100 * (1 - self.period_s / self.baseline_period_s) if self.baseline_period_s > 0 else 0.0
             lines.append(f"  input plan {_ms(self.baseline_period_s)} -> {gain:.1f}% faster")
         lines.append(f"  depth {self.depth} of max {self.max_depth}: {self.depth_reason}")
-        lines.append(f"  thread groups {self.threads}")
+        caller = self.plan.caller_group
+        inline = f" ({caller} on the caller's thread)" if caller in self.plan.thread_groups else " (each with a worker)"
+        lines.append(f"  thread groups {self.threads}{inline}")
         if self.model_period_s is not None:
             bound = "" if self.proven_bound_s is None else f", proven bound {_ms(self.proven_bound_s)}"
             lines.append(f"  CP-SAT model period {_ms(self.model_period_s)}{bound}, solver {self.solver_time_s:.2f}s")
@@ -308,7 +314,8 @@ def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: in
         return []
     task = max(on, key=lambda n: (problem.host[n] + problem.dev[n], n))
     try:
-        res = simulate(plan, problem.costs.scaled(task, 0.5), num_iterations=num_iterations, device=problem.device)
+        res = simulate(plan, problem.costs.scaled(task, 0.5), num_iterations=num_iterations, device=problem.device,
+                   period_overhead_s=problem.period_overhead_s)
     except Exception as exc:  # what-if is advice, never a failure of the search
         log.debug("what-if failed: %s", exc)
         return []
@@ -332,7 +339,7 @@ def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float])
 
 
 def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int, period: float,
-                  depth_proven: bool, budget_s: float) -> str:
+                  depth_proven: bool, budget_s: float, measured_costs: Any = None) -> str:
     """Why this depth: the best period a quick search finds with one iteration fewer in flight."""
     import dataclasses
 
@@ -343,6 +350,7 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
     proven = "; CP-SAT proved no shallower plan reaches this period" if depth_proven else ""
     try:
         shallow = make_problem(tasks_or_graph, costs, dataclasses.replace(c, max_depth=depth - 1))
+        shallow.measured_costs = measured_costs  # the same engine time per period
         got = beam_mod.beam_search(shallow, width=4, rounds=4, time_limit_s=budget_s, seed=c.seed).best
         p = beam_mod.sim_scorer(shallow, c.num_iterations)(got.plan)[0]
     except (ValueError, RuntimeError) as exc:
@@ -366,7 +374,9 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     tasks_or_graph : networkx.DiGraph, PipelinePlan or tuple
         A task graph from ``autosched.graph.task_graph(tasks, intra, inter)``
         (edges ``dep -> task`` with ``distance`` 0 or N); a plan (its tasks and
-        dependencies, its schedule as a starting point and a baseline); or
+        dependencies, its schedule as a starting point and a baseline, its
+        ``caller_group`` the name a group run on the caller's thread takes, or
+        None: every group on a worker); or
         ``(tasks, intra_deps[, inter_deps])`` with ``(task, dep)`` /
         ``(task, dep, N)`` pairs. ``PipelineTask`` objects keep their
         functions, so the returned plan runs as is.
@@ -411,7 +421,10 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     Returns
     -------
     (PipelinePlan, SearchReport)
-        The plan (validated; ``enqueue_order`` set) and the report.
+        The plan (validated; ``enqueue_order`` set, with the hand-offs the
+        search placed; ``caller_group`` the group it runs on the caller's
+        thread, None when every group has a worker: docs/semantics.md, "The
+        caller's group") and the report.
 
     Raises
     ------
@@ -486,8 +499,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     from . import verify as verify_mod
 
     if verify_mod.wanted(verify, problem, batches):
-        pool = verify_mod.caller_variants(report.plan, problem.costs, problem.measured_costs) + found.pool
-        plan, report = verify_mod.verify_search(report, pool, problem, batches, verify, c.num_iterations)
+        plan, report = verify_mod.verify_search(report, found.pool, problem, batches, verify, c.num_iterations)
         report = _refit_round(tasks_or_graph, problem, c, seeds, report, batches, verify)
     return _with_enqueue_order(report)
 
@@ -595,16 +607,20 @@ def _search_cpsat(problem: Problem, c: Constraints, found: _Found, left_s: float
 
     best = found.best
     upper = best.ii if best.ii else int(math.ceil(best.period / problem.unit_s))
-    res = solve_cpsat(problem, time_limit_s=left_s, num_workers=c.num_workers, seed=c.seed, hint=best, upper=upper)
+    res = solve_cpsat(problem, time_limit_s=left_s, num_workers=c.num_workers, seed=c.seed, hint=best, upper=upper,
+                      scorer=found.scorer)
     found.tried["CP-SAT solves"] = len(res.tried)
     found.solver_time, found.proven = res.solve_time_s, res.bound_s
     if res.plan is not None:
         found.pool.insert(0, ("cpsat", res.plan))
         found.model_period = res.period_s
         cp_period, cp_latency = found.scorer(res.plan)
-        rank = lambda p, d, l: (round(p / problem.unit_s, 3), d, round(l / problem.unit_s, 3))  # noqa: E731
-        if rank(cp_period, res.plan.pipeline_depth, cp_latency) <= rank(found.period, found.plan.pipeline_depth,
-                                                                         found.latency):
+
+        def rank(plan: PipelinePlan, period: float, latency: float) -> tuple:  # as the beam ranks (worker threads last)
+            workers = len(plan.thread_groups) - (plan.caller_group in plan.thread_groups)
+            return (round(period / problem.unit_s, 3), plan.pipeline_depth, round(latency / problem.unit_s, 3), workers)
+
+        if rank(res.plan, cp_period, cp_latency) <= rank(found.plan, found.period, found.latency):
             found.plan, found.period, found.latency, found.method = res.plan, cp_period, cp_latency, "cpsat"
             found.depth_proven = res.refined == "OPTIMAL"
         elif round(cp_period / problem.unit_s, 3) > round(found.period / problem.unit_s, 3):
@@ -635,17 +651,17 @@ def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, fo
     from swpipe_core.validate import validate
 
     from .cpsat import model_lower_bound
-    from .simulate import simulate
 
     plan = found.plan
     validate(plan)
-    sim = simulate(plan, problem.costs, num_iterations=c.num_iterations, device=problem.device)
+    sim = problem.simulate(plan, c.num_iterations)
     period, latency = float(sim.period), float(sim.latency)
     lb, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, found.proven)
     lb = min(lb, period)
     remaining = c.time_limit_s - (time.perf_counter() - t0)
     depth_reason = _depth_reason(tasks_or_graph, costs, c, plan.pipeline_depth, period, found.depth_proven,
-                                 budget_s=max(0.5, min(3.0, 0.1 * c.time_limit_s, remaining)))
+                                 budget_s=max(0.5, min(3.0, 0.1 * c.time_limit_s, remaining)),
+                                 measured_costs=problem.measured_costs)
     baseline = None
     if problem.base_plan is not None:
         try:

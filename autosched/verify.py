@@ -68,11 +68,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from swpipe_core.order import enqueue_order, hand_off_after
+from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
-__all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan", "inline_variant",
-           "late_hand_off_variant", "caller_variants", "verify_search", "measure_refit", "plan_key", "is_known",
+__all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan",
+           "verify_search", "measure_refit", "plan_key", "is_known",
            "turned", "within_band", "predict_periods", "measure_wakes", "wakes_note", "predicted_speedup",
            "predicted_speedups"]
 
@@ -419,114 +419,6 @@ def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
     sched = {k: TaskSchedule(0, v.stream, group, v.globally_ordered) for k, v in plan.schedule.items()}
     return PipelinePlan(sched, list(plan.intra_iter_deps), list(plan.inter_iter_deps), enqueue_policy="ready_first",
                         caller_group=group, same_period_deps=list(plan.same_period_deps))
-
-
-def inline_variant(plan: PipelinePlan, costs: Any) -> Optional[Tuple[str, PipelinePlan]]:
-    """The plan with its busiest thread group (most host time) run inline on the caller, labelled; None if it has one.
-
-    The searchers model one worker per group (``caller_group=None``); on the
-    engine a group run inline saves a thread hand-off per period, which only
-    a measurement can weigh against the overlap it may cost.
-
-    Examples
-    --------
-    >>> from autosched.costs import CostModel, TaskCost
-    >>> p = PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1, thread_group="compute")},
-    ...                  intra_iter_deps=[("B", "A")], caller_group=None)
-    >>> label, inline = inline_variant(p, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.003)}))
-    >>> label, inline.caller_group
-    ('auto, compute inline', 'compute')
-    """
-    if plan.caller_group is not None:
-        return None
-    load: Dict[str, float] = {}
-    for name in plan.task_names:
-        group = plan.sched(name).thread_group
-        load[group] = load.get(group, 0.0) + costs[name].host_s
-    busiest = max(sorted(load), key=load.get)
-    # the order again, by the plan's policy: with a group inline it also says when the others are handed off,
-    # and the policy hands them off as early as the graph allows (swpipe_core.order.handed_off_first)
-    return (f"auto, {busiest} inline",
-            plan.replace(caller_group=busiest, enqueue_order=None, pipeline_depth=plan.pipeline_depth))
-
-
-def late_hand_off_variant(labelled: Tuple[str, PipelinePlan], costs: Any) -> Optional[Tuple[str, PipelinePlan]]:
-    """A plan with a group inline, its other groups' tasks handed off where the caller's longest lock-free task starts.
-
-    On a CPU host a side thread's Python slows the caller's own Python (one
-    interpreter lock) but not its lock-free calls. The calibration's GIL
-    shares (``costs.machine_calibration.gil``) say how long each task of the
-    caller's group runs without the lock (``host_s * (1 - share)``; a task
-    without a share is taken to hold it throughout); the variant hands the
-    other groups' tasks off after the caller's task placed just before the
-    longest of them (:func:`swpipe_core.order.hand_off_after`). None without
-    GIL shares, when that task is the caller's first, or when the order does
-    not change. Only a measurement tells whether it is faster.
-
-    Parameters
-    ----------
-    labelled : (str, PipelinePlan)
-        A labelled plan whose ``caller_group`` is set (:func:`inline_variant`).
-    costs : CostModel
-        With ``machine_calibration`` carrying GIL shares.
-
-    Returns
-    -------
-    (str, PipelinePlan) or None
-
-    Examples
-    --------
-    >>> from autosched.costs import CostModel, TaskCost
-    >>> from swpipe_core.calibrate import MachineCalibration
-    >>> p = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Fwd": TaskSchedule(1), "Bwd": TaskSchedule(1)},
-    ...                  intra_iter_deps=[("Fwd", "Load"), ("Bwd", "Fwd")])
-    >>> cal = MachineCalibration(gil={"Load": 1.0, "Fwd": 0.9, "Bwd": 0.1})
-    >>> costs = CostModel({"Load": TaskCost(0.001), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004)},
-    ...                   machine_calibration=cal)
-    >>> label, late = late_hand_off_variant(("auto, default inline", p), costs)
-    >>> label, enqueue_order(late)
-    ('auto, default inline, handed off after Fwd', ['Fwd', 'Load', 'Bwd'])
-    """
-    label, plan = labelled
-    cal = getattr(costs, "machine_calibration", None)
-    gil = getattr(cal, "gil", None) or {}
-    if not gil or plan.caller_group is None:
-        return None
-    order = enqueue_order(plan)
-    inline = [t for t in order if plan.sched(t).thread_group == plan.caller_group]
-    if len(inline) < 2 or len(inline) == len(order):
-        return None
-    free = [costs[t].host_s * (1.0 - gil.get(t, 1.0)) for t in inline]
-    k = max(range(len(inline)), key=lambda j: (free[j], -j))
-    if k == 0:
-        return None
-    after = inline[k - 1]
-    late = hand_off_after(plan, after)
-    if late == order:
-        return None
-    return f"{label}, handed off after {after}", plan.replace(enqueue_order=late, pipeline_depth=plan.pipeline_depth)
-
-
-def caller_variants(plan: PipelinePlan, costs: Any, calibrated: Any = None) -> List[Tuple[str, PipelinePlan]]:
-    """The labelled variants of a searched plan that run a group on the caller's thread, for measuring beside it.
-
-    :func:`inline_variant` (by ``costs``), then its :func:`late_hand_off_variant`
-    (by ``calibrated``, the model carrying the GIL shares; ``costs`` when
-    omitted), each where it exists.
-
-    Examples
-    --------
-    >>> from autosched.costs import CostModel, TaskCost
-    >>> p = PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1, thread_group="compute")},
-    ...                  intra_iter_deps=[("B", "A")], caller_group=None)
-    >>> [label for label, _ in caller_variants(p, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.003)}))]
-    ['auto, compute inline']
-    """
-    inline = inline_variant(plan, costs)
-    if inline is None:
-        return []
-    late = late_hand_off_variant(inline, calibrated if calibrated is not None else costs)
-    return [inline] + ([late] if late is not None else [])
 
 
 def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
@@ -1041,9 +933,7 @@ def plan_key(plan: PipelinePlan) -> tuple:
 
 def _rejudge(report: Any, plan: PipelinePlan, problem: Any, num_iterations: int) -> Any:
     """The report's plan-dependent fields for another plan (simulated with the same costs)."""
-    from .simulate import simulate
-
-    sim = simulate(plan, problem.costs, num_iterations=num_iterations, device=problem.device)
+    sim = problem.simulate(plan, num_iterations)
     lb = min(report.lower_bound_s, float(sim.period))
     return dataclasses.replace(
         report, plan=plan, period_s=float(sim.period), latency_s=float(sim.latency), binding=str(sim.binding),

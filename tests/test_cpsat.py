@@ -98,9 +98,16 @@ def test_cpsat_enqueue_order_is_a_topological_order_of_the_period_local_graph():
     graph = period_local_graph(res.plan)
     assert sorted(order) == sorted(problem.names)
     assert all(pos[d] < pos[t] for d, t in graph.edges)
-    # and it follows the offsets: a task never precedes one that starts earlier in the period
-    offs = [res.offset[n] for n in order]
-    assert offs == sorted(offs)
+    # and it follows the offsets: among the caller's tasks and among the workers' tasks, a task never precedes
+    # one that starts earlier in the period; a worker's task is handed off no later than the model starts it
+    plan = res.plan
+    inline = [n for n in order if plan.sched(n).thread_group == plan.caller_group]
+    workers = [n for n in order if n not in inline]
+    for part in (inline, workers):
+        assert [res.offset[n] for n in part] == sorted(res.offset[n] for n in part)
+    for w in workers:
+        before = [g for g in inline if pos[g] < pos[w]]
+        assert not before or res.offset[before[-1]] + problem.dur(before[-1]) <= res.offset[w]
 
 
 def test_cpsat_gives_its_solves_no_more_than_the_budget_left(monkeypatch):
@@ -141,7 +148,7 @@ def test_brute_force_space_is_exactly_the_valid_plans():
         assert plan.pipeline_depth <= 2
         assert len({plan.sched(n).thread_group for n in plan.task_names}) <= 2
     keys = {(tuple(plan.stage(n) for n in problem.names), tuple(map(str, plan.enqueue_order)),
-             tuple(plan.sched(n).thread_group for n in problem.names)) for plan in plans}
+             tuple(plan.sched(n).thread_group for n in problem.names), plan.caller_group) for plan in plans}
     assert len(keys) == len(plans)
 
 

@@ -240,3 +240,111 @@ def test_frozen_stage_that_breaks_a_corollary_has_no_plan():
     with pytest.raises(RuntimeError, match="no plan satisfies"):
         auto_schedule((["A", "B"], [("B", "A")]), costs,
                       Constraints(max_depth=2, frozen={"A": {"stage": 1}, "B": {"stage": 0}}, time_limit_s=5))
+
+
+# ----------------------------------------------------------------------------- the caller's group
+
+
+def _thread_recorder():
+    """Task functions that note the thread each task ran on, and the swpipe threads alive then."""
+    ran, alive = {}, set()
+
+    def fn(name):
+        def run(ctx):
+            ran.setdefault(name, set()).add(threading.current_thread().name)
+            alive.update(t.name for t in threading.enumerate() if t.name.startswith("swpipe-"))
+        return run
+    return ran, alive, fn
+
+
+@pytest.mark.parametrize("method", ["beam", "cpsat"])
+def test_a_searched_plan_runs_the_group_the_search_chose_on_the_callers_thread(method):
+    from swpipe_core.engine import SWPipeline
+
+    ran, alive, fn = _thread_recorder()
+    load, step = PipelineTask("Load", fn("Load")), PipelineTask("Step", fn("Step"))
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    plan, report = auto_schedule(([load, step], [(step, load)]), costs,
+                                 Constraints(max_depth=2, max_threads=2, method=method, time_limit_s=5))
+    # both groups on workers would run no faster in the model: the busiest runs inline, one worker fewer
+    assert report.period_s == pytest.approx(0.003)
+    assert plan.caller_group == "default" and plan.sched("Step").thread_group == "default"
+    worker = plan.sched("Load").thread_group
+    assert worker != "default" and "default on the caller's thread" in report.summary()
+    with SWPipeline(plan, device="cpu") as pipe:
+        pipe.run(range(8))
+    assert ran == {"Step": {threading.current_thread().name}, "Load": {f"swpipe-{worker}"}}
+    assert f"swpipe-{worker}" in alive and "swpipe-default" not in alive  # no worker thread for the caller's group
+
+
+def test_the_input_plans_caller_group_decides_whether_a_group_may_run_inline():
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    given = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Step": TaskSchedule(1, thread_group="main")},
+                         intra_iter_deps=[("Step", "Load")], caller_group=None)
+    c = Constraints(max_depth=2, max_threads=2, time_limit_s=5)
+    plan, report = auto_schedule(given, costs, c)
+    assert plan.caller_group is None and report.period_s == pytest.approx(0.003)
+    assert "each with a worker" in report.summary()
+    # a group frozen under the caller's group's name always runs inline, even the lighter one
+    frozen = Constraints(max_depth=2, max_threads=2, time_limit_s=5, frozen={"Load": {"thread_group": "default"}})
+    plan, _ = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, frozen)
+    assert plan.caller_group == "default" and plan.sched("Load").thread_group == "default"
+    assert plan.sched("Step").thread_group != "default"
+
+
+def test_the_simulator_scores_a_searched_plan_with_its_hand_offs():
+    from autosched._problem import build_plan, make_problem
+    from autosched.beam import sim_scorer
+
+    graph = (["Load", "Fwd", "Bwd"], [("Fwd", "Load"), ("Bwd", "Fwd")])
+    costs = CostModel({"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.003)})
+    problem = make_problem(graph, costs, Constraints(max_depth=2, max_threads=2))
+    stage, group = {"Load": 0, "Fwd": 1, "Bwd": 1}, {"Load": "io", "Fwd": "main", "Bwd": "main"}
+    early = build_plan(problem, stage, group, inline="main")
+    late = build_plan(problem, stage, group, inline="main", handoff="Bwd")
+    assert early.caller_group == late.caller_group == "default"
+    assert early.enqueue_order == ["Load", "Fwd", "Bwd"] and late.enqueue_order == ["Fwd", "Bwd", "Load"]
+    score = sim_scorer(problem, 24)
+    # handed off after Bwd, the next batch's Load starts only once the main thread ran Fwd and Bwd: 2 + 3 + 3 ms
+    assert score(early)[0] == pytest.approx(0.006) and score(late)[0] == pytest.approx(0.008)
+    # the same order with every group on a worker hands nothing off late
+    assert score(late.replace(caller_group=None))[0] == pytest.approx(0.006)
+
+
+def test_the_search_hands_off_late_where_a_lock_makes_that_faster():
+    # Load and Fwd hold the interpreter lock ("gil"), Bwd does not: handed off at the period's start, Load takes
+    # the lock first and Fwd waits (8 ms); handed off after Fwd, Load runs beside Bwd (6 ms)
+    graph = (["Load", "Fwd", "Bwd"], [("Fwd", "Load"), ("Bwd", "Fwd")])
+    costs = CostModel({"Load": TaskCost(0.002, resources=("gil",)), "Fwd": TaskCost(0.003, resources=("gil",)),
+                       "Bwd": TaskCost(0.003)})
+    frozen = {"Load": {"thread_group": "io", "stage": 0}, "Fwd": {"thread_group": "default", "stage": 1},
+              "Bwd": {"thread_group": "default", "stage": 1}}
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=2, max_threads=2, frozen=frozen,
+                                                           time_limit_s=5))
+    assert plan.caller_group == "default" and plan.enqueue_order == ["Fwd", "Load", "Bwd"]
+    assert report.period_s == pytest.approx(0.006)
+    assert simulate(plan.replace(enqueue_order=["Load", "Fwd", "Bwd"]), costs).period == pytest.approx(0.008)
+
+
+def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group():
+    """With 1 ms of engine time per period, the 3 ms Step cannot run inline at a 3 ms period; Load and Log can."""
+    from autosched._problem import make_problem
+    from autosched.cpsat import solve_cpsat
+    from swpipe_core.calibrate import MachineCalibration
+
+    costs = CostModel({"Load": TaskCost(0.0015), "Step": TaskCost(0.003), "Log": TaskCost(0.0005)},
+                      machine_calibration=MachineCalibration(period_s=0.001, cores_free=2.0, cpu_count=2))
+    graph = (["Load", "Step", "Log"], [("Step", "Load"), ("Log", "Step")])
+    problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2, time_unit_s=5e-4))
+    problem.measured_costs = costs  # as auto_schedule folds a calibration: its engine time per period counts
+    res = solve_cpsat(problem, time_limit_s=10)
+    assert res.status == "OPTIMAL" and res.period_s == pytest.approx(0.003)
+    assert res.plan.caller_group == "default" and res.plan.sched("Step").thread_group != "default"
+    assert problem.simulate(res.plan).period == pytest.approx(0.003)
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, time_limit_s=5))
+    assert report.period_s == pytest.approx(0.003)
+    assert plan.caller_group == "default" and plan.sched("Step").thread_group != "default"
+    # Step inline instead: the main thread's 3 + 1 ms a period are a floor
+    busy = plan.replace(schedule={n: TaskSchedule(plan.stage(n), thread_group="default" if n == "Step" else "io")
+                                  for n in plan.task_names}, enqueue_order=None, pipeline_depth=plan.pipeline_depth)
+    assert problem.simulate(busy).period >= 0.004 - 1e-9

@@ -209,61 +209,22 @@ def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
         with_dependencies_of(extra, graph)
 
 
-def test_verify_measures_the_search_pick_with_its_busiest_group_inline():
-    a, b = PipelineTask("A", _sleeper(MS)), PipelineTask("B", _sleeper(2 * MS))
-    costs = CostModel({"A": TaskCost(MS), "B": TaskCost(2 * MS)})
-    _, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
-                              batches=list(range(8)), verify=1)
-    inline = [r for r in report.verify.rows if r.label.endswith(" inline")]
-    assert len(inline) == 1 and inline[0].plan.caller_group is not None
-    auto = report.verify["auto"].plan
-    assert auto.caller_group is None  # the searchers model one worker per group
-    busiest = inline[0].plan.caller_group
-    assert inline[0].label == f"auto, {busiest} inline"
-    assert "B" in [n for n in auto.task_names if auto.sched(n).thread_group == busiest]
-
-
-def test_late_hand_off_variant_hands_off_before_the_callers_longest_lock_free_task():
-    from autosched.verify import late_hand_off_variant
-    from swpipe_core import pipelines
-    from swpipe_core.calibrate import MachineCalibration
-    from swpipe_core.order import hand_off_after
-    from swpipe_core.workers import with_thread_map
-
-    plan = with_thread_map(pipelines.get("sparse_dist"), "by_stream")  # the caller's: ZeroGrad ... Backward, Step
-
-    def variant(gil, **host_ms):
-        costs = CostModel({n: TaskCost(host_ms.get(n, 1.0) * MS) for n in plan.task_names},
-                          machine_calibration=MachineCalibration(gil=gil))
-        return late_hand_off_variant(("auto, default inline", plan), costs)
-
-    label, late = variant({"Forward": 0.9, "Backward": 0.1}, Backward=3.0)
-    assert label == "auto, default inline, handed off after Forward"
-    assert enqueue_order(late) == hand_off_after(plan, "Forward") != enqueue_order(plan)
-    assert variant({}, Backward=3.0) is None  # no GIL shares: nothing to place the hand-off by
-    assert variant({"ZeroGrad": 0.0}, ZeroGrad=9.0) is None  # the caller's first task: the policy hands off before it
-    costs = CostModel({n: TaskCost(MS) for n in plan.task_names}, machine_calibration=MachineCalibration(gil={"A": 1}))
-    assert late_hand_off_variant(("x", plan.replace(caller_group=None)), costs) is None
-
-
-def test_the_verification_measures_the_late_hand_off_variant_of_its_inline_pick(monkeypatch):
+def test_verify_measures_the_searched_plan_with_the_callers_group_the_search_chose():
+    """The search places the caller's group and its hand-offs itself: the verification measures its plan as
+    it is, beside the other searchers' bests, the input plan and the serial plan, and makes no variant of it."""
     import autosched.verify as verify_mod
 
-    asked = []
-
-    def fake_variant(labelled, costs):
-        asked.append(labelled[0])
-        label, plan = labelled
-        return f"{label}, handed off late", plan.replace(enqueue_order=list(reversed(enqueue_order(plan))))
-
-    monkeypatch.setattr(verify_mod, "late_hand_off_variant", fake_variant)
     a, b = PipelineTask("A", _sleeper(MS)), PipelineTask("B", _sleeper(2 * MS))
     costs = CostModel({"A": TaskCost(MS), "B": TaskCost(2 * MS)})
-    _, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
-                              batches=list(range(8)), verify=1)
-    inline = [r.label for r in report.verify.rows if r.label.endswith(" inline")]
-    assert asked == inline and len(inline) == 1
-    assert f"{inline[0]}, handed off late" in [r.label for r in report.verify.rows]
+    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+                                 batches=list(range(8)), verify=1)
+    auto = report.verify["auto"].plan
+    assert auto.caller_group == "default" and auto.sched("B").thread_group == "default"  # the busiest, inline
+    assert {r.label for r in report.verify.rows} <= {"auto", "beam", "beam (deeper)", "cpsat", "serial"}
+    assert not any("inline" in r.label or "handed off" in r.label for r in report.verify.rows)
+    assert plan.caller_group in (None, *plan.thread_groups)
+    for gone in ("inline_variant", "late_hand_off_variant", "caller_variants"):
+        assert not hasattr(verify_mod, gone)
 
 
 # ----------------------------------------------------------------------------- known plans (seeds, the input plan)

@@ -99,8 +99,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     answer on the engine (``verify``): its candidates, the seeds, the input
     plan and the serial plan run in interleaved rounds on ``batches`` and the
     one measured fastest is returned. With several ranks, rank 0 shares its
-    candidates (its pick, the pick with its busiest group inline, the seeds,
-    the serial plan) and every rank runs them in the same order at once (their
+    candidates (its pick, the seeds, the serial plan) and every rank runs them in the same order at once (their
     collectives pair up); the slowest rank's time of each round counts and
     every rank chooses the same plan from the folded table. Returns None on every rank (with a warning saying
     why) when autosched is unavailable or the search fails, so the demo
@@ -280,7 +279,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         how = (f"{report.verify.verdict()} of {len(measured)} plans on the engine{refit} ({chosen.label}: "
                f"{chosen.period_s * 1e3:.1f} ms/it steady{rescaled}, noise band +-{report.verify.noise_pct:.0f}%)")
     else:  # nothing measured here (with lockstep, every rank measures the candidates next)
-        candidates = _candidates(found, costs, seeds)
+        candidates = _candidates(found, seeds)
         if lockstep:
             return [(label, plan_fields(plan)) for label, plan in candidates], note
         speedups = predicted_speedups(_predictions(candidates, costs, env))
@@ -288,16 +287,13 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     return plan_fields(found), f"{note}; {how}", chosen_label, speedups
 
 
-def _candidates(found: PipelinePlan, costs: Any, seeds: Sequence[Any]) -> List[Tuple[str, PipelinePlan]]:
-    """The plans rank 0 predicts, and on several ranks measures: the search's plan (``"auto"``), the same with
-    its busiest group on the caller's thread (when that differs) and, with the calibration's GIL shares, also
-    with the other groups handed off where that group's longest lock-free task starts, the seeds
-    (``"seed:<row>"``) and the serial plan.
+def _candidates(found: PipelinePlan, seeds: Sequence[Any]) -> List[Tuple[str, PipelinePlan]]:
+    """The plans rank 0 predicts, and on several ranks measures: the search's plan (``"auto"``, with the caller's
+    group and the hand-offs the search chose), the seeds (``"seed:<row>"``) and the serial plan.
     """
-    from autosched.verify import caller_variants, serial_plan
+    from autosched.verify import serial_plan
 
-    return ([("auto", found)] + caller_variants(found, costs) + [(f"seed:{label}", plan) for label, plan in seeds]
-            + [("serial", serial_plan(found))])
+    return [("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
 
 
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv,
