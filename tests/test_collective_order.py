@@ -155,7 +155,7 @@ def test_one_rank_plans_keep_the_factories_marks(name, env):
 def test_the_plans_searched_for_several_ranks_keep_every_collective_ordered(two_rank_workload, issuers):
     from autosched.costs import CostModel, TaskCost
     from autosched.search import Constraints, auto_schedule
-    from autosched.verify import caller_variants, serial_plan
+    from autosched.verify import serial_plan
     from swpipe.workloads.agree import plan_fields
     from swpipe.workloads.autoplan import _auto_seeds, _plan_from_fields, safe_task_plan
 
@@ -166,8 +166,8 @@ def test_the_plans_searched_for_several_ranks_keep_every_collective_ordered(two_
     found, _ = auto_schedule(base, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=2.0),
                              seeds=seeds, verify=False)
     shared = _plan_from_fields(plan_fields(found))  # what rank 0 hands every other rank
-    plans = [("found", found), ("shared", shared), ("serial", serial_plan(found)),
-             *caller_variants(found, costs), *seeds]
+    # the searched plan carries its caller's group and hand-offs: the demo measures it as it is
+    plans = [("found", found), ("shared", shared), ("serial", serial_plan(found)), *seeds]
     for label, plan in plans:
         assert _ordered(plan) == issuers["prefetch"], label
 
