@@ -254,10 +254,10 @@ def _cost_of(costs: Any, name: str) -> Any:
     table = getattr(costs, "tasks", None)
     if isinstance(table, Mapping):
         if name not in table:
-            raise KeyError(
-                f"the cost model has no entry for task {name!r}; it covers {sorted(table)}. "
-                f"Add a TaskCost for {name!r} (e.g. costs.replace({name!r}, host_s=...))"
-            )
+            from .costs import CostModelError
+
+            raise CostModelError(f"no cost for task {name!r} (the model covers {sorted(table)})", where="tasks",
+                                 fix=f"add a TaskCost for {name!r}, e.g. costs.tasks[{name!r}] = TaskCost(host_s=...)")
         return table[name]
     return costs[name]
 

@@ -22,9 +22,11 @@ given, is a candidate too, so the result is never worse than it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -141,9 +143,9 @@ class SearchReport:
     >>> costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
     >>> _, report = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, Constraints(max_depth=2, time_limit_s=10))
     >>> print(report.summary().splitlines()[0])
-    auto_schedule (cpsat, OPTIMAL, device=cpu): period 3.000 ms  latency 6.000 ms
+    auto_schedule (cpsat, model OPTIMAL, device=cpu): simulated period 3.000 ms, latency 6.000 ms - NOT VERIFIED
     >>> print(report.explain().splitlines()[-1])
-    What would make it faster: halving Step (the largest task on thread:default): period 2.000 ms (33.3% faster).
+    What would make it faster: halving Step (the largest task on thread:default): simulated period 2.000 ms (33.3% faster).
     """
 
     plan: PipelinePlan
@@ -189,19 +191,60 @@ class SearchReport:
 
         return tradeoff_plot(self.memory_tradeoff, self.max_memory_bytes, path)
     verify: Optional[Any] = None  # autosched.verify.VerifyTable when the plans were measured on the engine
+    iterations_run: int = 0  # iterations of the user's tasks the call ran (verification, recording)
+    state_restored: bool = False  # state= was given and restored after those runs
+
+    @property
+    def measured(self) -> Optional[Any]:
+        """The chosen plan's measurement on the engine (``verify``'s row), or ``None`` when unverified."""
+        return None if self.verify is None else self.verify.choose()
+
+    def _machine_model(self) -> str:
+        folded = [n for n in self.notes if n.startswith("searched with the machine calibration")]
+        return folded[0] if folded else "searched with the cost model as given (no machine calibration)"
+
+    def _headline(self) -> List[str]:
+        """The first lines: measured figures when verified, else the simulated ones marked unverified."""
+        chosen = self.measured
+        if chosen is None:
+            return [f"auto_schedule ({self.method}, model {self.status}, device={self.device}): simulated period "
+                    f"{_ms(self.period_s)}, latency {_ms(self.latency_s)} - NOT VERIFIED",
+                    f"  {self._machine_model()}; pass batches=[...] to measure the candidates on the engine",
+                    f"  serial {_ms(self.serial_period_s)} simulated -> x{self.serial_period_s / max(self.period_s, 1e-30):.2f}"]
+        table = self.verify
+        serial = table["serial"].period_s if "serial" in table else None
+        speedup = f", x{serial / chosen.period_s:.2f} the serial loop measured in the same rounds" if serial else ""
+        return [f"auto_schedule ({self.method}, device={self.device}): measured period {_ms(chosen.period_s)}{speedup} "
+                f"({chosen.label}, {table.verdict()})",
+                f"  simulated period {_ms(self.period_s)} (model {self.status}), latency {_ms(self.latency_s)}"]
+
+    def _against_input(self) -> Optional[str]:
+        """How the result compares with the input plan: measured when both were measured."""
+        table, chosen = self.verify, self.measured
+        if table is not None and "input" in table:
+            given = table["input"]
+            if chosen is given:
+                return f"  input plan {_ms(given.period_s)} measured: kept (nothing measured beats it)"
+            if table.beats(chosen, given):
+                return (f"  input plan {_ms(given.period_s)} measured -> "
+                        f"{100 * (1 - chosen.period_s / given.period_s):.1f}% faster (measured)")
+            return (f"  input plan {_ms(given.period_s)} measured: no measurable difference (within the noise band "
+                    f"+-{table.noise_pct:.1f}%)")
+        if self.baseline_period_s is None or self.baseline_period_s <= 0:
+            return None
+        gain = 100 * (1 - self.period_s / self.baseline_period_s)
+        word = "faster" if gain >= 0 else "slower"
+        return f"  input plan {_ms(self.baseline_period_s)} simulated -> {abs(gain):.1f}% {word} (simulated)"
 
     def summary(self) -> str:
-        """A few lines: period, what binds, bound and gap, depth, status, what was tried."""
-        lines = [
-            f"auto_schedule ({self.method}, {self.status}, device={self.device}): "
-            f"period {_ms(self.period_s)}  latency {_ms(self.latency_s)}",
-            f"  binding: {self.binding}",
-            f"  lower bound {_ms(self.lower_bound_s)} ({self.bound_binding}); gap {self.gap_pct:.1f}%",
-            f"  serial {_ms(self.serial_period_s)} -> x{self.serial_period_s / max(self.period_s, 1e-30):.2f}",
+        """A few lines: the period (measured when verified), what binds, bound and gap, depth, what was tried."""
+        lines = self._headline() + [
+            f"  binding (model): {self.binding}",
+            f"  lower bound {_ms(self.lower_bound_s)} ({self.bound_binding}); model gap {self.gap_pct:.1f}%",
         ]
-        if self.baseline_period_s is not None:
-            gain = 100 * (1 - self.period_s / self.baseline_period_s) if self.baseline_period_s > 0 else 0.0
-            lines.append(f"  input plan {_ms(self.baseline_period_s)} -> {gain:.1f}% faster")
+        against = self._against_input()
+        if against:
+            lines.append(against)
         lines.append(f"  depth {self.depth} of max {self.max_depth}: {self.depth_reason}")
         caller = self.plan.caller_group
         inline = f" ({caller} on the caller's thread)" if caller in self.plan.thread_groups else " (each with a worker)"
@@ -211,6 +254,10 @@ class SearchReport:
             lines.append(f"  CP-SAT model period {_ms(self.model_period_s)}{bound}, solver {self.solver_time_s:.2f}s")
         tried = ", ".join(f"{k} {v}" for k, v in self.tried.items() if v)
         lines.append(f"  tried: {tried}; search {self.search_time_s:.2f}s")
+        if self.iterations_run:
+            restored = ("your model was restored afterwards" if self.state_restored else
+                        "they trained your model (pass state= to restore it)")
+            lines.append(f"  ran your tasks {self.iterations_run} iterations on batches=: {restored}")
         if self.peak_bytes is not None:
             from .memory import format_bytes
 
@@ -242,8 +289,16 @@ class SearchReport:
         for n in self.plan.task_names:
             groups.setdefault(self.plan.sched(n).thread_group, []).append(n)
         members = "; ".join(f"{g}: " + ", ".join(v) for g, v in groups.items())
-        out = [f"This plan finishes one iteration every {_ms(self.period_s)} in steady state, "
-               f"x{self.serial_period_s / max(self.period_s, 1e-30):.2f} the serial loop ({_ms(self.serial_period_s)})."]
+        chosen = self.measured
+        if chosen is not None and "serial" in self.verify:
+            serial = self.verify["serial"].period_s
+            out = [f"Measured on the engine, this plan finishes one iteration every {_ms(chosen.period_s)}, "
+                   f"x{serial / max(chosen.period_s, 1e-30):.2f} the serial loop ({_ms(serial)}) in the same rounds "
+                   f"({self.verify.verdict()}); the model predicts {_ms(self.period_s)}."]
+        else:
+            out = [f"The model predicts this plan finishes one iteration every {_ms(self.period_s)} in steady state, "
+                   f"x{self.serial_period_s / max(self.period_s, 1e-30):.2f} the serial loop "
+                   f"({_ms(self.serial_period_s)}); not verified (pass batches= to measure it)."]
         if self.depth > 1:
             by_stage: Dict[int, List[str]] = {}
             for n in self.plan.task_names:
@@ -255,17 +310,20 @@ class SearchReport:
         else:
             out.append(f"One iteration is in flight at a time, on {len(groups)} thread group(s) ({members}): "
                        f"{self.depth_reason}.")
-        out.append(f"What limits it: {self.binding}.")
+        out.append(f"What limits it in the model: {self.binding}.")
         if self.gap_pct <= 0.05:
-            out.append(f"It reaches the lower bound {_ms(self.lower_bound_s)} ({self.bound_binding}): "
+            out.append(f"In the model it reaches the lower bound {_ms(self.lower_bound_s)} ({self.bound_binding}): "
                        "no plan with these costs and constraints is faster.")
         else:
             proof = " CP-SAT proved no plan in its model is faster." if self.status == "OPTIMAL" else ""
-            out.append(f"It is {self.gap_pct:.1f}% above the lower bound {_ms(self.lower_bound_s)} "
+            out.append(f"In the model it is {self.gap_pct:.1f}% above the lower bound {_ms(self.lower_bound_s)} "
                        f"({self.bound_binding}).{proof}")
+        limit = self.verify.machine_limit() if self.verify is not None else None
+        if limit:
+            out.append(limit[0].upper() + limit[1:] + ".")
         for text, period in self.what_if:
             gain = 100 * (1 - period / self.period_s) if self.period_s > 0 else 0.0
-            out.append(f"What would make it faster: {text}: period {_ms(period)} ({gain:.1f}% faster).")
+            out.append(f"What would make it faster: {text}: simulated period {_ms(period)} ({gain:.1f}% faster).")
         if not self.what_if:
             out.append("What would make it faster: cheaper tasks on what limits it.")
         return "\n".join(out)
@@ -394,17 +452,22 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         runnable and ``batches`` are given; an int is the number of rounds.
     batches : sequence, optional
         Batches for the verification runs (and, with ``deps="infer"``, for
-        recording the tasks' dataflow). The tasks really run on them, so
-        their side effects happen: a model trains on these batches (save
-        and restore its state around the call if that matters).
+        recording the tasks' dataflow): with them the candidates are measured
+        on the engine and every figure the report gives is the measured one.
+        The tasks really run on them: pass ``state`` to have the model put
+        back afterwards (the report counts the iterations either way).
     deps : {None, "infer"}
         ``"infer"``: ignore declared dependencies and infer them from a run of
         the bound tasks on ``batches`` (``state`` names the model's tensors);
         the report's notes list the inferred edges the plan honours
         (:mod:`autosched.inferred`).
-    state : optional
-        With ``deps="infer"``: the modules and optimizers whose tensors the
-        recorder names (:func:`swpipe_core.dataflow.record_dataflow`).
+    state : modules, optimizers, or a list of them, optional
+        What the tasks train. With ``batches``, restored exactly after the
+        call ran the tasks (parameters, buffers, gradients, optimizer state,
+        random generators: :func:`swpipe_core.state.restore_state`); without
+        it a ``RuntimeWarning`` says how many iterations trained the model.
+        With ``deps="infer"`` also the tensors the recorder names
+        (:func:`swpipe_core.dataflow.record_dataflow`).
     calibrated : bool
         When ``costs`` carries a machine calibration
         (``TaskProfiler.profile(calibrate=True)``, or ``machine_calibration=``),
@@ -428,10 +491,11 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
 
     Raises
     ------
-    KeyError
+    CostModelError
         A task has no cost.
     ValueError
-        Bad input (dependency cycle, unknown task in constraints, impossible caps).
+        Bad input (dependency cycle, unknown task in constraints, impossible caps, ``batches`` with
+        tasks that have no function).
     RuntimeError
         No plan satisfies the constraints.
 
@@ -453,6 +517,41 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     >>> round(report.period_s * 1e3, 3), report.notes[0]
     (5.0, 'searched with the machine calibration folded in: engine costs per task, GIL tags, 1 free core(s)')
     """
+    snapshot = None
+    if state is not None and batches is not None:
+        from swpipe_core.state import snapshot_state
+
+        snapshot = snapshot_state(state)
+    try:
+        plan, report = _auto_schedule(tasks_or_graph, costs, constraints, seeds=seeds, verify=verify,
+                                      batches=batches, deps=deps, state=state, calibrated=calibrated)
+    finally:
+        if snapshot is not None:
+            from swpipe_core.state import restore_state
+
+            restore_state(state, snapshot)
+    ran = _iterations_run(report, batches if deps == "infer" else None)
+    report = dataclasses.replace(report, iterations_run=ran, state_restored=snapshot is not None)
+    if ran and snapshot is None:
+        warnings.warn(f"auto_schedule ran your tasks {ran} iterations on batches=: they trained your model (pass "
+                      "state=[model, optimizer] to have it restored)", RuntimeWarning, stacklevel=2)
+    return plan, report
+
+
+def _iterations_run(report: "SearchReport", recorded: Optional[Sequence[Any]]) -> int:
+    """Iterations of the user's tasks a call ran: every verification table's runs, and a dataflow recording."""
+    n = len(recorded) if isinstance(recorded, Sequence) else 0
+    table = report.verify
+    while table is not None:
+        n += table.iterations_run
+        table = table.earlier
+    return n
+
+
+def _auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints], *, seeds: Any, verify: Any,
+                   batches: Optional[Sequence[Any]], deps: Optional[str], state: Any,
+                   calibrated: bool) -> Tuple[PipelinePlan, "SearchReport"]:
+    """:func:`auto_schedule` without the snapshot of the user's state around it."""
     if deps is not None:  # observed dependencies: record, infer, then search (autosched/inferred.py)
         if deps != "infer":
             raise ValueError(f"deps must be None or 'infer', got {deps!r}")

@@ -203,6 +203,7 @@ class VerifyTable:
     earlier: Optional["VerifyTable"] = None  # the measurement this one follows up (refit round), printed first
     known: Tuple[str, ...] = ()  # plans kept unless measurably beaten (seeds, the input plan): see choose()
     margin_pct: float = 3.0
+    iterations_run: int = 0  # iterations of the user's tasks these measurements ran (warm-ups included)
 
     def __getitem__(self, label: str) -> PlanMeasurement:
         for r in self.rows:
@@ -538,8 +539,10 @@ def measure_plans(plans: Union[Sequence[Tuple[str, PipelinePlan]], Dict[str, Pip
         extra += 1
     if extra:
         table.notes.append(f"{extra} extra round(s) for the plans within the noise band of the fastest "
-                           f"({', '.join(c.label for c in table.rows if len(c.rounds_s) > rounds)})")
+                           f"({'; '.join(c.label for c in table.rows if len(c.rounds_s) > rounds)})")
         table.load = _load()
+    warm = len(short) * len(items) if warmup else 0
+    table.iterations_run = warm + len(batches) * sum(len(v) for v in got.values())
     return table
 
 
@@ -603,8 +606,13 @@ def wanted(verify: Any, problem: Any, batches: Optional[Sequence[Any]]) -> bool:
     if verify is False:
         return False
     runnable = all(callable(t.fn) for t in problem.tasks.values())
+    if verify is None and batches is not None and not runnable:
+        unbound = [n for n, t in problem.tasks.items() if not callable(t.fn)]
+        raise ValueError(f"auto_schedule(batches=...) measures the candidate plans on the engine, but tasks {unbound} "
+                         "have no function: bind them (plan.bind({name: fn, ...}) or PipelineTask(name, fn)), or drop "
+                         "batches= to search on the cost model alone (the plan is then not verified)")
     if verify is None:
-        return runnable and batches is not None
+        return batches is not None
     if batches is None:
         raise ValueError("auto_schedule(verify=...) needs batches=[...] to run the candidate plans on the engine")
     if not runnable:
@@ -745,6 +753,7 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
                           known=known, margin_pct=opts.margin_pct)
     if wake is not None:
         table.notes.append(wakes_note(wake))
+        table.iterations_run += len(runs) * len(cands)  # the warm-up runs that measured the wake-ups
     return table
 
 

@@ -49,14 +49,7 @@ class _TaskRunner:
             if run.cancelled:
                 return
             try:
-                if watchdog is not None:
-                    watchdog.begin(ti.name, st.idx)
-                    try:
-                        self._run_task(run, st, ti, seq)
-                    finally:
-                        watchdog.end()
-                else:
-                    self._run_task(run, st, ti, seq)
+                self._run_task(run, st, ti, seq, watchdog)
             except InlineTaskTimeout as exc:  # the watchdog interrupted this inline task
                 self._inline_timed_out(run, st, ti, exc)
                 return
@@ -111,6 +104,16 @@ class _TaskRunner:
             st.done[ti.idx] = True
             st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
 
+    def _watched(self, run: _Run, st: _IterState, ti: _TaskInfo, watchdog: Any) -> None:
+        watchdog.begin(ti.name, st.idx)
+        try:
+            if run.bare:
+                ti.task.fn(st.ctx)
+            else:
+                self._submit(run, st, ti)
+        finally:
+            watchdog.end()
+
     def _inline_timed_out(self, run: _Run, st: _IterState, ti: _TaskInfo, exc: InlineTaskTimeout) -> None:
         """The watchdog interrupted an inline task that overran ``signal_timeout``: the task's error, the run cancelled."""
         error = TimeoutError(f"{ti.name} (iteration {st.idx}) ran longer than signal_timeout={self.signal_timeout:g} s "
@@ -120,7 +123,7 @@ class _TaskRunner:
         self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, error),
                      f"inline task {ti.name} overran on iteration {st.idx}")
 
-    def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int]) -> None:
+    def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int], watchdog: Any = None) -> None:
         i = st.idx
         iters = run.iters
         for d, dist in ti.deps:  # phase 1: CPU signals
@@ -136,7 +139,12 @@ class _TaskRunner:
                 dst = st
             if not dst.done[d]:
                 self._wait_signal(run, dst, d, st, ti, dist)
-        if seq is None:
+        if watchdog is not None:  # the caller runs it: watched once its waits (each with its own timeout) are over
+            if seq is None:
+                self._watched(run, st, ti, watchdog)
+            else:
+                run.sequencer.execute_ordered(seq, lambda: self._watched(run, st, ti, watchdog))
+        elif seq is None:
             if run.bare:  # CPU, no timeline, profiler, NVTX or shortcut: nothing around the call
                 ti.task.fn(st.ctx)
             else:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from autosched._enumerate import random_graph, random_problem
-from autosched.costs import CostModel, TaskCost
+from autosched.costs import CostModel, CostModelError, TaskCost
 from autosched.graph import task_graph
 from autosched.search import Constraints, SearchReport, auto_schedule
 from autosched.simulate import simulate
@@ -220,7 +220,7 @@ def test_cuda_semantics_search_streams():
 
 
 @pytest.mark.parametrize("bad,err", [
-    (dict(costs=CostModel({"A": TaskCost(0.001)})), KeyError),
+    (dict(costs=CostModel({"A": TaskCost(0.001)})), CostModelError),
     (dict(graph=(["A", "B"], [("B", "A"), ("A", "B")])), ValueError),
     (dict(constraints=Constraints(frozen={"Z": {"stage": 0}})), ValueError),
     (dict(constraints=Constraints(max_depth=2, frozen={"A": {"stage": 5}})), ValueError),

@@ -232,8 +232,9 @@ def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Seq
     from swpipe_core.engine import SWPipeline
 
     if env.world_size == 1:
-        with SWPipeline(safe_task_plan(DLRMWorkload(config, env)), device=env.device) as pipe:
-            calibration = calibrate(pipe, batches[0])
+        wl = DLRMWorkload(config, env)  # a fresh model, restored after the measurement all the same
+        with SWPipeline(safe_task_plan(wl), device=env.device) as pipe:
+            calibration = calibrate(pipe, batches[0], state=wl.state)
     else:
         calibration = calibrate()
     return replace(costs, machine_calibration=calibration)
@@ -261,7 +262,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
         # 40 iterations a round: the demo measures 40, and shorter runs rank plans within ~10 % noise
         seeds=seeds, verify=VerifyOptions(rounds=verify_rounds, iterations=40, device=str(env.device))
         if verify else False,
-        batches=list(batches) if verify else None)
+        batches=list(batches) if verify else None, state=wl.state if verify else None)
     cal = costs.machine_calibration
     note = f"auto_schedule: simulated {report.period_s * 1e3:.1f} ms/it, {report.status}" + (
         f", calibrated ({cal.cores_free:.1f} cores free)" if cal is not None else "")

@@ -1,0 +1,69 @@
+"""auto_schedule's report tells the truth: unverified when it is, measured figures when it measured, and the runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autosched.costs import CostModel, TaskCost
+from autosched.search import Constraints, auto_schedule
+from autosched.verify import VerifyOptions
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _plan_and_model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def load(ctx):
+        ctx.x = ctx.batch * 2
+
+    def step(ctx):
+        opt.zero_grad()
+        model(ctx.x).sum().backward()
+        opt.step()
+
+    plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, thread_group="io"),
+                         PipelineTask("Step", step): TaskSchedule(1)}, intra_iter_deps=[("Step", "Load")])
+    costs = CostModel({"Load": TaskCost(0.001), "Step": TaskCost(0.002)})
+    return plan, model, opt, costs
+
+
+def test_without_batches_the_report_says_the_plan_is_unverified_and_how_to_verify_it():
+    plan, _, _, costs = _plan_and_model()
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, time_limit_s=5))
+    head = report.summary().splitlines()
+    assert "NOT VERIFIED" in head[0] and "pass batches=" in head[1]
+    assert "not verified" in report.explain().splitlines()[0] and report.iterations_run == 0
+
+
+def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_runs():
+    plan, model, opt, costs = _plan_and_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = [torch.ones(8, 4) * k for k in range(10)]
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, time_limit_s=5), batches=batches,
+                              verify=VerifyOptions(rounds=1, max_rounds=1, iterations=10), state=[model, opt])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert report.iterations_run > 0 and report.state_restored
+    chosen = report.verify.choose()
+    assert report.summary().splitlines()[0].startswith(
+        f"auto_schedule ({report.method}, device=cpu): measured period {chosen.period_s * 1e3:.3f} ms")
+    assert report.explain().startswith("Measured on the engine")
+    assert f"ran your tasks {report.iterations_run} iterations" in report.summary()
+
+
+def test_without_state_a_warning_says_the_tasks_trained_the_model():
+    plan, model, _, costs = _plan_and_model()
+    with pytest.warns(RuntimeWarning, match=r"auto_schedule ran your tasks \d+ iterations on batches="):
+        auto_schedule(plan, costs, Constraints(max_depth=2, time_limit_s=5), batches=[torch.ones(8, 4)] * 10,
+                      verify=VerifyOptions(rounds=1, max_rounds=1, iterations=10))
+
+
+def test_an_unbound_plan_with_batches_is_an_error_that_says_how_to_bind_it():
+    _, _, _, costs = _plan_and_model()
+    unbound = PipelinePlan({"Load": TaskSchedule(0), "Step": TaskSchedule(1)}, intra_iter_deps=[("Step", "Load")])
+    with pytest.raises(ValueError, match=r"tasks \['Load', 'Step'\] have no function: bind them"):
+        auto_schedule(unbound, costs, Constraints(max_depth=2, time_limit_s=5), batches=[1, 2, 3])
