@@ -7,22 +7,22 @@ Every factory takes ``order``: ``None``/``"ready_first"``/``"stage_descending"``
 (swpipe's enqueue policies) or ``"torchrec"`` (TorchRec's own CPU submission
 order, :data:`~swpipe_core.pipelines.orders.TORCHREC_ORDERS`).
 
-============================  ===========================================
-name                          TorchRec class
-============================  ===========================================
-``base``                      TrainPipelineBase
-``pt2``                       TrainPipelinePT2
-``sparse_dist``               TrainPipelineSparseDist
-``sparse_dist_lite``          TrainPipelineSparseDistLite
-``fused_sparse_dist``         TrainPipelineFusedSparseDist (``emb_lookup``)
-``semi_sync``                 TrainPipelineSemiSync
-``prefetch``                  PrefetchTrainPipelineSparseDist
-``eval_sparse_dist``          EvalPipelineSparseDist
-``eval_fused_sparse_dist``    EvalPipelineFusedSparseDist (``emb_lookup``)
-``staged``                    StagedTrainPipeline (``stages``)
-``sparse_dist_comp_autograd`` TrainPipelineSparseDistCompAutograd
-``sparse_dist_t``             TrainPipelineSparseDistT (experimental: H2D on its own thread)
-============================  ===========================================
+=============================  ==============================================================
+name                           TorchRec class
+=============================  ==============================================================
+``base``                       TrainPipelineBase
+``pt2``                        TrainPipelinePT2
+``sparse_dist``                TrainPipelineSparseDist
+``sparse_dist_lite``           TrainPipelineSparseDistLite
+``fused_sparse_dist``          TrainPipelineFusedSparseDist (``emb_lookup``)
+``semi_sync``                  TrainPipelineSemiSync
+``prefetch``                   PrefetchTrainPipelineSparseDist
+``eval_sparse_dist``           EvalPipelineSparseDist
+``eval_fused_sparse_dist``     EvalPipelineFusedSparseDist (``emb_lookup``)
+``staged``                     StagedTrainPipeline (``stages``)
+``sparse_dist_comp_autograd``  TrainPipelineSparseDistCompAutograd
+``sparse_dist_t``              TrainPipelineSparseDistT (experimental: H2D on its own thread)
+=============================  ==============================================================
 """
 
 from __future__ import annotations
