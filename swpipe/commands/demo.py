@@ -121,7 +121,45 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
     m = measure(config, env, specs, iters=args.iters, repeats=args.repeats, progress=True,
                 record_best=bool(args.trace), race_rounds=args.race)
     m.meta["allocator"] = allocator
+    m.meta["story"] = [line for spec in specs for line in spec.story]
     return m
+
+
+def _fit(line: str, width: int = 120) -> str:
+    """``line`` cut to ``width`` columns.
+
+    Examples
+    --------
+    >>> _fit("x" * 130, 10)
+    'xxxxxxx...'
+    """
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _story(m: Any, world: int, how: str, args: argparse.Namespace) -> List[str]:
+    """What the demo prints, in one story: the run, the table, the search in two lines, the noise, the verdict."""
+    import torch
+
+    from swpipe.workloads.bench import format_table, noise_pct
+    from swpipe_core.device import cuda_available
+
+    backend = "nccl" if cuda_available() else "gloo"
+    head = [_fit(f"DLRM, {world} rank(s) ({backend}, {how}), batch {args.batch_size}/rank, {args.iters} iterations x "
+                 f"{args.repeats} runs, {args.threads} torch thread(s), {os.cpu_count()} CPUs, torch {torch.__version__}")]
+    lines = head + [_fit(m.meta["allocator"]), format_table(m)] + [_fit(line) for line in m.meta.get("story", [])[:2]]
+    noise = noise_pct(m)
+    if noise is not None:
+        raced = (f"; {len(m.meta['raced'])} plan(s) within {m.meta['race_band_pct']:g} % of the fastest ran "
+                 f"{m.meta['race_rounds']} more" if m.meta.get("raced") else "")
+        probe = m.meta.get("parallel_probe")
+        ceiling = f"; 2 threads of GIL-free work: {probe:.2f}x one" if probe is not None else ""
+        lines.append(_fit(f"noise: one plan's runs differ by {noise:.1f} % (median over plans){raced}{ceiling}"))
+    matches = [r for r in m.rows if r.matches is not None]
+    close = sum(1 for r in matches if not r.matches and r.close)
+    lines.append(_fit(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit"
+                      + (f", {close} (compiled) to rtol 1e-5" if close else "")
+                      + f"; fastest training plan: {m.best_label}"))
+    return lines
 
 
 def _spawned(env: Any, args: argparse.Namespace) -> Any:
@@ -142,11 +180,9 @@ def run(args: argparse.Namespace) -> int:
     >>> run(argparse.Namespace(**{**vars(parser.parse_args([])), "iters": 0}))
     2
     """
-    import torch
-
-    from swpipe.workloads.bench import format_predictions, format_table
     from swpipe.workloads.distenv import init_distributed, launcher_env
 
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # torch's profiler prints USDT lines on stderr otherwise
     try:
         launched = launcher_env()
     except ValueError as exc:
@@ -178,32 +214,13 @@ def run(args: argparse.Namespace) -> int:
     code = 0 if all(r.matches or r.close for r in m.rows if r.matches is not None) else 1
     if rank != 0:
         return code  # the same table and verdict as rank 0's: every rank's checks are folded in
-    from swpipe_core.device import cuda_available
-
-    backend = "nccl" if cuda_available() else "gloo"
-    print(f"DLRM workload: world size {world} ({backend}) {how}, batch {args.batch_size}/rank, "
-          f"{args.iters} iterations x {args.repeats} runs, {args.threads} intra-op thread(s)/rank, "
-          f"{os.cpu_count()} CPU(s), torch {torch.__version__}")
-    print(m.meta["allocator"])
-    if m.meta.get("raced"):
-        print(f"raced: {', '.join(m.meta['raced'])} (within {m.meta['race_band_pct']:g} % of the fastest after "
-              f"{args.repeats} runs) ran {m.meta['race_rounds']} more, with the serial loop; the fastest run counts")
-    print(format_table(m))
-    for line in format_predictions(m):
+    for line in _story(m, world, how, args):
         print(line)
-    matches = [r for r in m.rows if r.matches is not None]
-    close = sum(1 for r in matches if not r.matches and r.close)
-    print(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit"
-          + (f", {close} (compiled) to rtol 1e-5" if close else "") + f"; fastest training plan: {m.best_label}")
-    probe = m.meta.get("parallel_probe")
-    if probe is not None:
-        print(f"machine check: 2 threads of GIL-free work ran {probe:.2f}x faster together than one after "
-              f"another (idle cores give ~2x); multi-thread plans cannot beat that ceiling")
     if args.trace and m.best_timeline:
         from swpipe_core.trace import write_chrome_trace
 
         path = write_chrome_trace(m.best_timeline, args.trace, name=f"swpipe demo: {m.best_label}")
-        print(f"timeline of {m.best_label} written to {path} (open in https://ui.perfetto.dev)")
+        print(f"timeline of {m.best_label} (https://ui.perfetto.dev): {path}")
     if world > 1:
         print(f"every check above holds on all {world} ranks (each rank compared its own losses with its own "
               f"serial loop; a row matches only if it matches everywhere)")

@@ -23,7 +23,7 @@ from .dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
 from .reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from .tasks import EVAL_PIPELINES, plan_for
 
-__all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table", "format_predictions",
+__all__ = ["PlanSpec", "PlanResult", "Measurement", "default_specs", "measure", "format_table", "noise_pct",
            "parallel_probe", "TORCHREC_PLANS"]
 
 TORCHREC_PLANS = ("base", "pt2", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "prefetch",
@@ -56,6 +56,7 @@ class PlanSpec:
     same_as: Optional[str] = None  # the label of a row running the same schedule: measured once, shown twice
     predicted_speedup: Optional[float] = None  # a searched row: the model's speedup over the serial plan
     predicts: Dict[str, float] = field(default_factory=dict)  # the model's speedups of other rows, by label
+    story: List[str] = field(default_factory=list)  # lines under the table about this row (the search's)
 
     def plan(self, workload: DLRMWorkload) -> PipelinePlan:
         """The runnable plan on ``workload``."""
@@ -96,6 +97,7 @@ class PlanResult:
     close: Optional[bool] = None
     predicted_speedup: Optional[float] = None
     paired_speedup: Optional[float] = None  # median over rounds of (serial loop / this row) in the same round
+    spread_pct: Optional[float] = None  # its runs' (slowest - fastest) / median, in percent: run-to-run noise
 
     @property
     def measured_speedup(self) -> float:
@@ -415,7 +417,7 @@ def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: 
     twins = _twins(specs)
     for spec in specs:
         plan = runs.plans[spec.label]
-        note = spec.note
+        note = "searched (see below)" if spec.story else spec.note
         if spec.label in twins:
             note = f"the schedule of {twins[spec.label]}, so its runs (one plan, measured once); " + note
         lag = 0 if spec.is_eval else _lag(plan)
@@ -431,8 +433,40 @@ def _rows(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: 
                                len({plan.sched(t).thread_group for t in plan.task_names}), rate,
                                rate / base_rate if base_rate else float("nan"), runs.matches[spec.label], note,
                                min(runs.times[spec.label]), runs.close[spec.label], spec.predicted_speedup,
-                               _paired(runs.eval_s if spec.is_eval else runs.serial_s, runs.times[spec.label])))
+                               _paired(runs.eval_s if spec.is_eval else runs.serial_s, runs.times[spec.label]),
+                               _spread_pct(runs.times[spec.label])))
     return rows
+
+
+def _spread_pct(times: Sequence[float]) -> Optional[float]:
+    """``100 * (slowest - fastest) / median`` of one row's runs (None with one run).
+
+    Examples
+    --------
+    >>> round(_spread_pct([1.0, 1.1, 1.05]), 1), _spread_pct([1.0])
+    (9.5, None)
+    """
+    if len(times) < 2:
+        return None
+    import statistics
+
+    return 100.0 * (max(times) - min(times)) / statistics.median(times)
+
+
+def noise_pct(m: "Measurement") -> Optional[float]:
+    """The run-to-run noise of a demo run: the median over its rows of each row's spread (None with one run).
+
+    Examples
+    --------
+    >>> rows = [PlanResult("a", 1, 1, 1, 10.0, 1.0, True, spread_pct=4.0),
+    ...         PlanResult("b", 1, 1, 1, 10.0, 1.0, True, spread_pct=8.0)]
+    >>> noise_pct(Measurement(10.0, None, rows))
+    6.0
+    """
+    import statistics
+
+    spreads = [r.spread_pct for r in m.rows if r.spread_pct is not None]
+    return statistics.median(spreads) if spreads else None
 
 
 def _paired(serial_s: Sequence[float], plan_s: Sequence[float]) -> Optional[float]:
@@ -495,55 +529,44 @@ def _bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="swpipe demo", unit="run", leave=False)
 
 
-def format_predictions(m: Measurement) -> List[str]:
-    """One line per row with a prediction: the model's speedup over serial against the measured one.
+def format_table(m: Measurement, width: int = 120) -> str:
+    """The comparison as one fixed-width table, one line per plan (serial first), at most ``width`` columns.
 
-    Both speedups are over a serial run: the model's serial period, and the
-    serial loop measured in the same rounds as the row (paired by round when
-    the row knows it, :attr:`PlanResult.paired_speedup`), so the machine's
-    speed when the costs were taken cancels out
-    (:attr:`PlanResult.prediction_error_pct`).
-
-    Examples
-    --------
-    >>> m = Measurement(100.0, None, [PlanResult("auto", 2, 1, 2, 130.0, 1.3, True, predicted_speedup=1.35)])
-    >>> print(format_predictions(m)[0])
-    auto: predicted 1.35x serial, measured 1.30x in the same rounds: period predicted -3.7 %
-    """
-    return [f"{r.label}: predicted {r.predicted_speedup:.2f}x serial, measured {r.measured_speedup:.2f}x in the "
-            f"same rounds: period predicted {r.prediction_error_pct:+.1f} %"
-            for r in m.rows if r.prediction_error_pct is not None]
-
-
-def format_table(m: Measurement) -> str:
-    """The comparison as a fixed-width table (one line per row, serial first).
+    Columns: the plan's shape, its speedup over the serial loop measured in
+    the same rounds (:attr:`PlanResult.measured_speedup`), the speedup the
+    model predicted (searched rows and the seeds the search predicted),
+    whether its losses equal the serial loop's bit for bit, and a short note
+    (cut to fit; the serial loop's rate in its own).
 
     Examples
     --------
-    >>> m = Measurement(10.0, None, [PlanResult("sparse_dist", 3, 3, 1, 12.5, 1.25, True)])
+    >>> m = Measurement(10.0, None, [PlanResult("sparse_dist", 3, 3, 1, 12.5, 1.25, True, predicted_speedup=1.3)])
     >>> print(format_table(m))  # doctest: +NORMALIZE_WHITESPACE
-    plan         depth  streams  threads  iter/s  speedup  loss = serial  note
-    -----------  -----  -------  -------  ------  -------  -------------  ----
-    serial           1        1        1    10.0    1.00x  (reference)
-    sparse_dist      3        3        1    12.5    1.25x  yes
+    plan         depth  streams  threads  speedup  predicted  = serial   note
+    -----------  -----  -------  -------  -------  ---------  ---------  ----
+    serial           1        1        1    1.00x          -  reference  10.0 iterations/s
+    sparse_dist      3        3        1    1.25x      1.30x  yes
     """
-    header = ["plan", "depth", "streams", "threads", "iter/s", "speedup", "loss = serial", "note"]
-    body = [["serial", "1", "1", "1", f"{m.serial_iters_per_s:.1f}", "1.00x", "(reference)", ""]]
+    header = ["plan", "depth", "streams", "threads", "speedup", "predicted", "= serial", "note"]
+    body = [["serial", "1", "1", "1", "1.00x", "-", "reference", f"{m.serial_iters_per_s:.1f} iterations/s"]]
     if m.eval_serial_iters_per_s is not None:
-        body.append(["serial-eval", "1", "1", "1", f"{m.eval_serial_iters_per_s:.1f}", "1.00x", "(reference)",
-                     "model.eval() loop; eval plans compare with it"])
+        body.append(["serial-eval", "1", "1", "1", "1.00x", "-", "reference",
+                     f"{m.eval_serial_iters_per_s:.1f} iterations/s; eval plans compare with it"])
     for r in m.rows:
         if r.matches is None:
             match = "n/a"
         else:
-            match = "yes" if r.matches else ("close (1e-5)" if r.close else "no")
-        body.append([r.label, str(r.depth), str(r.streams), str(r.thread_groups), f"{r.iters_per_s:.1f}",
-                     f"{r.speedup:.2f}x", match, r.note])
+            match = "yes" if r.matches else ("close" if r.close else "NO")
+        predicted = "-" if r.predicted_speedup is None else f"{r.predicted_speedup:.2f}x"
+        body.append([r.label, str(r.depth), str(r.streams), str(r.thread_groups), f"{r.measured_speedup:.2f}x",
+                     predicted, match, r.note])
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
     right = {1, 2, 3, 4, 5}
+    room = max(10, width - sum(widths[:-1]) - 2 * (len(widths) - 1))  # what is left for the note
 
     def line(cells: Sequence[str]) -> str:
-        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return "  ".join(out).rstrip()
+        note = cells[-1] if len(cells[-1]) <= room else cells[-1][: room - 3] + "..."
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells[:-1], widths))]
+        return "  ".join(out + [note]).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths[:-1]] + ["----"])] + [line(r) for r in body])
