@@ -113,7 +113,7 @@ def tradeoff_plot(points: Sequence[TradeoffPoint], cap: Optional[float] = None, 
     front = pareto_front(points)
     ax.plot([p.period_s * 1e3 for p in front], [p.peak_bytes / mib for p in front], "o-", label="Pareto front")
     if cap is not None:
-        ax.axhline(cap / mib, color="red", linestyle="--", label=f"cap {format_bytes(cap)}")
+        ax.axhline(cap / mib, color="red", linestyle="--", label=f"cap {cap / mib:.3g} MiB")  # the axis's unit
     ax.set_xlabel("period (ms/iter)")
     ax.set_ylabel("predicted peak MiB in flight")
     ax.legend(fontsize=8)
