@@ -71,9 +71,9 @@ class Problem:
     unit_s: float = 1e-6
     base_plan: Optional[PipelinePlan] = None
     nocore: FrozenSet[str] = frozenset()   # tasks whose host part holds no core of the pool (cost tag "nocore")
-    # the costs as given, machine calibration attached, when ``costs`` has it folded in: the verification predicts
-    # each candidate with them (autosched.verify.predict_periods), its plan-dependent engine costs included
-    measured_costs: Any = None
+    # the machine calibration ``costs`` has folded in (autosched.calibrated.searched_costs), or None: its per-hand-off
+    # and per-period engine costs are added to every plan simulated (:meth:`simulate`), one model for the whole call
+    calibration: Any = None
     # the name of the group that may run inline on the caller's thread (None: every group has a worker)
     caller_group: Optional[str] = DEFAULT_GROUP
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
@@ -149,21 +149,22 @@ class Problem:
     @property
     def period_overhead_s(self) -> float:
         """The main thread's engine time per period: ``period_s`` of the machine calibration the search folded
-        in (:attr:`measured_costs`), else 0.
+        in (:attr:`calibration`), else 0.
 
         The main thread spends it each period, before it enqueues the period
         (the simulator's ``period_overhead_s``), on the same thread as the
         caller's group when one runs inline.
         """
-        cal = getattr(self.measured_costs, "machine_calibration", None)
-        return float(getattr(cal, "period_s", 0.0) or 0.0) if cal is not None else 0.0
+        return float(getattr(self.calibration, "period_s", 0.0) or 0.0)
 
     def period_units(self) -> int:
         """:attr:`period_overhead_s` in time units."""
         return self.units(self.period_overhead_s)
 
     def simulate(self, plan: PipelinePlan, num_iterations: int = 40) -> Any:
-        """The simulator's result for a plan of this problem: its costs, device and per-period engine time.
+        """The simulator's result for a plan of this problem: the machine model of the call
+        (:func:`autosched.calibrated.simulate_folded`: its costs, device, and the calibration's engine time per
+        hand-off and per period).
 
         Examples
         --------
@@ -174,14 +175,13 @@ class Problem:
         >>> plan = build_plan(p, {"A": 0}, {"A": "g"}, inline="g")
         >>> round(p.simulate(plan).period * 1e3, 6)
         1.0
-        >>> p.measured_costs = CostModel(p.costs.tasks, machine_calibration=MachineCalibration(period_s=2e-4))
+        >>> p.calibration = MachineCalibration(period_s=2e-4)
         >>> round(p.simulate(plan).period * 1e3, 6)   # the main thread runs A and the engine's 0.2 ms per period
         1.2
         """
-        from .simulate import simulate
+        from .calibrated import simulate_folded
 
-        return simulate(plan, self.costs, num_iterations=num_iterations, device=self.device,
-                        period_overhead_s=self.period_overhead_s)
+        return simulate_folded(plan, self.costs, self.calibration, num_iterations=num_iterations, device=self.device)
 
     def memo(self, key: Any, make: Any) -> Any:
         """A value computed once per problem (presets, fire orders, levels)."""

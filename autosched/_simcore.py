@@ -29,7 +29,7 @@ from .taskmodel import CORES, plan_parts, pool_limit, resource_loads, stream_lab
 
 __all__ = ["SimDeadlock", "Stall"]
 
-_HOST_END, _DEV_END, _ENQUEUE, _WAKE = 0, 1, 2, 3
+_HOST_END, _DEV_END, _ENQUEUE = 0, 1, 2
 
 
 class SimDeadlock(RuntimeError):
@@ -44,8 +44,7 @@ class Stall(NamedTuple):
     earlier tasks of its thread group), ``"dep:<task>"`` / ``"dep:<task>[i-N]"``
     (a CPU signal), ``"sequencer"``, ``"comm:<name>"``, ``"pcie"``,
     ``"stream:<name>"`` (device FIFO), ``"event:<task>"`` (a device event),
-    ``"cores"`` (every core of the pool busy) or ``"wake"`` (an idle worker
-    woken by the enqueue, ``wake_overhead_s``).
+    ``"cores"`` (every core of the pool busy).
     """
 
     task: str
@@ -65,8 +64,7 @@ class _Sim:
     """
 
     def __init__(self, plan: PipelinePlan, costs: CostModel, n: int, cuda: bool,
-                 task_overhead_s: float, period_overhead_s: float, max_device_lag: int,
-                 wake_overhead_s: float) -> None:
+                 task_overhead_s: float, period_overhead_s: float, max_device_lag: int) -> None:
         self.n, self.cuda = n, cuda
         self.lag = max_device_lag
         names = plan.task_names
@@ -98,7 +96,6 @@ class _Sim:
         self.cores = costs.cores
         self.cap = pool_limit(costs.cores, len(self.group_names)) or 0  # the core pool's size; 0: cannot bind
         self.period_overhead = period_overhead_s
-        self.wake_overhead = wake_overhead_s
         # deps[k]: (dep task, distance, label of the CPU-signal wait, label of the device-event wait)
         self.deps: List[List[Tuple[int, int, str, str]]] = [[] for _ in names]
         for t, d in plan.intra_edges():
@@ -139,8 +136,6 @@ class _Sim:
         self.queue: List[deque] = [deque() for _ in range(G)]
         self.cur = [-1] * G
         self.busy = [False] * G
-        self.waking = [False] * G  # an idle worker woken by an enqueue: it starts nothing until its _WAKE event
-        self.asleep_until = [0.0] * G  # when its last wake-up ended (the binding wait of the task it then starts)
         self.free_t = [0.0] * G
         self.free_op = [-1] * G
         S = len(self.stream_names)
@@ -224,9 +219,6 @@ class _Sim:
                 self.host_done(arg, t)
             elif kind == _DEV_END:
                 self.dev_done(arg, t)
-            elif kind == _WAKE:
-                self.waking[arg] = False
-                self.try_host(arg, t)
             else:
                 self.enqueue(arg, t)
         if self.next_period < self.total_periods or (self.cuda and min(self.dev_end) < 0):
@@ -322,21 +314,13 @@ class _Sim:
             if g not in touched:
                 touched.append(g)
         for g in touched:
-            if self.wake_overhead > 0 and g != self.caller and not self.busy[g] and self.cur[g] < 0:
-                # an idle worker sleeps on its queue: it runs once woken (the caller's thread is awake already);
-                # a second enqueue while it wakes (fill_pipeline's periods) finds it waking, not asleep again
-                if not self.waking[g]:
-                    self.waking[g] = True
-                    self.asleep_until[g] = t + self.wake_overhead
-                    self.push(self.asleep_until[g], _WAKE, g)
-            else:
-                self.try_host(g, t)
+            self.try_host(g, t)
 
     # -- host side --
 
     def try_host(self, g: int, now: float) -> None:
         """Start the task at the head of thread ``g`` if Phase 1, the sequencer and resources allow."""
-        if self.busy[g] or self.waking[g]:
+        if self.busy[g]:
             return
         inst = self.cur[g]
         if inst < 0:
@@ -385,8 +369,6 @@ class _Sim:
         if ft >= bt:
             bt, bop, bkind = ft, self.free_op[g], self.thread_label[g]
         fifo_end = bt
-        if self.asleep_until[g] > bt:  # the enqueue woke the idle thread: the barrier stays its predecessor
-            bt, bkind = self.asleep_until[g], "wake"
         for r in res:
             if self.rfree_t[r] >= bt:
                 bt, bop, bkind = self.rfree_t[r], self.rfree_op[r], self.res_names[r]

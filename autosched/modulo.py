@@ -326,7 +326,7 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
     >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3, inline="b").stage
     {'A': 0, 'B': 1}
     >>> from swpipe_core.calibrate import MachineCalibration
-    >>> p.measured_costs = CostModel(costs.tasks, machine_calibration=MachineCalibration(period_s=0.001))
+    >>> p.calibration = MachineCalibration(period_s=0.001)
     >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3, inline="b") is None
     True
     >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=4, inline="b").stage

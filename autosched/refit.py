@@ -106,7 +106,8 @@ class PoolFit:
                 f"{self.errors_pct[self.was]:.1f}% -> {self.errors_pct[self.cores]:.1f}%)")
 
 
-def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str = "cpu") -> Optional[PoolFit]:
+def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str = "cpu",
+                  calibration: Any = None) -> Optional[PoolFit]:
     """Refit the cost model's core pool to a verification's measured periods.
 
     Parameters
@@ -143,7 +144,10 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     >>> fit.cores, fit.was, {k: round(v) for k, v in fit.errors_pct.items()}
     (1, 2, {1: 0, 2: 50})
     """
-    from .simulate import simulate
+    from .calibrated import simulate_folded
+
+    def simulate(plan: Any, model: Any, num_iterations: int, device: str) -> Any:
+        return simulate_folded(plan, model, calibration, num_iterations=num_iterations, device=device)
 
     if "serial" not in table or table["serial"].plan is None or table["serial"].period_s <= 0:
         return None

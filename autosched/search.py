@@ -193,6 +193,7 @@ class SearchReport:
     verify: Optional[Any] = None  # autosched.verify.VerifyTable when the plans were measured on the engine
     iterations_run: int = 0  # iterations of the user's tasks the call ran (verification, recording)
     state_restored: bool = False  # state= was given and restored after those runs
+    inferred: Optional[Any] = None  # deps="infer": the swpipe_core.dataflow.InferredDeps the search used
 
     @property
     def measured(self) -> Optional[Any]:
@@ -342,8 +343,14 @@ def _plan_tables(plan: PipelinePlan, num_iterations: int) -> str:
 # --------------------------------------------------------------------------- analysis of the result
 
 
-def _serial_period(problem: Problem) -> float:
-    return sum(problem.host[n] + problem.dev[n] for n in problem.names)
+def _serial_period(problem: Problem, plan: PipelinePlan) -> float:
+    """The serial plan's period in the call's model (the tasks one after the other, plus the engine's time)."""
+    from .verify import serial_plan
+
+    try:
+        return float(problem.simulate(serial_plan(plan)).period)
+    except Exception:  # noqa: BLE001 - a plan outside the simulator's rules: the sum of the tasks
+        return sum(problem.host[n] + problem.dev[n] for n in problem.names)
 
 
 def _tasks_on(problem: Problem, plan: PipelinePlan, resource: str) -> List[str]:
@@ -357,7 +364,7 @@ def _holds(parts: Any) -> Tuple[str, ...]:
 
 def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: int) -> List[Tuple[str, float]]:
     """Simulated effect (same plan) of halving the largest task on what binds it."""
-    from .simulate import simulate
+    from .calibrated import simulate_folded
 
     if not hasattr(problem.costs, "scaled"):
         return []
@@ -372,8 +379,8 @@ def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: in
         return []
     task = max(on, key=lambda n: (problem.host[n] + problem.dev[n], n))
     try:
-        res = simulate(plan, problem.costs.scaled(task, 0.5), num_iterations=num_iterations, device=problem.device,
-                   period_overhead_s=problem.period_overhead_s)
+        res = simulate_folded(plan, problem.costs.scaled(task, 0.5), problem.calibration,
+                              num_iterations=num_iterations, device=problem.device)
     except Exception as exc:  # what-if is advice, never a failure of the search
         log.debug("what-if failed: %s", exc)
         return []
@@ -397,7 +404,7 @@ def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float])
 
 
 def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int, period: float,
-                  depth_proven: bool, budget_s: float, measured_costs: Any = None) -> str:
+                  depth_proven: bool, budget_s: float, calibration: Any = None) -> str:
     """Why this depth: the best period a quick search finds with one iteration fewer in flight."""
     import dataclasses
 
@@ -408,7 +415,7 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: "Constraints", depth: int,
     proven = "; CP-SAT proved no shallower plan reaches this period" if depth_proven else ""
     try:
         shallow = make_problem(tasks_or_graph, costs, dataclasses.replace(c, max_depth=depth - 1))
-        shallow.measured_costs = measured_costs  # the same engine time per period
+        shallow.calibration = calibration  # the same machine model
         got = beam_mod.beam_search(shallow, width=4, rounds=4, time_limit_s=budget_s, seed=c.seed).best
         p = beam_mod.sim_scorer(shallow, c.num_iterations)(got.plan)[0]
     except (ValueError, RuntimeError) as exc:
@@ -471,15 +478,14 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     calibrated : bool
         When ``costs`` carries a machine calibration
         (``TaskProfiler.profile(calibrate=True)``, or ``machine_calibration=``),
-        search with it folded in (:func:`autosched.calibrated.calibrated_costs`):
-        the engine's cost per task, the GIL tags, the tasks off the CPU and the
-        pool of free cores. Every searcher and the report then use the folded
-        model. The per-dependency and per-period engine costs depend on the
-        plan and stay out of the search; the verification predicts each plan
-        it measures with them (:func:`autosched.verify.predict_periods`:
-        :func:`~autosched.calibrated.simulate_calibrated`, the GIL's shares in
-        the mean field, the plan's wait for a core per wake-up measured in its
-        warm-up run). False: the tasks' costs as given.
+        search with the machine model folded in (:mod:`autosched.calibrated`,
+        docs/semantics.md "The machine model"): the engine's cost per task,
+        per hand-off and per period, and the free cores as a core pool (the
+        tasks measured off the CPU take none). It is one model for the whole
+        call: the searchers' simulator scores, the report's figures and the
+        verification's predictions all come from it
+        (:meth:`autosched._problem.Problem.simulate`). False: the tasks'
+        costs as given.
 
     Returns
     -------
@@ -515,7 +521,7 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
     >>> plan, report = auto_schedule((["Load", "Step"], [("Step", "Load")]), one_core,
     ...                              Constraints(max_depth=2, max_threads=2, time_limit_s=10))
     >>> round(report.period_s * 1e3, 3), report.notes[0]
-    (5.0, 'searched with the machine calibration folded in: engine costs per task, GIL tags, 1 free core(s)')
+    (5.0, 'searched with the machine calibration folded in: engine costs per task, per hand-off and per period, 1 free core(s)')
     """
     snapshot = None
     if state is not None and batches is not None:
@@ -565,14 +571,9 @@ def _auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constr
     if c.method not in ("auto", "cpsat", "beam"):
         raise ValueError(f"method must be 'auto', 'cpsat' or 'beam', got {c.method!r}")
     costs = as_cost_model(costs)
-    folded_note, measured_costs = None, None
-    if calibrated and costs.machine_calibration is not None:
-        measured_costs = costs
-        from .calibrated import searched_costs
-
-        costs = searched_costs(costs, device=c.device)
-        folded_note = "searched with the machine calibration folded in: " + costs.notes.rpartition("calibrated: ")[2]
-    if c.max_memory_bytes is not None:  # one search per depth cap, keep the fastest that fits
+    if not calibrated and costs.machine_calibration is not None:
+        costs = dataclasses.replace(costs, machine_calibration=None)
+    if c.max_memory_bytes is not None:  # one search per depth cap (each folds the calibration), keep the fastest that fits
         from .memsearch import schedule_under_cap
 
         if seeds or verify or batches is not None:
@@ -581,9 +582,19 @@ def _auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constr
                              "and check the report's peak_bytes")
 
         return schedule_under_cap(tasks_or_graph, costs, c)
+    # the machine model of this call (autosched.calibrated): the calibration folded into the costs once; the problem
+    # keeps it for the per-hand-off and per-period terms, so every simulation below (search, report, verification)
+    # is of one model
+    calibration, folded_note = costs.machine_calibration, None
+    if calibration is not None:
+        from .calibrated import searched_costs
+
+        costs = searched_costs(costs, device=c.device)
+        folded_note = ("searched with the machine calibration folded in: engine costs per task, per hand-off and per "
+                       "period" + costs.notes.rpartition("calibrated: engine costs per task")[2])
     t0 = time.perf_counter()
     problem = make_problem(tasks_or_graph, costs, c)
-    problem.measured_costs = measured_costs
+    problem.calibration = calibration
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(problem.names) <= c.cpsat_max_tasks)
     # budget: beam 30% then CP-SAT up to 70% (its depth refinement may add a fifth of that), or beam 85%;
     # the depth explanation takes at most 10%
@@ -615,7 +626,7 @@ def _refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, seeds: O
     from .refit import fit_core_pool
 
     table = report.verify
-    fit = fit_core_pool(table, problem.costs, c.num_iterations, problem.device)
+    fit = fit_core_pool(table, problem.costs, c.num_iterations, problem.device, problem.calibration)
     if fit is None:
         return report
     table.notes.append(f"refit: {fit.describe()}")
@@ -623,8 +634,7 @@ def _refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, seeds: O
         return report
     t0 = time.perf_counter()
     refit_problem = make_problem(tasks_or_graph, fit.applied_to(problem.costs), c)
-    if problem.measured_costs is not None:  # the verification's model, refitted alike
-        refit_problem.measured_costs = fit.applied_to(problem.measured_costs)
+    refit_problem.calibration = problem.calibration
     use_cpsat = c.method == "cpsat" or (c.method == "auto" and len(refit_problem.names) <= c.cpsat_max_tasks)
     budget = c.time_limit_s / 2  # a second look, hinted by what is known: half the first search's time
     found = _search_beam(refit_problem, c, budget * (0.3 if use_cpsat else 0.85))
@@ -760,7 +770,7 @@ def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, fo
     remaining = c.time_limit_s - (time.perf_counter() - t0)
     depth_reason = _depth_reason(tasks_or_graph, costs, c, plan.pipeline_depth, period, found.depth_proven,
                                  budget_s=max(0.5, min(3.0, 0.1 * c.time_limit_s, remaining)),
-                                 measured_costs=problem.measured_costs)
+                                 calibration=problem.calibration)
     baseline = None
     if problem.base_plan is not None:
         try:
@@ -774,7 +784,7 @@ def _judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, fo
         depth_reason=depth_reason, threads=len(plan.thread_groups),
         method=found.method, status=found.status, model_period_s=found.model_period, proven_bound_s=found.proven,
         solver_time_s=found.solver_time, search_time_s=time.perf_counter() - t0, tried=found.tried,
-        device=problem.device, serial_period_s=_serial_period(problem), baseline_period_s=baseline,
+        device=problem.device, serial_period_s=_serial_period(problem, plan), baseline_period_s=baseline,
         utilisation=dict(sim.utilisation), what_if=_what_ifs(problem, plan, sim, c.num_iterations), notes=found.notes,
     )
     if getattr(problem.costs, "has_bytes", False):

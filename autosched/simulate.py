@@ -46,7 +46,7 @@ class CriticalCycle:
     the kind of wait that let the *next* step start (``"thread:<g>"``: the thread
     was busy, or, for a task handed off late, the main thread running group ``<g>``,
     ``"stream:<s>"``, ``"dep:<t>"``, ``"event:<t>"``, ``"submit"``,
-    ``"barrier"``, ``"wake"`` (an idle worker woken by the enqueue), ``"sequencer"``, ``"comm:<c>"``,
+    ``"barrier"``, ``"sequencer"``, ``"comm:<c>"``,
     ``"pcie"``, ``"cores"``). The chain spans
     ``iterations`` iterations in ``seconds``; ``ratio = seconds / iterations``.
     """
@@ -319,7 +319,7 @@ def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
 
 def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, device: str = "cpu", *,
              task_overhead_s: float = 0.0, period_overhead_s: float = 0.0,
-             max_device_lag: Optional[int] = None, wake_overhead_s: float = 0.0) -> SimResult:
+             max_device_lag: Optional[int] = None) -> SimResult:
     """Simulate a plan with a cost model under the engine's execution semantics.
 
     Parameters
@@ -350,11 +350,6 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         work of iteration ``r - max_device_lag`` before enqueueing the next period,
         as the engine does. ``None`` (the engine's default) is the pipeline depth.
         No effect on CPU.
-    wake_overhead_s : float
-        How long a worker thread that is idle when a period is enqueued takes to
-        wake up: it starts none of the period's tasks before then (the wait is
-        named ``"wake"``). The caller's group runs on the main thread, which is
-        awake.
 
     Returns
     -------
@@ -395,16 +390,14 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     (3.0, 'cores')
     """
     costs = as_cost_model(costs)
-    cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag,
-                            wake_overhead_s)
+    cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag)
     sim, completion, last_op, (w0, w1), period = _run_until_steady(
-        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag,
-        float(wake_overhead_s))
+        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag)
     return _read_result(plan, costs, sim, completion, last_op, (w0, w1), period)
 
 
 def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, device: Any, task_overhead_s: Any,
-                period_overhead_s: Any, max_device_lag: Any, wake_overhead_s: Any) -> Tuple[bool, int]:
+                period_overhead_s: Any, max_device_lag: Any) -> Tuple[bool, int]:
     """Validate the inputs of :func:`simulate`; return (CUDA?, device lag in iterations)."""
     validate(plan)
     costs.check(plan)
@@ -413,8 +406,7 @@ def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, devic
     dev = str(device)
     if dev not in ("cpu",) and not dev.startswith("cuda"):
         raise ValueError(f"device={device!r}: use 'cpu' (all time on the host) or 'cuda' (host + device streams)")
-    for name, value in (("task_overhead_s", task_overhead_s), ("period_overhead_s", period_overhead_s),
-                        ("wake_overhead_s", wake_overhead_s)):
+    for name, value in (("task_overhead_s", task_overhead_s), ("period_overhead_s", period_overhead_s)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}={value!r}: use a time >= 0 in seconds")
     if max_device_lag is None:
@@ -425,8 +417,7 @@ def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, devic
 
 
 def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, task_overhead_s: float,
-                      period_overhead_s: float, lag: int,
-                      wake_overhead_s: float) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
+                      period_overhead_s: float, lag: int) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
     """Run the simulation, doubling its length until the window shows the steady state.
 
     Returns the last run, each iteration's completion time and op, the window and the period.
@@ -438,7 +429,7 @@ def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, 
     n = max(n, min(need, 16 * n))
     cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // T))
     while True:
-        sim = _Sim(plan, costs, n, cuda, task_overhead_s, period_overhead_s, lag, wake_overhead_s)
+        sim = _Sim(plan, costs, n, cuda, task_overhead_s, period_overhead_s, lag)
         sim.run()
         completion, last_op = _completion(sim)
         w0, w1 = _window(completion, sim.cut, sim.depth)

@@ -13,16 +13,12 @@ Measured period of one run: the retire times of ``progress()`` over the
 steady iterations (after a warm-up quarter, at least ``depth`` iterations in,
 before the drain), averaged. A plan's period is the median over the rounds.
 
-Prediction of each plan (:func:`predict_periods`): its simulated period with
-the costs the search used; after a calibrated search (the costs carried a
-machine calibration), the calibrated model's
-(:func:`~autosched.calibrated.simulate_calibrated`, ``gil="shared"``: the
-plan's own engine costs per cross-thread dependency and per period, the GIL's
-held shares and the free cores shared, in the mean field), and each plan's
-warm-up is a full run that measures its threads' wait for a core per wake-up
-(``wake_s``), charged in that plan's prediction. The search ranks many plans
-with one plan-free model; the plan-dependent terms come in here, for the few
-plans measured.
+Prediction of each plan: its simulated period in the search's own model
+(:meth:`autosched._problem.Problem.simulate`: the costs the search used, with
+the machine calibration's engine costs per hand-off and per period when it
+folded one in), the model that ranked the plans and wrote the report: one
+model per ``auto_schedule`` call. :func:`predict_periods` gives the same
+figures from a cost model outside a search.
 
 Noise band: ``noise_pct`` = the larger of ``noise_floor_pct`` and the median,
 over the plans, of ``(slowest round - fastest round) / median``. Two plans
@@ -73,8 +69,7 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 __all__ = ["VerifyOptions", "PlanMeasurement", "VerifyTable", "measure_plans", "serial_plan",
            "verify_search", "measure_refit", "plan_key", "is_known",
-           "turned", "within_band", "predict_periods", "measure_wakes", "wakes_note", "predicted_speedup",
-           "predicted_speedups"]
+           "turned", "within_band", "predict_periods", "predicted_speedup", "predicted_speedups"]
 
 
 @dataclass
@@ -396,7 +391,8 @@ class VerifyTable:
 
 
 def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
-    """The serial version of a plan: every task at stage 0 on one thread group, same tasks and dependencies.
+    """The serial version of a plan: every task at stage 0 on one thread group and the device's default stream
+    (as the serial loop, ``SWPipeline.run_serial``, runs them), same tasks and dependencies.
 
     Parameters
     ----------
@@ -415,9 +411,9 @@ def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
     ...                  intra_iter_deps=[("B", "A")])
     >>> s = serial_plan(p)
     >>> s.pipeline_depth, {s.sched(n).thread_group for n in s.task_names}, s.stream_of("B")
-    (1, {'default'}, 's1')
+    (1, {'default'}, 'default')
     """
-    sched = {k: TaskSchedule(0, v.stream, group, v.globally_ordered) for k, v in plan.schedule.items()}
+    sched = {k: TaskSchedule(0, None, group, v.globally_ordered) for k, v in plan.schedule.items()}
     return PipelinePlan(sched, list(plan.intra_iter_deps), list(plan.inter_iter_deps), enqueue_policy="ready_first",
                         caller_group=group, same_period_deps=list(plan.same_period_deps))
 
@@ -735,96 +731,36 @@ def measure_refit(report: Any, chosen: PlanMeasurement, plan: PipelinePlan, prob
 
 def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Sequence[Any], opts: VerifyOptions,
              num_iterations: int, known: Sequence[str]) -> VerifyTable:
-    """Predict each candidate, then measure them all side by side (with racing).
-
-    A search with a machine calibration (``problem.measured_costs``) predicts
-    with the calibrated model, and each candidate's warm-up is one full run
-    that measures its threads' wait for a core per wake-up
-    (:func:`swpipe_core.schedstat.measure_wake_s`), which the model charges.
-    """
+    """Predict each candidate with the search's model (:meth:`Problem.simulate`), then measure them all side by
+    side (with racing)."""
     runs = _batches_for(batches, opts, max(p.pipeline_depth for _, p in cands))
-    calibrated = getattr(problem, "measured_costs", None)
-    wake = measure_wakes(cands, runs, opts.device) if calibrated is not None else None
-    predicted = predict_periods(cands, calibrated if calibrated is not None else problem.costs, num_iterations,
-                                problem.device, wake_s=wake)
-    table = measure_plans(cands, runs, opts.rounds, predicted=predicted, device=opts.device,
-                          noise_floor_pct=opts.noise_floor_pct, warmup=wake is None,
-                          max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
-                          known=known, margin_pct=opts.margin_pct)
-    if wake is not None:
-        table.notes.append(wakes_note(wake))
-        table.iterations_run += len(runs) * len(cands)  # the warm-up runs that measured the wake-ups
-    return table
-
-
-def measure_wakes(plans: Sequence[Tuple[str, PipelinePlan]], batches: Sequence[Any],
-                  device: Any = "cpu") -> Dict[str, Optional[float]]:
-    """Each plan's wait for a core per wake-up, over one run of ``batches`` each (a warm-up run).
-
-    Parameters
-    ----------
-    plans : sequence of (label, PipelinePlan)
-        Bound plans, run in this order (ranks running them in lockstep pair their collectives).
-    batches : sequence
-    device : str
-
-    Returns
-    -------
-    dict
-        ``label -> seconds`` (:func:`swpipe_core.schedstat.measure_wake_s`; None where the
-        kernel's counters cannot be read).
-
-    Examples
-    --------
-    >>> from swpipe_core.plan import PipelineTask
-    >>> a, b = PipelineTask("A", lambda ctx: None), PipelineTask("B", lambda ctx: None)
-    >>> two = PipelinePlan({a: TaskSchedule(0, thread_group="x"), b: TaskSchedule(1, thread_group="y")}, [(b, a)])
-    >>> got = measure_wakes([("two", two)], range(12))
-    >>> list(got), got["two"] is None or got["two"] >= 0
-    (['two'], True)
-    """
-    from swpipe_core.engine import SWPipeline
-    from swpipe_core.schedstat import measure_wake_s
-
-    out: Dict[str, Optional[float]] = {}
-    for label, plan in plans:
-        with SWPipeline(plan, device=device) as pipe:
-            out[label] = measure_wake_s(pipe, batches)
-    return out
-
-
-def wakes_note(wakes: Dict[str, Optional[float]]) -> str:
-    """The report's line on the calibrated predictions and the wake-ups measured for them.
-
-    Examples
-    --------
-    >>> wakes_note({"auto": 2.1e-5, "serial": None})
-    "predicted by the calibrated model (each plan's engine costs, GIL shares, shared cores); wait for a core per wake-up, from each plan's warm-up run: auto 21 us"
-    """
-    got = [f"{label} {w * 1e6:.0f} us" for label, w in wakes.items() if w is not None]
-    return ("predicted by the calibrated model (each plan's engine costs, GIL shares, shared cores)"
-            + (f"; wait for a core per wake-up, from each plan's warm-up run: {', '.join(got)}" if got else ""))
+    predicted: Dict[str, float] = {}
+    for label, plan in cands:
+        try:
+            predicted[label] = float(problem.simulate(plan, num_iterations).period)
+        except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
+            pass
+    return measure_plans(cands, runs, opts.rounds, predicted=predicted, device=opts.device,
+                         noise_floor_pct=opts.noise_floor_pct,
+                         max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
+                         known=known, margin_pct=opts.margin_pct)
 
 
 def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_iterations: int = 50,
-                    device: str = "cpu", *, wake_s: Optional[Dict[str, Optional[float]]] = None) -> Dict[str, float]:
+                    device: str = "cpu") -> Dict[str, float]:
     """The simulated steady period of each labelled plan: what the verification calls its prediction.
+
+    The same model as ``auto_schedule``'s for these costs: a cost model that
+    carries a ``machine_calibration`` is simulated with it folded in
+    (:func:`~autosched.calibrated.simulate_calibrated`: engine costs per task,
+    per hand-off and per period, the free cores), any other as it is.
 
     Parameters
     ----------
     plans : sequence of (label, PipelinePlan)
     costs : CostModel
-        The costs the search used; or a model carrying its
-        ``machine_calibration``: each plan is then simulated with it by
-        :func:`~autosched.calibrated.simulate_calibrated` (``gil="shared"``:
-        that plan's engine costs, the GIL's held shares and the free cores
-        shared, in the mean field).
     num_iterations : int
     device : {"cpu", "cuda"}
-    wake_s : dict, optional
-        With a calibration: ``label -> that plan's measured wait for a core
-        per wake-up`` (``MachineCalibration.wake_s``; None or a missing label:
-        not charged). Default: the calibration's own ``wake_s`` for every plan.
 
     Returns
     -------
@@ -842,15 +778,14 @@ def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_i
     >>> {label: round(s * 1e3, 6) for label, s in got.items()}
     {'two': 1.0, 'serial': 2.0}
 
-    Calibrated: 10 us per task, 2 free cores, and a 50 us wake-up measured for ``two``. ``B`` waits for
-    ``A`` on another thread (one wake-up), and its thread, idle when the period is enqueued, wakes first:
+    Calibrated: 10 us per task, 50 us per hand-off, 2 free cores. ``B`` waits for ``A`` on another thread:
 
     >>> from swpipe_core.calibrate import MachineCalibration
-    >>> cal = MachineCalibration(task_s=1e-5, cores_free=2.0, cpu_count=2)
+    >>> cal = MachineCalibration(task_s=1e-5, dep_s=5e-5, cores_free=2.0, cpu_count=2)
     >>> got = predict_periods([("two", plan), ("serial", serial_plan(plan))],
-    ...                       dataclasses.replace(costs, machine_calibration=cal), wake_s={"two": 5e-5})
+    ...                       dataclasses.replace(costs, machine_calibration=cal))
     >>> {label: round(s * 1e3, 6) for label, s in got.items()}
-    {'two': 1.11, 'serial': 2.02}
+    {'two': 1.06, 'serial': 2.02}
     """
     from .calibrated import simulate_calibrated
     from .simulate import simulate
@@ -862,9 +797,7 @@ def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_i
             if cal is None:
                 sim = simulate(plan, costs, num_iterations=num_iterations, device=device)
             else:
-                own = dataclasses.replace(cal, wake_s=wake_s.get(label)) if wake_s is not None else cal
-                sim = simulate_calibrated(plan, costs, own, num_iterations=num_iterations, device=device,
-                                          gil="shared")
+                sim = simulate_calibrated(plan, costs, cal, num_iterations=num_iterations, device=device)
             predicted[label] = float(sim.period)
         except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
             pass

@@ -7,28 +7,19 @@ For each plan, in one run:
 2. each plan's task costs are measured the way a user gets them: the mean
    time of each task over serial iterations (``run_one_serial_iter``;
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
-   one-off outliers (> 3x the median) dropped, plus each task's GIL share
-   and torch calls per run (``measure_gil_and_calls``) and CPU share
-   (``measure_cpu``: a task off the CPU takes no core of the pool), and the
-   plan's wait for a core after each wake-up over one pipelined run
-   (``measure_wakes``; the model's wake-up where it exceeds ``dep_s``);
+   one-off outliers (> 3x the median) dropped, plus each task's CPU share
+   (``measure_cpu``: a task off the CPU takes no core of the pool);
 3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
-   rounds, median, no timeline recording), and is simulated four ways:
-   ``tasks`` (the serial means alone), ``+engine`` (``calibrated_costs``:
-   per task and per cross-thread dependency, ``period_overhead_s``, and the
-   core pool, ``cores_free`` rounded; ``--no-core-pool``: without it),
-   ``+engine+gil`` (also the GIL tags), against the measured period; with
-   the pool on, ``-pool`` is ``+engine`` without it, from the same
-   measurements (the pool's own effect, free of run-to-run noise), and
-   ``+share`` is ``+engine`` with the free cores shared among the parts
-   that overlap (``simulate_calibrated(..., sharing=True)``); ``gil shared``
-   is ``+share`` with each task's GIL-held share serialised in the mean field
-   instead of GIL tags, and a wake-up per torch call that finds the GIL held
-   by another thread (``simulate_calibrated(..., gil="shared")``);
+   rounds, median, no timeline recording), and is simulated two ways:
+   ``tasks`` (the serial means alone) and ``+engine``, the machine model
+   ``auto_schedule`` uses (``simulate_calibrated``: the engine's cost per
+   task, per hand-off and per period, and the core pool, ``cores_free``
+   rounded; ``--no-core-pool``: without it), against the measured period;
+   with the pool on, ``-pool`` is ``+engine`` without it, from the same
+   measurements (the pool's own effect, free of run-to-run noise);
 4. with ``--rescale`` (default) each plan's serial version (``serial_plan``:
    the same tasks at depth 1 on one thread) is measured in the same rounds,
-   and ``rescaled`` (``share resc.``) is the ``+engine`` (``+share``)
-   prediction times that serial plan's
+   and ``rescaled`` is the ``+engine`` prediction times that serial plan's
    measured/predicted ratio: measurement fed back into the model, as
    ``auto_schedule``'s verification does (``VerifyTable.speed_factor``). It
    takes out the drift of the machine between when the costs were measured
@@ -39,13 +30,16 @@ For each plan, in one run:
    of the ``+engine`` error of the mean of the two predictions against that
    run: the costs and the run see the same machine, and a drift during the
    run cancels to first order, so what is left is the model's error plus the
-   noise of one short run; ``paired gil`` is the same for ``gil shared``,
-   and ``gil -wake`` for ``gil shared`` without the measured ``wake_s``.
+   noise of one short run.
 
 With ``--dlrm`` each ``+by_stream`` plan is also run with its side threads
 handed off after ``Forward`` where that moves anything (``--hand-off-after``;
 :func:`swpipe_core.order.hand_off_after`): the model has to tell the two
 hand-offs apart as the engine does.
+
+The figures that decided the machine model (GIL tags, a shared-lock mean
+field and per-plan wake-ups left out) are in ``docs/results.md``, "The
+machine model".
 
 Targets (issue 15): with calibrated costs median |error| <= 3 % on sleep
 plans, <= 5 % on DLRM plans, worst <= 10 %.
@@ -72,13 +66,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from autosched.calibrated import calibrated_costs, simulate_calibrated  # noqa: E402
+from autosched.calibrated import simulate_calibrated  # noqa: E402
 from autosched.costs import CostModel, TaskCost  # noqa: E402
 from autosched.simulate import simulate  # noqa: E402
 from autosched.taskmodel import core_capacity  # noqa: E402
-from autosched.verify import measure_plans, measure_wakes, serial_plan, turned  # noqa: E402
+from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
 from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory  # noqa: E402
-from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu, measure_gil_and_calls  # noqa: E402
+from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu  # noqa: E402
 from swpipe_core.engine import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
@@ -125,31 +119,17 @@ def serial_means(plan: PipelinePlan, batches: Sequence[Any], n: int) -> Dict[str
 
 def engine_prediction(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
                       core_pool: bool = True) -> float:
-    """The ``+engine`` prediction: task costs, the engine's own costs and the core pool, no GIL tags."""
-    engine = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=core_pool)  # threshold > 1: no GIL tags
-    return simulate(plan, engine, num_iterations=iters, period_overhead_s=cal.period_s).period
+    """The ``+engine`` prediction: ``auto_schedule``'s machine model (task costs, the engine's own, the core pool)."""
+    return simulate_calibrated(plan, costs, cal, num_iterations=iters, core_pool=core_pool).period
 
 
 def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
                 core_pool: bool = True) -> Dict[str, float]:
-    gil = calibrated_costs(costs, plan, cal, core_pool=core_pool)
-    out = {
-        "tasks": simulate(plan, costs, num_iterations=iters).period,
-        "+engine": engine_prediction(plan, costs, cal, iters, core_pool),
-        "+engine+gil": simulate(plan, gil, num_iterations=iters, period_overhead_s=cal.period_s).period,
-    }
+    out = {"tasks": simulate(plan, costs, num_iterations=iters).period,
+           "+engine": engine_prediction(plan, costs, cal, iters, core_pool)}
     if core_pool:
-        free = calibrated_costs(costs, plan, cal, gil_threshold=2.0, core_pool=False)
-        out["-pool"] = simulate(plan, free, num_iterations=iters, period_overhead_s=cal.period_s).period
-        out["+share"] = simulate_calibrated(plan, costs, cal, num_iterations=iters, gil_threshold=2.0,
-                                            sharing=True).period
-    out["gil shared"] = gil_shared_prediction(plan, costs, cal, iters)
+        out["-pool"] = engine_prediction(plan, costs, cal, iters, core_pool=False)
     return out
-
-
-def gil_shared_prediction(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int) -> float:
-    """``+share`` with the GIL shared in the mean field (``gil="shared"``: held shares, take-back waits), no tags."""
-    return simulate_calibrated(plan, costs, cal, num_iterations=iters, gil="shared").period
 
 
 def _err(sim: float, meas: float) -> float:
@@ -158,20 +138,14 @@ def _err(sim: float, meas: float) -> float:
 
 def _errors(row: dict) -> Dict[str, float]:
     """Each prediction's relative error for one plan's row (``paired``: the median over its paired rounds)."""
-    out = {k: _err(v, row["measured"]) for k, v in row.items()
-           if k not in ("plan", "measured", "paired_err", "paired_gil_err", "paired_nowake_err")}
+    out = {k: _err(v, row["measured"]) for k, v in row.items() if k not in ("plan", "measured", "paired_err")}
     if "paired_err" in row:
         out["paired"] = row["paired_err"]
-    if "paired_gil_err" in row:
-        out["paired gil"] = row["paired_gil_err"]
-    if "paired_nowake_err" in row:
-        out["gil -wake"] = row["paired_nowake_err"]
     return out
 
 
 def report(rows: List[dict], what: str, median_target: float) -> None:
-    for key in ("tasks", "+engine", "-pool", "+share", "+engine+gil", "gil shared", "rescaled", "share resc.",
-                "paired", "paired gil", "gil -wake"):
+    for key in ("tasks", "+engine", "-pool", "rescaled", "paired"):
         errs = [abs(e[key]) for e in map(_errors, rows) if key in e]
         if errs:
             print(f"{what} {key:>12} ({len(errs)} plans): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
@@ -186,30 +160,24 @@ def _task_costs(plan: PipelinePlan, args: argparse.Namespace, batches: Sequence[
 
 
 def paired_errors(entries: List[Tuple[str, PipelinePlan, Any]], cals: Dict[str, MachineCalibration],
-                  args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, Dict[str, List[float]]]:
-    """Per plan, model and round, the error of a prediction from costs measured around the run it predicts.
+                  args: argparse.Namespace, batches: Sequence[Any]) -> Dict[str, List[float]]:
+    """Per plan and round, the ``+engine`` error of a prediction from costs measured around the run it predicts.
 
     Each round measures every plan's task costs and runs the plan just after
     (plans in a rotated order), so the costs and the run see the same machine:
     the error left is the model's, not the drift of a shared machine between a
-    profile taken once and runs taken later. Models: ``"+engine"``, and
-    ``"gil shared"`` (:func:`gil_shared_prediction`), and ``"gil -wake"``: the
-    same without the plan's measured wait for a core per wake-up (``wake_s``).
+    profile taken once and runs taken later.
     """
-    models = {"+engine": lambda plan, c, cal: engine_prediction(plan, c, cal, args.sim_iters, args.core_pool),
-              "gil shared": lambda plan, c, cal: gil_shared_prediction(plan, c, cal, args.sim_iters),
-              "gil -wake": lambda plan, c, cal: gil_shared_prediction(plan, c, dataclasses.replace(cal, wake_s=None),
-                                                                      args.sim_iters)}
-    errs: Dict[str, Dict[str, List[float]]] = {label: {m: [] for m in models} for label, _, _ in entries}
+    errs: Dict[str, List[float]] = {label: [] for label, _, _ in entries}
     for r in range(args.rounds):
         for label, plan, _ in turned(entries, r):
             before = _task_costs(plan, args, batches, cals[label])
             measured = measure_plans([(label, plan)], batches, 1, warmup=False)[label].period_s
             after = _task_costs(plan, args, batches, cals[label]) if args.bracket else before
             # costs taken on both sides of the run: the machine's drift during it cancels to first order
-            for name, model in models.items():
-                predicted = statistics.fmean(model(plan, c, cals[label]) for c in (before, after))
-                errs[label][name].append(_err(predicted, measured))
+            predicted = statistics.fmean(engine_prediction(plan, c, cals[label], args.sim_iters, args.core_pool)
+                                         for c in (before, after))
+            errs[label].append(_err(predicted, measured))
     return errs
 
 
@@ -219,22 +187,17 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
     costs: Dict[str, CostModel] = {}
     cals: Dict[str, MachineCalibration] = {}
     for label, plan, batch in entries:
-        gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
         cpu = measure_cpu(SWPipeline(plan, device="cpu"), batch, num_iterations=3)
-        wake = measure_wakes([(label, plan)], batches)[label]
-        cals[label] = MachineCalibration(**{**cal.__dict__, "gil": gil, "cpu": cpu, "calls": calls, "wake_s": wake})
-        print(f"{label}: wait for a core per wake-up "
-              + ("not measured (no schedstat)" if wake is None else f"{wake * 1e6:.0f} us (dep_s {cal.dep_s * 1e6:.0f} us)"))
+        cals[label] = dataclasses.replace(cal, cpu=cpu)
         costs[label] = _task_costs(plan, args, batches, cals[label])
     runs = [(label, plan) for label, plan, _ in entries]
     if args.rescale:
         runs += [(f"{label} [serial]", serial_plan(plan)) for label, plan, _ in entries]
     table = measure_plans(runs, batches, args.rounds)
     paired = paired_errors(entries, cals, args, batches) if args.paired else {}
-    keys = ["tasks", "+engine"] + (["-pool", "+share"] if args.core_pool else []) + ["+engine+gil", "gil shared"] \
-        + (["rescaled"] if args.rescale else []) + (["share resc."] if args.rescale and args.core_pool else [])
+    keys = ["tasks", "+engine"] + (["-pool"] if args.core_pool else []) + (["rescaled"] if args.rescale else [])
     print(f"{'plan':<34} {'measured':>9} | " + " | ".join(f"{k[:8]:>8} {'err':>6}" for k in keys)
-          + (" | paired err (rounds) | paired gil shared" if paired else "") + " | spread")
+          + (" | paired err (rounds)" if paired else "") + " | spread")
     rows = []
     for label, plan, _ in entries:
         measured = table[label].period_s
@@ -243,16 +206,11 @@ def run_plans(entries: List[Tuple[str, PipelinePlan, Any]], cal: MachineCalibrat
         if args.rescale:
             serial = predictions(serial_plan(plan), c, c.machine_calibration, args.sim_iters, args.core_pool)["+engine"]
             pred["rescaled"] = pred["+engine"] * table[f"{label} [serial]"].period_s / serial
-            if "+share" in pred:  # the serial plan runs one part at a time: sharing leaves its prediction alone
-                pred["share resc."] = pred["+share"] * table[f"{label} [serial]"].period_s / serial
         row = dict(plan=label, measured=measured, **pred)
         cells = " | ".join(f"{pred[k] * 1e3:>7.3f}m {_err(pred[k], measured):>+6.1%}" for k in keys)
         if paired:
-            row["paired_err"] = statistics.median(paired[label]["+engine"])
-            row["paired_gil_err"] = statistics.median(paired[label]["gil shared"])
-            row["paired_nowake_err"] = statistics.median(paired[label]["gil -wake"])
-            cells += (f" | {row['paired_err']:>+6.1%} ({' '.join(f'{e:+.0%}' for e in paired[label]['+engine'])})"
-                      f" | gil {row['paired_gil_err']:>+6.1%} (-wake {row['paired_nowake_err']:>+6.1%})")
+            row["paired_err"] = statistics.median(paired[label])
+            cells += f" | {row['paired_err']:>+6.1%} ({' '.join(f'{e:+.0%}' for e in paired[label])})"
         rows.append(row)
         print(f"{label:<34} {measured * 1e3:>8.3f}m | {cells} | {table[label].spread_pct:.1f}%")
     return rows

@@ -1,10 +1,9 @@
-"""Calibrate the machine: what the engine itself costs here, how many cores are free now, which tasks hold the GIL.
+"""Calibrate the machine: what the engine itself costs here, and how many cores are free now.
 
 A cost model of the user's tasks alone mispredicts small tasks and shared
 cores: the engine spends time per task, per hand-off between threads and per
-period, two threads on a loaded machine may not run at once, and Python
-tasks serialise on the GIL. :func:`calibrate` measures these with the engine
-on this machine, now:
+period, and two threads on a loaded machine may not run at once.
+:func:`calibrate` measures these with the engine on this machine, now:
 
 * **engine costs** (no-op tasks, each plan run for ``iterations`` periods,
   median of ``repeats`` interleaved rounds; thread groups are worker threads,
@@ -21,35 +20,19 @@ on this machine, now:
 * **cores free** (:func:`measure_cores`): ``hashlib`` work that releases the
   GIL, alone and on one thread per usable CPU at once;
   ``cores_free = threads * alone / together``;
-* **GIL fraction per task** (:func:`measure_gil`, needs a pipeline and a
-  batch): the part of a task's host time outside the torch calls it makes
-  and on a CPU. Every torch call from Python releases the GIL while its op
-  runs (and ``loss.backward()`` while the autograd engine runs), so the time
-  inside torch ops (``torch.profiler``, in serial iterations, looking through
-  ``record_function`` ranges) is GIL-free; so is sleeping or waiting (the
-  thread is off the CPU). Per run, ``outside = (wall - ops) / wall`` and
-  ``on_cpu = thread CPU time / wall``; ``gil = min(outside, on_cpu)``, with
-  the median ``outside`` and the largest ``on_cpu`` over the iterations (as
-  for the CPU share below), clipped to 0..1. Sleep and torch kernels
-  read near 0, pure Python near 1. The profiler's own few microseconds per
-  op read as held (a task of many tiny ops reads up to about 0.2 high), and
-  CPU-bound work outside torch that releases the GIL (``hashlib``, some
-  NumPy) reads as held;
-* **torch calls per task** (the same profiler pass, :func:`measure_gil_and_calls`):
-  the torch ops a task calls directly from Python per run (ops nested in
-  another op, or in ``loss.backward()``'s autograd engine, are not counted).
-  Each one takes the GIL back when its op returns, and beside a thread that
-  holds the GIL that take-back waits (:mod:`autosched.calibrated`);
 * **CPU share per task** (:func:`measure_cpu`, needs a pipeline and a
   batch): over serial iterations, the task's thread CPU time
   (``time.thread_time``) over its wall time, the largest over the iterations
   (a thread descheduled by other processes only ever reads lower), clipped to
   0..1. Sleep and blocking waits read near 0, Python and CPU kernels near 1:
-  whether the task needs a core of the machine while it runs;
-* **wait for a core per wake-up** (``calibrate(pipe, batch, wake_batches=...)``
-  only, :func:`swpipe_core.schedstat.measure_wake_s`): over one pipelined run
-  of the pipeline's plan, its threads' run delay per time on a CPU. It belongs
-  to that plan rather than to the machine (13-79 us on one 2-core VM).
+  whether the task needs a core of the machine while it runs.
+
+These are the general machine model (docs/semantics.md, "The machine
+model"): they hold on any host. Interpreter-lock shares, torch-call
+take-backs and scheduler wake-ups are not measured: on the demo's DLRM they
+did not bring the predictions nearer the measurements (docs/results.md, "The
+machine model"). A section written by an earlier version with them
+(``gil``, ``calls``, ``wake_s``) still reads; they are ignored.
 
 The result (:class:`MachineCalibration`) is plain data with a versioned JSON
 form; cost models carry it as their ``machine_calibration`` section and
@@ -65,13 +48,14 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_gil",
-           "measure_gil_and_calls", "measure_cpu", "CALIBRATION_VERSION"]
+__all__ = ["MachineCalibration", "calibrate", "measure_engine_costs", "measure_cores", "measure_cpu",
+           "CALIBRATION_VERSION"]
 
 CALIBRATION_VERSION = 1
 _FLOAT_FIELDS = ("task_s", "dep_s", "period_s", "serial_task_s", "serial_iter_s", "cores_free")
+_RETIRED_FIELDS = ("gil", "calls", "wake_s")  # written by earlier versions (a host-lock model): read and ignored
 
 
 @dataclass
@@ -92,27 +76,17 @@ class MachineCalibration:
         Parallelism available now (1.0 = one core's worth).
     cpu_count : int
         Usable CPUs (affinity).
-    gil : dict
-        ``{task: fraction of its host time that holds the GIL}``.
     cpu : dict
         ``{task: fraction of its host time on a CPU}`` (:func:`measure_cpu`; near 0
         for a task that sleeps or blocks). Written only when measured, so files
         without it read as before.
-    calls : dict
-        ``{task: torch calls per run made from Python}``
-        (:func:`measure_gil_and_calls`): the times it takes the GIL back. Written
-        only when measured, like ``cpu``.
-    wake_s : float, optional
-        A plan's threads' wait for a core after each wake-up, measured over a
-        pipelined run of that plan (:func:`swpipe_core.schedstat.measure_wake_s`);
-        :attr:`wake_up_s` uses it where it exceeds ``dep_s``. Written only when measured.
     load : float, optional
         1-minute load average when measured.
     measured, machine, notes : str
 
     Examples
     --------
-    >>> c = MachineCalibration(task_s=2e-5, dep_s=3e-5, period_s=5e-5, gil={"Fwd": 0.2})
+    >>> c = MachineCalibration(task_s=2e-5, dep_s=3e-5, period_s=5e-5, cpu={"Fwd": 0.9})
     >>> MachineCalibration.from_dict(c.to_dict()) == c
     True
     >>> c.to_dict()["version"]
@@ -126,40 +100,25 @@ class MachineCalibration:
     serial_iter_s: float = 0.0
     cores_free: float = 1.0
     cpu_count: int = 1
-    gil: Dict[str, float] = field(default_factory=dict)
     cpu: Dict[str, float] = field(default_factory=dict)
-    calls: Dict[str, float] = field(default_factory=dict)
-    wake_s: Optional[float] = None
     load: Optional[float] = None
     measured: str = ""
     machine: str = ""
     notes: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON form: ``{"version": 1, ...fields}`` (``cpu``, ``calls`` and ``wake_s`` only when measured)."""
+        """The JSON form: ``{"version": 1, ...fields}`` (``cpu`` only when measured)."""
         doc = {"version": CALIBRATION_VERSION, **asdict(self)}
-        for optional in ("cpu", "calls", "wake_s"):
-            if doc[optional] is None or doc[optional] == {}:
-                del doc[optional]
+        if not doc["cpu"]:
+            del doc["cpu"]
         return doc
-
-    @property
-    def wake_up_s(self) -> float:
-        """What one cross-thread wake-up costs: ``dep_s``, or the plan's measured ``wake_s`` where larger.
-
-        ``dep_s`` is measured in a tight loop whose threads never idle; a plan
-        whose threads idle in turn waits longer for a core when woken.
-
-        Examples
-        --------
-        >>> MachineCalibration(dep_s=1.5e-5).wake_up_s, MachineCalibration(dep_s=1.5e-5, wake_s=9e-5).wake_up_s
-        (1.5e-05, 9e-05)
-        """
-        return self.dep_s if self.wake_s is None else max(self.dep_s, self.wake_s)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], where: str = "machine_calibration") -> "MachineCalibration":
         """Read the JSON form, checking the version and every number.
+
+        The fields of an earlier host-lock model (``gil``, ``calls``, ``wake_s``)
+        are read and ignored, so files written by earlier versions still load.
 
         Raises
         ------
@@ -168,6 +127,8 @@ class MachineCalibration:
 
         Examples
         --------
+        >>> MachineCalibration.from_dict({"version": 1, "task_s": 2e-5, "gil": {"A": 0.9}}).task_s
+        2e-05
         >>> MachineCalibration.from_dict({"version": 9})
         Traceback (most recent call last):
         ...
@@ -180,30 +141,20 @@ class MachineCalibration:
             raise ValueError(f"{where}.version: version {doc.get('version')!r} is not supported (this swpipe reads "
                              f"{CALIBRATION_VERSION}). Fix: re-run calibrate()")
         known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(doc) - known - {"version"})
+        unknown = sorted(set(doc) - known - {"version", *_RETIRED_FIELDS})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}. Fix: the section has only {sorted(known)}")
-        values = {k: v for k, v in doc.items() if k != "version"}
+        values = {k: v for k, v in doc.items() if k != "version" and k not in _RETIRED_FIELDS}
         for k in _FLOAT_FIELDS:
             v = values.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"{where}.{k}: {v!r} is not a time/number >= 0. Fix: re-run calibrate()")
-        for key in ("gil", "cpu"):
-            shares = values.get(key, {})
-            if not isinstance(shares, Mapping) or any(isinstance(g, bool) or not isinstance(g, (int, float))
-                                                      or not 0 <= g <= 1 for g in shares.values()):
-                raise ValueError(f"{where}.{key}: {shares!r} is not a map of task -> fraction in 0..1. "
-                                 "Fix: re-run calibrate()")
-            values[key] = {str(k): float(v) for k, v in shares.items()}
-        calls = values.get("calls", {})
-        if not isinstance(calls, Mapping) or any(isinstance(n, bool) or not isinstance(n, (int, float)) or not n >= 0
-                                                 for n in calls.values()):
-            raise ValueError(f"{where}.calls: {calls!r} is not a map of task -> torch calls per run >= 0. "
+        shares = values.get("cpu", {})
+        if not isinstance(shares, Mapping) or any(isinstance(g, bool) or not isinstance(g, (int, float))
+                                                  or not 0 <= g <= 1 for g in shares.values()):
+            raise ValueError(f"{where}.cpu: {shares!r} is not a map of task -> fraction in 0..1. "
                              "Fix: re-run calibrate()")
-        values["calls"] = {str(k): float(v) for k, v in calls.items()}
-        wake = values.get("wake_s")
-        if wake is not None and (isinstance(wake, bool) or not isinstance(wake, (int, float)) or not wake >= 0):
-            raise ValueError(f"{where}.wake_s: {wake!r} is not a time >= 0 (or null). Fix: re-run measure_wake_s()")
+        values["cpu"] = {str(k): float(v) for k, v in shares.items()}
         return cls(**values)
 
     def summary(self) -> str:
@@ -219,14 +170,8 @@ class MachineCalibration:
                  f"{self.serial_iter_s * 1e6:.1f} us/iteration",
                  f"cores free: {self.cores_free:.2f} of {self.cpu_count}"
                  + ("" if self.load is None else f" (load average {self.load:.2f})")]
-        if self.gil:
-            lines.append("GIL held: " + ", ".join(f"{k} {v:.0%}" for k, v in self.gil.items()))
         if self.cpu:
             lines.append("on a CPU: " + ", ".join(f"{k} {v:.0%}" for k, v in self.cpu.items()))
-        if self.calls:
-            lines.append("torch calls per run: " + ", ".join(f"{k} {v:g}" for k, v in self.calls.items()))
-        if self.wake_s is not None:
-            lines.append(f"wait for a core per wake-up in the plan's run: {self.wake_s * 1e6:.1f} us")
         return "\n".join(lines)
 
 
@@ -367,132 +312,6 @@ def measure_cores(units: int = 40, payload_kib: int = 256, threads: Optional[int
     return min(float(n), max(1.0, n * alone / together if together > 0 else 1.0)), cpus
 
 
-# --------------------------------------------------------------------------- GIL
-
-
-_TASK_RANGE = "swpipe.calibrate.task"
-
-
-def _op_seconds(event: Any) -> float:
-    """Seconds of torch ops directly under a profiler range; ``record_function`` ranges in it hold Python, so
-    their own ops count, not their span."""
-    return sum(_op_seconds(child) if child.is_user_annotation else child.time_range.elapsed_us() * 1e-6
-               for child in event.cpu_children)
-
-
-def _op_calls(event: Any) -> int:
-    """Torch ops directly under a profiler range (looking through ``record_function`` ranges, as
-    :func:`_op_seconds`): the calls made from Python, each of which takes the GIL back."""
-    return sum(_op_calls(child) if child.is_user_annotation else 1 for child in event.cpu_children)
-
-
-def measure_gil(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
-    """Per task, the fraction of its host time that holds the GIL: :func:`measure_gil_and_calls`'s shares.
-
-    Parameters
-    ----------
-    pipe, batch, num_iterations
-        As for :func:`measure_gil_and_calls` (it raises the same errors).
-
-    Returns
-    -------
-    dict
-        ``{task: fraction in 0..1}``.
-
-    Examples
-    --------
-    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine import SWPipeline
-    >>> plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule()})
-    >>> measure_gil(SWPipeline(plan, device="cpu"), 0, num_iterations=3)["Sleep"] < 0.5
-    True
-    """
-    return measure_gil_and_calls(pipe, batch, num_iterations)[0]
-
-
-def measure_gil_and_calls(pipe: Any, batch: Any, num_iterations: int = 5
-                          ) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Per task, the fraction of its host time that holds the GIL, and the torch calls it makes per run.
-
-    Serial iterations (``pipe.run_one_serial_iter``) under ``torch.profiler``:
-    per task, its wall and thread CPU time and the torch ops it calls
-    directly; the share is the host time outside those ops and on a CPU, the
-    calls are how many there are (module docstring).
-
-    Parameters
-    ----------
-    pipe : SWPipeline
-        Bound, idle (no iterations in flight), no shortcut enabled.
-    batch : Any
-        A representative batch.
-    num_iterations : int
-        Serial iterations (medians over them).
-
-    Returns
-    -------
-    (dict, dict)
-        ``{task: fraction in 0..1}`` and ``{task: median torch calls per run}``.
-
-    Raises
-    ------
-    RuntimeError
-        A torch profiler is already recording (profilers do not nest).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine import SWPipeline
-    >>> def spin(ctx):
-    ...     t = time.perf_counter()
-    ...     while time.perf_counter() - t < 0.004:
-    ...         pass
-    >>> a = torch.randn(256, 256)
-    >>> plan = PipelinePlan({PipelineTask("Sleep", lambda ctx: time.sleep(0.004)): TaskSchedule(),
-    ...                      PipelineTask("Spin", spin): TaskSchedule(),
-    ...                      PipelineTask("MatMul", lambda ctx: [a @ a for _ in range(20)]): TaskSchedule()})
-    >>> gil, calls = measure_gil_and_calls(SWPipeline(plan, device="cpu"), 0, num_iterations=3)
-    >>> gil["Sleep"] < 0.5 < gil["Spin"], gil["MatMul"] < 0.5
-    (True, True)
-    >>> calls["MatMul"], calls["Spin"]
-    (20.0, 0.0)
-    """
-    import torch
-
-    from .engine_serial import _profiler_active
-
-    if _profiler_active():
-        raise RuntimeError("measure_gil: a torch profiler is already recording, and it times the tasks' torch ops "
-                           "with its own. Fix: calibrate (or profile with calibrate=True) outside "
-                           "torch.profiler.profile")
-    runs: List[Tuple[str, float, float]] = []  # (task, wall, thread CPU) of each profiled range, by its number
-
-    def ranged(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
-        k = len(runs)
-        runs.append((task.name, 0.0, 0.0))
-        c0, t0 = time.thread_time(), time.perf_counter()
-        with torch.profiler.record_function(f"{_TASK_RANGE}/{k}"):
-            original(task, ctx)
-        runs[k] = (task.name, time.perf_counter() - t0, time.thread_time() - c0)
-
-    with pipe.instrument(ranged), \
-            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for i in range(num_iterations):
-            pipe.run_one_serial_iter(batch, iter_idx=i)
-    outside: Dict[str, List[float]] = {}  # per run, the share of the task's wall time outside torch ops
-    on_cpu: Dict[str, List[float]] = {}
-    calls: Dict[str, List[int]] = {}
-    for event in prof.events():
-        if event.name.startswith(_TASK_RANGE + "/"):
-            name, wall, cpu = runs[int(event.name.rsplit("/", 1)[1])]
-            calls.setdefault(name, []).append(_op_calls(event))
-            if wall > 0:
-                outside.setdefault(name, []).append((wall - _op_seconds(event)) / wall)
-                on_cpu.setdefault(name, []).append(cpu / wall)
-    shares = {name: max(0.0, min(statistics.median(v), _largest_cpu_share(on_cpu[name]))) for name, v in outside.items()}
-    return shares, {name: float(statistics.median(v)) for name, v in calls.items()}
-
-
 def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, float]:
     """Per task, the fraction of its host time on a CPU: thread CPU time over wall time.
 
@@ -549,25 +368,19 @@ def _largest_cpu_share(shares: List[float]) -> float:
 
 
 def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, repeats: int = 5,
-              gil_iterations: int = 5, wake_batches: Optional[Sequence[Any]] = None,
-              state: Any = None) -> MachineCalibration:
-    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's GIL and CPU use.
+              cpu_iterations: int = 5, state: Any = None) -> MachineCalibration:
+    """Measure the machine: engine costs, cores free now and (given a pipeline and a batch) each task's CPU share.
 
     Parameters
     ----------
     pipe : SWPipeline, optional
-        The user's pipeline (bound, idle); without it the GIL and CPU sections are empty.
+        The user's pipeline (bound, idle); without it the CPU section is empty.
     batch : Any, optional
         A representative batch for ``pipe``.
     iterations, repeats : int
         For :func:`measure_engine_costs`.
-    gil_iterations : int
-        For :func:`measure_gil_and_calls` and :func:`measure_cpu`.
-    wake_batches : sequence, optional
-        With ``pipe``: batches for one pipelined run of its plan, over which
-        :func:`swpipe_core.schedstat.measure_wake_s` measures ``wake_s`` (the
-        plan's threads' wait for a core per wake-up). It belongs to that plan:
-        simulate that plan with it. Without them ``wake_s`` is not measured.
+    cpu_iterations : int
+        Serial iterations for :func:`measure_cpu`.
     state : modules, optimizers, or a list of them, optional
         What ``pipe``'s tasks train: restored exactly after the measurement
         runs them (:func:`swpipe_core.state.measured_on`); without it a
@@ -580,30 +393,25 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
     Examples
     --------
     >>> cal = calibrate(iterations=20, repeats=1)
-    >>> cal.cores_free >= 1.0, cal.gil, cal.measured != ""
+    >>> cal.cores_free >= 1.0, cal.cpu, cal.measured != ""
     (True, {}, True)
     """
     import platform
 
     engine = measure_engine_costs(iterations=iterations, repeats=repeats)
     free, cpus = measure_cores()
-    gil, calls, cpu, wake = {}, {}, {}, None
+    cpu: Dict[str, float] = {}
     if pipe is not None:
         from .state import measured_on
 
         with measured_on(pipe, state, "calibrate"):
-            gil, calls = measure_gil_and_calls(pipe, batch, gil_iterations)
-            cpu = measure_cpu(pipe, batch, gil_iterations)
-            if wake_batches is not None:
-                from .schedstat import measure_wake_s
-
-                wake = measure_wake_s(pipe, wake_batches)
+            cpu = measure_cpu(pipe, batch, cpu_iterations)
     try:
         load: Optional[float] = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
     return MachineCalibration(
-        cores_free=free, cpu_count=cpus, gil=gil, cpu=cpu, calls=calls, wake_s=wake, load=load,
+        cores_free=free, cpu_count=cpus, cpu=cpu, load=load,
         measured=datetime.datetime.now().isoformat(timespec="seconds"),
         machine=f"{cpus}-CPU {platform.machine()}, Python {platform.python_version()}",
         notes=f"swpipe_core.calibrate: no-op plans x {iterations} periods, median of {repeats}", **engine)

@@ -439,7 +439,7 @@ class TaskProfiler:
             :attr:`ProfileResult.memory`.
         calibrate : bool
             Also measure the machine (:func:`swpipe_core.calibrate.calibrate`:
-            engine costs, cores free, each task's GIL share) into
+            engine costs, cores free, each task's CPU share) into
             ``meta["machine_calibration"]``; ``CostModel.from_profile`` keeps it.
         state : modules, optimizers, or a list of them, optional
             What the tasks train. The profile runs the training step many

@@ -53,7 +53,7 @@ def test_demo_on_two_spawned_ranks(tmp_path):
                            "--batch-size", "16", "--repeats", "1", "--no-auto", "--plans", "sparse_dist,fused_sparse_dist",
                            "--trace", ""], capture_output=True, text=True, timeout=280, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "world size 2 (gloo)" in proc.stdout
+    assert "DLRM, 2 rank(s) (gloo, spawned on loopback)" in proc.stdout
     kept = platform.libc_ver()[0] == "glibc"
     assert ("host allocator: glibc keeps freed memory" in proc.stdout) == kept, proc.stdout
     assert "2/2 plans reproduce the serial loop bit for bit" in proc.stdout

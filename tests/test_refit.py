@@ -108,8 +108,8 @@ def test_a_refitted_plan_measured_faster_than_the_choice_is_returned(monkeypatch
     assert "then verified on the engine: 2 plans" in new.verify.format()
 
 
-def test_a_refitted_pool_reaches_the_verifications_calibrated_model_too(monkeypatch):
-    """The refit round's measurement predicts with the calibration's cores_free set to the fitted pool."""
+def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model_as_it_was(monkeypatch):
+    """The refit round searches and predicts with the fitted pool and the same calibration's engine costs."""
     import autosched.refit as refit_mod
     import autosched.verify as verify_mod
     from autosched.calibrated import searched_costs
@@ -127,7 +127,7 @@ def test_a_refitted_pool_reaches_the_verifications_calibrated_model_too(monkeypa
     table = VerifyTable([PlanMeasurement("serial", serial, [0.006], predicted_s=0.006)], rounds=1, iterations=12)
     report = dataclasses.replace(report, plan=serial, verify=table)
     problem = make_problem(graph, searched_costs(costs), c)
-    problem.measured_costs = costs
+    problem.calibration = cal
     monkeypatch.setattr(refit_mod, "fit_core_pool", lambda *args: PoolFit(cores=1, was=2, errors_pct={1: 1.0, 2: 20.0},
                                                                              plans=1))
     seen = {}
@@ -140,5 +140,5 @@ def test_a_refitted_pool_reaches_the_verifications_calibrated_model_too(monkeypa
     _refit_round(graph, problem, c, None, report, list(range(12)), VerifyOptions(rounds=1))
     refitted = seen["problem"]
     assert refitted.costs.cores == 1
-    assert refitted.measured_costs.machine_calibration.cores_free == 1.0
-    assert problem.measured_costs.machine_calibration.cores_free == 2.0  # the first model is left as it was
+    assert refitted.calibration is cal  # one machine model: only its pool is refitted
+    assert problem.costs.cores == 2  # the first model is left as it was

@@ -149,7 +149,7 @@ def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
     tasks = {"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)}
     graph = (list(tasks), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
     c = Constraints(max_depth=2, max_threads=2, time_limit_s=10)
-    cal = MachineCalibration(task_s=1e-4, cores_free=1.0, cpu_count=2, gil={"Opt": 0.9})
+    cal = MachineCalibration(task_s=1e-4, cores_free=1.0, cpu_count=2)
     _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c)
     # one free core: the 10 ms of work plus 0.1 ms of engine per task, one after another
     assert folded.period_s == pytest.approx(0.0104) and folded.bound_binding == "cores"
@@ -336,7 +336,7 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
                       machine_calibration=MachineCalibration(period_s=0.001, cores_free=2.0, cpu_count=2))
     graph = (["Load", "Step", "Log"], [("Step", "Load"), ("Log", "Step")])
     problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2, time_unit_s=5e-4))
-    problem.measured_costs = costs  # as auto_schedule folds a calibration: its engine time per period counts
+    problem.calibration = costs.machine_calibration  # as auto_schedule folds one: its engine time per period counts
     res = solve_cpsat(problem, time_limit_s=10)
     assert res.status == "OPTIMAL" and res.period_s == pytest.approx(0.003)
     assert res.plan.caller_group == "default" and res.plan.sched("Step").thread_group != "default"

@@ -86,8 +86,8 @@ def test_one_auto_plan_is_shared_by_both_ranks(ranks):
     assert "schedule" in ranks[0]["auto_plan"]
     # the candidates were measured on both ranks at once, and both chose the same one from the folded table
     assert ranks[0]["auto_note"] == ranks[1]["auto_note"] and "on all 2 ranks in lockstep" in ranks[0]["auto_note"]
-    # predicted after the lockstep runs, with the calibrated model and each plan's slowest rank's wake-ups
-    assert "predicted by the calibrated model" in ranks[0]["auto_note"]
+    # predicted after the lockstep runs, with the search's own model (the calibration folded in)
+    assert "predicted by the search's model (the machine calibration folded in)" in ranks[0]["auto_note"]
     # the model's speedup of the plan chosen in lockstep, the same on both ranks (rank 0's predictions, shared)
     assert ranks[0]["auto_predicted_speedup"] == ranks[1]["auto_predicted_speedup"]
     assert ranks[0]["auto_predicted_speedup"] > 0
@@ -108,7 +108,7 @@ def test_demo_under_torchrun_prints_one_folded_table_on_rank_0(tmp_path):
     proc = torchrun(2, "-m", "swpipe.cli", "demo", "--iters", "3", "--repeats", "1", "--batch-size", "32",
                     "--plans", "sparse_dist", "--no-auto", "--trace", str(tmp_path / "t.json"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:]
-    assert proc.stdout.count("DLRM workload: world size 2 (gloo) launched by torchrun") == 1
+    assert proc.stdout.count("DLRM, 2 rank(s) (gloo, launched by torchrun)") == 1
     assert "1/1 plans reproduce the serial loop bit for bit" in proc.stdout
     assert "every check above holds on all 2 ranks" in proc.stdout
 

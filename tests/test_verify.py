@@ -316,47 +316,34 @@ def test_verification_predicts_every_candidate_with_the_simulator():
     assert predict_periods([("broken", broken)], costs) == {}
 
 
-def test_a_calibrated_search_predicts_each_candidate_with_its_plans_engine_costs_and_measured_wake(monkeypatch):
-    """The verification's predictions are the calibrated model's, each with the wake-up its own warm-up measured."""
-    import dataclasses
-
-    import swpipe_core.schedstat as schedstat
+def test_a_calibrated_search_predicts_each_candidate_with_the_model_it_searched_with(monkeypatch):
+    """The verification's predictions are the search's model: the engine's cost per task, per hand-off and per
+    period folded in, the same figures predict_periods gives from the costs, and no run spent on anything else."""
+    from autosched.calibrated import searched_costs, simulate_folded
     from swpipe_core.calibrate import MachineCalibration
 
-    woken = []
-
-    def fake_wake(pipe, batches):  # 0.5 ms per wake-up for plans with several threads: large enough to see
-        woken.append(len(pipe.plan.thread_groups))
-        return 5e-4 if len(pipe.plan.thread_groups) > 1 else 0.0
-
-    monkeypatch.setattr(schedstat, "measure_wake_s", fake_wake)
+    runs = measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
     plan = _two_thread_plan(2 * MS)
-    cal = MachineCalibration(task_s=1e-5, dep_s=2e-5, period_s=5e-5, cores_free=2.0, cpu_count=2)
+    cal = MachineCalibration(task_s=1e-5, dep_s=2e-4, period_s=5e-5, cores_free=2.0, cpu_count=2)
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)}, machine_calibration=cal)
     _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
-                              verify=VerifyOptions(rounds=1, iterations=12), batches=list(range(12)))
+                              verify=VerifyOptions(rounds=1, max_rounds=1, iterations=12), batches=list(range(12)))
     table = report.verify
-    rows = {r.label: r for r in table.rows}
-    assert len(woken) == len(rows)  # one warm-up run per candidate measures its wake-up
-    for label, row in rows.items():
-        wake = 5e-4 if len(row.plan.thread_groups) > 1 else 0.0
-        own = predict_periods([(label, row.plan)], dataclasses.replace(costs, machine_calibration=cal),
-                              wake_s={label: wake})
-        assert row.predicted_s == pytest.approx(own[label])
-    multi = [r for r in table.rows if len(r.plan.thread_groups) > 1]
-    assert multi and all(r.predicted_s > 2 * MS + 5e-4 for r in multi)  # a wake-up and the engine's costs charged
-    assert any("predicted by the calibrated model" in n and "500 us" in n for n in table.notes)
+    rows = [r for r in table.rows if r.plan is not None]
+    outside = predict_periods([(r.label, r.plan) for r in rows], costs)
+    for r in rows:
+        model = simulate_folded(r.plan, searched_costs(costs), cal, num_iterations=60).period
+        assert r.predicted_s == pytest.approx(model) == pytest.approx(outside[r.label])
+    multi = [r for r in rows if len(r.plan.thread_groups) > 1]
+    assert multi and all(r.predicted_s >= 2 * MS + 2e-4 for r in multi)  # B's hand-off from A is charged
+    assert table["serial"].predicted_s == pytest.approx(4 * MS + 2e-5 + 5e-5)  # two tasks' and one period's engine
+    assert len(runs) == len(rows) * 2  # each candidate: its warm-up and its one round, nothing else
+    assert not any("wake" in n or "GIL" in n for n in table.notes)
 
 
-def test_an_uncalibrated_search_predicts_with_its_costs_and_measures_no_wake(monkeypatch):
-    import swpipe_core.schedstat as schedstat
-
-    def refuse(pipe, batches):
-        raise AssertionError("no calibration: the verification must not measure wake-ups")
-
-    monkeypatch.setattr(schedstat, "measure_wake_s", refuse)
+def test_an_uncalibrated_search_predicts_with_its_costs_as_given():
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
     _, report = auto_schedule(_two_thread_plan(2 * MS), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
                               verify=VerifyOptions(rounds=1, iterations=12), batches=list(range(12)))
     assert report.verify["serial"].predicted_s == pytest.approx(4 * MS)
-    assert not any("calibrated model" in n for n in report.verify.notes)
+    assert not any("calibrat" in n for n in report.verify.notes + report.notes)

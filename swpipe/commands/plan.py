@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="progress bar over beam rounds")
     parser.add_argument("--calibrated", action=argparse.BooleanOptionalAction, default=True,
                         help="search with the cost model's machine calibration folded in when it has one "
-                             "(free cores, engine cost per task, GIL tags; default on)")
+                             "(engine cost per task, per hand-off and per period, free cores; default on)")
 
 
 def run(args: argparse.Namespace) -> int:

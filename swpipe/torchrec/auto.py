@@ -72,7 +72,8 @@ class AutoOptions:
     verify_rounds, verify_iterations : int
         Interleaved rounds, and iterations per run, of the verification on the engine.
     calibrate : bool
-        Measure the machine (cores free, the engine's cost per task, each task's GIL share) and search with it.
+        Measure the machine (the engine's cost per task, per hand-off and per period, the cores free, each task's
+        CPU share) and search with it.
 
     Examples
     --------
@@ -213,7 +214,7 @@ def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, opt
 
         if world == 1:
             with SWPipeline(graph, device=device) as pipe:
-                cal = calibrate(pipe, batches[0], iterations=100, repeats=3, gil_iterations=3, state=state)
+                cal = calibrate(pipe, batches[0], iterations=100, repeats=3, cpu_iterations=3, state=state)
         else:  # the tasks' own shares would run collectives the other ranks do not: the machine's figures only
             cal = calibrate(iterations=100, repeats=3)
         costs = dataclasses.replace(costs, machine_calibration=cal)

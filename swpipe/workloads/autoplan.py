@@ -158,10 +158,9 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     shared = from_rank0(env, shared)
     if lockstep and not isinstance(shared, str):
         candidates, note = shared
-        label, fields, verdict, wakes = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
-        # rank 0 predicts the candidates, each with the wait for a core per wake-up of its slowest rank
-        speedups, how = from_rank0(env, _lockstep_predictions(candidates, costs, env, wakes) if env.rank == 0
-                                   else None)
+        label, fields, verdict = _verify_on_every_rank(config, env, candidates, batches, verify_rounds)
+        # rank 0 predicts the candidates with the search's model
+        speedups, how = from_rank0(env, _lockstep_predictions(candidates, costs, env) if env.rank == 0 else None)
         shared = (fields, f"{note}; {verdict} of {len(candidates)} plans on all {env.world_size} ranks in "
                           f"lockstep, the slowest rank's time counting ({label})" + (f"; {how}" if how else ""),
                   label, speedups)
@@ -179,10 +178,12 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
         return _plan_from_fields(fields).bind(fns)
 
     check_same_plan(env, build(wl), "the auto plan")
-    return PlanSpec("auto", "auto", None, {}, build=build, note=note + (
-        f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""),
-        same_as=same_as, predicted_speedup=speedups.get(chosen or "auto"),
-        predicts={row: speedups[f"seed:{row}"] for row in AUTO_SEEDS if f"seed:{row}" in speedups})
+    ranks = f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""
+    searched, _, kept = note.partition("; ")  # what was searched; what the verification kept and why
+    return PlanSpec("auto", "auto", None, {}, build=build, note=note + ranks,
+                    same_as=same_as, predicted_speedup=speedups.get(chosen or "auto"),
+                    predicts={row: speedups[f"seed:{row}"] for row in AUTO_SEEDS if f"seed:{row}" in speedups},
+                    story=[f"auto: {searched}{ranks}", f"auto: {kept}"] if kept else [f"auto: {searched}{ranks}"])
 
 
 def _row_of_seed(label: Optional[str]) -> Optional[str]:
@@ -223,10 +224,11 @@ def _serial_costs(base: PipelinePlan, batches: Sequence[Batch], device: Any) -> 
 def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Sequence[Batch]) -> Any:
     """The cost model with this machine measured now (:func:`swpipe_core.calibrate.calibrate`) attached.
 
-    The search folds it in: the engine's cost per task, the cores free now, and
-    on one rank the tasks' GIL and CPU shares (measured by running them; with
-    several ranks their collectives would wait for peers that are not
-    running them, so only the machine's figures are taken).
+    The search folds it in (the machine model, :mod:`autosched.calibrated`): the
+    engine's cost per task, per hand-off and per period, the cores free now, and
+    on one rank the tasks' CPU shares (measured by running them; with several
+    ranks their collectives would wait for peers that are not running them, so
+    only the machine's figures are taken).
     """
     from swpipe_core.calibrate import calibrate
     from swpipe_core.engine import SWPipeline
@@ -297,52 +299,50 @@ def _candidates(found: PipelinePlan, seeds: Sequence[Any]) -> List[Tuple[str, Pi
     return [("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
 
 
-def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv,
-                 wakes: Optional[Dict[str, Optional[float]]] = None) -> Dict[str, float]:
-    """Each candidate's predicted period, as the verification predicts it (the calibrated model, when measured)."""
+def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
+    """Each candidate's predicted period, in the search's model (the calibration folded in, when measured)."""
     from autosched.verify import predict_periods
 
-    return predict_periods(candidates, costs, device=env.device.type, wake_s=wakes)
+    return predict_periods(candidates, costs, device=env.device.type)
 
 
-def _lockstep_predictions(candidates: Sequence[Any], costs: Any, env: DistEnv,
-                          wakes: Dict[str, Optional[float]]) -> Tuple[Dict[str, float], Optional[str]]:
-    """Rank 0's predicted speedups of the shared candidates (plan fields) with the wake-ups measured in
-    lockstep, and the line that says so (None when the costs carry no calibration: the wake-ups are unused)."""
-    from autosched.verify import predicted_speedups, wakes_note
+def _lockstep_predictions(candidates: Sequence[Any], costs: Any,
+                          env: DistEnv) -> Tuple[Dict[str, float], Optional[str]]:
+    """Rank 0's predicted speedups of the shared candidates (plan fields), and the line that says which model
+    predicted them."""
+    from autosched.verify import predicted_speedups
 
     try:
         plans = [(label, _plan_from_fields(fields)) for label, fields in candidates]
-        speedups = predicted_speedups(_predictions(plans, costs, env, wakes))
+        speedups = predicted_speedups(_predictions(plans, costs, env))
     except Exception as exc:  # noqa: BLE001 - the other ranks wait for rank 0's answer: always give one
         return {}, f"no predictions ({type(exc).__name__}: {exc})"
-    return speedups, wakes_note(wakes) if getattr(costs, "machine_calibration", None) is not None else None
+    calibrated = getattr(costs, "machine_calibration", None) is not None
+    return speedups, "predicted by the search's model" + (" (the machine calibration folded in)" if calibrated
+                                                           else "")
 
 
 def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any], batches: Sequence[Batch],
                           rounds: int) -> Any:
     """Run rank 0's candidates on every rank at once (their collectives pair up); the slowest rank's time counts.
 
-    Returns ``(label, plan fields, verdict, wake-ups)`` of the plan chosen
+    Returns ``(label, plan fields, verdict)`` of the plan chosen
     (:meth:`~autosched.verify.VerifyTable.choose`: the fastest, or a seed it does not measurably beat), the same
-    on every rank; the last is each candidate's wait for a core per wake-up on its slowest rank, measured in a
-    warm-up run of each (:func:`~autosched.verify.measure_wakes`; None where not measured).
+    on every rank.
     """
-    from autosched.verify import PlanMeasurement, VerifyTable, is_known, measure_plans, measure_wakes
+    from autosched.verify import PlanMeasurement, VerifyTable, is_known, measure_plans
 
     fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
     plans = [(label, _plan_from_fields(fields).bind(fns)) for label, fields in candidates]
     runs = [batches[i % len(batches)] for i in range(40)]
-    own_wakes = measure_wakes(plans, runs, str(env.device))  # each plan's warm-up run, in lockstep
-    table = measure_plans(plans, runs, rounds, device=str(env.device), warmup=False)
-    every = gather(env, ({r.label: r.rounds_s for r in table.rows}, own_wakes))
-    wakes = {label: max((w[label] for _, w in every if w[label] is not None), default=None) for label, _ in plans}
-    folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank, _ in every)
+    table = measure_plans(plans, runs, rounds, device=str(env.device))  # a warm-up run each, in lockstep
+    every = gather(env, {r.label: r.rounds_s for r in table.rows})
+    folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
                                                             for k in range(len(r.rounds_s))], round_ids=r.round_ids)
                           for r in table.rows], table.rounds, table.iterations,
                          known=tuple(label for label, _ in candidates if is_known(label)))
     label = folded.choose().label
-    return label, dict(candidates)[label], folded.verdict(), wakes
+    return label, dict(candidates)[label], folded.verdict()
 
 
 def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:

@@ -1,0 +1,114 @@
+"""The machine model of an ``auto_schedule`` call (docs/semantics.md, "The machine model").
+
+The default path keeps what holds on any host: the engine's cost per task, per
+hand-off and per period, and the free cores as a core pool. Every simulation
+of one call (the searchers' scores, the report, the verification's
+predictions) is of that one model.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from autosched.calibrated import searched_costs, simulate_folded
+from autosched.costs import CostModel, TaskCost
+from autosched.search import Constraints, auto_schedule
+from autosched.verify import VerifyOptions, predict_periods
+from swpipe_core.calibrate import MachineCalibration
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+MS = 1e-3
+CAL = MachineCalibration(task_s=2e-5, dep_s=1e-4, period_s=5e-5, cores_free=2.2, cpu_count=4,
+                         cpu={"Wait": 0.05, "Load": 0.95, "Fwd": 1.0, "Bwd": 1.0})
+TASKS = {"Load": TaskCost(2 * MS), "Fwd": TaskCost(3 * MS), "Bwd": TaskCost(3 * MS), "Wait": TaskCost(2 * MS)}
+GRAPH = (list(TASKS), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Wait", "Load")])
+
+
+def _spy_on_the_simulator(monkeypatch):
+    """Record the cost model and engine times of every simulation run from now on."""
+    simulate_mod = importlib.import_module("autosched.simulate")  # the module (autosched.simulate is the function)
+    seen = []
+    real = simulate_mod.simulate
+
+    def spy(plan, costs, *args, **kw):
+        seen.append((costs, kw.get("period_overhead_s", 0.0), kw.get("wake_overhead_s", 0.0)))
+        return real(plan, costs, *args, **kw)
+
+    monkeypatch.setattr(simulate_mod, "simulate", spy)
+    return seen
+
+
+def test_the_searched_costs_hold_the_engine_costs_and_the_core_pool_and_nothing_else():
+    folded = searched_costs(CostModel(TASKS, machine_calibration=CAL))
+    assert folded.machine_calibration is None and folded.cores == 2  # 2.2 cores free: a pool of 2
+    assert {n: round(c.host_s - TASKS[n].host_s, 9) for n, c in folded.tasks.items()} == {n: 2e-5 for n in TASKS}
+    assert {n: c.resources for n, c in folded.tasks.items()} == {"Load": (), "Fwd": (), "Bwd": (),
+                                                                   "Wait": ("nocore",)}
+    # no interpreter-lock tag on either device, even from a file written with the old GIL shares
+    legacy = MachineCalibration.from_dict({**CAL.to_dict(), "gil": {n: 1.0 for n in TASKS}, "calls": {"Fwd": 40}})
+    for device in ("cpu", "cuda"):
+        again = searched_costs(CostModel(TASKS, machine_calibration=legacy), device=device)
+        assert not any("gil" in c.resources for c in again.tasks.values())
+
+
+def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verification(monkeypatch):
+    # the machine runs exactly as the model says, so no refit round moves the pool
+    import autosched.verify as verify
+
+    engine_run, folded = verify._one_run, searched_costs(CostModel(TASKS, machine_calibration=CAL))
+
+    def run_as_modelled(plan, batches, device):
+        engine_run(plan, batches, device)
+        return float(simulate_folded(plan, folded, CAL, num_iterations=40).period)
+
+    monkeypatch.setattr(verify, "_one_run", run_as_modelled)
+    # the refit round simulates other pools on purpose, to fit one (tests/test_refit.py)
+    monkeypatch.setattr(importlib.import_module("autosched.refit"), "fit_core_pool", lambda *args: None)
+    seen = _spy_on_the_simulator(monkeypatch)
+    fns = {n: (lambda ctx: None) for n in TASKS}
+    tasks = [PipelineTask(n, fns[n]) for n in TASKS]
+    costs = CostModel(TASKS, machine_calibration=CAL)
+    plan, report = auto_schedule((tasks, GRAPH[1]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=3),
+                                 verify=VerifyOptions(rounds=1, max_rounds=1, iterations=8), batches=list(range(8)))
+    assert seen, "the call simulated nothing"
+    for model, period_s, wake_s in seen:  # the searchers, the depth check, the what-ifs, the report, the predictions
+        assert period_s == CAL.period_s and wake_s == 0.0
+        assert model.cores == 2 and model.tasks["Wait"].resources == ("nocore",)
+        assert not any("gil" in c.resources for c in model.tasks.values())
+    folded = searched_costs(costs)
+    table = report.verify
+    for row in table.rows:  # each prediction is the model's, and predict_periods gives the same from the costs
+        assert row.predicted_s == pytest.approx(simulate_folded(row.plan, folded, CAL, num_iterations=60).period)
+        assert row.predicted_s == pytest.approx(predict_periods([(row.label, row.plan)], costs)[row.label])
+    chosen = table.choose()
+    assert report.period_s == pytest.approx(chosen.predicted_s)  # the report's period is the chosen row's prediction
+    assert report.serial_period_s == pytest.approx(table["serial"].predicted_s)
+    assert report.notes[0] == ("searched with the machine calibration folded in: engine costs per task, per hand-off "
+                               "and per period, 2 free core(s) (1 task(s) off the CPU)")
+
+
+def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_too():
+    """The per-hand-off cost is in the search's scores, not only in the verification's predictions."""
+    from autosched._problem import build_plan, make_problem
+
+    cal = MachineCalibration(dep_s=5e-4, cores_free=2.0, cpu_count=2)
+    costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)}, machine_calibration=cal)
+    problem = make_problem((["A", "B"], [("B", "A")]), searched_costs(costs), Constraints(max_depth=2))
+    problem.calibration = cal
+    split = build_plan(problem, {"A": 0, "B": 1}, {"A": "x", "B": "y"})
+    together = build_plan(problem, {"A": 0, "B": 0}, {"A": "x", "B": "x"})
+    assert problem.simulate(split).period == pytest.approx(2.5 * MS)  # B waits A across threads: 0.5 ms more
+    assert problem.simulate(together).period == pytest.approx(4 * MS)  # one thread: no hand-off
+    assert problem.simulate(split).period == pytest.approx(predict_periods([("s", split)], costs)["s"])
+
+
+def test_without_a_calibration_or_with_calibrated_false_the_costs_are_simulated_as_given(monkeypatch):
+    seen = _spy_on_the_simulator(monkeypatch)
+    costs = CostModel(TASKS, machine_calibration=CAL)
+    _, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=2), calibrated=False)
+    assert all(period_s == 0.0 and model.cores is None for model, period_s, _ in seen)
+    assert not any("calibration folded in" in n for n in report.notes)
+    one = PipelinePlan({"A": TaskSchedule(0)})
+    assert predict_periods([("one", one)], CostModel({"A": TaskCost(MS)})) == {"one": pytest.approx(MS)}
