@@ -2,14 +2,14 @@
 
 For each plan, in one run:
 
-1. the machine is calibrated once (``swpipe_core.calibrate.calibrate``:
+1. the machine is calibrated once (``swpipe_core.measure.calibrate.calibrate``:
    engine cost per task, per cross-thread dependency, per period; cores free);
 2. each plan's task costs are measured the way a user gets them: the mean
    time of each task over serial iterations (``run_one_serial_iter``;
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's CPU share
    (``measure_cpu``: a task off the CPU takes no core of the pool);
-3. the plan runs on the engine (``autosched.verify.measure_plans``: interleaved
+3. the plan runs on the engine (``autosched.verify.loop.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated two ways:
    ``tasks`` (the serial means alone) and ``+engine``, the machine model
    ``auto_schedule`` uses (``simulate_calibrated``: the engine's cost per
@@ -66,14 +66,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from autosched.calibrated import simulate_calibrated  # noqa: E402
-from autosched.costs import CostModel, TaskCost  # noqa: E402
-from autosched.simulate import simulate  # noqa: E402
-from autosched.taskmodel import core_capacity  # noqa: E402
-from autosched.verify import measure_plans, serial_plan, turned  # noqa: E402
+from autosched.model.machine import simulate_calibrated  # noqa: E402
+from autosched.model.costs import CostModel, TaskCost  # noqa: E402
+from autosched.model.simulate import simulate  # noqa: E402
+from autosched.model.taskmodel import core_capacity  # noqa: E402
+from autosched.verify.loop import measure_plans, serial_plan, turned  # noqa: E402
 from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory  # noqa: E402
-from swpipe_core.calibrate import MachineCalibration, calibrate, measure_cpu  # noqa: E402
-from swpipe_core.engine import SWPipeline  # noqa: E402
+from swpipe_core.measure.calibrate import MachineCalibration, calibrate, measure_cpu  # noqa: E402
+from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402
 from swpipe_core.plan import PipelinePlan  # noqa: E402
 
 
@@ -233,7 +233,7 @@ def dlrm_rows(args: argparse.Namespace, cal: MachineCalibration) -> Optional[Lis
         from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
         from swpipe.workloads.tasks import plan_for
         from swpipe_core.order import enqueue_order, hand_off_after
-        from swpipe_core.workers import with_thread_map
+        from swpipe_core.engine.workers import with_thread_map
     except ImportError as exc:
         print(f"--dlrm skipped: swpipe.workloads is not importable ({exc})")
         return None

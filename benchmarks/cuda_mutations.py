@@ -47,11 +47,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
-import swpipe_core.engine as engine_mod  # noqa: E402
+import swpipe_core.engine.pipeline as engine_mod  # noqa: E402
 from swpipe.testing import FakeCudaDevice, FakeDeviceHang  # noqa: E402
-from swpipe_core.engine import PipelineTaskError, SWPipeline  # noqa: E402
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline  # noqa: E402
 from swpipe_core.plan import IterContext  # noqa: E402
-from swpipe_core.streams import StreamPool  # noqa: E402
+from swpipe_core.engine.streams import StreamPool  # noqa: E402
 
 import test_cuda_property as suite  # noqa: E402
 

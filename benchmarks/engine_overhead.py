@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 
@@ -117,8 +117,8 @@ def _per_op(fn: Callable[[int], None], n: int, rounds: int) -> float:
 
 def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
     """Seconds per operation of each piece of the engine's per-period and per-task work."""
-    from swpipe_core.engine import _profiler_active
-    from swpipe_core.engine_state import _Flag, _IterState
+    from swpipe_core.engine.pipeline import _profiler_active
+    from swpipe_core.engine.state import _Flag, _IterState
     from swpipe_core.plan import IterContext
 
     q: "queue.SimpleQueue" = queue.SimpleQueue()

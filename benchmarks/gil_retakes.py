@@ -11,7 +11,7 @@ depends on how fine their ops are, not only on how many cores are free.
 
 (a) **Parallelism by op size**: the same GIL-free work (``torch.mm`` of
 ``n x n``, and ``hashlib.sha256`` of 1 MiB, the probe of
-``swpipe_core.calibrate.measure_cores``) on two threads at once against one
+``swpipe_core.measure.calibrate.measure_cores``) on two threads at once against one
 after another: ``speedup = (time of both in turn) / (time together)``; 2 on
 two idle cores, below 1 when the hand-offs cost more than the overlap gains.
 Then a chain of matmuls beside a pure-Python thread, with the default switch
@@ -149,7 +149,7 @@ class _CallCounter(TorchFunctionMode):
 
 
 def _calls_per_task(plan: Any, batches: Sequence[Any], n: int) -> Dict[str, float]:
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     counts: Dict[str, List[int]] = {}
 
@@ -166,7 +166,7 @@ def _calls_per_task(plan: Any, batches: Sequence[Any], n: int) -> Dict[str, floa
 
 
 def _host_times(plan: Any, batches: Sequence[Any], skip: int) -> Dict[str, Any]:
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
         seconds = pipe.run(iter(batches))
@@ -229,7 +229,7 @@ def _balance_line(b: Dict[str, float], caller: Optional[str]) -> str:
 def part_b(quick: bool) -> Dict[str, Any]:
     from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
     from swpipe.workloads.tasks import plan_for
-    from swpipe_core.workers import with_thread_map
+    from swpipe_core.engine.workers import with_thread_map
 
     config = DLRMConfig.preset("test" if quick else "demo")
     iters, skip = (8, 2) if quick else (40, 10)

@@ -49,10 +49,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from swpipe.testing import kernels
-from swpipe_core.device import Device, as_device
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.device import Device, as_device
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.profiler import TaskProfiler
+from swpipe_core.measure.profiler import TaskProfiler
 
 # Float64 holds every integer below 2**53 exactly, so sums of integer-valued batches are exact in any order.
 DTYPE = torch.float64
@@ -151,7 +151,7 @@ def measure_overlap(dev: Any, mib: int, spins: int, iters: int, rounds: int) -> 
 
     Parameters
     ----------
-    dev : Device or anything :func:`swpipe_core.device.as_device` takes (a fake's device too)
+    dev : Device or anything :func:`swpipe_core.engine.device.as_device` takes (a fake's device too)
     mib : int
         MiB copied per iteration.
     spins : int
@@ -166,9 +166,9 @@ def measure_overlap(dev: Any, mib: int, spins: int, iters: int, rounds: int) -> 
         ``None`` on other devices), ``times`` (mode -> seconds per iteration, one per round), ``predicted``
         (mode -> period), ``costs`` (the profiled CostModel), ``elements``, ``spin_s``, ``copy_s``, ``sum_s``.
     """
-    from autosched.costs import CostModel
-    from autosched.simulate import simulate
-    from autosched.verify import serial_plan, turned
+    from autosched.model.costs import CostModel
+    from autosched.model.simulate import simulate
+    from autosched.verify.loop import serial_plan, turned
 
     dev = as_device(dev)
     k = kernels(dev)

@@ -10,7 +10,7 @@
 set -u
 out=${1:-${OUT:-gpu_logs}}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   "$py" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"

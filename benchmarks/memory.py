@@ -5,7 +5,7 @@
 
 For each plan, on a fresh workload (same seed, same pre-generated batches):
 
-1. **Figures.** ``swpipe_core.memory.measure_task_memory``: three serial
+1. **Figures.** ``swpipe_core.measure.memory.measure_task_memory``: three serial
    iterations, per task the bytes it adds to and frees from the context, and
    the batch's bytes.
 2. **Measured.** A pipelined run with the timeline recorded; whenever a
@@ -18,11 +18,11 @@ For each plan, on a fresh workload (same seed, same pre-generated batches):
    reference: it includes the model, the allocator's caches and the autograd
    graph, which a context's tensors do not.
 3. **Predicted.** ``CostModel.from_timeline`` of that run (median time per
-   task) with the figures of (1), simulated (``autosched.simulate``) for the
+   task) with the figures of (1), simulated (``autosched.model.simulate``) for the
    same number of iterations; ``SimResult.memory.peak_bytes``.
 
 The table shows both peaks, their ratio and the least memory any plan of the
-tasks needs (``autosched.memory.min_memory``). Target: predicted within 10 %
+tasks needs (``autosched.model.memory.min_memory``). Target: predicted within 10 %
 of measured for every plan. The sampler reads the engine's private run state
 (``pipe._run``): a benchmark may, the library does not.
 """
@@ -38,13 +38,13 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from autosched.costs import CostModel
-from autosched.memory import format_bytes, min_memory
-from autosched.simulate import simulate
+from autosched.model.costs import CostModel
+from autosched.model.memory import format_bytes, min_memory
+from autosched.model.simulate import simulate
 from swpipe.workloads.bench import TORCHREC_PLANS, default_specs
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
-from swpipe_core.engine import SWPipeline
-from swpipe_core.memory import live_bytes, measure_task_memory
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.measure.memory import live_bytes, measure_task_memory
 
 
 def _rss() -> int:
@@ -168,7 +168,7 @@ def main() -> None:
     when = "after every task" if args.task_ends_only else "whenever a function a task calls returns, and after every task"
     print(f"ctx: contexts alive at the peak. measured: tensor bytes reachable from live contexts, sampled {when}; "
           "predicted: simulated from the run's median task times and per-task bytes of 3 serial "
-          "iterations; least any: autosched.memory.min_memory at the predicted period; RSS growth: process "
+          "iterations; least any: autosched.model.memory.min_memory at the predicted period; RSS growth: process "
           "resident set over the run, for reference")
     print("within 10 %: all plans" if not misses else f"outside 10 %: {', '.join(misses)}")
     env.close()

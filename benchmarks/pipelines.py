@@ -46,7 +46,7 @@ def _serial_rate(config: DLRMConfig, env, batches, threads: int, repeats: int) -
 
 def _utilisation(config: DLRMConfig, env, batches, specs) -> None:
     """Per thread group busy time of the multi-thread plans: how many cores the pipeline really got."""
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     skip = min(5, len(batches) - 1)
     print("\nwhere the time goes (one more run each, with the timeline recorded; ms per iteration):")

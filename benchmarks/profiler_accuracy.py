@@ -31,8 +31,8 @@ import time
 import torch
 
 from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.engine import SWPipeline
-from swpipe_core.profiler import TaskProfiler
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.measure.profiler import TaskProfiler
 
 
 def _sleeper(seconds):

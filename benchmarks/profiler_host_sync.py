@@ -9,8 +9,8 @@ per task length, the task's time called alone on an idle device, the profiler's 
 import time, statistics
 from swpipe.testing import FakeCuda, kernels
 from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.engine import SWPipeline
-from swpipe_core.profiler import TaskProfiler
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.measure.profiler import TaskProfiler
 from swpipe_core.plan import IterContext
 with FakeCuda(num_devices=1) as fake:
     dev = fake.device(0); k = kernels(dev)

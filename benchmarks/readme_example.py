@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine_overhead import thread_round_trip  # noqa: E402 - the same measure of a thread round trip
-from autosched.verify import turned  # noqa: E402 - the rounds' order, as everywhere
+from autosched.verify.loop import turned  # noqa: E402 - the rounds' order, as everywhere
 from swpipe import SWPipeline  # noqa: E402
 
 

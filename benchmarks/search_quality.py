@@ -14,7 +14,7 @@ Three parts, each printing a table:
    F's side-by-side measurement (``swpipe.workloads.bench.measure``): measured
    iterations/s of the auto plan next to the TorchRec plans, in one run.
 3. **Search time on random graphs** of 10, 20, 50, 100, 200 tasks
-   (:func:`autosched._enumerate.random_graph`): beam search (10 s budget) and
+   (:func:`autosched.search.enumerate.random_graph`): beam search (10 s budget) and
    CP-SAT (30 s budget, up to 20 tasks): period, lower bound, gap, status, time.
    Targets (issue 8): beam <= 10 s at 200 tasks; CP-SAT proves optimality up to
    20 tasks within 30 s.
@@ -37,13 +37,13 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from autosched._enumerate import random_graph
-from autosched._problem import make_problem
-from autosched.beam import beam_search, sim_scorer
-from autosched.costs import CostModel
-from autosched.cpsat import model_lower_bound, solve_cpsat
-from autosched.search import Constraints, auto_schedule
-from autosched.simulate import simulate
+from autosched.search.enumerate import random_graph
+from autosched.search.problem import make_problem
+from autosched.search.beam import beam_search, sim_scorer
+from autosched.model.costs import CostModel
+from autosched.search.cpsat import model_lower_bound, solve_cpsat
+from autosched.search.entry import Constraints, auto_schedule
+from autosched.model.simulate import simulate
 
 COMPUTE = ("ZeroGrad", "Forward", "Backward", "EmbBackward", "OptimizerStep")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,7 +87,7 @@ def dlrm_part(time_limit: float, max_threads: int, measure_runs: bool, iters: in
     from swpipe.workloads.bench import TORCHREC_PLANS, default_specs, format_table, measure
     from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
     from swpipe.workloads.tasks import EVAL_PIPELINES, plan_for
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     torch.set_num_threads(1)
     env = init_distributed()

@@ -27,8 +27,8 @@ import argparse
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from autosched.costs import CostModel, TaskCost
-from autosched.simulate import simulate
+from autosched.model.costs import CostModel, TaskCost
+from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 RATIOS = (1e-6, 1e-4, 1e-2, 0.1, 0.5, 2.0, 10.0, 1e2, 1e4, 1e6)

@@ -3,8 +3,8 @@
 For random valid plans whose tasks sleep for known times (2-3 thread groups,
 depth 1-3, some dependencies across threads and iterations, some globally
 ordered tasks), each plan runs on the real engine
-(``swpipe_core.engine.SWPipeline`` on CPU, ``record_timeline=True``) and is
-simulated (``autosched.simulate``) four ways:
+(``swpipe_core.engine.pipeline.SWPipeline`` on CPU, ``record_timeline=True``) and is
+simulated (``autosched.model.simulate``) four ways:
 
 * **nominal** - the sleep times as the cost model (what a user who knows the
   costs writes);
@@ -49,9 +49,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from autosched.costs import CostModel, TaskCost
-from autosched.simulate import simulate
-from swpipe_core.engine import SWPipeline
+from autosched.model.costs import CostModel, TaskCost
+from autosched.model.simulate import simulate
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 
@@ -213,7 +213,7 @@ def run_dlrm(args: argparse.Namespace, o_timeline: float) -> Optional[List[dict]
         from swpipe.workloads.bench import TORCHREC_PLANS
         from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
         from swpipe.workloads.tasks import plan_for
-        from swpipe_core.workers import with_thread_map
+        from swpipe_core.engine.workers import with_thread_map
     except ImportError as exc:  # the workload is another room's; the sleep part stands alone
         print(f"--dlrm skipped: swpipe.workloads is not importable ({exc})")
         return None

@@ -175,7 +175,7 @@ thread group). The measured run also exports as a Chrome/Perfetto trace (open it
     ("code", """\
 import dataclasses
 from autosched.plots import compare_gantt
-from swpipe_core.trace import write_chrome_trace
+from swpipe_core.measure.trace import write_chrome_trace
 
 def from_iteration(events, i, span):
     t0 = min(e.start for e in events if e.iteration == i and e.kind == "host")
@@ -194,7 +194,7 @@ task (`WaitBatch`, a no-op here: on CUDA it is where the default stream waits th
 0 with `what_if`'s change syntax; `compare_plans` simulates every plan under one cost model."""),
     ("code", """\
 from swpipe_core import pipelines
-from autosched.whatif import apply_changes, compare_plans, sweep
+from autosched.model.whatif import apply_changes, compare_plans, sweep
 torchrec = pipelines.get("fused_sparse_dist")          # unbound: analysis and simulation only
 compared = compare_plans({"serial": serial, "TorchRec fused_sparse_dist": torchrec, "auto": auto},
                          apply_changes(costs, {"WaitBatch": {"host_s": 0.0}}))

@@ -33,7 +33,7 @@ from swpipe import CostModel, TaskSchedule, SWPipeline, simulate, lower_bounds, 
 from swpipe_core.analysis import format_schedule
 from autosched.plots import compare_gantt, sweep_plot
 from swpipe_core import pipelines
-from autosched.whatif import apply_changes, compare_plans, sweep
+from autosched.model.whatif import apply_changes, compare_plans, sweep
 
 REPO = pathlib.Path.cwd().parent          # the notebook runs in notebooks/
 costs = CostModel.load(REPO / "cost_models" / "dlrm_cpu" / "fused_sparse_dist.json")

@@ -15,7 +15,7 @@ Two questions a hand-written pipeline answers by convention and hope:
    `swpipe_core.dataflow` *observes* the tasks: every `ctx` attribute they read, write or delete, and through
    PyTorch's dispatcher every tensor (parameters, gradients, optimizer state, named by the modules you pass).
 2. **How much memory does a deeper plan cost?** Each stage keeps one more iteration's context alive.
-   `swpipe_core.memory` measures what each task adds to and frees from the context, the simulator turns that
+   `swpipe_core.measure.memory` measures what each task adds to and frees from the context, the simulator turns that
    into bytes in flight over time, and `auto_schedule` can search under a cap.
 
 Everything here runs the DLRM workload of `swpipe demo` (small `test` preset, one CPU rank) for a few
@@ -29,9 +29,9 @@ from swpipe import SWPipeline, simulate, Constraints, auto_schedule, CostModel
 from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, emb_staleness, fns_for, init_distributed
 from swpipe_core import pipelines
 from swpipe_core.dataflow import check_dataflow, infer_plan
-from swpipe_core.memory import measure_task_memory
-from autosched.memory import format_bytes, min_memory
-from autosched.memsearch import MemoryCapError
+from swpipe_core.measure.memory import measure_task_memory
+from autosched.model.memory import format_bytes, min_memory
+from autosched.search.memcap import MemoryCapError
 
 torch.set_num_threads(1)
 env = init_distributed()                     # one gloo rank on this machine

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from swpipe_core import allocator
+from swpipe_core.measure import allocator
 
 _STEPS = """
 import sys, torch
-from swpipe_core.allocator import keep_freed_memory, minor_faults
+from swpipe_core.measure.allocator import keep_freed_memory, minor_faults
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 for step in range(8):
@@ -50,9 +50,9 @@ def test_threshold_beyond_a_c_int_is_rejected():
 def test_the_profile_counts_the_serial_iterations_page_faults():
     # in this process, whose malloc no test changes (the tests that run the demo or a benchmark in-process pass
     # --no-keep-freed-memory)
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
     from swpipe_core.plan import PipelinePlan, TaskSchedule
-    from swpipe_core.profiler import TaskProfiler
+    from swpipe_core.measure.profiler import TaskProfiler
 
     def churn(ctx):  # 64 MiB allocated, touched and freed each step: above glibc's largest own threshold
         ctx.zeros = bytearray(1 << 26)[:: 1 << 12].count(0)

@@ -15,14 +15,14 @@ from typing import Any, Callable, Dict, Tuple
 
 import pytest
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import RULES, PlanError
 from test_validate import BAD_PLANS  # the one bad plan per rule, shared with room A's tests
 from conftest import swpipe_threads
 
-autosched_graph = pytest.importorskip("autosched.graph")
-autosched_costs = pytest.importorskip("autosched.costs")
+autosched_graph = pytest.importorskip("autosched.model.graph")
+autosched_costs = pytest.importorskip("autosched.model.costs")
 GraphFileError = autosched_graph.GraphFileError
 CostModelError = autosched_costs.CostModelError
 

@@ -14,9 +14,9 @@ import pytest
 from swpipe import (PipelinePlan, PipelineTask, PlanError, SWPipeline, TaskSchedule, auto_schedule, lower_bounds,
                     simulate, validate, what_if)
 from swpipe.cli import main
-from autosched.costs import CostModel, CostModelError, TaskCost
-from autosched.search import Constraints
-from swpipe_core.profiler import TaskProfiler
+from autosched.model.costs import CostModel, CostModelError, TaskCost
+from autosched.search.entry import Constraints
+from swpipe_core.measure.profiler import TaskProfiler
 
 
 def load(ctx):
@@ -144,7 +144,7 @@ def test_a_bad_constraint_is_an_error_at_construction_naming_the_field(field, va
 @pytest.mark.parametrize("field,value", [("rounds", 0), ("top", 1.5), ("keep_known", 1), ("margin_pct", "3")])
 def test_a_bad_verify_option_is_an_error_at_construction_naming_the_field(field, value):
     from autosched._fields import OptionError
-    from autosched.verify import VerifyOptions
+    from autosched.verify.loop import VerifyOptions
 
     with pytest.raises(OptionError, match=re.escape(f"VerifyOptions({field}={value!r}): expected ")):
         VerifyOptions(**{field: value})

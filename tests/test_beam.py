@@ -1,4 +1,4 @@
-"""Beam search and its rooms (autosched.modulo, autosched.presets, stage enumeration): CP-SAT's optimum on small graphs."""
+"""Beam search and its rooms (autosched.search.modulo, autosched.search.presets, stage enumeration): CP-SAT's optimum on small graphs."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import itertools
 import networkx as nx
 import pytest
 
-from autosched._enumerate import brute_force, random_graph, random_problem, stage_assignments
-from autosched._problem import make_problem
-from autosched.beam import beam_search, sim_scorer
-from autosched.bounds import recurrence_bound
-from autosched.modulo import Candidate, _Pool, _Ring, modulo_schedule
-from autosched.presets import FIRE_POLICIES, fire_order, thread_presets
-from autosched.costs import CostModel, TaskCost
-from autosched.cpsat import solve_cpsat
-from autosched.search import Constraints
+from autosched.search.enumerate import brute_force, random_graph, random_problem, stage_assignments
+from autosched.search.problem import make_problem
+from autosched.search.beam import beam_search, sim_scorer
+from autosched.search.bounds import recurrence_bound
+from autosched.search.modulo import Candidate, _Pool, _Ring, modulo_schedule
+from autosched.search.presets import FIRE_POLICIES, fire_order, thread_presets
+from autosched.model.costs import CostModel, TaskCost
+from autosched.search.cpsat import solve_cpsat
+from autosched.search.entry import Constraints
 from swpipe_core.validate import validate
 
 SMALL = [
@@ -184,7 +184,7 @@ def test_beam_honours_its_time_limit(monkeypatch):
     The search's clock is a fake one that each simulation advances by 1 s: a 10 s limit (deadline 9.5 s,
     half a second kept for the last simulation) allows ten simulations, and one more past the deadline.
     """
-    import autosched.beam as beam
+    import autosched.search.beam as beam
     from conftest import FakeClock
 
     clock = FakeClock()
@@ -227,7 +227,7 @@ def test_beam_candidate_from_each_preset_is_valid():
     problem = make_problem(graph, costs, Constraints(max_depth=2, max_threads=3))
     stream = tuple(problem.init_stream[n] for n in problem.names)
     rec = recurrence_bound(problem)
-    from autosched.beam import _Evaluator
+    from autosched.search.beam import _Evaluator
 
     ev = _Evaluator(problem, sim_scorer(problem, 16), rec)
     for name, groups in thread_presets(problem, problem.init_stream).items():

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autosched.bounds import event_graph, lower_bounds, max_cycle_ratio
-from autosched.costs import CostModel, CostModelError, TaskCost
-from autosched.graph import plan_to_graph, task_graph
-from autosched.simulate import simulate
+from autosched.search.bounds import event_graph, lower_bounds, max_cycle_ratio
+from autosched.model.costs import CostModel, CostModelError, TaskCost
+from autosched.model.graph import plan_to_graph, task_graph
+from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 

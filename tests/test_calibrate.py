@@ -1,4 +1,4 @@
-"""Machine calibration (swpipe_core.calibrate) and how it reaches the cost model (autosched.calibrated).
+"""Machine calibration (swpipe_core.measure.calibrate) and how it reaches the cost model (autosched.model.machine).
 
 The measurements run on fake clocks where a figure is checked; the model's
 folds are checked on hand-made calibrations.
@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from autosched.calibrated import calibrated_costs, format_profile, parallelism_note, serial_iteration_s, \
+from autosched.model.machine import calibrated_costs, format_profile, parallelism_note, serial_iteration_s, \
     simulate_calibrated
-from autosched.costs import CostModel, CostModelError, TaskCost
-from autosched.simulate import simulate
-from swpipe_core.calibrate import MachineCalibration
-from swpipe_core.engine import SWPipeline
+from autosched.model.costs import CostModel, CostModelError, TaskCost
+from autosched.model.simulate import simulate
+from swpipe_core.measure.calibrate import MachineCalibration
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.profiler import TaskProfiler
+from swpipe_core.measure.profiler import TaskProfiler
 
 MS = 1e-3
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def test_measure_cpu_tells_a_sleeping_task_from_a_spinning_one(monkeypatch):
     """A task's share is its thread CPU time over its wall time, the largest over the iterations (other
     processes only ever take the CPU away). The module's clocks are a fake the tasks move: what a task
     reads is what it did, whatever the machine's load."""
-    import swpipe_core.calibrate as calibrate
+    import swpipe_core.measure.calibrate as calibrate
     from conftest import FakeClock
 
     clock = FakeClock()
@@ -144,7 +144,7 @@ def test_measure_cpu_tells_a_sleeping_task_from_a_spinning_one(monkeypatch):
 
 @pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), True, "2"])
 def test_core_capacity_rejects_a_bad_measurement(bad):
-    from autosched.taskmodel import core_capacity
+    from autosched.model.taskmodel import core_capacity
 
     with pytest.raises(ValueError, match="cores_free=.*MachineCalibration.cores_free"):
         core_capacity(bad)

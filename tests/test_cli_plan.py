@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from autosched.costs import CostModel, TaskCost
-from autosched.graph import load_plan, save_plan, save_task_graph, task_graph
-from autosched.simulate import simulate
+from autosched.model.costs import CostModel, TaskCost
+from autosched.model.graph import load_plan, save_plan, save_task_graph, task_graph
+from autosched.model.simulate import simulate
 from swpipe.cli import main
 from swpipe.commands.plan import parse_freeze
 from swpipe_core.plan import PipelinePlan, TaskSchedule
@@ -46,7 +46,7 @@ def test_plan_command_prints_report_and_writes_a_runnable_plan(files, tmp_path, 
 @pytest.mark.parametrize("flag, folded", [([], True), (["--no-calibrated"], False)])
 def test_plan_command_searches_with_the_cost_models_calibration_unless_told_not_to(files, tmp_path, capsys, flag,
                                                                                    folded):
-    from swpipe_core.calibrate import MachineCalibration
+    from swpipe_core.measure.calibrate import MachineCalibration
 
     g, _, costs = files
     c = tmp_path / "calibrated.json"

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from swpipe_core import pipelines
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan
-from swpipe_core.workers import with_thread_map
+from swpipe_core.engine.workers import with_thread_map
 from swpipe.workloads.bench import TORCHREC_PLANS, PlanSpec
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
 from swpipe.workloads.launch import spawn
@@ -153,9 +153,9 @@ def test_one_rank_plans_keep_the_factories_marks(name, env):
 
 
 def test_the_plans_searched_for_several_ranks_keep_every_collective_ordered(two_rank_workload, issuers):
-    from autosched.costs import CostModel, TaskCost
-    from autosched.search import Constraints, auto_schedule
-    from autosched.verify import serial_plan
+    from autosched.model.costs import CostModel, TaskCost
+    from autosched.search.entry import Constraints, auto_schedule
+    from autosched.verify.loop import serial_plan
     from swpipe.workloads.agree import plan_fields
     from swpipe.workloads.autoplan import _auto_seeds, _plan_from_fields, safe_task_plan
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 

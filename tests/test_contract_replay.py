@@ -26,10 +26,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autosched.costs import CostModel, TaskCost
-from autosched.simulate import simulate
+from autosched.model.costs import CostModel, TaskCost
+from autosched.model.simulate import simulate
 from conftest import check_contract
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError, validate

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from autosched.costs import SCHEMA, CostModel, CostModelError, TaskCost
+from autosched.model.costs import SCHEMA, CostModel, CostModelError, TaskCost
 from swpipe_core.plan import PipelinePlan, TaskSchedule
-from swpipe_core.profiler import ProfileResult
+from swpipe_core.measure.profiler import ProfileResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COST_DIR = os.path.join(ROOT, "cost_models")
@@ -116,7 +116,7 @@ def test_check_names_the_tasks_without_a_cost():
 
 
 def test_simulating_with_a_missing_cost_fails_before_running():
-    from autosched.simulate import simulate
+    from autosched.model.simulate import simulate
 
     plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)})
     with pytest.raises(CostModelError, match="'B'"):
@@ -168,7 +168,7 @@ def test_from_timeline_takes_the_median_per_task_and_kind():
 def test_from_timeline_of_a_recorded_engine_run_costs_every_task():
     import time
 
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
     from swpipe_core.plan import PipelineTask
 
     plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.002)): TaskSchedule(0),

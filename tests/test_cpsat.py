@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autosched._enumerate import brute_force, enumerate_plans, random_problem
-from autosched._problem import make_problem
-from autosched.beam import sim_scorer
-from autosched.costs import CostModel, TaskCost
-from autosched.cpsat import model_lower_bound, solve_cpsat
-from autosched.search import Constraints
+from autosched.search.enumerate import brute_force, enumerate_plans, random_problem
+from autosched.search.problem import make_problem
+from autosched.search.beam import sim_scorer
+from autosched.model.costs import CostModel, TaskCost
+from autosched.search.cpsat import model_lower_bound, solve_cpsat
+from autosched.search.entry import Constraints
 from swpipe_core.order import period_local_graph
 from swpipe_core.validate import validate
 
@@ -114,8 +114,8 @@ def test_cpsat_gives_its_solves_no_more_than_the_budget_left(monkeypatch):
     """Each solve's limit is what is left of ``time_limit_s`` by the search's clock; the depth refinement
     at the best period takes at most ``max(0.5 s, 20 %)`` more. Checked on a fake clock that each solve
     advances by its whole limit (the worst case): the search's clock never passes the budget plus that."""
-    import autosched.cpsat as cpsat
-    from autosched._enumerate import random_graph
+    import autosched.search.cpsat as cpsat
+    from autosched.search.enumerate import random_graph
     from conftest import FakeClock
 
     clock = FakeClock()

@@ -59,7 +59,7 @@ import pytest
 import torch
 
 from swpipe.testing import FakeCuda, FakeCudaDevice, FakeCudaError
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from conftest import swpipe_threads
 from test_faults import Probe, join_swpipe_threads

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from swpipe.testing import kernels
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(60)]

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import torch
 from swpipe.testing import FakeCuda, kernels
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
 from conftest import retirements
@@ -498,7 +498,7 @@ def check_teardown_hang(hang_timeout_s: float = 1.0) -> Tuple[Optional[BaseExcep
         and how many teardowns kept their iterations' contexts alive (the engine's limbo).
     """
     handler = _Warnings()
-    logger = logging.getLogger("swpipe_core.engine")
+    logger = logging.getLogger("swpipe_core.engine.pipeline")
     logger.addHandler(handler)
     try:
         with FakeCuda(num_devices=1, seed=0, max_delay_s=0.0, hang_timeout_s=hang_timeout_s) as fake:

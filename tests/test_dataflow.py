@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from swpipe_core import pipelines
 from swpipe_core.dataflow import (DataflowRecordError, check_dataflow, infer_deps, infer_plan, record_dataflow)
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -305,7 +305,7 @@ def _two_writers_plan():
 @pytest.mark.timeout(60)
 def test_strict_mode_raises_on_first_unordered_attribute_access():
     from swpipe_core.dataflow.strict import StrictDataflowError
-    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.engine.pipeline import PipelineTaskError
     with SWPipeline(_two_writers_plan(), device="cpu", strict=True) as pipe:
         with pytest.raises(PipelineTaskError) as info:
             pipe.run(iter([torch.ones(2)] * 4))
@@ -326,7 +326,7 @@ def test_strict_mode_raises_on_first_unordered_attribute_access():
 def test_strict_mode_raises_on_a_cuda_pipeline_too(fake_cuda):
     """A CUDA pipeline's context keeps what tasks drop (the graveyard); strict mode must still watch it."""
     from swpipe_core.dataflow.strict import StrictDataflowError
-    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.engine.pipeline import PipelineTaskError
 
     dev = fake_cuda.device(0)
     with SWPipeline(_two_writers_plan(), device=dev, strict=True) as pipe:
@@ -346,7 +346,7 @@ def test_strict_mode_raises_on_a_cuda_pipeline_too(fake_cuda):
 @pytest.mark.timeout(60)
 def test_strict_mode_names_stale_weights_and_passes_correct_plans():
     from swpipe_core.dataflow.strict import StrictDataflowError
-    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.engine.pipeline import PipelineTaskError
     model, opt, batches, tasks = _mlp()
     broken = _mlp_plan(tasks, inter=[], fwd_group="fwd", step_stage=2).replace(intra_iter_deps=README_INTRA)
     with SWPipeline(broken, device="cpu", strict=[model, opt]) as pipe:
@@ -369,7 +369,7 @@ def test_strict_mode_names_stale_weights_and_passes_correct_plans():
 def test_strict_mode_passes_fused_sparse_dist_one_thread_per_stream():
     from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, train_reference
     from swpipe.workloads import same_results
-    from swpipe_core.workers import with_thread_map
+    from swpipe_core.engine.workers import with_thread_map
     env = init_distributed()
     try:
         cfg = DLRMConfig.preset("test")
@@ -387,8 +387,8 @@ def test_strict_mode_passes_fused_sparse_dist_one_thread_per_stream():
 
 @pytest.mark.timeout(120)
 def test_auto_schedule_infers_deps_and_reports_them_honoured():
-    from autosched.costs import CostModel, TaskCost
-    from autosched.search import Constraints, auto_schedule
+    from autosched.model.costs import CostModel, TaskCost
+    from autosched.search.entry import Constraints, auto_schedule
     model, opt, batches, tasks = _mlp()
     costs = CostModel({"Load": TaskCost(0.002), "Forward": TaskCost(0.004), "Backward": TaskCost(0.006),
                        "Step": TaskCost(0.001)})

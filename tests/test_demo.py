@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from swpipe.cli import main
-from swpipe_core.trace import read_chrome_trace
+from swpipe_core.measure.trace import read_chrome_trace
 
 
 @pytest.mark.timeout(300)

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from swpipe_core import device as device_module
-from swpipe_core.device import CpuDevice, CudaDevice, as_device
+from swpipe_core.engine import device as device_module
+from swpipe_core.engine.device import CpuDevice, CudaDevice, as_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_only_the_seam_names_torch_cuda():
     """Swapping the device for tests is one switch: no other module of the library calls torch.cuda."""
-    seam = ROOT / "swpipe_core" / "device.py"
+    seam = ROOT / "src" / "swpipe_core" / "engine" / "device.py"
     offenders = []
     for package in ("swpipe_core", "autosched", "swpipe"):
-        for path in sorted((ROOT / package).rglob("*.py")):
+        for path in sorted((ROOT / "src" / package).rglob("*.py")):
             if path == seam:
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from autosched.costs import CostModel, TaskCost
+from autosched.model.costs import CostModel, TaskCost
 from swpipe.commands import demo
 from swpipe.workloads import agree
 from swpipe.workloads.agree import PlanMismatchError, check_same_plan, combine_slowest

@@ -12,9 +12,9 @@ import weakref
 import pytest
 import torch
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.trace import to_chrome_trace
+from swpipe_core.measure.trace import to_chrome_trace
 from swpipe_core.validate import PlanError
 from conftest import drive, swpipe_threads
 
@@ -211,7 +211,7 @@ def test_inter_dependency_distance_n_honoured_and_first_n_wait_nothing():
 
 def test_run_returns_wall_seconds_and_logs_when_verbose(caplog):
     pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
-    with caplog.at_level(logging.INFO, logger="swpipe_core.engine"):
+    with caplog.at_level(logging.INFO, logger="swpipe_core.engine.pipeline"):
         t0 = time.perf_counter()
         elapsed = pipe.run(range(4), verbose=True, emit_nvtx=True)  # emit_nvtx: ignored on CPU
         outside = time.perf_counter() - t0
@@ -425,7 +425,7 @@ def test_profiler_shows_pipelined_and_serial_ranges():
 
 def test_no_profiler_ranges_when_profiler_is_off(monkeypatch):
     """The hot path builds no range names when nothing records them."""
-    import swpipe_core.engine as engine
+    import swpipe_core.engine.pipeline as engine
 
     built = []
     original = SWPipeline._range_name
@@ -466,7 +466,7 @@ def test_iter_context_is_fresh_per_iteration():
 
 
 def test_signal_flag_wakes_every_waiter_and_tolerates_concurrent_sets():
-    from swpipe_core.engine import _Flag
+    from swpipe_core.engine.pipeline import _Flag
 
     flag = _Flag()
     assert flag.wait(0.01) is False

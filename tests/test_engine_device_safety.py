@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
-from swpipe_core.engine_state import _GuardedContext
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
+from swpipe_core.engine.state import _GuardedContext
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule, stream_name
-from swpipe_core.shortcut import _ShortcutState
+from swpipe_core.engine.shortcut import _ShortcutState
 from swpipe_core.validate import PlanError
 from conftest import retirements, swpipe_threads
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from swpipe.testing import FakeDeviceHang, Launch, kernels
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.streams import _devices_holding
+from swpipe_core.engine.streams import _devices_holding
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(60)]
 
@@ -175,7 +175,7 @@ def test_nvtx_mode_falls_back_when_torchs_private_profiler_api_changed(monkeypat
     """Any error entering torch's NVTX mode (not only ImportError) leaves the task running, with one warning."""
     from torch.autograd import profiler
 
-    from swpipe_core import device as device_module
+    from swpipe_core.engine import device as device_module
 
     def moved(*args, **kwargs):
         raise TypeError("_enable_profiler() takes 3 positional arguments but 2 were given")

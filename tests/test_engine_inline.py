@@ -8,10 +8,10 @@ import threading
 import pytest
 from conftest import drive, enqueue_sequence, swpipe_threads
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.profiler import TaskProfiler
+from swpipe_core.measure.profiler import TaskProfiler
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from conftest import check_contract, enqueue_sequence, swpipe_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
 

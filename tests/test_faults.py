@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytest
 import torch
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule
 from conftest import drive, swpipe_threads
 

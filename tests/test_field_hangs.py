@@ -20,7 +20,7 @@ from typing import Any, List
 import pytest
 import torch
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from conftest import progress_until_end, swpipe_threads
 

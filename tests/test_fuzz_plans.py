@@ -7,7 +7,7 @@ intra edge, a cycle, a self edge, an unknown task, a bad distance, a
 corollary-3 gap, a wrong depth, an unknown policy, a bad or merely shuffled
 enqueue order, a wrong field type). An independent reference
 (:func:`reference_violations`, written from the rules as docs/semantics.md and
-the table in ``swpipe_core/validate.py`` state them, not calling ``validate``)
+the table in ``src/swpipe_core/validate.py`` state them, not calling ``validate``)
 says which rules the spec breaks. The properties:
 
 * the reference finds a violation  ->  ``SWPipeline(plan)`` raises
@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import RULES, PlanError
 

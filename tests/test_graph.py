@@ -8,7 +8,7 @@ import re
 import networkx as nx
 import pytest
 
-from autosched.graph import (GraphFileError, graph_to_plan, load_plan, load_task_graph, period_local_graph,
+from autosched.model.graph import (GraphFileError, graph_to_plan, load_plan, load_task_graph, period_local_graph,
                              plan_to_graph, save_plan, save_task_graph, task_graph, unroll)
 import swpipe_core.order as order
 from swpipe_core import pipelines
@@ -150,7 +150,7 @@ def test_a_plan_file_without_a_callers_group_runs_default_inline_and_rejects_a_b
 
 
 def test_a_plan_with_functions_runs_after_a_json_round_trip(tmp_path):
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
     path = str(tmp_path / "p.json")

@@ -9,7 +9,7 @@ import threading
 import pytest
 from conftest import swpipe_threads
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,7 +65,7 @@ def test_a_caller_that_is_not_the_main_thread_is_told_at_once_and_gets_the_error
                 reported.set()
 
     told = Told(level=logging.ERROR)
-    logging.getLogger("swpipe_core.engine").addHandler(told)
+    logging.getLogger("swpipe_core.engine.pipeline").addHandler(told)
 
     def caller():
         try:
@@ -82,7 +82,7 @@ def test_a_caller_that_is_not_the_main_thread_is_told_at_once_and_gets_the_error
         thread.join(30)
     finally:
         release.set()
-        logging.getLogger("swpipe_core.engine").removeHandler(told)
+        logging.getLogger("swpipe_core.engine.pipeline").removeHandler(told)
     err = outcome["error"]
     assert (err.task, err.iteration) == ("Step", 2) and isinstance(err.__cause__, TimeoutError)
     assert "cannot be interrupted" in str(err.__cause__) and swpipe_threads() == []

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from conftest import drive, swpipe_threads
 
@@ -208,7 +208,7 @@ def test_instrument_needs_a_callable():
 
 @pytest.mark.cuda
 def test_cuda_wrapper_sees_every_task_once_with_its_stream_current(cuda_device):
-    from swpipe_core.streams import StreamPool
+    from swpipe_core.engine.streams import StreamPool
 
     plan = PipelinePlan({PipelineTask("Copy", lambda ctx: setattr(ctx, "x", ctx.batch + 1)):
                          TaskSchedule(0, "memcpy", "io"),

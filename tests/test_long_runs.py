@@ -29,7 +29,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from conftest import swpipe_threads as _swpipe_threads
 

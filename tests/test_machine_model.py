@@ -12,11 +12,11 @@ import importlib
 
 import pytest
 
-from autosched.calibrated import searched_costs, simulate_folded
-from autosched.costs import CostModel, TaskCost
-from autosched.search import Constraints, auto_schedule
-from autosched.verify import VerifyOptions, predict_periods
-from swpipe_core.calibrate import MachineCalibration
+from autosched.model.machine import searched_costs, simulate_folded
+from autosched.model.costs import CostModel, TaskCost
+from autosched.search.entry import Constraints, auto_schedule
+from autosched.verify.loop import VerifyOptions, predict_periods
+from swpipe_core.measure.calibrate import MachineCalibration
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 MS = 1e-3
@@ -28,7 +28,7 @@ GRAPH = (list(TASKS), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Wait", "Load")])
 
 def _spy_on_the_simulator(monkeypatch):
     """Record the cost model and engine times of every simulation run from now on."""
-    simulate_mod = importlib.import_module("autosched.simulate")  # the module (autosched.simulate is the function)
+    simulate_mod = importlib.import_module("autosched.model.simulate")  # the module (autosched.model.simulate is the function)
     seen = []
     real = simulate_mod.simulate
 
@@ -55,7 +55,7 @@ def test_the_searched_costs_hold_the_engine_costs_and_the_core_pool_and_nothing_
 
 def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verification(monkeypatch):
     # the machine runs exactly as the model says, so no refit round moves the pool
-    import autosched.verify as verify
+    import autosched.verify.loop as verify
 
     engine_run, folded = verify._one_run, searched_costs(CostModel(TASKS, machine_calibration=CAL))
 
@@ -65,7 +65,7 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
 
     monkeypatch.setattr(verify, "_one_run", run_as_modelled)
     # the refit round simulates other pools on purpose, to fit one (tests/test_refit.py)
-    monkeypatch.setattr(importlib.import_module("autosched.refit"), "fit_core_pool", lambda *args: None)
+    monkeypatch.setattr(importlib.import_module("autosched.verify.refit"), "fit_core_pool", lambda *args: None)
     seen = _spy_on_the_simulator(monkeypatch)
     fns = {n: (lambda ctx: None) for n in TASKS}
     tasks = [PipelineTask(n, fns[n]) for n in TASKS]
@@ -91,7 +91,7 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
 
 def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_too():
     """The per-hand-off cost is in the search's scores, not only in the verification's predictions."""
-    from autosched._problem import build_plan, make_problem
+    from autosched.search.problem import build_plan, make_problem
 
     cal = MachineCalibration(dep_s=5e-4, cores_free=2.0, cpu_count=2)
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)}, machine_calibration=cal)

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from autosched.costs import CostModel
+from autosched.model.costs import CostModel
 from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.engine import SWPipeline
-from swpipe_core.memory import measure_task_memory, reachable_bytes, reachable_storages
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.measure.memory import measure_task_memory, reachable_bytes, reachable_storages
 from swpipe_core.plan import IterContext
-from swpipe_core.profiler import ProfileResult, TaskProfiler
+from swpipe_core.measure.profiler import ProfileResult, TaskProfiler
 
 
 @dataclasses.dataclass

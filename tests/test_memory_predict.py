@@ -9,14 +9,14 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autosched.bounds import lower_bounds
-from autosched.costs import CostModel, CostModelError, TaskCost
-from autosched.graph import task_graph
-from autosched.memory import min_memory, predict_memory
-from autosched.memsearch import MemoryCapError, pareto_front
-from autosched.search import Constraints, auto_schedule
-from autosched.simulate import simulate
-from autosched.whatif import what_if
+from autosched.search.bounds import lower_bounds
+from autosched.model.costs import CostModel, CostModelError, TaskCost
+from autosched.model.graph import task_graph
+from autosched.model.memory import min_memory, predict_memory
+from autosched.search.memcap import MemoryCapError, pareto_front
+from autosched.search.entry import Constraints, auto_schedule
+from autosched.model.simulate import simulate
+from autosched.model.whatif import what_if
 from swpipe_core import pipelines
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 

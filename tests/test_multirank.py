@@ -88,7 +88,7 @@ def _pipe(rank: int, log: List[Any], bad: List[Any], **kw: Any):
     (``new_group`` rendezvous through the store, not through a possibly broken gloo group)."""
     import torch.distributed as dist
 
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     # new_group does not inherit init_process_group's timeout (its default is 30 min): without one, a worker
     # stuck in a collective whose peer is gone outlives the error and the process aborts at exit
@@ -101,7 +101,7 @@ def _drive_until_error(pipe, data) -> Dict[str, Any]:
     """Run to the end or the first error; what happened, and the seconds since the last retired iteration."""
     import threading
 
-    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.engine.pipeline import PipelineTaskError
 
     out: Dict[str, Any] = {"error": None, "retired": []}
     t_last = time.perf_counter()

@@ -7,10 +7,10 @@ import warnings
 import pytest
 import torch
 
-from swpipe_core.calibrate import calibrate
-from swpipe_core.engine import SWPipeline
+from swpipe_core.measure.calibrate import calibrate
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.profiler import TaskProfiler
+from swpipe_core.measure.profiler import TaskProfiler
 
 pytestmark = pytest.mark.timeout(120)
 

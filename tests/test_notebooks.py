@@ -80,7 +80,7 @@ print("PROBE " + json.dumps({"rows": checked, "removable_line": removable_line, 
     "03_what_if.ipynb": """\
 import json
 from swpipe import simulate, validate
-from autosched.whatif import apply_changes
+from autosched.model.whatif import apply_changes
 for plan in plans.values():
     validate(plan)
 a2a_at = float(first_change(a2a_sweep)["factor"])

@@ -159,7 +159,7 @@ def test_ready_first_on_cyclic_period_local_graph_raises():
 @pytest.mark.parametrize("name", ["base", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "prefetch",
                                   "semi_sync"])
 def test_hand_off_after_forward_moves_only_what_nothing_before_it_waits_for(name):
-    from swpipe_core.workers import with_thread_map
+    from swpipe_core.engine.workers import with_thread_map
 
     plan = with_thread_map(pipelines.get(name), "by_stream")
     before, late = enqueue_order(plan), hand_off_after(plan, "Forward")
@@ -177,7 +177,7 @@ def test_hand_off_after_forward_moves_only_what_nothing_before_it_waits_for(name
 
 
 def test_hand_off_after_names_a_task_of_the_callers_group():
-    from swpipe_core.workers import with_thread_map
+    from swpipe_core.engine.workers import with_thread_map
 
     plan = with_thread_map(pipelines.get("sparse_dist"), "by_stream")
     with pytest.raises(ValueError, match="'H2D' is not a task of the caller's group 'default'"):

@@ -52,7 +52,7 @@ def test_license_file_matches_the_declared_licence():
 
 
 def test_py_typed_marker_ships_as_package_data():
-    assert (ROOT / "swpipe" / "py.typed").exists()
+    assert (ROOT / "src" / "swpipe" / "py.typed").exists()
     assert _setup_cfg()["options.package_data"]["swpipe"].strip() == "py.typed"
 
 

@@ -6,12 +6,12 @@ import json
 import subprocess
 import sys
 
-from autosched.costs import CostModel, TaskCost
+from autosched.model.costs import CostModel, TaskCost
 from autosched.plots import compare_gantt, gantt, sweep_plot
-from autosched.simulate import simulate
-from autosched.whatif import sweep
+from autosched.model.simulate import simulate
+from autosched.model.whatif import sweep
 from swpipe_core.plan import PipelinePlan, TaskSchedule
-from swpipe_core.trace import TimelineEvent
+from swpipe_core.measure.trace import TimelineEvent
 
 MS = 1e-3
 PLAN = PipelinePlan({"H2D": TaskSchedule(0, "memcpy", "io"), "Fwd": TaskSchedule(1)}, intra_iter_deps=[("Fwd", "H2D")])
@@ -64,7 +64,7 @@ def test_sweep_plot_draws_period_and_bound_against_the_task_cost(tmp_path):
 def test_plotting_imports_no_pyplot():
     code = ("import sys, json\n"
             "from autosched.plots import gantt\n"
-            "from swpipe_core.trace import TimelineEvent\n"
+            "from swpipe_core.measure.trace import TimelineEvent\n"
             "gantt([TimelineEvent('A', 0, 'g', 'default', 0.0, 1.0)])\n"
             "print(json.dumps(['matplotlib' in sys.modules, 'matplotlib.pyplot' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

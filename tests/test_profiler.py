@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.profiler import ProfileResult, TaskProfiler
-from swpipe_core.shortcut import _ShortcutState
+from swpipe_core.measure.profiler import ProfileResult, TaskProfiler
+from swpipe_core.engine.shortcut import _ShortcutState
 from conftest import FakeClock
 
 
@@ -37,7 +37,7 @@ def _serial_plan(costs, clock=None):
 @pytest.fixture
 def clock(monkeypatch):
     """The profiler's clock, moved only by the tasks: what it measures is exactly what they take."""
-    import swpipe_core.profiler as profiler
+    import swpipe_core.measure.profiler as profiler
 
     fake = FakeClock()
     monkeypatch.setattr(profiler, "time", fake)
@@ -48,7 +48,7 @@ class FakePipe:
     """The slice of SWPipeline the profiler uses, with a device it can pretend to have."""
 
     def __init__(self, plan, device="cpu"):
-        from swpipe_core.streams import StreamPool
+        from swpipe_core.engine.streams import StreamPool
 
         self.plan = plan
         self._streams = StreamPool(device)
@@ -245,7 +245,7 @@ def test_cpu_records_host_time_only_and_says_so(clock):
 
 # -- TaskProfiler on the real engine -------------------------------------------
 
-from swpipe_core.engine import SWPipeline  # noqa: E402
+from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402
 
 
 def test_exposed_and_host_times_are_what_the_tasks_take(clock):
@@ -303,7 +303,7 @@ def test_profile_multi_stage_plan_with_skip_and_backward():
 @pytest.mark.cuda
 def test_cuda_records_host_and_device_time(cuda_device):
     from swpipe.testing import kernels
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     k = kernels(cuda_device)
 
@@ -334,7 +334,7 @@ def test_a_task_that_waits_for_the_device_is_timed_without_the_profilers_spin(cu
     than its own 20 ms of host work. Timed apart, it reads its own time.
     """
     from swpipe.testing import kernels
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     k = kernels(cuda_device)
     host_work = 0.02

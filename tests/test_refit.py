@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from autosched.costs import CostModel, TaskCost
-from autosched.refit import fit_core_pool
-from autosched.search import Constraints, auto_schedule
-from autosched.verify import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, measure_refit, plan_key, \
+from autosched.model.costs import CostModel, TaskCost
+from autosched.verify.refit import fit_core_pool
+from autosched.search.entry import Constraints, auto_schedule
+from autosched.verify.loop import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, measure_refit, plan_key, \
     serial_plan
-from autosched._problem import make_problem
+from autosched.search.problem import make_problem
 from conftest import measured_by_simulation
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -110,12 +110,12 @@ def test_a_refitted_plan_measured_faster_than_the_choice_is_returned(monkeypatch
 
 def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model_as_it_was(monkeypatch):
     """The refit round searches and predicts with the fitted pool and the same calibration's engine costs."""
-    import autosched.refit as refit_mod
-    import autosched.verify as verify_mod
-    from autosched.calibrated import searched_costs
-    from autosched.refit import PoolFit
-    from autosched.search import _refit_round
-    from swpipe_core.calibrate import MachineCalibration
+    import autosched.verify.refit as refit_mod
+    import autosched.verify.loop as verify_mod
+    from autosched.model.machine import searched_costs
+    from autosched.verify.refit import PoolFit
+    from autosched.search.entry import _refit_round
+    from swpipe_core.measure.calibrate import MachineCalibration
 
     a, b = PipelineTask("A", _sleeper(0.003)), PipelineTask("B", _sleeper(0.003))
     graph = ([a, b], [(b, a)])

@@ -7,7 +7,7 @@ import torch
 
 from swpipe_core.dataflow import check_dataflow, infer_plan
 from swpipe_core.dataflow.strict import StrictDataflowError
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 pytestmark = pytest.mark.timeout(120)

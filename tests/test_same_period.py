@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.order import enqueue_order, period_local_graph
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
@@ -53,8 +53,8 @@ def test_bad_same_period_deps_name_the_rule(deps, rule):
 
 
 def test_the_simulator_serialises_the_two_tasks_of_a_period():
-    from autosched.costs import CostModel, TaskCost
-    from autosched.simulate import simulate
+    from autosched.model.costs import CostModel, TaskCost
+    from autosched.model.simulate import simulate
 
     costs = CostModel({"Prefetch": TaskCost(0.001), "Backward": TaskCost(0.001)})
     free = simulate(_plan().replace(same_period_deps=[]), costs, num_iterations=20)
@@ -68,9 +68,9 @@ def test_the_simulator_serialises_the_two_tasks_of_a_period():
 
 
 def test_searchers_and_plan_files_refuse_same_period_deps_with_a_fix():
-    from autosched.costs import CostModel, TaskCost
-    from autosched.graph import plan_to_graph
-    from autosched.search import Constraints, auto_schedule
+    from autosched.model.costs import CostModel, TaskCost
+    from autosched.model.graph import plan_to_graph
+    from autosched.search.entry import Constraints, auto_schedule
 
     costs = CostModel({"Prefetch": TaskCost(0.001), "Backward": TaskCost(0.001)})
     with pytest.raises(ValueError, match="same_period_deps.*inter_iter_deps"):

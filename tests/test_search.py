@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from autosched._enumerate import random_graph, random_problem
-from autosched.costs import CostModel, CostModelError, TaskCost
-from autosched.graph import task_graph
-from autosched.search import Constraints, SearchReport, auto_schedule
-from autosched.simulate import simulate
+from autosched.search.enumerate import random_graph, random_problem
+from autosched.model.costs import CostModel, CostModelError, TaskCost
+from autosched.model.graph import task_graph
+from autosched.search.entry import Constraints, SearchReport, auto_schedule
+from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
 
@@ -35,7 +35,7 @@ class _Recorder:
 
 
 def _run_on_engine(plan: PipelinePlan, iterations: int = 8) -> _Recorder:
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     rec = _Recorder()
     bound = plan.bind({n: rec.fn(n) for n in plan.task_names})
@@ -144,7 +144,7 @@ def test_search_overlaps_a_nocore_task_with_the_one_core(method):
 
 def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
     """A profile taken with calibrate=True carries the machine: the search sees its engine cost and free cores."""
-    from swpipe_core.calibrate import MachineCalibration
+    from swpipe_core.measure.calibrate import MachineCalibration
 
     tasks = {"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)}
     graph = (list(tasks), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
@@ -157,7 +157,7 @@ def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
     assert "1 free core" in folded.notes[0]
     _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, calibrated=False)
     assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
-    from autosched.calibrated import calibrated_costs  # a model folded already is not folded twice
+    from autosched.model.machine import calibrated_costs  # a model folded already is not folded twice
 
     _, again = auto_schedule(graph, calibrated_costs(CostModel(tasks, machine_calibration=cal)), c)
     assert again.period_s == pytest.approx(folded.period_s)
@@ -259,7 +259,7 @@ def _thread_recorder():
 
 @pytest.mark.parametrize("method", ["beam", "cpsat"])
 def test_a_searched_plan_runs_the_group_the_search_chose_on_the_callers_thread(method):
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     ran, alive, fn = _thread_recorder()
     load, step = PipelineTask("Load", fn("Load")), PipelineTask("Step", fn("Step"))
@@ -293,8 +293,8 @@ def test_the_input_plans_caller_group_decides_whether_a_group_may_run_inline():
 
 
 def test_the_simulator_scores_a_searched_plan_with_its_hand_offs():
-    from autosched._problem import build_plan, make_problem
-    from autosched.beam import sim_scorer
+    from autosched.search.problem import build_plan, make_problem
+    from autosched.search.beam import sim_scorer
 
     graph = (["Load", "Fwd", "Bwd"], [("Fwd", "Load"), ("Bwd", "Fwd")])
     costs = CostModel({"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.003)})
@@ -328,9 +328,9 @@ def test_the_search_hands_off_late_where_a_lock_makes_that_faster():
 
 def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group():
     """With 1 ms of engine time per period, the 3 ms Step cannot run inline at a 3 ms period; Load and Log can."""
-    from autosched._problem import make_problem
-    from autosched.cpsat import solve_cpsat
-    from swpipe_core.calibrate import MachineCalibration
+    from autosched.search.problem import make_problem
+    from autosched.search.cpsat import solve_cpsat
+    from swpipe_core.measure.calibrate import MachineCalibration
 
     costs = CostModel({"Load": TaskCost(0.0015), "Step": TaskCost(0.003), "Log": TaskCost(0.0005)},
                       machine_calibration=MachineCalibration(period_s=0.001, cores_free=2.0, cpu_count=2))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autosched.costs import CostModel, TaskCost
-from autosched.search import Constraints, auto_schedule
-from autosched.verify import VerifyOptions
+from autosched.model.costs import CostModel, TaskCost
+from autosched.search.entry import Constraints, auto_schedule
+from autosched.verify.loop import VerifyOptions
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from swpipe_core.sequencer import SequencerAborted, _SubmissionSequencer
+from swpipe_core.engine.sequencer import SequencerAborted, _SubmissionSequencer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from swpipe_core.plan import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.shortcut import (
+from swpipe_core.engine.shortcut import (
     _CACHE_TAG,
     ShortcutCorruptedError,
     _cache_val,
@@ -323,7 +323,7 @@ def test_first_write_wins_under_concurrent_caching():
 
 import time  # noqa: E402
 
-from swpipe_core.engine import SWPipeline  # noqa: E402
+from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402
 
 
 def _produce_consume(calls, seen, depth=1):
@@ -462,8 +462,8 @@ def test_engine_shortcut_forward_then_real_backward_trains(mode):
 
 
 def test_engine_in_place_write_to_replayed_output_is_reported_with_task_and_attr():
-    from swpipe_core.engine import PipelineTaskError
-    from swpipe_core.shortcut import ShortcutCorruptedError
+    from swpipe_core.engine.pipeline import PipelineTaskError
+    from swpipe_core.engine.shortcut import ShortcutCorruptedError
 
     plan = PipelinePlan(
         schedule={PipelineTask("Make", lambda ctx: setattr(ctx, "buf", torch.zeros(2))): TaskSchedule(),

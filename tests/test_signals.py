@@ -15,8 +15,8 @@ import textwrap
 _CHILD = textwrap.dedent(
     """
     import os, signal, threading
-    from autosched.costs import CostModel, TaskCost
-    from autosched.search import Constraints, auto_schedule
+    from autosched.model.costs import CostModel, TaskCost
+    from autosched.search.entry import Constraints, auto_schedule
 
     costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003), "C": TaskCost(0.001)})
     plan, report = auto_schedule((["A", "B", "C"], [("B", "A"), ("C", "B")]), costs,

@@ -6,13 +6,13 @@ import os
 
 import pytest
 
-from autosched.bounds import lower_bounds
-from autosched.costs import CostModel, TaskCost
-from autosched.simulate import simulate
+from autosched.search.bounds import lower_bounds
+from autosched.model.costs import CostModel, TaskCost
+from autosched.model.simulate import simulate
 from swpipe_core import pipelines
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, TaskSchedule
-from swpipe_core.trace import read_chrome_trace
+from swpipe_core.measure.trace import read_chrome_trace
 from swpipe_core.validate import PlanError
 
 MS = 1e-3
@@ -417,10 +417,10 @@ def test_a_slowly_growing_queue_is_simulated_until_it_binds(kind):
 def test_the_best_beam_plan_of_a_random_graph_is_simulated_to_its_resource_bound():
     # the case that showed the transient: beam search's best plan for random_graph(20, 20)
     # simulated at 15.497 ms/iter on 60 iterations, 15.524 ms (its busiest thread) from 120 on
-    from autosched._enumerate import random_graph
-    from autosched._problem import make_problem
-    from autosched.beam import beam_search, plan_resource_bound
-    from autosched.search import Constraints
+    from autosched.search.enumerate import random_graph
+    from autosched.search.problem import make_problem
+    from autosched.search.beam import beam_search, plan_resource_bound
+    from autosched.search.entry import Constraints
 
     graph, costs = random_graph(20, 20)
     problem = make_problem(graph, costs, Constraints())

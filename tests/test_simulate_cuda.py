@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from autosched.costs import CostModel, TaskCost
-from autosched.search import Constraints, auto_schedule
-from autosched.simulate import simulate
+from autosched.model.costs import CostModel, TaskCost
+from autosched.search.entry import Constraints, auto_schedule
+from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError
 

@@ -1,4 +1,4 @@
-"""swpipe_core.state: a run that trains, then restore_state, leaves every state_dict as it was."""
+"""swpipe_core.measure.state: a run that trains, then restore_state, leaves every state_dict as it was."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swpipe.workloads.torchrec_peer import peer_available
-from swpipe_core.state import restore_state, snapshot_state
+from swpipe_core.measure.state import restore_state, snapshot_state
 
 
 def _equal(a, b, where=""):

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from swpipe.testing import kernels
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.streams import StreamPool
+from swpipe_core.engine.streams import StreamPool
 from conftest import retirements
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
@@ -140,7 +140,7 @@ def _device(cuda_device, index: int):
         return fake.device(index)
     if torch.cuda.device_count() <= index:
         pytest.skip("needs two CUDA devices")
-    from swpipe_core.device import as_device
+    from swpipe_core.engine.device import as_device
     return as_device(f"cuda:{index}")
 
 
@@ -284,7 +284,7 @@ def test_emit_nvtx_reaches_every_worker_thread_and_is_off_by_default(cuda_device
 def test_profiler_device_time_is_device_work_not_host_time(cuda_device):
     import time
 
-    from swpipe_core.profiler import TaskProfiler
+    from swpipe_core.measure.profiler import TaskProfiler
 
     k = kernels(cuda_device)
 

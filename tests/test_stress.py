@@ -34,7 +34,7 @@ from conftest import check_contract, enqueue_sequence, swpipe_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import validate
 

@@ -219,7 +219,7 @@ def test_auto_can_measure_the_models_own_forward_and_the_pipelined_one_on_one_mo
     from swpipe.torchrec.auto import task_graph
     from swpipe.torchrec.plans import named_plan, runnable
     from swpipe.torchrec.tasks import TorchRecTasks
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
 
     batches = _batches("sparse_nn", 8)
     model, opt = _build("sparse_nn")
@@ -235,7 +235,7 @@ def test_auto_can_measure_the_models_own_forward_and_the_pipelined_one_on_one_mo
 
 
 def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_much_is_needed():
-    from autosched.memsearch import MemoryCapError
+    from autosched.search.memcap import MemoryCapError
 
     from swpipe.torchrec import TrainPipeline
 
@@ -294,7 +294,7 @@ def _drive_iter(pipeline, it):
 
 def test_a_failing_forward_is_reported_naming_the_task_and_the_pass_can_restart():
     from swpipe.torchrec import TrainPipeline
-    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.engine.pipeline import PipelineTaskError
 
     batches = _batches("sparse_nn", 5)
     model, opt = _build("sparse_nn")

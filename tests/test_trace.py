@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.trace import TimelineEvent, TimelineRecorder, read_chrome_trace, to_chrome_trace, write_chrome_trace
+from swpipe_core.measure.trace import TimelineEvent, TimelineRecorder, read_chrome_trace, to_chrome_trace, write_chrome_trace
 
 
 def events():

@@ -1,4 +1,4 @@
-"""Verify in the loop (autosched.verify) and seed plans (autosched.seeds).
+"""Verify in the loop (autosched.verify.loop) and seed plans (autosched.search.seeds).
 
 No assertion reads the machine's clock: where the outcome depends on which
 plan the engine runs fastest, the engine runs are made to report the period
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from autosched.costs import CostModel, TaskCost
-from autosched.search import Constraints, auto_schedule
+from autosched.model.costs import CostModel, TaskCost
+from autosched.search.entry import Constraints, auto_schedule
 from conftest import measured_by_simulation
-from autosched.verify import (PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, predict_periods,
+from autosched.verify.loop import (PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, predict_periods,
                               serial_plan)
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -83,7 +83,7 @@ def test_measure_plans_rejects_bad_input():
 
 
 def test_measure_plans_surfaces_task_failure_with_task_name():
-    from swpipe_core.engine import PipelineTaskError
+    from swpipe_core.engine.pipeline import PipelineTaskError
 
     def boom(ctx):
         raise ValueError("bad batch")
@@ -198,7 +198,7 @@ def test_seed_beyond_max_depth_is_skipped_with_a_note():
 
 
 def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
-    from autosched.seeds import with_dependencies_of
+    from autosched.search.seeds import with_dependencies_of
 
     graph = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("A", "B", 1)])
     seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, thread_group="x")}, [("B", "A")])
@@ -212,7 +212,7 @@ def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
 def test_verify_measures_the_searched_plan_with_the_callers_group_the_search_chose():
     """The search places the caller's group and its hand-offs itself: the verification measures its plan as
     it is, beside the other searchers' bests, the input plan and the serial plan, and makes no variant of it."""
-    import autosched.verify as verify_mod
+    import autosched.verify.loop as verify_mod
 
     a, b = PipelineTask("A", _sleeper(MS)), PipelineTask("B", _sleeper(2 * MS))
     costs = CostModel({"A": TaskCost(MS), "B": TaskCost(2 * MS)})
@@ -319,8 +319,8 @@ def test_verification_predicts_every_candidate_with_the_simulator():
 def test_a_calibrated_search_predicts_each_candidate_with_the_model_it_searched_with(monkeypatch):
     """The verification's predictions are the search's model: the engine's cost per task, per hand-off and per
     period folded in, the same figures predict_periods gives from the costs, and no run spent on anything else."""
-    from autosched.calibrated import searched_costs, simulate_folded
-    from swpipe_core.calibrate import MachineCalibration
+    from autosched.model.machine import searched_costs, simulate_folded
+    from swpipe_core.measure.calibrate import MachineCalibration
 
     runs = measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
     plan = _two_thread_plan(2 * MS)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from autosched.costs import CostModel, CostModelError, TaskCost
-from autosched.whatif import apply_changes, compare_plans, sweep, what_if
+from autosched.model.costs import CostModel, CostModelError, TaskCost
+from autosched.model.whatif import apply_changes, compare_plans, sweep, what_if
 from swpipe_core import pipelines
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 

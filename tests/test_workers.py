@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
-from swpipe_core.workers import ScheduledTask, _Workers, with_thread_map
+from swpipe_core.engine.workers import ScheduledTask, _Workers, with_thread_map
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -120,7 +120,7 @@ def test_stop_reports_threads_stuck_in_user_code():
 
 
 def test_worker_scope_wraps_each_thread_and_a_failing_scope_is_reported_not_hung():
-    from swpipe_core.workers import _Workers
+    from swpipe_core.engine.workers import _Workers
 
     entered, crashes = [], []
 

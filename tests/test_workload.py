@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from swpipe_core import pipelines
-from swpipe_core.engine import PipelineTaskError, SWPipeline
+from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.workers import with_thread_map
+from swpipe_core.engine.workers import with_thread_map
 from swpipe.workloads.dlrm import KJT, DLRMConfig, DLRMWorkload, SyntheticData
 from swpipe.workloads.reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from swpipe.workloads.tasks import fns_for, plan_for, task_fns
@@ -324,7 +324,7 @@ class QueuedWork:
     ----------
     plan : PipelinePlan
         A bound plan; :attr:`plan` is it with every task wrapped.
-    device : swpipe_core.device.Device
+    device : swpipe_core.engine.device.Device
     spun : iterable of str
     spin_s : float
     """
@@ -369,7 +369,7 @@ def train_with_device_work_queued(env: Any, config: DLRMConfig, names: List[str]
     Spawned (module level); returns ``{"reference": result, (name, thread_map, late): result}``, a result
     being losses and parameters, plus ``pending`` / ``checked`` / ``spun`` for the plans.
     """
-    from swpipe_core.device import as_device
+    from swpipe_core.engine.device import as_device
 
     dev = as_device(env.device)
     dev.spin(1e-4)  # the first spin times the spin rate (one synchronisation): here, not inside a task
@@ -469,7 +469,7 @@ def test_queued_work_keeps_a_late_producer_unfinished_when_its_reader_is_launche
 
 
 def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batches, reference):
-    pytest.importorskip("autosched.search")
+    pytest.importorskip("autosched.search.entry")
     from swpipe.workloads.autoplan import auto_spec
 
     with warnings.catch_warnings():

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from swpipe_core.engine import SWPipeline
+from swpipe_core.engine.pipeline import SWPipeline
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.reference import train_reference
 from swpipe.workloads.tasks import plan_for

@@ -42,9 +42,9 @@ def main(out_dir: str) -> None:
 
     from swpipe_core import pipelines
     from swpipe_core.distributed import agree_on_end
-    from swpipe_core.engine import SWPipeline
+    from swpipe_core.engine.pipeline import SWPipeline
     from swpipe_core.plan import PipelinePlan, TaskSchedule
-    from swpipe_core.workers import with_thread_map
+    from swpipe_core.engine.workers import with_thread_map
     from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, train_reference
     from swpipe.workloads.agree import PlanMismatchError, check_same_plan, plan_fields
     from swpipe.workloads.autoplan import auto_spec

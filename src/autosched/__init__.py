@@ -1,0 +1,50 @@
+"""autosched: what-if and search over PipelinePlans (cost models, graphs, simulator, bounds, CP-SAT, beam).
+
+Submodules import networkx / numpy / pandas / matplotlib / ortools lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "CostModel": "model.costs",
+    "TaskCost": "model.costs",
+    "CostModelError": "model.costs",
+    "task_graph": "model.graph",
+    "plan_to_graph": "model.graph",
+    "graph_to_plan": "model.graph",
+    "unroll": "model.graph",
+    "save_plan": "model.graph",
+    "load_plan": "model.graph",
+    "save_task_graph": "model.graph",
+    "load_task_graph": "model.graph",
+    "simulate": "model.simulate",
+    "SimResult": "model.simulate",
+    "lower_bounds": "search.bounds",
+    "Bounds": "search.bounds",
+    "max_cycle_ratio": "search.bounds",
+    "what_if": "model.whatif",
+    "sweep": "model.whatif",
+    "compare_plans": "model.whatif",
+    "gantt": "plots",
+    "compare_gantt": "plots",
+    "sweep_plot": "plots",
+    "auto_schedule": "search.entry",
+    "SearchReport": "search.entry",
+    "Constraints": "search.entry",
+}
+
+__all__ = list(_LAZY)
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autosched' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__() -> list:
+    """Every public name, lazy ones included, so ``dir()``, ``help()`` and tab completion list them."""
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,662 @@
+"""The search problem, normalised once: tasks, dependencies, costs and what may be chosen.
+
+``auto_schedule`` accepts a task graph, a plan or ``(tasks, intra, inter)``;
+the CP-SAT model, the beam search and the brute-force enumerator all work on
+this one :class:`Problem` so they search exactly the same plan space:
+
+* ``stage[t]`` in ``0 .. max_depth - 1`` (or frozen),
+* ``thread_group[t]``: at most ``max_threads`` distinct groups (or frozen),
+* ``stream[t]`` from ``stream_choices[t]`` (matters only on CUDA),
+* the enqueue order: a topological order of the period-local graph,
+* the caller's group (:attr:`Problem.caller_group`, docs/semantics.md "The
+  caller's group"): which group, if any, runs inline on the thread calling
+  ``progress()``, and after which of its tasks the other groups' tasks are
+  handed off.
+
+The caller's group is a choice like the thread map. ``caller_group`` is the
+name it carries (the input plan's ``caller_group``, ``"default"`` for a bare
+graph); ``None`` rules it out: every group then has a worker. A group frozen
+under that name always runs inline. Otherwise each searcher decides whether
+one of its groups runs inline and which: the main thread is then one resource
+that runs that group's tasks of a period and the per-period engine time
+(:attr:`Problem.period_overhead_s`), and a worker's task placed after an
+inline task in the enqueue order is handed off only once that task has run.
+
+It also holds the timing the models use (:meth:`Problem.thread_time` etc.)
+and :func:`build_plan`, which turns a choice of these into a ``PipelinePlan``
+(``caller_group`` set when a group runs inline, the hand-offs written into
+its ``enqueue_order``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+import networkx as nx
+
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name, stream_name
+from swpipe_core.stage_rules import stage_rule_holds
+
+from autosched.model.taskmodel import NOCORE, TaskParts, stream_label, task_parts
+
+__all__ = ["Problem", "make_problem", "build_plan", "enqueue_order_for", "inline_key", "DEFAULT_GROUP"]
+
+DEFAULT_GROUP = "default"
+
+
+@dataclass
+class Problem:
+    """Everything a searcher needs, with names as keys (see the module docstring)."""
+
+    names: Tuple[str, ...]
+    tasks: Dict[str, PipelineTask]
+    intra: Tuple[Tuple[str, str], ...]
+    inter: Tuple[Tuple[str, str, int], ...]
+    costs: Any
+    device: str
+    host: Dict[str, float]
+    dev: Dict[str, float]
+    comm: Dict[str, Optional[str]]
+    pcie: FrozenSet[str]
+    ordered: FrozenSet[str]
+    frozen_stage: Dict[str, int]
+    frozen_stream: Dict[str, Any]
+    frozen_group: Dict[str, str]
+    stream_choices: Dict[str, Tuple[Any, ...]]
+    init_stream: Dict[str, Any]
+    max_depth: int
+    max_threads: int
+    unit_s: float = 1e-6
+    base_plan: Optional[PipelinePlan] = None
+    nocore: FrozenSet[str] = frozenset()   # tasks whose host part holds no core of the pool (cost tag "nocore")
+    # the machine calibration ``costs`` has folded in (autosched.model.machine.searched_costs), or None: its per-hand-off
+    # and per-period engine costs are added to every plan simulated (:meth:`simulate`), one model for the whole call
+    calibration: Any = None
+    # the name of the group that may run inline on the caller's thread (None: every group has a worker)
+    caller_group: Optional[str] = DEFAULT_GROUP
+    _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
+    _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
+    _dur: Optional[Dict[str, int]] = field(default=None, repr=False)
+    _ddur: Optional[Dict[str, int]] = field(default=None, repr=False)
+    _memo: Dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    # -- timing ------------------------------------------------------------
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def cores(self) -> Optional[int]:
+        """The cost model's core pool (``CostModel.cores``; None: unlimited, :mod:`autosched.model.taskmodel`)."""
+        return getattr(self.costs, "cores", None)
+
+    def thread_time(self, name: str) -> float:
+        """Seconds the task holds its thread (on CPU all of its time is host time)."""
+        return self.host[name] if self.cuda else self.host[name] + self.dev[name]
+
+    def units(self, seconds: float) -> int:
+        """Seconds as integer time units (the models' clock)."""
+        return int(round(seconds / self.unit_s))
+
+    def dur(self, name: str) -> int:
+        """Thread time of a task in time units."""
+        if self._dur is None:
+            self._dur = {n: self.units(self.thread_time(n)) for n in self.names}
+            self._ddur = {n: (self.units(self.dev[n]) if self.cuda else 0) for n in self.names}
+        return self._dur[name]
+
+    def ddur(self, name: str) -> int:
+        """Device (stream) time of a task in time units; 0 on CPU."""
+        if self._ddur is None:
+            self.dur(name)
+        return self._ddur[name]
+
+    def tags(self, name: str) -> Tuple[str, ...]:
+        """The task's cost tags the models use (``comm:<name>``, ``pcie``, ``nocore``)."""
+        comm = self.comm[name]
+        return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ()) \
+            + ((NOCORE,) if name in self.nocore else ())
+
+    def parts(self, name: str, group: str, stream: Any, units: bool = False) -> TaskParts:
+        """The task's host and device parts under a choice of group and stream (seconds, or time units).
+
+        Examples
+        --------
+        >>> from autosched.model.costs import CostModel, TaskCost
+        >>> from autosched.search.entry import Constraints
+        >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001, 0.002, ("pcie",))}),
+        ...                  Constraints(device="cuda", time_unit_s=1e-3))
+        >>> p.parts("A", "io", "memcpy", units=True)
+        TaskParts(host=1, device=2, host_holds=('thread:io', 'cores'), device_holds=('stream:memcpy', 'pcie'))
+        """
+        if units:  # dur already holds all of a CPU task's time, rounded once
+            host, dev = self.dur(name), self.ddur(name)
+        else:
+            host, dev = self.host[name], self.dev[name]
+        return task_parts(host, dev, self.tags(name), group, stream_label(stream), name in self.ordered, self.cuda)
+
+    # -- the caller's thread -------------------------------------------------
+
+    @property
+    def forced_caller(self) -> Optional[str]:
+        """The caller's group when tasks are frozen into it (it then always runs inline), else None."""
+        c = self.caller_group
+        return c if c is not None and c in self.frozen_group.values() else None
+
+    @property
+    def period_overhead_s(self) -> float:
+        """The main thread's engine time per period: ``period_s`` of the machine calibration the search folded
+        in (:attr:`calibration`), else 0.
+
+        The main thread spends it each period, before it enqueues the period
+        (the simulator's ``period_overhead_s``), on the same thread as the
+        caller's group when one runs inline.
+        """
+        return float(getattr(self.calibration, "period_s", 0.0) or 0.0)
+
+    def period_units(self) -> int:
+        """:attr:`period_overhead_s` in time units."""
+        return self.units(self.period_overhead_s)
+
+    def simulate(self, plan: PipelinePlan, num_iterations: int = 40) -> Any:
+        """The simulator's result for a plan of this problem: the machine model of the call
+        (:func:`autosched.model.machine.simulate_folded`: its costs, device, and the calibration's engine time per
+        hand-off and per period).
+
+        Examples
+        --------
+        >>> from autosched.model.costs import CostModel, TaskCost
+        >>> from autosched.search.entry import Constraints
+        >>> from swpipe_core.measure.calibrate import MachineCalibration
+        >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001)}), Constraints(max_depth=1))
+        >>> plan = build_plan(p, {"A": 0}, {"A": "g"}, inline="g")
+        >>> round(p.simulate(plan).period * 1e3, 6)
+        1.0
+        >>> p.calibration = MachineCalibration(period_s=2e-4)
+        >>> round(p.simulate(plan).period * 1e3, 6)   # the main thread runs A and the engine's 0.2 ms per period
+        1.2
+        """
+        from autosched.model.machine import simulate_folded
+
+        return simulate_folded(plan, self.costs, self.calibration, num_iterations=num_iterations, device=self.device)
+
+    def memo(self, key: Any, make: Any) -> Any:
+        """A value computed once per problem (presets, fire orders, levels)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    # -- structure ---------------------------------------------------------
+
+    @property
+    def dag(self) -> nx.DiGraph:
+        """The intra-iteration dependency DAG (``dep -> task``)."""
+        if self._dag is None:
+            g = nx.DiGraph()
+            g.add_nodes_from(self.names)
+            g.add_edges_from((d, t) for t, d in self.intra)
+            self._dag = g
+        return self._dag
+
+    def preds(self, name: str) -> List[Tuple[str, int]]:
+        """``(dep, distance)`` for every dependency of ``name`` (distance 0 = intra)."""
+        if self._preds is None:
+            table: Dict[str, List[Tuple[str, int]]] = {n: [] for n in self.names}
+            for t, d in self.intra:
+                table[t].append((d, 0))
+            for t, d, n in self.inter:
+                table[t].append((d, n))
+            self._preds = table
+        return self._preds[name]
+
+    def stage_ok(self, stage: Mapping[str, int]) -> bool:
+        """The stage rules (docs/semantics.md), the depth cap and frozen stages."""
+        if any(not 0 <= stage[n] < self.max_depth for n in self.names):
+            return False
+        if any(stage[n] != s for n, s in self.frozen_stage.items()):
+            return False
+        return (all(stage_rule_holds(stage[t], stage[d]) for t, d in self.intra)
+                and all(stage_rule_holds(stage[t], stage[d], n) for t, d, n in self.inter))
+
+
+def _auto_unit(times: Sequence[float]) -> float:
+    """The models' clock: a sixth of the costs' common grain when they have one, else ~1e-4 of an iteration.
+
+    Costs written by hand (1 ms, 2.5 ms, ...) share a grain ``g``; with ``g / 6``
+    as the unit every task time is exact and so is any period of the form
+    ``k * g / d`` for ``d`` in 1, 2, 3, 6 (cycles spanning 2 or 3 iterations).
+    Measured costs have no useful grain: then about 1e4..1e5 units per serial
+    iteration keep CP-SAT's domains small at a 1e-4 relative resolution.
+
+    Examples
+    --------
+    >>> round(_auto_unit([0.001, 0.002, 0.0035]) * 1e6, 3)   # grain 0.5 ms
+    83.333
+    >>> _auto_unit([0.0123457, 0.0234568])
+    1e-06
+    """
+    total = sum(times)
+    if total <= 0:
+        return 1e-6
+    ticks = [int(round(t * 1e9)) for t in times if t > 0]
+    grain = 0
+    for t in ticks:
+        grain = math.gcd(grain, t)
+    if grain and total * 1e9 / grain <= 2e3:
+        return grain * 1e-9 / 6
+    return 10.0 ** math.floor(math.log10(total / 1e4))
+
+
+def _cost_of(costs: Any, name: str) -> Any:
+    table = getattr(costs, "tasks", None)
+    if isinstance(table, Mapping):
+        if name not in table:
+            from autosched.model.costs import CostModelError
+
+            raise CostModelError(f"no cost for task {name!r} (the model covers {sorted(table)})", where="tasks",
+                                 fix=f"add a TaskCost for {name!r}, e.g. costs.tasks[{name!r}] = TaskCost(host_s=...)")
+        return table[name]
+    return costs[name]
+
+
+def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[tuple], Optional[PipelinePlan]]:
+    """``(task refs, intra (task, dep), inter (task, dep, N), plan or None)`` from any accepted input."""
+    if isinstance(tasks_or_graph, PipelinePlan):
+        plan = tasks_or_graph
+        if plan.same_period_deps:
+            raise ValueError(f"same_period_deps {plan.same_period_deps}: the search chooses stages, and a same-period "
+                             "dependency's distance follows them; declare each as (task, dep, N) in inter_iter_deps "
+                             "at the distance you want, or schedule this plan by hand")
+        return list(plan.schedule), plan.intra_edges(), plan.inter_edges(), plan
+    if isinstance(tasks_or_graph, nx.DiGraph):
+        from autosched.model.graph import task_graph_deps
+
+        g = tasks_or_graph
+        refs = [g.nodes[n].get("task", n) for n in g.nodes]
+        intra, inter = task_graph_deps(g)
+        return refs, intra, [(t, d, int(n)) for t, d, n in inter], None
+    if isinstance(tasks_or_graph, tuple) and len(tasks_or_graph) in (2, 3):
+        refs = list(tasks_or_graph[0])
+        intra = [(ref_name(t), ref_name(d)) for t, d in tasks_or_graph[1]]
+        inter_raw = tasks_or_graph[2] if len(tasks_or_graph) == 3 else []
+        inter = [(ref_name(d[0]), ref_name(d[1]), int(d[2]) if len(d) > 2 else 1) for d in inter_raw]
+        return refs, intra, inter, None
+    raise TypeError(
+        "auto_schedule takes a task graph (networkx.DiGraph from autosched.model.graph.task_graph), a PipelinePlan, "
+        f"or a tuple (tasks, intra_deps[, inter_deps]); got {type(tasks_or_graph).__name__}"
+    )
+
+
+def _frozen_fields(value: Any) -> Dict[str, Any]:
+    if isinstance(value, TaskSchedule):
+        return {"stage": value.stage, "stream": value.stream, "thread_group": value.thread_group}
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"stage", "stream", "thread_group"}
+        if unknown:
+            raise ValueError(f"frozen fields must be among stage/stream/thread_group, got {sorted(unknown)}")
+        return dict(value)
+    raise TypeError(f"a frozen entry is a dict of stage/stream/thread_group or a TaskSchedule, got {value!r}")
+
+
+def _tasks_of(refs: Sequence[Any]) -> Dict[str, PipelineTask]:
+    """The input's tasks by name (a bare name becomes an unbound PipelineTask)."""
+    tasks: Dict[str, PipelineTask] = {}
+    for r in refs:
+        t = r if isinstance(r, PipelineTask) else PipelineTask(ref_name(r))
+        if t.name in tasks:
+            raise ValueError(f"task {t.name!r} appears twice in the input")
+        tasks[t.name] = t
+    return tasks
+
+
+def _check_deps(names: Sequence[str], intra: Sequence[Tuple[str, str]],
+                inter: Sequence[Tuple[str, str, int]]) -> nx.DiGraph:
+    """Dependencies name known tasks, inter distances are >= 1; return the intra DAG (an error if cyclic)."""
+    known = set(names)
+    for t, d in intra:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r}) names a task that is not in the task set {list(names)}")
+    for t, d, n in inter:
+        if t not in known or d not in known:
+            raise ValueError(f"dependency ({t!r} waits {d!r} of {n} earlier) names an unknown task")
+        if n < 1:
+            raise ValueError(f"inter-iteration dependency ({t!r}, {d!r}) needs a distance >= 1, got {n}")
+    dag = nx.DiGraph()
+    dag.add_nodes_from(names)
+    dag.add_edges_from((d, t) for t, d in intra)
+    if not nx.is_directed_acyclic_graph(dag):
+        cycle = [u for u, _ in nx.find_cycle(dag)]
+        raise ValueError(f"intra-iteration dependencies form a cycle {' -> '.join(cycle + cycle[:1])}; "
+                         "no plan can run it (remove one dependency)")
+    return dag
+
+
+def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dict[str, float],
+                                                           Dict[str, Optional[str]], set, set]:
+    """Each task's host and device seconds, its communicator (or None), the PCIe users and the "nocore" ones."""
+    host, dev, comm, pcie, nocore = {}, {}, {}, set(), set()
+    for n in names:
+        cost = _cost_of(costs, n)
+        host[n], dev[n] = float(cost.host_s), float(getattr(cost, "device_s", 0.0) or 0.0)
+        if host[n] < 0 or dev[n] < 0:
+            raise ValueError(f"task {n!r} has a negative cost (host_s={host[n]}, device_s={dev[n]})")
+        tags = tuple(getattr(cost, "resources", ()) or ())
+        comms = [t.split(":", 1)[1] for t in tags if t.startswith("comm:")]
+        comm[n] = comms[0] if comms else None
+        if "pcie" in tags:
+            pcie.add(n)
+        if NOCORE in tags:
+            nocore.add(n)
+    return host, dev, comm, pcie, nocore
+
+
+def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any) -> Problem:
+    """Normalise the inputs of :func:`autosched.search.entry.auto_schedule`.
+
+    Parameters
+    ----------
+    tasks_or_graph : networkx.DiGraph, PipelinePlan or tuple
+        See :func:`autosched.search.entry.auto_schedule`.
+    costs : CostModel
+        Must cover every task.
+    constraints : Constraints
+
+    Returns
+    -------
+    Problem
+
+    Raises
+    ------
+    KeyError
+        A task has no cost.
+    ValueError
+        Bad constraints: unknown task named, too many frozen thread groups, an
+        intra-iteration cycle, a dependency on an unknown task.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> costs = NS(tasks={"A": NS(host_s=1.0, device_s=0.0, resources=()), "B": NS(host_s=2.0, device_s=0.0, resources=())})
+    >>> from autosched.search.entry import Constraints
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2))
+    >>> p.names, p.intra, p.thread_time("B")
+    (('A', 'B'), (('B', 'A'),), 2.0)
+    """
+    refs, intra, inter, plan = _as_graph_parts(tasks_or_graph)
+    tasks = _tasks_of(refs)
+    names = tuple(tasks)
+    known = set(names)
+    dag = _check_deps(names, intra, inter)
+
+    c = constraints
+    if c.max_depth < 1 or c.max_threads < 1:
+        raise ValueError(f"max_depth and max_threads must be >= 1, got {c.max_depth} and {c.max_threads}")
+    device = c.device
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+    host, dev, comm, pcie, nocore = _task_costs(names, costs)
+
+    frozen = {ref_name(k): _frozen_fields(v) for k, v in (c.frozen or {}).items()}
+    unknown = sorted(set(frozen) - known)
+    if unknown:
+        raise ValueError(f"frozen names unknown task(s) {unknown}; tasks: {list(names)}")
+    frozen_stage = {n: int(f["stage"]) for n, f in frozen.items() if "stage" in f}
+    frozen_stream = {n: f["stream"] for n, f in frozen.items() if "stream" in f}
+    frozen_group = {n: str(f["thread_group"]) for n, f in frozen.items() if "thread_group" in f}
+    for n, s in frozen_stage.items():
+        if not 0 <= s < c.max_depth:
+            raise ValueError(f"{n!r} is frozen to stage {s}, outside 0..max_depth-1 = 0..{c.max_depth - 1}")
+    if len(set(frozen_group.values())) > c.max_threads:
+        raise ValueError(f"frozen thread groups {sorted(set(frozen_group.values()))} exceed max_threads={c.max_threads}")
+
+    if c.globally_ordered is not None:
+        ordered = {ref_name(r) for r in c.globally_ordered}
+        if ordered - known:
+            raise ValueError(f"globally_ordered names unknown task(s) {sorted(ordered - known)}")
+    elif plan is not None:
+        ordered = {ref_name(k) for k, v in plan.schedule.items() if v.globally_ordered}
+    else:
+        ordered = {n for n in names if comm[n] is not None}
+
+    init_stream = {n: (plan.sched(n).stream if plan is not None else None) for n in names}
+    init_stream.update(frozen_stream)
+    if c.streams is None:
+        allowed: List[Any] = []
+        for s in init_stream.values():
+            if s not in allowed:
+                allowed.append(s)
+    else:
+        allowed = list(c.streams)
+        if not allowed:
+            raise ValueError("constraints.streams is empty; list at least one stream (None = default stream)")
+    choices = {}
+    for n in names:
+        if n in frozen_stream:
+            choices[n] = (frozen_stream[n],)
+        elif c.device != "cuda":
+            # On CPU a stream is only a name: keep the given one, searching it gains nothing.
+            choices[n] = (init_stream[n] if init_stream[n] in allowed else allowed[0],)
+        else:
+            choices[n] = tuple(allowed)
+    for n in names:
+        if init_stream[n] not in choices[n]:
+            init_stream[n] = choices[n][0]
+
+    unit = float(c.time_unit_s) if c.time_unit_s is not None else _auto_unit(list(host.values()) + list(dev.values()))
+    caller = plan.caller_group if plan is not None else DEFAULT_GROUP
+    return Problem(
+        names=names, tasks=tasks, intra=tuple(intra), inter=tuple(inter), costs=costs, device=device,
+        host=host, dev=dev, comm=comm, pcie=frozenset(pcie), ordered=frozenset(ordered),
+        frozen_stage=frozen_stage, frozen_stream=frozen_stream, frozen_group=frozen_group,
+        stream_choices=choices, init_stream=init_stream, max_depth=c.max_depth, max_threads=c.max_threads,
+        unit_s=unit, base_plan=plan, nocore=frozenset(nocore), caller_group=caller, _dag=dag,
+    )
+
+
+def _group_names(problem: Problem, group: Mapping[str, Any], stream: Mapping[str, Any],
+                 inline: Any = None) -> Dict[Any, str]:
+    """Readable thread-group names: frozen names kept, the inline group (key ``inline``) named the caller's
+    group, else the dominant stream's name."""
+    members: Dict[Any, List[str]] = {}
+    for n in problem.names:
+        members.setdefault(group[n], []).append(n)
+    names: Dict[Any, str] = {}
+    used = set()
+    if inline is not None:  # no worker's group takes its name (it would run inline)
+        names[inline] = problem.caller_group
+        used.add(problem.caller_group)
+    for g, ms in members.items():
+        if g in names:
+            continue
+        fixed = {problem.frozen_group[m] for m in ms if m in problem.frozen_group}
+        if isinstance(g, str) and g in problem.frozen_group.values():
+            fixed.add(g)
+        if fixed:
+            names[g] = sorted(fixed)[0]
+            used.add(names[g])
+    # Largest group of default-stream work first, so "default" lands where the model's compute is.
+    order = sorted((g for g in members if g not in names),
+                   key=lambda g: (-sum(problem.thread_time(m) for m in members[g]), str(g)))
+    for g in order:
+        weights: Dict[str, float] = {}
+        for m in members[g]:
+            key = stream_name(stream[m])
+            weights[key] = weights.get(key, 0.0) + problem.thread_time(m) + 1e-12
+        pref = max(sorted(weights), key=lambda k: weights[k])
+        if pref != "default" and pref not in used:
+            cand = pref
+        elif DEFAULT_GROUP not in used:
+            cand = DEFAULT_GROUP
+        else:
+            k = 1
+            while f"worker{k}" in used:
+                k += 1
+            cand = f"worker{k}"
+        names[g] = cand
+        used.add(cand)
+    return names
+
+
+def inline_key(problem: Problem, group: Mapping[str, Any], inline: Any = None) -> Any:
+    """Which key of ``group`` runs inline: the frozen caller's group, else ``inline`` (None: none).
+
+    Raises ValueError when the problem rules the caller's group out (``caller_group`` None) but
+    ``inline`` names one, ``inline`` is not a key of ``group``, or it is a group frozen under another
+    name (which keeps its name, and its worker).
+    """
+    forced = problem.forced_caller
+    if forced is not None:
+        return forced
+    if inline is None:
+        return None
+    if problem.caller_group is None:
+        raise ValueError(f"inline={inline!r}: this problem runs no group inline (caller_group=None)")
+    if inline not in set(group.values()):
+        keys = sorted(map(str, set(group.values())))
+        raise ValueError(f"inline={inline!r} is not one of the thread-group keys {keys}")
+    if any(group[n] == inline for n in problem.frozen_group):
+        raise ValueError(f"inline={inline!r}: that group holds tasks frozen to thread group(s) "
+                         f"{sorted({problem.frozen_group[n] for n in problem.frozen_group if group[n] == inline})}, "
+                         f"not the caller's group {problem.caller_group!r}")
+    return inline
+
+
+def enqueue_order_for(plan: PipelinePlan, offset: Optional[Mapping[str, float]] = None,
+                      priority: Optional[Sequence[str]] = None, handoff: Optional[str] = None,
+                      length: Optional[Mapping[str, float]] = None) -> List[str]:
+    """The enqueue order of a searched plan: by start offset, with the hand-offs where the model starts the tasks.
+
+    The base order sorts the period-local graph topologically by ``(offset,
+    priority)``: the order in which the model starts the tasks of one period.
+    Where the plan runs a group inline (its ``caller_group``) the order is
+    also when the main thread hands the other groups' tasks off
+    (docs/semantics.md, "The caller's group"): a worker's task placed after a
+    caller's task waits until that task has run. So the tasks are walked
+    again, each thread group's tasks and the globally ordered tasks keeping
+    their base order (each FIFO and the sequencer see the same sequence),
+    with a worker's task placed after exactly the caller's tasks that end
+    (``offset + length``) by its own start in the model: it is handed off
+    no later than the model starts it, and no earlier than the model's last
+    caller's task before it has ended (so that it does not take a core, the
+    interpreter lock or a communicator sooner than the model says).
+    Without ``offset`` and ``length`` every worker's task is handed off as
+    early as the graph allows, as the enqueue policies do
+    (:func:`swpipe_core.order.handed_off_first`). ``handoff`` (a task of the
+    caller's group) then hands off after it every worker's task that can
+    wait (:func:`swpipe_core.order.hand_off_after`).
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> plan = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Fwd": TaskSchedule(1),
+    ...                      "Bwd": TaskSchedule(1), "Log": TaskSchedule(1, thread_group="io")},
+    ...                     [("Fwd", "Load"), ("Bwd", "Fwd")])
+    >>> at, length = {"Fwd": 0, "Bwd": 3, "Load": 1, "Log": 4}, {"Fwd": 3, "Bwd": 5, "Load": 1, "Log": 1}
+    >>> enqueue_order_for(plan.replace(caller_group=None), at, length=length)   # by start
+    ['Fwd', 'Load', 'Bwd', 'Log']
+    >>> enqueue_order_for(plan, at, length=length)   # Load starts while Fwd runs, Log while Bwd does
+    ['Load', 'Fwd', 'Log', 'Bwd']
+    >>> enqueue_order_for(plan, {**at, "Log": 8}, length=length)   # Log starts once Bwd has ended
+    ['Load', 'Fwd', 'Bwd', 'Log']
+    >>> enqueue_order_for(plan, at, length=length, handoff="Fwd")
+    ['Fwd', 'Load', 'Log', 'Bwd']
+    """
+    from swpipe_core.order import hand_off_after, period_local_graph
+
+    pos = {n: i for i, n in enumerate(priority or plan.task_names)}
+    off = offset or {}
+    graph = period_local_graph(plan)
+    base = list(nx.lexicographical_topological_sort(graph, key=lambda n: (off.get(n, 0.0), pos.get(n, 0), n)))
+    groups = {plan.sched(n).thread_group for n in base}
+    caller = plan.caller_group
+    if caller is None or caller not in groups or len(groups) == 1:
+        return base
+    at = {n: i for i, n in enumerate(base)}
+    chained = graph.copy()
+    for members in ([n for n in base if plan.sched(n).thread_group == g] for g in sorted(groups)):
+        chained.add_edges_from(zip(members, members[1:]))
+    ordered = [n for n in base if plan.sched(n).globally_ordered]
+    chained.add_edges_from(zip(ordered, ordered[1:]))
+
+    def key(n: str) -> tuple:
+        inline = plan.sched(n).thread_group == caller
+        if offset is None or length is None:
+            return (inline, at[n])  # as early as the graph allows
+        # a caller's task at its end, a worker's task at its start: the worker's task follows the caller's
+        # tasks that have ended by then (on a tie, the caller's task first)
+        return (off.get(n, 0.0) + (length.get(n, 0.0) if inline else 0.0), not inline, at[n])
+
+    order = list(nx.lexicographical_topological_sort(chained, key=key))
+    if handoff is not None:
+        order = hand_off_after(plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth), handoff)
+    return order
+
+
+def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, Any],
+               stream: Optional[Mapping[str, Any]] = None, priority: Optional[Sequence[str]] = None,
+               offset: Optional[Mapping[str, float]] = None, inline: Any = None,
+               handoff: Optional[str] = None) -> PipelinePlan:
+    """A ``PipelinePlan`` from per-task choices.
+
+    Parameters
+    ----------
+    problem : Problem
+    stage, group : dict
+        Stage and thread-group key per task (group keys are renamed readably).
+    stream : dict, optional
+        Stream per task (default: the problem's initial streams).
+    priority : sequence of str, optional
+        Tie-break order for the enqueue order (default: declaration order).
+    offset : dict, optional
+        Start offset within the period: the enqueue order sorts by it first.
+    inline : optional
+        The group key whose tasks run inline on the caller's thread (named
+        ``problem.caller_group``); None: every group has a worker. A group
+        frozen under the caller's group's name runs inline whatever this says.
+    handoff : str, optional
+        A task of the inline group after which the other groups' tasks that
+        can wait are handed off (default: each where the offsets start it,
+        or as early as it can be without them: :func:`enqueue_order_for`).
+
+    Returns
+    -------
+    PipelinePlan
+        With ``enqueue_order`` a topological order of its period-local graph,
+        and ``caller_group`` the caller's group's name when a group runs
+        inline, else None.
+
+    Examples
+    --------
+    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem
+    >>> from autosched.search.entry import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": 1, "B": 0}, offset={"A": 1, "B": 0})
+    >>> plan.enqueue_order, plan.sched("A").thread_group, plan.sched("B").thread_group, plan.caller_group
+    (['B', 'A'], 'worker1', 'default', None)
+
+    B on the caller's thread: A's worker gets A first, then the main thread runs B:
+
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": 1, "B": 0}, offset={"A": 1, "B": 0}, inline=0)
+    >>> plan.enqueue_order, plan.sched("A").thread_group, plan.sched("B").thread_group, plan.caller_group
+    (['A', 'B'], 'worker1', 'default', 'default')
+    """
+    stream = dict(problem.init_stream) if stream is None else dict(stream)
+    inline = inline_key(problem, group, inline)
+    gname = _group_names(problem, group, stream, inline)
+    schedule = {
+        problem.tasks[n]: TaskSchedule(stage=int(stage[n]), stream=stream[n], thread_group=gname[group[n]],
+                                       globally_ordered=n in problem.ordered)
+        for n in problem.names
+    }
+    plan = PipelinePlan(schedule, intra_iter_deps=list(problem.intra),
+                        inter_iter_deps=[(t, d, n) for t, d, n in problem.inter],
+                        caller_group=problem.caller_group if inline is not None else None)
+    order = enqueue_order_for(plan, offset, priority or problem.names, handoff,
+                              length={n: problem.dur(n) for n in problem.names})
+    return plan.replace(enqueue_order=order, pipeline_depth=plan.pipeline_depth)

@@ -1,0 +1,77 @@
+"""swpipe: software-pipelined PyTorch training loops, their analysis and their automatic schedule.
+
+``import swpipe`` gives what the workflow needs, and nothing else:
+
+* the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``,
+  ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
+  ``save_plan``/``load_plan``;
+* running it: ``SWPipeline``, ``PipelineTaskError``;
+* measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
+* checking what it computes: ``infer_plan``, ``check_dataflow``;
+* predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
+* searching a better one: ``auto_schedule``, ``Constraints``, ``VerifyOptions``, ``SearchReport``.
+
+Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``).
+
+Examples
+--------
+>>> import swpipe
+>>> len(swpipe.__all__) <= 30 and "SWPipeline" in swpipe.__all__
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from swpipe._version import __version__
+
+# public name -> the module that defines it; loaded on first use, so ``import swpipe`` stays light
+_PUBLIC = {
+    "PipelineTask": "swpipe_core.plan",
+    "TaskSchedule": "swpipe_core.plan",
+    "PipelinePlan": "swpipe_core.plan",
+    "IterContext": "swpipe_core.plan",
+    "DeclaredIO": "swpipe_core.plan",
+    "validate": "swpipe_core.validate",
+    "PlanError": "swpipe_core.validate",
+    "pipelines": "swpipe_core.pipelines",
+    "with_thread_map": "swpipe_core.engine.workers",
+    "save_plan": "autosched.model.graph",
+    "load_plan": "autosched.model.graph",
+    "SWPipeline": "swpipe_core.engine.pipeline",
+    "PipelineTaskError": "swpipe_core.engine.pipeline",
+    "TaskProfiler": "swpipe_core.measure.profiler",
+    "ProfileResult": "swpipe_core.measure.profiler",
+    "CostModel": "autosched.model.costs",
+    "TaskCost": "autosched.model.costs",
+    "CostModelError": "autosched.model.costs",
+    "infer_plan": "swpipe_core.dataflow",
+    "check_dataflow": "swpipe_core.dataflow",
+    "simulate": "autosched.model.simulate",
+    "lower_bounds": "autosched.search.bounds",
+    "what_if": "autosched.model.whatif",
+    "gantt": "autosched.plots",
+    "auto_schedule": "autosched.search.entry",
+    "Constraints": "autosched.search.entry",
+    "VerifyOptions": "autosched.verify.loop",
+    "SearchReport": "autosched.search.entry",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swpipe' has no attribute {name!r}; the public API is swpipe.__all__, "
+                             "everything else is in its module (swpipe_core.*, autosched.*)")
+    if name == "pipelines":
+        return importlib.import_module(module)
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list:
+    """Every public name, lazy ones included, so ``dir()``, ``help()`` and tab completion list them."""
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,39 @@
+"""swpipe for TorchRec users: ``TrainPipeline(model, optimizer, device, plan=...)``, TorchRec's interface.
+
+Switch from TorchRec's pipeline in one line::
+
+    from swpipe.torchrec import TrainPipeline
+    pipeline = TrainPipeline(model, optimizer, device, plan="sparse_dist")   # or "auto", or a PipelinePlan
+
+======================  =============================================================
+module                  holds
+======================  =============================================================
+``pipeline``            :class:`TrainPipeline`: ``progress(dataloader_iter)`` on swpipe's engine
+``tasks``               the task functions over a TorchRec model (train and eval per batch)
+``plans``               which plans run (TorchRec's class for each name), making one runnable
+``auto``                ``plan="auto"``: measure, search, verify, restore the model
+``_private``            the TorchRec internals used, behind a version check
+======================  =============================================================
+
+TorchRec is optional: importing this package without it raises an
+``ImportError`` that says how to install it.
+"""
+
+from __future__ import annotations
+
+try:
+    import fbgemm_gpu  # noqa: F401
+    import torchrec  # noqa: F401
+    from torchrec.distributed.train_pipeline import train_pipelines  # noqa: F401
+except Exception as _exc:  # noqa: BLE001 - missing, or a build that does not load (ABI): not usable either way
+    raise ImportError(
+        "swpipe.torchrec needs TorchRec and FBGEMM, which swpipe does not install by default (a plain dependency "
+        "would pull a CUDA build of torch). Install them with `bash scripts/install_peer.sh` (fbgemm-gpu-cpu==1.8.0 "
+        "and torchrec==1.9.2, --no-deps) and their pure-Python needs with `pip install -e \".[peer]\"`; "
+        f"the import failed with: {type(_exc).__name__}: {_exc}") from _exc
+
+from swpipe.torchrec.auto import AutoChoice, AutoOptions  # noqa: E402
+from swpipe.torchrec.pipeline import DropInOptions, TrainPipeline  # noqa: E402
+from swpipe.torchrec.plans import TORCHREC_CLASSES, UNSUPPORTED  # noqa: E402
+
+__all__ = ["TrainPipeline", "DropInOptions", "AutoOptions", "AutoChoice", "TORCHREC_CLASSES", "UNSUPPORTED"]

@@ -1,0 +1,443 @@
+"""``TrainPipeline``: swpipe's engine behind TorchRec's ``TrainPipeline`` interface.
+
+Switching from TorchRec's pipeline is one line::
+
+    pipeline = TrainPipelineSparseDist(model, optimizer, device)               # TorchRec
+    pipeline = swpipe.torchrec.TrainPipeline(model, optimizer, device)         # swpipe, plan="sparse_dist"
+
+and the loop stays ``while True: out = pipeline.progress(it)`` until
+``StopIteration``. How the calls map onto the engine (a plan of depth ``D``):
+the first ``progress`` of a pass fills the pipeline (periods ``0 .. D-1``),
+whose last period runs batch 0's forward; call ``k`` then runs period
+``k + D - 1``, where batch ``k``'s forward, backward and optimizer step run
+(every such task is in the last stage: :func:`~swpipe.torchrec.plans.check_shape`)
+while later batches are copied and distributed, and returns batch ``k``'s
+output. The model's mode when a call begins is that batch's mode
+(:mod:`swpipe.torchrec.tasks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+
+import torch
+
+from swpipe_core.analysis import format_schedule
+from swpipe_core.distributed import agree_on_end
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.plan import PipelinePlan
+
+from swpipe.torchrec.auto import AutoChoice, AutoOptions, choose_plan, task_graph
+from swpipe.torchrec.plans import CLASS_NOTES, TORCHREC_CLASSES, named_plan, runnable
+from swpipe.torchrec.tasks import TorchRecTasks, toolbox_kind
+
+__all__ = ["TrainPipeline", "DropInOptions"]
+
+# TorchRec constructor arguments a one-line switch may still pass: accepted when they ask for what swpipe does
+_TORCHREC_KWARGS = {"execute_all_batches": True, "apply_jit": False, "pipeline_postproc": None,
+                    "dmp_collection_sync_interval_batches": None, "enqueue_batch_after_forward": None,
+                    "enable_inplace_copy_batch": False, "free_features_storage_early": False,
+                    "clear_data_dist_inputs": False, "emb_lookup_stream": None, "start_batch": None,
+                    "stash_gradients": False, "strict": None, "context_type": None}
+
+
+@dataclasses.dataclass
+class DropInOptions:
+    """The options of :class:`TrainPipeline` beyond TorchRec's (``TrainPipeline(..., **options)``).
+
+    Parameters
+    ----------
+    order : str, optional
+        The plan's enqueue order (``"torchrec"`` for TorchRec's own submission order).
+    emb_lookup : str, optional
+        ``fused_sparse_dist``: the lookup's stream (``"new"``, ``"data_dist"``, ``"current"``).
+    thread_map : str, optional
+        ``"by_stream"``: one thread per stream (the forward's stays the caller's).
+    hand_off_after : str, optional
+        With ``thread_map``: hand the side threads' tasks off after this task of the caller's.
+    agree_on_end : bool, optional
+        Stop every rank at the same batch (default: on with several ranks); needs ``torch.distributed``.
+    custom_model_fwd : callable, optional
+        TorchRec's: called with the batch instead of the model, returns ``(losses, output)``.
+    progress_timeout, signal_timeout : float
+        The engine's waits (seconds): a hung task is an error naming it, never a hang.
+    """
+
+    order: Optional[str] = None
+    emb_lookup: Optional[str] = None
+    thread_map: Optional[str] = None
+    hand_off_after: Optional[str] = None
+    agree_on_end: Optional[bool] = None
+    custom_model_fwd: Optional[Callable[[Any], Any]] = None
+    progress_timeout: float = 60.0
+    signal_timeout: float = 30.0
+
+
+def _split_options(options: Dict[str, Any]) -> Any:
+    own = {f.name for f in dataclasses.fields(DropInOptions)}
+    auto = set(AutoOptions.fields())
+    unknown = sorted(set(options) - own - auto - set(_TORCHREC_KWARGS))
+    if unknown:
+        raise TypeError(f"swpipe.torchrec.TrainPipeline got unknown option(s) {unknown}; its options: "
+                        f"{', '.join(sorted(own))}; with plan='auto' also {', '.join(AutoOptions.fields())}; "
+                        f"TorchRec's {', '.join(_TORCHREC_KWARGS)} are accepted where they ask for what swpipe does")
+    for name, ok in _TORCHREC_KWARGS.items():
+        if name in options and ok is not None and options[name] != ok:
+            raise ValueError(f"TorchRec's {name}={options[name]!r} is not supported by swpipe.torchrec (it runs as "
+                             f"{name}={ok!r}); drop the argument")
+    return (DropInOptions(**{k: v for k, v in options.items() if k in own}),
+            AutoOptions(**{k: v for k, v in options.items() if k in auto}),
+            {k for k in options if k in auto})
+
+
+def _job_timeout() -> Any:
+    """The default group's timeout, for the group the drop-in makes (a new group would wait 30 minutes otherwise)."""
+    import torch.distributed as dist
+
+    from swpipe.workloads.distenv import group_timeout
+
+    try:
+        return group_timeout(dist.group.WORLD)
+    except Exception:  # noqa: BLE001 - a backend that does not say: torch's default
+        return None
+
+
+class _Feed(Iterator[Any]):
+    """The engine's data: batches put back first, then the latest iterator ``progress`` was given."""
+
+    def __init__(self, source: Iterator[Any]) -> None:
+        self.source = source
+        self.front: List[Any] = []
+        self.raised: Optional[BaseException] = None  # the user's iterator's own error: the pass stays intact
+
+    def __next__(self) -> Any:
+        if self.front:
+            return self.front.pop(0)
+        try:
+            return next(self.source)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self.raised = exc
+            raise
+
+
+class _Counted(Iterator[Any]):
+    def __init__(self, data: Iterator[Any]) -> None:
+        self.data = data
+        self.count = 0
+
+    def __next__(self) -> Any:
+        batch = next(self.data)
+        self.count += 1
+        return batch
+
+
+class TrainPipeline:
+    """A TorchRec training pipeline run by swpipe's engine: ``progress(dataloader_iter)`` as TorchRec's.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A ``DistributedModelParallel`` model (``EmbeddingBagCollection``,
+        ``EmbeddingCollection``, weighted features) whose forward takes a
+        batch and returns ``(losses, output)`` in training, as TorchRec's
+        pipelines need.
+    optimizer : torch.optim.Optimizer
+        E.g. TorchRec's ``CombinedOptimizer`` of the fused and dense optimizers.
+    device : torch.device or str
+    plan : str or PipelinePlan
+        A name of :data:`~swpipe.torchrec.plans.TORCHREC_CLASSES` (``"base"``,
+        ``"sparse_dist"``, ``"sparse_dist_lite"``, ``"fused_sparse_dist"``,
+        ``"semi_sync"``, ``"sparse_dist_t"``: TorchRec's class of that name),
+        ``"auto"`` (:mod:`swpipe.torchrec.auto`: chosen on the first batches
+        of the first pass, the model left as it was) or a ``PipelinePlan``
+        over the task names of :mod:`swpipe.torchrec.tasks`.
+    **options
+        :class:`DropInOptions`; with ``plan="auto"`` also
+        :class:`~swpipe.torchrec.auto.AutoOptions` (``max_memory_bytes``,
+        ``time_limit_s``, ...); TorchRec's constructor arguments where they
+        ask for what swpipe does (``execute_all_batches=True``, ...).
+
+    Attributes
+    ----------
+    plan : PipelinePlan or None
+        The plan run (None until ``plan="auto"`` has chosen).
+    report : str
+        What runs and why (the auto choice's search and verification table).
+    leftover : list
+        With several ranks: the batches this rank took from its iterator but
+        did not train because another rank's data ended first (at most one).
+
+    Raises
+    ------
+    ValueError, TypeError
+        A plan or option the drop-in does not take (the message says which are taken).
+
+    Examples
+    --------
+    TorchRec's ``TestSparseNN`` on one gloo rank (``examples/torchrec_dropin.py`` compares it with TorchRec's
+    own pipeline):
+
+    >>> import torch.distributed as dist
+    >>> from swpipe.torchrec import models
+    >>> owns = not dist.is_initialized()
+    >>> if owns:
+    ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> model, optimizer = models.sparse_nn()
+    >>> batches = models.sparse_nn_batches(models.SparseNNConfig(), 5)
+    >>> pipeline = TrainPipeline(model, optimizer, torch.device("cpu"), plan="sparse_dist")
+    >>> it, outputs = iter(batches), []
+    >>> while True:
+    ...     try:
+    ...         outputs.append(pipeline.progress(it))
+    ...     except StopIteration:
+    ...         break
+    >>> len(outputs), tuple(outputs[0].shape)
+    (5, (32,))
+    >>> pipeline.close()
+    >>> if owns:
+    ...     dist.destroy_process_group()
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, device: Union[str, torch.device],
+                 plan: Union[str, PipelinePlan] = "sparse_dist", **options: Any) -> None:
+        import torch.distributed as dist
+
+        self._opts, self._auto_opts, auto_given = _split_options(options)
+        self._model, self._optimizer = model, optimizer
+        self._device = torch.device(device)
+        ready = dist.is_available() and dist.is_initialized()
+        self._world = dist.get_world_size() if ready else 1
+        self._rank = dist.get_rank() if ready else 0
+        if self._opts.agree_on_end and not ready:
+            raise RuntimeError("agree_on_end=True needs torch.distributed: call init_process_group first")
+        self._auto = isinstance(plan, str) and plan.strip().lower() == "auto"
+        if auto_given and not self._auto:
+            raise TypeError(f"option(s) {sorted(auto_given)} are for plan='auto' only")
+        named_only = [k for k in ("order", "emb_lookup") + (("thread_map", "hand_off_after") if self._auto else ())
+                      if getattr(self._opts, k) is not None]
+        if named_only and (self._auto or isinstance(plan, PipelinePlan)):
+            raise TypeError(f"option(s) {named_only} shape a named plan; plan={'auto' if self._auto else 'a PipelinePlan'} "
+                            "takes its schedule as it is")
+        self._group: Any = None
+        if self._world > 1 and (self._opts.agree_on_end is not False or self._auto):
+            # a gloo group of its own, used only from the caller's thread: the end-of-data exchange, auto's exchanges
+            # (a collective: every rank constructs its pipeline at the same point, as with TorchRec's)
+            self._group = dist.new_group(backend="gloo", timeout=_job_timeout())
+        self.plan: Optional[PipelinePlan] = None
+        self.report = ""
+        self.choice: Optional[AutoChoice] = None
+        self.leftover: List[Any] = []
+        self._engine: Optional[SWPipeline] = None
+        self._it: Optional[Iterator[Any]] = None  # the engine's iterator while a pass is in flight
+        self._feed: Optional[_Feed] = None
+        self._counted: Optional[_Counted] = None
+        self._agreed: Any = None
+        self._next = 0
+        self._ended: Any = None
+        self._closed = False
+        if self._auto:
+            self._tasks = TorchRecTasks(model, optimizer, self._device, "fused", self._opts.custom_model_fwd)
+            self.report = "plan='auto': chosen on the first batches of the first progress() call"
+            return
+        if isinstance(plan, PipelinePlan):
+            base, label = plan, "a PipelinePlan given by the caller"
+        elif isinstance(plan, str):
+            factory = {k: v for k, v in (("order", self._opts.order), ("emb_lookup", self._opts.emb_lookup))
+                       if v is not None}
+            base = named_plan(plan, **factory)
+            key = plan.strip().lower().replace("-", "_")
+            label = f"plan {key!r}, TorchRec's {TORCHREC_CLASSES[key]}" + (
+                f" ({CLASS_NOTES[key]})" if key in CLASS_NOTES else "")
+        else:
+            raise TypeError(f"plan must be a plan name, 'auto' or a PipelinePlan, got {type(plan).__name__}")
+        self._tasks = TorchRecTasks(model, optimizer, self._device, toolbox_kind(base.task_names),
+                                    self._opts.custom_model_fwd)
+        self._use(base, label, self._opts.thread_map, self._opts.hand_off_after)
+
+    # ------------------------------------------------------------------------------ setup
+
+    def _use(self, base: PipelinePlan, label: str, thread_map: Optional[str] = None,
+             hand_off_after: Optional[str] = None) -> None:
+        fns = self._tasks.functions(base.task_names)
+        self.plan = runnable(base, fns, self._world, thread_map, hand_off_after)
+        self._engine = SWPipeline(self.plan, device=self._device, state=self._model,
+                                  progress_timeout=self._opts.progress_timeout,
+                                  signal_timeout=self._opts.signal_timeout)
+        groups = sorted({self.plan.sched(t).thread_group for t in self.plan.task_names})
+        extra = f"\n{self.choice}" if self.choice is not None else ""
+        self.report = (f"swpipe.torchrec.TrainPipeline: {label}; depth {self.plan.pipeline_depth}, thread group(s) "
+                       f"{groups} (the caller runs {self.plan.caller_group!r}), {self._world} rank(s)"
+                       + (", every rank stopping at the same batch" if self._group is not None else "")
+                       + f"\n{format_schedule(self.plan, self.plan.pipeline_depth + 1)}{extra}")
+
+    def _choose(self, feed: _Feed) -> None:
+        """``plan="auto"``: take the first batches, choose on them, put them back in front of the pass."""
+        k = max(2, self._auto_opts.profile_batches)
+        first = list(itertools.islice(feed.source, k))
+        n = len(first)
+        if self._world > 1:
+            import torch.distributed as dist
+
+            counts: List[Any] = [None] * self._world
+            dist.all_gather_object(counts, n, group=self._group)
+            n = min(counts)
+        if n < 2:
+            self.choice = None
+            fallback = named_plan("fused_sparse_dist")
+            self._use(fallback, f"plan 'fused_sparse_dist' (plan='auto' had {n} batch(es) to measure on, fewer than 2)")
+        else:
+            self.choice = choose_plan(self._tasks, first[:n], self._device, self._auto_opts, self._world, self._rank,
+                                      self._group)
+            self._use(self.choice.plan, f"plan='auto' chose {self.choice.label}")
+        feed.front = first
+
+    # --------------------------------------------------------------------------- progress
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        """Train (or, in eval mode, evaluate) one batch and return its output, as TorchRec's ``progress``.
+
+        Parameters
+        ----------
+        dataloader_iter : iterator
+            The batches (the same iterator on every call of a pass; a new
+            one mid-pass feeds the batches not yet fetched).
+
+        Returns
+        -------
+        Any
+            In training, ``output`` of the model's ``(losses, output)``; in
+            eval (``model.eval()`` before the call), the same of the forward's
+            result (a model that returns one value in eval: that value).
+
+        Raises
+        ------
+        StopIteration
+            The iterator is exhausted and every batch fetched has been
+            returned (the pipeline is drained, its threads joined). A new
+            iterator then starts a new pass; the exhausted one raises again.
+        swpipe_core.engine.pipeline.PipelineTaskError
+            A task failed (naming it and the batch); the pass is over, a new
+            iterator starts a new one.
+        """
+        if self._closed:
+            raise RuntimeError("progress() on a closed swpipe.torchrec.TrainPipeline; make a new one")
+        if not hasattr(dataloader_iter, "__next__"):
+            raise TypeError(f"progress() takes an iterator, as TorchRec's: pass iter(dataloader), not a "
+                            f"{type(dataloader_iter).__name__}")
+        training = self._model.training
+        try:
+            if self._it is None:
+                if dataloader_iter is self._ended:
+                    raise StopIteration
+                k = self._start(dataloader_iter, training)
+            else:
+                self._feed.source = dataloader_iter
+                k = self._next
+                self._tasks.modes[k] = training
+                self._engine.progress(self._it)
+                self._tasks.modes.pop(k - 1, None)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            if self._feed is not None and exc is self._feed.raised:
+                self._feed.raised = None  # the data iterator's own error: nothing changed, call progress again
+            else:
+                self._abandon()  # a task failed or timed out, or the caller was interrupted: the pass is over
+            raise
+        if k < self._counted.count:
+            self._next = k + 1
+            return self._output(k)
+        self._finish(dataloader_iter)
+        raise StopIteration
+
+    def _start(self, dataloader_iter: Iterator[Any], training: bool) -> int:
+        self._tasks.reset()
+        self._tasks.keep_outputs = True
+        self._feed = _Feed(dataloader_iter)
+        if self._auto and self._engine is None:
+            self._choose(self._feed)
+        data: Iterator[Any] = self._feed
+        if self._group is not None:
+            self._agreed = agree_on_end(self._feed, group=self._group)
+            data = self._agreed
+        self._counted = _Counted(data)
+        self._tasks.modes[0] = training
+        self._next = 0
+        self._it = self._engine.fill_pipeline(self._counted)
+        return 0
+
+    def _output(self, k: int) -> Any:
+        try:
+            return self._tasks.take_output(k)
+        except KeyError:
+            pass
+        # batch k's forward did not run: a task of the period failed; the engine raises it on its next call
+        try:
+            self._engine.progress(self._it)
+        finally:
+            self._abandon()
+        raise RuntimeError(f"swpipe.torchrec: the forward of batch {k} did not run and the engine reported no "
+                           "failure; the pass is abandoned (a new iterator starts a new one)")
+
+    def _finish(self, dataloader_iter: Iterator[Any]) -> None:
+        try:
+            while True:
+                self._engine.progress(self._it)
+        except StopIteration:
+            pass
+        finally:
+            self.leftover = list(self._agreed.leftover) if self._agreed is not None else []
+            self._it = None
+            self._agreed = None
+            self._tasks.reset()
+        self._ended = dataloader_iter
+
+    def _abandon(self) -> None:
+        """Forget the pass in flight (after a failure): the engine is reset, its threads joined."""
+        self._it = None
+        self._agreed = None
+        self._tasks.reset()
+        if self._engine is not None:
+            self._engine.close()
+
+    # ------------------------------------------------------------------------- lifetime
+
+    @property
+    def engine(self) -> Optional[SWPipeline]:
+        """The :class:`~swpipe_core.engine.pipeline.SWPipeline` running the plan (None before ``plan="auto"`` chose)."""
+        return self._engine
+
+    def reset(self) -> None:
+        """Drop the batches in flight (they are not trained) and stop the threads; the next call starts a pass."""
+        self._abandon()
+        self._ended = None
+
+    def detach(self) -> torch.nn.Module:
+        """Drop the batches in flight and give the model its own forward back (TorchRec's ``detach``).
+
+        The next ``progress`` rewrites it again. Returns the model.
+        """
+        self.reset()
+        if self._tasks.toolbox is not None:
+            self._tasks.toolbox.detach()
+        return self._model
+
+    def close(self) -> None:
+        """:meth:`detach`, and no further use."""
+        if not self._closed:
+            self.detach()
+            self._closed = True
+
+    def __enter__(self) -> "TrainPipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        what = "auto (not chosen yet)" if self.plan is None else f"depth {self.plan.pipeline_depth}"
+        return f"swpipe.torchrec.TrainPipeline({what}, {self._world} rank(s), device={self._device})"

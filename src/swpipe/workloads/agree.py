@@ -1,0 +1,211 @@
+"""What every rank must agree on: folded results, one shared plan, one cost model (the slowest rank's).
+
+All exchanges run on :attr:`DistEnv.control`, a gloo group of its own used
+only from the caller's thread (never by a pipeline task), so they cannot
+interleave with the pipeline's collectives. Every function here is a
+collective: all ranks call it at the same point. With one rank they return
+at once without exchanging anything.
+
+=========================  ================================================================
+``gather``                 every rank's picklable object, on every rank
+``all_ranks``              a pass/fail folded over ranks (True only if true everywhere)
+``from_rank0``             rank 0's object, on every rank (e.g. the searched plan)
+``plan_fields``            the fields of a plan that decide what and in which order runs
+``check_same_plan``        raise :class:`PlanMismatchError` unless every rank runs that plan
+``combine_slowest``        per task, the largest host and device time of several cost models
+``slowest_rank_costs``     :func:`combine_slowest` over every rank's measured cost model
+=========================  ================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import torch.distributed as dist
+
+from swpipe_core.plan import PipelinePlan, ref_name, stream_name
+
+from swpipe.workloads.distenv import DistEnv
+
+__all__ = ["gather", "all_ranks", "from_rank0", "plan_fields", "check_same_plan", "PlanMismatchError",
+           "combine_slowest", "slowest_rank_costs"]
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks hold different plans: their collectives would be issued in different orders (a hang)."""
+
+
+def gather(env: DistEnv, obj: Any) -> List[Any]:
+    """Every rank's ``obj`` (picklable), indexed by rank, on every rank.
+
+    Examples
+    --------
+    >>> from swpipe.workloads.distenv import init_distributed
+    >>> with init_distributed() as env:
+    ...     gather(env, {"loss": 0.5})
+    [{'loss': 0.5}]
+    """
+    if env.world_size == 1:
+        return [obj]
+    out: List[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj, group=env.control)
+    return out
+
+
+def all_ranks(env: DistEnv, flag: bool) -> bool:
+    """True only when ``flag`` is true on every rank (a pass/fail folded over the job).
+
+    Examples
+    --------
+    >>> from swpipe.workloads.distenv import init_distributed
+    >>> with init_distributed() as env:
+    ...     all_ranks(env, True), all_ranks(env, False)
+    (True, False)
+    """
+    return all(bool(f) for f in gather(env, bool(flag)))
+
+
+def from_rank0(env: DistEnv, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (what other ranks pass is ignored).
+
+    Examples
+    --------
+    >>> from swpipe.workloads.distenv import init_distributed
+    >>> with init_distributed() as env:
+    ...     from_rank0(env, [1, 2])
+    [1, 2]
+    """
+    if env.world_size == 1:
+        return obj
+    box = [obj if env.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=env.control)
+    return box[0]
+
+
+def plan_fields(plan: PipelinePlan) -> Dict[str, Any]:
+    """The fields of a plan that decide which task runs where and in which order (comparable, picklable).
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> f = plan_fields(PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, "s")}, [("A", "B")]))
+    >>> f["schedule"]["B"], f["intra_iter_deps"], f["pipeline_depth"]
+    ((1, 's', 'default', False), [('A', 'B')], 2)
+    """
+    schedule = {n: (plan.sched(n).stage, stream_name(plan.sched(n).stream), plan.sched(n).thread_group,
+                    bool(plan.sched(n).globally_ordered)) for n in plan.task_names}
+    order = [getattr(t, "name", t) for t in plan.enqueue_order] if plan.enqueue_order is not None else None
+    return {"tasks": list(plan.task_names), "schedule": schedule,
+            "intra_iter_deps": sorted(plan.intra_edges()), "inter_iter_deps": sorted(plan.declared_inter_edges()),
+            "same_period_deps": sorted((ref_name(t), ref_name(d)) for t, d in plan.same_period_deps),
+            "pipeline_depth": plan.pipeline_depth if plan.pipeline_depth is not None else plan.inferred_depth(),
+            "enqueue_order": order, "enqueue_policy": plan.enqueue_policy, "caller_group": plan.caller_group}
+
+
+def _differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
+    out = []
+    for key in a:
+        if key == "schedule" and a[key] != b[key]:
+            tasks = sorted(n for n in set(a[key]) | set(b[key]) if a[key].get(n) != b[key].get(n))
+            out.append(f"schedule of {', '.join(tasks[:5])}{' ...' if len(tasks) > 5 else ''}")
+        elif a[key] != b[key]:
+            out.append(key)
+    return out
+
+
+def check_same_plan(env: DistEnv, plan: PipelinePlan, label: str = "plan") -> None:
+    """Raise on every rank unless every rank holds the same plan (fields of :func:`plan_fields`).
+
+    Parameters
+    ----------
+    env : DistEnv
+    plan : PipelinePlan
+    label : str
+        Named in the error.
+
+    Raises
+    ------
+    PlanMismatchError
+        Naming the ranks and the fields that differ from rank 0's plan.
+
+    Examples
+    --------
+    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe.workloads.distenv import init_distributed
+    >>> with init_distributed() as env:
+    ...     check_same_plan(env, PipelinePlan({"A": TaskSchedule(0)}))
+    """
+    fields = gather(env, plan_fields(plan))
+    diffs = {r: _differences(fields[0], f) for r, f in enumerate(fields) if r and f != fields[0]}
+    if diffs:
+        detail = "; ".join(f"rank {r}: {', '.join(d)}" for r, d in diffs.items())
+        raise PlanMismatchError(
+            f"{label}: ranks hold different plans, so their collectives would run in different orders "
+            f"(a hang or wrong results). Differs from rank 0's: {detail}. Fix: build the plan the same way on "
+            f"every rank, or search on rank 0 and share it (swpipe.workloads.agree.from_rank0)")
+
+
+def combine_slowest(models: Sequence[Any], machine: str = "") -> Any:
+    """One cost model whose every task costs what it costs on the slowest of ``models``.
+
+    In a synchronous data-parallel step every rank waits for the slowest at
+    each collective, so per task the largest host time and the largest
+    device time (taken separately) decide.
+
+    Parameters
+    ----------
+    models : sequence of autosched.model.costs.CostModel
+        One per rank, over the same tasks.
+    machine : str
+        Recorded in the result (default: the first model's, with the rank count).
+
+    Returns
+    -------
+    autosched.model.costs.CostModel
+
+    Raises
+    ------
+    ValueError
+        If ``models`` is empty or the models cover different tasks.
+
+    Examples
+    --------
+    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> a = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.001, 0.004)})
+    >>> b = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.001, 0.001)})
+    >>> c = combine_slowest([a, b])
+    >>> c["A"].host_s, c["B"].device_s
+    (0.003, 0.004)
+    """
+    from autosched.model.costs import CostModel, TaskCost
+
+    if not models:
+        raise ValueError("combine_slowest: no cost models given")
+    names = list(models[0])
+    for r, m in enumerate(models):
+        if set(m) != set(names):
+            raise ValueError(f"combine_slowest: cost model {r} covers tasks {sorted(m)}, model 0 covers "
+                             f"{sorted(names)}; measure the same plan on every rank")
+    tasks = {n: TaskCost(max(m[n].host_s for m in models), max(m[n].device_s for m in models),
+                         models[0][n].resources) for n in names}
+    first = models[0]
+    return CostModel(tasks, machine=machine or f"{first.machine} (slowest of {len(models)} rank(s))".strip(),
+                     method=first.method, notes=f"per task the maximum over {len(models)} rank(s); {first.notes}",
+                     pipeline=first.pipeline)
+
+
+def slowest_rank_costs(env: DistEnv, costs: Any) -> Any:
+    """Every rank's measured cost model combined with :func:`combine_slowest`, on every rank.
+
+    Examples
+    --------
+    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe.workloads.distenv import init_distributed
+    >>> with init_distributed() as env:
+    ...     slowest_rank_costs(env, CostModel({"A": TaskCost(0.001)}))["A"].host_s
+    0.001
+    """
+    from autosched.model.costs import CostModel
+
+    docs = gather(env, costs.to_dict())
+    return combine_slowest([CostModel.from_dict(d, where=f"rank {r}") for r, d in enumerate(docs)])

@@ -1,0 +1,11 @@
+"""The engine: runs a PipelinePlan on worker threads and device streams (:class:`~swpipe_core.engine.pipeline.SWPipeline`).
+
+One idea per module: ``pipeline`` (the SWPipeline object and its run loop),
+``tasks`` (one task execution), ``state`` (contexts, errors, retire),
+``lifetime`` (keeping device memory alive until its streams are done),
+``serial`` (the serial loop), ``workers`` (thread groups), ``streams``
+(named streams and events), ``device`` (the one seam to ``torch.cuda``),
+``sequencer`` (globally ordered collectives), ``shortcut`` (skipping a task
+for profiling), ``watchdog`` (no silent hang), ``rng`` (per-task random
+generators), ``reach`` (what a batch or context reaches).
+"""

@@ -1,0 +1,464 @@
+"""The plan model: what a pipeline runs (tasks) and how (schedule, dependencies).
+
+These are data classes with no behaviour beyond normalisation helpers; the
+rules a plan must satisfy live in :mod:`swpipe_core.validate`, the order in
+which a period's tasks are enqueued in :mod:`swpipe_core.order`, and the
+execution in :mod:`swpipe_core.engine.pipeline`.
+
+A task is referred to either by its :class:`PipelineTask` object or by its
+name (``TaskRef``); the two are interchangeable everywhere, because a
+``PipelineTask`` hashes and compares equal to its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "IterContext",
+    "DeclaredIO",
+    "PipelineTask",
+    "TaskSchedule",
+    "PipelinePlan",
+    "TaskRef",
+    "StreamSpec",
+    "ENQUEUE_POLICIES",
+    "ref_name",
+    "stream_name",
+]
+
+
+class IterContext:
+    """Per-iteration context passed to every task function.
+
+    ``batch`` is the raw item produced by the data iterator and ``iter_idx``
+    the 0-based iteration index. Tasks pass intermediate results by setting
+    attributes (``ctx.x = ...``) and free memory early with ``del ctx.x``.
+    Each in-flight iteration owns its own context, so iterations never share
+    intermediate state.
+
+    Examples
+    --------
+    >>> ctx = IterContext(batch={"x": 1}, iter_idx=3)
+    >>> ctx.y = ctx.batch["x"] + 1
+    >>> ctx
+    IterContext(iter_idx=3, attrs=['y'])
+    """
+
+    def __init__(self, batch: Any, iter_idx: int) -> None:
+        self.batch = batch
+        self.iter_idx = iter_idx
+
+    def __repr__(self) -> str:
+        attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
+        return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when the attribute is missing: say what that means in a pipeline
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"ctx.{name} is not set in iteration {self.__dict__.get('iter_idx', '?')}: no task that ran before this "
+            f"one wrote it. Tasks pass values through ctx in the plan's order, so the task that sets ctx.{name} "
+            "must be a dependency of this one (swpipe_core.dataflow.check_dataflow names a missing one)")
+
+    def keep_alive(self, *values: Any) -> None:
+        """Keep ``values`` alive until this iteration's device work has completed (nothing to do on CPU).
+
+        On CUDA, a tensor one task hands to another *outside* ``ctx`` (module
+        state, a closure, a queue) and that the receiving task drops while a
+        kernel on another stream may still read it, returns to the caching
+        allocator too early. Call ``ctx.keep_alive(t)`` in either task: the
+        engine holds ``t`` until every task of this iteration has completed on
+        the device. Values reached through ``ctx`` need nothing
+        (docs/semantics.md, "Lifetimes on CUDA").
+
+        Examples
+        --------
+        >>> IterContext(batch=None, iter_idx=0).keep_alive("anything")
+        """
+
+
+@dataclass
+class DeclaredIO:
+    """A task's read/write contract with state outside :class:`IterContext`.
+
+    ``capture`` is called after the task runs while shortcut caching and
+    returns a snapshot of the external state; ``restore`` receives a fresh
+    copy of that snapshot when the task is shortcut and writes it back.
+    Tensors in the snapshot are detached and cloned on capture.
+
+    Examples
+    --------
+    >>> shared = {"step": 0}
+    >>> io = DeclaredIO(capture=lambda: dict(shared), restore=shared.update)
+    >>> snap = io.capture(); shared["step"] = 5; io.restore(snap); shared
+    {'step': 0}
+    """
+
+    capture: Callable[[], Any]
+    restore: Callable[[Any], None]
+
+
+@dataclass(eq=False)
+class PipelineTask:
+    """One schedulable unit of computation: a name, a function and its side effects.
+
+    The task only says *what* runs; *how* (stage, stream, thread group) is in
+    :class:`PipelinePlan`. Equality and hashing use the name, and a task
+    compares equal to its name string, so ``plan.schedule["Forward"]`` finds
+    the entry keyed by the ``PipelineTask("Forward", ...)`` object.
+
+    ``fn`` may be ``None`` for an analysis-only (unbound) task: such a plan
+    can be printed, validated and simulated, but running it raises an error
+    naming the unbound tasks.
+
+    Examples
+    --------
+    >>> fwd = PipelineTask("Forward", lambda ctx: None)
+    >>> fwd == PipelineTask("Forward"), fwd == "Forward", hash(fwd) == hash("Forward")
+    (True, True, True)
+    >>> PipelineTask("Backward")
+    PipelineTask('Backward', unbound)
+
+    Two bound tasks with one name and different functions are different tasks
+    (a plan holding both fails ``validate``), and ``fn`` must be callable:
+
+    >>> PipelineTask("Forward", print) == PipelineTask("Forward", len)
+    False
+    >>> PipelineTask("Z", 3)
+    Traceback (most recent call last):
+    ...
+    TypeError: PipelineTask 'Z': fn is 3 (int), not callable; pass a function of the iteration context, e.g. PipelineTask('Z', lambda ctx: ...), or None for an analysis-only task
+    """
+
+    name: str
+    fn: Optional[Callable[[IterContext], None]] = None
+    io: List[DeclaredIO] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Checked here, not at run time: a wrong argument should fail where it was written.
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"PipelineTask name is {self.name!r}; give a non-empty string, "
+                            f"e.g. PipelineTask('Forward', forward)")
+        if self.fn is not None and not callable(self.fn):
+            raise TypeError(f"PipelineTask {self.name!r}: fn is {self.fn!r} ({type(self.fn).__name__}), not callable; "
+                            f"pass a function of the iteration context, e.g. PipelineTask({self.name!r}, lambda ctx: ...), "
+                            f"or None for an analysis-only task")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PipelineTask):
+            # Two bound tasks with one name but different functions are different
+            # tasks: they must not merge as dict keys (validate's unique-names rule
+            # then names both) - the first one's function would run with the
+            # second one's schedule.
+            if self.fn is not None and other.fn is not None and self.fn != other.fn:
+                return False
+            return self.name == other.name
+        if isinstance(other, str):
+            return self.name == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        bound = "unbound" if self.fn is None else getattr(self.fn, "__name__", "fn")
+        return f"PipelineTask({self.name!r}, {bound})"
+
+
+TaskRef = Union[str, PipelineTask]
+# None is the device's default stream, a str names a stream (one per name per
+# device, created on first use), or a torch stream object is used as given.
+StreamSpec = Any
+
+ENQUEUE_POLICIES = ("ready_first", "stage_descending")
+
+
+@dataclass
+class TaskSchedule:
+    """How one task is scheduled in a plan.
+
+    Parameters
+    ----------
+    stage : int
+        Pipeline stage; in period ``p`` the task works on iteration ``p - stage``.
+    stream : None, str or torch stream
+        ``None`` is the default stream; a string names a stream.
+    thread_group : str
+        CPU worker thread; tasks of one group run one after another.
+    globally_ordered : bool
+        Run in a fixed global sequence (identical on every rank), for collectives.
+
+    Examples
+    --------
+    >>> TaskSchedule(stage=1, stream="data_dist", globally_ordered=True)
+    TaskSchedule(stage=1, stream='data_dist', thread_group='default', globally_ordered=True)
+    """
+
+    stage: int = 0
+    stream: StreamSpec = None
+    thread_group: str = "default"
+    globally_ordered: bool = False
+
+
+def ref_name(ref: TaskRef) -> str:
+    """Return the task name a ``TaskRef`` refers to.
+
+    Parameters
+    ----------
+    ref : str or PipelineTask
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    TypeError
+        If ``ref`` is neither a string nor a ``PipelineTask``.
+
+    Examples
+    --------
+    >>> ref_name("H2D"), ref_name(PipelineTask("H2D"))
+    ('H2D', 'H2D')
+    """
+    if isinstance(ref, PipelineTask):
+        return ref.name
+    if isinstance(ref, str):
+        return ref
+    raise TypeError(
+        f"a task reference must be a task name (str) or a PipelineTask, got {type(ref).__name__}: {ref!r}"
+    )
+
+
+def stream_name(stream: StreamSpec) -> str:
+    """Return a readable name for a stream spec.
+
+    Parameters
+    ----------
+    stream : None, str or torch stream
+
+    Returns
+    -------
+    str
+        ``"default"`` for ``None``, the string itself for a name, and for a
+        stream object its ``swpipe_name`` attribute if set, else
+        ``"<device>/stream<id>"`` (e.g. ``"cuda:1/stream3"``).
+
+    Examples
+    --------
+    >>> stream_name(None), stream_name("memcpy")
+    ('default', 'memcpy')
+    >>> import torch
+    >>> stream_name(torch.Stream(stream_id=0, device_index=1, device_type=1))
+    'cuda:1/stream0'
+    """
+    if stream is None:
+        return "default"
+    if isinstance(stream, str):
+        return stream
+    named = getattr(stream, "swpipe_name", None)
+    if named:
+        return str(named)
+    sid = getattr(stream, "stream_id", None)
+    if sid is None:
+        return repr(stream)
+    # device + id: unique across devices (stream ids repeat per device) and stable for the stream's life
+    device = getattr(stream, "device", None)
+    return f"{device}/stream{sid}" if device is not None else f"stream{sid}"
+
+
+def _stage_of(sched: Any) -> Optional[int]:
+    stage = getattr(sched, "stage", None)
+    return stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+
+
+@dataclass
+class PipelinePlan:
+    """A complete scheduling plan: the task set with each task's schedule and dependencies.
+
+    Parameters
+    ----------
+    schedule : dict
+        ``{TaskRef: TaskSchedule}``; the keys define the task set.
+    intra_iter_deps : list of (task, depends_on)
+        Same-iteration data dependencies: ``task(i)`` waits ``depends_on(i)``.
+    inter_iter_deps : list of (task, depends_on) or (task, depends_on, N)
+        Cross-iteration dependencies: ``task(i)`` waits ``depends_on(i - N)``
+        (``N`` defaults to 1; the first ``N`` iterations wait for nothing).
+    same_period_deps : list of (task, depends_on)
+        Same-period waits, whichever iterations the two tasks work on: in every
+        period ``task`` waits that period's ``depends_on``. With ``depends_on``
+        at a lower stage it works on a *newer* iteration: ``task(i)`` waits
+        ``depends_on(i + stage(task) - stage(depends_on))`` (e.g. the id
+        prefetch of batch ``i + 1`` must be done before the backward of batch
+        ``i`` goes on: ``("Backward", "EmbPrefetch")`` with ``EmbPrefetch`` one
+        stage below). In the last periods, where ``depends_on`` has no
+        iteration left, nothing is waited; a serial run (one iteration at a
+        time) cannot wait for a later iteration and skips such a wait.
+    pipeline_depth : int, optional
+        Number of iterations in flight, ``max(stage) + 1``; inferred when omitted.
+    enqueue_order : list of TaskRef, optional
+        An explicit per-period enqueue order (a topological order of the
+        period-local graph), e.g. a fire order found by the searcher.
+    enqueue_policy : {"ready_first", "stage_descending"}
+        The policy used when ``enqueue_order`` is not given.
+    caller_group : str or None
+        The thread group whose tasks run inline on the thread that calls
+        ``fill_pipeline``/``progress`` (no hand-off to a worker); ``"default"``
+        unless given. ``None`` runs every group on its own worker thread.
+
+    Examples
+    --------
+    >>> plan = PipelinePlan(
+    ...     schedule={"H2D": TaskSchedule(stage=0, stream="memcpy"), "Forward": TaskSchedule(stage=1)},
+    ...     intra_iter_deps=[("Forward", "H2D")],
+    ... )
+    >>> plan.pipeline_depth, plan.task_names
+    (2, ['H2D', 'Forward'])
+    >>> plan.inter_edges()
+    []
+    """
+
+    schedule: Dict[TaskRef, TaskSchedule]
+    intra_iter_deps: List[Tuple[TaskRef, TaskRef]] = field(default_factory=list)
+    inter_iter_deps: List[tuple] = field(default_factory=list)
+    pipeline_depth: Optional[int] = None
+    enqueue_order: Optional[List[TaskRef]] = None
+    enqueue_policy: str = "ready_first"
+    caller_group: Optional[str] = "default"
+    same_period_deps: List[Tuple[TaskRef, TaskRef]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.intra_iter_deps = list(self.intra_iter_deps)
+        self.inter_iter_deps = list(self.inter_iter_deps)
+        self.same_period_deps = list(self.same_period_deps)
+        if self.pipeline_depth is None:
+            self.pipeline_depth = self.inferred_depth()
+
+    # -- normalised views (tolerant of malformed input; validate() reports it) --
+
+    def inferred_depth(self) -> int:
+        """``max(stage) + 1`` over the schedule's integer stages (1 for an empty plan)."""
+        stages = [s for s in (_stage_of(v) for v in self.schedule.values()) if s is not None]
+        return max(stages) + 1 if stages else 1
+
+    @property
+    def tasks(self) -> List[PipelineTask]:
+        """The tasks in schedule order; a string key becomes an unbound ``PipelineTask``."""
+        return [k if isinstance(k, PipelineTask) else PipelineTask(ref_name(k)) for k in self.schedule]
+
+    @property
+    def task_names(self) -> List[str]:
+        """Task names in schedule order."""
+        return [ref_name(k) for k in self.schedule]
+
+    @property
+    def thread_groups(self) -> Tuple[str, ...]:
+        """The plan's thread groups, sorted (one thread each; the caller group's is the calling thread).
+
+        Examples
+        --------
+        >>> PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1)}).thread_groups
+        ('default', 'io')
+        """
+        return tuple(sorted({s.thread_group for s in self.schedule.values()}))
+
+    def task(self, ref: TaskRef) -> PipelineTask:
+        """The ``PipelineTask`` for a reference (unbound if the schedule key is a string)."""
+        name = ref_name(ref)
+        for k in self.schedule:
+            if ref_name(k) == name:
+                return k if isinstance(k, PipelineTask) else PipelineTask(name)
+        raise KeyError(f"task {name!r} is not in the plan's schedule; tasks: {self.task_names}")
+
+    def sched(self, ref: TaskRef) -> TaskSchedule:
+        """The ``TaskSchedule`` of a task, looked up by name or object."""
+        name = ref_name(ref)
+        # a PipelineTask key hashes and compares equal to its name: O(1) in the common case
+        found = self.schedule.get(name)
+        if found is not None:
+            return found
+        for k, v in self.schedule.items():
+            if ref_name(k) == name:
+                return v
+        raise KeyError(f"task {name!r} is not in the plan's schedule; tasks: {self.task_names}")
+
+    def stage(self, ref: TaskRef) -> int:
+        return self.sched(ref).stage
+
+    def stream_of(self, ref: TaskRef) -> str:
+        """Readable stream name of a task (``"default"`` for ``None``)."""
+        return stream_name(self.sched(ref).stream)
+
+    def intra_edges(self) -> List[Tuple[str, str]]:
+        """Intra-iteration dependencies as ``(task_name, dep_name)`` pairs."""
+        return [(ref_name(d[0]), ref_name(d[1])) for d in self.intra_iter_deps]
+
+    def inter_edges(self) -> List[Tuple[str, str, int]]:
+        """Inter-iteration dependencies as ``(task_name, dep_name, distance)`` triples.
+
+        ``task(i)`` waits ``dep(i - distance)``. The :meth:`same_period_edges`
+        follow the declared ones: everything that runs or models a plan
+        honours both through this one list.
+
+        Examples
+        --------
+        >>> plan = PipelinePlan({"P": TaskSchedule(0), "B": TaskSchedule(1)}, inter_iter_deps=[("P", "B")],
+        ...                     same_period_deps=[("B", "P")])
+        >>> plan.inter_edges()
+        [('P', 'B', 1), ('B', 'P', -1)]
+        """
+        return self.declared_inter_edges() + self.same_period_edges()
+
+    def declared_inter_edges(self) -> List[Tuple[str, str, int]]:
+        """The ``inter_iter_deps`` alone as ``(task_name, dep_name, distance)`` (what a copy of the plan keeps)."""
+        return [(ref_name(d[0]), ref_name(d[1]), d[2] if len(d) > 2 else 1) for d in self.inter_iter_deps]
+
+    def same_period_edges(self) -> List[Tuple[str, str, int]]:
+        """The ``same_period_deps`` as ``(task_name, dep_name, distance)`` with ``distance = stage(dep) - stage(task)``.
+
+        A negative distance waits a newer iteration. Entries whose stages are
+        not integers are left out (``validate`` reports them).
+        """
+        stages = {ref_name(k): _stage_of(v) for k, v in self.schedule.items()}
+        out = []
+        for d in self.same_period_deps:
+            t, dep = ref_name(d[0]), ref_name(d[1])
+            if stages.get(t) is not None and stages.get(dep) is not None:
+                out.append((t, dep, stages[dep] - stages[t]))
+        return out
+
+    def unbound_tasks(self) -> List[str]:
+        """Names of tasks with no function (analysis-only)."""
+        return [t.name for t in self.tasks if t.fn is None]
+
+    def replace(self, **changes: Any) -> "PipelinePlan":
+        """A copy of the plan with some fields replaced (depth re-inferred unless given)."""
+        fields = dict(
+            schedule=dict(self.schedule),
+            intra_iter_deps=list(self.intra_iter_deps),
+            inter_iter_deps=list(self.inter_iter_deps),
+            pipeline_depth=None,
+            enqueue_order=None if self.enqueue_order is None else list(self.enqueue_order),
+            enqueue_policy=self.enqueue_policy,
+            caller_group=self.caller_group,
+            same_period_deps=list(self.same_period_deps),
+        )
+        fields.update(changes)
+        return PipelinePlan(**fields)
+
+    def bind(self, fns: Dict[str, Callable[[IterContext], None]], io: Optional[Dict[str, Sequence[DeclaredIO]]] = None) -> "PipelinePlan":
+        """A copy of the plan whose tasks carry the given functions (by task name).
+
+        Tasks without an entry in ``fns`` keep their current function.
+        """
+        io = io or {}
+        new_sched = {}
+        for k, v in self.schedule.items():
+            t = k if isinstance(k, PipelineTask) else PipelineTask(ref_name(k))
+            fn = fns.get(t.name, t.fn)
+            new_sched[PipelineTask(t.name, fn, list(io.get(t.name, t.io)))] = v
+        return self.replace(schedule=new_sched, pipeline_depth=self.pipeline_depth)
