@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a session with a GPU runs first, in one go: every `cuda`-marked test (on the fake device and on the GPU)
 # and every `gpu`-marked one (real GPU only: NCCL, torch's CUDA kernels), then the GPU figures.
-# Logs go to the folder given (default: $OUT if set, else ./gpu_logs); record the figures in RESULTS.md.
+# Logs go to the folder given (default: $OUT if set, else ./gpu_logs); record the figures in docs/results.md.
 #
 #     bash benchmarks/gpu_session.sh [LOG_DIR]
 #

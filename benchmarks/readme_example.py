@@ -1,12 +1,12 @@
-"""The README's example (a small MLP, ``Load`` on an ``io`` thread a stage ahead) pipelined against serial.
+"""The README's quick start (``Load`` waits on storage beside ``Train``) pipelined against serial.
 
 Issue 15 asks that the README's example show a pipelined run that is not
 slower than serial, or say plainly why with numbers. This prints the numbers:
-the plan exactly as the README writes it, ``pipe.run`` (pipelined) and
-``pipe.run_serial`` (one iteration at a time, same tasks, same pipeline)
-interleaved over paired rounds; the ratio is the median of the rounds'
-``serial time / pipelined time``. Next to it, what there is to overlap (the
-``Load`` task's own time, from a serial timeline) and what overlapping it
+the plan the README's quick start gets from ``auto_schedule``, ``pipe.run``
+(pipelined) and ``pipe.run_serial`` (one iteration at a time, same tasks, same
+pipeline) interleaved over paired rounds; the ratio is the median of the
+rounds' ``serial time / pipelined time``. Next to it, what there is to overlap
+(the ``Load`` task's own time, from a serial timeline) and what overlapping it
 costs (one main<->worker thread round trip on this machine).
 
     python benchmarks/readme_example.py            # 15 paired rounds
@@ -29,17 +29,17 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine_overhead import thread_round_trip  # noqa: E402 - the same measure of a thread round trip
-from autosched.verify.loop import turned  # noqa: E402 - the rounds' order, as everywhere
+from autosched.verify.measure import turned  # noqa: E402 - the rounds' order, as everywhere
 from swpipe import SWPipeline  # noqa: E402
 
 
 def readme_plan() -> tuple:
-    """``(plan, batches)`` from running the README's first Usage code block (so this measures exactly that)."""
+    """``(plan, batches)`` from running the README's quick start code block (so this measures exactly that)."""
     text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    usage = text[text.index("## Usage"):]
+    usage = text[text.index("## Quick start"):]
     block = re.search(r"```python\n(.*?)```", usage, re.S)
-    if block is None or "plan = PipelinePlan(" not in block.group(1):
-        raise SystemExit("README.md: the first python block of ## Usage no longer defines `plan`; update this script")
+    if block is None or "plan, report = auto_schedule(" not in block.group(1):
+        raise SystemExit("README.md: the python block of ## Quick start no longer defines `plan`; update this script")
     namespace: dict = {}
     exec(compile(block.group(1), "README.md", "exec"), namespace)  # noqa: S102 - our own README
     return namespace["plan"], namespace["batches"]

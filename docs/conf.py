@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from pathlib import Path
 
 from sphinx.util import logging as sphinx_logging
 
@@ -56,14 +55,6 @@ for _name in ("fbgemm_gpu", "torchrec"):
 html_theme = "alabaster"
 html_title = f"swpipe {release}"
 html_static_path: list = []
-
-
-def _without_missing_results(app, docname, source):
-    """``docs/results.md`` (the measured figures) is written apart from this build; until it is there, the
-    index leaves out its two lines (the toctree entry ``results`` and the line linking ``results.md``)."""
-    if docname == "index" and not (Path(app.srcdir) / "results.md").exists():
-        source[0] = "\n".join(line for line in source[0].splitlines()
-                               if line.strip() != "results" and "(results.md)" not in line)
 
 
 # The docstrings name objects by the module that defines them (``swpipe_core.validate.validate``); the
@@ -144,5 +135,4 @@ warnings.showwarning = _numpydoc_warning
 
 
 def setup(app):
-    app.connect("source-read", _without_missing_results)
     app.connect("missing-reference", _link_to_public_name)

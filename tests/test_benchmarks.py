@@ -2,7 +2,7 @@
 prints its figures.
 
 What a script measures (prediction errors, speedups, thread balances) is its figures, recorded in
-``benchmarks/RESULTS.md``, not asserted here; its internals are its own. Where a run states a behaviour of
+``docs/results.md``, not asserted here; its internals are its own. Where a run states a behaviour of
 the library, that is asserted: ``gpu_overlap`` reads every element of every copy, and the pipelined sums
 equal the serial ones exactly (on the fake device with no race between its streams). The CUDA mutation
 table (every injected engine fault caught) is ``tests/test_cuda_mutations.py``.

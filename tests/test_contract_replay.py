@@ -36,7 +36,7 @@ from swpipe_core.validate import PlanError, validate
 
 ITERS = 32
 # The simulator's period against the measured one (median ~1-2%, worst ~6-9% over 20 plans) is measured side
-# by side in benchmarks/contract_replay.py (benchmarks/RESULTS.md); the tests check the orders and the contract.
+# by side in benchmarks/contract_replay.py (docs/results.md); the tests check the orders and the contract.
 
 
 def random_plan(rng: random.Random, caller_group: Any = "default") -> Tuple[PipelinePlan, Dict[str, float]]:

@@ -85,3 +85,13 @@ def test_torch_requirement_is_a_range_the_cpu_and_cuda_builds_of_the_tested_vers
     for build in ("2.13.0", "2.13.0+cpu", "2.13.0+cu126", "2.13.1+cu128", "2.14.1"):
         assert torch_req.specifier.contains(build), f"torch {build} does not satisfy {torch_req}"
     assert not torch_req.specifier.contains("2.12.1"), "older than any tested torch"
+
+
+def test_a_checkout_named_swpipe_in_the_current_folder_does_not_hide_the_package(tmp_path):
+    """Python started in the parent of a clone named ``swpipe`` imports the installed package, not the clone's
+    folder as an empty namespace package (the packages live under src/)."""
+    (tmp_path / "swpipe").symlink_to(ROOT, target_is_directory=True)
+    out = subprocess.run([sys.executable, "-c", "from swpipe import SWPipeline; import swpipe; print(swpipe.__file__)"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert pathlib.Path(out.stdout.strip()).resolve() == (ROOT / "src" / "swpipe" / "__init__.py").resolve()

@@ -1,15 +1,15 @@
-"""Every code block of README.md's Usage section runs as written, and the two first commands can run.
+"""Every code block of README.md after its first runs (or, for commands, parses) as written, and the two
+first commands can run.
 
-The blocks run in document order in one fresh interpreter, in a scratch folder
-(with ``cost_models/`` linked in): ``python`` blocks share one namespace, and each
-line of a ``bash`` block is a ``swpipe ...`` command run through the console
-script's entry point (``python -m swpipe.cli``, the same ``swpipe.cli:main``).
-A ``text`` block shows output: every one of its lines must appear in what the
-blocks before it printed. Tracebacks name README.md line numbers.
+The README's first code block holds the commands a newcomer types first (install and run the main job,
+install and run the tests); they are checked in form (the packages, extras, commands and modules they name
+exist), not run.
 
-The README's first code block holds the commands a newcomer types first
-(install and run the main job, install and run the tests); they are checked
-in form (the packages, extras, commands and modules they name exist), not run.
+Every later ``python`` block runs, in document order, in one fresh interpreter, in one namespace (a block
+may use what an earlier one defined), in a scratch folder with ``cost_models/`` linked in; tracebacks name
+README.md line numbers. A later ``bash`` block lists ``swpipe ...`` commands: each line must parse with the
+``swpipe`` command's own parser (the sub-command and every option exist), without running it. A ``text``
+block shows output: each of its lines must appear in what the blocks before it printed.
 Nothing here asserts the README's prose or figures: it is written for users.
 """
 
@@ -32,52 +32,36 @@ README = ROOT / "README.md"
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 
-# Runs in the child: executes the blocks in order, echoing a marker before each one.
+# Runs in the child: executes the python blocks in order in one namespace, echoing a marker before each one.
 _DRIVER = r'''
-import json, shlex, subprocess, sys
+import json, sys
 blocks = json.load(open(sys.argv[1], encoding="utf-8"))
 ns = {"__name__": "__readme__"}
 for kind, line, code in blocks:
     print(f"@@block {kind} README.md:{line}", flush=True)
-    if kind == "python":
-        exec(compile("\n" * (line - 1) + code, "README.md", "exec"), ns)
-    elif kind == "bash":
-        for cmd in code.splitlines():
-            argv = shlex.split(cmd, comments=True)
-            if not argv:
-                continue
-            print(f"@@cmd {cmd}", flush=True)
-            sys.stdout.flush()
-            rc = subprocess.run([sys.executable, "-m", "swpipe.cli", *argv[1:]], stderr=subprocess.STDOUT).returncode
-            if rc != 0:
-                print(f"@@failed rc={rc}: {cmd}", flush=True)
-                sys.exit(1)
+    exec(compile("\n" * (line - 1) + code, "README.md", "exec"), ns)
     sys.stdout.flush()
 print("@@done", flush=True)
 '''
 
 
-def usage_blocks(text: str) -> List[Tuple[str, int, str]]:
-    """``(language, first code line number, code)`` of each fenced block under ``## Usage``.
+def readme_blocks(text: str) -> List[Tuple[str, int, str]]:
+    """``(language, first code line number, code)`` of each fenced block after the README's first one.
 
-    Raises AssertionError when the section is missing or a fence is unclosed.
+    Raises AssertionError when a fence is unclosed.
     """
     lines = text.splitlines()
-    starts = [i for i, ln in enumerate(lines) if ln.strip() == "## Usage"]
-    assert len(starts) == 1, "README.md needs exactly one '## Usage' section"
-    start = starts[0]
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    blocks, i = [], start + 1
-    while i < end:
+    blocks, i = [], 0
+    while i < len(lines):
         m = _FENCE.match(lines[i])
         if m:
-            close = next((j for j in range(i + 1, end) if lines[j].strip() == "```"), None)
-            assert close is not None, f"README.md:{i + 1}: unclosed code fence in Usage"
+            close = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+            assert close is not None, f"README.md:{i + 1}: unclosed code fence"
             blocks.append((m.group(1), i + 2, "\n".join(lines[i + 1:close]) + "\n"))
             i = close + 1
         else:
             i += 1
-    return blocks
+    return blocks[1:]
 
 
 def _printed_before(out: str, line: int) -> str:
@@ -152,36 +136,48 @@ def test_the_first_commands_name_what_exists():
             pytest.fail(f"README.md's first block runs {cmd}, which this test does not know how to check")
 
 
-def test_usage_blocks_are_parsed_in_order_with_line_numbers():
-    blocks = usage_blocks(README.read_text(encoding="utf-8"))
-    assert blocks, "README.md's Usage section has no code block"
-    lines = README.read_text(encoding="utf-8").splitlines()
+def test_the_blocks_after_the_first_are_parsed_in_order_with_line_numbers():
+    text = README.read_text(encoding="utf-8")
+    blocks = readme_blocks(text)
+    assert any(kind == "python" for kind, _, _ in blocks), "README.md has no python block after its first block"
+    lines = text.splitlines()
     for kind, line, code in blocks:
         assert kind in ("python", "bash", "text"), f"README.md:{line}: untested block language {kind!r}"
         assert lines[line - 1] == code.splitlines()[0]  # line numbers point at the code
 
 
-def test_usage_bash_blocks_only_run_swpipe_commands():
-    for kind, line, code in usage_blocks(README.read_text(encoding="utf-8")):
+def test_every_later_bash_line_is_a_swpipe_command_its_parser_accepts(capsys):
+    from swpipe.cli import build_parser
+
+    for kind, line, code in readme_blocks(README.read_text(encoding="utf-8")):
         if kind != "bash":
             continue
         for offset, cmd in enumerate(code.splitlines()):
-            if cmd.strip():
-                assert cmd.split()[0] == "swpipe", f"README.md:{line + offset}: only `swpipe ...` lines are tested"
+            argv = shlex.split(cmd, comments=True)
+            if not argv:
+                continue
+            where = f"README.md:{line + offset}"
+            assert argv[0] == "swpipe", f"{where}: only `swpipe ...` lines are checked"
+            try:
+                args = build_parser().parse_args(argv[1:])
+            except SystemExit as exc:
+                pytest.fail(f"{where}: `{cmd}` does not parse: {capsys.readouterr().err.strip()} ({exc.code})")
+            assert getattr(args, "_run", None), f"{where}: `{cmd}` names no sub-command"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_every_usage_code_block_runs(tmp_path):
-    blocks = usage_blocks(README.read_text(encoding="utf-8"))
-    runnable = [b for b in blocks if b[0] in ("python", "bash")]
+@pytest.mark.timeout(300)
+def test_every_later_python_block_runs_in_order(tmp_path):
+    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    runnable = [b for b in blocks if b[0] == "python"]
     (tmp_path / "blocks.json").write_text(json.dumps(runnable), encoding="utf-8")
     (tmp_path / "driver.py").write_text(_DRIVER, encoding="utf-8")
     (tmp_path / "cost_models").symlink_to(ROOT / "cost_models", target_is_directory=True)
     proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "blocks.json")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=280)
     out = proc.stdout
     assert proc.returncode == 0 and "@@done" in out, f"a README block failed:\n{out[-6000:]}\n{proc.stderr[-6000:]}"
+    assert out.count("@@block python") == len(runnable)
 
     # every shown output appears in what the blocks before it printed
     for kind, line, code in blocks:
