@@ -9,7 +9,7 @@ For each plan, in one run:
    ``--costs timeline``: over a separate recorded pipelined run of the plan),
    one-off outliers (> 3x the median) dropped, plus each task's CPU share
    (``measure_cpu``: a task off the CPU takes no core of the pool);
-3. the plan runs on the engine (``autosched.verify.loop.measure_plans``: interleaved
+3. the plan runs on the engine (``autosched.verify.measure.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated two ways:
    ``tasks`` (the serial means alone) and ``+engine``, the machine model
    ``auto_schedule`` uses (``simulate_calibrated``: the engine's cost per
@@ -70,7 +70,8 @@ from autosched.model.machine import simulate_calibrated  # noqa: E402
 from autosched.model.costs import CostModel, TaskCost  # noqa: E402
 from autosched.model.simulate import simulate  # noqa: E402
 from autosched.model.taskmodel import core_capacity  # noqa: E402
-from autosched.verify.loop import measure_plans, serial_plan, turned  # noqa: E402
+from autosched.verify.candidates import serial_plan  # noqa: E402
+from autosched.verify.measure import measure_plans, turned  # noqa: E402
 from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory  # noqa: E402
 from swpipe_core.measure.calibrate import MachineCalibration, calibrate, measure_cpu  # noqa: E402
 from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402

@@ -117,7 +117,7 @@ def _per_op(fn: Callable[[int], None], n: int, rounds: int) -> float:
 
 def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
     """Seconds per operation of each piece of the engine's per-period and per-task work."""
-    from swpipe_core.engine.pipeline import _profiler_active
+    from swpipe_core.engine.serial import _profiler_active
     from swpipe_core.engine.state import _Flag, _IterState
     from swpipe_core.plan import IterContext
 

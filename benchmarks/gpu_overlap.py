@@ -168,7 +168,8 @@ def measure_overlap(dev: Any, mib: int, spins: int, iters: int, rounds: int) -> 
     """
     from autosched.model.costs import CostModel
     from autosched.model.simulate import simulate
-    from autosched.verify.loop import serial_plan, turned
+    from autosched.verify.candidates import serial_plan
+    from autosched.verify.measure import turned
 
     dev = as_device(dev)
     k = kernels(dev)

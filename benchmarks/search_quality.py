@@ -39,10 +39,12 @@ import torch
 
 from autosched.search.enumerate import random_graph
 from autosched.search.problem import make_problem
-from autosched.search.beam import beam_search, sim_scorer
+from autosched.search.beam import beam_search
+from autosched.search.scoring import sim_scorer
 from autosched.model.costs import CostModel
 from autosched.search.cpsat import model_lower_bound, solve_cpsat
-from autosched.search.entry import Constraints, auto_schedule
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
 from autosched.model.simulate import simulate
 
 COMPUTE = ("ZeroGrad", "Forward", "Backward", "EmbBackward", "OptimizerStep")
@@ -69,10 +71,9 @@ def torchrec_part(names: Sequence[str], time_limit: float, max_threads: int) -> 
         hand = pipelines.get(name)
         hand_period = simulate(hand, costs, 60, device="cuda").period
         frozen = {n: {"stream": None} for n in hand.task_names if n in COMPUTE and hand.sched(n).stream is None}
-        c = Constraints(device="cuda", max_depth=max(3, hand.pipeline_depth), max_threads=max_threads, frozen=frozen,
-                        time_limit_s=time_limit)
+        c = Constraints(device="cuda", max_depth=max(3, hand.pipeline_depth), max_threads=max_threads, frozen=frozen)
         t0 = time.perf_counter()
-        plan, rep = auto_schedule(hand, costs, c)
+        plan, rep = auto_schedule(hand, costs, c, solver=SolverOptions(time_limit_s=time_limit))
         took = time.perf_counter() - t0
         rows.append([name, f"{hand_period * 1e3:.3f}", f"{rep.period_s * 1e3:.3f}",
                      f"{100 * (1 - rep.period_s / hand_period):.1f}%", f"{rep.lower_bound_s * 1e3:.3f}",
@@ -106,8 +107,8 @@ def dlrm_part(time_limit: float, max_threads: int, measure_runs: bool, iters: in
             unbound = hand.replace(schedule={t.name: s for t, s in hand.schedule.items()},
                                    pipeline_depth=hand.pipeline_depth)
             hand_period = simulate(unbound, costs, 60).period
-            c = Constraints(max_depth=max(3, hand.pipeline_depth), max_threads=max_threads, time_limit_s=time_limit)
-            plan, rep = auto_schedule(unbound, costs, c)
+            c = Constraints(max_depth=max(3, hand.pipeline_depth), max_threads=max_threads)
+            plan, rep = auto_schedule(unbound, costs, c, solver=SolverOptions(time_limit_s=time_limit))
         except Exception as exc:  # one plan failing must not hide the others
             rows.append([name, f"error: {type(exc).__name__}: {exc}"[:60], "", "", "", "", ""])
             continue

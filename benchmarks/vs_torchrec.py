@@ -105,7 +105,7 @@ def main() -> None:
         peer_of.update((k, f"TorchRec {cls}") for k in groups[-1])
     runners["drop-in auto"] = dropin["auto"]
     groups.append(["drop-in auto"])
-    from autosched.verify.loop import turned  # the same turned order as the verification's rounds
+    from autosched.verify.measure import turned  # the same turned order as the verification's rounds
 
     for fn in runners.values():  # warm-up: first-call costs, allocator, lazy init
         fn()

@@ -28,7 +28,7 @@ import torch
 import pandas as pd
 
 from swpipe import (PipelinePlan, PipelineTask, TaskSchedule, SWPipeline, TaskProfiler, CostModel,
-                    Constraints, auto_schedule, simulate, lower_bounds, what_if, validate)
+                    Constraints, SolverOptions, auto_schedule, simulate, lower_bounds, what_if, validate)
 from swpipe_core.analysis import format_schedule, format_stage_analysis
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.tasks import task_fns
@@ -119,9 +119,11 @@ print(f"serial: simulated {sim_serial.period * 1e3:.2f} ms/it, measured {serial_
 `auto_schedule` searches stages, thread groups and the enqueue order jointly: a beam search scored by the
 simulator, then CP-SAT (this graph is small enough) which proves the minimum period of its model. Constraints
 say what the machine allows: here at most 3 iterations in flight and 2 CPU thread groups (2 cores). The
-report gives the predicted period, the lower bound and the gap, why this depth, and what was tried."""),
+report gives the predicted period, the lower bound and the gap, why this depth, and what was tried. How the
+search runs (its time budget, its seed) is `SolverOptions`'s."""),
     ("code", """\
-auto, report = auto_schedule(serial, costs, Constraints(max_depth=3, max_threads=2, time_limit_s=10, seed=0))
+auto, report = auto_schedule(serial, costs, Constraints(max_depth=3, max_threads=2),
+                             solver=SolverOptions(time_limit_s=10, seed=0))
 print(report)"""),
     ("code", """\
 print(report.explain())"""),

@@ -25,7 +25,7 @@ iterations."""),
 import pandas as pd
 import torch
 
-from swpipe import SWPipeline, simulate, Constraints, auto_schedule, CostModel
+from swpipe import SWPipeline, simulate, Constraints, SolverOptions, auto_schedule, CostModel
 from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, emb_staleness, fns_for, init_distributed
 from swpipe_core import pipelines
 from swpipe_core.dataflow import check_dataflow, infer_plan
@@ -154,15 +154,16 @@ any plan needs is an error that names the minimum."""),
 tasks_only = plan.replace(enqueue_order=None, pipeline_depth=plan.pipeline_depth)
 peaks = by_depth["peak bytes"]
 cap = (peaks.min() + peaks.max()) / 2
-fitting, capped = auto_schedule(tasks_only, costs, Constraints(max_depth=3, max_threads=2, time_limit_s=4,
-                                                               max_memory_bytes=cap))
+fitting, capped = auto_schedule(tasks_only, costs, Constraints(max_depth=3, max_threads=2, max_memory_bytes=cap),
+                                solver=SolverOptions(time_limit_s=4))
 print(capped.tradeoff_table())
 print(f"chosen: depth {fitting.pipeline_depth}, predicted peak {format_bytes(capped.peak_bytes)} "
       f"under the cap {format_bytes(cap)}")
 capped.plot_tradeoff()"""),
     ("code", """\
 try:
-    auto_schedule(tasks_only, costs, Constraints(max_depth=3, time_limit_s=2, max_memory_bytes=least.value / 2))
+    auto_schedule(tasks_only, costs, Constraints(max_depth=3, max_memory_bytes=least.value / 2),
+                  solver=SolverOptions(time_limit_s=2))
 except MemoryCapError as err:
     impossible = err
     print(err)"""),

@@ -135,7 +135,7 @@ def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callab
                            ) -> List[Tuple[Any, int]]:
     """Make the verification's engine runs report the period ``truth`` simulates for each plan.
 
-    ``autosched.verify.loop`` measures a plan by one engine run per round. Patched here, each run still
+    ``autosched.verify.measure`` measures a plan by one engine run per round. Patched here, each run still
     runs the plan on the engine (its tasks, its failures), but the period it reports is
     ``simulate(plan, truth).period`` (times ``factor(plan)`` when given): the machine, made
     deterministic, so which plan is measured fastest no longer depends on the load. ``truth`` is the
@@ -146,7 +146,7 @@ def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callab
     list of (PipelinePlan, int)
         Each engine run in order: the plan and its number of batches (warm-up runs included).
     """
-    import autosched.verify.loop as verify
+    import autosched.verify.measure as verify
     from autosched.model.simulate import simulate
 
     engine_run = verify._one_run

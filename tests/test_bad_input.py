@@ -150,7 +150,7 @@ BAD_PLAN_FILES: Dict[str, Tuple[Any, type, str]] = {
     "top level list": ([_PLAN_OK], GraphFileError, "top level"),
     "no format": (_with(_PLAN_OK, format=_DROP), GraphFileError, "format"),
     "task graph given as plan": (_GRAPH_OK, GraphFileError, "format"),
-    "version 2": (_with(_PLAN_OK, version=2), GraphFileError, "version"),
+    "version 3": (_with(_PLAN_OK, version=3), GraphFileError, "version"),
     "unknown top field": (_with(_PLAN_OK, taks=[]), GraphFileError, "taks"),
     "no tasks": (_with(_PLAN_OK, tasks=_DROP), GraphFileError, "tasks"),
     "empty tasks": (_with(_PLAN_OK, tasks=[]), GraphFileError, "tasks"),

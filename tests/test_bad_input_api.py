@@ -15,7 +15,7 @@ from swpipe import (PipelinePlan, PipelineTask, PlanError, SWPipeline, TaskSched
                     simulate, validate, what_if)
 from swpipe.cli import main
 from autosched.model.costs import CostModel, CostModelError, TaskCost
-from autosched.search.entry import Constraints
+from autosched.search.options import Constraints, SolverOptions
 from swpipe_core.measure.profiler import TaskProfiler
 
 
@@ -80,7 +80,8 @@ def test_a_dict_of_floats_is_seconds_of_host_time_everywhere():
     assert lower_bounds(plan, seconds).value == pytest.approx(lower_bounds(plan, model).value)
     table = what_if(plan, seconds, {"Step": 2.0})
     assert table["period_s"].iloc[1] == pytest.approx(0.006)
-    auto, report = auto_schedule(plan, seconds, Constraints(max_depth=2, max_threads=2, time_limit_s=5))
+    auto, report = auto_schedule(plan, seconds, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=5))
     assert report.period_s == pytest.approx(0.003)
 
 
@@ -131,9 +132,9 @@ def test_profile_report_prints_host_device_and_exposed_time_per_task():
     assert "CostModel.from_profile takes host_s = Host" in text
 
 
-@pytest.mark.parametrize("field,value", [("max_depth", "3"), ("max_threads", 0), ("time_limit_s", -1.0),
-                                         ("method", "annealing"), ("device", "tpu"), ("streams", "memcpy"),
-                                         ("frozen", ["A"]), ("progress", "yes")])
+@pytest.mark.parametrize("field,value", [("max_depth", "3"), ("max_threads", 0), ("device", "tpu"),
+                                         ("streams", "memcpy"), ("frozen", ["A"]), ("globally_ordered", "A"),
+                                         ("max_memory_bytes", 0)])
 def test_a_bad_constraint_is_an_error_at_construction_naming_the_field(field, value):
     from autosched._fields import OptionError
 
@@ -148,3 +149,43 @@ def test_a_bad_verify_option_is_an_error_at_construction_naming_the_field(field,
 
     with pytest.raises(OptionError, match=re.escape(f"VerifyOptions({field}={value!r}): expected ")):
         VerifyOptions(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("time_limit_s", -1.0), ("time_limit_s", "5"), ("seed", -1),
+                                         ("method", "annealing"), ("cpsat_max_tasks", 2.5), ("beam_width", 0),
+                                         ("beam_rounds", "20"), ("num_workers", 0), ("num_iterations", 1),
+                                         ("time_unit_s", 0.0), ("progress", "yes")])
+def test_a_bad_solver_option_is_an_error_at_construction_naming_the_field(field, value):
+    from autosched._fields import OptionError
+
+    with pytest.raises(OptionError, match=re.escape(f"SolverOptions({field}={value!r}): expected ")):
+        SolverOptions(**{field: value})
+
+
+def test_a_solver_option_given_to_constraints_names_its_new_home_and_the_fix():
+    with pytest.raises(TypeError) as info:
+        Constraints(max_depth=2, time_limit_s=5)
+    msg = str(info.value)
+    assert "time_limit_s is a solver option" in msg and "solver=SolverOptions(time_limit_s=5)" in msg
+    with pytest.raises(TypeError, match=re.escape("seed, method are solver options") + ".*"
+                       + re.escape("solver=SolverOptions(seed=1, method='beam')")):
+        Constraints(seed=1, method="beam")
+    with pytest.raises(TypeError, match=re.escape("constraints=Constraints(max_depth=2)")):
+        SolverOptions(max_depth=2)
+
+
+@pytest.mark.parametrize("kwargs,argument,expected", [
+    (dict(solver={"time_limit_s": 5}), "solver", "SolverOptions"),
+    (dict(solver=Constraints(max_depth=2)), "solver", "SolverOptions"),
+    (dict(constraints=SolverOptions(time_limit_s=5)), "constraints", "Constraints"),
+    (dict(constraints={"max_depth": 2}), "constraints", "Constraints"),
+    (dict(verify="yes"), "verify", "VerifyOptions"),
+])
+def test_auto_schedule_refuses_options_of_another_type_naming_the_argument(kwargs, argument, expected):
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    with pytest.raises(TypeError) as info:
+        auto_schedule(_pipelined(), costs, **kwargs)
+    msg = str(info.value)
+    assert f"auto_schedule({argument}=...)" in msg and expected in msg, msg
+    if isinstance(kwargs.get(argument), (Constraints, SolverOptions)):  # the type given names where it goes
+        assert f"as {'solver' if argument == 'constraints' else 'constraints'}=" in msg, msg

@@ -8,13 +8,14 @@ import pytest
 
 from autosched.search.enumerate import brute_force, random_graph, random_problem, stage_assignments
 from autosched.search.problem import make_problem
-from autosched.search.beam import beam_search, sim_scorer
+from autosched.search.beam import beam_search
+from autosched.search.scoring import sim_scorer
 from autosched.search.bounds import recurrence_bound
 from autosched.search.modulo import Candidate, _Pool, _Ring, modulo_schedule
 from autosched.search.presets import FIRE_POLICIES, fire_order, thread_presets
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.cpsat import solve_cpsat
-from autosched.search.entry import Constraints
+from autosched.search.options import Constraints
 from swpipe_core.validate import validate
 
 SMALL = [
@@ -227,9 +228,9 @@ def test_beam_candidate_from_each_preset_is_valid():
     problem = make_problem(graph, costs, Constraints(max_depth=2, max_threads=3))
     stream = tuple(problem.init_stream[n] for n in problem.names)
     rec = recurrence_bound(problem)
-    from autosched.search.beam import _Evaluator
+    from autosched.search.scoring import Evaluator
 
-    ev = _Evaluator(problem, sim_scorer(problem, 16), rec)
+    ev = Evaluator(problem, sim_scorer(problem, 16), rec)
     for name, groups in thread_presets(problem, problem.init_stream).items():
         sc = ev.evaluate(Candidate(groups, stream, fire_order(problem, "critical_chain_first")))
         assert sc is not None, name

@@ -154,18 +154,20 @@ def test_one_rank_plans_keep_the_factories_marks(name, env):
 
 def test_the_plans_searched_for_several_ranks_keep_every_collective_ordered(two_rank_workload, issuers):
     from autosched.model.costs import CostModel, TaskCost
-    from autosched.search.entry import Constraints, auto_schedule
-    from autosched.verify.loop import serial_plan
-    from swpipe.workloads.agree import plan_fields
-    from swpipe.workloads.autoplan import _auto_seeds, _plan_from_fields, safe_task_plan
+    from autosched.search.options import Constraints, SolverOptions
+    from autosched.search.entry import auto_schedule
+    from autosched.verify.candidates import serial_plan
+    from swpipe.workloads.autoplan import _auto_seeds, safe_task_plan
+    from swpipe_core.planfile import plan_from_dict, plan_to_dict
 
     base = safe_task_plan(two_rank_workload)
     assert _ordered(base) == issuers["prefetch"]  # the search's task graph is prefetch's
     costs = CostModel({n: TaskCost(0.001 * (1 + k % 3)) for k, n in enumerate(base.task_names)})
     seeds = _auto_seeds(two_rank_workload, base)
-    found, _ = auto_schedule(base, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=2.0),
+    found, _ = auto_schedule(base, costs, Constraints(max_depth=3, max_threads=3),
+                             solver=SolverOptions(time_limit_s=2.0),
                              seeds=seeds, verify=False)
-    shared = _plan_from_fields(plan_fields(found))  # what rank 0 hands every other rank
+    shared = plan_from_dict(plan_to_dict(found))  # what rank 0 hands every other rank
     # the searched plan carries its caller's group and hand-offs: the demo measures it as it is
     plans = [("found", found), ("shared", shared), ("serial", serial_plan(found)), *seeds]
     for label, plan in plans:

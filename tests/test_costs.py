@@ -10,7 +10,7 @@ import pytest
 
 from autosched.model.costs import SCHEMA, CostModel, CostModelError, TaskCost
 from swpipe_core.plan import PipelinePlan, TaskSchedule
-from swpipe_core.measure.profiler import ProfileResult
+from swpipe_core.measure.result import ProfileResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COST_DIR = os.path.join(ROOT, "cost_models")

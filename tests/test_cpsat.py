@@ -6,10 +6,10 @@ import pytest
 
 from autosched.search.enumerate import brute_force, enumerate_plans, random_problem
 from autosched.search.problem import make_problem
-from autosched.search.beam import sim_scorer
+from autosched.search.scoring import sim_scorer
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.cpsat import model_lower_bound, solve_cpsat
-from autosched.search.entry import Constraints
+from autosched.search.options import Constraints
 from swpipe_core.order import period_local_graph
 from swpipe_core.validate import validate
 

@@ -388,11 +388,13 @@ def test_strict_mode_passes_fused_sparse_dist_one_thread_per_stream():
 @pytest.mark.timeout(120)
 def test_auto_schedule_infers_deps_and_reports_them_honoured():
     from autosched.model.costs import CostModel, TaskCost
-    from autosched.search.entry import Constraints, auto_schedule
+    from autosched.search.options import Constraints, SolverOptions
+    from autosched.search.entry import auto_schedule
     model, opt, batches, tasks = _mlp()
     costs = CostModel({"Load": TaskCost(0.002), "Forward": TaskCost(0.004), "Backward": TaskCost(0.006),
                        "Step": TaskCost(0.001)})
-    plan, report = auto_schedule(list(tasks.values()), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=5),
+    plan, report = auto_schedule(list(tasks.values()), costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=5),
                                  deps="infer", batches=batches[:2], state=[model, opt])
     assert sorted(plan.intra_edges()) == sorted(README_INTRA) and plan.inter_edges() == README_INTER
     assert "inferred ('Forward', 'Step', 1) honoured (RAW 0.weight, 0.bias (+2 more))" in report.notes

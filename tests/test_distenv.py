@@ -15,6 +15,7 @@ from swpipe.workloads.agree import PlanMismatchError, check_same_plan, combine_s
 from swpipe.workloads.distenv import LAUNCHER_VARS, group_timeout, init_distributed, launcher_env
 from swpipe_core.distributed import agree_on_end
 from swpipe_core.plan import PipelinePlan, TaskSchedule
+from swpipe_core.planfile import plan_to_dict
 from conftest import free_port
 
 
@@ -106,7 +107,7 @@ def test_plans_that_differ_between_ranks_raise_naming_rank_and_fields(clean_env,
     mine = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, "s")}, [("B", "A")])
     theirs = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, "t")}, [("B", "A")],
                           enqueue_policy="enqueue_order", enqueue_order=["A", "B"])
-    monkeypatch.setattr(agree, "gather", lambda env, obj: [obj, agree.plan_fields(theirs)])
+    monkeypatch.setattr(agree, "gather", lambda env, obj: [obj, plan_to_dict(theirs)])
     with pytest.raises(PlanMismatchError, match=r"Differs from rank 0's: rank 1: schedule of B, enqueue_order, "
                                                 r"enqueue_policy\. Fix:"):
         check_same_plan(None, mine, "test plan")

@@ -425,7 +425,7 @@ def test_profiler_shows_pipelined_and_serial_ranges():
 
 def test_no_profiler_ranges_when_profiler_is_off(monkeypatch):
     """The hot path builds no range names when nothing records them."""
-    import swpipe_core.engine.pipeline as engine
+    import swpipe_core.engine.serial as engine
 
     built = []
     original = SWPipeline._range_name
@@ -466,7 +466,7 @@ def test_iter_context_is_fresh_per_iteration():
 
 
 def test_signal_flag_wakes_every_waiter_and_tolerates_concurrent_sets():
-    from swpipe_core.engine.pipeline import _Flag
+    from swpipe_core.engine.state import _Flag
 
     flag = _Flag()
     assert flag.wait(0.01) is False

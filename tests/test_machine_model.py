@@ -14,8 +14,10 @@ import pytest
 
 from autosched.model.machine import searched_costs, simulate_folded
 from autosched.model.costs import CostModel, TaskCost
-from autosched.search.entry import Constraints, auto_schedule
-from autosched.verify.loop import VerifyOptions, predict_periods
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
+from autosched.verify.loop import VerifyOptions
+from autosched.verify.predict import predict_periods
 from swpipe_core.measure.calibrate import MachineCalibration
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -55,7 +57,7 @@ def test_the_searched_costs_hold_the_engine_costs_and_the_core_pool_and_nothing_
 
 def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verification(monkeypatch):
     # the machine runs exactly as the model says, so no refit round moves the pool
-    import autosched.verify.loop as verify
+    import autosched.verify.measure as verify
 
     engine_run, folded = verify._one_run, searched_costs(CostModel(TASKS, machine_calibration=CAL))
 
@@ -70,7 +72,8 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
     fns = {n: (lambda ctx: None) for n in TASKS}
     tasks = [PipelineTask(n, fns[n]) for n in TASKS]
     costs = CostModel(TASKS, machine_calibration=CAL)
-    plan, report = auto_schedule((tasks, GRAPH[1]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=3),
+    plan, report = auto_schedule((tasks, GRAPH[1]), costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=3),
                                  verify=VerifyOptions(rounds=1, max_rounds=1, iterations=8), batches=list(range(8)))
     assert seen, "the call simulated nothing"
     for model, period_s, wake_s in seen:  # the searchers, the depth check, the what-ifs, the report, the predictions
@@ -91,7 +94,8 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
 
 def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_too():
     """The per-hand-off cost is in the search's scores, not only in the verification's predictions."""
-    from autosched.search.problem import build_plan, make_problem
+    from autosched.search.plans import build_plan
+    from autosched.search.problem import make_problem
 
     cal = MachineCalibration(dep_s=5e-4, cores_free=2.0, cpu_count=2)
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)}, machine_calibration=cal)
@@ -107,7 +111,8 @@ def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_
 def test_without_a_calibration_or_with_calibrated_false_the_costs_are_simulated_as_given(monkeypatch):
     seen = _spy_on_the_simulator(monkeypatch)
     costs = CostModel(TASKS, machine_calibration=CAL)
-    _, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=2), calibrated=False)
+    _, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2),
+                              solver=SolverOptions(time_limit_s=2), calibrated=False)
     assert all(period_s == 0.0 and model.cores is None for model, period_s, _ in seen)
     assert not any("calibration folded in" in n for n in report.notes)
     one = PipelinePlan({"A": TaskSchedule(0)})

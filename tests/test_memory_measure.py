@@ -13,7 +13,8 @@ from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.measure.memory import measure_task_memory, reachable_bytes, reachable_storages
 from swpipe_core.plan import IterContext
-from swpipe_core.measure.profiler import ProfileResult, TaskProfiler
+from swpipe_core.measure.profiler import TaskProfiler
+from swpipe_core.measure.result import ProfileResult
 
 
 @dataclasses.dataclass

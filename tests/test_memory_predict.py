@@ -13,8 +13,10 @@ from autosched.search.bounds import lower_bounds
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
 from autosched.model.memory import min_memory, predict_memory
-from autosched.search.memcap import MemoryCapError, pareto_front
-from autosched.search.entry import Constraints, auto_schedule
+from autosched.search.memcap import MemoryCapError
+from autosched.search.tradeoff import pareto_front
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
 from autosched.model.simulate import simulate
 from autosched.model.whatif import what_if
 from swpipe_core import pipelines
@@ -167,10 +169,11 @@ def _cap_costs():
 
 def test_cap_below_deepest_plan_returns_shallower_plan_that_fits():
     costs = _cap_costs()
-    deep, deep_report = auto_schedule(_GRAPH, costs, Constraints(max_depth=2, time_limit_s=4))
+    deep, deep_report = auto_schedule(_GRAPH, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=4))
     assert deep.pipeline_depth == 2 and deep_report.peak_bytes == pytest.approx(2200)
     cap = 1500
-    plan, report = auto_schedule(_GRAPH, costs, Constraints(max_depth=2, time_limit_s=4, max_memory_bytes=cap))
+    plan, report = auto_schedule(_GRAPH, costs, Constraints(max_depth=2, max_memory_bytes=cap),
+                                 solver=SolverOptions(time_limit_s=4))
     assert plan.pipeline_depth == 1
     assert simulate(plan, costs).memory.peak_bytes <= cap
     assert report.period_s > deep_report.period_s and report.peak_bytes == pytest.approx(1100)
@@ -182,21 +185,23 @@ def test_cap_below_deepest_plan_returns_shallower_plan_that_fits():
 
 
 def test_generous_cap_keeps_the_fastest_plan():
-    plan, report = auto_schedule(_GRAPH, _cap_costs(), Constraints(max_depth=2, time_limit_s=4,
-                                                                   max_memory_bytes=10_000))
+    plan, report = auto_schedule(_GRAPH, _cap_costs(), Constraints(max_depth=2, max_memory_bytes=10_000),
+                                 solver=SolverOptions(time_limit_s=4))
     assert plan.pipeline_depth == 2 and report.period_s == pytest.approx(0.003)
 
 
 def test_impossible_cap_names_the_least_memory_a_plan_needs():
     with pytest.raises(MemoryCapError, match=r"every plan needs at least 1100 bytes") as err:
-        auto_schedule(_GRAPH, _cap_costs(), Constraints(max_depth=2, time_limit_s=4, max_memory_bytes=500))
+        auto_schedule(_GRAPH, _cap_costs(), Constraints(max_depth=2, max_memory_bytes=500),
+                      solver=SolverOptions(time_limit_s=4))
     assert err.value.min_bytes == 1100
 
 
 def test_cap_without_byte_figures_says_how_to_get_them():
     costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
     with pytest.raises(ValueError, match="needs memory figures"):
-        auto_schedule(_GRAPH, costs, Constraints(max_depth=2, time_limit_s=4, max_memory_bytes=500))
+        auto_schedule(_GRAPH, costs, Constraints(max_depth=2, max_memory_bytes=500),
+                      solver=SolverOptions(time_limit_s=4))
 
 
 def test_transient_bytes_raise_the_level_while_the_task_runs():

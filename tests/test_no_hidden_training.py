@@ -81,6 +81,6 @@ def test_calibration_with_state_restores_it():
     before = _state_dicts(model, opt)
     with SWPipeline(plan, device="cpu") as pipe, warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        calibrate(pipe, BATCH, iterations=10, repeats=1, gil_iterations=2, state=[model, opt])
+        calibrate(pipe, BATCH, iterations=10, repeats=1, cpu_iterations=2, state=[model, opt])
     after = _state_dicts(model, opt)
     assert _same(before[0], after[0]) and _same(before[1], after[1])

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.measure.profiler import ProfileResult, TaskProfiler
+from swpipe_core.measure.profiler import TaskProfiler
+from swpipe_core.measure.result import ProfileResult
 from swpipe_core.engine.shortcut import _ShortcutState
 from conftest import FakeClock
 

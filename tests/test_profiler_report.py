@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swpipe_core.measure.profiler import ProfileResult
+from swpipe_core.measure.result import ProfileResult
 
 
 def _result(**exposed_rounds):

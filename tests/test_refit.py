@@ -14,9 +14,11 @@ import pytest
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.verify.refit import fit_core_pool
-from autosched.search.entry import Constraints, auto_schedule
-from autosched.verify.loop import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, measure_refit, plan_key, \
-    serial_plan
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
+from autosched.verify.candidates import plan_key, serial_plan
+from autosched.verify.loop import VerifyOptions, measure_refit
+from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
 from autosched.search.problem import make_problem
 from conftest import measured_by_simulation
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -77,7 +79,8 @@ def test_gil_bound_tasks_refit_a_two_core_model_to_one_core_and_the_returned_pla
     measured_by_simulation(monkeypatch, CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, cores=1))
     a, b = PipelineTask("A", _spin(0.003)), PipelineTask("B", _spin(0.003))
     costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, cores=2)
-    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=4),
                                  verify=VerifyOptions(rounds=2, iterations=16), batches=list(range(16)))
     notes = "\n".join(report.verify.notes + (report.verify.earlier.notes if report.verify.earlier else []))
     assert "fit a pool of 1 core(s) better than the model's 2" in notes
@@ -92,8 +95,8 @@ def test_a_refitted_plan_measured_faster_than_the_choice_is_returned(monkeypatch
     a, b = PipelineTask("A", _sleeper(0.003)), PipelineTask("B", _sleeper(0.003))
     costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, cores=2)
     measured_by_simulation(monkeypatch, costs)  # two 3 ms sleeps: 3 ms pipelined on two threads, 6 ms serial
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=4)
-    fast, report = auto_schedule(([a, b], [(b, a)]), costs, c, verify=False)
+    c = Constraints(max_depth=2, max_threads=2)
+    fast, report = auto_schedule(([a, b], [(b, a)]), costs, c, solver=SolverOptions(time_limit_s=4), verify=False)
     assert report.period_s == pytest.approx(0.003)
     slow = serial_plan(fast)
     batches = list(range(12))
@@ -114,15 +117,15 @@ def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model
     import autosched.verify.loop as verify_mod
     from autosched.model.machine import searched_costs
     from autosched.verify.refit import PoolFit
-    from autosched.search.entry import _refit_round
+    from autosched.search.core import refit_round
     from swpipe_core.measure.calibrate import MachineCalibration
 
     a, b = PipelineTask("A", _sleeper(0.003)), PipelineTask("B", _sleeper(0.003))
     graph = ([a, b], [(b, a)])
     cal = MachineCalibration(cores_free=2.0, cpu_count=2, cpu={"A": 0.0, "B": 0.0})  # both off the CPU
     costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.003)}, machine_calibration=cal)
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=4)
-    _, report = auto_schedule(graph, costs, c, verify=False)
+    c, s = Constraints(max_depth=2, max_threads=2), SolverOptions(time_limit_s=4)
+    _, report = auto_schedule(graph, costs, c, solver=s, verify=False)
     serial = serial_plan(report.plan)
     table = VerifyTable([PlanMeasurement("serial", serial, [0.006], predicted_s=0.006)], rounds=1, iterations=12)
     report = dataclasses.replace(report, plan=serial, verify=table)
@@ -137,7 +140,7 @@ def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model
         return report
 
     monkeypatch.setattr(verify_mod, "measure_refit", fake_measure_refit)
-    _refit_round(graph, problem, c, None, report, list(range(12)), VerifyOptions(rounds=1))
+    refit_round(graph, problem, c, s, None, report, list(range(12)), VerifyOptions(rounds=1))
     refitted = seen["problem"]
     assert refitted.costs.cores == 1
     assert refitted.calibration is cal  # one machine model: only its pool is refitted

@@ -70,11 +70,12 @@ def test_the_simulator_serialises_the_two_tasks_of_a_period():
 def test_searchers_and_plan_files_refuse_same_period_deps_with_a_fix():
     from autosched.model.costs import CostModel, TaskCost
     from autosched.model.graph import plan_to_graph
-    from autosched.search.entry import Constraints, auto_schedule
+    from autosched.search.options import Constraints, SolverOptions
+    from autosched.search.entry import auto_schedule
 
     costs = CostModel({"Prefetch": TaskCost(0.001), "Backward": TaskCost(0.001)})
     with pytest.raises(ValueError, match="same_period_deps.*inter_iter_deps"):
-        auto_schedule(_plan(), costs, Constraints(time_limit_s=2))
+        auto_schedule(_plan(), costs, Constraints(), solver=SolverOptions(time_limit_s=2))
     with pytest.raises(ValueError, match="same_period_deps.*inter_iter_deps"):
         plan_to_graph(_plan())
 

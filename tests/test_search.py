@@ -10,7 +10,9 @@ import pytest
 from autosched.search.enumerate import random_graph, random_problem
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
-from autosched.search.entry import Constraints, SearchReport, auto_schedule
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.report import SearchReport
+from autosched.search.entry import auto_schedule
 from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
@@ -59,7 +61,8 @@ def _assert_dependencies_held(plan: PipelinePlan, rec: _Recorder, iterations: in
 @pytest.mark.parametrize("seed,method", [(0, "auto"), (3, "beam"), (5, "cpsat")])
 def test_returned_plan_validates_and_runs_on_the_engine(seed, method):
     graph, costs = random_problem(seed, 5, 0.5, tags=True)
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, time_limit_s=8, method=method))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=8, method=method))
     validate(plan)
     rec = _run_on_engine(plan)
     _assert_dependencies_held(plan, rec, 8)
@@ -68,7 +71,8 @@ def test_returned_plan_validates_and_runs_on_the_engine(seed, method):
 
 def test_larger_graph_plan_runs_on_the_engine():
     graph, costs = random_graph(2, 30)
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=3, method="beam"))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=3),
+                                 solver=SolverOptions(time_limit_s=3, method="beam"))
     validate(plan)
     _assert_dependencies_held(plan, _run_on_engine(plan, 6), 6)
     assert report.period_s <= report.serial_period_s
@@ -77,7 +81,7 @@ def test_larger_graph_plan_runs_on_the_engine():
 def test_declared_dependencies_are_never_dropped():
     (tasks, intra, inter), costs = random_problem(4, 5, 0.6)
     inter = inter + [("T0", "T4", 1)]
-    plan, _ = auto_schedule((tasks, intra, inter), costs, Constraints(time_limit_s=10))
+    plan, _ = auto_schedule((tasks, intra, inter), costs, Constraints(), solver=SolverOptions(time_limit_s=10))
     assert sorted(plan.intra_edges()) == sorted(intra)
     assert sorted(plan.inter_edges()) == sorted(inter)
 
@@ -87,7 +91,7 @@ def test_task_functions_travel_with_the_tasks():
     tasks = [PipelineTask(n, fns[n]) for n in fns]
     graph = task_graph(tasks, [("B", "A"), ("C", "B")])
     costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002), "C": TaskCost(0.001)})
-    plan, _ = auto_schedule(graph, costs, Constraints(time_limit_s=10))
+    plan, _ = auto_schedule(graph, costs, Constraints(), solver=SolverOptions(time_limit_s=10))
     assert plan.unbound_tasks() == []
     assert all(plan.task(n).fn is fns[n] for n in fns)
 
@@ -96,7 +100,8 @@ def test_caps_frozen_entries_and_collectives_are_honoured():
     graph, costs = random_graph(6, 14)
     costs = costs.replace("T004", resources=("comm:nccl",)).replace("T009", resources=("comm:nccl",))
     frozen = {"T013": {"stage": 2, "thread_group": "compute"}, "T000": {"thread_group": "io"}}
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, frozen=frozen, time_limit_s=4))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, frozen=frozen),
+                                 solver=SolverOptions(time_limit_s=4))
     assert plan.pipeline_depth <= 3 and report.depth == plan.pipeline_depth
     assert {plan.sched(n).thread_group for n in plan.task_names} <= {"compute", "io"}
     assert plan.stage("T013") == 2 and plan.sched("T013").thread_group == "compute"
@@ -110,7 +115,8 @@ def test_never_worse_than_the_given_plan():
     costs = CostModel({"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)})
     given = PipelinePlan({"Load": TaskSchedule(0), "Fwd": TaskSchedule(1), "Bwd": TaskSchedule(1), "Opt": TaskSchedule(1)},
                          intra_iter_deps=[("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
-    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=10))
     base = simulate(given, costs).period
     assert report.baseline_period_s == pytest.approx(base)
     assert report.period_s <= base * (1 + 1e-9)
@@ -121,10 +127,10 @@ def test_never_worse_than_the_given_plan():
 def test_search_with_one_free_core_cannot_beat_total_host_work(method):
     tasks = {"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)}
     graph = (list(tasks), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10, method=method)
-    _, free = auto_schedule(graph, CostModel(tasks), c)
+    c, s = Constraints(max_depth=2, max_threads=2), SolverOptions(time_limit_s=10, method=method)
+    _, free = auto_schedule(graph, CostModel(tasks), c, solver=s)
     assert free.period_s == pytest.approx(0.005)  # two threads split the 10 ms of work
-    plan, one = auto_schedule(graph, CostModel(tasks, cores=1), c)
+    plan, one = auto_schedule(graph, CostModel(tasks, cores=1), c, solver=s)
     # one core runs all 10 ms in turn, whatever the plan; the report's bound says so
     assert one.period_s == pytest.approx(0.010) and one.lower_bound_s == pytest.approx(0.010)
     assert one.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
@@ -135,8 +141,8 @@ def test_search_with_one_free_core_cannot_beat_total_host_work(method):
 def test_search_overlaps_a_nocore_task_with_the_one_core(method):
     tasks = {"Wait": TaskCost(0.004, 0.0, ("nocore",)), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.003)}
     graph = (list(tasks), [("Fwd", "Wait"), ("Bwd", "Fwd")])
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10, method=method)
-    plan, report = auto_schedule(graph, CostModel(tasks, cores=1), c)
+    plan, report = auto_schedule(graph, CostModel(tasks, cores=1), Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=10, method=method))
     # the 4 ms wait runs beside the 6 ms the one core does; no plan beats the core's 6 ms
     assert report.period_s == pytest.approx(0.006) and report.lower_bound_s == pytest.approx(0.006)
     assert plan.sched("Wait").thread_group != plan.sched("Fwd").thread_group
@@ -148,28 +154,28 @@ def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
 
     tasks = {"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.004), "Opt": TaskCost(0.001)}
     graph = (list(tasks), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=10)
+    c, s = Constraints(max_depth=2, max_threads=2), SolverOptions(time_limit_s=10)
     cal = MachineCalibration(task_s=1e-4, cores_free=1.0, cpu_count=2)
-    _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c)
+    _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s)
     # one free core: the 10 ms of work plus 0.1 ms of engine per task, one after another
     assert folded.period_s == pytest.approx(0.0104) and folded.bound_binding == "cores"
     assert folded.notes[0].startswith("searched with the machine calibration folded in")
     assert "1 free core" in folded.notes[0]
-    _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, calibrated=False)
+    _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s, calibrated=False)
     assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
     from autosched.model.machine import calibrated_costs  # a model folded already is not folded twice
 
-    _, again = auto_schedule(graph, calibrated_costs(CostModel(tasks, machine_calibration=cal)), c)
+    _, again = auto_schedule(graph, calibrated_costs(CostModel(tasks, machine_calibration=cal)), c, solver=s)
     assert again.period_s == pytest.approx(folded.period_s)
 
 
 def test_search_with_two_cores_for_three_threads_balances_on_the_pool():
     tasks = {n: TaskCost(0.002) for n in "ABCDEF"}
     graph = (list(tasks), [])
-    c = Constraints(max_depth=2, max_threads=3, time_limit_s=10)
-    _, free = auto_schedule(graph, CostModel(tasks), c)
+    c, s = Constraints(max_depth=2, max_threads=3), SolverOptions(time_limit_s=10)
+    _, free = auto_schedule(graph, CostModel(tasks), c, solver=s)
     assert free.period_s == pytest.approx(0.004)  # 12 ms on three threads
-    plan, pooled = auto_schedule(graph, CostModel(tasks, cores=2), c)
+    plan, pooled = auto_schedule(graph, CostModel(tasks, cores=2), c, solver=s)
     assert pooled.period_s == pytest.approx(0.006) and pooled.lower_bound_s == pytest.approx(0.006)
     validate(plan)
 
@@ -178,7 +184,8 @@ def test_given_plan_kept_when_nothing_beats_it():
     costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.002)})
     given = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
                          intra_iter_deps=[("B", "A")])
-    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=10))
     assert report.period_s == pytest.approx(0.002) and report.status == "OPTIMAL"
     assert report.gap_pct == pytest.approx(0.0, abs=1e-6)
 
@@ -186,7 +193,8 @@ def test_given_plan_kept_when_nothing_beats_it():
 def test_report_says_what_binds_and_how_to_go_faster():
     costs = CostModel({"H2D": TaskCost(0.001), "Fwd": TaskCost(0.004), "Bwd": TaskCost(0.006)})
     graph = (["H2D", "Fwd", "Bwd"], [("Fwd", "H2D"), ("Bwd", "Fwd")], [("Fwd", "Bwd", 1)])
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=10))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=10))
     assert isinstance(report, SearchReport)
     assert report.period_s == pytest.approx(0.010)   # Fwd(i) waits Bwd(i-1): a 10 ms recurrence
     assert report.lower_bound_s == pytest.approx(0.010) and report.gap_pct == pytest.approx(0.0, abs=1e-6)
@@ -202,7 +210,7 @@ def test_depth_is_chosen_for_memory_when_it_costs_nothing():
     # one thread: nothing overlaps, so a deeper pipeline cannot help and depth 1 must be chosen
     costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002), "C": TaskCost(0.003)})
     plan, report = auto_schedule((["A", "B", "C"], [("B", "A"), ("C", "B")]), costs,
-                                 Constraints(max_depth=3, max_threads=1, time_limit_s=10))
+                                 Constraints(max_depth=3, max_threads=1), solver=SolverOptions(time_limit_s=10))
     assert plan.pipeline_depth == 1 and report.depth == 1
     assert report.period_s == pytest.approx(0.006)
 
@@ -210,8 +218,8 @@ def test_depth_is_chosen_for_memory_when_it_costs_nothing():
 def test_cuda_semantics_search_streams():
     (tasks, intra, inter), _ = random_problem(2, 5, 0.5)
     costs = CostModel({t: TaskCost(0.0002, 0.001 * (1 + i % 3)) for i, t in enumerate(tasks)})
-    c = Constraints(device="cuda", streams=[None, "side"], max_depth=3, max_threads=2, time_limit_s=6)
-    plan, report = auto_schedule((tasks, intra, inter), costs, c)
+    c = Constraints(device="cuda", streams=[None, "side"], max_depth=3, max_threads=2)
+    plan, report = auto_schedule((tasks, intra, inter), costs, c, solver=SolverOptions(time_limit_s=6))
     validate(plan)
     assert {plan.sched(n).stream for n in plan.task_names} <= {None, "side"}
     assert report.period_s == pytest.approx(simulate(plan, costs, 240, device="cuda").period, rel=1e-9)
@@ -231,7 +239,7 @@ def test_bad_input_is_a_clear_error(bad, err):
     graph = bad.get("graph", (["A", "B"], [("B", "A")]))
     costs = bad.get("costs", CostModel({"A": TaskCost(0.001), "B": TaskCost(0.001)}))
     with pytest.raises(err) as info:
-        auto_schedule(graph, costs, bad.get("constraints", Constraints(time_limit_s=5)))
+        auto_schedule(graph, costs, bad.get("constraints"), solver=SolverOptions(time_limit_s=5))
     assert str(info.value)
 
 
@@ -239,7 +247,8 @@ def test_frozen_stage_that_breaks_a_corollary_has_no_plan():
     costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.001)})
     with pytest.raises(RuntimeError, match="no plan satisfies"):
         auto_schedule((["A", "B"], [("B", "A")]), costs,
-                      Constraints(max_depth=2, frozen={"A": {"stage": 1}, "B": {"stage": 0}}, time_limit_s=5))
+                      Constraints(max_depth=2, frozen={"A": {"stage": 1}, "B": {"stage": 0}}),
+                      solver=SolverOptions(time_limit_s=5))
 
 
 # ----------------------------------------------------------------------------- the caller's group
@@ -265,7 +274,8 @@ def test_a_searched_plan_runs_the_group_the_search_chose_on_the_callers_thread(m
     load, step = PipelineTask("Load", fn("Load")), PipelineTask("Step", fn("Step"))
     costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
     plan, report = auto_schedule(([load, step], [(step, load)]), costs,
-                                 Constraints(max_depth=2, max_threads=2, method=method, time_limit_s=5))
+                                 Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(method=method, time_limit_s=5))
     # both groups on workers would run no faster in the model: the busiest runs inline, one worker fewer
     assert report.period_s == pytest.approx(0.003)
     assert plan.caller_group == "default" and plan.sched("Step").thread_group == "default"
@@ -281,20 +291,21 @@ def test_the_input_plans_caller_group_decides_whether_a_group_may_run_inline():
     costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
     given = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Step": TaskSchedule(1, thread_group="main")},
                          intra_iter_deps=[("Step", "Load")], caller_group=None)
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=5)
-    plan, report = auto_schedule(given, costs, c)
+    s = SolverOptions(time_limit_s=5)
+    plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2), solver=s)
     assert plan.caller_group is None and report.period_s == pytest.approx(0.003)
     assert "each with a worker" in report.summary()
     # a group frozen under the caller's group's name always runs inline, even the lighter one
-    frozen = Constraints(max_depth=2, max_threads=2, time_limit_s=5, frozen={"Load": {"thread_group": "default"}})
-    plan, _ = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, frozen)
+    frozen = Constraints(max_depth=2, max_threads=2, frozen={"Load": {"thread_group": "default"}})
+    plan, _ = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, frozen, solver=s)
     assert plan.caller_group == "default" and plan.sched("Load").thread_group == "default"
     assert plan.sched("Step").thread_group != "default"
 
 
 def test_the_simulator_scores_a_searched_plan_with_its_hand_offs():
-    from autosched.search.problem import build_plan, make_problem
-    from autosched.search.beam import sim_scorer
+    from autosched.search.plans import build_plan
+    from autosched.search.problem import make_problem
+    from autosched.search.scoring import sim_scorer
 
     graph = (["Load", "Fwd", "Bwd"], [("Fwd", "Load"), ("Bwd", "Fwd")])
     costs = CostModel({"Load": TaskCost(0.002), "Fwd": TaskCost(0.003), "Bwd": TaskCost(0.003)})
@@ -319,8 +330,8 @@ def test_the_search_hands_off_late_where_a_lock_makes_that_faster():
                        "Bwd": TaskCost(0.003)})
     frozen = {"Load": {"thread_group": "io", "stage": 0}, "Fwd": {"thread_group": "default", "stage": 1},
               "Bwd": {"thread_group": "default", "stage": 1}}
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=2, max_threads=2, frozen=frozen,
-                                                           time_limit_s=5))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=2, max_threads=2, frozen=frozen),
+                                 solver=SolverOptions(time_limit_s=5))
     assert plan.caller_group == "default" and plan.enqueue_order == ["Fwd", "Load", "Bwd"]
     assert report.period_s == pytest.approx(0.006)
     assert simulate(plan.replace(enqueue_order=["Load", "Fwd", "Bwd"]), costs).period == pytest.approx(0.008)
@@ -335,13 +346,14 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
     costs = CostModel({"Load": TaskCost(0.0015), "Step": TaskCost(0.003), "Log": TaskCost(0.0005)},
                       machine_calibration=MachineCalibration(period_s=0.001, cores_free=2.0, cpu_count=2))
     graph = (["Load", "Step", "Log"], [("Step", "Load"), ("Log", "Step")])
-    problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2, time_unit_s=5e-4))
+    problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2), time_unit_s=5e-4)
     problem.calibration = costs.machine_calibration  # as auto_schedule folds one: its engine time per period counts
     res = solve_cpsat(problem, time_limit_s=10)
     assert res.status == "OPTIMAL" and res.period_s == pytest.approx(0.003)
     assert res.plan.caller_group == "default" and res.plan.sched("Step").thread_group != "default"
     assert problem.simulate(res.plan).period == pytest.approx(0.003)
-    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2, time_limit_s=5))
+    plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=5))
     assert report.period_s == pytest.approx(0.003)
     assert plan.caller_group == "default" and plan.sched("Step").thread_group != "default"
     # Step inline instead: the main thread's 3 + 1 ms a period are a floor

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from autosched.model.costs import CostModel, TaskCost
-from autosched.search.entry import Constraints, auto_schedule
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
 from autosched.verify.loop import VerifyOptions
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -34,7 +35,7 @@ def _plan_and_model():
 
 def test_without_batches_the_report_says_the_plan_is_unverified_and_how_to_verify_it():
     plan, _, _, costs = _plan_and_model()
-    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, time_limit_s=5))
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5))
     head = report.summary().splitlines()
     assert "NOT VERIFIED" in head[0] and "pass batches=" in head[1]
     assert "not verified" in report.explain().splitlines()[0] and report.iterations_run == 0
@@ -44,7 +45,8 @@ def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_
     plan, model, opt, costs = _plan_and_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     batches = [torch.ones(8, 4) * k for k in range(10)]
-    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, time_limit_s=5), batches=batches,
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2),
+                              solver=SolverOptions(time_limit_s=5), batches=batches,
                               verify=VerifyOptions(rounds=1, max_rounds=1, iterations=10), state=[model, opt])
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert report.iterations_run > 0 and report.state_restored
@@ -58,7 +60,8 @@ def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_
 def test_without_state_a_warning_says_the_tasks_trained_the_model():
     plan, model, _, costs = _plan_and_model()
     with pytest.warns(RuntimeWarning, match=r"auto_schedule ran your tasks \d+ iterations on batches="):
-        auto_schedule(plan, costs, Constraints(max_depth=2, time_limit_s=5), batches=[torch.ones(8, 4)] * 10,
+        auto_schedule(plan, costs, Constraints(max_depth=2),
+                      solver=SolverOptions(time_limit_s=5), batches=[torch.ones(8, 4)] * 10,
                       verify=VerifyOptions(rounds=1, max_rounds=1, iterations=10))
 
 
@@ -66,4 +69,4 @@ def test_an_unbound_plan_with_batches_is_an_error_that_says_how_to_bind_it():
     _, _, _, costs = _plan_and_model()
     unbound = PipelinePlan({"Load": TaskSchedule(0), "Step": TaskSchedule(1)}, intra_iter_deps=[("Step", "Load")])
     with pytest.raises(ValueError, match=r"tasks \['Load', 'Step'\] have no function: bind them"):
-        auto_schedule(unbound, costs, Constraints(max_depth=2, time_limit_s=5), batches=[1, 2, 3])
+        auto_schedule(unbound, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5), batches=[1, 2, 3])

@@ -419,8 +419,9 @@ def test_the_best_beam_plan_of_a_random_graph_is_simulated_to_its_resource_bound
     # simulated at 15.497 ms/iter on 60 iterations, 15.524 ms (its busiest thread) from 120 on
     from autosched.search.enumerate import random_graph
     from autosched.search.problem import make_problem
-    from autosched.search.beam import beam_search, plan_resource_bound
-    from autosched.search.entry import Constraints
+    from autosched.search.beam import beam_search
+    from autosched.search.bounds import plan_resource_bound
+    from autosched.search.options import Constraints
 
     graph, costs = random_graph(20, 20)
     problem = make_problem(graph, costs, Constraints())

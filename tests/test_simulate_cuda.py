@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from autosched.model.costs import CostModel, TaskCost
-from autosched.search.entry import Constraints, auto_schedule
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
 from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError
@@ -155,7 +156,8 @@ def test_default_stream_and_a_stream_named_default_are_never_merged():
 def test_auto_schedule_on_cuda_reports_sane_figures_for_a_device_bound_model():
     costs = CostModel({k: TaskCost(1e-6, v * 1e-3) for k, v in DEVICE_MS.items()})
     plan, report = auto_schedule((["A", "B", "C"], [("B", "A"), ("C", "B")]), costs,
-                                 Constraints(max_depth=2, device="cuda", streams=[None, "s1"], time_limit_s=5))
+                                 Constraints(max_depth=2, device="cuda", streams=[None, "s1"]),
+                                 solver=SolverOptions(time_limit_s=5))
     assert report.serial_period_s == pytest.approx(0.1, rel=1e-4)  # the serial loop: the host runs ahead of the device
     assert report.lower_bound_s == pytest.approx(0.05, rel=1e-6)  # the longest device part, C
     assert report.lower_bound_s - 1e-9 <= report.period_s <= 0.1 + 1e-6

@@ -83,7 +83,7 @@ def test_pipelined_losses_equal_the_serial_loop_on_every_rank(ranks):
 
 def test_one_auto_plan_is_shared_by_both_ranks(ranks):
     assert ranks[0]["auto_plan"] == ranks[1]["auto_plan"]
-    assert "schedule" in ranks[0]["auto_plan"]
+    assert "('tasks', [{'name': " in ranks[0]["auto_plan"]  # the plan's dict form (swpipe_core.planfile)
     # the candidates were measured on both ranks at once, and both chose the same one from the folded table
     assert ranks[0]["auto_note"] == ranks[1]["auto_note"] and "on all 2 ranks in lockstep" in ranks[0]["auto_note"]
     # predicted after the lockstep runs, with the search's own model (the calibration folded in)

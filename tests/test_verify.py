@@ -1,4 +1,4 @@
-"""Verify in the loop (autosched.verify.loop) and seed plans (autosched.search.seeds).
+"""Verify in the loop (autosched.verify) and seed plans (autosched.search.seeds).
 
 No assertion reads the machine's clock: where the outcome depends on which
 plan the engine runs fastest, the engine runs are made to report the period
@@ -13,10 +13,13 @@ import time
 import pytest
 
 from autosched.model.costs import CostModel, TaskCost
-from autosched.search.entry import Constraints, auto_schedule
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.entry import auto_schedule
 from conftest import measured_by_simulation
-from autosched.verify.loop import (PlanMeasurement, VerifyOptions, VerifyTable, measure_plans, predict_periods,
-                              serial_plan)
+from autosched.verify.candidates import serial_plan
+from autosched.verify.loop import VerifyOptions
+from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+from autosched.verify.predict import predict_periods
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -120,7 +123,8 @@ def test_verify_returns_plan_measured_fastest_over_simulators_favourite(monkeypa
     measured_by_simulation(monkeypatch, _sleeps(3 * MS))
     plan = _three_thread_plan()
     costs = CostModel({"A": TaskCost(9 * MS), "B": TaskCost(0.0), "C": TaskCost(0.0)})
-    got, report = auto_schedule(plan, costs, Constraints(max_depth=3, max_threads=3, time_limit_s=5),
+    got, report = auto_schedule(plan, costs, Constraints(max_depth=3, max_threads=3),
+                                solver=SolverOptions(time_limit_s=5),
                                 batches=list(range(18)), verify=VerifyOptions(rounds=3))
     table = report.verify
     assert table is not None
@@ -134,7 +138,8 @@ def test_verify_returns_plan_measured_fastest_over_simulators_favourite(monkeypa
 def test_verify_never_returns_plan_measured_slower_than_input_plan():
     plan = _two_thread_plan(2 * MS)
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
-    got, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=5),
+    got, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2),
+                                solver=SolverOptions(time_limit_s=5),
                                 batches=list(range(12)), verify=2)
     table = report.verify
     chosen = table.choose()
@@ -150,7 +155,8 @@ def test_verify_rescales_predictions_by_the_serial_plans_measurement(monkeypatch
     measured_by_simulation(monkeypatch, _sleeps(4 * MS, "AB"))
     plan = _two_thread_plan(4 * MS)
     costs = CostModel({"A": TaskCost(1 * MS), "B": TaskCost(1 * MS)})
-    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=5),
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2),
+                              solver=SolverOptions(time_limit_s=5),
                               batches=list(range(12)), verify=2)
     table = report.verify
     assert table.speed_factor == pytest.approx(4.0), table
@@ -162,12 +168,13 @@ def test_verify_rescales_predictions_by_the_serial_plans_measurement(monkeypatch
 def test_verify_is_off_for_unbound_tasks_and_needs_batches_when_asked():
     costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
     graph = (["A", "B"], [("B", "A")])
-    _, report = auto_schedule(graph, costs, Constraints(max_depth=2, time_limit_s=5))
+    _, report = auto_schedule(graph, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5))
     assert report.verify is None
     with pytest.raises(ValueError, match="batches"):
-        auto_schedule(graph, costs, Constraints(max_depth=2, time_limit_s=5), verify=True)
+        auto_schedule(graph, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5), verify=True)
     with pytest.raises(ValueError, match="runnable"):
-        auto_schedule(graph, costs, Constraints(max_depth=2, time_limit_s=5), verify=True, batches=[1, 2])
+        auto_schedule(graph, costs, Constraints(max_depth=2),
+                      solver=SolverOptions(time_limit_s=5), verify=True, batches=[1, 2])
 
 
 def test_seed_plans_are_scored_and_bound_to_the_searched_tasks():
@@ -175,7 +182,8 @@ def test_seed_plans_are_scored_and_bound_to_the_searched_tasks():
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(3 * MS)})
     seed = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
                         intra_iter_deps=[("B", "A")])
-    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, time_limit_s=5),
+    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2),
+                                 solver=SolverOptions(time_limit_s=5),
                                  seeds=[("hand", seed)], verify=False)
     assert any(n.startswith("seeds simulated: seed:hand 3.000 ms") for n in report.notes)
     assert report.period_s == pytest.approx(3 * MS, rel=1e-6)
@@ -186,13 +194,15 @@ def test_seed_with_other_dependencies_is_rejected():
     costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
     seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)})  # lost the dependency B -> A
     with pytest.raises(ValueError, match="dependencies"):
-        auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(time_limit_s=5), seeds=[seed])
+        auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(),
+                      solver=SolverOptions(time_limit_s=5), seeds=[seed])
 
 
 def test_seed_beyond_max_depth_is_skipped_with_a_note():
     costs = CostModel({"A": TaskCost(MS), "B": TaskCost(MS)})
     seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(3)}, intra_iter_deps=[("B", "A")])
-    _, report = auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_limit_s=5),
+    _, report = auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2),
+                              solver=SolverOptions(time_limit_s=5),
                               seeds=[seed])
     assert "seed seed0 skipped: depth 4 > max_depth 2" in report.notes
 
@@ -212,11 +222,12 @@ def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
 def test_verify_measures_the_searched_plan_with_the_callers_group_the_search_chose():
     """The search places the caller's group and its hand-offs itself: the verification measures its plan as
     it is, beside the other searchers' bests, the input plan and the serial plan, and makes no variant of it."""
-    import autosched.verify.loop as verify_mod
+    import autosched.verify.candidates as verify_mod
 
     a, b = PipelineTask("A", _sleeper(MS)), PipelineTask("B", _sleeper(2 * MS))
     costs = CostModel({"A": TaskCost(MS), "B": TaskCost(2 * MS)})
-    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+    plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=4),
                                  batches=list(range(8)), verify=1)
     auto = report.verify["auto"].plan
     assert auto.caller_group == "default" and auto.sched("B").thread_group == "default"  # the busiest, inline
@@ -272,7 +283,7 @@ def test_verify_keeps_a_seed_the_search_does_not_measurably_beat(monkeypatch):
     seed = _two_thread_plan(3 * MS)  # thread groups "a" and "b"; the search names its own groups
     a, b = (seed.task(n) for n in ("A", "B"))
     costs = CostModel({"A": TaskCost(3 * MS), "B": TaskCost(3 * MS)})
-    c = Constraints(max_depth=2, max_threads=2, time_limit_s=5)
+    c, s = Constraints(max_depth=2, max_threads=2), SolverOptions(time_limit_s=5)
 
     def is_seed(plan):
         return {plan.sched(n).thread_group for n in plan.task_names} == {"a", "b"}
@@ -280,16 +291,16 @@ def test_verify_keeps_a_seed_the_search_does_not_measurably_beat(monkeypatch):
     # every plan but the seed measures 10 % faster than its sleeps simulate: ahead, but within the margin
     measured_by_simulation(monkeypatch, costs, factor=lambda plan: 1.0 if is_seed(plan) else 0.9)
     # a 20 % margin: plans 10 % faster than the seed never replace it
-    got, report = auto_schedule(([a, b], [(b, a)]), costs, c, seeds=[("two", seed)], batches=list(range(12)),
-                                verify=VerifyOptions(rounds=2, margin_pct=20.0))
+    got, report = auto_schedule(([a, b], [(b, a)]), costs, c, solver=s, seeds=[("two", seed)],
+                                batches=list(range(12)), verify=VerifyOptions(rounds=2, margin_pct=20.0))
     table = report.verify
     assert table.known == ("seed:two",)
     assert table.choose().label == "seed:two"
     assert {n: got.sched(n).thread_group for n in "AB"} == {"A": "a", "B": "b"}
     fastest = min(table.rows, key=lambda r: r.period_s)
     assert fastest.label != "seed:two" and any("keeping seed:two" in n for n in table.notes)
-    got, report = auto_schedule(([a, b], [(b, a)]), costs, c, seeds=[("two", seed)], batches=list(range(12)),
-                                verify=VerifyOptions(rounds=2, keep_known=False))
+    got, report = auto_schedule(([a, b], [(b, a)]), costs, c, solver=s, seeds=[("two", seed)],
+                                batches=list(range(12)), verify=VerifyOptions(rounds=2, keep_known=False))
     assert report.verify.known == () and report.verify.choose() is min(report.verify.rows, key=lambda r: r.period_s)
     assert report.verify.choose().label != "seed:two" and not is_seed(got)  # without keep_known the fastest wins
 
@@ -326,7 +337,8 @@ def test_a_calibrated_search_predicts_each_candidate_with_the_model_it_searched_
     plan = _two_thread_plan(2 * MS)
     cal = MachineCalibration(task_s=1e-5, dep_s=2e-4, period_s=5e-5, cores_free=2.0, cpu_count=2)
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)}, machine_calibration=cal)
-    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+    _, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2),
+                              solver=SolverOptions(time_limit_s=4),
                               verify=VerifyOptions(rounds=1, max_rounds=1, iterations=12), batches=list(range(12)))
     table = report.verify
     rows = [r for r in table.rows if r.plan is not None]
@@ -343,7 +355,8 @@ def test_a_calibrated_search_predicts_each_candidate_with_the_model_it_searched_
 
 def test_an_uncalibrated_search_predicts_with_its_costs_as_given():
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
-    _, report = auto_schedule(_two_thread_plan(2 * MS), costs, Constraints(max_depth=2, max_threads=2, time_limit_s=4),
+    _, report = auto_schedule(_two_thread_plan(2 * MS), costs, Constraints(max_depth=2, max_threads=2),
+                              solver=SolverOptions(time_limit_s=4),
                               verify=VerifyOptions(rounds=1, iterations=12), batches=list(range(12)))
     assert report.verify["serial"].predicted_s == pytest.approx(4 * MS)
     assert not any("calibrat" in n for n in report.verify.notes + report.notes)

@@ -22,7 +22,8 @@ from swpipe_core import pipelines
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.engine.workers import with_thread_map
-from swpipe.workloads.dlrm import KJT, DLRMConfig, DLRMWorkload, SyntheticData
+from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData
+from swpipe.workloads.dlrm_data import KJT
 from swpipe.workloads.reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from swpipe.workloads.tasks import fns_for, plan_for, task_fns
 
@@ -550,25 +551,31 @@ def test_demo_rounds_turn_the_order_of_the_plans(env):
 
 def test_each_seed_runs_the_schedule_of_the_demo_row_it_is_named_after(env):
     """What lets the demo show a seed the search kept in that row: same stages, threads, streams, order."""
-    from swpipe.workloads.agree import plan_fields
     from swpipe.workloads.autoplan import AUTO_SEEDS, _auto_seeds, safe_task_plan
     from swpipe.workloads.bench import PlanSpec
+    from swpipe_core.planfile import plan_to_dict
+
+    def deps(doc, field):
+        return {tuple(d) for d in doc[field]}
 
     wl = DLRMWorkload(CFG, env)
     for label, seed in _auto_seeds(wl, safe_task_plan(wl)):
         name, _, thread_map = label.partition("+")
-        row = plan_fields(PlanSpec(label, name, thread_map or None).plan(wl))
-        got = plan_fields(seed)
-        for key in ("schedule", "enqueue_order", "caller_group", "pipeline_depth", "enqueue_policy"):
+        row = plan_to_dict(PlanSpec(label, name, thread_map or None).plan(wl))
+        got = plan_to_dict(seed)
+        schedule = {t["name"]: t for t in got["tasks"]}
+        assert schedule == {t["name"]: t for t in row["tasks"]}, f"seed {label}: schedule differs from the row's"
+        for key in ("enqueue_order", "caller_group", "pipeline_depth", "enqueue_policy"):
             assert got[key] == row[key], f"seed {label}: {key} differs from the row's"
-        assert set(row["intra_iter_deps"]) <= set(got["intra_iter_deps"])  # the seed only adds dependencies
-        assert set(row["inter_iter_deps"]) <= set(got["inter_iter_deps"])
+        assert deps(row, "intra_iter_deps") <= deps(got, "intra_iter_deps")  # the seed only adds dependencies
+        assert deps(row, "inter_iter_deps") <= deps(got, "inter_iter_deps")
         order = got["enqueue_order"]
-        for t, d, dist in set(got["inter_iter_deps"]) - set(row["inter_iter_deps"]):
+        for t, d, dist in deps(got, "inter_iter_deps") - deps(row, "inter_iter_deps"):
             # each added one is met by the schedule already: d(i - dist) is enqueued before t(i) on t's thread
-            (st, _, gt, _), (sd, _, gd, _) = got["schedule"][t], got["schedule"][d]
+            st, gt, sd, gd = (schedule[t]["stage"], schedule[t]["thread_group"], schedule[d]["stage"],
+                              schedule[d]["thread_group"])
             assert gt == gd and (sd - dist < st or (sd - dist == st and order.index(d) < order.index(t))), (label, t, d)
-        assert set(got["intra_iter_deps"]) == set(row["intra_iter_deps"])
+        assert deps(got, "intra_iter_deps") == deps(row, "intra_iter_deps")
     assert len(AUTO_SEEDS) == 2
 
 

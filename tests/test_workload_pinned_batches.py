@@ -3,7 +3,7 @@
 A ``non_blocking`` host-to-GPU copy from pageable memory blocks the host, so
 the DLRM workload's H2D task would overlap nothing while the simulator models
 it as asynchronous (issue 31, defect 5). There is no GPU here: the tests tell
-the workload's device check (``swpipe.workloads.dlrm.pins_batches``) that the
+the workload's device check (``swpipe.workloads.dlrm_data.pins_batches``) that the
 device is CUDA and make ``Batch.pin_memory`` record its calls and return a
 new batch (the CPU build of torch cannot pin), then follow which batch
 objects reach :meth:`DLRMWorkload.h2d`, the H2D task's copy.
@@ -16,10 +16,11 @@ from typing import Any, List
 import pytest
 import torch
 
-from swpipe.workloads import dlrm, torchrec_peer
+from swpipe.workloads import dlrm_data, torchrec_peer
 from swpipe.workloads.bench import default_specs, measure
 from swpipe.workloads.checks import run_all
-from swpipe.workloads.dlrm import KJT, Batch, DLRMConfig, DLRMWorkload, SyntheticData
+from swpipe.workloads.dlrm import DLRMWorkload
+from swpipe.workloads.dlrm_data import KJT, Batch, DLRMConfig, SyntheticData
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_intra_op_thread")]
 
@@ -62,7 +63,7 @@ def copied(monkeypatch) -> List[Batch]:
 def cuda_bound(monkeypatch) -> Pins:
     """The workload's device (CPU here) counts as CUDA for pinning; pinning is recorded."""
     # raising=False: without the device check the workload pins nothing, which the tests then say
-    monkeypatch.setattr(dlrm, "pins_batches", lambda device: device is not None, raising=False)
+    monkeypatch.setattr(dlrm_data, "pins_batches", lambda device: device is not None, raising=False)
     return Pins(monkeypatch)
 
 
@@ -100,7 +101,7 @@ def test_synthetic_data_for_a_cuda_device_yields_pinned_batches(cuda_bound):
 
 @pytest.mark.parametrize("run", [_measure, _run_all], ids=["demo", "multirank-checks"])
 def test_on_cpu_nothing_is_pinned(run, env, copied, monkeypatch):
-    from swpipe.workloads.dlrm import pin_for
+    from swpipe.workloads.dlrm_data import pin_for
 
     calls = []
 

@@ -46,7 +46,8 @@ def main(out_dir: str) -> None:
     from swpipe_core.plan import PipelinePlan, TaskSchedule
     from swpipe_core.engine.workers import with_thread_map
     from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, train_reference
-    from swpipe.workloads.agree import PlanMismatchError, check_same_plan, plan_fields
+    from swpipe.workloads.agree import PlanMismatchError, check_same_plan
+    from swpipe_core.planfile import plan_to_dict
     from swpipe.workloads.autoplan import auto_spec
     from swpipe.workloads.distenv import group_timeout, init_distributed
 
@@ -76,7 +77,7 @@ def main(out_dir: str) -> None:
     spec = auto_spec(config, env, batches[:4], time_limit_s=5.0)
     workload = DLRMWorkload(config, env)
     auto = spec.plan(workload)
-    out["auto_plan"] = repr(sorted(plan_fields(auto).items()))
+    out["auto_plan"] = repr(sorted(plan_to_dict(auto).items()))
     out["auto_note"] = spec.note
     out["auto_predicted_speedup"] = spec.predicted_speedup
     out["auto_predicts"] = spec.predicts

@@ -32,8 +32,9 @@ _LAZY = {
     "compare_gantt": "plots",
     "sweep_plot": "plots",
     "auto_schedule": "search.entry",
-    "SearchReport": "search.entry",
-    "Constraints": "search.entry",
+    "SearchReport": "search.report",
+    "Constraints": "search.options",
+    "SolverOptions": "search.options",
 }
 
 __all__ = list(_LAZY)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-__all__ = ["OptionError", "check_fields", "integer", "number", "one_of", "flag", "optional", "names"]
+__all__ = ["OptionError", "check_fields", "integer", "number", "one_of", "flag", "optional", "names", "mapping"]
 
 Rule = Tuple[Callable[[Any], bool], str]
 

@@ -9,7 +9,8 @@
 * measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
 * checking what it computes: ``infer_plan``, ``check_dataflow``;
 * predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
-* searching a better one: ``auto_schedule``, ``Constraints``, ``VerifyOptions``, ``SearchReport``.
+* searching a better one: ``auto_schedule``, its options ``Constraints`` (what the plan may be), ``SolverOptions``
+  (how the search runs) and ``VerifyOptions`` (how its answer is measured), ``SearchReport``.
 
 Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``).
 
@@ -43,7 +44,7 @@ _PUBLIC = {
     "SWPipeline": "swpipe_core.engine.pipeline",
     "PipelineTaskError": "swpipe_core.engine.pipeline",
     "TaskProfiler": "swpipe_core.measure.profiler",
-    "ProfileResult": "swpipe_core.measure.profiler",
+    "ProfileResult": "swpipe_core.measure.result",
     "CostModel": "autosched.model.costs",
     "TaskCost": "autosched.model.costs",
     "CostModelError": "autosched.model.costs",
@@ -54,9 +55,10 @@ _PUBLIC = {
     "what_if": "autosched.model.whatif",
     "gantt": "autosched.plots",
     "auto_schedule": "autosched.search.entry",
-    "Constraints": "autosched.search.entry",
+    "Constraints": "autosched.search.options",
+    "SolverOptions": "autosched.search.options",
     "VerifyOptions": "autosched.verify.loop",
-    "SearchReport": "autosched.search.entry",
+    "SearchReport": "autosched.search.report",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -31,7 +31,7 @@ _LAZY = {
     "PipelineTaskError": "engine.pipeline",
     "with_thread_map": "engine.workers",
     "TaskProfiler": "measure.profiler",
-    "ProfileResult": "measure.profiler",
+    "ProfileResult": "measure.result",
     "ShortcutCorruptedError": "engine.shortcut",
     "format_schedule": "analysis",
     "format_stage_analysis": "analysis",

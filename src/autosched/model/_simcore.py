@@ -3,7 +3,11 @@
 :class:`_Sim` holds one run's state in flat lists indexed by integers: a task
 instance ``(task k, iteration i)`` is ``k * n + i``, its host part op ``inst`` and
 its device part op ``T * n + inst``. :func:`autosched.model.simulate.simulate` builds it,
-runs it and reads the result; nothing else uses it.
+runs it and reads the result; nothing else uses it. This module holds the run's
+state, the event loop and the main thread (periods enqueued, hand-offs held
+behind the caller's tasks); a task's host part runs in :mod:`autosched.model._simhost`,
+its device part in :mod:`autosched.model._simdevice`, and the events, stalls and
+deadlock they share are in :mod:`autosched.model._simevents`.
 
 Resources are binary (one holder: ``rbusy``, ``rwait``), except the core pool
 (``CostModel.cores``; docs/semantics.md): every host part that takes a core
@@ -19,42 +23,21 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, Tuple
 
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.walk import PeriodWalk
 
+from autosched.model._simdevice import DeviceSide
+from autosched.model._simevents import DEV_END, ENQUEUE, HOST_END, SimDeadlock, Stall
+from autosched.model._simhost import HostSide
 from autosched.model.costs import CostModel
-from autosched.model.taskmodel import CORES, plan_parts, pool_limit, resource_loads, stream_label
+from autosched.model.taskmodel import plan_parts, pool_limit, resource_loads, stream_label
 
-__all__ = ["SimDeadlock", "Stall"]
-
-_HOST_END, _DEV_END, _ENQUEUE = 0, 1, 2
+__all__ = ["_Sim"]
 
 
-class SimDeadlock(RuntimeError):
-    """The simulated plan stopped making progress (every worker waits on something that never comes)."""
-
-
-class Stall(NamedTuple):
-    """One wait of one task instance.
-
-    ``part`` is ``"host"`` (waiting on its thread) or ``"device"`` (waiting on its
-    stream); ``cause`` names what it waited for: ``"fifo:<group>"`` (queued behind
-    earlier tasks of its thread group), ``"dep:<task>"`` / ``"dep:<task>[i-N]"``
-    (a CPU signal), ``"sequencer"``, ``"comm:<name>"``, ``"pcie"``,
-    ``"stream:<name>"`` (device FIFO), ``"event:<task>"`` (a device event),
-    ``"cores"`` (every core of the pool busy).
-    """
-
-    task: str
-    iteration: int
-    part: str
-    cause: str
-    seconds: float
-
-
-class _Sim:
+class _Sim(HostSide, DeviceSide):
     """State of one simulation run: integers and flat lists everywhere, one heap of events.
 
     A task instance ``(task k, iteration i)`` is the integer ``k * n + i``; its host
@@ -215,9 +198,9 @@ class _Sim:
         pop = heapq.heappop
         while heap:
             t, _, kind, arg = pop(heap)
-            if kind == _HOST_END:
+            if kind == HOST_END:
                 self.host_done(arg, t)
-            elif kind == _DEV_END:
+            elif kind == DEV_END:
                 self.dev_done(arg, t)
             else:
                 self.enqueue(arg, t)
@@ -275,7 +258,7 @@ class _Sim:
             if p < self.total_periods:
                 self.main_t = ready + self.period_overhead
                 self.period_pred[p] = pred
-                self.push(self.main_t, _ENQUEUE, p)
+                self.push(self.main_t, ENQUEUE, p)
 
     def enqueue(self, p: int, t: float) -> None:
         """Walk period ``p``'s tasks in the enqueue order, as the engine's main thread does.
@@ -315,206 +298,3 @@ class _Sim:
                 touched.append(g)
         for g in touched:
             self.try_host(g, t)
-
-    # -- host side --
-
-    def try_host(self, g: int, now: float) -> None:
-        """Start the task at the head of thread ``g`` if Phase 1, the sequencer and resources allow."""
-        if self.busy[g]:
-            return
-        inst = self.cur[g]
-        if inst < 0:
-            if not self.queue[g]:
-                return
-            inst = self.queue[g].popleft()
-            self.cur[g] = inst
-        n = self.n
-        k, i = divmod(inst, n)
-        host_end = self.host_end
-        for op, _, _ in self._dep_ops(k, i):
-            if host_end[op] < 0:
-                self.waiters.setdefault(op, []).append(g)
-                return
-        if self.seqd[k] and self.ticket[inst] != self.seq_next:
-            self.seq_waiter[self.ticket[inst]] = g
-            return
-        res = self.res[k] if not self.cuda else ()
-        for r in res:
-            if self.rbusy[r]:
-                if (True, g) not in self.rwait[r]:
-                    self.rwait[r].append((True, g))
-                return
-        if self.cap and self.takes_core[k]:
-            if self.cores_busy >= self.cap:
-                if g not in self.cwait:
-                    self.cwait.append(g)
-                self.cwaited[g] = True
-                return
-            self.cores_busy += 1
-        for r in res:
-            self.rbusy[r] = True
-        self.start_host(g, inst, k, i, res, now)
-
-    def start_host(self, g: int, inst: int, k: int, i: int, res: Tuple[int, ...], now: float) -> None:
-        n = self.n
-        self.busy[g] = True
-        self.host_start[inst] = now
-        # the binding wait is the latest constraint; on ties: dep > sequencer > resource > thread > barrier
-        enq = self.enq[inst]
-        bop, bkind = self.period_pred[i + self.stage[k]]
-        if inst in self.handoff_pred:  # handed off once the caller ran the task before it in the order
-            bop, bkind = self.handoff_pred[inst], self.thread_label[self.caller]
-        bt = enq
-        ft = self.free_t[g]
-        if ft >= bt:
-            bt, bop, bkind = ft, self.free_op[g], self.thread_label[g]
-        fifo_end = bt
-        for r in res:
-            if self.rfree_t[r] >= bt:
-                bt, bop, bkind = self.rfree_t[r], self.rfree_op[r], self.res_names[r]
-        if self.cwaited[g]:  # only a task that found every core busy waited for one
-            self.cwaited[g] = False
-            if self.cfree_t >= bt:
-                bt, bop, bkind = self.cfree_t, self.cfree_op, CORES
-        if self.seqd[k] and self.seq_free_t >= bt:
-            bt, bop, bkind = self.seq_free_t, self.seq_free_op, "sequencer"
-        host_end = self.host_end
-        for op, label, _ in self._dep_ops(k, i):
-            if host_end[op] >= bt:
-                bt, bop, bkind = host_end[op], op, label
-        self.pred_op[inst] = bop
-        self.pred_kind[inst] = bkind
-        if fifo_end > enq:
-            self.stalls.append(Stall(self.names[k], i, "host", self.fifo_label[g], fifo_end - enq))
-        if now > fifo_end:
-            self.stalls.append(Stall(self.names[k], i, "host", bkind, now - fifo_end))
-        self.push(now + self.host[k], _HOST_END, g)
-
-    def host_done(self, g: int, t: float) -> None:
-        inst = self.cur[g]
-        n = self.n
-        k, i = divmod(inst, n)
-        self.host_end[inst] = t
-        self.events_host.append((inst, self.host_start[inst], t))
-        self.cur[g] = -1
-        self.busy[g] = False
-        self.free_t[g] = t
-        self.free_op[g] = inst
-        wake_threads = self.waiters.pop(inst, [])
-        if self.cap and self.takes_core[k]:  # the core goes to the threads that waited for one first, oldest first
-            self.cores_busy -= 1
-            self.cfree_t, self.cfree_op = t, inst
-            wake_threads = self.cwait + wake_threads
-            self.cwait = []
-        if self.seqd[k]:
-            self.seq_next += 1
-            self.seq_free_t = t
-            self.seq_free_op = inst
-            w = self.seq_waiter.pop(self.seq_next, None)
-            if w is not None:
-                wake_threads.append(w)
-        if not self.cuda:
-            for r in self.res[k]:
-                self.rbusy[r] = False
-                self.rfree_t[r] = t
-                self.rfree_op[r] = inst
-                wake_threads.extend(x for _, x in self.rwait[r])
-                self.rwait[r] = []
-        else:
-            # the device part is submitted when the host part ends
-            self.squeue[self.stream[k]].append(inst)
-            for r in self.res[k]:
-                if self.comm[r]:
-                    self.rqueue[r].append(inst)
-        self.remaining[i] -= 1
-        if self.remaining[i] == 0:
-            self.cpu_done[i] = t
-            self.retire_op[i] = inst
-        if g == self.caller:
-            p = i + self.stage[k]
-            self.caller_left[p] -= 1
-            self.caller_done_t[p] = t
-            self.caller_done_op[p] = inst
-            held = self.held.pop(inst, None)
-            if held:
-                self.release(held, t, inst)
-        self.advance_main()
-        for x in wake_threads:
-            self.try_host(x, t)
-        self.try_host(g, t)
-        if self.cuda:
-            self.try_stream(self.stream[k], t)
-
-    # -- device side --
-
-    def try_stream(self, s: int, now: float) -> None:
-        """Start the device part at the head of stream ``s`` if its events and resources allow."""
-        if self.sbusy[s] or not self.squeue[s]:
-            return
-        inst = self.squeue[s][0]
-        n = self.n
-        k, i = divmod(inst, n)
-        dev_end = self.dev_end
-        for op, _, _ in self._dep_ops(k, i):
-            if dev_end[op] < 0:
-                self.dwaiters.setdefault(op, []).append(s)
-                return
-        res = self.res[k]
-        for r in res:
-            if self.rbusy[r] or (self.comm[r] and self.rqueue[r][0] != inst):
-                if (False, s) not in self.rwait[r]:
-                    self.rwait[r].append((False, s))
-                return
-        for r in res:
-            self.rbusy[r] = True
-            if self.comm[r]:
-                self.rqueue[r].popleft()
-        self.squeue[s].popleft()
-        self.sbusy[s] = True
-        self.running[s] = inst
-        self.dev_start[inst] = now
-        N = self.T * n
-        sub = self.host_end[inst]
-        bt, bop, bkind = sub, inst, "submit"
-        if self.sfree_t[s] >= bt and self.sfree_op[s] >= 0:
-            bt, bop, bkind = self.sfree_t[s], N + self.sfree_op[s], self.stream_label[s]
-        fifo_end = bt
-        for r in res:
-            if self.rfree_t[r] >= bt and self.rfree_op[r] >= 0:
-                bt, bop, bkind = self.rfree_t[r], N + self.rfree_op[r], self.res_names[r]
-        for op, _, label in self._dep_ops(k, i):
-            if dev_end[op] >= bt:
-                bt, bop, bkind = dev_end[op], N + op, label
-        self.pred_op[N + inst] = bop
-        self.pred_kind[N + inst] = bkind
-        if fifo_end > sub:
-            self.stalls.append(Stall(self.names[k], i, "device", self.stream_label[s], fifo_end - sub))
-        if now > fifo_end:
-            self.stalls.append(Stall(self.names[k], i, "device", bkind, now - fifo_end))
-        self.push(now + self.dev[k], _DEV_END, s)
-
-    def dev_done(self, s: int, t: float) -> None:
-        inst = self.running[s]
-        k, i = divmod(inst, self.n)
-        self.dev_end[inst] = t
-        if self.dev[k] > 0:
-            self.events_dev.append((inst, self.dev_start[inst], t))
-        self.sbusy[s] = False
-        self.sfree_t[s] = t
-        self.sfree_op[s] = inst
-        self.running[s] = -1
-        self.dev_left[i] -= 1
-        if self.dev_left[i] == 0:
-            self.dev_done_t[i] = t
-            self.dev_done_op[i] = self.T * self.n + inst
-            self.advance_main()
-        wake = self.dwaiters.pop(inst, [])
-        for r in self.res[k]:
-            self.rbusy[r] = False
-            self.rfree_t[r] = t
-            self.rfree_op[r] = inst
-            wake.extend(x for _, x in self.rwait[r])
-            self.rwait[r] = []
-        for x in wake:
-            self.try_stream(x, t)
-        self.try_stream(s, t)

@@ -1,6 +1,8 @@
 """Per-task cost models: what each task costs on the host and on the device, and what it contends for.
 
-A :class:`CostModel` maps task names to :class:`TaskCost` (``host_s``: CPU time
+A :class:`CostModel` maps task names to :class:`TaskCost` (defined with
+:class:`CostModelError` and the field checks in :mod:`autosched.model.taskcost`,
+and public here as part of the cost model; ``host_s``: CPU time
 on the task's thread; ``device_s``: time on the task's stream on CUDA;
 ``resources``: tags ``"comm:<name>"`` for collectives that serialise on one
 communicator even across streams, ``"pcie"`` for copies that contend for the
@@ -36,11 +38,13 @@ is unlimited. Each model is written as the lowest version that holds what it has
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
-from dataclasses import dataclass, field, replace as _dc_replace
-from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
+from dataclasses import dataclass, replace as _dc_replace
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Union
+
+from autosched.model.taskcost import (BYTE_FIELDS, TASK_FIELDS, CostModelError, TaskCost, check_bytes, check_time,
+                                      task_cost_from_dict)
 
 __all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION", "as_cost_model"]
 
@@ -50,44 +54,6 @@ _READS_VERSIONS = (1, 2, 3)  # 2 added the optional byte fields, 3 the optional 
 _TOP_FIELDS = {"schema", "version", "machine", "method", "notes", "pipeline", "tasks", "batch_bytes",
                "machine_calibration",  # optional, versioned on its own: swpipe_core.measure.calibrate
                "cores"}
-_BYTE_FIELDS = ("add_bytes", "free_bytes", "device_alloc_bytes", "device_free_bytes", "transient_bytes")
-_TASK_FIELDS = {"host_s", "device_s", "resources", *_BYTE_FIELDS}
-
-
-class CostModelError(ValueError):
-    """A cost model (or cost file) is malformed or does not cover a plan.
-
-    Examples
-    --------
-    >>> print(CostModelError("negative cost", where="tasks.H2D.host_s", fix="use a time >= 0 in seconds"))
-    tasks.H2D.host_s: negative cost. Fix: use a time >= 0 in seconds
-    """
-
-    def __init__(self, what: str, where: str = "", fix: str = "") -> None:
-        self.what = what
-        self.where = where
-        self.fix = fix
-        msg = f"{where}: {what}" if where else what
-        if fix:
-            msg += f". Fix: {fix}"
-        super().__init__(msg)
-
-
-def _check_time(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CostModelError(f"cost is {value!r} ({type(value).__name__}), not a number", where,
-                             "give a time in seconds, e.g. 0.0012")
-    if not math.isfinite(value):
-        raise CostModelError(f"cost is {value!r}, not finite", where, "give a finite time in seconds")
-    if value < 0:
-        raise CostModelError(f"negative cost {value!r}", where, "use a time >= 0 in seconds")
-    return float(value)
-
-
-def _check_bytes(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise CostModelError(f"bytes is {value!r}, not a finite number >= 0", where, "give a byte count, e.g. 4096")
-    return float(value)
 
 
 def _check_cores(value: Any, where: str) -> Optional[int]:
@@ -98,133 +64,6 @@ def _check_cores(value: Any, where: str) -> Optional[int]:
                              "give the number of free cores as an int (autosched.model.taskmodel.core_capacity rounds a "
                              "measured cores_free), or None for unlimited")
     return value
-
-
-def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise CostModelError(f"resources is {value!r}, not a list of tags", where,
-                             'write e.g. ["comm:nccl"] or ["pcie"] or []')
-    tags = []
-    for tag in value:
-        ok = isinstance(tag, str) and (tag in ("pcie", "gil", "nocore") or (tag.startswith("comm:") and len(tag) > 5))
-        if not ok:
-            raise CostModelError(f"unknown resource tag {tag!r}", where,
-                                 'use "comm:<communicator>" for collectives, "pcie" for host<->device copies, "gil" '
-                                 'for Python that holds the GIL or "nocore" for a task that sleeps or blocks')
-        tags.append(tag)
-    if len(set(tags)) != len(tags):
-        raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
-    return tuple(tags)
-
-
-@dataclass(frozen=True)
-class TaskCost:
-    """The cost of one task for one iteration.
-
-    Parameters
-    ----------
-    host_s : float
-        Seconds of CPU time on the task's thread group (kernel launches, Python).
-    device_s : float
-        Seconds of device time on the task's stream (CUDA); 0 for pure host tasks.
-    resources : tuple of str
-        ``"comm:<name>"`` (serialises with every task on that communicator, even on
-        another stream) and/or ``"pcie"`` (contends with every other pcie task);
-        ``"gil"`` (holds the GIL: one such task at a time, CPU); ``"nocore"`` (its
-        host time is spent off the CPU, sleeping or blocked: it takes no core of
-        the model's core pool).
-    add_bytes, free_bytes : float
-        Bytes of tensor storage the task adds to / frees from its iteration's
-        context (applied at the task's end by :mod:`autosched.model.memory`).
-    device_alloc_bytes, device_free_bytes : float
-        CUDA: bytes the caching allocator handed out / took back while it ran.
-    transient_bytes : float
-        Bytes the context holds while the task runs, above its size at both
-        ends (e.g. gradients a backward puts on context tensors, then drops).
-
-    Raises
-    ------
-    CostModelError
-        For a negative, non-finite or non-numeric time, or an unknown resource tag.
-
-    Examples
-    --------
-    >>> c = TaskCost(host_s=0.0001, device_s=0.002, resources=("comm:nccl",))
-    >>> c.cpu_s
-    0.0021
-    >>> TaskCost(-1.0)
-    Traceback (most recent call last):
-    ...
-    autosched.model.costs.CostModelError: host_s: negative cost -1.0. Fix: use a time >= 0 in seconds
-    """
-
-    host_s: float
-    device_s: float = 0.0
-    resources: Tuple[str, ...] = ()
-    add_bytes: float = 0.0
-    free_bytes: float = 0.0
-    device_alloc_bytes: float = 0.0
-    device_free_bytes: float = 0.0
-    transient_bytes: float = 0.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "host_s", _check_time(self.host_s, "host_s"))
-        object.__setattr__(self, "device_s", _check_time(self.device_s, "device_s"))
-        object.__setattr__(self, "resources", _check_resources(list(self.resources), "resources"))
-        for name in _BYTE_FIELDS:
-            object.__setattr__(self, name, _check_bytes(getattr(self, name), name))
-
-    def __repr__(self) -> str:
-        extra = "".join(f", {n}={getattr(self, n)!r}" for n in _BYTE_FIELDS if getattr(self, n))
-        return f"TaskCost(host_s={self.host_s!r}, device_s={self.device_s!r}, resources={self.resources!r}{extra})"
-
-    @property
-    def has_bytes(self) -> bool:
-        """Whether any memory figure is set (a version-2 entry)."""
-        return any(getattr(self, n) for n in _BYTE_FIELDS)
-
-    @property
-    def cpu_s(self) -> float:
-        """Time on the thread when there is no device queue (CPU runs): ``host_s + device_s``."""
-        return self.host_s + self.device_s
-
-    @property
-    def comms(self) -> Tuple[str, ...]:
-        """The communicator names of the task's ``comm:`` tags."""
-        return tuple(t[5:] for t in self.resources if t.startswith("comm:"))
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The JSON form of the cost (``resources`` only when non-empty).
-
-        Examples
-        --------
-        >>> TaskCost(0.001, resources=("pcie",)).to_dict()
-        {'host_s': 0.001, 'device_s': 0.0, 'resources': ['pcie']}
-        """
-        out: Dict[str, Any] = {"host_s": self.host_s, "device_s": self.device_s}
-        if self.resources:
-            out["resources"] = list(self.resources)
-        for name in _BYTE_FIELDS:
-            if getattr(self, name):
-                out[name] = getattr(self, name)
-        return out
-
-
-def _task_cost_from_dict(name: str, entry: Any) -> TaskCost:
-    where = f"tasks.{name}"
-    if not isinstance(entry, Mapping):
-        raise CostModelError(f"entry is {entry!r}, not an object", where,
-                             'write {"host_s": ..., "device_s": ..., "resources": [...]}')
-    unknown = sorted(set(entry) - _TASK_FIELDS)
-    if unknown:
-        raise CostModelError(f"unknown field(s) {unknown}", where, f"a task entry has only {sorted(_TASK_FIELDS)}")
-    if "host_s" not in entry:
-        raise CostModelError("missing host_s", where, "every task needs host_s (seconds on its thread)")
-    host = _check_time(entry["host_s"], f"{where}.host_s")
-    device = _check_time(entry.get("device_s", 0.0), f"{where}.device_s")
-    res = _check_resources(entry.get("resources", []), f"{where}.resources")
-    nbytes = {n: _check_bytes(entry[n], f"{where}.{n}") for n in _BYTE_FIELDS if n in entry}
-    return TaskCost(host, device, res, **nbytes)
 
 
 def _names_of(plan_or_names: Any) -> list:
@@ -277,7 +116,7 @@ class CostModel:
     cores: Optional[int] = None
 
     def __post_init__(self) -> None:
-        self.batch_bytes = _check_bytes(self.batch_bytes, "batch_bytes")
+        self.batch_bytes = check_bytes(self.batch_bytes, "batch_bytes")
         self.cores = _check_cores(self.cores, "cores")
         if not isinstance(self.tasks, Mapping):
             raise CostModelError(f"tasks is {type(self.tasks).__name__}, not a dict", "tasks",
@@ -288,7 +127,7 @@ class CostModel:
             if not isinstance(name, str) or not name:
                 raise CostModelError(f"task name {name!r} is not a non-empty string", "tasks")
             if isinstance(cost, Mapping):
-                cost = _task_cost_from_dict(name, cost)
+                cost = task_cost_from_dict(name, cost)
             elif isinstance(cost, (int, float)) and not isinstance(cost, bool):
                 cost = TaskCost(cost)
             if not isinstance(cost, TaskCost):
@@ -334,7 +173,7 @@ class CostModel:
         >>> CostModel({"A": TaskCost(1e-3)}).check(["A", "B"])  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.model.costs.CostModelError: tasks: no cost for task(s) ['B'] (the model has ['A']). Fix: add them ...
+        autosched.model.taskcost.CostModelError: tasks: no cost for task(s) ['B'] (the model has ['A']). Fix: add them ...
         """
         missing = [n for n in _names_of(plan_or_names) if n not in self.tasks]
         if missing:
@@ -375,7 +214,7 @@ class CostModel:
         >>> m.scaled(None, 3, part="device")["A"]
         TaskCost(host_s=0.001, device_s=0.006, resources=())
         """
-        factor = _check_time(factor, "factor")
+        factor = check_time(factor, "factor")
         if part not in ("both", "host", "device", "bytes"):
             raise CostModelError(f"unknown part {part!r}", "part", 'use "both", "host", "device" or "bytes"')
         names = list(self.tasks) if task is None else [getattr(task, "name", task)]
@@ -383,7 +222,7 @@ class CostModel:
         for name in names:
             c = self[name]
             if part == "bytes":
-                new[name] = _dc_replace(c, **{n: getattr(c, n) * factor for n in _BYTE_FIELDS})
+                new[name] = _dc_replace(c, **{n: getattr(c, n) * factor for n in BYTE_FIELDS})
                 continue
             host = c.host_s * factor if part in ("both", "host") else c.host_s
             dev = c.device_s * factor if part in ("both", "device") else c.device_s
@@ -420,9 +259,9 @@ class CostModel:
         ('pcie',)
         """
         name = getattr(task, "name", task)
-        unknown = sorted(set(fields) - _TASK_FIELDS)
+        unknown = sorted(set(fields) - TASK_FIELDS)
         if unknown:
-            raise CostModelError(f"unknown field(s) {unknown}", f"tasks.{name}", f"use {sorted(_TASK_FIELDS)}")
+            raise CostModelError(f"unknown field(s) {unknown}", f"tasks.{name}", f"use {sorted(TASK_FIELDS)}")
         new = dict(self.tasks)
         new[name] = _dc_replace(self[name], **fields)
         return self._copy(new, f"{name} replaced")
@@ -471,7 +310,7 @@ class CostModel:
         tasks = {}
         for name in names:
             h = host.get(name, result.exposed_s.get(name, 0.0))
-            nbytes = {n: max(0.0, float(v)) for n, v in mem_tasks.get(name, {}).items() if n in _BYTE_FIELDS}
+            nbytes = {n: max(0.0, float(v)) for n, v in mem_tasks.get(name, {}).items() if n in BYTE_FIELDS}
             tasks[name] = TaskCost(max(0.0, float(h)), max(0.0, float(device.get(name, 0.0))), **nbytes)
         kind = "host/device time" if result.host_s else "exposed time"
         calibration = meta.get("machine_calibration")
@@ -510,10 +349,10 @@ class CostModel:
         new = dict(self.tasks)
         for name, entry in doc.get("tasks", {}).items():
             if name in new:
-                new[name] = _dc_replace(new[name], **{n: float(v) for n, v in entry.items() if n in _BYTE_FIELDS})
+                new[name] = _dc_replace(new[name], **{n: float(v) for n, v in entry.items() if n in BYTE_FIELDS})
         out = self._copy(new, "memory measured")
         out.notes = self.notes
-        out.batch_bytes = _check_bytes(float(doc.get("batch_bytes", 0.0)), "batch_bytes")
+        out.batch_bytes = check_bytes(float(doc.get("batch_bytes", 0.0)), "batch_bytes")
         return out
 
     @property
@@ -624,7 +463,7 @@ class CostModel:
         >>> CostModel.from_dict({"schema": "swpipe-cost-model", "version": 4, "tasks": {}})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.model.costs.CostModelError: version: version 4 is not supported (this swpipe reads versions 1, 2, 3). Fix: ...
+        autosched.model.taskcost.CostModelError: version: version 4 is not supported (this swpipe reads versions 1, 2, 3). Fix: ...
         """
         def at(fieldname: str) -> str:
             return f"{where}: {fieldname}" if where and fieldname else (where or fieldname)
@@ -651,7 +490,7 @@ class CostModel:
             if not isinstance(doc.get(key, ""), str):
                 raise CostModelError(f"{key} is {doc[key]!r}, not a string", at(key), "use a string")
         try:
-            parsed = {name: _task_cost_from_dict(name, entry) for name, entry in tasks.items()}
+            parsed = {name: task_cost_from_dict(name, entry) for name, entry in tasks.items()}
         except CostModelError as exc:
             raise CostModelError(exc.what, at(exc.where), exc.fix) from None
         if doc.get("version") == 1 and ("batch_bytes" in doc or any(c.has_bytes for c in parsed.values())):
@@ -661,7 +500,7 @@ class CostModel:
             raise CostModelError(f"a core pool (cores, or a \"nocore\" tag) in a version {doc['version']} file",
                                  at("version"), 'write "version": 3 (the core pool came with version 3)')
         cores = _check_cores(doc.get("cores"), at("cores"))
-        batch = _check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
+        batch = check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
         calibration = doc.get("machine_calibration")
         if calibration is not None:
             from swpipe_core.measure.calibrate import MachineCalibration
@@ -719,7 +558,7 @@ class CostModel:
         >>> CostModel.load(p)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        autosched.model.costs.CostModelError: ...bad.json: tasks.A.host_s: negative cost -2. Fix: use a time >= 0 in seconds
+        autosched.model.taskcost.CostModelError: ...bad.json: tasks.A.host_s: negative cost -2. Fix: use a time >= 0 in seconds
         """
         path = os.fspath(path)
         with open(path, encoding="utf-8") as fh:
@@ -758,7 +597,7 @@ def as_cost_model(costs: Any) -> "CostModel":
     >>> as_cost_model([0.002])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    autosched.model.costs.CostModelError: costs: got list, not a CostModel. Fix: pass {task_name: seconds}, ...
+    autosched.model.taskcost.CostModelError: costs: got list, not a CostModel. Fix: pass {task_name: seconds}, ...
     """
     if isinstance(costs, CostModel):
         return costs

@@ -11,22 +11,25 @@ in ``distances`` so a plan round-trips.
 
 A plan's graph (:func:`plan_to_graph`) is the same graph with the schedule on
 the nodes (``stage``, ``stream``, ``thread_group``, ``globally_ordered``).
-Plans and task graphs are saved as JSON (``"format": "swpipe-plan"`` /
-``"swpipe-task-graph"``, ``"version": 1``); task functions are not stored but
-bound back by name on load (``fns``).
+Plans are saved as JSON in their dict form (:mod:`swpipe_core.planfile`:
+``"format": "swpipe-plan"``, ``"version": 2``; files of version 1 still load),
+task graphs as ``"format": "swpipe-task-graph"``, ``"version": 1``; task
+functions are not stored but bound back by name on load (``fns``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import networkx as nx
 
 from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name, stream_name
-from swpipe_core.validate import validate
+from swpipe_core.planfile import (PlanFileError, check_fns, check_header, check_keys, deps_from_dict, plan_from_dict,
+                                  plan_to_dict)
 
 __all__ = [
     "task_graph", "task_graph_deps",
@@ -41,13 +44,12 @@ __all__ = [
     "GraphFileError",
 ]
 
-_PLAN_FORMAT = "swpipe-plan"
 _GRAPH_FORMAT = "swpipe-task-graph"
-_VERSION = 1
+_GRAPH_VERSION = 1
 PathLike = Union[str, os.PathLike]
 
 
-class GraphFileError(ValueError):
+class GraphFileError(PlanFileError):
     """A plan or task-graph JSON file is malformed; names the file, the field and the fix.
 
     Examples
@@ -56,12 +58,10 @@ class GraphFileError(ValueError):
     p.json: tasks[0]: missing 'name'. Fix: give every task a name
     """
 
-    def __init__(self, path: str, where: str, what: str, fix: str = "") -> None:
-        self.path, self.where, self.fix = path, where, fix
-        msg = ": ".join(x for x in (path, where, what) if x)
-        if fix:
-            msg += f". Fix: {fix}"
-        super().__init__(msg)
+    @property
+    def path(self) -> str:
+        """The file."""
+        return self.source
 
 
 def _add_dep(graph: nx.DiGraph, task: str, dep: str, distance: int) -> None:
@@ -239,7 +239,7 @@ def graph_to_plan(graph: nx.DiGraph, schedule: Optional[Mapping[Any, TaskSchedul
     plan = PipelinePlan(sched, intra, inter, enqueue_order=None if enqueue_order is None else list(enqueue_order),
                         enqueue_policy=enqueue_policy or graph.graph.get("enqueue_policy", "ready_first"))
     if fns:
-        _check_fns(fns, plan.task_names, "")
+        check_fns(fns, plan.task_names, "")
         plan = plan.bind(dict(fns))
     return plan
 
@@ -284,9 +284,6 @@ def unroll(graph: Any, k: int) -> nx.DiGraph:
     return out
 
 
-# -- JSON files ---------------------------------------------------------------------------------------------------
-
-
 def _no_same_period(plan: PipelinePlan, what: str) -> None:
     """Refuse a plan with ``same_period_deps`` where they cannot be kept (their distance follows the stages)."""
     if plan.same_period_deps:
@@ -295,28 +292,12 @@ def _no_same_period(plan: PipelinePlan, what: str) -> None:
                          "(task, dep, N) in inter_iter_deps at the distance the plan's stages give it")
 
 
-def _plan_doc(plan: PipelinePlan) -> Dict[str, Any]:
-    _no_same_period(plan, "the plan file format (version 1)")
-    tasks = []
-    for key, s in plan.schedule.items():
-        stream = None if s.stream is None else stream_name(s.stream)
-        tasks.append({"name": ref_name(key), "stage": s.stage, "stream": stream,
-                      "thread_group": s.thread_group, "globally_ordered": s.globally_ordered})
-    return {
-        "format": _PLAN_FORMAT,
-        "version": _VERSION,
-        "tasks": tasks,
-        "intra_iter_deps": [list(d) for d in plan.intra_edges()],
-        "inter_iter_deps": [list(d) for d in plan.declared_inter_edges()],
-        "pipeline_depth": plan.pipeline_depth,
-        "enqueue_order": None if plan.enqueue_order is None else [ref_name(r) for r in plan.enqueue_order],
-        "enqueue_policy": plan.enqueue_policy,
-        "caller_group": plan.caller_group,
-    }
+# -- JSON files ---------------------------------------------------------------------------------------------------
 
 
 def save_plan(plan: PipelinePlan, path: PathLike) -> None:
-    """Write a plan as JSON (format ``swpipe-plan``, version 1); functions are not stored.
+    """Write a plan as JSON (:func:`~swpipe_core.planfile.plan_to_dict`: format ``swpipe-plan``, version 2);
+    functions are not stored.
 
     Stream objects are stored by their readable name (:func:`~swpipe_core.plan.stream_name`),
     which is how the engine names streams anyway.
@@ -336,78 +317,34 @@ def save_plan(plan: PipelinePlan, path: PathLike) -> None:
     True
     """
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(_plan_doc(plan), fh, indent=2)
+        json.dump(plan_to_dict(plan), fh, indent=2)
         fh.write("\n")
 
 
-def _read_doc(path: PathLike, fmt: str) -> Tuple[str, Dict[str, Any]]:
+def _read_json(path: PathLike) -> Tuple[str, Any]:
     path = os.fspath(path)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     try:
-        doc = json.loads(text)
+        return path, json.loads(text)
     except json.JSONDecodeError as exc:
         raise GraphFileError(path, "", f"not valid JSON ({exc})", "fix the syntax") from None
-    if not isinstance(doc, dict):
-        raise GraphFileError(path, "", f"top level is {type(doc).__name__}, not an object",
-                             f'the file holds one JSON object {{"format": "{fmt}", "version": 1, ...}}')
-    if doc.get("format") != fmt:
-        raise GraphFileError(path, "format", f"format is {doc.get('format')!r}, expected {fmt!r}",
-                             f"load a {fmt} file (save_plan writes swpipe-plan, save_task_graph swpipe-task-graph)")
-    if doc.get("version") != _VERSION:
-        raise GraphFileError(path, "version", f"version {doc.get('version')!r} is not supported (this swpipe reads 1)",
-                             "re-save the file with this swpipe")
-    return path, doc
 
 
-def _check_keys(path: str, where: str, obj: Any, allowed: set, required: set) -> None:
-    if not isinstance(obj, dict):
-        raise GraphFileError(path, where, f"{obj!r} is not an object", f"write {where} as a JSON object {{...}}")
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        raise GraphFileError(path, where, f"unknown field(s) {unknown}", f"allowed fields: {sorted(allowed)}")
-    missing = sorted(required - set(obj))
-    if missing:
-        raise GraphFileError(path, where, f"missing field(s) {missing}", f"add {missing} to {where}")
-
-
-def _deps_from_doc(path: str, doc: Dict[str, Any], names: List[str]) -> Tuple[list, list]:
-    known = set(names)
-    out = []
-    for field, sizes in (("intra_iter_deps", (2,)), ("inter_iter_deps", (2, 3))):
-        deps = doc.get(field, [])
-        if not isinstance(deps, list):
-            raise GraphFileError(path, field, f"{deps!r} is not a list",
-                                 f'write "{field}": [[task, depends_on], ...] (or [] for none)')
-        parsed = []
-        for j, dep in enumerate(deps):
-            where = f"{field}[{j}]"
-            if not isinstance(dep, list) or len(dep) not in sizes:
-                raise GraphFileError(path, where, f"{dep!r} is not a list of {' or '.join(map(str, sizes))} items",
-                                     "write [task, depends_on]" + (" or [task, depends_on, N]" if 3 in sizes else ""))
-            for end in dep[:2]:
-                if end not in known:
-                    raise GraphFileError(path, where, f"names unknown task {end!r}", f"tasks are {names}")
-            if len(dep) == 3 and (not isinstance(dep[2], int) or isinstance(dep[2], bool) or dep[2] < 1):
-                raise GraphFileError(path, where, f"distance {dep[2]!r} is not an integer >= 1",
-                                     "use N >= 1 iterations back; a same-iteration dependency goes in intra_iter_deps")
-            parsed.append(tuple(dep))
-        out.append(parsed)
-    return out[0], out[1]
-
-
-def _check_fns(fns: Mapping[str, Any], names: Sequence[str], path: str) -> None:
-    unknown = sorted(set(fns) - set(names))
-    if unknown:
-        raise ValueError(f"{path + ': ' if path else ''}fns names task(s) {unknown} that are not in the plan; "
-                         f"tasks: {list(names)}")
-    bad = sorted(k for k, v in fns.items() if not callable(v))
-    if bad:
-        raise ValueError(f"fns[{bad[0]!r}] is not callable")
+@contextmanager
+def _file_errors(path: str) -> Iterator[None]:
+    """What is wrong with a file's dict form, raised as a :class:`GraphFileError` of the file."""
+    try:
+        yield
+    except PlanFileError as exc:
+        if isinstance(exc, GraphFileError):
+            raise
+        raise GraphFileError(path, exc.where, exc.what, exc.fix) from None
 
 
 def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> PipelinePlan:
-    """Read a plan saved by :func:`save_plan`, bind task functions by name and validate it.
+    """Read a plan saved by :func:`save_plan` (version 2, or 1 as written before), bind task functions by name and
+    validate it (:func:`~swpipe_core.planfile.plan_from_dict`).
 
     Parameters
     ----------
@@ -438,44 +375,9 @@ def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> P
     ...
     autosched.model.graph.GraphFileError: ...plan.json: tasks[0]: missing field(s) ['name']. Fix: add ['name'] to tasks[0]
     """
-    path, doc = _read_doc(path, _PLAN_FORMAT)
-    _check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps",
-                                         "pipeline_depth", "enqueue_order", "enqueue_policy", "caller_group"},
-                {"tasks"})
-    if not isinstance(doc["tasks"], list) or not doc["tasks"]:
-        raise GraphFileError(path, "tasks", f"{doc['tasks']!r} is not a non-empty list",
-                             'write "tasks": [{"name": "H2D", "stage": 0}, ...]')
-    schedule = {}
-    for j, entry in enumerate(doc["tasks"]):
-        where = f"tasks[{j}]"
-        _check_keys(path, where, entry, {"name", "stage", "stream", "thread_group", "globally_ordered"}, {"name"})
-        name = entry["name"]
-        if not isinstance(name, str) or not name:
-            raise GraphFileError(path, where, f"name {name!r} is not a non-empty string",
-                                 "give every task a non-empty string name")
-        if name in schedule:
-            raise GraphFileError(path, where, f"task {name!r} appears twice", "give every task a unique name")
-        schedule[name] = TaskSchedule(stage=entry.get("stage", 0), stream=entry.get("stream"),
-                                      thread_group=entry.get("thread_group", "default"),
-                                      globally_ordered=entry.get("globally_ordered", False))
-    names = list(schedule)
-    intra, inter = _deps_from_doc(path, doc, names)
-    order = doc.get("enqueue_order")
-    if order is not None and not isinstance(order, list):
-        raise GraphFileError(path, "enqueue_order", f"{order!r} is not a list or null",
-                             "list every task name once in enqueue order, or null to use enqueue_policy")
-    caller = doc.get("caller_group", "default")
-    if caller is not None and not isinstance(caller, str):
-        raise GraphFileError(path, "caller_group", f"{caller!r} is not a string or null",
-                             'name the thread group run on the caller\'s thread ("default"), or null for none')
-    if fns:
-        _check_fns(fns, names, path)
-    tasks = {n: PipelineTask(n, (fns or {}).get(n)) for n in names}
-    plan = PipelinePlan({tasks[n]: s for n, s in schedule.items()}, intra, inter,
-                        pipeline_depth=doc.get("pipeline_depth"), enqueue_order=order,
-                        enqueue_policy=doc.get("enqueue_policy", "ready_first"), caller_group=caller)
-    validate(plan)
-    return plan
+    path, doc = _read_json(path)
+    with _file_errors(path):
+        return plan_from_dict(doc, fns, source=path)
 
 
 def save_task_graph(graph: nx.DiGraph, path: PathLike) -> None:
@@ -496,7 +398,7 @@ def save_task_graph(graph: nx.DiGraph, path: PathLike) -> None:
     [('A', 'B', 0), ('B', 'A', 2)]
     """
     intra, inter = task_graph_deps(graph)
-    doc = {"format": _GRAPH_FORMAT, "version": _VERSION, "tasks": list(graph.nodes),
+    doc = {"format": _GRAPH_FORMAT, "version": _GRAPH_VERSION, "tasks": list(graph.nodes),
            "intra_iter_deps": [list(d) for d in intra], "inter_iter_deps": [list(d) for d in inter]}
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=2)
@@ -532,15 +434,18 @@ def load_task_graph(path: PathLike, fns: Optional[Mapping[str, Callable]] = None
     ...
     autosched.model.graph.GraphFileError: ...g.json: intra_iter_deps[0]: names unknown task 'Z'. Fix: tasks are ['A']
     """
-    path, doc = _read_doc(path, _GRAPH_FORMAT)
-    _check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps"}, {"tasks"})
-    names = doc["tasks"]
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise GraphFileError(path, "tasks", f"{names!r} is not a non-empty list of task names",
-                             'write "tasks": ["H2D", "Forward", ...]')
-    if len(set(names)) != len(names):
-        raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name")
-    intra, inter = _deps_from_doc(path, doc, names)
+    path, doc = _read_json(path)
+    with _file_errors(path):
+        check_header(path, doc, _GRAPH_FORMAT, (_GRAPH_VERSION,))
+        check_keys(path, "top level", doc, {"format", "version", "tasks", "intra_iter_deps", "inter_iter_deps"},
+                   {"tasks"})
+        names = doc["tasks"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise GraphFileError(path, "tasks", f"{names!r} is not a non-empty list of task names",
+                                 'write "tasks": ["H2D", "Forward", ...]')
+        if len(set(names)) != len(names):
+            raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name")
+        intra, inter = deps_from_dict(path, doc, names)
     if fns:
-        _check_fns(fns, names, path)
+        check_fns(fns, names, path)
     return task_graph([PipelineTask(n, (fns or {}).get(n)) for n in names], intra, inter)

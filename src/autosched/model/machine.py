@@ -327,7 +327,7 @@ def format_profile(result: Any, costs: Optional[CostModel] = None) -> str:
 
     Examples
     --------
-    >>> from swpipe_core.measure.profiler import ProfileResult
+    >>> from swpipe_core.measure.result import ProfileResult
     >>> from swpipe_core.measure.calibrate import MachineCalibration
     >>> cal = MachineCalibration(serial_task_s=5e-5, serial_iter_s=1e-4).to_dict()
     >>> r = ProfileResult(0.0032, {"A": 0.001, "B": 0.002}, host_s={"A": 0.001, "B": 0.002},

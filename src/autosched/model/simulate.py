@@ -28,7 +28,8 @@ from swpipe_core.measure.trace import TimelineEvent, to_chrome_trace, write_chro
 from swpipe_core.validate import validate
 
 from autosched.model.costs import CostModel, as_cost_model
-from autosched.model._simcore import SimDeadlock, Stall, _Sim
+from autosched.model._simcore import _Sim
+from autosched.model._simevents import SimDeadlock, Stall
 from autosched.model.taskmodel import CORES
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]

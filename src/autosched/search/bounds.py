@@ -45,7 +45,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 import networkx as nx
 
 from swpipe_core.order import enqueue_order
-from swpipe_core.plan import PipelinePlan
+from swpipe_core.plan import PipelinePlan, ref_name
 from swpipe_core.validate import validate
 
 from autosched.search.problem import Problem
@@ -53,7 +53,8 @@ from autosched.model.costs import CostModel, as_cost_model
 from autosched.model.graph import task_graph_deps
 from autosched.model.taskmodel import CORES, critical_path, plan_parts, resource_loads, task_parts
 
-__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph", "recurrence_bound", "critical_path_units"]
+__all__ = ["Bounds", "lower_bounds", "max_cycle_ratio", "event_graph", "recurrence_bound", "critical_path_units",
+           "plan_resource_bound"]
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,28 @@ def event_graph(plan: PipelinePlan, costs: CostModel, device: str = "cpu") -> nx
     return g
 
 
+def _busiest_resource(plan: Optional[PipelinePlan], tasks: Sequence[str], costs: CostModel, cuda: bool,
+                      max_threads: Optional[int]) -> Tuple[str, float]:
+    """ResMII: the resource with the most work per iteration, and that work (seconds).
+
+    For a plan, its threads, streams and shared resources; for a task graph (``plan`` None), no threads
+    or streams are fixed yet: the shared resources (comm:, pcie), the core pool, host work over
+    ``max_threads`` threads and the longest task.
+    """
+    if plan is not None:
+        load = resource_loads(plan_parts(plan, costs, cuda).values(), costs.cores)
+    else:
+        parts = [task_parts(costs[t].host_s, costs[t].device_s, costs[t].resources, "", "", False, cuda) for t in tasks]
+        load = {k: v for k, v in resource_loads(parts, costs.cores).items()
+                if not k.startswith(("thread:", "stream:"))}
+        total_host = sum(_times(costs, t, cuda)[0] for t in tasks)
+        if max_threads is not None:
+            load[f"host work / {max_threads} thread(s)"] = total_host / max_threads
+        longest = max(tasks, key=lambda t: (max(_times(costs, t, cuda)), t))
+        load[f"longest task {longest}"] = max(_times(costs, longest, cuda))
+    return max(load.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
+
+
 # -- the public entry point ---------------------------------------------------------------------------------------
 
 
@@ -401,19 +424,7 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
     components: List[Tuple[str, float, str]] = []
 
     # ResMII: each resource's work per iteration
-    if is_plan:
-        load = resource_loads(plan_parts(plan, costs, cuda).values(), costs.cores)
-    else:  # no threads or streams fixed yet: only the shared resources (comm:, pcie) and the core pool
-        parts = [task_parts(costs[t].host_s, costs[t].device_s, costs[t].resources, "", "", False, cuda) for t in tasks]
-        load = {k: v for k, v in resource_loads(parts, costs.cores).items()
-                if not k.startswith(("thread:", "stream:"))}
-    if not is_plan:
-        total_host = sum(_times(costs, t, cuda)[0] for t in tasks)
-        if max_threads is not None:
-            load[f"host work / {max_threads} thread(s)"] = total_host / max_threads
-        longest = max(tasks, key=lambda t: (max(_times(costs, t, cuda)), t))
-        load[f"longest task {longest}"] = max(_times(costs, longest, cuda))
-    res_name, res = max(load.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
+    res_name, res = _busiest_resource(plan if is_plan else None, tasks, costs, cuda, max_threads)
     per = f" per core, {costs.cores} core(s)" if res_name == CORES else ""
     components.append(("resource", res, f"{res_name} ({res * 1e3:.3f} ms of work per iteration{per})"))
 
@@ -464,9 +475,9 @@ def recurrence_bound(problem: Problem) -> int:
     --------
     >>> from types import SimpleNamespace as NS
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> c = NS(tasks={n: NS(host_s=0.001, device_s=0.0, resources=()) for n in "AB"})
-    >>> p = make_problem((["A", "B"], [("B", "A")], [("A", "B", 1)]), c, Constraints(time_unit_s=1e-6))
+    >>> p = make_problem((["A", "B"], [("B", "A")], [("A", "B", 1)]), c, Constraints(), time_unit_s=1e-6)
     >>> recurrence_bound(p)
     2000
     """
@@ -487,10 +498,54 @@ def critical_path_units(problem: Problem) -> int:
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> critical_path_units(p)
     5
     """
     return int(critical_path(problem.names, problem.intra, problem.dur)[0])
+
+
+def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
+    """Seconds of work per iteration on the plan's busiest resource: no steady state is faster.
+
+    Threads (and on CUDA streams), the sequencer, each communicator, PCIe, the
+    core pool's work per core (``CostModel.cores``) and the main thread (the
+    per-period engine time, and the caller's group when one runs inline).
+
+    Parameters
+    ----------
+    problem : Problem
+    plan : PipelinePlan
+        A plan of the problem's tasks.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem
+    >>> from autosched.search.options import Constraints
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
+    >>> from autosched.search.plans import build_plan
+    >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "x"})
+    >>> round(plan_resource_bound(p, plan) * 1e3, 6)   # both on one thread
+    5.0
+    >>> two = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "y"})
+    >>> round(plan_resource_bound(p, two) * 1e3, 6)
+    3.0
+    >>> one_core = make_problem((["A", "B"], [("B", "A")]), CostModel(costs.tasks, cores=1),
+    ...                         Constraints(max_depth=2), time_unit_s=1e-3)
+    >>> round(plan_resource_bound(one_core, two) * 1e3, 6)   # one core runs both threads' work
+    5.0
+    """
+    sched = {ref_name(k): v for k, v in plan.schedule.items()}
+    load = resource_loads((problem.parts(n, sched[n].thread_group, sched[n].stream) for n in problem.names),
+                          problem.cores)
+    main = problem.period_overhead_s + (load.get(f"thread:{plan.caller_group}", 0.0)
+                                        if plan.caller_group in plan.thread_groups else 0.0)
+    return max([main, *load.values()])

@@ -35,7 +35,8 @@ from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.stage_rules import stage_rule_holds
 
-from autosched.search.problem import Problem, build_plan
+from autosched.search.problem import Problem
+from autosched.search.plans import build_plan
 from autosched.search.presets import inline_choices
 
 __all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph",
@@ -54,7 +55,7 @@ def thread_maps(problem: Problem) -> Iterator[Dict[str, str]]:
     --------
     >>> from types import SimpleNamespace as NS
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> c = NS(tasks={n: NS(host_s=1.0, device_s=0.0, resources=()) for n in "ABC"})
     >>> p = make_problem((list("ABC"), []), c, Constraints(max_threads=2))
     >>> len(list(thread_maps(p)))   # {ABC}, {A|BC}, {AB|C}, {AC|B}
@@ -109,9 +110,9 @@ def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> len(list(enumerate_plans(p)))   # stages (0,0): 2 + 3; (0,1): one thread 2 x 2 orders, two threads 1 + 2 + 2
     14
     """
@@ -153,7 +154,7 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
     ----------
     problem : Problem
     scorer : callable
-        ``plan -> (period_s, latency_s)``, e.g. :func:`autosched.search.beam.sim_scorer`.
+        ``plan -> (period_s, latency_s)``, e.g. :func:`autosched.search.scoring.sim_scorer`.
     limit : int, optional
         Refuse spaces larger than this many plans.
 
@@ -170,10 +171,10 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
-    >>> from autosched.search.beam import sim_scorer
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
+    >>> from autosched.search.scoring import sim_scorer
     >>> truth = brute_force(p, sim_scorer(p, 20))
     >>> round(truth.period * 1e3, 6), truth.count
     (3.0, 14)
@@ -289,9 +290,9 @@ def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> list(stage_assignments(p))   # B may not run in an earlier stage than A (the stage rule)
     [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
     """

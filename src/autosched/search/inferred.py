@@ -10,12 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Tuple
 
+from autosched.search.core import search_plan
+from autosched.search.options import Constraints, SolverOptions
+
 __all__ = ["auto_schedule_inferred"]
 
 
-def auto_schedule_inferred(tasks: Any, costs: Any, constraints: Any = None, *, batches: Optional[Iterable[Any]] = None,
-                           state: Any = None, seeds: Any = None, verify: Any = None) -> Tuple[Any, Any]:
-    """Infer the tasks' dependencies from a recorded run, then :func:`~autosched.search.entry.auto_schedule` them.
+def auto_schedule_inferred(tasks: Any, costs: Any, c: Constraints, s: SolverOptions, *,
+                           batches: Optional[Iterable[Any]] = None, state: Any = None, seeds: Any = None,
+                           verify: Any = None) -> Tuple[Any, Any]:
+    """Infer the tasks' dependencies from a recorded run, then search them (:func:`~autosched.search.core.search_plan`).
+
+    :func:`~autosched.search.entry.auto_schedule` comes here with ``deps="infer"``, its inputs checked.
 
     Parameters
     ----------
@@ -23,7 +29,11 @@ def auto_schedule_inferred(tasks: Any, costs: Any, constraints: Any = None, *, b
         Bound tasks; declared dependencies, if any, are ignored (only their
         serial order is used).
     costs : CostModel
-    constraints : Constraints, optional
+        A cost model (its machine calibration, if any, is folded in).
+    c : Constraints
+        What the plan may be.
+    s : SolverOptions
+        How the search runs.
     batches : iterable
         Two or more batches to record on (the tasks run: the model trains).
     state : modules/optimizers, optional
@@ -45,25 +55,25 @@ def auto_schedule_inferred(tasks: Any, costs: Any, constraints: Any = None, *, b
     >>> import torch
     >>> from swpipe_core.plan import PipelineTask
     >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.entry import Constraints, auto_schedule
+    >>> from autosched.search.options import Constraints, SolverOptions
+    >>> from autosched.search.entry import auto_schedule
     >>> def load(ctx): ctx.x = ctx.batch + 1
     >>> def use(ctx): ctx.y = ctx.x * 2
     >>> costs = CostModel({"Load": TaskCost(0.002), "Use": TaskCost(0.003)})
     >>> plan, report = auto_schedule([PipelineTask("Load", load), PipelineTask("Use", use)], costs,
-    ...                              Constraints(max_depth=2, time_limit_s=5), deps="infer", batches=[torch.ones(1)] * 2)
+    ...                              Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5), deps="infer",
+    ...                              batches=[torch.ones(1)] * 2)
     >>> plan.intra_edges(), [n for n in report.notes if n.startswith("inferred")]
     ([('Use', 'Load')], ["inferred ('Use', 'Load') honoured (RAW ctx.x)"])
     """
     from swpipe_core.dataflow import infer_plan
 
-    from autosched.search.entry import auto_schedule
-
     if batches is None:
         raise ValueError("deps='infer' needs batches=[...] (two or more) to record the tasks' dataflow on")
     inferred = infer_plan(tasks, batches, state=state)
     batches = list(batches)
-    plan, report = auto_schedule((inferred.plan.tasks, inferred.intra, inferred.inter), costs, constraints,
-                                 seeds=seeds, verify=verify, batches=batches)
+    plan, report = search_plan((inferred.plan.tasks, inferred.intra, inferred.inter), costs, c, s, seeds=seeds,
+                               verify=verify, batches=batches)
     declared = set(plan.intra_edges()) | set(plan.inter_edges())
     kinds = {}
     for h in inferred.hazards:

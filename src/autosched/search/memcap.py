@@ -9,20 +9,23 @@ fastest plan that fits (ties: less memory). The cap is refused up front when
 it is below the least memory any plan needs
 (:func:`autosched.model.memory.min_memory`, one iteration's own high-water mark),
 and after the search when no plan found fits; both errors name the minimum.
-The report carries the trade-off (:class:`TradeoffPoint` per depth cap) as a
-table and a Pareto-front plot.
+The report carries the trade-off (:class:`autosched.search.tradeoff.TradeoffPoint`
+per depth cap) as a table and a Pareto-front plot (:mod:`autosched.search.tradeoff`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Tuple
 
 from autosched.model.memory import format_bytes, min_memory
+from autosched.model.simulate import simulate
+from autosched.search.core import search_plan
+from autosched.search.options import Constraints, SolverOptions
+from autosched.search.problem import make_problem
+from autosched.search.tradeoff import TradeoffPoint, tradeoff_table
 
-__all__ = ["MemoryCapError", "TradeoffPoint", "schedule_under_cap", "tradeoff_table", "pareto_front",
-           "tradeoff_plot"]
+__all__ = ["MemoryCapError", "schedule_under_cap"]
 
 
 class MemoryCapError(ValueError):
@@ -40,90 +43,24 @@ class MemoryCapError(ValueError):
         self.min_bytes = min_bytes
 
 
-@dataclass(frozen=True)
-class TradeoffPoint:
-    """The best plan found under one depth cap: its depth, simulated period and predicted bytes."""
-
-    max_depth: int
-    depth: int
-    period_s: float
-    peak_bytes: float
-    mean_bytes: float
-    fits: bool
 
 
-def pareto_front(points: Sequence[TradeoffPoint]) -> List[TradeoffPoint]:
-    """The points no other beats on both period and peak bytes, fastest first.
+def schedule_under_cap(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOptions) -> Tuple[Any, Any]:
+    """:func:`autosched.search.core.search_plan` under ``c.max_memory_bytes`` (see the module docstring).
 
-    Examples
-    --------
-    >>> p = [TradeoffPoint(1, 1, 3.0, 10, 10, True), TradeoffPoint(2, 2, 2.0, 20, 15, True),
-    ...      TradeoffPoint(3, 2, 2.0, 25, 15, True)]
-    >>> [x.max_depth for x in pareto_front(p)]
-    [2, 1]
-    """
-    front: List[TradeoffPoint] = []
-    for p in sorted(points, key=lambda x: (x.period_s, x.peak_bytes)):
-        if not front or p.peak_bytes < front[-1].peak_bytes:
-            front.append(p)
-    return front
-
-
-def tradeoff_table(points: Sequence[TradeoffPoint], cap: Optional[float] = None) -> str:
-    """The period-vs-memory trade-off across depth caps as a small text table.
-
-    Examples
-    --------
-    >>> print(tradeoff_table([TradeoffPoint(1, 1, 0.003, 1024, 900, True),
-    ...                       TradeoffPoint(2, 2, 0.002, 2048, 1500, False)], cap=1500))
-    max depth  depth      period         peak         mean  fits 1.46 KiB  pareto
-            1      1    3.000 ms     1.00 KiB        900 B           yes       *
-            2      2    2.000 ms     2.00 KiB     1.46 KiB            no       *
-    """
-    front = set(pareto_front(points))
-    cap_label = f"fits {format_bytes(cap)}" if cap is not None else "fits"
-    lines = [f"{'max depth':>9} {'depth':>6} {'period':>11} {'peak':>12} {'mean':>12}  {cap_label}  pareto"]
-    for p in points:
-        lines.append(f"{p.max_depth:>9} {p.depth:>6} {p.period_s * 1e3:>8.3f} ms {format_bytes(p.peak_bytes):>12} "
-                     f"{format_bytes(p.mean_bytes):>12} {'yes' if p.fits else 'no':>{len(cap_label)}}  "
-                     f"{'*' if p in front else '':>6}")
-    return "\n".join(lines)
-
-
-def tradeoff_plot(points: Sequence[TradeoffPoint], cap: Optional[float] = None, path: Optional[str] = None) -> Any:
-    """Peak bytes against period for each depth cap, the Pareto front joined, the cap as a line.
-
-    matplotlib is imported here (headless figure, no pyplot state).
+    Parameters
+    ----------
+    tasks_or_graph, costs
+        As for :func:`autosched.search.entry.auto_schedule`.
+    c : Constraints
+        Its ``max_memory_bytes`` is the cap; each depth cap ``1 .. c.max_depth`` is searched.
+    s : SolverOptions
+        Each depth's search takes an equal share of ``s.time_limit_s`` (at least a second).
 
     Returns
     -------
-    matplotlib.figure.Figure
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    mib = 2.0 ** 20
-    ax.scatter([p.period_s * 1e3 for p in points], [p.peak_bytes / mib for p in points], color="grey")
-    for p in points:
-        ax.annotate(f"depth {p.depth}", (p.period_s * 1e3, p.peak_bytes / mib), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)
-    front = pareto_front(points)
-    ax.plot([p.period_s * 1e3 for p in front], [p.peak_bytes / mib for p in front], "o-", label="Pareto front")
-    if cap is not None:
-        ax.axhline(cap / mib, color="red", linestyle="--", label=f"cap {cap / mib:.3g} MiB")  # the axis's unit
-    ax.set_xlabel("period (ms/iter)")
-    ax.set_ylabel("predicted peak MiB in flight")
-    ax.legend(fontsize=8)
-    if path is not None:
-        fig.savefig(path)
-    return fig
-
-
-def schedule_under_cap(tasks_or_graph: Any, costs: Any, constraints: Any) -> Tuple[Any, Any]:
-    """:func:`autosched.search.entry.auto_schedule` under ``constraints.max_memory_bytes`` (see the module docstring).
+    (PipelinePlan, SearchReport)
+        The fastest plan that fits, its report carrying the trade-off.
 
     Raises
     ------
@@ -132,17 +69,14 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, constraints: Any) -> Tup
     MemoryCapError
         If the cap is below the least memory any plan needs, or no plan found fits.
     """
-    from autosched.search.problem import make_problem
-    from autosched.search.entry import auto_schedule
-    from autosched.model.simulate import simulate
-
-    cap = float(constraints.max_memory_bytes)
+    cap = float(c.max_memory_bytes)
     if not getattr(costs, "has_bytes", False):
         raise ValueError("Constraints.max_memory_bytes needs memory figures in the cost model (batch_bytes, "
                          "add_bytes/free_bytes); profile with TaskProfiler(...).profile(batch) and build the model "
                          "with CostModel.from_profile, or add them with CostModel.with_memory")
-    problem = make_problem(tasks_or_graph, costs, dataclasses.replace(constraints, max_memory_bytes=None))
-    figures = "device" if problem.device == "cuda" and any(c.device_alloc_bytes for c in costs.tasks.values()) \
+    problem = make_problem(tasks_or_graph, costs, dataclasses.replace(c, max_memory_bytes=None),
+                           time_unit_s=s.time_unit_s)
+    figures = "device" if problem.device == "cuda" and any(t.device_alloc_bytes for t in costs.tasks.values()) \
         else "context"
     least = min_memory(list(problem.names), list(problem.intra), costs, device=problem.device, figures=figures)
     if cap < least.value:
@@ -151,14 +85,14 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, constraints: Any) -> Tup
             f"{least.value:.0f} bytes ({format_bytes(least.value)}), one iteration's own peak (after "
             f"{least.task or 'its batch'}). Raise the cap to at least that, or make an iteration hold less",
             least.value)
-    depths = range(1, constraints.max_depth + 1)
-    share = max(1.0, constraints.time_limit_s / len(depths))
+    depths = range(1, c.max_depth + 1)
+    share = dataclasses.replace(s, time_limit_s=max(1.0, s.time_limit_s / len(depths)))
     found: List[Tuple[TradeoffPoint, Any, Any]] = []
     for d in depths:
-        c = dataclasses.replace(constraints, max_depth=d, max_memory_bytes=None, time_limit_s=share)
-        plan, report = auto_schedule(tasks_or_graph, costs, c)
-        mem = simulate(plan, costs, num_iterations=constraints.num_iterations, device=problem.device).memory \
-            if figures == "context" else _device_memory(plan, costs, constraints, problem.device)
+        plan, report = search_plan(tasks_or_graph, costs, dataclasses.replace(c, max_depth=d, max_memory_bytes=None),
+                                   share)
+        mem = simulate(plan, costs, num_iterations=s.num_iterations, device=problem.device).memory \
+            if figures == "context" else _device_memory(plan, costs, s.num_iterations, problem.device)
         point = TradeoffPoint(d, plan.pipeline_depth, report.period_s, mem.peak_bytes, mem.mean_bytes,
                               mem.peak_bytes <= cap)
         found.append((point, plan, report))
@@ -176,7 +110,7 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, constraints: Any) -> Tup
     report.max_memory_bytes = cap
     report.peak_bytes = point.peak_bytes
     report.min_memory_bytes = least.value
-    report.max_depth = constraints.max_depth
+    report.max_depth = c.max_depth
     faster = [p for p in points if p.period_s < point.period_s * (1 - 1e-9)]
     if faster:
         best = min(faster, key=lambda p: p.period_s)
@@ -187,9 +121,8 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, constraints: Any) -> Tup
     return plan, report
 
 
-def _device_memory(plan: Any, costs: Any, constraints: Any, device: str) -> Any:
+def _device_memory(plan: Any, costs: Any, num_iterations: int, device: str) -> Any:
     from autosched.model.memory import predict_memory
-    from autosched.model.simulate import simulate
 
-    return predict_memory(simulate(plan, costs, num_iterations=constraints.num_iterations, device=device),
+    return predict_memory(simulate(plan, costs, num_iterations=num_iterations, device=device),
                           figures="device")

@@ -24,7 +24,7 @@ time. The placement itself is the same for an inline group as for a worker's
 (one ring); the window is checked when the stages are read off, over the
 shifts of the timetable. Hand-offs need no check: the plan's enqueue order
 places each worker's task after the inline tasks that end by its start in
-the timetable (:func:`autosched.search.problem.enqueue_order_for`), so it is
+the timetable (:func:`autosched.search.plans.enqueue_order_for`), so it is
 handed off no later than the timetable starts it. A late hand-off
 (``Candidate.handoff``) is left to the simulator, which scores every plan.
 """
@@ -311,9 +311,9 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> tt = modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3)
     >>> tt.stage, tt.offset
     ({'A': 0, 'B': 1}, {'A': 1, 'B': 0})
@@ -453,9 +453,9 @@ def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Opt
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> tt = derive_timetable(p, Candidate(("a", "b"), (None, None), ("A", "B")), rec=0)
     >>> tt.ii, tt.stage
     (3, {'A': 0, 'B': 1})

@@ -72,7 +72,7 @@ def fire_order(problem: Problem, policy: str, stream: Optional[Mapping[str, Any]
     --------
     >>> from types import SimpleNamespace as NS
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> c = NS(tasks={"A": NS(host_s=1.0, device_s=0, resources=()), "B": NS(host_s=5.0, device_s=0, resources=()),
     ...               "C": NS(host_s=1.0, device_s=0, resources=())})
     >>> p = make_problem((["A", "B", "C"], [("C", "B")]), c, Constraints())
@@ -149,7 +149,7 @@ def inline_anchor(problem: Problem, labels: Sequence[str], task: Optional[str]) 
     --------
     >>> from types import SimpleNamespace as NS
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> c = NS(tasks={n: NS(host_s=1.0, device_s=0, resources=()) for n in "ABC"})
     >>> p = make_problem((["A", "B", "C"], []), c, Constraints())
     >>> inline_anchor(p, ("g0", "g1", "g1"), "C"), inline_anchor(p, ("g0", "g1", "g1"), None)
@@ -243,9 +243,9 @@ def thread_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Tup
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2, time_unit_s=1e-3))
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> presets = thread_presets(p, p.init_stream)
     >>> presets["single"], presets["per_task"], presets["balanced"]
     (('g0', 'g0'), ('g0', 'g1'), ('g0', 'g1'))
@@ -313,7 +313,7 @@ def stream_presets(problem: Problem, stream: Mapping[str, Any]) -> Dict[str, Dic
     --------
     >>> from autosched.model.costs import CostModel, TaskCost
     >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.entry import Constraints
+    >>> from autosched.search.options import Constraints
     >>> costs = CostModel({"A": TaskCost(0.0, 0.002), "B": TaskCost(0.0, 0.003)})
     >>> p = make_problem((["A", "B"], []), costs, Constraints(device="cuda", streams=[None, "side"]))
     >>> stream_presets(p, p.init_stream)["balanced"]

@@ -1,6 +1,6 @@
 """Feed the verification's measurements back into the model: refit the pool of free cores.
 
-The verification (:mod:`autosched.verify.loop`) measures a few plans on the engine
+The verification (:mod:`autosched.verify.measure`) measures a few plans on the engine
 beside the serial plan. The serial plan's measured/predicted ratio rescales
 every prediction (``VerifyTable.speed_factor``), which fixes a machine that
 runs all tasks faster or slower than when their costs were taken but changes
@@ -112,7 +112,7 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
 
     Parameters
     ----------
-    table : autosched.verify.loop.VerifyTable
+    table : autosched.verify.measure.VerifyTable
         Measured plans, with a ``"serial"`` row (its prediction rescales the others).
     costs : CostModel
         The model the predictions came from (the search's, calibration folded in).
@@ -133,7 +133,8 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     would run them; the model says two cores (a 2 ms period):
 
     >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.verify.loop import PlanMeasurement, VerifyTable, serial_plan
+    >>> from autosched.verify.candidates import serial_plan
+    >>> from autosched.verify.measure import PlanMeasurement, VerifyTable
     >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
     >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                    intra_iter_deps=[("B", "A")])

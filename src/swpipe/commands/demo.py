@@ -107,7 +107,7 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
 
     from swpipe.workloads.autoplan import auto_spec
     from swpipe.workloads.bench import measure
-    from swpipe.workloads.dlrm import DLRMConfig, SyntheticData
+    from swpipe.workloads.dlrm_data import DLRMConfig, SyntheticData
 
     torch.set_num_threads(args.threads)
     allocator = apply_keep_freed_memory(args)  # in every rank's process: spawned ranks do not inherit it

@@ -113,16 +113,17 @@ def run(args: argparse.Namespace) -> int:
     """Search, print the report and its explanation, write the plan; 2 on bad input."""
     from autosched.model.costs import CostModel
     from autosched.model.graph import save_plan
-    from autosched.search.entry import Constraints, auto_schedule
+    from autosched.search.options import Constraints, SolverOptions
+    from autosched.search.entry import auto_schedule
 
     try:
         graph = load_input(args)
         costs = CostModel.load(args.costs)
         streams = None if args.streams is None else [_stream(s.strip()) for s in args.streams.split(",")]
         constraints = Constraints(max_depth=args.max_depth, max_threads=args.max_threads, streams=streams,
-                                  frozen=parse_freeze(args.freeze), time_limit_s=args.time_limit, seed=args.seed,
-                                  device=args.device, method=args.method, progress=args.progress)
-        plan, report = auto_schedule(graph, costs, constraints, calibrated=args.calibrated)
+                                  frozen=parse_freeze(args.freeze), device=args.device)
+        solver = SolverOptions(time_limit_s=args.time_limit, seed=args.seed, method=args.method, progress=args.progress)
+        plan, report = auto_schedule(graph, costs, constraints, solver=solver, calibrated=args.calibrated)
     except (OSError, KeyError, ValueError) as exc:
         print(f"swpipe plan: {_message(exc)}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ before its first pass with ``plan="auto"``:
 4. verify: the searched plans, the seeds, TorchRec's ``base`` plan (the
    model's own forward: no input-dist tasks, so not a seed of the search; the
    sharded modules get their forward back for its runs) and the serial loop run
-   on the engine in interleaved rounds (:func:`autosched.verify.loop.measure_plans`); the
+   on the engine in interleaved rounds (:func:`autosched.verify.measure.measure_plans`); the
    fastest is chosen, a seed (a TorchRec plan) unless another plan beats it
    measurably; on several ranks every rank runs the candidates at once and the
    slowest rank's time of each round counts;
@@ -41,6 +41,7 @@ import torch
 
 from swpipe_core import pipelines
 from swpipe_core.plan import PipelinePlan
+from swpipe_core.planfile import plan_from_dict, plan_to_dict
 from swpipe_core.measure.state import restore_state, snapshot_state
 
 from swpipe.torchrec.plans import check_shape, runnable
@@ -178,7 +179,7 @@ def seeds(graph: PipelinePlan) -> List[Tuple[str, PipelinePlan]]:
            ("sparse_dist_t", copy_thread), ("fused_sparse_dist+by_stream", with_thread_map(fused, "by_stream"))]
     out = [(label, with_dependencies_of(plan, graph)) for label, plan in out]
     # the side threads' Python handed off after the forward, beside the backward that holds no interpreter lock
-    # (the fastest hand-written row of benchmarks/vs_torchrec.py on a 2-core CPU, RESULTS.md's ninth session)
+    # (the fastest hand-written row of benchmarks/vs_torchrec.py on a 2-core CPU, docs/results.md)
     by_stream = with_dependencies_of(with_thread_map(sparse, "by_stream"), graph)
     late = by_stream.replace(enqueue_order=hand_off_after(by_stream, "Forward"), pipeline_depth=by_stream.pipeline_depth)
     return out + [("sparse_dist+by_stream, after Forward", late)]
@@ -224,18 +225,19 @@ def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, opt
 def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
             known: List[Tuple[str, PipelinePlan]]) -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
     """One search per depth, the mode tasks frozen in the last stage; ``(label, plan)`` found and report lines."""
-    from autosched.search.entry import Constraints, auto_schedule
+    from autosched.search.options import Constraints, SolverOptions
+    from autosched.search.entry import auto_schedule
 
     depths = list(range(2, max(2, opts.max_depth) + 1))
+    solver = SolverOptions(time_limit_s=opts.time_limit_s / len(depths))
     found: List[Tuple[str, PipelinePlan]] = []
     lines: List[str] = []
     for d in depths:
         frozen = {t: {"stage": d - 1} for t in MODE_TASKS if t in graph.task_names}
-        c = Constraints(max_depth=d, max_threads=opts.max_threads, time_limit_s=opts.time_limit_s / len(depths),
-                        device=device.type, frozen=frozen)
+        c = Constraints(max_depth=d, max_threads=opts.max_threads, device=device.type, frozen=frozen)
         usable = [(label, p) for label, p in known if p.pipeline_depth <= d]
         try:
-            plan, report = auto_schedule(graph, costs, c, verify=False, seeds=usable or None)
+            plan, report = auto_schedule(graph, costs, c, solver=solver, verify=False, seeds=usable or None)
         except Exception as exc:  # noqa: BLE001 - one depth failing leaves the others
             lines.append(f"  depth {d}: no plan ({type(exc).__name__}: {exc})")
             continue
@@ -252,7 +254,7 @@ def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
 
 def _candidates(graph: PipelinePlan, found: List[Tuple[str, PipelinePlan]],
                 known: List[Tuple[str, PipelinePlan]]) -> List[Tuple[str, PipelinePlan]]:
-    from autosched.verify.loop import plan_key, serial_plan
+    from autosched.verify.candidates import plan_key, serial_plan
 
     out: List[Tuple[str, PipelinePlan]] = []
     seen = set()
@@ -309,31 +311,76 @@ def _broadcast(group: Any, obj: Any, rank: int) -> Any:
     return box[0]
 
 
-def _fields(plan: PipelinePlan) -> Dict[str, Any]:
-    from swpipe.workloads.agree import plan_fields
-
-    return plan_fields(plan)
-
-
-def _from_fields(fields: Dict[str, Any]) -> PipelinePlan:
-    from swpipe_core.plan import TaskSchedule
-
-    sched = {n: TaskSchedule(stage, None if stream == "default" else stream, group, ordered)
-             for n, (stage, stream, group, ordered) in fields["schedule"].items()}
-    return PipelinePlan(sched, intra_iter_deps=list(fields["intra_iter_deps"]),
-                        inter_iter_deps=list(fields["inter_iter_deps"]), pipeline_depth=fields["pipeline_depth"],
-                        enqueue_order=fields["enqueue_order"], enqueue_policy=fields["enqueue_policy"],
-                        caller_group=fields["caller_group"], same_period_deps=list(fields.get("same_period_deps", [])))
-
-
 def _predictions(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, device: torch.device) -> Dict[str, float]:
     """Each candidate's simulated period (the calibrated model's when the costs carry a calibration)."""
-    from autosched.verify.loop import predict_periods
+    from autosched.verify.predict import predict_periods
 
     try:
         return predict_periods(plans, costs, device=device.type)
     except Exception:  # noqa: BLE001 - a prediction is a comment on the table, never a reason to fail
         return {}
+
+
+def _slowest_costs(costs: Any, group: Any, world: int) -> Any:
+    """Every rank's measured costs, the slowest of each figure kept (the same model on every rank)."""
+    from autosched.model.costs import CostModel
+    from swpipe.workloads.agree import combine_slowest
+
+    docs = _gather(group, costs.to_dict(), world)
+    cal = costs.machine_calibration
+    costs = combine_slowest([CostModel.from_dict(d, where=f"rank {r}") for r, d in enumerate(docs)])
+    return costs if cal is None else dataclasses.replace(costs, machine_calibration=cal)
+
+
+def _searched_candidates(graph: PipelinePlan, costs: Any, device: torch.device, opts: AutoOptions, world: int,
+                         rank: int, group: Any) -> Tuple[List[Tuple[str, Dict[str, Any]]], List[str]]:
+    """Rank 0 searches and picks the candidates; every rank gets them: ``([(label, plan as dict)], report lines)``.
+
+    Raises
+    ------
+    Exception
+        The search's own error on rank 0; a ``RuntimeError`` saying so on every other rank.
+    """
+    known = seeds(graph)
+    shared: Any = None
+    failure: Optional[BaseException] = None
+    if rank == 0:
+        try:
+            found, search_lines = _search(graph, costs, device, opts, known)
+            cands = _candidates(graph, found, known)
+            if opts.max_memory_bytes is not None:
+                cands, cap_lines = _under_cap(cands, costs, device, float(opts.max_memory_bytes))
+                search_lines += cap_lines
+            else:  # TorchRec's TrainPipelineBase: the model's own forward (its bytes are not measured)
+                cands.append((BASE, pipelines.get("base")))
+            shared = ([(label, plan_to_dict(p)) for label, p in cands], search_lines)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait forever
+            failure, shared = exc, f"{type(exc).__name__}: {exc}"
+    if world > 1:
+        shared = _broadcast(group, shared, rank)
+    if failure is not None:
+        raise failure
+    if isinstance(shared, str):
+        raise RuntimeError(f"plan='auto': rank 0's search failed, so every rank stops: {shared}")
+    return shared
+
+
+def _verify(plans: List[Tuple[str, PipelinePlan]], batches: Sequence[Any], costs: Any, device: torch.device,
+            opts: AutoOptions, world: int, group: Any) -> Any:
+    """The candidates run in interleaved rounds (on every rank at once, the slowest rank's time of each counting)."""
+    from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+
+    runs = list(itertools.islice(itertools.cycle(batches), max(opts.verify_iterations, 2 * len(batches), 4)))
+    known_labels = [label for label, _ in plans if label.startswith("seed:")]
+    table = measure_plans(plans, runs, max(1, opts.verify_rounds), device=str(device), known=known_labels,
+                          max_rounds=2 * max(1, opts.verify_rounds) if world == 1 else None,
+                          predicted=_predictions([(k, p) for k, p in plans if k != BASE], costs, device))
+    if world == 1:
+        return table
+    every = _gather(group, {r.label: r.rounds_s for r in table.rows}, world)
+    rows = [PlanMeasurement(r.label, r.plan, [max(e[r.label][k] for e in every) for k in range(len(r.rounds_s))],
+                            round_ids=r.round_ids) for r in table.rows]
+    return VerifyTable(rows, table.rounds, table.iterations, known=tuple(known_labels))
 
 
 def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.device, opts: AutoOptions,
@@ -357,8 +404,6 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
     -------
     AutoChoice
     """
-    from autosched.verify.loop import VerifyTable, PlanMeasurement, measure_plans
-
     t0 = time.perf_counter()
     model, optimizer = tasks.model, tasks.optimizer
     flags = [(m, m.training) for m in model.modules()]
@@ -374,58 +419,21 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
         bound = runnable(graph, fns, world)
         costs = _measure_costs(bound, batches, device, opts, world, [model, optimizer])
         if world > 1:
-            from autosched.model.costs import CostModel
-            from swpipe.workloads.agree import combine_slowest
-
-            docs = _gather(group, costs.to_dict(), world)
-            cal = costs.machine_calibration
-            costs = combine_slowest([CostModel.from_dict(d, where=f"rank {r}") for r, d in enumerate(docs)])
-            if cal is not None:
-                costs = dataclasses.replace(costs, machine_calibration=cal)
-        known = seeds(graph)
-        shared: Any = None
-        failure: Optional[BaseException] = None
-        if rank == 0:
-            try:
-                found, search_lines = _search(graph, costs, device, opts, known)
-                cands = _candidates(graph, found, known)
-                if opts.max_memory_bytes is not None:
-                    cands, cap_lines = _under_cap(cands, costs, device, float(opts.max_memory_bytes))
-                    search_lines += cap_lines
-                else:  # TorchRec's TrainPipelineBase: the model's own forward (its bytes are not measured)
-                    cands.append((BASE, pipelines.get("base")))
-                shared = ([(label, _fields(p)) for label, p in cands], search_lines)
-            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait forever
-                failure, shared = exc, f"{type(exc).__name__}: {exc}"
-        if world > 1:
-            shared = _broadcast(group, shared, rank)
-        if failure is not None:
-            raise failure
-        if isinstance(shared, str):
-            raise RuntimeError(f"plan='auto': rank 0's search failed, so every rank stops: {shared}")
-        cand_fields, search_lines = shared
+            costs = _slowest_costs(costs, group, world)
+        cand_fields, search_lines = _searched_candidates(graph, costs, device, opts, world, rank, group)
         lines += [f"costs: {costs.method or 'measured'} ({costs.notes.split(';')[0]})",
                   "search, one per depth (the forward and the tasks after it in the last stage):", *search_lines]
         plans = []
         for label, f in cand_fields:
-            plan = _from_fields(f)
+            plan = plan_from_dict(f)
             plans.append((label, runnable(plan, tasks.functions(plan.task_names), world)))
-        runs = list(itertools.islice(itertools.cycle(batches), max(opts.verify_iterations, 2 * len(batches), 4)))
-        known_labels = [label for label, _ in plans if label.startswith("seed:")]
-        table = measure_plans(plans, runs, max(1, opts.verify_rounds), device=str(device), known=known_labels,
-                              max_rounds=2 * max(1, opts.verify_rounds) if world == 1 else None,
-                              predicted=_predictions([(k, p) for k, p in plans if k != BASE], costs, device))
-        if world > 1:  # every rank ran the same rounds; the slowest rank's time of each counts
-            every = _gather(group, {r.label: r.rounds_s for r in table.rows}, world)
-            table = VerifyTable([PlanMeasurement(r.label, r.plan, [max(e[r.label][k] for e in every)
-                                                                   for k in range(len(r.rounds_s))],
-                                                 round_ids=r.round_ids) for r in table.rows],
-                                table.rounds, table.iterations, known=tuple(known_labels))
+        table = _verify(plans, batches, costs, device, opts, world, group)
+        if world > 1:
             lines.append(f"verified on all {world} ranks at once, the slowest rank's time of each round counting")
         chosen = table.choose()
         lines += table.format().splitlines()
         plan = dict(cand_fields)[chosen.label]
-        return AutoChoice(chosen.label, _from_fields(plan), table.verdict(), lines, time.perf_counter() - t0)
+        return AutoChoice(chosen.label, plan_from_dict(plan), table.verdict(), lines, time.perf_counter() - t0)
     finally:
         restore_state([model, optimizer], snap)
         for m, flag in flags:

@@ -122,7 +122,7 @@ def sparse_nn_batches(config: SparseNNConfig, num: int, world_size: int = 1, ran
 
 def dlrm(preset: str = "test", device: Optional[torch.device] = None, **changes: Any) -> Tuple[torch.nn.Module, Any]:
     """TorchRec's ``DLRMTrain(DLRM(...))`` sized like the workload preset, sharded; ``(model, optimizer)``."""
-    from swpipe.workloads.dlrm import DLRMConfig
+    from swpipe.workloads.dlrm_data import DLRMConfig
     from swpipe.workloads.torchrec_peer import build_model
 
     peer = build_model(DLRMConfig.preset(preset, **changes), device)
@@ -131,7 +131,7 @@ def dlrm(preset: str = "test", device: Optional[torch.device] = None, **changes:
 
 def dlrm_batches(num: int, preset: str = "test", world_size: int = 1, rank: int = 0, **changes: Any) -> List[Any]:
     """TorchRec ``Batch`` objects for :func:`dlrm` (this rank's slice)."""
-    from swpipe.workloads.dlrm import DLRMConfig
+    from swpipe.workloads.dlrm_data import DLRMConfig
     from swpipe.workloads.torchrec_peer import to_torchrec_batches
 
     return to_torchrec_batches(DLRMConfig.preset(preset, **changes), num, world_size, rank)

@@ -3,7 +3,9 @@
 =====================  ================================================================
 module                 what
 =====================  ================================================================
-``dlrm``               model, synthetic data, the step's primitives
+``dlrm``               the workload: the step's primitives (``DLRMWorkload``)
+``dlrm_model``         the model: sharded tables, dense arch, the lookup's autograd functions
+``dlrm_data``          config, batches, synthetic data, pinning for CUDA
 ``distenv``            ``init_distributed``: join torchrun's job (or one rank), groups, timeouts
 ``agree``              what ranks must agree on: folded checks, one plan, slowest-rank costs
 ``tasks``              task functions by name for every TorchRec plan (``fns_for``)
@@ -17,7 +19,10 @@ module                 what
 
 from __future__ import annotations
 
-from swpipe.workloads.dlrm import DLRM, KJT, Batch, DistEnv, DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
+from swpipe.workloads.distenv import DistEnv, init_distributed
+from swpipe.workloads.dlrm import DLRMWorkload
+from swpipe.workloads.dlrm_data import KJT, Batch, DLRMConfig, SyntheticData
+from swpipe.workloads.dlrm_model import DLRM
 from swpipe.workloads.launch import spawn
 from swpipe.workloads.reference import emb_staleness, eval_reference, same_results, semi_sync_reference, train_reference
 from swpipe.workloads.tasks import fns_for, plan_for, task_fns

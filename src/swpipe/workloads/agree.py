@@ -4,13 +4,13 @@ All exchanges run on :attr:`DistEnv.control`, a gloo group of its own used
 only from the caller's thread (never by a pipeline task), so they cannot
 interleave with the pipeline's collectives. Every function here is a
 collective: all ranks call it at the same point. With one rank they return
-at once without exchanging anything.
+at once without exchanging anything. A plan travels between ranks, and is
+compared, in its dict form (:func:`swpipe_core.planfile.plan_to_dict`).
 
 =========================  ================================================================
 ``gather``                 every rank's picklable object, on every rank
 ``all_ranks``              a pass/fail folded over ranks (True only if true everywhere)
 ``from_rank0``             rank 0's object, on every rank (e.g. the searched plan)
-``plan_fields``            the fields of a plan that decide what and in which order runs
 ``check_same_plan``        raise :class:`PlanMismatchError` unless every rank runs that plan
 ``combine_slowest``        per task, the largest host and device time of several cost models
 ``slowest_rank_costs``     :func:`combine_slowest` over every rank's measured cost model
@@ -23,11 +23,12 @@ from typing import Any, Dict, List, Sequence
 
 import torch.distributed as dist
 
-from swpipe_core.plan import PipelinePlan, ref_name, stream_name
+from swpipe_core.plan import PipelinePlan
+from swpipe_core.planfile import plan_to_dict
 
 from swpipe.workloads.distenv import DistEnv
 
-__all__ = ["gather", "all_ranks", "from_rank0", "plan_fields", "check_same_plan", "PlanMismatchError",
+__all__ = ["gather", "all_ranks", "from_rank0", "check_same_plan", "PlanMismatchError",
            "combine_slowest", "slowest_rank_costs"]
 
 
@@ -82,39 +83,21 @@ def from_rank0(env: DistEnv, obj: Any) -> Any:
     return box[0]
 
 
-def plan_fields(plan: PipelinePlan) -> Dict[str, Any]:
-    """The fields of a plan that decide which task runs where and in which order (comparable, picklable).
-
-    Examples
-    --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> f = plan_fields(PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, "s")}, [("A", "B")]))
-    >>> f["schedule"]["B"], f["intra_iter_deps"], f["pipeline_depth"]
-    ((1, 's', 'default', False), [('A', 'B')], 2)
-    """
-    schedule = {n: (plan.sched(n).stage, stream_name(plan.sched(n).stream), plan.sched(n).thread_group,
-                    bool(plan.sched(n).globally_ordered)) for n in plan.task_names}
-    order = [getattr(t, "name", t) for t in plan.enqueue_order] if plan.enqueue_order is not None else None
-    return {"tasks": list(plan.task_names), "schedule": schedule,
-            "intra_iter_deps": sorted(plan.intra_edges()), "inter_iter_deps": sorted(plan.declared_inter_edges()),
-            "same_period_deps": sorted((ref_name(t), ref_name(d)) for t, d in plan.same_period_deps),
-            "pipeline_depth": plan.pipeline_depth if plan.pipeline_depth is not None else plan.inferred_depth(),
-            "enqueue_order": order, "enqueue_policy": plan.enqueue_policy, "caller_group": plan.caller_group}
-
-
 def _differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
+    """The fields in which two plans' dict forms (:func:`~swpipe_core.planfile.plan_to_dict`) differ."""
     out = []
     for key in a:
-        if key == "schedule" and a[key] != b[key]:
-            tasks = sorted(n for n in set(a[key]) | set(b[key]) if a[key].get(n) != b[key].get(n))
+        if key == "tasks" and a[key] != b.get(key):
+            mine, theirs = ({t["name"]: t for t in d.get("tasks", [])} for d in (a, b))
+            tasks = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
             out.append(f"schedule of {', '.join(tasks[:5])}{' ...' if len(tasks) > 5 else ''}")
-        elif a[key] != b[key]:
+        elif a[key] != b.get(key):
             out.append(key)
     return out
 
 
 def check_same_plan(env: DistEnv, plan: PipelinePlan, label: str = "plan") -> None:
-    """Raise on every rank unless every rank holds the same plan (fields of :func:`plan_fields`).
+    """Raise on every rank unless every rank holds the same plan (its dict form, :func:`~swpipe_core.planfile.plan_to_dict`).
 
     Parameters
     ----------
@@ -135,7 +118,7 @@ def check_same_plan(env: DistEnv, plan: PipelinePlan, label: str = "plan") -> No
     >>> with init_distributed() as env:
     ...     check_same_plan(env, PipelinePlan({"A": TaskSchedule(0)}))
     """
-    fields = gather(env, plan_fields(plan))
+    fields = gather(env, plan_to_dict(plan))
     diffs = {r: _differences(fields[0], f) for r, f in enumerate(fields) if r and f != fields[0]}
     if diffs:
         detail = "; ".join(f"rank {r}: {', '.join(d)}" for r, d in diffs.items())

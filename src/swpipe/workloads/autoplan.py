@@ -19,10 +19,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from swpipe_core.plan import PipelinePlan
+from swpipe_core.planfile import plan_from_dict, plan_to_dict
 
-from swpipe.workloads.agree import check_same_plan, from_rank0, gather, plan_fields, slowest_rank_costs
+from swpipe.workloads.agree import check_same_plan, from_rank0, gather, slowest_rank_costs
 from swpipe.workloads.bench import PlanSpec
-from swpipe.workloads.dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, pin_for
+from swpipe.workloads.dlrm import DLRMWorkload, DistEnv
+from swpipe.workloads.dlrm_data import Batch, DLRMConfig, pin_for
 from swpipe.workloads.tasks import plan_for
 
 __all__ = ["auto_spec", "safe_task_plan", "AUTO_SEEDS"]
@@ -112,7 +114,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     batches : sequence of Batch
         The serial run that measures the costs, and the verification runs.
         On a CUDA device they are pinned here, once for all these runs
-        (:func:`~swpipe.workloads.dlrm.pin_for`; a batch already pinned is not copied).
+        (:func:`~swpipe.workloads.dlrm_data.pin_for`; a batch already pinned is not copied).
     max_depth, max_threads : int
         The search's constraints (raised to what the seeds need).
     time_limit_s : float
@@ -175,7 +177,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
 
     def build(workload: DLRMWorkload) -> PipelinePlan:
         fns = {t.name: t.fn for t in safe_task_plan(workload).tasks}
-        return _plan_from_fields(fields).bind(fns)
+        return plan_from_dict(fields, source="rank 0's plan").bind(fns)
 
     check_same_plan(env, build(wl), "the auto plan")
     ranks = f"; searched on rank 0, costs of the slowest of {env.world_size} ranks" if env.world_size > 1 else ""
@@ -244,23 +246,25 @@ def _with_calibration(costs: Any, config: DLRMConfig, env: DistEnv, batches: Seq
 
 def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_depth: int, max_threads: int,
             time_limit_s: float, verify_rounds: int, batches: Sequence[Batch], lockstep: bool) -> Any:
-    """Rank 0's search: ``(plan fields, note, chosen label, predicted speedup over serial per candidate label)``.
+    """Rank 0's search: ``(plan dict, note, chosen label, predicted speedup over serial per candidate label)``.
 
     With ``lockstep``: ``(candidates, note)``, the candidates to measure on every rank (their predictions follow
     the measurement, :func:`_lockstep_predictions`).
     The candidates' labels are the verification's (``"seed:<row>"``, ``"serial"``, ...); without a
     verification, the search's plan is ``"auto"``.
     """
-    from autosched.search.entry import Constraints, auto_schedule
-    from autosched.verify.loop import VerifyOptions, predicted_speedups
+    from autosched.search.options import Constraints, SolverOptions
+    from autosched.search.entry import auto_schedule
+    from autosched.verify.loop import VerifyOptions
+    from autosched.verify.predict import predicted_speedups
 
     seeds = _auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
     threads = max([max_threads] + [len(p.thread_groups) for _, p in seeds])
     verify = not lockstep and verify_rounds > 0
     found, report = auto_schedule(
-        base, costs, Constraints(max_depth=depth, max_threads=threads, time_limit_s=time_limit_s,
-                                 device=env.device.type),
+        base, costs, Constraints(max_depth=depth, max_threads=threads, device=env.device.type),
+        solver=SolverOptions(time_limit_s=time_limit_s),
         # 40 iterations a round: the demo measures 40, and shorter runs rank plans within ~10 % noise
         seeds=seeds, verify=VerifyOptions(rounds=verify_rounds, iterations=40, device=str(env.device))
         if verify else False,
@@ -284,36 +288,36 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     else:  # nothing measured here (with lockstep, every rank measures the candidates next)
         candidates = _candidates(found, seeds)
         if lockstep:
-            return [(label, plan_fields(plan)) for label, plan in candidates], note
+            return [(label, plan_to_dict(plan)) for label, plan in candidates], note
         speedups = predicted_speedups(_predictions(candidates, costs, env))
         how = "not measured before the run"
-    return plan_fields(found), f"{note}; {how}", chosen_label, speedups
+    return plan_to_dict(found), f"{note}; {how}", chosen_label, speedups
 
 
 def _candidates(found: PipelinePlan, seeds: Sequence[Any]) -> List[Tuple[str, PipelinePlan]]:
     """The plans rank 0 predicts, and on several ranks measures: the search's plan (``"auto"``, with the caller's
     group and the hand-offs the search chose), the seeds (``"seed:<row>"``) and the serial plan.
     """
-    from autosched.verify.loop import serial_plan
+    from autosched.verify.candidates import serial_plan
 
     return [("auto", found)] + [(f"seed:{label}", plan) for label, plan in seeds] + [("serial", serial_plan(found))]
 
 
 def _predictions(candidates: Sequence[Any], costs: Any, env: DistEnv) -> Dict[str, float]:
     """Each candidate's predicted period, in the search's model (the calibration folded in, when measured)."""
-    from autosched.verify.loop import predict_periods
+    from autosched.verify.predict import predict_periods
 
     return predict_periods(candidates, costs, device=env.device.type)
 
 
 def _lockstep_predictions(candidates: Sequence[Any], costs: Any,
                           env: DistEnv) -> Tuple[Dict[str, float], Optional[str]]:
-    """Rank 0's predicted speedups of the shared candidates (plan fields), and the line that says which model
+    """Rank 0's predicted speedups of the shared candidates (plan dicts, :func:`~swpipe_core.planfile.plan_to_dict`), and the line that says which model
     predicted them."""
-    from autosched.verify.loop import predicted_speedups
+    from autosched.verify.predict import predicted_speedups
 
     try:
-        plans = [(label, _plan_from_fields(fields)) for label, fields in candidates]
+        plans = [(label, plan_from_dict(fields, source="rank 0's plan")) for label, fields in candidates]
         speedups = predicted_speedups(_predictions(plans, costs, env))
     except Exception as exc:  # noqa: BLE001 - the other ranks wait for rank 0's answer: always give one
         return {}, f"no predictions ({type(exc).__name__}: {exc})"
@@ -326,14 +330,15 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
                           rounds: int) -> Any:
     """Run rank 0's candidates on every rank at once (their collectives pair up); the slowest rank's time counts.
 
-    Returns ``(label, plan fields, verdict)`` of the plan chosen
-    (:meth:`~autosched.verify.loop.VerifyTable.choose`: the fastest, or a seed it does not measurably beat), the same
+    Returns ``(label, plan dict, verdict)`` of the plan chosen
+    (:meth:`~autosched.verify.measure.VerifyTable.choose`: the fastest, or a seed it does not measurably beat), the same
     on every rank.
     """
-    from autosched.verify.loop import PlanMeasurement, VerifyTable, is_known, measure_plans
+    from autosched.verify.candidates import is_known
+    from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
 
     fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
-    plans = [(label, _plan_from_fields(fields).bind(fns)) for label, fields in candidates]
+    plans = [(label, plan_from_dict(fields, source="rank 0's plan").bind(fns)) for label, fields in candidates]
     runs = [batches[i % len(batches)] for i in range(40)]
     table = measure_plans(plans, runs, rounds, device=str(env.device))  # a warm-up run each, in lockstep
     every = gather(env, {r.label: r.rounds_s for r in table.rows})
@@ -343,15 +348,3 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
                          known=tuple(label for label, _ in candidates if is_known(label)))
     label = folded.choose().label
     return label, dict(candidates)[label], folded.verdict()
-
-
-def _plan_from_fields(fields: Dict[str, Any]) -> PipelinePlan:
-    """Rebuild an unbound plan from :func:`~swpipe.workloads.agree.plan_fields` (what rank 0 shares)."""
-    from swpipe_core.plan import TaskSchedule
-
-    sched = {n: TaskSchedule(stage, None if stream == "default" else stream, group, ordered)
-             for n, (stage, stream, group, ordered) in fields["schedule"].items()}
-    return PipelinePlan(sched, intra_iter_deps=list(fields["intra_iter_deps"]),
-                        inter_iter_deps=list(fields["inter_iter_deps"]), pipeline_depth=fields["pipeline_depth"],
-                        enqueue_order=fields["enqueue_order"], enqueue_policy=fields["enqueue_policy"],
-                        caller_group=fields["caller_group"], same_period_deps=list(fields.get("same_period_deps", [])))

@@ -19,7 +19,9 @@ import torch
 from swpipe_core.plan import PipelinePlan
 
 from swpipe.workloads.agree import all_ranks, check_same_plan, gather
-from swpipe.workloads.dlrm import Batch, DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
+from swpipe.workloads.distenv import DistEnv
+from swpipe.workloads.dlrm import DLRMWorkload
+from swpipe.workloads.dlrm_data import Batch, DLRMConfig, SyntheticData
 from swpipe.workloads.reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from swpipe.workloads.tasks import EVAL_PIPELINES, plan_for
 
@@ -358,7 +360,7 @@ def _folded(env: DistEnv, runs: _Runs) -> _Runs:
 
 def _contenders(specs: Sequence[PlanSpec], runs: _Runs, band_pct: float) -> List[PlanSpec]:
     """The training specs whose fastest run is within ``band_pct`` of the fastest training spec's."""
-    from autosched.verify.loop import within_band
+    from autosched.verify.measure import within_band
 
     near = set(within_band({s.label: min(runs.times[s.label]) for s in specs if not s.is_eval}, band_pct))
     return [s for s in specs if s.label in near]
@@ -367,7 +369,7 @@ def _contenders(specs: Sequence[PlanSpec], runs: _Runs, band_pct: float) -> List
 def _run_rounds(config: DLRMConfig, env: DistEnv, specs: Sequence[PlanSpec], batches: List[Batch],
                 rounds: Sequence[int], progress: bool) -> _Runs:
     """The serial loop (and the eval loop) and every spec, once per round, each on a fresh workload."""
-    from autosched.verify.loop import turned
+    from autosched.verify.measure import turned
     from swpipe_core.engine.pipeline import SWPipeline
 
     iters = len(batches)

@@ -14,7 +14,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, DistEnv, SyntheticData
+from swpipe.workloads.distenv import DistEnv
+from swpipe.workloads.dlrm import DLRMWorkload
+from swpipe.workloads.dlrm_data import DLRMConfig, SyntheticData
 from swpipe.workloads.reference import emb_staleness, eval_reference, semi_sync_reference, train_reference
 from swpipe.workloads.tasks import EVAL_PIPELINES, plan_for
 

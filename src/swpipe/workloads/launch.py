@@ -2,7 +2,7 @@
 
 ``spawn(fn, world_size, *args)`` starts ``world_size`` processes, each joins a
 gloo (or NCCL) group through a file store in a fresh temporary directory,
-calls ``fn(env, *args)`` with its :class:`~swpipe.workloads.dlrm.DistEnv`, and
+calls ``fn(env, *args)`` with its :class:`~swpipe.workloads.distenv.DistEnv`, and
 returns the per-rank results (which must be picklable by ``torch.save``).
 A failure on any rank raises in the caller with that rank's traceback.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.multiprocessing as mp
 
-from swpipe.workloads.dlrm import DistEnv, init_distributed
+from swpipe.workloads.distenv import DistEnv, init_distributed
 
 __all__ = ["spawn", "rank_info"]
 

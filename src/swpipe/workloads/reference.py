@@ -16,7 +16,8 @@ import torch
 
 from swpipe_core.plan import PipelinePlan
 
-from swpipe.workloads.dlrm import Batch, DLRMWorkload
+from swpipe.workloads.dlrm import DLRMWorkload
+from swpipe.workloads.dlrm_data import Batch
 
 __all__ = ["train_reference", "semi_sync_reference", "eval_reference", "emb_staleness", "same_results"]
 

@@ -48,7 +48,8 @@ import torch
 
 from swpipe_core.plan import IterContext, PipelinePlan
 
-from swpipe.workloads.dlrm import Batch, DLRMWorkload
+from swpipe.workloads.dlrm import DLRMWorkload
+from swpipe.workloads.dlrm_data import Batch
 
 __all__ = ["task_fns", "fns_for", "plan_for", "collective_tasks", "with_collectives_ordered", "STAGED_STAGES",
            "TASK_NAMES", "EVAL_PIPELINES"]

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from swpipe.workloads.dlrm import DLRMConfig, SyntheticData, pins_batches
+from swpipe.workloads.dlrm_data import DLRMConfig, SyntheticData, pins_batches
 
 __all__ = ["PEERS", "peer_available", "PeerModel", "build_model", "to_torchrec_batches", "run_torchrec",
            "swpipe_plan", "run_swpipe", "run_plain"]
@@ -116,7 +116,7 @@ def to_torchrec_batches(config: DLRMConfig, num: int, world_size: int = 1, rank:
         The device the pipelines copy them to (the model's, ``PeerModel.device``): on CUDA each batch is
         pinned here, once, as TorchRec's data loaders pin theirs (``pin_memory=True``): both our H2D task
         and TorchRec's pipelines copy with ``non_blocking=True``, which blocks the host from pageable
-        memory (:func:`swpipe.workloads.dlrm.pins_batches`).
+        memory (:func:`swpipe.workloads.dlrm_data.pins_batches`).
 
     Returns
     -------

@@ -10,8 +10,11 @@ for the device is a poll with a deadline (:meth:`StreamPool.wait_events
 <swpipe_core.engine.streams.StreamPool.wait_events>`): a kernel that never finishes
 (a collective whose peer died) or a sticky CUDA error must neither hang the
 caller nor free memory a stream may still read; such contexts go to
-``_limbo`` until a later poll finds their fence complete. On CPU every
-method here is (nearly) free: there are no events and nothing to wait for.
+``_limbo`` until a later poll finds their fence complete. The end of a
+pipelined run is here too (``_finish`` when the data ran out, ``_teardown``
+on drain, close or failure): it releases the run's contexts the same way.
+On CPU every method here is (nearly) free: there are no events and nothing
+to wait for.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional, Tuple
 
+from swpipe_core.engine.failure import cancel, fail_now, stop_workers, surface_failure
 from swpipe_core.engine.state import _IterState, _Run
 
 __all__: List[str] = []
@@ -27,8 +31,9 @@ _log = logging.getLogger("swpipe_core.engine.pipeline")
 
 
 class _DeviceLifetime:
-    """Device-side bookkeeping of a pipeline; expects ``_streams``, ``_infos``, ``_recorder``,
-    ``_limbo``, ``max_device_lag``, ``progress_timeout`` and the failure helpers of the engine."""
+    """Device-side bookkeeping of a pipeline and the end of a run; expects ``_run``, ``_streams``, ``_infos``,
+    ``_recorder``, ``_limbo``, ``_serial_pending``, ``max_device_lag``, ``progress_timeout``, ``_join_timeout``
+    and ``_teardown_timeout``."""
 
     def _prune_device(self, run: _Run) -> None:
         """Release retired contexts (and what their tasks deleted) whose device work has completed."""
@@ -56,16 +61,13 @@ class _DeviceLifetime:
             return
         if not self._streams.wait_events(st.events, self.progress_timeout, wake=run.stop):
             if run.cancelled:  # a failure elsewhere ended the wait: report that one
-                self._surface_failure(run)
+                surface_failure(run, self._join_timeout)
             error = RuntimeError(
                 f"progress() waited {self.progress_timeout:g} s for the device work of iteration {st.idx} "
                 f"(max_device_lag={self.max_device_lag}); tasks whose device work has not completed: "
                 f"{[ti.name for ti in self._infos if not self._streams.query(st.events[ti.idx])]}. A kernel is "
                 "hung (a dead peer rank?) or slow (raise progress_timeout); call drain() or fill_pipeline()")
-            self._cancel(run, error, f"device-lag timeout on iteration {st.idx}")
-            self._stop_workers(run)
-            run.reported = True
-            raise error
+            fail_now(run, error, f"device-lag timeout on iteration {st.idx}", self._join_timeout)
         del run.device_pending[st.idx]
         self._free_state(run, st)
 
@@ -132,6 +134,43 @@ class _DeviceLifetime:
             else:
                 kept.append((events, states, streams))
         self._limbo = kept
+
+    def _finish(self, run: _Run) -> None:
+        """The data ran out and every iteration retired: stop the workers, release what waits on the device."""
+        if not run.finished:
+            stop_workers(run, self._join_timeout)
+            pending = list(run.device_pending.values())
+            run.device_pending.clear()
+            run.finished = True
+            done, error = self._release(run, pending, self.progress_timeout)
+            if not done:
+                raise self._device_not_done("progress() at the end of the data", error)
+
+    def _teardown(self, cancelling: bool) -> None:
+        """Stop this run's workers, wait (bounded) for its device work, release every context, forget the run.
+
+        Never raises on a failure path (``cancelling`` or a cancelled run): the
+        caller is usually re-raising a task's exception, which must not be
+        masked, and the pipeline is left usable whatever the device does.
+        """
+        if self._limbo:
+            self._prune_limbo()
+        run = self._run
+        if run is None:
+            return
+        failing = cancelling or run.cancelled
+        if cancelling and not (run.finished or run.cancelled):
+            cancel(run, None, "pipeline closed")
+        stop_workers(run, self._join_timeout)
+        states = list(run.iters.values()) + list(run.device_pending.values())
+        run.iters.clear()
+        run.device_pending.clear()
+        self._run = None
+        timeout = self._teardown_timeout if failing else self.progress_timeout
+        done, error = self._release(run, states, timeout)
+        if not done and not failing:
+            raise self._device_not_done("drain()", error)
+
 
     def _device_not_done(self, what: str, error: Optional[Exception]) -> RuntimeError:
         """The error for device work that did not complete: the device's own failure, chained, or a timeout."""

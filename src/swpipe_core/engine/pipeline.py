@@ -86,6 +86,7 @@ analysed; running one (``fill_pipeline``, ``run``, ``run_serial``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -95,18 +96,20 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 import torch
 
 from swpipe_core.plan import PipelinePlan, ref_name
+from swpipe_core.engine.checks import check_arguments, check_idle, check_runnable
 from swpipe_core.engine.device import as_device
+from swpipe_core.engine.failure import abort, cancel, inline_overran, surface_failure
 from swpipe_core.engine.lifetime import _DeviceLifetime
-from swpipe_core.engine.serial import _profiler_active, _SerialRunner
+from swpipe_core.engine.loop import _NO_BATCH, _PeriodLoop
+from swpipe_core.engine.program import Program, compile_tasks, device_waits
+from swpipe_core.engine.serial import _SerialRunner
 from swpipe_core.engine.tasks import _TaskRunner
-from swpipe_core.engine.state import (PipelineTaskError, _context_keeper, _Flag, _GuardedContext, _IterState, _parameters,
-                           _Run, _TaskInfo)
+from swpipe_core.engine.state import PipelineTaskError, _context_keeper, _GuardedContext, _parameters, _Run, _TaskInfo
 from swpipe_core.engine.sequencer import _SubmissionSequencer
 from swpipe_core.engine.shortcut import _ShortcutState
 from swpipe_core.engine.streams import StreamPool
 from swpipe_core.measure.trace import TimelineEvent, TimelineRecorder
 from swpipe_core.engine.rng import PerTaskRng
-from swpipe_core.validate import PlanError, validate
 from swpipe_core.walk import PeriodWalk
 from swpipe_core.engine.watchdog import InlineWatchdog
 from swpipe_core.engine.workers import _Workers
@@ -115,10 +118,8 @@ __all__ = ["SWPipeline", "PipelineTaskError"]
 
 _log = logging.getLogger(__name__)
 
-_NO_BATCH = object()
 
-
-class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
+class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
     """Software-pipelined execution of a plan: pipelined, serial, or one iteration at a time.
 
     Parameters
@@ -204,26 +205,13 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                  sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
                  record_timeline: bool = False, max_device_lag: Optional[int] = None,
                  strict: Any = False, state: Any = None, rng: Optional[str] = None) -> None:
-        if not isinstance(plan, PipelinePlan):
-            raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
-                            "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
-        validate(plan)
-        for label, value in (("signal_timeout", signal_timeout), ("sequencer_timeout", sequencer_timeout),
-                             ("progress_timeout", progress_timeout)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
-        if max_device_lag is not None and (not isinstance(max_device_lag, int) or isinstance(max_device_lag, bool)
-                                           or max_device_lag < 0):
-            raise ValueError(f"max_device_lag must be None (the pipeline depth) or an integer >= 0, "
-                             f"got {max_device_lag!r}")
+        check_arguments(plan, {"signal_timeout": signal_timeout, "sequencer_timeout": sequencer_timeout,
+                               "progress_timeout": progress_timeout}, max_device_lag, rng)
         self.plan = plan
         self.max_device_lag = plan.pipeline_depth if max_device_lag is None else max_device_lag
         self._dev = as_device(device)
         self.device = self._dev.torch_device
         self._state_params = _parameters(state)  # checked now: a bad state is an error at construction
-        if rng not in (None, "per_task"):
-            raise ValueError(f"rng={rng!r}: use None (tasks share torch's default generators) or 'per_task' (each "
-                             "task draws from its own generator, seeded from torch.initial_seed())")
         self._rng = PerTaskRng(torch.initial_seed()) if rng == "per_task" else None
         # float("inf") means "no limit"; lock waits accept at most TIMEOUT_MAX
         self.signal_timeout = min(float(signal_timeout), threading.TIMEOUT_MAX)
@@ -233,19 +221,17 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._join_timeout = 5.0  # per worker, after a cancel: a task stuck in user code cannot be interrupted
         self._teardown_timeout = 5.0  # device work after a failure: a dead NCCL peer never finishes
         self._streams = StreamPool(self._dev)
-        self._infos = self._compile(plan, self._streams)
+        self._infos = compile_tasks(plan, self._streams)
         by_name = self._by_name = {ti.name: ti for ti in self._infos}
         self._walk = PeriodWalk(plan)  # the contract's walk of a period (swpipe_core.walk)
-        self._programs: Dict[Tuple[int, int], Any] = {}  # period shape -> its tasks and segments
+        self._programs: Dict[Tuple[int, int], Program] = {}  # period shape -> its tasks and segments
         self._order: List[_TaskInfo] = [by_name[n] for n in self._walk.order]
         self._serial_order: List[_TaskInfo] = self._topological(plan, by_name)
         groups = list(dict.fromkeys(ti.group for ti in self._order))
         # the caller's group runs inline on the thread calling fill_pipeline/progress: no hand-off
         self._caller_group: Optional[str] = plan.caller_group if plan.caller_group in groups else None
         self._groups = [g for g in groups if g != self._caller_group]  # one worker thread each
-        # the resolved device waits, {task: ((dependency, distance), ...)}: inspectable on CPU too
-        self._device_waits: Dict[str, Tuple[Tuple[str, int], ...]] = {
-            ti.name: tuple((self._infos[d].name, n) for d, n in ti.device_deps) for ti in self._infos}
+        self._device_waits = device_waits(self._infos)  # inspectable on CPU too
         # (events, contexts, streams) a failed teardown could not free; events None: the fence itself failed
         self._limbo: List[Tuple[Optional[List[Any]], List[Any], List[Any]]] = []
         self._serial_pending: Deque[Tuple[Any, Any]] = deque()  # CUDA: (event, context) of serial iterations
@@ -256,47 +242,6 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         self._run: Optional[_Run] = None
         from swpipe_core.dataflow.strict import strict_guard  # strict mode (off by default): see swpipe_core.dataflow.strict
         self._strict = strict_guard(plan, strict, self.device, shared_rng=self._rng is None)
-
-    # ------------------------------------------------------------------ setup
-
-    @staticmethod
-    def _compile(plan: PipelinePlan, streams: StreamPool) -> List[_TaskInfo]:
-        names = plan.task_names
-        index = {n: i for i, n in enumerate(names)}
-        deps: Dict[str, Dict[Tuple[int, int], None]] = {n: {} for n in names}
-        for t, d in plan.intra_edges():
-            deps[t][(index[d], 0)] = None
-        for t, d, n in plan.inter_edges():
-            deps[t][(index[d], n)] = None
-        # "same stream" is decided on the resolved stream (device + stream id), never on the name
-        keys = [streams.key(plan.sched(n).stream) for n in names]
-        infos = []
-        for name in names:
-            sched = plan.sched(name)
-            stream = plan.stream_of(name)
-            own = tuple(deps[name])
-            device_deps = tuple((d, n) for d, n in own if keys[d] != keys[index[name]])
-            starts = not any(n == 0 for _, n in own)  # every other task is ordered after one that does
-            infos.append(_TaskInfo(index[name], plan.task(name), name, sched.stage, sched.thread_group,
-                                   sched.stream, stream, sched.globally_ordered, own, device_deps, starts))
-        return infos
-
-    def _check_runnable(self) -> None:
-        unbound = [t.name for t in self.plan.tasks if not callable(t.fn)]
-        if unbound:
-            raise PlanError(
-                "unbound-task",
-                f"the plan cannot run: task(s) {unbound} have no function (analysis-only plan)",
-                unbound,
-                "bind functions with plan.bind({name: fn, ...}) or PipelineTask(name, fn); "
-                "an unbound plan can still be printed and analysed (format_schedule, print_stage_analysis)",
-            )
-
-    def _check_idle(self, what: str) -> None:
-        run = self._run
-        if run is not None and not (run.finished or run.cancelled):
-            raise RuntimeError(f"{what} while {run.fetched - run.oldest} pipelined iteration(s) are in flight; "
-                               "call drain() first")
 
     # --------------------------------------------------------------- pipelined
 
@@ -349,9 +294,9 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         >>> pipe.drain(); pipe.in_flight
         0
         """
-        self._check_idle("fill_pipeline() called")
-        self._check_runnable()
-        self._teardown(cancel=True)
+        check_idle(self._run, "fill_pipeline() called")
+        check_runnable(self.plan)
+        self._teardown(cancelling=True)
         self._prune_limbo()
         iterator = iter(data_iter)
         run = _Run(data_iter, iterator, _SubmissionSequencer(self.sequencer_timeout))
@@ -372,23 +317,25 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                     run.origin_event = self._streams.record(self._dev.default_stream(), timing=True)
                     self._recorder.origin = time.perf_counter()
             if self._caller_group is not None and self.signal_timeout < threading.TIMEOUT_MAX:
-                run.watchdog = InlineWatchdog(self.signal_timeout,
-                                              lambda task, i, interrupts: self._inline_overran(run, task, i, interrupts))
+                run.watchdog = InlineWatchdog(self.signal_timeout, functools.partial(self._inline_overran, run))
                 run.watchdog.start()
             if self._groups:  # a plan whose only group is the caller's starts no worker thread
                 run.workers = _Workers(self._groups, lambda group, items: self._run_items(run, items),
                                        setup=self._dev.set_current,
-                                       on_crash=lambda group, exc: self._cancel(run, exc,
-                                                                                f"worker swpipe-{group} crashed"),
+                                       on_crash=lambda group, exc: cancel(run, exc, f"worker swpipe-{group} crashed"),
                                        scope=self._worker_scope(run))
                 run.workers.start()
             for _ in range(self.plan.pipeline_depth):
                 batch = self._fetch(run)
                 self._advance(run, batch)
         except BaseException:
-            self._teardown(cancel=True)
+            self._teardown(cancelling=True)
             raise
         return iterator
+
+    def _inline_overran(self, run: _Run, task: str, iteration: int, interrupts: bool) -> None:
+        """The watchdog saw a caller's-group task run past ``signal_timeout``: :func:`.failure.inline_overran`."""
+        inline_overran(run, self._by_name[task], iteration, interrupts, self.signal_timeout)
 
     def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
         """Retire the oldest in-flight iteration and run the next period.
@@ -439,7 +386,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
             raise RuntimeError("progress() called before fill_pipeline(); start with "
                                "data_iter = pipe.fill_pipeline(loader)")
         if run.cancelled:
-            self._surface_failure(run)
+            surface_failure(run, self._join_timeout)
         if data_iter is not None:
             if data_iter is not run.data_iter and data_iter is not run.data_source:
                 raise RuntimeError("progress() got a different data iterator than fill_pipeline() returned; "
@@ -459,7 +406,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         except Exception:
             raise  # the data iterator's own error: nothing changed, the pipeline is intact
         except BaseException:
-            self._abort(run, "interrupted while fetching a batch")
+            abort(run, "interrupted while fetching a batch", self._join_timeout)
             raise
         try:
             idx = self._retire_oldest(run)
@@ -467,232 +414,14 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                 self._bound_device_lag(run, idx)
             self._advance(run, batch)
             if run.cancelled:  # a task of this period failed (one the caller ran inline, or a worker's): now
-                self._surface_failure(run)
+                surface_failure(run, self._join_timeout)
         except BaseException:
             if not run.reported:
-                self._abort(run, "interrupted in progress()")
+                abort(run, "interrupted in progress()", self._join_timeout)
             raise
         return idx
 
-    def _fetch(self, run: _Run) -> Any:
-        if run.exhausted:
-            return _NO_BATCH
-        try:
-            batch = next(run.data_iter)
-        except StopIteration:
-            run.exhausted = True
-            return _NO_BATCH
-        if self._streams.is_cuda:  # CUDA tensors the iterator made on this thread's stream: tasks wait for them
-            run.ready = self._streams.batch_ready(batch)
-        return batch
-
-    def _advance(self, run: _Run, batch: Any) -> None:
-        """Run period ``run.period`` (creating its new iteration if a batch was fetched).
-
-        The caller walks the enqueue order: a worker group's task is handed
-        to its worker when the walk reaches it, the caller group's task is
-        run inline then, so a worker task placed after a caller's task starts
-        only once the caller has run that task (as a pipeline's
-        ``progress()`` issues work at its place in the program). No deadlock:
-        the enqueue order is a topological order of the period-local graph,
-        so every dependency of an inline task is an earlier inline task, an
-        earlier task already handed to a worker (whose own dependencies
-        precede it in the same order), or a task of an earlier period, all of
-        which complete without the caller.
-        """
-        p = run.period
-        if batch is not _NO_BATCH:
-            st = run.iters[p] = _IterState(p, run.ctx_type(batch, p), len(self._infos), run.streams)
-            st.ready, run.ready = run.ready, ()
-            run.fetched = p + 1
-        run.period = p + 1
-        run.profiling = profiling = _profiler_active()
-        run.bare = run.plain and not profiling
-        program = self._programs.get(self._walk.key(p, run.oldest, run.fetched))
-        infos, segments = program if program is not None else self._period_program(p, run.oldest, run.fetched)
-        iters = run.iters
-        ticket = run.sequencer.ticket  # taken in the walk's order, across groups: every rank issues the same
-        items = [(iters[p - ti.stage], ti, ticket(f"{ti.name} (iteration {p - ti.stage})") if ti.ordered else None)
-                 for ti in infos]
-        if run.workers is None:
-            inline = items
-            if run.bare:
-                self._run_solo(run, inline)
-            else:
-                self._run_items(run, inline, inline=True)
-            return
-        for handoff, inline_at in segments:
-            if run.cancelled:
-                return
-            for group, at in handoff:
-                run.workers.submit(group, [items[k] for k in at])
-            if inline_at:
-                self._run_items(run, [items[k] for k in inline_at], inline=True)
-
-    def _period_program(self, p: int, first: int, end: int) -> Tuple[List[_TaskInfo], List[Tuple[List[Tuple[str, List[int]]], List[int]]]]:
-        """Period ``p``'s shape compiled for the hot path (cached per shape): its tasks, its segments by position.
-
-        A segment is the worker steps handed off together (by group), then the
-        caller's steps run inline before the next worker step; the walk says
-        where each worker step is handed off (:attr:`Step.after
-        <swpipe_core.walk.Step.after>`).
-        """
-        key = self._walk.key(p, first, end)
-        program = self._programs.get(key)
-        if program is None:
-            shape = self._walk.shape(p, first, end)
-            infos = [self._by_name[task] for task, _, _, _ in shape.steps]
-            segments: List[Tuple[List[Tuple[str, List[int]]], List[int]]] = []
-            handoff: Dict[str, List[int]] = {}
-            inline: List[int] = []
-            handed_after: Optional[int] = None
-            for k, (task, _, is_inline, after) in enumerate(shape.steps):
-                if is_inline:
-                    inline.append(k)
-                    continue
-                if after != handed_after:  # handed off once the caller ran its step `after`
-                    segments.append((list(handoff.items()), inline))
-                    handoff, inline, handed_after = {}, [], after
-                handoff.setdefault(infos[k].group, []).append(k)
-            segments.append((list(handoff.items()), inline))
-            program = self._programs[key] = (infos, segments)
-        return program
-
-    def _retire_oldest(self, run: _Run) -> int:
-        idx = run.oldest
-        st = run.iters[idx]
-        if run.cancelled:
-            self._surface_failure(run)
-        if st.remaining and not self._wait_complete(run, st) and not run.cancelled:
-            self._progress_timed_out(run, st)
-        if run.cancelled:
-            self._surface_failure(run)
-        if self._streams.is_cuda:
-            run.device_pending[idx] = st  # first, so a worker looking up idx always finds its events
-            del run.iters[idx]
-            self._prune_device(run)
-        else:
-            del run.iters[idx]
-            st.ctx = None
-        run.oldest = idx + 1
-        return idx
-
-    def _wait_complete(self, run: _Run, st: _IterState) -> bool:
-        """Block until every task of ``st`` set its CPU signal (or the run is cancelled); whether it did.
-
-        The flag is made only when the caller must block (usually it need
-        not: the iteration completed during the periods it waited in line).
-        """
-        with run.lock:
-            if not st.remaining or run.cancelled:
-                return True
-            if st.complete is None:
-                st.complete = _Flag()
-            flag = st.complete
-        return flag.wait(self.progress_timeout)
-
-    # ------------------------------------------------------ failure and reset
-
-    def _cancel(self, run: _Run, error: Optional[BaseException], reason: str) -> None:
-        """Record the first error, stop new task starts, wake every waiter."""
-        with run.lock:
-            if run.error is None and error is not None:
-                run.error = error
-            run.cancelled = True
-            run.stop.set()
-            states = list(run.iters.values())
-            waiters = [ev for st in states for ev in list(st.waiters.values())]
-        run.sequencer.abort(reason)
-        for ev in waiters:
-            ev.set()
-        for st in states:
-            if st.complete is not None:  # made under the lock, so any made later sees cancelled
-                st.complete.set()
-
-    def _stop_workers(self, run: _Run) -> None:
-        if run.workers is not None:
-            run.workers.stop(self._join_timeout)
-        if run.watchdog is not None:
-            run.watchdog.stop()
-
-    def _inline_overran(self, run: _Run, task: str, iteration: int, interrupts: bool) -> None:
-        """The watchdog found a caller's-group task running past ``signal_timeout`` (on the watchdog's thread)."""
-        ti = self._by_name[task]
-        how = ("the watchdog interrupts it" if interrupts else
-               "the caller's thread cannot be interrupted from here (not the main thread, or Ctrl-C is handled by "
-               "your code): the run is cancelled and this error is raised when the task returns. Run that group on "
-               "a worker (caller_group=None) to have such a hang reported at once")
-        message = (f"{task} (iteration {iteration}) ran longer than signal_timeout={self.signal_timeout:g} s on the "
-                   f"caller's thread (caller group {ti.group!r}); {how}. A blocked collective or queue? Raise "
-                   "signal_timeout if it is just slow")
-        if not interrupts:  # interrupted, the task's error reaches the caller at once; here it may not for a while
-            _log.error("%s", message)
-            self._cancel(run, PipelineTaskError(task, iteration, ti.group, ti.stage, TimeoutError(message)),
-                         f"inline task {task} overran on iteration {iteration}")
-
-    def _surface_failure(self, run: _Run) -> None:
-        """Join the workers and raise the run's first error to the caller (once)."""
-        self._stop_workers(run)
-        if run.reported:
-            why = f"failed earlier ({run.error})" if run.error is not None else "was cancelled (interrupted)"
-            raise RuntimeError(f"the pipeline {why}; call drain() or fill_pipeline() to start again")
-        run.reported = True
-        if run.error is None:
-            raise RuntimeError("the pipeline was cancelled; call drain() or fill_pipeline() to start again")
-        raise run.error
-
-    def _abort(self, run: _Run, reason: str) -> None:
-        """Cancel because the caller was interrupted: stop and join the workers."""
-        self._cancel(run, None, reason)
-        self._stop_workers(run)
-        run.reported = True
-
-    def _progress_timed_out(self, run: _Run, st: _IterState) -> None:
-        not_done = [ti.name for ti in self._infos if not st.done[ti.idx]]
-        error = RuntimeError(
-            f"progress() waited {self.progress_timeout:g} s for iteration {st.idx} to complete; tasks not done: "
-            f"{not_done}. A task is blocked or slow (raise progress_timeout if it is just slow); the pipeline "
-            "was cancelled, call drain() or fill_pipeline() to start again"
-        )
-        self._cancel(run, error, f"progress timeout on iteration {st.idx}")
-        self._stop_workers(run)
-        run.reported = True
-        raise error
-
-    def _finish(self, run: _Run) -> None:
-        if not run.finished:
-            self._stop_workers(run)
-            pending = list(run.device_pending.values())
-            run.device_pending.clear()
-            run.finished = True
-            done, error = self._release(run, pending, self.progress_timeout)
-            if not done:
-                raise self._device_not_done("progress() at the end of the data", error)
-
-    def _teardown(self, cancel: bool) -> None:
-        """Stop this run's workers, wait (bounded) for its device work, release every context, forget the run.
-
-        Never raises on a failure path (``cancel`` or a cancelled run): the
-        caller is usually re-raising a task's exception, which must not be
-        masked, and the pipeline is left usable whatever the device does.
-        """
-        if self._limbo:
-            self._prune_limbo()
-        run = self._run
-        if run is None:
-            return
-        failing = cancel or run.cancelled
-        if cancel and not (run.finished or run.cancelled):
-            self._cancel(run, None, "pipeline closed")
-        self._stop_workers(run)
-        states = list(run.iters.values()) + list(run.device_pending.values())
-        run.iters.clear()
-        run.device_pending.clear()
-        self._run = None
-        timeout = self._teardown_timeout if failing else self.progress_timeout
-        done, error = self._release(run, states, timeout)
-        if not done and not failing:
-            raise self._device_not_done("drain()", error)
+    # ---------------------------------------------------------- drain and close
 
     def drain(self) -> None:
         """Retire every in-flight iteration, stop the workers, synchronise, reset.
@@ -723,9 +452,9 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                     self._retire_oldest(run)
                     self._advance(run, _NO_BATCH)
         except BaseException:
-            self._teardown(cancel=True)
+            self._teardown(cancelling=True)
             raise
-        self._teardown(cancel=False)
+        self._teardown(cancelling=False)
         if unreported is not None:
             raise unreported
 
@@ -738,7 +467,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
         run = self._run
         if run is not None and run.cancelled and not run.reported and run.error is not None:
             _log.warning("close(): discarding a failure that was never reported to the caller: %s", run.error)
-        self._teardown(cancel=True)
+        self._teardown(cancelling=True)
 
     def __enter__(self) -> "SWPipeline":
         return self
@@ -807,10 +536,10 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
                                   (time.perf_counter() - t0) * 1e3)
                 self._sync_device("run()")
             except BaseException:
-                self._teardown(cancel=True)
+                self._teardown(cancelling=True)
                 raise
         elapsed = time.perf_counter() - t0
-        self._teardown(cancel=False)
+        self._teardown(cancelling=False)
         if verbose:
             _log.info("SWPipeline.run: %d iteration(s) in %.3f s (%.3f ms/iteration)", n, elapsed,
                       elapsed * 1e3 / max(n, 1))
@@ -836,7 +565,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
             Pipelined iterations are in flight (call :meth:`drain` first).
         """
         names = self._known(task_names, "enable_shortcut")
-        self._check_idle("enable_shortcut() called")
+        check_idle(self._run, "enable_shortcut() called")
         self._shortcut.enable(names)
 
     def disable_shortcut(self, *task_names: str) -> None:
@@ -850,7 +579,7 @@ class SWPipeline(_DeviceLifetime, _SerialRunner, _TaskRunner):
             Pipelined iterations are in flight (call :meth:`drain` first).
         """
         names = self._known(task_names, "disable_shortcut")
-        self._check_idle("disable_shortcut() called")
+        check_idle(self._run, "disable_shortcut() called")
         self._shortcut.disable(names)
 
     def _known(self, task_names: Tuple[Any, ...], what: str) -> List[str]:

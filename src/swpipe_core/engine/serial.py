@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, Iterator, List
 
 import torch
 
+from swpipe_core.engine.checks import check_idle, check_runnable
 from swpipe_core.engine.state import PipelineTaskError, _GuardedContext, _TaskInfo
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import IterContext, PipelinePlan
@@ -39,7 +40,7 @@ def _profiler_active() -> bool:
 
 class _SerialRunner:
     """Serial execution of a pipeline's plan; expects ``_streams``, ``_recorder``, ``device``,
-    ``_serial_order`` and the engine's ``_check_runnable``, ``_check_idle``, ``_teardown``,
+    ``plan``, ``_run``, ``_serial_order`` and the engine's ``_teardown``,
     ``_exec_task``, ``_range_name``, ``_emit_nvtx`` and ``_sync_device``."""
 
     @staticmethod
@@ -80,9 +81,9 @@ class _SerialRunner:
         >>> seen
         [('A', 0), ('B', 0), ('A', 1), ('B', 1)]
         """
-        self._check_runnable()
-        self._check_idle("run_serial() called")
-        self._teardown(cancel=False)
+        check_runnable(self.plan)
+        check_idle(self._run, "run_serial() called")
+        self._teardown(cancelling=False)
         if self._recorder is not None:
             self._recorder.clear()
         t0 = time.perf_counter()
@@ -128,8 +129,8 @@ class _SerialRunner:
         >>> SWPipeline(plan, device="cpu").run_one_serial_iter("b", iter_idx=7); seen
         [('b', 7)]
         """
-        self._check_runnable()
-        self._check_idle("run_one_serial_iter() called")
+        check_runnable(self.plan)
+        check_idle(self._run, "run_one_serial_iter() called")
         self._serial_iteration(batch, iter_idx)
 
     def _serial_iteration(self, batch: Any, i: int) -> None:

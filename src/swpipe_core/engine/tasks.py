@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 
+from swpipe_core.engine.checks import check_idle
+from swpipe_core.engine.failure import cancel
 from swpipe_core.engine.state import PipelineTaskError, _Cancelled, _Flag, _IterState, _Run, _TaskInfo
 from swpipe_core.plan import IterContext, PipelineTask
 from swpipe_core.engine.sequencer import SequencerAborted
@@ -56,15 +58,15 @@ class _TaskRunner:
             except (_Cancelled, SequencerAborted):
                 if run.cancelled:
                     return
-                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage,
-                                                    RuntimeError("woken without cancellation")), "internal")
+                cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage,
+                                              RuntimeError("woken without cancellation")), "internal")
                 return
             except BaseException as exc:
                 if inline and not isinstance(exc, Exception):
-                    self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                    cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
                     raise
-                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
-                             f"task {ti.name} failed on iteration {st.idx}")
+                cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
+                       f"task {ti.name} failed on iteration {st.idx}")
                 return
 
     def _run_solo(self, run: _Run, items: List[tuple]) -> None:
@@ -95,11 +97,11 @@ class _TaskRunner:
                 self._inline_timed_out(run, st, ti, exc)
                 return
             except Exception as exc:
-                self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
-                             f"task {ti.name} failed on iteration {st.idx}")
+                cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, exc),
+                       f"task {ti.name} failed on iteration {st.idx}")
                 return
             except BaseException:
-                self._cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+                cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
                 raise
             st.done[ti.idx] = True
             st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
@@ -120,8 +122,8 @@ class _TaskRunner:
                              "on the caller's thread; the watchdog interrupted it (a blocked collective or queue? "
                              "raise signal_timeout if it is just slow)")
         error.__cause__ = exc
-        self._cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, error),
-                     f"inline task {ti.name} overran on iteration {st.idx}")
+        cancel(run, PipelineTaskError(ti.name, st.idx, ti.group, ti.stage, error),
+               f"inline task {ti.name} overran on iteration {st.idx}")
 
     def _run_task(self, run: _Run, st: _IterState, ti: _TaskInfo, seq: Optional[int], watchdog: Any = None) -> None:
         i = st.idx
@@ -329,7 +331,7 @@ class _TaskRunner:
         if not callable(wrapper):
             raise TypeError(f"instrument() needs a callable wrapper(run_task, task, ctx), got "
                             f"{type(wrapper).__name__}")
-        self._check_idle("instrument() entered")
+        check_idle(self._run, "instrument() entered")
         token = object()  # the same wrapper may be entered twice: each block removes its own
         self._set_wrappers(self._wrappers + ((token, wrapper),))
         try:
