@@ -110,7 +110,7 @@ def inline_overran(run: _Run, ti: _TaskInfo, iteration: int, interrupts: bool, s
     message = (f"{ti.name} (iteration {iteration}) ran longer than signal_timeout={signal_timeout:g} s on the "
                f"caller's thread (caller group {ti.group!r}); {how}. A blocked collective or queue? Raise "
                "signal_timeout if it is just slow")
-    if not interrupts:
-        _log.error("%s", message)
+    if not interrupts:  # cancelled before it is told: whoever reads the log may release the task at once
         cancel(run, PipelineTaskError(ti.name, iteration, ti.group, ti.stage, TimeoutError(message)),
                f"inline task {ti.name} overran on iteration {iteration}")
+        _log.error("%s", message)
