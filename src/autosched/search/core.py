@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence, Tuple
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
 
+from autosched.search.gradstreams import guard_found, record_for, repair_plan
 from autosched.search.judge import judge
 from autosched.search.options import Constraints, SolverOptions
 from autosched.search.phases import run_searchers
@@ -31,13 +32,14 @@ __all__ = ["search_plan", "refit_round"]
 
 def search_plan(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOptions, *,
                 seeds: Optional[Sequence[Any]] = None, verify: Any = None,
-                batches: Optional[Sequence[Any]] = None) -> Tuple[PipelinePlan, SearchReport]:
+                batches: Optional[Sequence[Any]] = None, state: Any = None) -> Tuple[PipelinePlan, SearchReport]:
     """Search the best plan for one graph (``c.max_memory_bytes`` is not looked at).
 
     Parameters
     ----------
-    tasks_or_graph, seeds, verify, batches
-        As for :func:`autosched.search.entry.auto_schedule`.
+    tasks_or_graph, seeds, verify, batches, state
+        As for :func:`autosched.search.entry.auto_schedule` (on CUDA, ``state`` and ``batches`` let the search
+        keep gradient frees on their makers' stream: :mod:`autosched.search.gradstreams`).
     costs : CostModel
         A cost model; its machine calibration, if any, is folded in.
     c : Constraints
@@ -77,19 +79,27 @@ def search_plan(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOption
     found = run_searchers(problem, s, seeds, s.time_limit_s, t0)
     if folded_note is not None:
         found.notes.insert(0, folded_note)
+    # before the judgement and the verification, so every figure of the report is of the repaired plan
+    traffic, unchecked = record_for(found.plan, c, state, batches)
+    found = guard_found(found, traffic)
+    found.notes.extend(unchecked)
     report = judge(tasks_or_graph, costs, problem, c, s, found, t0)
     # phase 4, verify in the loop (autosched.verify.loop): measured on the engine, the fastest wins
     from autosched.verify import loop as verify_mod
 
     if verify_mod.wanted(verify, problem, batches):
         plan, report = verify_mod.verify_search(report, found.pool, problem, batches, verify, s.num_iterations)
-        report = refit_round(tasks_or_graph, problem, c, s, seeds, report, batches, verify)
+        report = refit_round(tasks_or_graph, problem, c, s, seeds, report, batches, verify, grads=traffic)
+    if traffic is not None and repair_plan(report.plan, traffic)[0] is not report.plan:
+        report.notes.append("the plan measured fastest (a known plan, kept as given) frees gradients on another "
+                            "stream than the one that made them: run it with SWPipeline(plan, state=[model, "
+                            "optimizer]) so the engine keeps them alive")
     return _with_enqueue_order(report)
 
 
 def refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, s: SolverOptions,
                 seeds: Optional[Sequence[Any]], report: SearchReport, batches: Sequence[Any],
-                verify: Any) -> SearchReport:
+                verify: Any, grads: Any = None) -> SearchReport:
     """Phase 5: refit the core pool to the measurements (:mod:`autosched.verify.refit`) and, if it moved, search once more.
 
     The new search's plan is measured against the verified choice (and the
@@ -106,6 +116,9 @@ def refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, s: Solver
     s : SolverOptions
     report : SearchReport
         The verified report (``report.verify`` holds the measurements).
+    grads : GradTraffic, optional
+        The gradient traffic the first search was repaired for (:mod:`autosched.search.gradstreams`); the new
+        search's plan is repaired the same way.
 
     Returns
     -------
@@ -127,7 +140,7 @@ def refit_round(tasks_or_graph: Any, problem: Problem, c: Constraints, s: Solver
     refit_problem = make_problem(tasks_or_graph, fit.applied_to(problem.costs), c, time_unit_s=s.time_unit_s)
     refit_problem.calibration = problem.calibration
     # a second look, hinted by what is known: half the first search's time
-    found = run_searchers(refit_problem, s, seeds, s.time_limit_s / 2, t0)
+    found = guard_found(run_searchers(refit_problem, s, seeds, s.time_limit_s / 2, t0), grads)
     measured = {plan_key(r.plan): r.label for r in table.rows if r.plan is not None}
     if plan_key(found.plan) in measured:
         table.notes.append(f"refit: the search with {fit.cores} core(s) picks a plan already measured "

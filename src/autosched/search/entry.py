@@ -94,7 +94,10 @@ def auto_schedule(tasks_or_graph: Any, costs: Any, constraints: Optional[Constra
         random generators: :func:`swpipe_core.measure.state.restore_state`); without
         it a ``RuntimeWarning`` says how many iterations trained the model.
         With ``deps="infer"`` also the tensors the recorder names
-        (:func:`swpipe_core.dataflow.record_dataflow`).
+        (:func:`swpipe_core.dataflow.record_dataflow`). With ``batches`` on
+        CUDA, one serial iteration says which tasks free gradients others
+        make, and the plan keeps each freer on its makers' stream
+        (:mod:`autosched.search.gradstreams`).
     calibrated : bool
         When ``costs`` carries a machine calibration
         (``TaskProfiler.profile(calibrate=True)``, or ``machine_calibration=``),
@@ -214,4 +217,4 @@ def _dispatch(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints
                                       verify=verify)
     if c.max_memory_bytes is not None:  # one search per depth cap (each folds the calibration), the fastest that fits
         return schedule_under_cap(tasks_or_graph, costs, c, s)
-    return search_plan(tasks_or_graph, costs, c, s, seeds=seeds, verify=verify, batches=batches)
+    return search_plan(tasks_or_graph, costs, c, s, seeds=seeds, verify=verify, batches=batches, state=state)

@@ -73,7 +73,7 @@ def auto_schedule_inferred(tasks: Any, costs: Any, c: Constraints, s: SolverOpti
     inferred = infer_plan(tasks, batches, state=state)
     batches = list(batches)
     plan, report = search_plan((inferred.plan.tasks, inferred.intra, inferred.inter), costs, c, s, seeds=seeds,
-                               verify=verify, batches=batches)
+                               verify=verify, batches=batches, state=state)
     declared = set(plan.intra_edges()) | set(plan.inter_edges())
     kinds = {}
     for h in inferred.hazards:
