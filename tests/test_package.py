@@ -95,3 +95,24 @@ def test_a_checkout_named_swpipe_in_the_current_folder_does_not_hide_the_package
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert pathlib.Path(out.stdout.strip()).resolve() == (ROOT / "src" / "swpipe" / "__init__.py").resolve()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, tmp_path):
+    """``swpipe list | head -1``: the pipe closes under the command, which ends with status 0, no traceback."""
+    target = open(tmp_path / "stdout", "w")
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return target.fileno()
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    try:
+        assert main(["list"]) == 0
+    finally:
+        target.close()

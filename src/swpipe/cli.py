@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -53,7 +54,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:  # the reader went away (``swpipe list | head``): not an error of the command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
