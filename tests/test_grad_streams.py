@@ -81,6 +81,7 @@ def test_search_moves_the_freer_to_its_makers_stream():
     assert plan.sched("Step").stream == plan.sched("Backward").stream is None
     assert any(n.startswith("Step moved to the default stream: it frees gradients Backward make(s)")
                for n in report.notes), report.notes
+    assert "Step: Constraints(frozen=...) put it on stream 'side'; the gradient repair overrides that" in report.notes
     assert report.period_s > 0
 
 

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence, Tuple
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan
 
-from autosched.search.gradstreams import guard_found, record_for, repair_plan
+from autosched.search.gradstreams import frozen_overrides, guard_found, record_for, repair_plan
 from autosched.search.judge import judge
 from autosched.search.options import Constraints, SolverOptions
 from autosched.search.phases import run_searchers
@@ -81,8 +81,9 @@ def search_plan(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOption
         found.notes.insert(0, folded_note)
     # before the judgement and the verification, so every figure of the report is of the repaired plan
     traffic, unchecked = record_for(found.plan, c, state, batches)
+    chosen = found.plan
     found = guard_found(found, traffic)
-    found.notes.extend(unchecked)
+    found.notes.extend(unchecked + frozen_overrides(c, chosen, found.plan))
     report = judge(tasks_or_graph, costs, problem, c, s, found, t0)
     # phase 4, verify in the loop (autosched.verify.loop): measured on the engine, the fastest wins
     from autosched.verify import loop as verify_mod

@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from swpipe_core.plan import PipelinePlan, ref_name
 from swpipe_core.validate import validate
 
-__all__ = ["record_for", "repair_plan", "guard_found"]
+__all__ = ["record_for", "repair_plan", "guard_found", "frozen_overrides"]
 
 
 def _streams(plan: PipelinePlan) -> set:
@@ -110,6 +110,28 @@ def repair_plan(plan: PipelinePlan, traffic: Any) -> Tuple[PipelinePlan, List[st
                      "allocator reuse them while that stream still reads them")
         plan = moved
     return plan, notes
+
+
+def frozen_overrides(c: Any, before: PipelinePlan, after: PipelinePlan) -> List[str]:
+    """A note per task whose stream ``Constraints(frozen=...)`` fixed and the repair moved.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from swpipe_core.plan import TaskSchedule
+    >>> before = PipelinePlan({"Backward": TaskSchedule(0), "Step": TaskSchedule(0, "side")})
+    >>> after = PipelinePlan({"Backward": TaskSchedule(0), "Step": TaskSchedule(0)})
+    >>> frozen_overrides(SimpleNamespace(frozen={"Step": {"stream": "side"}}), before, after)
+    ["Step: Constraints(frozen=...) put it on stream 'side'; the gradient repair overrides that"]
+    """
+    notes = []
+    for task, choice in c.frozen.items():
+        name = ref_name(task)
+        wanted = choice.get("stream", ...) if isinstance(choice, dict) else getattr(choice, "stream", ...)
+        if wanted is not ... and name in after.task_names and after.sched(name).stream != before.sched(name).stream:
+            notes.append(f"{name}: Constraints(frozen=...) put it on {_stream_name(wanted)}; the gradient repair "
+                         "overrides that")
+    return notes
 
 
 def guard_found(found: Any, traffic: Any) -> Any:
