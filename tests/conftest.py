@@ -32,6 +32,21 @@ settings.register_profile("swpipe", derandomize=True, database=None)
 settings.load_profile("swpipe")
 
 
+def torchrec_usable() -> bool:
+    """Whether ``swpipe.torchrec`` imports here: TorchRec and FBGEMM installed and loadable (the peer step of CI).
+
+    Any ``ImportError`` counts as "not installed", whatever pytest's ``importorskip`` does with it.
+    """
+    try:
+        import swpipe.torchrec  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+requires_torchrec = pytest.mark.skipif(not torchrec_usable(), reason="TorchRec not installed (bash scripts/install_peer.sh)")
+
+
 def load_benchmark(name: str) -> ModuleType:
     """A script of ``benchmarks/`` (not a package) imported by path, e.g. ``load_benchmark("gpu_overlap")``."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"

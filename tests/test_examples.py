@@ -42,9 +42,9 @@ def test_custom_plan_validates_runs_and_matches():
 @pytest.mark.peer
 @pytest.mark.timeout(300)
 def test_torchrec_dropin_matches_torchrecs_pipeline_and_the_loop():
-    from swpipe.workloads.torchrec_peer import peer_available
+    from conftest import torchrec_usable
 
-    if not peer_available():
+    if not torchrec_usable():
         pytest.skip("TorchRec not installed (the [peer] extra)")
     out = _run("torchrec_dropin.py", "--batches", "8")
     assert "plan 'sparse_dist', TorchRec's TrainPipelineSparseDist" in out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swpipe.workloads.torchrec_peer import peer_available
+from conftest import requires_torchrec
 from swpipe_core.measure.state import restore_state, snapshot_state
 
 
@@ -104,7 +104,7 @@ def test_a_different_state_is_an_error_naming_the_objects():
 
 
 @pytest.mark.peer
-@pytest.mark.skipif(not peer_available(), reason="TorchRec not installed (the [peer] extra)")
+@requires_torchrec
 def test_torchrec_sharded_model_and_fused_combined_optimizer_restored_exactly():
     """DMP with a fused Adagrad (state inside the embedding kernel) + dense Adam, combined."""
     import copy

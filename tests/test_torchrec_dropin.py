@@ -27,10 +27,10 @@ import warnings
 import pytest
 import torch
 
-from swpipe.workloads.torchrec_peer import peer_available
+from conftest import requires_torchrec, torchrec_usable
 
 pytestmark = [pytest.mark.peer, pytest.mark.timeout(300),
-              pytest.mark.skipif(not peer_available(), reason="TorchRec not installed (the [peer] extra)")]
+              requires_torchrec]
 
 CPU = torch.device("cpu")
 N = 6
@@ -163,7 +163,7 @@ def _plans():
     return list(TORCHREC_CLASSES)
 
 
-@pytest.mark.parametrize("name", _plans() if peer_available() else [])
+@pytest.mark.parametrize("name", _plans() if torchrec_usable() else [])
 @pytest.mark.parametrize("model_name", ["sparse_nn", "dlrm"])
 def test_each_plan_gives_the_outputs_of_torchrecs_class_of_its_name(model_name, name):
     batches = _batches(model_name)
@@ -253,7 +253,7 @@ def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_mu
     assert "memory cap 1024.00 GiB: predicted peak bytes in flight per candidate" in pipeline.report
 
 
-@pytest.mark.parametrize("name", _plans() if peer_available() else [])
+@pytest.mark.parametrize("name", _plans() if torchrec_usable() else [])
 def test_train_eval_train_on_one_pipeline_equals_the_loop_doing_the_same(name):
     modes = [True, True, False, False, True, False, True, True]
     batches = _batches("sparse_nn", len(modes))

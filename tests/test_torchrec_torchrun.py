@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from swpipe.workloads.torchrec_peer import peer_available
+from conftest import requires_torchrec
 from test_torchrun import torchrun
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow, pytest.mark.timeout(400),
-              pytest.mark.skipif(not peer_available(), reason="TorchRec not installed (the [peer] extra)")]
+              requires_torchrec]
 
 WORKER = Path(__file__).with_name("torchrun_torchrec_worker.py")
 

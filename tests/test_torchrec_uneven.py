@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swpipe.workloads.torchrec_peer import peer_available
+from conftest import requires_torchrec
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow, pytest.mark.timeout(300),
-              pytest.mark.skipif(not peer_available(), reason="TorchRec not installed (the [peer] extra)")]
+              requires_torchrec]
 
 COUNTS = (7, 5)
 SCENARIOS = (

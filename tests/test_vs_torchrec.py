@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swpipe.workloads.torchrec_peer import PEERS, peer_available
+from swpipe.workloads.torchrec_peer import PEERS
+from conftest import requires_torchrec
 
 pytestmark = [pytest.mark.peer, pytest.mark.timeout(300),
-              pytest.mark.skipif(not peer_available(), reason="TorchRec not installed (the [peer] extra)")]
+              requires_torchrec]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, List
 
 import pytest
+from conftest import requires_torchrec
 import torch
 
 from swpipe.workloads import dlrm_data, torchrec_peer
@@ -119,7 +120,7 @@ def test_on_cpu_nothing_is_pinned(run, env, copied, monkeypatch):
     assert all(a is b for a, b in zip(pin_for(batches, env.device), batches)) and calls == []
 
 
-@pytest.mark.skipif(not torchrec_peer.peer_available(), reason="TorchRec not installed (the [peer] extra)")
+@requires_torchrec
 def test_torchrec_peer_batches_for_a_cuda_device_are_pinned(monkeypatch):
     from torchrec.datasets.utils import Batch as TorchRecBatch
 

@@ -15,8 +15,9 @@ module                  holds
 ``_private``            the TorchRec internals used, behind a version check
 ======================  =============================================================
 
-TorchRec is optional: importing this package without it raises an
-``ImportError`` that says how to install it.
+TorchRec is optional: importing this package without it raises a
+``ModuleNotFoundError`` (an ``ImportError``) that says how to install it, so
+``pytest.importorskip("swpipe.torchrec")`` skips under every pytest version.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ try:
     import torchrec  # noqa: F401
     from torchrec.distributed.train_pipeline import train_pipelines  # noqa: F401
 except Exception as _exc:  # noqa: BLE001 - missing, or a build that does not load (ABI): not usable either way
-    raise ImportError(
+    raise ModuleNotFoundError(
         "swpipe.torchrec needs TorchRec and FBGEMM, which swpipe does not install by default (a plain dependency "
         "would pull a CUDA build of torch). Install them with `bash scripts/install_peer.sh` (fbgemm-gpu-cpu==1.8.0 "
         "and torchrec==1.9.2, --no-deps) and their pure-Python needs with `pip install -e \".[peer]\"`; "
-        f"the import failed with: {type(_exc).__name__}: {_exc}") from _exc
+        f"the import failed with: {type(_exc).__name__}: {_exc}", name="torchrec") from _exc
 
 from swpipe.torchrec.auto import AutoChoice, AutoOptions  # noqa: E402
 from swpipe.torchrec.pipeline import DropInOptions, TrainPipeline  # noqa: E402
