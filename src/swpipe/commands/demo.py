@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int_at_least(1), default=40, help="training iterations per run (default 40)")
     parser.add_argument("--batch-size", type=int_at_least(1), default=512, help="per-rank batch size (default 512)")
     parser.add_argument("--plans", default="all",
-                        help="comma-separated pipeline names (see `swpipe list`), 'all' (default), "
+                        help="comma-separated pipeline names (see 'swpipe list'), 'all' (default), "
                              "'+by_stream' variants included with 'all'")
     parser.add_argument("--repeats", type=int_at_least(1), default=3, help="rounds over all plans; the fastest counts (default 3)")
     parser.add_argument("--race", type=int_at_least(0), default=3,

@@ -69,7 +69,7 @@ def _order_line(plan: Any) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``swpipe show``."""
-    parser.add_argument("pipeline", help="pipeline name (see `swpipe list`)")
+    parser.add_argument("pipeline", help="pipeline name (see 'swpipe list')")
     parser.add_argument("--periods", "-n", type=int_at_least(1), default=None,
                         help="periods (columns) in the schedule table; default max(5, depth + 2)")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
