@@ -1,14 +1,15 @@
-"""``swpipe show <pipeline>``: the schedule table and stage analysis of a TorchRec plan."""
+"""``swpipe show <pipeline>``: the schedule table and stage analysis of a TorchRec plan, and a legend in words."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Dict, List
+import textwrap
+from typing import Any, Dict, List, Sequence, Tuple
 
 from swpipe.commands._args import int_at_least
 
-__all__ = ["add_arguments", "run", "parse_options"]
+__all__ = ["add_arguments", "run", "parse_options", "format_legend"]
 
 
 def _value(text: str) -> Any:
@@ -67,6 +68,24 @@ def _order_line(plan: Any) -> str:
             f"picks another)")
 
 
+def format_legend(legend: Sequence[Tuple[str, str]], width: int = 100) -> str:
+    """``Legend:`` then one entry per term, its words wrapped under it to ``width`` columns.
+
+    Examples
+    --------
+    >>> print(format_legend([("LDS", "a lower bound on the stages"), ("+", "more stages than needed")]))
+    Legend:
+      LDS  a lower bound on the stages
+      +    more stages than needed
+    """
+    key_width = max(len(key) for key, _ in legend)
+    lines = ["Legend:"]
+    for key, words in legend:
+        lead = f"  {key:<{key_width}}  "
+        lines += textwrap.wrap(words, width=width, initial_indent=lead, subsequent_indent=" " * len(lead))
+    return "\n".join(lines)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``swpipe show``."""
     parser.add_argument("pipeline", help="pipeline name (see 'swpipe list')")
@@ -82,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the table and analysis; 2 on a bad pipeline name or option."""
     from swpipe_core import pipelines
-    from swpipe_core.analysis import format_schedule, format_stage_analysis
+    from swpipe_core.analysis import LEGEND, format_schedule, format_stage_analysis
 
     try:
         options = parse_options(args.option)
@@ -102,4 +121,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_schedule(plan, periods))
     print()
     print(format_stage_analysis(plan))
+    print()
+    print(format_legend(LEGEND, width=120))
     return 0
