@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List
 
 from swpipe.commands._args import int_at_least
+from swpipe.commands._text import format_legend
 
-__all__ = ["add_arguments", "run", "parse_options", "format_legend"]
+__all__ = ["add_arguments", "run", "parse_options"]
 
 
 def _value(text: str) -> Any:
@@ -66,24 +66,6 @@ def _order_line(plan: Any) -> str:
     return (f"{label}: {', '.join(enqueue_order(plan))} "
             f"(the stage analysis below is for this order; --order torchrec|ready_first|stage_descending "
             f"picks another)")
-
-
-def format_legend(legend: Sequence[Tuple[str, str]], width: int = 100) -> str:
-    """``Legend:`` then one entry per term, its words wrapped under it to ``width`` columns.
-
-    Examples
-    --------
-    >>> print(format_legend([("LDS", "a lower bound on the stages"), ("+", "more stages than needed")]))
-    Legend:
-      LDS  a lower bound on the stages
-      +    more stages than needed
-    """
-    key_width = max(len(key) for key, _ in legend)
-    lines = ["Legend:"]
-    for key, words in legend:
-        lead = f"  {key:<{key_width}}  "
-        lines += textwrap.wrap(words, width=width, initial_indent=lead, subsequent_indent=" " * len(lead))
-    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
