@@ -27,11 +27,12 @@ import networkx as nx
 import pandas as pd
 import matplotlib.pyplot as plt
 
-from swpipe import PlanError, TaskSchedule, validate
-from swpipe_core.analysis import format_stage_analysis, lds, min_depth
+from swpipe import PlanError, TaskSchedule, pipelines, validate
+# Beyond `import swpipe`: this notebook looks inside the stage analysis, so it takes its parts from the modules
+# that define them: swpipe_core.analysis (the analysis, LDS, minimum depth, removable stages) and
+# swpipe_core.order (a plan's enqueue order).
+from swpipe_core.analysis import format_stage_analysis, lds, min_depth, removable_boundaries
 from swpipe_core.order import enqueue_order
-from swpipe_core import pipelines
-from swpipe_core.analysis import removable_boundaries
 
 ORDERS = ("ready_first", "stage_descending", "torchrec")"""),
     ("md", """\
