@@ -27,6 +27,12 @@ _LAZY = {
     "split_module": "costs",
     "PPSimResult": "simulate",
     "pp_simulate": "simulate",
+    "PPBounds": "bounds",
+    "pp_lower_bounds": "bounds",
+    "PPWhatIf": "whatif",
+    "pp_what_if": "whatif",
+    "PPRow": "whatif",
+    "pp_compare": "whatif",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
 }

@@ -134,18 +134,19 @@ def stage_to_rank_map(name: str, n_ranks: int, n_stages: int) -> Tuple[int, ...]
     return tuple(s % n_ranks for s in range(n_stages))
 
 
+class _StageShape:
+    """What a schedule's constructor reads of its stages: sizes and this rank (rank 0's view)."""
+
+    submod = None
+    group_rank = 0
+
+    def __init__(self, n_ranks: int, n_stages: int) -> None:
+        self.group_size, self.num_stages = n_ranks, n_stages
+
+
 def _stand_in_stages(n_ranks: int, n_stages: int, per_rank: int) -> Any:
-    """Stages with the shape a schedule's constructor reads (rank 0's view; orders cover every rank)."""
-    from unittest import mock
-
-    from torch.distributed.pipelining.stage import PipelineStage
-
-    stage = mock.create_autospec(PipelineStage, instance=True)
-    stage.group_rank = 0
-    stage.group_size = n_ranks
-    stage.num_stages = n_stages
-    stage.submod = None
-    return [stage] * per_rank
+    """Stages with the shape a schedule's constructor reads (every rank's order is built from them)."""
+    return [_StageShape(n_ranks, n_stages)] * per_rank
 
 
 def compute_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: int) -> Dict[int, List[Optional[str]]]:
