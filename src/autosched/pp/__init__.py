@@ -33,6 +33,9 @@ _LAZY = {
     "pp_what_if": "whatif",
     "PPRow": "whatif",
     "pp_compare": "whatif",
+    "PPSearchResult": "search",
+    "PPCandidate": "search",
+    "pp_search": "search",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
 }

@@ -349,13 +349,22 @@ def torch_dry_run(lowered: Dict[int, List[str]], stage_to_rank: Sequence[int]) -
     return {r: [None if a is None else str(a) for a in sim[r]] for r in sorted(sim)}
 
 
-def load_compute_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int) -> Dict[int, List[str]]:
-    """Load a compute-only CSV with ``_PipelineScheduleRuntime._load_csv``: the lowered order it runs."""
+def load_compute_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int
+                     ) -> Tuple[Dict[int, List[str]], Dict[int, List[str]], Tuple[int, ...]]:
+    """Load a compute-only CSV with ``_PipelineScheduleRuntime._load_csv``, as a rank of a job would.
+
+    Returns the compute order it read, the lowered order it runs, and the stage-to-rank map
+    its validator inferred.
+    """
     schedules, _ = _modules()
     stages = _stand_in_stages(n_ranks, n_stages, max(1, n_stages // n_ranks))
     runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches)
     runtime._load_csv(path, format="compute_only")
-    return {r: [str(a) for a in runtime.pipeline_order_with_comms[r]] for r in sorted(runtime.pipeline_order_with_comms)}
+    compute = {r: [str(a) for a in runtime.pipeline_order[r] if a is not None] for r in sorted(runtime.pipeline_order)}
+    lowered = {r: [str(a) for a in runtime.pipeline_order_with_comms[r]]
+               for r in sorted(runtime.pipeline_order_with_comms)}
+    mapping = runtime.stage_index_to_group_rank
+    return compute, lowered, tuple(mapping[s] for s in range(n_stages))
 
 
 def backward_full(stage_outputs: Any, output_grads: Any, inputs: Any) -> Any:

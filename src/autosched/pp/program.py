@@ -248,8 +248,25 @@ def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatc
                      {r: tuple(v) for r, v in clean.items()}, source=source)
 
 
-def read_csv(path: str, n_microbatches: int, stage_to_rank: Sequence[int], schedule: str = "custom") -> PPProgram:
-    """A compute-only CSV (one row per rank), as :func:`program_from_order` reads it."""
-    with open(path, newline="") as f:
-        rows = [[c for c in row if c.strip()] for row in csv.reader(f)]
-    return program_from_order(dict(enumerate(rows)), n_microbatches, stage_to_rank, schedule)
+def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedule: str = "custom") -> PPProgram:
+    """A compute-only CSV (one row per rank) read by PyTorch's own loader, ``_PipelineScheduleRuntime._load_csv``.
+
+    What PyTorch reads, validates (inferring which rank holds each stage) and lowers is
+    what the program holds, so a CSV this returns a program for is one the runtime runs.
+
+    Raises
+    ------
+    PPError
+        ``rule="bad_order"`` when PyTorch's loader refuses the file (``detail`` says why).
+    """
+    for name, value in (("n_ranks", n_ranks), ("n_stages", n_stages), ("n_microbatches", n_microbatches)):
+        _check_positive(name, value)
+    try:
+        compute, lowered, stage_to_rank = _torch.load_compute_csv(path, n_ranks, n_stages, n_microbatches)
+    except (ValueError, AssertionError, RuntimeError, KeyError) as exc:
+        raise PPError("bad_order", "path", path, schedule, str(exc).splitlines()[0]) from exc
+    steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
+    return PPProgram(schedule, n_ranks, n_stages, n_microbatches, stage_to_rank,
+                     {r: tuple(v) for r, v in compute.items()}, {r: tuple(v) for r, v in steps.items()},
+                     {r: tuple(v) for r, v in lowered.items()}, {r: tuple(v) for r, v in compute.items()},
+                     source="csv")
