@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PPTorchError", "check_torch", "SCHEDULES", "available_schedules", "schedule_is_single",
            "compute_order", "runtime_order", "lower_compute_order", "format_grid", "torch_dry_run",
-           "load_compute_csv", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map"]
+           "load_compute_csv", "runtime_from_csv", "schedule_class", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map"]
 
 MIN_TORCH = (2, 8)  # the oldest torch whose private helpers here were checked; 2.13 is the one tested
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
@@ -109,9 +109,22 @@ def available_schedules() -> Tuple[str, ...]:
     return tuple(out)
 
 
-def _schedule_class(name: str) -> Any:
+def schedule_class(name: str) -> Any:
+    """PyTorch's schedule class of that name (``get_schedule_class``)."""
     schedules, _ = _modules()
     return schedules.get_schedule_class(name)
+
+
+_schedule_class = schedule_class
+
+
+def runtime_from_csv(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any], path: str,
+                     n_stages: int) -> Any:
+    """A ``_PipelineScheduleRuntime`` over this rank's stages running the compute-only CSV at ``path``."""
+    schedules, _ = _modules()
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn)
+    runtime._load_csv(path, format="compute_only")
+    return runtime
 
 
 def schedule_is_single(name: str) -> bool:
