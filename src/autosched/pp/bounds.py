@@ -85,7 +85,7 @@ def pp_lower_bounds(costs: PPCosts, n_microbatches: int, stage_to_rank: Sequence
 
     Examples
     --------
-    >>> from autosched.pp import PPCosts, StageCost
+    >>> from swpipe.pp import PPCosts, StageCost
     >>> b = pp_lower_bounds(PPCosts((StageCost(1.0, 2.0),) * 2), 4, (0, 1))
     >>> b.value, b.binding
     (15.0, 'fill + work + drain: rank 1')

@@ -388,7 +388,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
 
     Examples
     --------
-    >>> from autosched.pp import PPCosts, StageCost
+    >>> from swpipe.pp import PPCosts, StageCost
     >>> costs = PPCosts((StageCost(1.0, 2.0, 1.0, 1.0),) * 2)
     >>> found = pp_search(costs, 2, 4, use_cpsat=False)
     >>> found.best.result.step_s <= found.best_seed.result.step_s

@@ -218,7 +218,7 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
 
     Examples
     --------
-    >>> from autosched.pp import pp_program, PPCosts, StageCost
+    >>> from swpipe.pp import pp_program, PPCosts, StageCost
     >>> costs = PPCosts((StageCost(1.0, 2.0),) * 2)
     >>> gpipe = pp_simulate(pp_program("GPipe", 2, 4), costs)
     >>> gpipe.step_s, gpipe.bubble_s[0]

@@ -92,7 +92,7 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
 
     Examples
     --------
-    >>> from autosched.pp import PPCosts, StageCost
+    >>> from swpipe.pp import PPCosts, StageCost
     >>> costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100),) * 2, samples_per_microbatch=8)
     >>> w = pp_what_if(pp_program("GPipe", 2, 4), costs, n_microbatches=8, memory_cap_bytes=300)
     >>> round(w.after.step_s, 3), w.after.peak_bytes[0], w.fits_cap
