@@ -157,6 +157,17 @@ class _StageShape:
         self.group_size, self.num_stages = n_ranks, n_stages
 
 
+def send_retention(name: str) -> str:
+    """How long the schedule's runtime holds the tensor of a send it posted (read from torch's source).
+
+    ``_PipelineScheduleRuntime`` appends every send's work to ``send_ops`` and waits them
+    at the end of the step; ``ScheduleGPipe`` keeps ``fwd_sends_to_wait``/``bwd_sends_to_wait``
+    to its end too; ``Schedule1F1B`` keeps only its last ``send_work`` and its pending
+    ``fwd_sends``/``bwd_sends`` (the next send the same way replaces them).
+    """
+    return "next" if name == "1F1B" else "step"
+
+
 def _stand_in_stages(n_ranks: int, n_stages: int, per_rank: int) -> Any:
     """Stages with the shape a schedule's constructor reads (every rank's order is built from them)."""
     return [_StageShape(n_ranks, n_stages)] * per_rank

@@ -110,12 +110,26 @@ class PPCosts:
         The micro-batch the stage costs were measured with (0: not said).
     machine : str
         Where and how they were measured.
+    action_overhead_s : float
+        What the runtime adds to each compute action (its Python around the stage's
+        module: receive buffers, caches, validation, the profiler range), already
+        included in ``stages``' times (:meth:`with_action_overhead`); 0 if not measured.
     """
 
     stages: Tuple[StageCost, ...]
     p2p: P2PCost = field(default_factory=P2PCost)
     samples_per_microbatch: int = 0
     machine: str = ""
+    action_overhead_s: float = 0.0
+
+    def with_action_overhead(self, overhead_s: float) -> "PPCosts":
+        """Every F, I, W and B made ``overhead_s`` longer (replacing an overhead added before)."""
+        delta = overhead_s - self.action_overhead_s
+
+        def shifted(c: StageCost) -> StageCost:
+            return replace(c, forward_s=c.forward_s + delta, backward_s=c.backward_s + delta,
+                           backward_input_s=c.backward_input_s + delta, backward_weight_s=c.backward_weight_s + delta)
+        return replace(self, stages=tuple(shifted(c) for c in self.stages), action_overhead_s=overhead_s)
 
     @property
     def n_stages(self) -> int:
@@ -137,23 +151,29 @@ class PPCosts:
     def rescaled(self, samples_per_microbatch: int) -> "PPCosts":
         """The same costs for another micro-batch size, assuming times and bytes linear in it.
 
-        A first-order model: it ignores each action's fixed overhead, which makes small
-        micro-batches look cheaper than they are. Measure again where it matters.
+        The runtime's ``action_overhead_s`` is kept as it is (a cost per action, not per
+        sample); the rest is a first-order model: a module's own fixed cost per call makes
+        small micro-batches dearer than this says. Measure again where it matters.
         """
         if self.samples_per_microbatch <= 0:
             raise PPError("missing_cost", "samples_per_microbatch", self.samples_per_microbatch,
                           detail="costs measured without their micro-batch size cannot be rescaled")
         f = samples_per_microbatch / self.samples_per_microbatch
-        return replace(self, stages=tuple(c.scaled(f, f) for c in self.stages), samples_per_microbatch=samples_per_microbatch)
+        base = self.with_action_overhead(0.0)
+        scaled = replace(base, stages=tuple(c.scaled(f, f) for c in base.stages),
+                         samples_per_microbatch=samples_per_microbatch)
+        return scaled.with_action_overhead(self.action_overhead_s)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"stages": [asdict(c) for c in self.stages], "p2p": asdict(self.p2p),
-                "samples_per_microbatch": self.samples_per_microbatch, "machine": self.machine}
+                "samples_per_microbatch": self.samples_per_microbatch, "machine": self.machine,
+                "action_overhead_s": self.action_overhead_s}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "PPCosts":
         return cls(tuple(StageCost(**c) for c in data["stages"]), P2PCost(**data.get("p2p", {})),
-                   int(data.get("samples_per_microbatch", 0)), str(data.get("machine", "")))
+                   int(data.get("samples_per_microbatch", 0)), str(data.get("machine", "")),
+                   float(data.get("action_overhead_s", 0.0)))
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:

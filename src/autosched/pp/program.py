@@ -96,6 +96,11 @@ class PPProgram:
     lowered: Optional[Mapping[int, Tuple[str, ...]]] = None
     printed: Optional[Mapping[int, Tuple[Optional[str], ...]]] = None
     source: str = field(default="pytorch", compare=False)
+    send_retention: str = "step"
+    """How long the runtime holds a sent tensor: ``"step"`` (to the end of the step:
+    ``_PipelineScheduleRuntime`` and GPipe keep every send's work in a list they wait at the
+    end), ``"next"`` (until the next send the same way: 1F1B keeps only the last one) or
+    ``"transfer"`` (until the transfer ends)."""
 
     @property
     def stages_per_rank(self) -> int:
@@ -197,7 +202,7 @@ def pp_program(schedule: str, n_ranks: int, n_microbatches: int, stages_per_rank
     return PPProgram(canonical, n_ranks, n_stages, n_microbatches, _torch.stage_to_rank_map(canonical, n_ranks, n_stages),
                      compute, {r: tuple(v) for r, v in steps.items()},
                      None if lowered is None else {r: tuple(v) for r, v in lowered.items()},
-                     {r: tuple(v) for r, v in printed.items()})
+                     {r: tuple(v) for r, v in printed.items()}, send_retention=_torch.send_retention(canonical))
 
 
 def builtin_programs(n_ranks: int, n_microbatches: int, stages_per_rank: Optional[int] = None

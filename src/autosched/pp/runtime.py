@@ -9,7 +9,9 @@ with gloo; each rank runs :func:`run_rank`:
 2. every rank measures every stage's costs in its own process at the same time
    (:func:`~autosched.pp.costs.measure_stage_costs`: the cores are as busy as during the
    run), before the runs and after them; the prediction takes each figure's median. The
-   link's cost is measured once on the job's gloo group (:func:`~autosched.pp.costs.measure_p2p`);
+   link's cost is measured once on the job's gloo group (:func:`~autosched.pp.costs.measure_p2p`),
+   and the runtime's own cost per action once, by each rank running every stage alone
+   (``ScheduleLoopedBFS`` on a one-rank group) against the model's prediction;
 3. rank 0 searches a schedule with the costs measured before the runs
    (:func:`~autosched.pp.search.pp_search`), written as the compute-only CSV that every
    rank loads into ``_PipelineScheduleRuntime``;
@@ -237,6 +239,47 @@ class _Trainer:
                 "losses": loss_rows[0] if loss_rows else []}
 
 
+def _action_overhead(cfg: PPRunConfig, n_mb: int, costs: Any, group: Any) -> float:
+    """What the runtime adds per compute action: every stage run on this rank alone, measured against the model.
+
+    ``ScheduleLoopedBFS`` over all of ``costs``' stages on a one-rank group (no transfers):
+    ``(measured step - simulated step) / compute actions``, at least 0.
+    """
+    import torch
+    from torch.distributed.pipelining import PipelineStage
+
+    from autosched.pp import _torch
+    from autosched.pp.program import pp_program
+    from autosched.pp.simulate import pp_simulate
+
+    n_stages = costs.n_stages
+    modules = _stage_modules(cfg, n_stages)
+    stages = [PipelineStage(modules[s], s, n_stages, torch.device("cpu"), group=group) for s in range(n_stages)]
+    schedule = _torch.schedule_class("LoopedBFS")(stages, n_mb, loss_fn=_loss)
+    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.05)
+    times = []
+    for step in range(cfg.warmup + max(3, cfg.cost_repeats)):
+        x, y = _data(cfg, step)
+        opt.zero_grad(set_to_none=False)
+        t0 = time.perf_counter()
+        schedule.step(x, target=y, losses=[], return_outputs=False)
+        if step >= cfg.warmup:
+            times.append(time.perf_counter() - t0)
+        opt.step()
+    program = pp_program("LoopedBFS", 1, n_mb, stages_per_rank=n_stages)
+    predicted = pp_simulate(program, costs.with_action_overhead(0.0)).step_s
+    return max(0.0, (statistics.median(times) - predicted) / len(program.compute[0]))
+
+
+def _overhead_on_every_rank(cfg: PPRunConfig, n_mb: int, costs: Any, groups: List[Any]) -> float:
+    import torch.distributed as dist
+
+    mine = _action_overhead(cfg, n_mb, costs, groups[dist.get_rank()])
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return statistics.median(gathered)
+
+
 def _noise(values: Sequence[float]) -> float:
     """The interquartile range over the median: the run's own spread."""
     if len(values) < 4:
@@ -280,9 +323,12 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         p2p = measure_p2p()
+        alone = [dist.new_group([r]) for r in range(world)]  # every rank creates every group, in the same order
         samples = {n: _costs_on_every_rank(cfg, n, world) for n in cfg.microbatches}
         costs = {n: {k: _combine(v, p2p, cfg.batch // n, "before the runs") for k, v in by.items()}
                  for n, by in samples.items()}
+        overhead = {n: _overhead_on_every_rank(cfg, n, costs[n][2 * world], alone) for n in cfg.microbatches}
+        costs = {n: {k: c.with_action_overhead(overhead[n]) for k, c in by.items()} for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
         results: List[Dict[str, Any]] = []
         for n_mb in cfg.microbatches:
@@ -307,8 +353,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             gathered = [t.gather(world) for t in trainers]
             if rank != 0:
                 continue
-            both = {k: _combine(samples[n_mb][k] + after[k], p2p, cfg.batch // n_mb, "before and after the runs")
-                    for k in after}
+            both = {k: _combine(samples[n_mb][k] + after[k], p2p, cfg.batch // n_mb,
+                                "before and after the runs").with_action_overhead(overhead[n_mb]) for k in after}
             costs[n_mb] = both
             ref = _reference_losses(cfg, n_mb, cfg.warmup + cfg.steps + 1)
             for t, measured in zip(trainers, gathered):
@@ -325,6 +371,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
         if rank != 0:
             return None
         report = {"config": asdict(cfg), "world_size": world, "p2p": asdict(p2p), "searched": searched,
+                  "action_overhead_s": overhead,
                   "costs": {str(n): {str(k): c.to_dict() for k, c in by.items()} for n, by in costs.items()},
                   "results": results, "torch": torch.__version__, "threads": cfg.threads,
                   "load": os.getloadavg(), "cores": os.cpu_count()}

@@ -11,9 +11,11 @@ rank at once, as the runtime does:
 * a step ends when every rank has run its last step.
 
 Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; an I frees
-all but ``weight_keep_bytes``, a W the rest, a B everything; a backward's input gradient
-stays alive until its send ends; while an action runs, its ``*_peak_bytes`` come on top.
-The peak is the most of that over the step, above what was alive when it started.
+all but ``weight_keep_bytes``, a W the rest, a B everything; while an action runs, its
+``*_peak_bytes`` come on top. A tensor handed to a send (a forward's output, a backward's
+input gradient) lives until the runtime lets go of the send
+(:attr:`PPProgram.send_retention <autosched.pp.program.PPProgram.send_retention>`). The
+peak is the most of that over the step, above what was alive when it started.
 
 PyTorch's own dry run (``_simulate_comms_compute``) counts unit steps: every action takes
 one, transfers take none and no memory is counted.
@@ -125,6 +127,21 @@ class _Transfers:
             return None
         return max(self.send_post[key], self.recv_post[key]) + self.costs.p2p.seconds(self.nbytes(key))
 
+    def released(self, key: Tuple[str, int, int], retention: str, rank_end: float) -> float:
+        """When the tensor a send holds is let go (see :data:`~autosched.pp.program.PPProgram.send_retention`)."""
+        if key not in self.send_post:
+            # a neighbour on the same rank: the runtime hands the tensor over as that stage's input (or
+            # output gradient) buffer (``set_local_fwd_input``/``set_local_bwd_input``), kept to the step's end
+            return rank_end
+        if retention == "step":
+            return rank_end
+        if retention == "next":
+            later = [t for k, t in self.send_post.items() if k[0] == key[0] and self.sender.get(k) == self.sender[key]
+                     and t > self.send_post[key]]
+            return min(later, default=rank_end)
+        end = self.end(key)
+        return rank_end if end is None else end
+
 
 class _Rank:
     """One rank's clock, position in its steps, compute time and memory events."""
@@ -136,15 +153,15 @@ class _Rank:
         self.busy = 0.0
         # (time, order, delta bytes, transient bytes on top while an action runs)
         self.memory: List[Tuple[float, int, int, int]] = []
-        self.pending_release: List[Tuple[Tuple[str, int, int], int]] = []
+        # bytes a send may still hold once the compute that made them is done: (the send's key, bytes, when known)
+        self.held: List[Tuple[Tuple[str, int, int], int, float]] = []
 
     def mem(self, t: float, delta: int = 0, transient: int = 0) -> None:
         self.memory.append((t, len(self.memory), delta, transient))
 
-    def peak(self, transfers: _Transfers) -> int:
-        for key, nbytes in self.pending_release:
-            end = transfers.end(key)
-            self.mem(end if end is not None else self.t, -nbytes)
+    def peak(self, transfers: _Transfers, retention: str) -> int:
+        for key, nbytes, made in self.held:
+            self.mem(max(made, transfers.released(key, retention, self.t)), -nbytes)
         live = peak = 0
         for _, _, delta, transient in sorted(self.memory):
             peak = max(peak, live + transient)
@@ -153,32 +170,37 @@ class _Rank:
         return peak
 
 
-def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry]) -> None:
+def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
     stage, kind, mb = parse_action(action)
     if kind in ("REDUCE_GRAD", "UNSHARD", "RESHARD"):
         return
     c = costs.stage(stage)
     dt = c.action_s(kind)
     start, end = r.t, r.t + dt
+    # the output went to the next stage: a send may hold it past this backward (freed when the send lets go)
+    out = c.output_bytes if kind in ("B", "I") and stage < n_stages - 1 and mb is not None else 0
     if kind == "F":
         r.mem(start, 0, c.forward_peak_bytes)
         r.mem(end, c.activation_bytes)
     elif kind == "B":
         r.mem(start, 0, c.backward_peak_bytes)
-        r.mem(end, c.grad_input_bytes - c.activation_bytes)
+        r.mem(end, -(c.activation_bytes - out))
     elif kind == "I":
         r.mem(start, 0, c.backward_input_peak_bytes)
-        r.mem(end, c.grad_input_bytes - (c.activation_bytes - c.weight_keep_bytes))
+        r.mem(end, -(c.activation_bytes - c.weight_keep_bytes - out))
     elif kind == "W":
         r.mem(start, 0, c.backward_weight_peak_bytes)
         r.mem(end, -c.weight_keep_bytes)
-    if kind in ("B", "I") and c.grad_input_bytes and stage > 0 and mb is not None:
-        r.pending_release.append((("B", stage, mb), c.grad_input_bytes))
+    if out:
+        r.held.append((("F", stage, mb), out, end))  # type: ignore[arg-type]
+    if kind in ("B", "I") and stage > 0 and mb is not None and c.grad_input_bytes:
+        r.mem(end, c.grad_input_bytes)
+        r.held.append((("B", stage, mb), c.grad_input_bytes, end))
     r.t, r.busy = end, r.busy + dt
     timeline.append(TimelineEntry(r.rank, action, start, end))
 
 
-def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[TimelineEntry]) -> bool:
+def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> bool:
     """Run rank ``r`` until it blocks on a transfer not yet matched or ends; whether it moved."""
     moved = False
     while r.pos < len(r.steps):
@@ -193,7 +215,7 @@ def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[Tim
             r.t = max([r.t] + ends)  # type: ignore[arg-type]
         else:
             for a in actions:
-                _compute(r, a, costs, timeline)
+                _compute(r, a, costs, timeline, n_stages)
         r.pos += 1
         moved = True
     return moved
@@ -233,7 +255,7 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
     while any(r.pos < len(r.steps) for r in ranks):
         moved = False
         for r in ranks:
-            moved = _advance(r, transfers, costs, timeline) or moved
+            moved = _advance(r, transfers, costs, timeline, program.n_stages) or moved
         if not moved:
             blocked = {r.rank: f"step {r.pos}: {r.steps[r.pos][0]} {';'.join(r.steps[r.pos][1])}"
                        for r in ranks if r.pos < len(r.steps)}
@@ -245,5 +267,5 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
             timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t, end))
     step = max((r.t for r in ranks), default=0.0)
     return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
-                       {r.rank: step - r.busy for r in ranks}, {r.rank: r.peak(transfers) for r in ranks},
+                       {r.rank: step - r.busy for r in ranks}, {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
                        {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))
