@@ -203,3 +203,17 @@ def test_stage_costs_measure_the_bytes_each_stage_keeps() -> None:
     assert costs[0].backward_input_s == 0.0  # the runtime skips the first stage's I; its W does it all
     assert all(c.forward_s > 0 and c.backward_s > 0 for c in costs)
     assert all(p.grad is not None and not p.grad.any() for st in stages for p in st.parameters())
+
+
+def test_a_sent_tensor_lives_as_long_as_the_runtime_holds_the_send() -> None:
+    import dataclasses
+
+    costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100, output_bytes=40),
+                     StageCost(1.0, 2.0, activation_bytes=100)))
+    p = pp_program("1F1B", 2, 4)
+    assert p.send_retention == "next" and pp_program("Interleaved1F1B", 2, 4).send_retention == "step"
+    until_next = pp_simulate(p, costs).peak_bytes[0]
+    until_end = pp_simulate(dataclasses.replace(p, send_retention="step"), costs).peak_bytes[0]
+    assert until_next == 200  # two micro-batches in flight on the first rank
+    # held to the end: at 0F3, 0F2 and 0F3 in flight and the outputs of micro-batches 0 and 1, done, held by their sends
+    assert until_end == 2 * 100 + 2 * 40

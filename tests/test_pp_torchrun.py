@@ -61,3 +61,16 @@ def test_bad_arguments_start_no_job(capsys) -> None:
     assert main(["pp", "--grid", "GPipe", "--microbatches", "4"]) == 0
     out = capsys.readouterr().out
     assert "0F3" in out and "1B3" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_the_benchmark_reads_the_report(report, capsys) -> None:
+    from conftest import load_benchmark
+
+    data, _ = report
+    figures = load_benchmark("pp").analyse(data)
+    assert 0 <= figures["step_median_abs_error"] and 0 <= figures["memory_median_abs_error"]
+    assert figures["best_builtin"] in set(builtin_programs(2, 4)[0])
+    assert -1.0 <= figures["dry_run_spearman"] <= 1.0
+    assert "(4) PyTorch's dry run" in capsys.readouterr().out
