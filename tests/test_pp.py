@@ -217,3 +217,11 @@ def test_a_sent_tensor_lives_as_long_as_the_runtime_holds_the_send() -> None:
     assert until_next == 200  # two micro-batches in flight on the first rank
     # held to the end: at 0F3, 0F2 and 0F3 in flight and the outputs of micro-batches 0 and 1, done, held by their sends
     assert until_end == 2 * 100 + 2 * 40
+
+
+def test_the_last_stage_keeps_what_its_loss_holds_to_the_end_of_the_step() -> None:
+    keep = StageCost(1.0, 2.0, activation_bytes=100, loss_keep_bytes=30)
+    costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100), keep))
+    res = pp_simulate(pp_program("1F1B", 2, 4), costs)
+    # the last rank holds one micro-batch at a time, plus what each finished micro-batch's loss keeps
+    assert res.peak_bytes[1] == 100 + 3 * 30

@@ -42,6 +42,9 @@ class StageCost:
     grad_input_bytes : int
         The gradient of the stage's input a backward produces and holds until it is sent
         (0 for the first stage).
+    loss_keep_bytes : int
+        Of ``activation_bytes``, what the loss still holds after the backward (the last
+        stage: the schedule keeps every micro-batch's loss to the end of the step).
     forward_peak_bytes, backward_peak_bytes, backward_input_peak_bytes, backward_weight_peak_bytes : int
         The most each action has alive above what was alive when it started.
     """
@@ -55,6 +58,7 @@ class StageCost:
     weight_keep_bytes: int = 0
     output_bytes: int = 0
     grad_input_bytes: int = 0
+    loss_keep_bytes: int = 0
     forward_peak_bytes: int = 0
     backward_peak_bytes: int = 0
     backward_input_peak_bytes: int = 0
@@ -70,7 +74,8 @@ class StageCost:
         times = {k: getattr(self, k) * time_factor for k in
                  ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "loss_s")}
         sizes = {k: int(round(getattr(self, k) * bytes_factor)) for k in
-                 ("activation_bytes", "weight_keep_bytes", "output_bytes", "grad_input_bytes", "forward_peak_bytes",
+                 ("activation_bytes", "weight_keep_bytes", "output_bytes", "grad_input_bytes", "loss_keep_bytes",
+                  "forward_peak_bytes",
                   "backward_peak_bytes", "backward_input_peak_bytes", "backward_weight_peak_bytes")}
         return replace(self, **times, **sizes)
 
@@ -296,12 +301,13 @@ def _memory_pass(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     from autosched.pp.memory import LiveTensorBytes
 
     n = len(stages)
-    m: Dict[str, List[int]] = {k: [0] * n for k in ("act", "keep", "out", "gin", "pF", "pB", "pI", "pW")}
+    m: Dict[str, List[int]] = {k: [0] * n for k in ("act", "keep", "out", "gin", "lkeep", "pF", "pB", "pI", "pW")}
     for split in (False, True):
         chain = _Chain(stages, microbatch, target, loss_fn)
         with LiveTensorBytes() as mem:
+            start_of: Dict[int, int] = {}
             for s in range(n):
-                before = mem.reset_peak()
+                before = start_of[s] = mem.reset_peak()
                 chain.forward(s)
                 if s == n - 1:
                     chain.loss()
@@ -325,6 +331,8 @@ def _memory_pass(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
                     _, g = chain.backward(s, grad)
                     m["pB"][s] = mem.peak_bytes - before
                     m["gin"][s] = _nbytes(g) if g is not None else 0
+                    if s == n - 1:  # the chain still holds the loss, as the schedule does until the step ends
+                        m["lkeep"][s] = max(0, mem.live_bytes - start_of[s] - m["gin"][s])
                 grad = g
             if split:
                 for s in reversed(range(n)):
@@ -387,7 +395,8 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
             forward_s=med("full", "F", s), backward_s=med("full", "B", s), backward_input_s=med("split", "I", s),
             backward_weight_s=med("split", "W", s), loss_s=med("full", "LOSS", 0) if last else 0.0,
             activation_bytes=mem["act"][s], weight_keep_bytes=min(mem["keep"][s], mem["act"][s]),
-            output_bytes=mem["out"][s], grad_input_bytes=mem["gin"][s], forward_peak_bytes=mem["pF"][s],
+            output_bytes=mem["out"][s], grad_input_bytes=mem["gin"][s],
+            loss_keep_bytes=min(mem["lkeep"][s], mem["act"][s]), forward_peak_bytes=mem["pF"][s],
             backward_peak_bytes=mem["pB"][s], backward_input_peak_bytes=mem["pI"][s],
             backward_weight_peak_bytes=mem["pW"][s]))
     for st in stages:

@@ -281,9 +281,11 @@ def _overhead_on_every_rank(cfg: PPRunConfig, n_mb: int, costs: Any, groups: Lis
 
 
 def _noise(values: Sequence[float]) -> float:
-    """The interquartile range over the median: the run's own spread."""
+    """The interquartile range over the median (the range, under 4 values): the run's own spread."""
+    if len(values) < 2:
+        return float("nan")
     if len(values) < 4:
-        return 0.0
+        return (max(values) - min(values)) / statistics.median(values)
     q = statistics.quantiles(values, n=4)
     return (q[2] - q[0]) / statistics.median(values)
 

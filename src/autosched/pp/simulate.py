@@ -179,6 +179,8 @@ def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry
     start, end = r.t, r.t + dt
     # the output went to the next stage: a send may hold it past this backward (freed when the send lets go)
     out = c.output_bytes if kind in ("B", "I") and stage < n_stages - 1 and mb is not None else 0
+    # the last stage's loss, kept by the schedule to the step's end, keeps some of the forward's bytes
+    out += c.loss_keep_bytes if kind in ("B", "I") and stage == n_stages - 1 else 0
     if kind == "F":
         r.mem(start, 0, c.forward_peak_bytes)
         r.mem(end, c.activation_bytes)
@@ -191,7 +193,7 @@ def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry
     elif kind == "W":
         r.mem(start, 0, c.backward_weight_peak_bytes)
         r.mem(end, -c.weight_keep_bytes)
-    if out:
+    if out and stage < n_stages - 1:  # (the last stage's: held to the step's end, never freed within it)
         r.held.append((("F", stage, mb), out, end))  # type: ignore[arg-type]
     if kind in ("B", "I") and stage > 0 and mb is not None and c.grad_input_bytes:
         r.mem(end, c.grad_input_bytes)
