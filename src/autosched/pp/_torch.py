@@ -115,9 +115,6 @@ def schedule_class(name: str) -> Any:
     return schedules.get_schedule_class(name)
 
 
-_schedule_class = schedule_class
-
-
 def runtime_from_csv(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any], path: str,
                      n_stages: int) -> Any:
     """A ``_PipelineScheduleRuntime`` over this rank's stages running the compute-only CSV at ``path``."""
@@ -130,7 +127,7 @@ def runtime_from_csv(stages: List[Any], n_microbatches: int, loss_fn: Callable[.
 def schedule_is_single(name: str) -> bool:
     """Whether the schedule runs one stage per rank with its own step loop (GPipe, 1F1B)."""
     schedules, _ = _modules()
-    return issubclass(_schedule_class(name), schedules.PipelineScheduleSingle)
+    return issubclass(schedule_class(name), schedules.PipelineScheduleSingle)
 
 
 def stage_to_rank_map(name: str, n_ranks: int, n_stages: int) -> Tuple[int, ...]:
@@ -180,7 +177,7 @@ def compute_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank:
     runs is :func:`runtime_order`.
     """
     schedules, _ = _modules()
-    cls = _schedule_class(name)
+    cls = schedule_class(name)
     stages = _stand_in_stages(n_ranks, n_ranks * stages_per_rank, stages_per_rank)
     sched = cls(stages[0] if issubclass(cls, schedules.PipelineScheduleSingle) else stages, n_microbatches)
     order = sched.pipeline_order
@@ -207,7 +204,7 @@ def lower_compute_order(order: Dict[int, Sequence[Optional[str]]], n_microbatche
 
 def _multi_runtime_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: int) -> Dict[int, List[str]]:
     schedules, _ = _modules()
-    cls = _schedule_class(name)
+    cls = schedule_class(name)
     stages = _stand_in_stages(n_ranks, n_ranks * stages_per_rank, stages_per_rank)
     sched = cls(stages, n_microbatches)
     lowered = sched.pipeline_order_with_comms
@@ -265,7 +262,7 @@ class _RecordingStage:
 def _single_runtime_order(name: str, n_ranks: int, n_microbatches: int) -> Dict[int, List[Tuple[str, Tuple[str, ...]]]]:
     """Run the single-stage schedule's own step loop on recording stages, one per rank."""
     schedules, _ = _modules()
-    cls = _schedule_class(name)
+    cls = schedule_class(name)
     out: Dict[int, List[Tuple[str, Tuple[str, ...]]]] = {}
     for rank in range(n_ranks):
         log: List[Tuple[str, Tuple[str, ...]]] = []

@@ -56,7 +56,7 @@ class PPBounds:
         return "\n".join(lines)
 
 
-def _backward_s(c: StageCost, first: bool) -> float:
+def _backward_s(c: StageCost) -> float:
     """The least a stage's backward of one micro-batch occupies its rank: B, or I + W."""
     split = c.backward_input_s + c.backward_weight_s
     return min(c.backward_s, split) if split > 0 else c.backward_s
@@ -65,7 +65,7 @@ def _backward_s(c: StageCost, first: bool) -> float:
 def _chain_backward_s(c: StageCost, first: bool) -> float:
     """What must precede the previous stage's backward: the input gradient (I, or B)."""
     if first:
-        return _backward_s(c, first)
+        return _backward_s(c)
     return min(c.backward_s, c.backward_input_s) if c.backward_input_s > 0 else c.backward_s
 
 
@@ -106,7 +106,7 @@ def pp_lower_bounds(costs: PPCosts, n_microbatches: int, stage_to_rank: Sequence
     components = []
     for r in ranks:
         mine = [s for s, rr in enumerate(stage_to_rank) if rr == r]
-        work = n * sum(stages[s].forward_s + stages[s].loss_s + _backward_s(stages[s], s == 0) for s in mine)
+        work = n * sum(stages[s].forward_s + stages[s].loss_s + _backward_s(stages[s]) for s in mine)
         head = sum(stages[s].forward_s + hop(s) for s in range(min(mine)))
         drain = sum(_chain_backward_s(stages[s], s == 0) + hop(s) for s in range(min(mine)))
         deferrable = n * sum(stages[s].backward_weight_s for s in mine if stages[s].backward_input_s > 0)
@@ -116,7 +116,7 @@ def pp_lower_bounds(costs: PPCosts, n_microbatches: int, stage_to_rank: Sequence
     last += sum(stages[s].forward_s + hop(s) for s in range(1, len(stages)))
     last += stages[-1].loss_s
     last += sum(_chain_backward_s(stages[s], False) + hop(s - 1) for s in range(len(stages) - 1, 0, -1))
-    last += _backward_s(stages[0], True)
+    last += _backward_s(stages[0])
     components.append(("last micro-batch", last))
     name, value = max(components, key=lambda c: c[1])
     min_peak = {}

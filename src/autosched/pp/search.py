@@ -202,7 +202,7 @@ def _pick(r: int, t: float, costs: PPCosts, stage_to_rank: Sequence[int], n: int
     backwards.sort(key=lambda a: -a[1])  # the later stage first: it unblocks the others' backwards
     forwards.sort(key=lambda a: -a[1])   # the later stage first: it is nearer the loss
     w = [("W", s, m) for s, m in pending_w[r][:1]]
-    if w and (not policy.w_fill or (cap is not None and not backwards and not forwards)):
+    if w and not policy.w_fill:
         pending_w[r].pop(0)
         return w[0]
     first, second = (backwards, forwards) if policy.backward_first else (forwards, backwards)
