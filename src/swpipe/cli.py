@@ -28,6 +28,7 @@ _COMMANDS = {
     "plan": "auto-schedule a task graph with a cost model; print and save the plan",
     "simulate": "simulate a plan with a cost model; print period, latency and the binding resource",
     "check": "record the DLRM tasks' dataflow and check TorchRec's plans (or --plan FILE.py:FUNC) for missing dependencies",
+    "pp": "run PyTorch's pipeline-parallel schedules and one searched by swpipe under torchrun; predicted vs measured",
 }
 
 
