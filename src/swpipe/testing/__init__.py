@@ -31,9 +31,11 @@ from __future__ import annotations
 
 from swpipe.testing.fake_cuda import FakeCuda, FakeCudaDevice
 from swpipe.testing.fake_memory import FakeTensor
-from swpipe.testing.fake_streams import FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch
+from swpipe.testing.fake_streams import EventDeviceError, FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch
+from swpipe.testing.fake_torch import FakeCudaTensor
 from swpipe.testing.kernels import FakeKernels, kernels
 from swpipe.testing.races import HappensBefore, Race, RaceError
 
-__all__ = ["FakeCuda", "FakeCudaDevice", "FakeCudaError", "FakeDeviceHang", "FakeEvent", "FakeKernels", "FakeStream",
-           "FakeTensor", "HappensBefore", "Launch", "Race", "RaceError", "kernels"]
+__all__ = ["EventDeviceError", "FakeCuda", "FakeCudaDevice", "FakeCudaError", "FakeCudaTensor", "FakeDeviceHang",
+           "FakeEvent", "FakeKernels", "FakeStream", "FakeTensor", "HappensBefore", "Launch", "Race", "RaceError",
+           "kernels"]
