@@ -66,11 +66,12 @@ _SHAPE_ONLY = frozenset(f"aten::{name}" for name in (
 class _Storage:
     """The fake device memory behind a tensor and its views: one block of the caching allocator."""
 
-    __slots__ = ("device", "block", "writer", "__weakref__")
+    __slots__ = ("device", "block", "writer", "by_backward", "__weakref__")
 
     def __init__(self, device: Any, block: Any) -> None:
         self.device, self.block = device, block
         self.writer = block.stream  # the stream of the last kernel that wrote it: a gradient's producer
+        self.by_backward = False  # last written by a backward op (else: an initial gradient, made by the caller)
 
     def real(self, dtype: torch.dtype, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
         """The bytes as a CPU tensor of this layout (read and written by the kernels when they run)."""
@@ -184,11 +185,14 @@ def _any_fake(out: Any) -> FakeCudaTensor:
 
 
 def _before_node(stream: Any, leaf: bool, grad_outputs: Sequence[Any]) -> None:
-    """Before a node runs: its stream waits for the streams its incoming gradients came from; a leaf's stream is
-    waited for by the caller's current stream once backward ends."""
+    """Before a node runs: its stream waits for the streams its incoming gradients came from (an initial gradient:
+    the caller's current stream, wherever it was made); once backward ends, the caller's current stream waits for a
+    leaf's stream."""
     for g in grad_outputs:
-        if isinstance(g, FakeCudaTensor) and g._fake.writer is not stream:
-            _stream_waits(stream, g._fake.writer)
+        if isinstance(g, FakeCudaTensor):
+            producer = g._fake.writer if g._fake.by_backward else g._fake.device.current_stream()
+            if producer is not stream:
+                _stream_waits(stream, producer)
     if leaf:
         torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_caller_waits, stream))
 
@@ -282,8 +286,9 @@ def _launch(dev: Any, stream: Any, fn: Any, label: str, reads: Sequence[FakeCuda
             writes: Sequence[FakeCudaTensor]) -> None:
     dev._launch(stream, fn, label, reads=tuple({id(x._fake): x._fake.block for x in reads}.values()),
                 writes=tuple({id(x._fake): x._fake.block for x in writes}.values()))
+    in_backward = torch._C._current_autograd_node() is not None
     for x in writes:
-        x._fake.writer = stream
+        x._fake.writer, x._fake.by_backward = stream, in_backward
 
 
 def _on_host(dev: Any, stream: Any, func: Any, args: Any, kwargs: Any, written: Sequence[Any]) -> Any:

@@ -146,13 +146,15 @@ class FakeKernels:
         self._dev.fake._pinned.add(pinned)
         return pinned
 
-    def to_host(self, x: FakeTensor) -> torch.Tensor:
+    def to_host(self, x: Any) -> torch.Tensor:
         """The values: a copy on the current stream that reads ``x`` there, and the host waits for it (``.cpu()``).
 
         The read is an access like any kernel's: if the current stream is not
         ordered after the kernel that wrote ``x``, the race check reports it
         (and the copy may read the old bytes).
         """
+        if isinstance(x, torch.Tensor):  # a FakeCudaTensor: its copy_ into host memory is the same read
+            return torch.empty(x.shape, dtype=x.dtype).copy_(x)
         stream = self._stream()
         out = torch.empty(x.numel, dtype=x.dtype)
         view = x._view()
@@ -160,9 +162,9 @@ class FakeKernels:
         self._dev.fake._sync_stream(stream, f"to_host of {x!r}")
         return out
 
-    def item(self, x: FakeTensor) -> float:
+    def item(self, x: Any) -> float:
         """The first value as a Python number: :meth:`to_host` (a read on the current stream, the host waits)."""
-        return self.to_host(x)[0].item()
+        return self.to_host(x).reshape(-1)[0].item()
 
     def hang(self) -> None:
         """A kernel that never completes (until the fake is closed): a collective whose peer died."""
