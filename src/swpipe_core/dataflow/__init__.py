@@ -48,7 +48,7 @@ def infer_plan(tasks, batches, *, state=None, order=None, rng=None) -> InferredD
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core.plan import PipelineTask
+    >>> from swpipe import PipelineTask, infer_plan
     >>> def a(ctx): ctx.x = ctx.batch + 1
     >>> def b(ctx): ctx.y = ctx.x * 2
     >>> infer_plan([PipelineTask("A", a), PipelineTask("B", b)], [torch.ones(1)] * 2).intra
