@@ -132,6 +132,8 @@ class FakeCudaTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         dev = _device_of(func, args, kwargs)
+        # torch's (private) record of the node autograd is running: below autograd, the only way to tell which
+        # backward op this is, hence its forward op's stream
         node = torch._C._current_autograd_node()
         stream = node.metadata.get(_STREAM) if node is not None else None
         if stream is None:
