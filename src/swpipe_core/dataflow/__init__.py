@@ -8,7 +8,7 @@ module             what
 ``infer``          RAW/WAR/WAW hazards and the minimal dependencies behind them
 ``check``          ``check_dataflow(plan, batches)``: missing / stale / redundant
 ``strict``         ``SWPipeline(strict=True)``: raise on the first unordered access
-``grads``          ``record_grads``: which tasks make and which free the parameters' gradients
+``grads``          ``record_grads``: which tasks allocate, make and free the parameters' gradients
 =================  ====================================================================
 """
 
