@@ -14,7 +14,7 @@ Three parts, each printing a table:
    F's side-by-side measurement (``swpipe.workloads.bench.measure``): measured
    iterations/s of the auto plan next to the TorchRec plans, in one run.
 3. **Search time on random graphs** of 10, 20, 50, 100, 200 tasks
-   (:func:`autosched.search.enumerate.random_graph`): beam search (10 s budget) and
+   (:func:`swpipe.testing.plan_space.random_graph`): beam search (10 s budget) and
    CP-SAT (30 s budget, up to 20 tasks): period, lower bound, gap, status, time.
    Targets (issue 8): beam <= 10 s at 200 tasks; CP-SAT proves optimality up to
    20 tasks within 30 s.
@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from autosched.search.enumerate import random_graph
+from swpipe.testing.plan_space import random_graph
 from autosched.search.problem import make_problem
 from autosched.search.beam import beam_search
 from autosched.search.scoring import sim_scorer

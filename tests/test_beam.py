@@ -6,7 +6,8 @@ import itertools
 import networkx as nx
 import pytest
 
-from autosched.search.enumerate import brute_force, random_graph, random_problem, stage_assignments
+from autosched.search.problem import stage_assignments
+from swpipe.testing.plan_space import brute_force, random_graph, random_problem
 from autosched.search.problem import make_problem
 from autosched.search.beam import beam_search
 from autosched.search.scoring import sim_scorer

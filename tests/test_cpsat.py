@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autosched.search.enumerate import brute_force, enumerate_plans, random_problem
+from swpipe.testing.plan_space import brute_force, enumerate_plans, random_problem
 from autosched.search.problem import make_problem
 from autosched.search.scoring import sim_scorer
 from autosched.model.costs import CostModel, TaskCost
@@ -115,7 +115,7 @@ def test_cpsat_gives_its_solves_no_more_than_the_budget_left(monkeypatch):
     at the best period takes at most ``max(0.5 s, 20 %)`` more. Checked on a fake clock that each solve
     advances by its whole limit (the worst case): the search's clock never passes the budget plus that."""
     import autosched.search.cpsat as cpsat
-    from autosched.search.enumerate import random_graph
+    from swpipe.testing.plan_space import random_graph
     from conftest import FakeClock
 
     clock = FakeClock()

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from autosched.search.enumerate import random_graph, random_problem
+from swpipe.testing.plan_space import random_graph, random_problem
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
 from autosched.search.options import Constraints, SolverOptions

@@ -417,7 +417,7 @@ def test_a_slowly_growing_queue_is_simulated_until_it_binds(kind):
 def test_the_best_beam_plan_of_a_random_graph_is_simulated_to_its_resource_bound():
     # the case that showed the transient: beam search's best plan for random_graph(20, 20)
     # simulated at 15.497 ms/iter on 60 iterations, 15.524 ms (its busiest thread) from 120 on
-    from autosched.search.enumerate import random_graph
+    from swpipe.testing.plan_space import random_graph
     from autosched.search.problem import make_problem
     from autosched.search.beam import beam_search
     from autosched.search.bounds import plan_resource_bound

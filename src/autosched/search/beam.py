@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from autosched.search.bounds import recurrence_bound
-from autosched.search.enumerate import stage_assignments
+from autosched.search.problem import stage_assignments
 from autosched.search.modulo import Candidate, inline_label
 from autosched.search.moves import initial_candidates, mutations
 from autosched.search.presets import _canonical_groups, busiest_anchor, fire_order, inline_anchor, inline_choices, thread_presets

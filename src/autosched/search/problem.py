@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import networkx as nx
 
@@ -41,7 +41,7 @@ from swpipe_core.stage_rules import stage_rule_holds
 
 from autosched.model.taskmodel import NOCORE, TaskParts, stream_label, task_parts
 
-__all__ = ["Problem", "make_problem", "DEFAULT_GROUP"]
+__all__ = ["Problem", "make_problem", "stage_assignments", "DEFAULT_GROUP"]
 
 DEFAULT_GROUP = "default"
 
@@ -221,6 +221,69 @@ class Problem:
             return False
         return (all(stage_rule_holds(stage[t], stage[d]) for t, d in self.intra)
                 and all(stage_rule_holds(stage[t], stage[d], n) for t, d, n in self.inter))
+
+
+def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable[Dict[str, int]]:
+    """Every stage assignment the stage rules, the depth cap and frozen stages allow.
+
+    Assignments whose smallest stage is above 0 are skipped when no stage is
+    frozen: they only relabel periods (same timing, deeper pipeline).
+
+    Parameters
+    ----------
+    problem : Problem
+    limit : int, optional
+        Stop after this many.
+
+    Yields
+    ------
+    dict
+        ``{task: stage}``.
+
+    Examples
+    --------
+    >>> from swpipe import Constraints, CostModel, TaskCost
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
+    >>> list(stage_assignments(p))   # B may not run in an earlier stage than A (the stage rule)
+    [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
+    """
+    names = list(nx.topological_sort(problem.dag))
+    inter_by_task: Dict[str, List[Tuple[str, int]]] = {}
+    for t, d, n in problem.inter:
+        inter_by_task.setdefault(t, []).append((d, n))
+        inter_by_task.setdefault(d, []).append((t, -n))
+    count = 0
+    stage: Dict[str, int] = {}
+
+    def rec(i: int) -> Iterable[Dict[str, int]]:
+        nonlocal count
+        if limit is not None and count >= limit:
+            return
+        if i == len(names):
+            if problem.frozen_stage or min(stage.values(), default=0) == 0:
+                count += 1
+                yield dict(stage)
+            return
+        n = names[i]
+        lo = max((stage[p] for p in problem.dag.predecessors(n)), default=0)
+        options = [problem.frozen_stage[n]] if n in problem.frozen_stage else range(lo, problem.max_depth)
+        for s in options:
+            if s < lo:
+                continue
+            ok = True
+            for other, k in inter_by_task.get(n, ()):
+                if other in stage:
+                    # k > 0: n waits `other` k earlier -> stage[other] - s <= k; k < 0: other waits n -> s - stage[other] <= -k
+                    if not (stage_rule_holds(s, stage[other], k) if k > 0 else stage_rule_holds(stage[other], s, -k)):
+                        ok = False
+                        break
+            if ok:
+                stage[n] = s
+                yield from rec(i + 1)
+                del stage[n]
+
+    yield from rec(0)
 
 
 def _auto_unit(times: Sequence[float]) -> float:
