@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from autosched.model.costs import CostModel, TaskCost
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.search.options import Constraints, SolverOptions
 from swpipe_core.dataflow.grads import record_grads
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule

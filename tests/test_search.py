@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 
@@ -12,7 +13,7 @@ from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
 from autosched.search.options import Constraints, SolverOptions
 from autosched.search.report import SearchReport
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
@@ -133,7 +134,7 @@ def test_search_with_one_free_core_cannot_beat_total_host_work(method):
     plan, one = auto_schedule(graph, CostModel(tasks, cores=1), c, solver=s)
     # one core runs all 10 ms in turn, whatever the plan; the report's bound says so
     assert one.period_s == pytest.approx(0.010) and one.lower_bound_s == pytest.approx(0.010)
-    assert one.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
+    assert one.why.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
     assert simulate(plan, CostModel(tasks, cores=1)).period == pytest.approx(one.period_s)
 
 
@@ -148,7 +149,7 @@ def test_search_overlaps_a_nocore_task_with_the_one_core(method):
     assert plan.sched("Wait").thread_group != plan.sched("Fwd").thread_group
 
 
-def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
+def test_search_folds_a_cost_models_machine_calibration_and_not_a_model_without_one():
     """A profile taken with calibrate=True carries the machine: the search sees its engine cost and free cores."""
     from swpipe_core.measure.calibrate import MachineCalibration
 
@@ -158,10 +159,11 @@ def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
     cal = MachineCalibration(task_s=1e-4, cores_free=1.0, cpu_count=2)
     _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s)
     # one free core: the 10 ms of work plus 0.1 ms of engine per task, one after another
-    assert folded.period_s == pytest.approx(0.0104) and folded.bound_binding == "cores"
+    assert folded.period_s == pytest.approx(0.0104) and folded.why.bound_binding == "cores"
     assert folded.notes[0].startswith("searched with the machine calibration folded in")
     assert "1 free core" in folded.notes[0]
-    _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s, calibrated=False)
+    uncalibrated = dataclasses.replace(CostModel(tasks, machine_calibration=cal), machine_calibration=None)
+    _, raw = auto_schedule(graph, uncalibrated, c, solver=s)
     assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
     from autosched.model.machine import calibrated_costs  # a model folded already is not folded twice
 
@@ -201,7 +203,7 @@ def test_report_says_what_binds_and_how_to_go_faster():
     text = report.explain()
     assert "10.000 ms" in text and "lower bound" in text
     assert "halving Bwd" in text or "halving Fwd" in text
-    assert report.what_if and report.what_if[0][1] < report.period_s
+    assert report.why.what_if and report.why.what_if[0][1] < report.period_s
     shown = str(report)
     assert "period 10.000 ms" in shown and "H2D" in shown and "depth" in shown
 
@@ -349,7 +351,7 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
     problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2), time_unit_s=5e-4)
     problem.calibration = costs.machine_calibration  # as auto_schedule folds one: its engine time per period counts
     res = solve_cpsat(problem, time_limit_s=10)
-    assert res.status == "OPTIMAL" and res.period_s == pytest.approx(0.003)
+    assert res.status == "OPTIMAL" and res.model_period == pytest.approx(0.003)
     assert res.plan.caller_group == "default" and res.plan.sched("Step").thread_group != "default"
     assert problem.simulate(res.plan).period == pytest.approx(0.003)
     plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2),

@@ -7,7 +7,7 @@ import torch
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.verify.loop import VerifyOptions
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 

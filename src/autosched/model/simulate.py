@@ -126,8 +126,8 @@ class SimResult:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import PipelinePlan, TaskSchedule
+    >>> from swpipe import CostModel, TaskCost
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="a")})
     >>> r = simulate(plan, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}), num_iterations=20)
     >>> print(r.summary())
@@ -372,8 +372,8 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     Two tasks on two threads overlap across iterations (period = the longer);
     on one thread they add up:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import PipelinePlan, TaskSchedule
+    >>> from swpipe import CostModel, TaskCost
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
     >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                    intra_iter_deps=[("B", "A")])

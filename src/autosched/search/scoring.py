@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 
+from autosched.search.found import Scorer, Timetable
 from autosched.search.modulo import Candidate, derive_timetable, inline_label
 from autosched.search.plans import build_plan
 from autosched.search.problem import Problem
@@ -23,8 +24,6 @@ from autosched.search.problem import Problem
 __all__ = ["Scorer", "Scored", "Evaluator", "sim_scorer", "prune", "rank_key"]
 
 log = logging.getLogger(__name__)
-
-Scorer = Callable[[PipelinePlan], Tuple[float, float]]
 
 
 @dataclass
@@ -67,6 +66,13 @@ class Scored:
         """Timetable rank, before simulation (a late hand-off, which the timetable does not see, last)."""
         return (self.ii, self.depth, self.span, self.threads, self.cand.handoff is not None)
 
+    def timetable(self) -> Optional[Timetable]:
+        """The modulo timetable the stages were read from (None for stages given, not derived)."""
+        if not self.ii:
+            return None
+        start = {t: self.ii * s + self.offset[t] for t, s in self.stage.items()}
+        return Timetable(self.ii, start, dict(self.stage), dict(self.offset))
+
 
 def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     """Score a plan by the simulator: ``(period_s, latency_s)`` (see :func:`autosched.model.simulate.simulate`).
@@ -85,12 +91,12 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
-    >>> from autosched.search.plans import build_plan
+    >>> from autosched.search.plans import build_plan   # the searchers' plan builder, not public
     >>> score = sim_scorer(p, 20)
     >>> [round(x * 1e3, 6) for x in score(build_plan(p, {"A": 0, "B": 0}, {"A": "x", "B": "x"}))]
     [5.0, 5.0]

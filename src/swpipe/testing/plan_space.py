@@ -41,7 +41,7 @@ from swpipe_core.plan import PipelinePlan
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.plans import build_plan
 from autosched.search.problem import Problem, stage_assignments
-from autosched.search.presets import inline_choices
+from autosched.search.maps import inline_choices
 
 __all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph"]
 
