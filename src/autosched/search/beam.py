@@ -188,9 +188,7 @@ def _neighbours(problem: Problem, beam: Sequence[Scored], rng: random.Random, bu
 
 def _next_beam(problem: Problem, ev: Evaluator, expanded: List[Scored], n_sim: int, deadline: float) -> List[Scored]:
     """One round's beam and its derived neighbours, dominance-pruned, the ``n_sim`` most promising simulated, ranked."""
-    pruned = prune(problem, expanded)
-    ev.counts["pruned"] += len(expanded) - len(pruned)
-    return prune(problem, _simulate_top(problem, ev, pruned, n_sim, deadline))
+    return prune(problem, _simulate_top(problem, ev, prune(problem, expanded), n_sim, deadline))
 
 
 def _every_stage(problem: Problem, ev: Evaluator, members: Sequence[Scored], best: Scored, limit: int,
@@ -358,8 +356,11 @@ def reduce_depth(problem: Problem, best: Scored, scorer: Scorer, rec: int) -> Tu
     seen: List[Tuple[int, float]] = []
     cur = best
     for cap in range(best.depth - 1, 0, -1):
-        s = ev.evaluate(best.cand, max_depth=cap)
-        seen.append((cap, s.period if s is not None else math.inf))
-        if s is not None and round(s.period / problem.unit_s, 3) <= round(cur.period / problem.unit_s, 3):
-            cur = s
+        shallow = ev.derive(best.cand, max_depth=cap)
+        if shallow is None or not ev.simulate(shallow):
+            seen.append((cap, math.inf))
+            continue
+        seen.append((cap, shallow.period))
+        if round(shallow.period / problem.unit_s, 3) <= round(cur.period / problem.unit_s, 3):
+            cur = shallow
     return cur, seen

@@ -25,10 +25,10 @@ FIRE_POLICIES = ("declared", "critical_chain_first", "longest_off_default_first"
 def levels(problem: Problem) -> Tuple[Dict[str, int], Dict[str, int]]:
     """Each task's top level (longest chain of work before it) and bottom level (its own and the longest after),
     in time units (memoised per problem)."""
-    return problem.memo("levels", lambda: _computelevels(problem))
+    return problem.memo("levels", lambda: _compute_levels(problem))
 
 
-def _computelevels(problem: Problem) -> Tuple[Dict[str, int], Dict[str, int]]:
+def _compute_levels(problem: Problem) -> Tuple[Dict[str, int], Dict[str, int]]:
     top: Dict[str, int] = {}
     order = list(nx.topological_sort(problem.dag))
     for n in order:

@@ -113,8 +113,8 @@ class Evaluator:
 
     def __init__(self, problem: Problem, scorer: Scorer, rec: int) -> None:
         self.problem, self.scorer, self.rec = problem, scorer, rec
-        self.counts = {"candidates": 0, "unique": 0, "derived": 0, "underivable": 0, "simulated": 0,
-                       "invalid": 0, "pruned": 0, "stage_enumerated": 0, "caller_readings": 0}
+        # what was tried, as the report counts it (SearchRun.tried)
+        self.counts = {"candidates": 0, "unique": 0, "simulated": 0, "stage_enumerated": 0}
         self.seen: Dict[tuple, Optional[Scored]] = {}
         self.sim_cache: Dict[tuple, Tuple[float, float]] = {}
 
@@ -132,7 +132,6 @@ class Evaluator:
                 self.counts["simulated"] += 1
             except Exception as exc:  # a plan the simulator rejects is just not a candidate
                 log.debug("candidate rejected: %s", exc)
-                self.counts["invalid"] += 1
                 self.sim_cache[key] = (math.inf, math.inf)
         got = self.sim_cache[key]
         return None if math.isinf(got[0]) else got
@@ -147,10 +146,8 @@ class Evaluator:
         tol = 1e-3 if len(self.problem.names) <= 50 else 3e-3
         tt = derive_timetable(self.problem, cand, self.rec, max_depth, rel_tol=tol, near=cand.near)
         if tt is None:
-            self.counts["underivable"] += 1
             self.seen[key] = None
             return None
-        self.counts["derived"] += 1
         span = max(tt.start[t] + self.problem.dur(t) for t in self.problem.names) - min(tt.start.values())
         sc = Scored(cand, tt.ii, tt.stage, tt.offset, span)
         self.seen[key] = sc
@@ -180,7 +177,6 @@ class Evaluator:
 
     def reread(self, sc: Scored, cand: Candidate) -> Optional[Scored]:
         """``sc``'s stages and offsets read as ``cand`` (another caller's thread or hand-off), simulated."""
-        self.counts["caller_readings"] += 1
         got = Scored(cand, sc.ii, dict(sc.stage), dict(sc.offset), sc.span)
         return got if self.simulate(got) else None
 

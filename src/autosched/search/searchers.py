@@ -21,7 +21,7 @@ from swpipe_core.plan import PipelinePlan
 from autosched.search.beam import beam_search, reduce_depth
 from autosched.search.bounds import recurrence_bound
 from autosched.search.cpsat import solve_cpsat
-from autosched.search.found import Found, Scorer
+from autosched.search.found import Found
 from autosched.search.options import SolverOptions
 from autosched.search.problem import Problem
 from autosched.search.report import fmt_ms
@@ -71,26 +71,21 @@ def run_searchers(problem: Problem, solver: SolverOptions, seeds: Optional[Seque
     beam = beam_search(problem, width=solver.beam_width, rounds=solver.beam_rounds, seed=solver.seed,
                        time_limit_s=budget_s * (solver.beam_share if use_cpsat else solver.beam_only_share),
                        progress=solver.progress)
-    found = _shallowest(problem, beam, scorer)
+    # the beam's best, scored by the final scorer, at the shallowest depth that keeps its period
+    best = beam.candidate
+    best.period, best.latency = scorer(best.plan)
+    best, _ = reduce_depth(problem, best, scorer, recurrence_bound(problem))
+    found = dataclasses.replace(beam, plan=best.plan, period=best.period, latency=best.latency, scorer=scorer,
+                                timetable=best.timetable(), candidate=best,
+                                pool=[("beam", best.plan), ("beam (deeper)", beam.plan)])
     if use_cpsat:
         left_s = max(1.0, budget_s * solver.cpsat_share - (time.perf_counter() - started))
-        best = found.candidate
         upper = best.ii if best.ii else int(math.ceil(best.period / problem.unit_s))
         exact = solve_cpsat(problem, time_limit_s=left_s, num_workers=solver.num_workers, seed=solver.seed,
                             hint=best, upper=upper, scorer=scorer)
         found = _with_cpsat(problem, found, exact)
     seed_plans, seed_notes = check_seeds(seeds, problem)
     return best_seed(seed_plans, dataclasses.replace(found, notes=found.notes + seed_notes), problem.unit_s)
-
-
-def _shallowest(problem: Problem, beam: Found, scorer: Scorer) -> Found:
-    """The beam's best scored by ``scorer``, at the shallowest depth that keeps its period (:func:`reduce_depth`)."""
-    best = beam.candidate
-    best.period, best.latency = scorer(best.plan)
-    best, _ = reduce_depth(problem, best, scorer, recurrence_bound(problem))
-    return dataclasses.replace(beam, plan=best.plan, period=best.period, latency=best.latency, scorer=scorer,
-                               timetable=best.timetable(), candidate=best,
-                               pool=[("beam", best.plan), ("beam (deeper)", beam.plan)])
 
 
 def _rank(problem: Problem, plan: PipelinePlan, period: float, latency: float) -> tuple:
