@@ -30,17 +30,16 @@ from autosched.search.problem import GraphInput, Problem, searched_problem
 from autosched.search.report import SearchReport, fmt_ms
 from autosched.search.searchers import run_searchers
 from autosched.search.seeds import Seed
+from autosched.verify import loop as verify_loop
 
-if TYPE_CHECKING:  # annotations only: the recorder and the verification are imported where they run
+if TYPE_CHECKING:  # annotations only: the recorder (torch) is imported where it runs
     from swpipe_core.dataflow import InferredDeps
     from swpipe_core.dataflow.grads import GradTraffic
-
-    from autosched.verify.loop import VerifyOptions
 
 __all__ = ["auto_schedule", "refit_round"]
 
 #: what ``verify=`` takes: None (on with ``batches``), a bool, a number of rounds, or ``VerifyOptions``
-Verify = Union[None, bool, int, "VerifyOptions"]
+Verify = Union[None, bool, int, verify_loop.VerifyOptions]
 
 
 @naming_homes
@@ -157,8 +156,6 @@ def auto_schedule(tasks_or_graph: Union[GraphInput, "InferredDeps"], costs: Cost
         from autosched.search.memcap import schedule_under_cap
 
         return _finished(schedule_under_cap(graph, costs, constraints, solver), inferred, 0, False)
-    from autosched.verify import loop as verify_loop
-
     started = time.perf_counter()
     with _restoring(state, batches) as restored:
         # 1. the problem: tasks, dependencies, what may be chosen, the costs with the machine model folded in
@@ -210,7 +207,6 @@ def refit_round(problem: Problem, solver: SolverOptions, seeds: Optional[Sequenc
     SearchReport
         ``report`` (its table's notes say why the choice stands), or the refit round's.
     """
-    from autosched.verify import loop as verify_loop
     from autosched.verify.candidates import plan_key
     from autosched.verify.refit import fit_core_pool
 
@@ -246,9 +242,7 @@ def refit_round(problem: Problem, solver: SolverOptions, seeds: Optional[Sequenc
 def _checked(constraints: Optional[Constraints], solver: Optional[SolverOptions], verify: Verify,
              seeds: Optional[Sequence[Seed]], batches: Optional[Sequence[Any]]) -> Tuple[Constraints, SolverOptions]:
     """The options, their defaults made here once; an :class:`OptionError` naming the argument for another type."""
-    from autosched.verify.loop import VerifyOptions
-
-    homes = {Constraints: "constraints", SolverOptions: "solver", VerifyOptions: "verify"}
+    homes = {Constraints: "constraints", SolverOptions: "solver", verify_loop.VerifyOptions: "verify"}
     for argument, value, expected in (("constraints", constraints, Constraints), ("solver", solver, SolverOptions)):
         if value is not None and not isinstance(value, expected):
             hint = f"; pass a {type(value).__name__} as {homes[type(value)]}=" if type(value) in homes else ""
@@ -256,7 +250,7 @@ def _checked(constraints: Optional[Constraints], solver: Optional[SolverOptions]
                               f"{type(value).__name__} {value!r}{hint}", field=argument, given_to="auto_schedule",
                               home=expected.__name__, argument=argument, value=value,
                               expected=f"a {expected.__name__} or None")
-    if verify is not None and not isinstance(verify, (bool, int, VerifyOptions)):
+    if verify is not None and not isinstance(verify, (bool, int, verify_loop.VerifyOptions)):
         raise OptionError(f"auto_schedule(verify=...): expected None, True/False, a number of rounds or a "
                           f"VerifyOptions, got {type(verify).__name__} {verify!r}", field="verify",
                           given_to="auto_schedule", home="VerifyOptions", argument="verify", value=verify,
