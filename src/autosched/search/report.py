@@ -296,8 +296,8 @@ class SearchReport:
         elif self.status == "OPTIMAL" or self.period_s <= run.model_period_s * (1 + 1e-6):
             what = "proven minimal in its model"
         else:
-            what = (f"proven minimal in its model, but the simulator runs the plan at {fmt_ms(self.period_s)}: the "
-                    f"model approximates the engine's {self.device} semantics")
+            what = (f"proven minimal in its model, but no plan found reaches it in the simulator (best "
+                    f"{fmt_ms(self.period_s)}): the model approximates the engine's {self.device} semantics")
         return f"  CP-SAT: model period {fmt_ms(run.model_period_s)}, {what}; solver {run.solver_time_s:.2f}s"
 
     def format(self, num_iterations: int = 3) -> str:
