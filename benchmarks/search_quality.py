@@ -14,7 +14,7 @@ Three parts, each printing a table:
    F's side-by-side measurement (``swpipe.workloads.bench.measure``): measured
    iterations/s of the auto plan next to the TorchRec plans, in one run.
 3. **Search time on random graphs** of 10, 20, 50, 100, 200 tasks
-   (:func:`autosched.search.enumerate.random_graph`): beam search (10 s budget) and
+   (:func:`swpipe.testing.plan_space.random_graph`): beam search (10 s budget) and
    CP-SAT (30 s budget, up to 20 tasks): period, lower bound, gap, status, time.
    Targets (issue 8): beam <= 10 s at 200 tasks; CP-SAT proves optimality up to
    20 tasks within 30 s.
@@ -37,14 +37,14 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from autosched.search.enumerate import random_graph
+from swpipe.testing.plan_space import random_graph
 from autosched.search.problem import make_problem
 from autosched.search.beam import beam_search
 from autosched.search.scoring import sim_scorer
 from autosched.model.costs import CostModel
 from autosched.search.cpsat import model_lower_bound, solve_cpsat
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.model.simulate import simulate
 
 COMPUTE = ("ZeroGrad", "Forward", "Backward", "EmbBackward", "OptimizerStep")
@@ -137,20 +137,20 @@ def random_part(sizes: Sequence[int], beam_limit: float, cpsat_limit: float, cps
         t0 = time.perf_counter()
         res = beam_search(problem, time_limit_s=beam_limit, seed=0)
         beam_s = time.perf_counter() - t0
-        beam_p = sim_scorer(problem, 60)(res.best.plan)[0]
+        beam_p = sim_scorer(problem, 60)(res.plan)[0]
         cp_cells = ["-", "-", "-"]
         if n <= cpsat_max:
             t0 = time.perf_counter()
-            cp = solve_cpsat(problem, time_limit_s=cpsat_limit, hint=res.best, upper=res.best.ii or None)
+            cp = solve_cpsat(problem, time_limit_s=cpsat_limit, hint=res.candidate, upper=res.candidate.ii or None)
             cp_s = time.perf_counter() - t0
             if cp.plan is not None:
                 cp_p = sim_scorer(problem, 60)(cp.plan)[0]
-                lb = max(lb, cp.bound_s)
+                lb = max(lb, cp.bound)
                 cp_cells = [f"{cp_p * 1e3:.3f}", cp.status, f"{cp_s:.1f}s"]
             else:
                 cp_cells = ["-", cp.status, f"{cp_s:.1f}s"]
         rows.append([str(n), f"{lb * 1e3:.3f}", f"{beam_p * 1e3:.3f}", f"{100 * (beam_p / lb - 1):.1f}%",
-                     f"{beam_s:.1f}s", str(res.counts["rounds"]), *cp_cells])
+                     f"{beam_s:.1f}s", str(res.tried["beam rounds"]), *cp_cells])
     return _table(["tasks", "bound ms", "beam ms", "beam gap", "beam time", "rounds", "cpsat ms", "cpsat", "cpsat time"],
                   rows)
 

@@ -1,4 +1,4 @@
-"""Beam search and its rooms (autosched.search.modulo, autosched.search.presets, stage enumeration): CP-SAT's optimum on small graphs."""
+"""Beam search and its rooms (autosched.search.modulo, fire_orders, maps, stage enumeration): CP-SAT's optimum on small graphs."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import itertools
 import networkx as nx
 import pytest
 
-from autosched.search.enumerate import brute_force, random_graph, random_problem, stage_assignments
+from autosched.search.problem import stage_assignments
+from swpipe.testing.plan_space import brute_force, random_graph, random_problem
 from autosched.search.problem import make_problem
 from autosched.search.beam import beam_search
 from autosched.search.scoring import sim_scorer
 from autosched.search.bounds import recurrence_bound
 from autosched.search.modulo import Candidate, _Pool, _Ring, modulo_schedule
-from autosched.search.presets import FIRE_POLICIES, fire_order, thread_presets
+from autosched.search.fire_orders import FIRE_POLICIES, fire_order
+from autosched.search.maps import thread_presets
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.cpsat import solve_cpsat
 from autosched.search.options import Constraints
@@ -42,8 +44,8 @@ def test_beam_period_equals_cpsat(case):
     exact = solve_cpsat(problem, time_limit_s=30)
     assert exact.status == "OPTIMAL"
     found = beam_search(problem, time_limit_s=30, seed=0)
-    validate(found.best.plan)
-    assert score(found.best.plan)[0] == pytest.approx(score(exact.plan)[0], rel=1e-9)
+    validate(found.plan)
+    assert score(found.plan)[0] == pytest.approx(score(exact.plan)[0], rel=1e-9)
 
 
 def test_ring_places_around_the_circle():
@@ -130,12 +132,12 @@ def test_beam_and_cpsat_agree_with_brute_force_under_a_core_pool(case):
     exact = solve_cpsat(problem, time_limit_s=30)
     assert exact.status == "OPTIMAL"
     assert score(exact.plan)[0] == pytest.approx(truth.period, rel=1e-9)
-    assert exact.period_s == pytest.approx(truth.period, rel=1e-9)
+    assert exact.model_period == pytest.approx(truth.period, rel=1e-9)
     found = beam_search(problem, time_limit_s=30, seed=0)
-    assert score(found.best.plan)[0] == pytest.approx(truth.period, rel=1e-9)
+    assert score(found.plan)[0] == pytest.approx(truth.period, rel=1e-9)
     # without the pool the same problem is faster: the pool binds here
     free = make_problem(graph, costs, Constraints(max_depth=depth, max_threads=threads))
-    assert solve_cpsat(free, time_limit_s=30).period_s < truth.period
+    assert solve_cpsat(free, time_limit_s=30).model_period < truth.period
 
 
 @pytest.mark.parametrize("policy", FIRE_POLICIES)
@@ -203,8 +205,8 @@ def test_beam_honours_its_time_limit(monkeypatch):
     res = beam_search(problem, time_limit_s=10.0, rounds=1000, patience=1000, seed=1, scorer=one_second_each)
     assert res.stopped == "time limit"
     assert 1 <= len(scored) <= 11, len(scored)
-    validate(res.best.plan)
-    assert res.best.period <= sum(problem.thread_time(n) for n in problem.names) + 1e-12
+    validate(res.plan)
+    assert res.period <= sum(problem.thread_time(n) for n in problem.names) + 1e-12
 
 
 def test_beam_is_deterministic_for_a_seed():
@@ -212,8 +214,8 @@ def test_beam_is_deterministic_for_a_seed():
     problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2))
     a = beam_search(problem, rounds=2, time_limit_s=60, seed=5)
     b = beam_search(problem, rounds=2, time_limit_s=60, seed=5)
-    assert a.best.plan.enqueue_order == b.best.plan.enqueue_order
-    assert a.best.period == b.best.period
+    assert a.plan.enqueue_order == b.plan.enqueue_order
+    assert a.period == b.period
 
 
 def test_beam_progress_bar_reports_rounds(capsys):
@@ -250,5 +252,5 @@ def test_beam_period_equals_cpsat_on_cuda_streams():
     exact = solve_cpsat(problem, time_limit_s=30)
     found = beam_search(problem, time_limit_s=30)
     assert exact.status == "OPTIMAL"
-    assert score(found.best.plan)[0] == pytest.approx(score(exact.plan)[0], rel=1e-9)
-    assert score(exact.plan)[0] == pytest.approx(exact.period_s, rel=1e-9)   # the CUDA model is exact here
+    assert score(found.plan)[0] == pytest.approx(score(exact.plan)[0], rel=1e-9)
+    assert score(exact.plan)[0] == pytest.approx(exact.model_period, rel=1e-9)   # the CUDA model is exact here

@@ -155,7 +155,7 @@ def test_one_rank_plans_keep_the_factories_marks(name, env):
 def test_the_plans_searched_for_several_ranks_keep_every_collective_ordered(two_rank_workload, issuers):
     from autosched.model.costs import CostModel, TaskCost
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
     from autosched.verify.candidates import serial_plan
     from swpipe.workloads.autoplan import _auto_seeds, safe_task_plan
     from swpipe_core.planfile import plan_from_dict, plan_to_dict

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autosched.search.enumerate import brute_force, enumerate_plans, random_problem
+from swpipe.testing.plan_space import brute_force, enumerate_plans, random_problem
 from autosched.search.problem import make_problem
 from autosched.search.scoring import sim_scorer
 from autosched.model.costs import CostModel, TaskCost
@@ -42,17 +42,20 @@ def test_cpsat_period_equals_brute_force(case):
     simulated, _ = score(res.plan)
     assert simulated == pytest.approx(truth.period, rel=1e-9, abs=1e-12)
     # the model's period is what the engine reaches: the simulator agrees with CP-SAT
-    assert res.period_s == pytest.approx(simulated, rel=1e-9)
-    assert res.bound == res.ii and res.bound_s <= simulated * (1 + 1e-9)
+    assert res.model_period == pytest.approx(simulated, rel=1e-9) and res.model_optimal
+    # the proof reaches the model's period (a fractional period just above an infeasible II - 1 is not excluded)
+    assert res.bound <= simulated * (1 + 1e-9)
+    assert res.bound >= res.model_period - problem.unit_s * (1 + 1e-9)
 
 
 def test_cpsat_proves_smaller_period_infeasible():
     problem = _problem(3, 4, 0.7, 2, 3, False)
     res = solve_cpsat(problem, time_limit_s=30)
-    below = [status for ii, status in res.tried if ii < res.ii]
+    ii = res.timetable.ii
+    below = [status for tried, status in res.solves if tried < ii]
     # either it started at the analytic bound or every smaller II it tried was refuted
-    assert res.ii == model_lower_bound(problem) or (below and set(below) == {"INFEASIBLE"})
-    assert (res.ii - 1, "INFEASIBLE") in res.tried or res.ii == model_lower_bound(problem)
+    assert ii == model_lower_bound(problem) or (below and set(below) == {"INFEASIBLE"})
+    assert (ii - 1, "INFEASIBLE") in res.solves or ii == model_lower_bound(problem)
 
 
 def test_cpsat_fractional_recurrence_period():
@@ -62,7 +65,7 @@ def test_cpsat_fractional_recurrence_period():
                            Constraints(max_depth=3, max_threads=3))
     res = solve_cpsat(problem, time_limit_s=30)
     assert res.status == "OPTIMAL"
-    assert res.period_s == pytest.approx(0.0055)
+    assert res.model_period == pytest.approx(0.0055) and res.period == pytest.approx(0.0055)
     assert sim_scorer(problem, 30)(res.plan)[0] == pytest.approx(0.0055)
 
 
@@ -85,7 +88,7 @@ def test_cpsat_serialises_a_communicator_across_threads():
                        "C": TaskCost(0.001)})
     problem = make_problem((["A", "B", "C"], []), costs, Constraints(max_depth=2, max_threads=3))
     res = solve_cpsat(problem, time_limit_s=30)
-    assert res.period_s == pytest.approx(0.006)
+    assert res.model_period == pytest.approx(0.006)
     assert res.plan.sched("A").globally_ordered and res.plan.sched("B").globally_ordered
     assert not res.plan.sched("C").globally_ordered
 
@@ -100,14 +103,14 @@ def test_cpsat_enqueue_order_is_a_topological_order_of_the_period_local_graph():
     assert all(pos[d] < pos[t] for d, t in graph.edges)
     # and it follows the offsets: among the caller's tasks and among the workers' tasks, a task never precedes
     # one that starts earlier in the period; a worker's task is handed off no later than the model starts it
-    plan = res.plan
+    plan, offset = res.plan, res.timetable.offset
     inline = [n for n in order if plan.sched(n).thread_group == plan.caller_group]
     workers = [n for n in order if n not in inline]
     for part in (inline, workers):
-        assert [res.offset[n] for n in part] == sorted(res.offset[n] for n in part)
+        assert [offset[n] for n in part] == sorted(offset[n] for n in part)
     for w in workers:
         before = [g for g in inline if pos[g] < pos[w]]
-        assert not before or res.offset[before[-1]] + problem.dur(before[-1]) <= res.offset[w]
+        assert not before or offset[before[-1]] + problem.dur(before[-1]) <= offset[w]
 
 
 def test_cpsat_gives_its_solves_no_more_than_the_budget_left(monkeypatch):
@@ -115,7 +118,7 @@ def test_cpsat_gives_its_solves_no_more_than_the_budget_left(monkeypatch):
     at the best period takes at most ``max(0.5 s, 20 %)`` more. Checked on a fake clock that each solve
     advances by its whole limit (the worst case): the search's clock never passes the budget plus that."""
     import autosched.search.cpsat as cpsat
-    from autosched.search.enumerate import random_graph
+    from swpipe.testing.plan_space import random_graph
     from conftest import FakeClock
 
     clock = FakeClock()

@@ -383,24 +383,22 @@ def test_strict_mode_passes_fused_sparse_dist_one_thread_per_stream():
         env.close()
 
 
-# ------------------------------------------------------------ deps="infer" in the search
+# ------------------------------------------------------------ inferred dependencies in the search
 
 @pytest.mark.timeout(120)
 def test_auto_schedule_infers_deps_and_reports_them_honoured():
     from autosched.model.costs import CostModel, TaskCost
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
     model, opt, batches, tasks = _mlp()
     costs = CostModel({"Load": TaskCost(0.002), "Forward": TaskCost(0.004), "Backward": TaskCost(0.006),
                        "Step": TaskCost(0.001)})
-    plan, report = auto_schedule(list(tasks.values()), costs, Constraints(max_depth=2, max_threads=2),
-                                 solver=SolverOptions(time_limit_s=5),
-                                 deps="infer", batches=batches[:2], state=[model, opt])
+    inferred = infer_plan(list(tasks.values()), batches[:2], state=[model, opt])
+    plan, report = auto_schedule(inferred, costs, Constraints(max_depth=2, max_threads=2),
+                                 solver=SolverOptions(time_limit_s=5))
     assert sorted(plan.intra_edges()) == sorted(README_INTRA) and plan.inter_edges() == README_INTER
     assert "inferred ('Forward', 'Step', 1) honoured (RAW 0.weight, 0.bias (+2 more))" in report.notes
     assert report.inferred.intra == README_INTRA and "inferred ('Forward', 'Step', 1)" in report.summary()
-    with pytest.raises(ValueError, match="needs batches"):
-        auto_schedule(list(tasks.values()), costs, deps="infer")
     # the searched plan runs bit-identical to the serial loop
     results = []
     for pipelined in (False, True):

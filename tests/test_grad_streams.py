@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autosched.model.costs import CostModel, TaskCost
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.search.options import Constraints, SolverOptions
 from autosched.search.gradstreams import repair_plan
 from swpipe_core.dataflow.grads import record_grads

@@ -8,6 +8,7 @@ predictions) is of that one model.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from autosched.model.machine import searched_costs, simulate_folded
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.verify.loop import VerifyOptions
 from autosched.verify.predict import predict_periods
 from swpipe_core.measure.calibrate import MachineCalibration
@@ -108,11 +109,11 @@ def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_
     assert problem.simulate(split).period == pytest.approx(predict_periods([("s", split)], costs)["s"])
 
 
-def test_without_a_calibration_or_with_calibrated_false_the_costs_are_simulated_as_given(monkeypatch):
+def test_a_cost_model_without_its_calibration_is_simulated_as_given(monkeypatch):
     seen = _spy_on_the_simulator(monkeypatch)
-    costs = CostModel(TASKS, machine_calibration=CAL)
+    costs = dataclasses.replace(CostModel(TASKS, machine_calibration=CAL), machine_calibration=None)
     _, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2),
-                              solver=SolverOptions(time_limit_s=2), calibrated=False)
+                              solver=SolverOptions(time_limit_s=2))
     assert all(period_s == 0.0 and model.cores is None for model, period_s, _ in seen)
     assert not any("calibration folded in" in n for n in report.notes)
     one = PipelinePlan({"A": TaskSchedule(0)})

@@ -16,7 +16,7 @@ from autosched.model.memory import min_memory, predict_memory
 from autosched.search.memcap import MemoryCapError
 from autosched.search.tradeoff import pareto_front
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.model.simulate import simulate
 from autosched.model.whatif import what_if
 from swpipe_core import pipelines
@@ -177,10 +177,10 @@ def test_cap_below_deepest_plan_returns_shallower_plan_that_fits():
     assert plan.pipeline_depth == 1
     assert simulate(plan, costs).memory.peak_bytes <= cap
     assert report.period_s > deep_report.period_s and report.peak_bytes == pytest.approx(1100)
-    assert [(p.depth, p.fits) for p in report.memory_tradeoff] == [(1, True), (2, False)]
-    assert [p.depth for p in pareto_front(report.memory_tradeoff)] == [2, 1]
+    assert [(p.depth, p.fits) for p in report.tradeoff.points] == [(1, True), (2, False)]
+    assert [p.depth for p in pareto_front(report.tradeoff.points)] == [2, 1]
     text = report.summary()
-    assert "memory cap" in report.depth_reason and "pareto" in text and "2.15 KiB" in text
+    assert "memory cap" in report.why.depth_reason and "pareto" in text and "2.15 KiB" in text
     assert report.plot_tradeoff().axes[0].get_ylabel().startswith("predicted peak")
 
 

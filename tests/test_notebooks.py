@@ -117,7 +117,7 @@ print("PROBE " + json.dumps({
     "cap": float(cap),
     "chosen_peak": simulate(fitting, costs, num_iterations=40).memory.peak_bytes,
     "chosen_depth": fitting.pipeline_depth,
-    "tradeoff_fits": [p.fits for p in capped.memory_tradeoff],
+    "tradeoff_fits": [p.fits for p in capped.tradeoff.points],
     "impossible_min": impossible.min_bytes,
 }))
 """,

@@ -15,7 +15,7 @@ import pytest
 from autosched.model.costs import CostModel, TaskCost
 from autosched.verify.refit import fit_core_pool
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.verify.candidates import plan_key, serial_plan
 from autosched.verify.loop import VerifyOptions, measure_refit
 from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
@@ -117,7 +117,7 @@ def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model
     import autosched.verify.loop as verify_mod
     from autosched.model.machine import searched_costs
     from autosched.verify.refit import PoolFit
-    from autosched.search.core import refit_round
+    from autosched.search.autoschedule import refit_round
     from swpipe_core.measure.calibrate import MachineCalibration
 
     a, b = PipelineTask("A", _sleeper(0.003)), PipelineTask("B", _sleeper(0.003))
@@ -140,7 +140,7 @@ def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model
         return report
 
     monkeypatch.setattr(verify_mod, "measure_refit", fake_measure_refit)
-    refit_round(graph, problem, c, s, None, report, list(range(12)), VerifyOptions(rounds=1))
+    refit_round(problem, s, None, report, list(range(12)), VerifyOptions(rounds=1))
     refitted = seen["problem"]
     assert refitted.costs.cores == 1
     assert refitted.calibration is cal  # one machine model: only its pool is refitted

@@ -71,7 +71,7 @@ def test_searchers_and_plan_files_refuse_same_period_deps_with_a_fix():
     from autosched.model.costs import CostModel, TaskCost
     from autosched.model.graph import plan_to_graph
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
 
     costs = CostModel({"Prefetch": TaskCost(0.001), "Backward": TaskCost(0.001)})
     with pytest.raises(ValueError, match="same_period_deps.*inter_iter_deps"):

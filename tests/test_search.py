@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 
 import pytest
 
-from autosched.search.enumerate import random_graph, random_problem
+from swpipe.testing.plan_space import random_graph, random_problem
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
 from autosched.search.options import Constraints, SolverOptions
 from autosched.search.report import SearchReport
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
@@ -133,7 +134,7 @@ def test_search_with_one_free_core_cannot_beat_total_host_work(method):
     plan, one = auto_schedule(graph, CostModel(tasks, cores=1), c, solver=s)
     # one core runs all 10 ms in turn, whatever the plan; the report's bound says so
     assert one.period_s == pytest.approx(0.010) and one.lower_bound_s == pytest.approx(0.010)
-    assert one.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
+    assert one.why.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
     assert simulate(plan, CostModel(tasks, cores=1)).period == pytest.approx(one.period_s)
 
 
@@ -148,7 +149,7 @@ def test_search_overlaps_a_nocore_task_with_the_one_core(method):
     assert plan.sched("Wait").thread_group != plan.sched("Fwd").thread_group
 
 
-def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
+def test_search_folds_a_cost_models_machine_calibration_and_not_a_model_without_one():
     """A profile taken with calibrate=True carries the machine: the search sees its engine cost and free cores."""
     from swpipe_core.measure.calibrate import MachineCalibration
 
@@ -158,10 +159,11 @@ def test_search_folds_a_cost_models_machine_calibration_unless_told_not_to():
     cal = MachineCalibration(task_s=1e-4, cores_free=1.0, cpu_count=2)
     _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s)
     # one free core: the 10 ms of work plus 0.1 ms of engine per task, one after another
-    assert folded.period_s == pytest.approx(0.0104) and folded.bound_binding == "cores"
+    assert folded.period_s == pytest.approx(0.0104) and folded.why.bound_binding == "cores"
     assert folded.notes[0].startswith("searched with the machine calibration folded in")
     assert "1 free core" in folded.notes[0]
-    _, raw = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s, calibrated=False)
+    uncalibrated = dataclasses.replace(CostModel(tasks, machine_calibration=cal), machine_calibration=None)
+    _, raw = auto_schedule(graph, uncalibrated, c, solver=s)
     assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
     from autosched.model.machine import calibrated_costs  # a model folded already is not folded twice
 
@@ -201,7 +203,7 @@ def test_report_says_what_binds_and_how_to_go_faster():
     text = report.explain()
     assert "10.000 ms" in text and "lower bound" in text
     assert "halving Bwd" in text or "halving Fwd" in text
-    assert report.what_if and report.what_if[0][1] < report.period_s
+    assert report.why.what_if and report.why.what_if[0][1] < report.period_s
     shown = str(report)
     assert "period 10.000 ms" in shown and "H2D" in shown and "depth" in shown
 
@@ -349,7 +351,7 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
     problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2), time_unit_s=5e-4)
     problem.calibration = costs.machine_calibration  # as auto_schedule folds one: its engine time per period counts
     res = solve_cpsat(problem, time_limit_s=10)
-    assert res.status == "OPTIMAL" and res.period_s == pytest.approx(0.003)
+    assert res.status == "OPTIMAL" and res.model_period == pytest.approx(0.003)
     assert res.plan.caller_group == "default" and res.plan.sched("Step").thread_group != "default"
     assert problem.simulate(res.plan).period == pytest.approx(0.003)
     plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2),
@@ -360,3 +362,112 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
     busy = plan.replace(schedule={n: TaskSchedule(plan.stage(n), thread_group="default" if n == "Step" else "io")
                                   for n in plan.task_names}, enqueue_order=None, pipeline_depth=plan.pipeline_depth)
     assert problem.simulate(busy).period >= 0.004 - 1e-9
+
+
+# ------------------------------------------------------------ what the report's status means (issue 42, item 5)
+
+def test_a_plan_at_the_lower_bound_is_optimal_whichever_searcher_found_it():
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    _, report = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, Constraints(max_depth=2),
+                              solver=SolverOptions(time_limit_s=5, method="beam"))
+    assert report.method == "beam" and report.search.model_period_s is None  # CP-SAT did not run
+    assert report.period_s == pytest.approx(report.lower_bound_s) and report.status == "OPTIMAL"
+
+
+def test_feasible_says_cpsat_proved_its_model_and_the_simulator_runs_the_plan_slower():
+    # on CUDA the CP-SAT model approximates the streams: it proves 5 ms, the simulator runs its plan at 6 ms
+    costs = CostModel({"A": TaskCost(0.002, 0.004), "B": TaskCost(0.003, 0.002),
+                       "C": TaskCost(0.003, 0.003, ("comm:nccl",)), "D": TaskCost(0.001, 0.001, ("comm:nccl",))})
+    graph = (["A", "B", "C", "D"], [("D", "B"), ("D", "C")])
+    _, report = auto_schedule(graph, costs, Constraints(device="cuda", streams=[None, "side"], max_depth=2),
+                              solver=SolverOptions(time_limit_s=5, num_workers=1))
+    assert report.search.model_optimal and report.search.model_period_s == pytest.approx(0.005)
+    assert report.period_s > report.search.model_period_s * 1.01 and report.status == "FEASIBLE"
+
+
+# ------------------------------------------------------------ auto_schedule's signature and its options (issue 40.3, 42.13)
+
+def test_auto_schedule_takes_at_most_eight_parameters_each_named_for_what_it_is():
+    import inspect
+
+    import swpipe
+
+    params = inspect.signature(swpipe.auto_schedule).parameters
+    assert len(params) <= 8 and all(len(name) > 1 for name in params)
+    assert list(params)[:4] == ["tasks_or_graph", "costs", "constraints", "solver"]
+
+
+@pytest.mark.parametrize("keyword, home, argument", [("max_depth", "Constraints", "constraints"),
+                                                     ("time_limit_s", "SolverOptions", "solver"),
+                                                     ("beam_share", "SolverOptions", "solver"),
+                                                     ("rounds", "VerifyOptions", "verify")])
+def test_an_option_given_to_auto_schedule_names_the_class_it_belongs_to(keyword, home, argument):
+    from autosched._fields import OptionError
+
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    with pytest.raises(OptionError) as info:
+        auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, **{keyword: 2})
+    err = info.value
+    assert (err.field, err.given_to, err.home, err.argument, err.value) == (keyword, "auto_schedule", home, argument, 2)
+    assert isinstance(err, TypeError)  # what Python raises for an unexpected keyword, with the facts added
+
+
+def test_an_option_given_to_the_wrong_class_or_misspelt_names_its_home_or_none():
+    import pickle
+
+    from autosched._fields import OptionError
+
+    with pytest.raises(OptionError) as info:
+        Constraints(rounds=3)
+    assert (info.value.field, info.value.given_to, info.value.home, info.value.argument) == (
+        "rounds", "Constraints", "VerifyOptions", "verify")
+    with pytest.raises(OptionError) as info:
+        SolverOptions(time_limit=5)  # no option has that name
+    assert (info.value.field, info.value.home, info.value.argument) == ("time_limit", None, None)
+    again = pickle.loads(pickle.dumps(info.value))  # the facts travel with it (a worker process, a log)
+    assert (again.field, again.given_to, again.value) == ("time_limit", "SolverOptions", 5)
+    with pytest.raises(OptionError) as info:
+        SolverOptions(cpsat_share=1.5)  # a share of the budget
+    assert (info.value.field, info.value.home, info.value.value) == ("cpsat_share", "SolverOptions", 1.5)
+
+
+def test_the_budget_split_is_the_solver_options_shares(monkeypatch):
+    """The beam gets ``beam_share`` of the budget when CP-SAT follows, ``beam_only_share`` when it runs alone.
+
+    Watched by wrapping the beam search the searchers call (its budget is an argument, not a result)."""
+    import autosched.search.searchers as searchers
+
+    budgets = []
+    beam = searchers.beam_search
+
+    def watched(problem, **kwargs):
+        budgets.append(kwargs["time_limit_s"])
+        return beam(problem, **kwargs)
+
+    monkeypatch.setattr(searchers, "beam_search", watched)
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    graph = (["Load", "Step"], [("Step", "Load")])
+    auto_schedule(graph, costs, solver=SolverOptions(time_limit_s=4, beam_share=0.25))
+    auto_schedule(graph, costs, solver=SolverOptions(time_limit_s=4, method="beam", beam_only_share=0.5))
+    assert budgets[0] == pytest.approx(1.0) and budgets[-1] == pytest.approx(2.0)
+
+
+def test_every_searcher_returns_the_same_result_type():
+    import time
+
+    from autosched.search.beam import beam_search
+    from autosched.search.cpsat import solve_cpsat
+    from autosched.search.found import Found
+    from autosched.search.problem import make_problem
+    from autosched.search.searchers import run_searchers
+    from autosched.search.seeds import best_seed
+
+    costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
+    problem = make_problem((["Load", "Step"], [("Step", "Load")]), costs, Constraints(max_depth=2))
+    beam, exact = beam_search(problem, time_limit_s=5), solve_cpsat(problem, time_limit_s=5)
+    seeded = best_seed([("given", exact.plan)], dataclasses.replace(beam, scorer=lambda plan: (1.0, 1.0)),
+                       problem.unit_s)
+    both = run_searchers(problem, SolverOptions(), None, 5, time.perf_counter())
+    assert all(isinstance(found, Found) for found in (beam, exact, seeded, both))
+    assert (beam.method, exact.method, seeded.method, both.method) == ("beam", "cpsat", "beam", "cpsat")
+    assert exact.timetable.stage == {n: exact.plan.stage(n) for n in problem.names}  # the stage map it read

@@ -7,7 +7,7 @@ import torch
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.verify.loop import VerifyOptions
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -39,6 +39,7 @@ def test_without_batches_the_report_says_the_plan_is_unverified_and_how_to_verif
     head = report.summary().splitlines()
     assert "NOT VERIFIED" in head[0] and "pass batches=" in head[1]
     assert "not verified" in report.explain().splitlines()[0] and report.iterations_run == 0
+    assert report.measured is None and report.measured_period_s is None  # nothing measured: only the model's figures
 
 
 def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_runs():
@@ -51,6 +52,9 @@ def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert report.iterations_run > 0 and report.state_restored
     chosen = report.verify.choose()
+    # the measured period is the chosen plan's row of the verification table; period_s stays the model's
+    assert report.measured is chosen and report.measured_period_s == chosen.period_s
+    assert report.period_s == pytest.approx(0.002)
     assert report.summary().splitlines()[0].startswith(
         f"auto_schedule ({report.method}, device=cpu): measured period {chosen.period_s * 1e3:.3f} ms")
     assert report.explain().startswith("Measured on the engine")

@@ -17,12 +17,12 @@ _CHILD = textwrap.dedent(
     import os, signal, threading
     from autosched.model.costs import CostModel, TaskCost
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
 
     costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003), "C": TaskCost(0.001)})
     plan, report = auto_schedule((["A", "B", "C"], [("B", "A"), ("C", "B")]), costs,
                                  Constraints(max_depth=2, max_threads=2), solver=SolverOptions(time_limit_s=5))
-    assert report.model_period_s is not None, "CP-SAT did not run"
+    assert report.search.model_period_s is not None, "CP-SAT did not run"
     try:
         os.kill(os.getpid(), signal.SIGINT)
         threading.Event().wait(2.0)  # the signal is handled at the next bytecode

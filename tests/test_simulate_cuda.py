@@ -9,7 +9,7 @@ import pytest
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from autosched.model.simulate import simulate
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import PlanError

@@ -14,7 +14,7 @@ import pytest
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.entry import auto_schedule
+from swpipe import auto_schedule
 from conftest import measured_by_simulation
 from autosched.verify.candidates import serial_plan
 from autosched.verify.loop import VerifyOptions

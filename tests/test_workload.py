@@ -470,7 +470,7 @@ def test_queued_work_keeps_a_late_producer_unfinished_when_its_reader_is_launche
 
 
 def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batches, reference):
-    pytest.importorskip("autosched.search.entry")
+    pytest.importorskip("autosched.search.autoschedule")
     from swpipe.workloads.autoplan import auto_spec
 
     with warnings.catch_warnings():

@@ -86,7 +86,7 @@ def test_on_cuda_the_h2d_copy_gets_the_batches_pinned_once_each_where_they_are_m
 
 
 def test_the_auto_plan_measures_and_verifies_on_pinned_batches(env, copied, cuda_bound):
-    pytest.importorskip("autosched.search.entry")
+    pytest.importorskip("autosched.search.autoschedule")
     from swpipe.workloads.autoplan import auto_spec
 
     handed = SyntheticData(CFG).batches(3)  # as a caller makes them, not pinned

@@ -31,7 +31,7 @@ _LAZY = {
     "gantt": "plots",
     "compare_gantt": "plots",
     "sweep_plot": "plots",
-    "auto_schedule": "search.entry",
+    "auto_schedule": "search.autoschedule",
     "SearchReport": "search.report",
     "Constraints": "search.options",
     "SolverOptions": "search.options",

@@ -106,7 +106,7 @@ def gantt(events: Iterable[Any], window: Optional[Tuple[float, float]] = None, t
 
     Examples
     --------
-    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> from swpipe_core.measure.trace import TimelineEvent   # a measured run's events: advanced, not public
     >>> fig = gantt([TimelineEvent("A", 0, "io", "memcpy", 0.0, 0.002),
     ...              TimelineEvent("A", 0, "io", "memcpy", 0.002, 0.005, "device")])
     >>> [t.get_text() for t in fig.axes[0].get_yticklabels()], [t.get_text() for t in fig.legends[0].get_texts()]
@@ -138,7 +138,7 @@ def compare_gantt(measured: Iterable[Any], simulated: Iterable[Any], window: Opt
 
     Examples
     --------
-    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> from swpipe_core.measure.trace import TimelineEvent   # a measured run's events: advanced, not public
     >>> m = [TimelineEvent("A", 0, "a", "default", 0.0, 0.0011)]
     >>> s = [TimelineEvent("A", 0, "a", "default", 0.0, 0.001)]
     >>> [ax.get_title() for ax in compare_gantt(m, s).axes]

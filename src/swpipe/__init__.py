@@ -58,7 +58,7 @@ _PUBLIC = {
     "lower_bounds": "autosched.search.bounds",
     "what_if": "autosched.model.whatif",
     "gantt": "autosched.plots",
-    "auto_schedule": "autosched.search.entry",
+    "auto_schedule": "autosched.search.autoschedule",
     "Constraints": "autosched.search.options",
     "SolverOptions": "autosched.search.options",
     "VerifyOptions": "autosched.verify.loop",

@@ -294,7 +294,7 @@ class CostModel:
 
         Examples
         --------
-        >>> from swpipe_core.measure.profiler import ProfileResult
+        >>> from swpipe import ProfileResult
         >>> r = ProfileResult(baseline_s=0.01, exposed_s={"A": 0.004, "B": 0.005}, meta={"device": "cpu"})
         >>> m = CostModel.from_profile(r, machine="2-core CPU")
         >>> m["A"].host_s, m.method

@@ -107,8 +107,8 @@ def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, cali
 
     Examples
     --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+    >>> from swpipe import TaskSchedule
     >>> cal = MachineCalibration(task_s=1e-5, dep_s=2e-5)
     >>> costs = CostModel({"A": TaskCost(1e-3), "B": TaskCost(2e-3)})
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
@@ -147,7 +147,7 @@ def with_handoffs(costs: CostModel, plan: PipelinePlan, handoff_s: float) -> Cos
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
     ...                     intra_iter_deps=[("B", "A")])
     >>> got = with_handoffs(CostModel({"A": TaskCost(1e-3), "B": TaskCost(2e-3)}), plan, 5e-5)
@@ -188,8 +188,8 @@ def simulate_folded(plan: PipelinePlan, costs: CostModel, calibration: Any = Non
 
     Examples
     --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+    >>> from swpipe import TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0)})
     >>> round(simulate_folded(plan, CostModel({"A": TaskCost(1e-3)}), MachineCalibration(period_s=5e-4)).period
     ...       * 1e3, 6)
@@ -210,7 +210,7 @@ def searched_costs(costs: CostModel, device: str = "cpu") -> CostModel:
 
     Examples
     --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
     >>> costs = CostModel({"A": TaskCost(1e-3)}, machine_calibration=MachineCalibration(task_s=1e-5))
     >>> round(searched_costs(costs)["A"].host_s * 1e3, 6), searched_costs(costs).machine_calibration is None
     (1.01, True)
@@ -248,8 +248,8 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
 
     Examples
     --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+    >>> from swpipe import TaskSchedule
     >>> cal = MachineCalibration(task_s=1e-4, period_s=5e-4)
     >>> plan = PipelinePlan({"A": TaskSchedule(0)})
     >>> round(simulate_calibrated(plan, CostModel({"A": TaskCost(1e-3)}), cal).period * 1e3, 6)
@@ -279,7 +279,7 @@ def serial_iteration_s(costs: CostModel, calibration: Any = None) -> float:
 
     Examples
     --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
     >>> cal = MachineCalibration(serial_task_s=1e-5, serial_iter_s=3e-5)
     >>> round(serial_iteration_s(CostModel({"A": TaskCost(1e-3), "B": TaskCost(2e-3)}), cal) * 1e6, 3)
     3050.0
@@ -293,8 +293,8 @@ def parallelism_note(plan: PipelinePlan, costs: CostModel, calibration: Any = No
 
     Examples
     --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+    >>> from swpipe import TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
     >>> print(parallelism_note(plan, CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)}),
     ...                        MachineCalibration(cores_free=1.1, cpu_count=2)))
@@ -327,8 +327,8 @@ def format_profile(result: Any, costs: Optional[CostModel] = None) -> str:
 
     Examples
     --------
-    >>> from swpipe_core.measure.result import ProfileResult
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
+    >>> from swpipe import ProfileResult
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
     >>> cal = MachineCalibration(serial_task_s=5e-5, serial_iter_s=1e-4).to_dict()
     >>> r = ProfileResult(0.0032, {"A": 0.001, "B": 0.002}, host_s={"A": 0.001, "B": 0.002},
     ...                   meta={"machine_calibration": cal})

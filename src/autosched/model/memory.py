@@ -174,9 +174,9 @@ def predict_memory(sim: Any, figures: str = "context") -> MemoryPrediction:
     Load adds 100 bytes, Step frees them; with Step one stage later two
     contexts overlap:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.model.simulate import simulate
+    >>> from swpipe import PipelinePlan, TaskSchedule
+    >>> from swpipe import CostModel, TaskCost
+    >>> from swpipe import simulate
     >>> costs = CostModel({"Load": TaskCost(0.001, add_bytes=100), "Step": TaskCost(0.002, free_bytes=100)},
     ...                   batch_bytes=10)
     >>> plan = PipelinePlan({"Load": TaskSchedule(0, thread_group="a"), "Step": TaskSchedule(1, thread_group="b")},
@@ -299,7 +299,7 @@ def min_memory(tasks: Sequence[str], intra: Sequence[Tuple[str, str]], costs: Co
 
     Examples
     --------
-    >>> from autosched.model.costs import TaskCost
+    >>> from swpipe import TaskCost
     >>> costs = CostModel({"Load": TaskCost(0.001, add_bytes=100), "Step": TaskCost(0.002, free_bytes=100)},
     ...                   batch_bytes=10)
     >>> b = min_memory(["Load", "Step"], [("Step", "Load")], costs, period_s=0.001)

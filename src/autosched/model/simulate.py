@@ -126,8 +126,8 @@ class SimResult:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import PipelinePlan, TaskSchedule
+    >>> from swpipe import CostModel, TaskCost
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="a")})
     >>> r = simulate(plan, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}), num_iterations=20)
     >>> print(r.summary())
@@ -182,11 +182,6 @@ class SimResult:
         """Seconds per iteration by which latency grows over the window (> 0: the host runs ahead of the device)."""
         w0, w1 = self.window
         return (self.latencies[w1] - self.latencies[w0]) / (w1 - w0) if w1 > w0 else 0.0
-
-    @property
-    def makespan(self) -> float:
-        """Seconds until the last iteration completed."""
-        return max(self.completion) if self.completion else 0.0
 
     def stall_summary(self, top: Optional[int] = None) -> List[Tuple[str, str, str, float]]:
         """Mean wait per steady-state iteration by ``(task, part, cause)``, largest first.
@@ -372,8 +367,8 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     Two tasks on two threads overlap across iterations (period = the longer);
     on one thread they add up:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import PipelinePlan, TaskSchedule
+    >>> from swpipe import CostModel, TaskCost
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
     >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                    intra_iter_deps=[("B", "A")])

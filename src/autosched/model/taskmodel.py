@@ -130,8 +130,8 @@ def plan_parts(plan: Any, costs: Any, cuda: bool, task_overhead_s: float = 0.0) 
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import PipelinePlan, TaskSchedule
+    >>> from swpipe import CostModel, TaskCost
     >>> plan = PipelinePlan({"A": TaskSchedule(0, stream="memcpy", thread_group="io")})
     >>> plan_parts(plan, CostModel({"A": TaskCost(0.001, 0.002)}), cuda=True)["A"].device_holds
     ('stream:memcpy',)

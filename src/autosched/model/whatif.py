@@ -147,7 +147,7 @@ def what_if(plan: PipelinePlan, costs: CostModel, changes: Changes, num_iteratio
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                     intra_iter_deps=[("B", "A")])
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
@@ -191,7 +191,7 @@ def sweep(plan: PipelinePlan, costs: CostModel, task: str, factors: Iterable[flo
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                     intra_iter_deps=[("B", "A")])
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
@@ -234,7 +234,7 @@ def compare_plans(plans: Mapping[str, PipelinePlan], costs: CostModel, num_itera
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
     >>> one = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, intra_iter_deps=[("B", "A")])
     >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},

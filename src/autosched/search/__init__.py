@@ -1,11 +1,13 @@
 """The search for the best plan.
 
-The entry point ``auto_schedule`` (``entry``) with its options (``options``) and report (``report``);
-one plan search (``core``): the searchers' phases (``phases``) and the judgement of their plan
-(``judge``); the two searches the entry point dispatches to, which call the core in turn: with
-inferred dependencies (``inferred``) and under a memory cap (``memcap``, its trade-off in
-``tradeoff``). Beneath them: the problem (``problem``) and its plans (``plans``), lower bounds
-(``bounds``), the modulo timetable (``modulo``), starting points and moves (``presets``, ``moves``,
-``seeds``), scoring (``scoring``), and the searchers: beam search (``beam``), CP-SAT (``cpsat``, its
-model ``cpsat_model``, its reading ``cpsat_read``) and brute force (``enumerate``).
+``auto_schedule`` (``autoschedule``) holds the search's steps in one function: build the problem (``problem``),
+run the searchers (``searchers``), repair the plan's gradient streams (``gradstreams``) and assess it
+(``assess``: the ``SearchReport`` of ``report``), verify it on the engine (``autosched.verify``); under a memory
+cap, once per depth cap (``memcap``, its trade-off in ``tradeoff``). Its options are in ``options``.
+
+Every searcher returns a ``Found`` (``found``): the beam search (``beam``: modulo list scheduling in ``modulo``,
+candidates scored in ``scoring``, fire orders in ``fire_orders``, thread and stream maps in ``maps``, the beam's
+moves in ``neighbours``), CP-SAT (``cpsat``, its model ``cpsat_model``, its reading ``cpsat_read``) and the seed
+plans (``seeds``). Beneath them: lower bounds (``bounds``) and plans from the searchers' choices (``plans``).
+The brute force the tests hold the searchers to is ``swpipe.testing.plan_space``.
 """

@@ -50,29 +50,21 @@ import dataclasses
 import math
 import random
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from autosched.search.bounds import recurrence_bound
-from autosched.search.enumerate import stage_assignments
+from autosched.search.found import Found
 from autosched.search.modulo import Candidate, inline_label
-from autosched.search.moves import initial_candidates, mutations
-from autosched.search.presets import _canonical_groups, busiest_anchor, fire_order, inline_anchor, inline_choices, thread_presets
-from autosched.search.problem import Problem
+from autosched.search.fire_orders import fire_order
+from autosched.search.maps import busiest_anchor, canonical_groups, inline_anchor, inline_choices, thread_presets
+from autosched.search.neighbours import initial_candidates, mutations
+from autosched.search.problem import Problem, stage_assignments
 from autosched.search.scoring import Evaluator, Scored, Scorer, prune, sim_scorer
 
-__all__ = ["BeamResult", "beam_search", "reduce_depth"]
+if TYPE_CHECKING:  # the progress bar is imported on demand
+    from tqdm.auto import tqdm
 
-
-@dataclass
-class BeamResult:
-    """Best plan found and what the search tried."""
-
-    best: Scored
-    counts: Dict[str, int]
-    history: List[float]
-    time_s: float
-    stopped: str
+__all__ = ["beam_search", "reduce_depth"]
 
 
 def _given_plan(problem: Problem, ev: Evaluator) -> Optional[Scored]:
@@ -93,7 +85,7 @@ def _given_plan(problem: Problem, ev: Evaluator) -> Optional[Scored]:
     from swpipe_core.order import enqueue_order
 
     plan = base.replace(enqueue_order=enqueue_order(base), pipeline_depth=base.pipeline_depth)
-    labels = _canonical_groups(problem, groups)
+    labels = canonical_groups(problem, groups)
     on_caller = next((n for n in problem.names if groups[n] == base.caller_group), None)
     cand = Candidate(labels, tuple(base.sched(n).stream for n in problem.names), tuple(plan.enqueue_order),
                      "given plan as is", inline=inline_anchor(problem, labels, on_caller))
@@ -164,12 +156,12 @@ def _place_caller(problem: Problem, ev: Evaluator, members: Sequence[Scored], be
     return min(readings + [best], key=lambda s: s.rank(unit))
 
 
-def _first_pool(problem: Problem, ev: Evaluator, n_sim: int, deadline: float) -> List[Scored]:
-    """The first beam's pool: the initial candidates (the ``n_sim`` best simulated) and the input plan as given.
+def _first_pool(problem: Problem, ev: Evaluator, derived: List[Scored], n_sim: int, deadline: float) -> List[Scored]:
+    """The first beam's pool: the initial candidates ``derived`` (the ``n_sim`` best simulated) and the input plan as
+    given.
 
     Raises RuntimeError when none of them, nor everything on one thread at the lowest stages, is a plan.
     """
-    derived = [s for s in (ev.derive(c) for c in initial_candidates(problem)) if s is not None]
     pool = _simulate_top(problem, ev, prune(problem, derived), n_sim, deadline)
     given = _given_plan(problem, ev)
     if given is not None:
@@ -188,22 +180,15 @@ def _first_pool(problem: Problem, ev: Evaluator, n_sim: int, deadline: float) ->
     return [scored]
 
 
-def _next_beam(problem: Problem, ev: Evaluator, beam: List[Scored], rng: random.Random, budget: int, n_sim: int,
-               deadline: float) -> List[Scored]:
-    """One round: each member's mutations derived, dominance-pruned, the ``n_sim`` most promising simulated, ranked."""
-    expanded: List[Scored] = list(beam)
-    for member in beam:
-        for cand in mutations(problem, member.cand, rng, budget):
-            if time.perf_counter() > deadline:
-                break
-            if member.ii:
-                cand = dataclasses.replace(cand, near=member.ii)
-            derived = ev.derive(cand)
-            if derived is not None:
-                expanded.append(derived)
-    pruned = prune(problem, expanded)
-    ev.counts["pruned"] += len(expanded) - len(pruned)
-    return prune(problem, _simulate_top(problem, ev, pruned, n_sim, deadline))
+def _neighbours(problem: Problem, beam: Sequence[Scored], rng: random.Random, budget: int) -> List[Candidate]:
+    """Each member's mutations, each hinted with the member's period (a mutation rarely moves it far)."""
+    return [dataclasses.replace(cand, near=member.ii) if member.ii else cand
+            for member in beam for cand in mutations(problem, member.cand, rng, budget)]
+
+
+def _next_beam(problem: Problem, ev: Evaluator, expanded: List[Scored], n_sim: int, deadline: float) -> List[Scored]:
+    """One round's beam and its derived neighbours, dominance-pruned, the ``n_sim`` most promising simulated, ranked."""
+    return prune(problem, _simulate_top(problem, ev, prune(problem, expanded), n_sim, deadline))
 
 
 def _every_stage(problem: Problem, ev: Evaluator, members: Sequence[Scored], best: Scored, limit: int,
@@ -223,10 +208,16 @@ def _every_stage(problem: Problem, ev: Evaluator, members: Sequence[Scored], bes
     return best
 
 
+def _progress_bar(rounds: int) -> "tqdm":
+    from tqdm.auto import tqdm
+
+    return tqdm(total=rounds, desc="beam search", unit="round")
+
+
 def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience: int = 3,
                 time_limit_s: float = 10.0, seed: int = 0, scorer: Optional[Scorer] = None,
                 progress: bool = False, enumerate_stages_below: int = 400,
-                moves_per_round: Optional[int] = None) -> BeamResult:
+                moves_per_round: Optional[int] = None) -> Found:
     """Search thread map x stream map x fire order; stages derived; score by the simulator.
 
     Parameters
@@ -253,7 +244,9 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
 
     Returns
     -------
-    BeamResult
+    Found
+        The best plan seen (``method="beam"``), its period and latency by ``scorer``, its timetable and
+        candidate (``candidate``: CP-SAT's hint), why the search stopped (``stopped``) and what it tried.
 
     Raises
     ------
@@ -262,15 +255,14 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints, CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
-    >>> best = beam_search(p, time_limit_s=10).best
-    >>> round(best.period * 1e3, 6), best.plan.stage("B"), best.threads, best.plan.caller_group
+    >>> found = beam_search(p, time_limit_s=10)
+    >>> round(found.period * 1e3, 6), found.plan.stage("B"), found.candidate.threads, found.plan.caller_group
     (3.0, 1, 1, 'default')
-    >>> {n: best.plan.sched(n).thread_group for n in "AB"}   # B on the caller's thread, A on one worker
+    >>> {n: found.plan.sched(n).thread_group for n in "AB"}   # B on the caller's thread, A on one worker
     {'A': 'worker1', 'B': 'default'}
     """
     t0 = time.perf_counter()
@@ -288,20 +280,23 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
     unit = problem.unit_s
     n_sim = 2 * width if n_tasks <= 60 else 3
 
-    beam = prune(problem, _first_pool(problem, ev, n_sim, deadline))[:width]
+    derived = [s for s in (ev.derive(c) for c in initial_candidates(problem)) if s is not None]
+    beam = prune(problem, _first_pool(problem, ev, derived, n_sim, deadline))[:width]
     best = beam[0]
-    history = [best.period]
-    stale, stopped = 0, "rounds"
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=rounds, desc="beam search", unit="round")
+    done, stale, stopped = 0, 0, "rounds"
+    bar = _progress_bar(rounds) if progress else None
     for _ in range(rounds):
         if time.perf_counter() > deadline:
             stopped = "time limit"
             break
-        beam = _next_beam(problem, ev, beam, rng, budget, n_sim, deadline)[:width]
+        derived = []
+        for cand in _neighbours(problem, beam, rng, budget):
+            if time.perf_counter() > deadline:
+                break
+            got = ev.derive(cand)
+            if got is not None:
+                derived.append(got)
+        beam = _next_beam(problem, ev, beam + derived, n_sim, deadline)[:width]
         if bar is not None:
             bar.update(1)
             bar.set_postfix(period_ms=f"{beam[0].period * 1e3:.3f}")
@@ -309,7 +304,7 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
             best, stale = beam[0], 0
         else:
             stale += 1
-        history.append(best.period)
+        done += 1
         if stale >= patience:
             stopped = "patience"
             break
@@ -320,8 +315,12 @@ def beam_search(problem: Problem, *, width: int = 6, rounds: int = 20, patience:
     if problem.caller_group is not None:
         members = [best] + [m for m in beam[:3] if m is not best]
         best = _place_caller(problem, ev, members, best, end, budget // 4 or 1)
-    ev.counts["rounds"] = len(history) - 1
-    return BeamResult(best, ev.counts, history, time.perf_counter() - t0, stopped)
+    counts = ev.counts
+    tried = {"beam candidates": counts["candidates"], "beam distinct": counts["unique"],
+             "beam simulated": counts["simulated"], "beam stage vectors tried": counts["stage_enumerated"],
+             "beam rounds": done}
+    return Found(best.plan, best.period, best.latency, "beam", scorer, timetable=best.timetable(), stopped=stopped,
+                 tried=tried, pool=[("beam", best.plan)], candidate=best)
 
 
 def reduce_depth(problem: Problem, best: Scored, scorer: Scorer, rec: int) -> Tuple[Scored, List[Tuple[int, float]]]:
@@ -344,12 +343,11 @@ def reduce_depth(problem: Problem, best: Scored, scorer: Scorer, rec: int) -> Tu
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints, CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
-    >>> best = beam_search(p, time_limit_s=10).best
+    >>> best = beam_search(p, time_limit_s=10).candidate
     >>> kept, tried = reduce_depth(p, best, sim_scorer(p), recurrence_bound(p))
     >>> kept.depth, [(cap, round(period * 1e3, 6)) for cap, period in tried]
     (2, [(1, 5.0)])
@@ -358,8 +356,11 @@ def reduce_depth(problem: Problem, best: Scored, scorer: Scorer, rec: int) -> Tu
     seen: List[Tuple[int, float]] = []
     cur = best
     for cap in range(best.depth - 1, 0, -1):
-        s = ev.evaluate(best.cand, max_depth=cap)
-        seen.append((cap, s.period if s is not None else math.inf))
-        if s is not None and round(s.period / problem.unit_s, 3) <= round(cur.period / problem.unit_s, 3):
-            cur = s
+        shallow = ev.derive(best.cand, max_depth=cap)
+        if shallow is None or not ev.simulate(shallow):
+            seen.append((cap, math.inf))
+            continue
+        seen.append((cap, shallow.period))
+        if round(shallow.period / problem.unit_s, 3) <= round(cur.period / problem.unit_s, 3):
+            cur = shallow
     return cur, seen

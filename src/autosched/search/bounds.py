@@ -81,8 +81,8 @@ class Bounds:
 
     Examples
     --------
-    >>> from autosched.model.costs import TaskCost
-    >>> from autosched.model.graph import task_graph
+    >>> from swpipe import TaskCost
+    >>> from autosched.model.graph import task_graph   # graphs in networkx form: advanced, not public
     >>> g = task_graph(["A", "B"], [("B", "A")])
     >>> print(lower_bounds(g, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}), max_depth=1).summary())
     lower bound 3.000 ms/iter, binding: critical path: A -> B (3.000 ms) / depth 1
@@ -290,8 +290,8 @@ def event_graph(plan: PipelinePlan, costs: CostModel, device: str = "cpu") -> nx
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
-    >>> from autosched.model.costs import TaskCost
+    >>> from swpipe import TaskSchedule
+    >>> from swpipe import TaskCost
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
     >>> g = event_graph(plan, CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)}))
     >>> sorted((_label(u), _label(v), d["kind"], d["distance"])
@@ -385,15 +385,15 @@ def lower_bounds(plan_or_graph: Any, costs: CostModel, max_threads: Optional[int
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
-    >>> from autosched.model.costs import TaskCost
+    >>> from swpipe import TaskSchedule
+    >>> from swpipe import TaskCost
     >>> costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.002)})
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                     intra_iter_deps=[("B", "A")])
     >>> b = lower_bounds(plan, costs)
     >>> round(b.value * 1e3, 6), b.binding
     (2.0, 'thread:b')
-    >>> from autosched.model.graph import task_graph
+    >>> from autosched.model.graph import task_graph   # graphs in networkx form: advanced, not public
     >>> g = task_graph(["A", "B"], [("B", "A")], [("A", "B")])
     >>> b = lower_bounds(g, costs, max_threads=2)
     >>> round(b.rec_mii * 1e3, 6), b.binding
@@ -474,8 +474,8 @@ def recurrence_bound(problem: Problem) -> int:
     Examples
     --------
     >>> from types import SimpleNamespace as NS
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> c = NS(tasks={n: NS(host_s=0.001, device_s=0.0, resources=()) for n in "AB"})
     >>> p = make_problem((["A", "B"], [("B", "A")], [("A", "B", 1)]), c, Constraints(), time_unit_s=1e-6)
     >>> recurrence_bound(p)
@@ -496,9 +496,9 @@ def critical_path_units(problem: Problem) -> int:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> critical_path_units(p)
@@ -526,12 +526,12 @@ def plan_resource_bound(problem: Problem, plan: PipelinePlan) -> float:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
-    >>> from autosched.search.plans import build_plan
+    >>> from autosched.search.plans import build_plan   # the searchers' plan builder, not public
     >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": "x", "B": "x"})
     >>> round(plan_resource_bound(p, plan) * 1e3, 6)   # both on one thread
     5.0

@@ -21,62 +21,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from swpipe_core.plan import PipelinePlan, stream_name
+from swpipe_core.plan import stream_name
 
 from autosched.model.taskmodel import resource_loads
 from autosched.search.bounds import critical_path_units, recurrence_bound
 from autosched.search.cpsat_model import CpsatModel, build_model, hint_from
 from autosched.search.cpsat_read import plan_of, solution_values
+from autosched.search.found import Found, Scorer, Timetable
 from autosched.search.problem import Problem
 
-__all__ = ["CpsatResult", "solve_cpsat", "model_lower_bound"]
+if TYPE_CHECKING:  # the beam's candidate, a hint
+    from autosched.search.scoring import Scored
+
+__all__ = ["solve_cpsat", "model_lower_bound"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class CpsatResult:
-    """What the CP-SAT search found.
-
-    ``status`` is ``OPTIMAL`` (the model's minimum period is proven),
-    ``FEASIBLE`` (a plan was found, optimality not proven in time) or
-    ``UNKNOWN`` (no plan in time). ``ii`` and ``bound`` are in time units
-    (``unit_s`` seconds each); ``bound`` is the largest period proven to be a
-    lower bound (every smaller ``II`` was proven infeasible or is below the
-    analytic bound).
-    """
-
-    status: str
-    ii: Optional[int]
-    bound: int
-    unit_s: float
-    plan: Optional[PipelinePlan] = None
-    stage: Dict[str, int] = field(default_factory=dict)
-    offset: Dict[str, int] = field(default_factory=dict)
-    group: Dict[str, str] = field(default_factory=dict)
-    stream: Dict[str, Any] = field(default_factory=dict)
-    tried: List[Tuple[int, str]] = field(default_factory=list)
-    solve_time_s: float = 0.0
-    refined: str = ""            # status of the final solve minimising depth then latency at ``ii``
-
-    @property
-    def period_s(self) -> Optional[float]:
-        return None if self.ii is None else self.ii * self.unit_s
-
-    @property
-    def bound_s(self) -> float:
-        """A lower bound on the real-valued period, in seconds.
-
-        An infeasible integer ``II = b - 1`` proves every period up to ``(b - 1)``
-        units impossible; a fractional period just above it is not excluded, so
-        the bound is ``(b - 1)`` units then, and ``b`` units when it is the
-        analytic bound itself.
-        """
-        proved = any(status == "INFEASIBLE" and ii == self.bound - 1 for ii, status in self.tried)
-        return (self.bound - 1 if proved else self.bound) * self.unit_s
 
 
 def model_lower_bound(problem: Problem) -> int:
@@ -86,8 +47,8 @@ def model_lower_bound(problem: Problem) -> int:
     Examples
     --------
     >>> from types import SimpleNamespace as NS
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> c = NS(tasks={n: NS(host_s=0.003, device_s=0.0, resources=()) for n in "ABC"})
     >>> p = make_problem((list("ABC"), [("B", "A"), ("C", "B")]), c, Constraints(max_threads=2, max_depth=3), time_unit_s=1e-3)
     >>> model_lower_bound(p)   # 9 units of work on 2 threads
@@ -145,8 +106,11 @@ _READ_SOLUTIONS = 6  # of the refinement's solutions, the last ones the simulato
 
 
 def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: int = 2, seed: int = 0,
-                hint: Any = None, upper: Optional[int] = None, scorer: Any = None) -> CpsatResult:
+                hint: Optional[Scored] = None, upper: Optional[int] = None, scorer: Optional[Scorer] = None) -> Found:
     """Minimise the period over the joint space with CP-SAT (outer loop over ``II``).
+
+    The smallest feasible period found: the analytic bound, else ``upper`` (or a gallop up from the bound), then
+    bisection between them; at that period a last solve minimises the depth, then the iteration's length.
 
     Parameters
     ----------
@@ -158,51 +122,86 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
     seed : int
         CP-SAT random seed.
     hint : Scored, optional
-        A beam-search result: its stages, offsets and groups seed each solve.
+        A beam-search candidate (``Found.candidate``): its stages, offsets and groups seed each solve.
     upper : int, optional
         A period (time units) known to be reachable, e.g. the beam's.
     scorer : callable, optional
         ``plan -> (period_s, latency_s)`` (default: the simulator,
         :meth:`Problem.simulate`): it ranks the readings of the solution's
         caller's thread, and the refined solution against the one it refined
-        (:func:`autosched.search.cpsat_read.plan_of`).
+        (:func:`autosched.search.cpsat_read.plan_of`), and scores the plan.
 
     Returns
     -------
-    CpsatResult
-        With ``plan`` built (enqueue order by offset, ``caller_group`` set
-        when a slot runs inline) when a solution was found.
+    Found
+        ``method="cpsat"``; ``status`` ``OPTIMAL`` (the model's minimum period is proven), ``FEASIBLE`` (a plan
+        was found, optimality not proven in time) or ``UNKNOWN`` (no plan in time, ``plan`` None). With a plan:
+        its simulated ``period`` and ``latency``, the solution's ``timetable`` (``ii`` is the model's period in
+        time units, ``model_period`` in seconds), ``depth_proven``; always ``bound`` (the largest period proven to
+        be a lower bound, seconds), ``solves`` (each period tried and its status) and ``solver_time``.
 
     Examples
     --------
     Two 2 ms tasks in a chain, two threads, depth up to 2: pipelining them gives a 2 ms period.
 
     >>> from types import SimpleNamespace as NS
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> c = NS(tasks={n: NS(host_s=0.002, device_s=0.0, resources=()) for n in "AB"})
     >>> p = make_problem((["A", "B"], [("B", "A")]), c, Constraints(max_depth=2, max_threads=2), time_unit_s=1e-3)
     >>> r = solve_cpsat(p, time_limit_s=10)
-    >>> r.status, r.ii, sorted(r.stage.items())
-    ('OPTIMAL', 2, [('A', 0), ('B', 1)])
+    >>> r.status, r.timetable.ii, sorted(r.timetable.stage.items()), r.plan.stage("B")
+    ('OPTIMAL', 2, [('A', 0), ('B', 1)], 1)
     """
     periods = _PeriodSearch(problem, time_limit_s, num_workers, seed, hint)
-    best = periods.smallest_feasible(model_lower_bound(problem), upper)
+    lower = model_lower_bound(problem)
+    periods.proven = lower
+    best: Optional[Tuple[int, dict]] = None
+    got = periods.attempt(lower)
+    if got is not None:
+        best = (lower, got)
+    lo = lower + 1
+    if best is None and upper is not None and upper >= lo:
+        got = periods.attempt(upper)
+        best = (upper, got) if got is not None else None
+    step = max(1, lo // 8)
+    while best is None and time.perf_counter() < periods.deadline:  # gallop upward from the bound
+        got = periods.attempt(lo + step)
+        if got is not None:
+            best = (lo + step, got)
+        else:
+            lo, step = lo + step + 1, step * 2
+    while best is not None and lo < best[0] and time.perf_counter() < periods.deadline:  # bisection
+        mid = (lo + best[0]) // 2
+        got = periods.attempt(mid)
+        if got is not None:
+            best = (mid, got)
+        else:
+            lo = mid + 1
+    return _found(problem, periods, best, scorer)
+
+
+def _found(problem: Problem, periods: "_PeriodSearch", best: Optional[Tuple[int, dict]],
+           scorer: Optional[Scorer]) -> Found:
+    """The outer loop's result: the best period refined (fewest stages, shortest iteration) and read as a plan."""
     if best is None:
-        return CpsatResult("UNKNOWN", None, periods.proven, problem.unit_s, tried=periods.tried,
-                           solve_time_s=periods.solve_time)
+        return Found(None, method="cpsat", scorer=scorer, status="UNKNOWN", bound=periods.bound_s(None),
+                     solver_time=periods.solve_time, solves=periods.tried, tried={"CP-SAT solves": len(periods.tried)})
     ii, solution = best
     refined = periods.attempt(ii, optimise=True)
     tried = periods.tried
     refine_status = tried[-1][1] if tried and tried[-1][0] == ii else ""
-    status = "OPTIMAL" if periods.proven >= ii else "FEASIBLE"
     # the refinement's last solutions (the last one first), then the solution it refined
     solutions = (([refined] if refined is not None else []) + periods.improving[::-1][:_READ_SOLUTIONS]
                  + [solution])
-    plan, solution = plan_of(problem, solutions, ii, scorer)
-    return CpsatResult(status, ii, min(periods.proven, ii), problem.unit_s, plan, solution["stage"],
-                       solution["offset"], solution["group"], solution["stream"], tried, periods.solve_time,
-                       refine_status)
+    plan, solution, period, latency = plan_of(problem, solutions, ii, scorer)
+    start = {t: ii * solution["stage"][t] + solution["offset"][t] for t in solution["stage"]}
+    return Found(plan, period, latency, "cpsat", scorer, status="OPTIMAL" if periods.proven >= ii else "FEASIBLE",
+                 timetable=Timetable(ii, start, solution["stage"], solution["offset"]),
+                 model_period=ii * problem.unit_s, model_optimal=periods.proven >= ii, bound=periods.bound_s(ii),
+                 depth_proven=refine_status == "OPTIMAL",
+                 solver_time=periods.solve_time, solves=tried, tried={"CP-SAT solves": len(tried)},
+                 pool=[("cpsat", plan)])
 
 
 class _PeriodSearch:
@@ -212,7 +211,8 @@ class _PeriodSearch:
     analytic bound), ``tried`` each ``(II, status)``, ``improving`` the refinement's solutions in the order found.
     """
 
-    def __init__(self, problem: Problem, time_limit_s: float, num_workers: int, seed: int, hint: Any) -> None:
+    def __init__(self, problem: Problem, time_limit_s: float, num_workers: int, seed: int,
+                 hint: Optional[Scored]) -> None:
         self.problem, self.time_limit_s, self.num_workers, self.seed, self.hint = (
             problem, time_limit_s, num_workers, seed, hint)
         self.deadline = time.perf_counter() + time_limit_s
@@ -221,6 +221,18 @@ class _PeriodSearch:
         self.solve_time = 0.0
         self.improving: List[dict] = []
         self.found_any = False
+
+    def bound_s(self, ii: Optional[int]) -> float:
+        """A lower bound on the real-valued period, in seconds: the largest period proven (at most ``ii``).
+
+        An infeasible integer ``II = b - 1`` proves every period up to ``(b - 1)``
+        units impossible; a fractional period just above it is not excluded, so
+        the bound is ``(b - 1)`` units then, and ``b`` units when it is the
+        analytic bound itself.
+        """
+        bound = self.proven if ii is None else min(self.proven, ii)
+        proved = any(status == "INFEASIBLE" and tried == bound - 1 for tried, status in self.tried)
+        return (bound - 1 if proved else bound) * self.problem.unit_s
 
     def attempt(self, ii: int, optimise: bool = False) -> Optional[dict]:
         """Build, solve and read the model of period ``ii`` (``optimise``: fewest stages, then shortest iteration)."""
@@ -246,34 +258,3 @@ class _PeriodSearch:
         if status == "INFEASIBLE":
             self.proven = max(self.proven, ii + 1)
         return None
-
-    def smallest_feasible(self, lower: int, upper: Optional[int]) -> Optional[Tuple[int, dict]]:
-        """``(II, solution)`` for the smallest feasible period found: the bound, else ``upper`` (or a gallop up
-        from the bound) and bisection between them; None when nothing was feasible in time."""
-        self.proven = max(self.proven, lower)
-        got = self.attempt(lower)
-        if got is not None:
-            return lower, got
-        best: Optional[Tuple[int, dict]] = None
-        lo = lower + 1
-        if upper is not None and upper >= lo:
-            got = self.attempt(upper)
-            if got is not None:
-                best = (upper, got)
-        step = max(1, lo // 8)
-        while best is None and time.perf_counter() < self.deadline:
-            # gallop upward from the bound until something is feasible
-            ii = lo + step
-            got = self.attempt(ii)
-            if got is not None:
-                best = (ii, got)
-            else:
-                lo, step = ii + 1, step * 2
-        while best is not None and lo < best[0] and time.perf_counter() < self.deadline:
-            mid = (lo + best[0]) // 2
-            got = self.attempt(mid)
-            if got is not None:
-                best = (mid, got)
-            else:
-                lo = mid + 1
-        return best

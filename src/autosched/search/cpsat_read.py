@@ -9,11 +9,13 @@ simulator ranks best.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Sequence, Tuple
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 
 from autosched.search.cpsat_model import CpsatModel
+from autosched.search.found import Scorer
 from autosched.search.plans import build_plan
 from autosched.search.problem import Problem
 
@@ -22,7 +24,7 @@ __all__ = ["solution_values", "plan_of"]
 log = logging.getLogger(__name__)
 
 
-def solution_values(mod: CpsatModel, value: Any) -> Dict[str, Any]:
+def solution_values(mod: CpsatModel, value: Callable[[Any], int]) -> Dict[str, Any]:
     """A solution's choices (``value`` reads a variable: the solver's, or a solution callback's).
 
     Parameters
@@ -47,8 +49,9 @@ def solution_values(mod: CpsatModel, value: Any) -> Dict[str, Any]:
     return {"stage": stage, "offset": offset, "group": group, "stream": stream, "inline": inline}
 
 
-def plan_of(problem: Problem, sols: Sequence[dict], ii: int, scorer: Any) -> Tuple[PipelinePlan, dict]:
-    """The best simulated reading of the solutions at ``ii``: ``(plan, its solution)``.
+def plan_of(problem: Problem, sols: Sequence[dict], ii: int,
+            scorer: Optional[Scorer]) -> Tuple[PipelinePlan, dict, float, float]:
+    """The best simulated reading of the solutions at ``ii``: ``(plan, its solution, its period, its latency)``.
 
     ``sols`` are the refined solution (fewest stages, shortest iteration in
     the model), the refinement's last solutions before it, and the solution
@@ -62,7 +65,9 @@ def plan_of(problem: Problem, sols: Sequence[dict], ii: int, scorer: Any) -> Tup
     group inline (it starts no worker), the busiest (as a hand-written
     loop). The model's timetable is one that the simulator's tasks, each
     started as soon as it can, need not follow where they share a core
-    pool or a lock, and on CUDA the model approximates the streams.
+    pool or a lock, and on CUDA the model approximates the streams. When
+    the simulator rejects the readings, the model's own reading is returned,
+    unscored (``inf``).
     """
     def simulated(p: PipelinePlan) -> Tuple[float, float]:
         res = problem.simulate(p)
@@ -97,11 +102,11 @@ def plan_of(problem: Problem, sols: Sequence[dict], ii: int, scorer: Any) -> Tup
                 period, latency = score(p)
                 rank = (round(period / u, 3), p.pipeline_depth, round(latency / u, 3), g is None, -work.get(g, 0),
                         g != sol["inline"], k)
-                ranked.append((rank, p, sol))
+                ranked.append((rank, p, sol, period, latency))
     except Exception as exc:  # noqa: BLE001 - costs the simulator cannot take: keep the model's reading
         log.debug("CP-SAT plan not simulated: %s", exc)
         sol = sols[0]
         return build_plan(problem, sol["stage"], sol["group"], sol["stream"], None, sol["offset"],
-                          inline=sol["inline"]), sol
-    _, plan, sol = min(ranked, key=lambda r: r[0])
-    return plan, sol
+                          inline=sol["inline"]), sol, math.inf, math.inf
+    _, plan, sol, period, latency = min(ranked, key=lambda r: r[0])
+    return plan, sol, period, latency

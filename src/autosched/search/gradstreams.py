@@ -44,7 +44,7 @@ def record_for(plan: PipelinePlan, c: Any, state: Any, batches: Optional[Sequenc
     c : Constraints
         Only a ``device="cuda"`` search is checked.
     state, batches
-        As for :func:`autosched.search.entry.auto_schedule`; the first batch is run once.
+        As for :func:`autosched.search.autoschedule.auto_schedule`; the first batch is run once.
 
     Returns
     -------
@@ -150,7 +150,7 @@ def guard_found(found: Any, traffic: Any) -> Any:
 
     Parameters
     ----------
-    found : autosched.search.phases.Found
+    found : autosched.search.found.Found
     traffic : GradTraffic or None
         None: ``found`` as is.
 

@@ -9,21 +9,25 @@ fastest plan that fits (ties: less memory). The cap is refused up front when
 it is below the least memory any plan needs
 (:func:`autosched.model.memory.min_memory`, one iteration's own high-water mark),
 and after the search when no plan found fits; both errors name the minimum.
-The report carries the trade-off (:class:`autosched.search.tradeoff.TradeoffPoint`
-per depth cap) as a table and a Pareto-front plot (:mod:`autosched.search.tradeoff`).
+Each depth cap's search is an ``auto_schedule`` of its own (the cap removed). The report carries the trade-off
+(``SearchReport.tradeoff``: the cap and a :class:`autosched.search.tradeoff.TradeoffPoint` per depth cap) as a
+table and a Pareto-front plot (:mod:`autosched.search.tradeoff`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Tuple
+from typing import List, Tuple
 
-from autosched.model.memory import format_bytes, min_memory
+from swpipe_core.plan import PipelinePlan
+
+from autosched.model.costs import CostModel
+from autosched.model.memory import MemoryPrediction, format_bytes, min_memory
 from autosched.model.simulate import simulate
-from autosched.search.core import search_plan
 from autosched.search.options import Constraints, SolverOptions
-from autosched.search.problem import make_problem
-from autosched.search.tradeoff import TradeoffPoint, tradeoff_table
+from autosched.search.problem import GraphInput, make_problem
+from autosched.search.report import SearchReport
+from autosched.search.tradeoff import MemoryTradeoff, TradeoffPoint, tradeoff_table
 
 __all__ = ["MemoryCapError", "schedule_under_cap"]
 
@@ -43,19 +47,18 @@ class MemoryCapError(ValueError):
         self.min_bytes = min_bytes
 
 
-
-
-def schedule_under_cap(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOptions) -> Tuple[Any, Any]:
-    """:func:`autosched.search.core.search_plan` under ``c.max_memory_bytes`` (see the module docstring).
+def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints: Constraints,
+                       solver: SolverOptions) -> Tuple[PipelinePlan, SearchReport]:
+    """``auto_schedule`` under ``constraints.max_memory_bytes`` (see the module docstring).
 
     Parameters
     ----------
     tasks_or_graph, costs
-        As for :func:`autosched.search.entry.auto_schedule`.
-    c : Constraints
-        Its ``max_memory_bytes`` is the cap; each depth cap ``1 .. c.max_depth`` is searched.
-    s : SolverOptions
-        Each depth's search takes an equal share of ``s.time_limit_s`` (at least a second).
+        As for :func:`autosched.search.autoschedule.auto_schedule`.
+    constraints : Constraints
+        Its ``max_memory_bytes`` is the cap; each depth cap ``1 .. constraints.max_depth`` is searched.
+    solver : SolverOptions
+        Each depth's search takes an equal share of ``solver.time_limit_s`` (at least a second).
 
     Returns
     -------
@@ -69,13 +72,13 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, c: Constraints, s: Solve
     MemoryCapError
         If the cap is below the least memory any plan needs, or no plan found fits.
     """
-    cap = float(c.max_memory_bytes)
+    cap = float(constraints.max_memory_bytes)
     if not getattr(costs, "has_bytes", False):
         raise ValueError("Constraints.max_memory_bytes needs memory figures in the cost model (batch_bytes, "
                          "add_bytes/free_bytes); profile with TaskProfiler(...).profile(batch) and build the model "
                          "with CostModel.from_profile, or add them with CostModel.with_memory")
-    problem = make_problem(tasks_or_graph, costs, dataclasses.replace(c, max_memory_bytes=None),
-                           time_unit_s=s.time_unit_s)
+    problem = make_problem(tasks_or_graph, costs, dataclasses.replace(constraints, max_memory_bytes=None),
+                           time_unit_s=solver.time_unit_s)
     figures = "device" if problem.device == "cuda" and any(t.device_alloc_bytes for t in costs.tasks.values()) \
         else "context"
     least = min_memory(list(problem.names), list(problem.intra), costs, device=problem.device, figures=figures)
@@ -85,14 +88,16 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, c: Constraints, s: Solve
             f"{least.value:.0f} bytes ({format_bytes(least.value)}), one iteration's own peak (after "
             f"{least.task or 'its batch'}). Raise the cap to at least that, or make an iteration hold less",
             least.value)
-    depths = range(1, c.max_depth + 1)
-    share = dataclasses.replace(s, time_limit_s=max(1.0, s.time_limit_s / len(depths)))
-    found: List[Tuple[TradeoffPoint, Any, Any]] = []
+    depths = range(1, constraints.max_depth + 1)
+    share = dataclasses.replace(solver, time_limit_s=max(1.0, solver.time_limit_s / len(depths)))
+    from autosched.search.autoschedule import auto_schedule  # each depth cap is a search of its own
+
+    found: List[Tuple[TradeoffPoint, PipelinePlan, SearchReport]] = []
     for d in depths:
-        plan, report = search_plan(tasks_or_graph, costs, dataclasses.replace(c, max_depth=d, max_memory_bytes=None),
-                                   share)
-        mem = simulate(plan, costs, num_iterations=s.num_iterations, device=problem.device).memory \
-            if figures == "context" else _device_memory(plan, costs, s.num_iterations, problem.device)
+        plan, report = auto_schedule(tasks_or_graph, costs,
+                                     dataclasses.replace(constraints, max_depth=d, max_memory_bytes=None), share)
+        mem = simulate(plan, costs, num_iterations=solver.num_iterations, device=problem.device).memory \
+            if figures == "context" else _device_memory(plan, costs, solver.num_iterations, problem.device)
         point = TradeoffPoint(d, plan.pipeline_depth, report.period_s, mem.peak_bytes, mem.mean_bytes,
                               mem.peak_bytes <= cap)
         found.append((point, plan, report))
@@ -106,22 +111,20 @@ def schedule_under_cap(tasks_or_graph: Any, costs: Any, c: Constraints, s: Solve
             f"needs less than {least.value:.0f} bytes ({format_bytes(least.value)}). Raise the cap to at least "
             f"{format_bytes(lean.peak_bytes)}.\n{tradeoff_table(points, cap)}", max(least.value, 0.0))
     point, plan, report = min(fitting, key=lambda f: (round(f[0].period_s, 12), f[0].peak_bytes))
-    report.memory_tradeoff = points
-    report.max_memory_bytes = cap
-    report.peak_bytes = point.peak_bytes
-    report.min_memory_bytes = least.value
-    report.max_depth = c.max_depth
+    why = dataclasses.replace(report.why, max_depth=constraints.max_depth)
+    report = dataclasses.replace(report, tradeoff=MemoryTradeoff(cap, points), peak_bytes=point.peak_bytes,
+                                 min_memory_bytes=least.value, why=why)
     faster = [p for p in points if p.period_s < point.period_s * (1 - 1e-9)]
     if faster:
         best = min(faster, key=lambda p: p.period_s)
         report.notes.append(f"memory cap {format_bytes(cap)}: a depth-{best.depth} plan runs at "
                             f"{best.period_s * 1e3:.3f} ms but needs {format_bytes(best.peak_bytes)}")
-        report.depth_reason = (f"the memory cap {format_bytes(cap)}: the faster depth-{best.depth} plan needs "
+        report.why.depth_reason = (f"the memory cap {format_bytes(cap)}: the faster depth-{best.depth} plan needs "
                                f"{format_bytes(best.peak_bytes)} in flight, this one {format_bytes(point.peak_bytes)}")
     return plan, report
 
 
-def _device_memory(plan: Any, costs: Any, num_iterations: int, device: str) -> Any:
+def _device_memory(plan: PipelinePlan, costs: CostModel, num_iterations: int, device: str) -> MemoryPrediction:
     from autosched.model.memory import predict_memory
 
     return predict_memory(simulate(plan, costs, num_iterations=num_iterations, device=device),

@@ -38,9 +38,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from swpipe_core.plan import stream_name
 
-from autosched.search.problem import Problem
-from autosched.search.bounds import critical_path_units
 from autosched.model.taskmodel import CORES, pool_limit, resource_loads
+from autosched.search.bounds import critical_path_units
+from autosched.search.found import Timetable
+from autosched.search.problem import Problem
 
 __all__ = ["Candidate", "modulo_schedule", "derive_timetable", "inline_label"]
 
@@ -198,14 +199,6 @@ class _Pool:
             self.spans.append((s % self.ii, dur))
 
 
-@dataclass
-class _Timetable:
-    ii: int
-    start: Dict[str, int]       # host start, units, iteration 0
-    stage: Dict[str, int]
-    offset: Dict[str, int]
-
-
 def _resources(problem: Problem, name: str, group: str, stream: Any) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """Resources a task holds during its host part and during its device part (:mod:`autosched.model.taskmodel`)."""
     p = problem.parts(name, group, stream)
@@ -274,7 +267,7 @@ def _place(rings: Dict[str, _Ring], keys: Sequence[str], est: int, dur: int, ii:
 
 def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any],
                     priority: Sequence[str], ii: int, max_depth: Optional[int] = None,
-                    repairs: int = 3, inline: Optional[str] = None) -> Optional[_Timetable]:
+                    repairs: int = 3, inline: Optional[str] = None) -> Optional[Timetable]:
     """Place one iteration's tasks on a modulo-``ii`` reservation table, in ``priority`` order.
 
     Parameters
@@ -299,7 +292,7 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 
     Returns
     -------
-    _Timetable or None
+    Timetable or None
         None when some task does not fit, a stage would exceed the cap, an
         inter-iteration dependency, the progress barrier or (``inline``) the
         main thread's window is violated.
@@ -309,9 +302,9 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
     A 2 ms task feeding a 3 ms task on another thread fits a 3 ms period once
     the second task moves to the next stage:
 
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> tt = modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3)
@@ -325,7 +318,7 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 
     >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3, inline="b").stage
     {'A': 0, 'B': 1}
-    >>> from swpipe_core.measure.calibrate import MachineCalibration
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
     >>> p.calibration = MachineCalibration(period_s=0.001)
     >>> modulo_schedule(p, {"A": "a", "B": "b"}, p.init_stream, ("A", "B"), ii=3, inline="b") is None
     True
@@ -347,7 +340,7 @@ def modulo_schedule(problem: Problem, group: Mapping[str, str], stream: Mapping[
 
 def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, Any], priority: Sequence[str],
                ii: int, cap: int, release: Mapping[str, int],
-               inline: Optional[str] = None) -> Tuple[Optional[_Timetable], Dict[str, int]]:
+               inline: Optional[str] = None) -> Tuple[Optional[Timetable], Dict[str, int]]:
     """One placement pass; on an inter-dependency violation also the release times that would fix it."""
     rings: Dict[str, Any] = {}
     cores = pool_limit(problem.cores, len(set(group[t] for t in problem.names)))
@@ -413,7 +406,7 @@ def _place_all(problem: Problem, group: Mapping[str, str], stream: Mapping[str, 
         # the main thread ran that group's tasks of the period before: they end by w + ii - engine time.
         w = max([0, end + shift + engine - ii * depth] + [offset[t] + problem.dur(t) + engine - ii for t in on_main])
         if min(offset.values()) >= w:
-            return _Timetable(ii, {t: s + shift for t, s in start.items()}, stage, offset), {}
+            return Timetable(ii, {t: s + shift for t, s in start.items()}, stage, offset), {}
     return None, {}
 
 
@@ -428,7 +421,7 @@ def _candidate_bound(problem: Problem, group: Mapping[str, str], stream: Mapping
 
 
 def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Optional[int] = None,
-                     rel_tol: float = 1e-3, near: Optional[int] = None) -> Optional[_Timetable]:
+                     rel_tol: float = 1e-3, near: Optional[int] = None) -> Optional[Timetable]:
     """Smallest (by bisection) ``II`` at which :func:`modulo_schedule` places the candidate.
 
     ``near`` (e.g. the parent candidate's ``II``) narrows the bisection: a
@@ -447,13 +440,13 @@ def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Opt
 
     Returns
     -------
-    _Timetable or None
+    Timetable or None
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> tt = derive_timetable(p, Candidate(("a", "b"), (None, None), ("A", "B")), rec=0)
@@ -465,7 +458,7 @@ def derive_timetable(problem: Problem, cand: Candidate, rec: int, max_depth: Opt
     stream = dict(zip(problem.names, cand.stream))
     inline = inline_label(problem, problem.names, cand.group, cand.inline)
 
-    def place(ii: int) -> Optional[_Timetable]:
+    def place(ii: int) -> Optional[Timetable]:
         return modulo_schedule(problem, group, stream, cand.priority, ii, cap, inline=inline)
 
     lo = _candidate_bound(problem, group, stream, rec, cap, inline)

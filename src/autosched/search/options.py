@@ -1,20 +1,22 @@
 """The search's options, split by what they are: ``Constraints`` (what the plan may be) and ``SolverOptions`` (how
 the search runs), each field checked when it is built.
 
-Verification on the engine has its own options (:class:`autosched.verify.loop.VerifyOptions`). A field given to the
-wrong one fails at once, naming the class it belongs to and the fix.
+Verification on the engine has its own options (:class:`autosched.verify.loop.VerifyOptions`). An option given to
+the wrong class, or to ``auto_schedule`` itself, fails at once with an :class:`~autosched._fields.OptionError`
+naming the class it belongs to (``.home``) and the ``auto_schedule`` argument that takes it (``.argument``).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
-from autosched._fields import (OptionError, check_fields, flag, integer, mapping, names, number, one_of,
+from autosched._fields import (OptionError, check_fields, flag, fraction, integer, mapping, names, number, one_of,
                                optional)
 
-__all__ = ["Constraints", "SolverOptions"]
+__all__ = ["Constraints", "SolverOptions", "misplaced_option", "naming_homes"]
 
 
 @dataclass
@@ -61,6 +63,9 @@ class Constraints:
     Traceback (most recent call last):
     ...
     autosched._fields.OptionError: Constraints(time_limit_s=5): time_limit_s is a solver option, not a plan constraint; pass auto_schedule(..., solver=SolverOptions(time_limit_s=5))
+
+    The error's fields say the same (:class:`~autosched._fields.OptionError`): ``.field`` is
+    ``"time_limit_s"``, ``.home`` ``"SolverOptions"``, ``.argument`` ``"solver"``.
     """
 
     max_depth: int = 3
@@ -107,6 +112,15 @@ class SolverOptions:
         The models' integer clock (default: about 1e-5 of a serial iteration).
     progress : bool
         tqdm progress bar over beam rounds.
+    beam_share : float
+        The beam search's share of ``time_limit_s`` when CP-SAT runs after it.
+    beam_only_share : float
+        The beam search's share of ``time_limit_s`` when it runs alone; the rest is for judging its plan
+        (a quick search one iteration shallower says why the depth is what it is).
+    cpsat_share : float
+        CP-SAT runs until this share of ``time_limit_s`` has passed (at least one second, whatever the beam left
+        of it); its last solve, which minimises depth and latency at the best period, may add up to a fifth of
+        CP-SAT's own budget.
 
     Raises
     ------
@@ -121,6 +135,8 @@ class SolverOptions:
     Traceback (most recent call last):
     ...
     autosched._fields.OptionError: SolverOptions(beam_width='6'): expected an integer >= 1
+    >>> SolverOptions().beam_share, SolverOptions().cpsat_share
+    (0.3, 0.7)
     """
 
     time_limit_s: float = 30.0
@@ -133,37 +149,113 @@ class SolverOptions:
     num_iterations: int = 60
     time_unit_s: Optional[float] = None
     progress: bool = False
+    beam_share: float = 0.3
+    beam_only_share: float = 0.85
+    cpsat_share: float = 0.7
 
     def __post_init__(self) -> None:
         check_fields(self, {
             "time_limit_s": number(0, strict=True), "seed": integer(0), "method": one_of(("auto", "cpsat", "beam")),
             "cpsat_max_tasks": integer(0), "beam_width": integer(1), "beam_rounds": integer(1),
             "num_workers": integer(1), "num_iterations": integer(2), "time_unit_s": optional(number(0, strict=True)),
-            "progress": flag(),
+            "progress": flag(), "beam_share": fraction(), "beam_only_share": fraction(), "cpsat_share": fraction(),
         })
 
 
-def _refusing_the_others(cls: type, other: type, argument: str, what: str, not_what: str) -> None:
-    """Wrap ``cls.__init__``: a field of ``other`` given to ``cls`` raises :class:`OptionError` naming its home.
+#: what an option of each class is called in an error, and the auto_schedule argument that takes the class
+_WHAT = {"Constraints": ("plan constraint", "constraints"), "SolverOptions": ("solver option", "solver"),
+         "VerifyOptions": ("verification option", "verify")}
 
-    The generated ``__init__`` would reject it as a bare unexpected keyword; the wrapper keeps its signature
-    (``functools.wraps``) for ``help()`` and the API reference.
+
+def _option_classes() -> List[type]:
+    from autosched.verify.loop import VerifyOptions  # imported here: verify is the step after the search
+
+    return [Constraints, SolverOptions, VerifyOptions]
+
+
+def misplaced_option(given_to: str, name: str, value: Any) -> OptionError:
+    """The error for an option ``name=value`` given to ``given_to``, which does not take it.
+
+    It names the options class the option belongs to and the ``auto_schedule`` argument that takes that class
+    (``.home``, ``.argument``), or, for a name no options class has, the closest one.
+
+    Examples
+    --------
+    >>> e = misplaced_option("auto_schedule", "max_depth", 2)
+    >>> e.field, e.home, e.argument
+    ('max_depth', 'Constraints', 'constraints')
+    >>> print(e)
+    auto_schedule(max_depth=2): max_depth is a plan constraint; pass auto_schedule(..., constraints=Constraints(max_depth=2))
+    >>> misplaced_option("SolverOptions", "max_dept", 2).home is None
+    True
     """
-    init, theirs = cls.__init__, {f.name for f in fields(other)}
+    given = f"{given_to}({name}={value!r})"
+    for cls in _option_classes():
+        if name in {f.name for f in fields(cls)}:
+            what, argument = _WHAT[cls.__name__]
+            not_what = f", not a {_WHAT[given_to][0]}" if given_to in _WHAT else ""
+            return OptionError(f"{given}: {name} is a {what}{not_what}; pass auto_schedule(..., "
+                               f"{argument}={cls.__name__}({name}={value!r}))", field=name, given_to=given_to,
+                               home=cls.__name__, argument=argument, value=value)
+    known = sorted({f.name for cls in _option_classes() for f in fields(cls)})
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; the options are {', '.join(known)}"
+    return OptionError(f"{given}: no option is called {name}{hint}", field=name, given_to=given_to, value=value)
+
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def naming_homes(function: _Function) -> _Function:
+    """Wrap ``function`` so that a keyword it does not take raises :func:`misplaced_option`'s error.
+
+    Python's own error would say only "unexpected keyword argument"; this one names the options class the keyword
+    belongs to and the argument that takes it. The wrapper keeps ``function``'s signature (``functools.wraps``)
+    for ``help()``, ``inspect.signature`` and the API reference.
+    """
+    import inspect
+
+    takes = set(inspect.signature(function).parameters)
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        foreign = next((k for k in kwargs if k not in takes), None)
+        if foreign is not None:
+            raise misplaced_option(function.__name__, foreign, kwargs[foreign])
+        return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _refusing_the_others(cls: type) -> None:
+    """Wrap ``cls.__init__``: a keyword that is not one of its fields raises :func:`misplaced_option`'s error.
+
+    The generated ``__init__`` would reject it as a bare unexpected keyword; several at once are named together
+    (``.field`` is the first). The wrapper keeps its signature (``functools.wraps``) for ``help()`` and the API
+    reference.
+    """
+    init, mine = cls.__init__, {f.name for f in fields(cls)}
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        foreign = [k for k in kwargs if k in theirs]
+        foreign = [k for k in kwargs if k not in mine]
+        if len(foreign) == 1:
+            raise misplaced_option(cls.__name__, foreign[0], kwargs[foreign[0]])
         if foreign:
+            first = misplaced_option(cls.__name__, foreign[0], kwargs[foreign[0]])
+            homes = {misplaced_option(cls.__name__, k, kwargs[k]).home for k in foreign}
             given = ", ".join(f"{k}={kwargs[k]!r}" for k in foreign)
-            one = len(foreign) == 1
-            are = f"is a {what}, not a {not_what}" if one else f"are {what}s, not {not_what}s"
-            raise OptionError(f"{cls.__name__}({given}): {', '.join(foreign)} {are}; "
-                              f"pass auto_schedule(..., {argument}={other.__name__}({given}))")
+            if len(homes) == 1 and first.home is not None:
+                what = _WHAT[first.home][0]
+                raise OptionError(f"{cls.__name__}({given}): {', '.join(foreign)} are {what}s, not "
+                                  f"{_WHAT[cls.__name__][0]}s; pass auto_schedule(..., {first.argument}="
+                                  f"{first.home}({given}))", field=first.field, given_to=cls.__name__,
+                                  home=first.home, argument=first.argument, value=first.value)
+            raise first
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__  # type: ignore[method-assign]
 
 
-_refusing_the_others(Constraints, SolverOptions, "solver", "solver option", "plan constraint")
-_refusing_the_others(SolverOptions, Constraints, "constraints", "plan constraint", "solver option")
+_refusing_the_others(Constraints)
+_refusing_the_others(SolverOptions)

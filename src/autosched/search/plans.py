@@ -113,7 +113,7 @@ def enqueue_order_for(plan: PipelinePlan, offset: Optional[Mapping[str, float]] 
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> plan = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Fwd": TaskSchedule(1),
     ...                      "Bwd": TaskSchedule(1), "Log": TaskSchedule(1, thread_group="io")},
     ...                     [("Fwd", "Load"), ("Bwd", "Fwd")])
@@ -193,9 +193,9 @@ def build_plan(problem: Problem, stage: Mapping[str, int], group: Mapping[str, A
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> plan = build_plan(p, {"A": 0, "B": 1}, {"A": 1, "B": 0}, offset={"A": 1, "B": 0})

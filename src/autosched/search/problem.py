@@ -30,20 +30,33 @@ hand-offs written into its ``enqueue_order``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Hashable, Iterable, List, Mapping, Optional,
+                    Sequence, Tuple, Union)
 
 import networkx as nx
 
-from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule, ref_name
+from swpipe_core.plan import PipelinePlan, PipelineTask, StreamSpec, TaskSchedule, ref_name
 from swpipe_core.stage_rules import stage_rule_holds
 
+from autosched.model.costs import CostModel, TaskCost
 from autosched.model.taskmodel import NOCORE, TaskParts, stream_label, task_parts
+from autosched.search.options import Constraints, SolverOptions
 
-__all__ = ["Problem", "make_problem", "DEFAULT_GROUP"]
+if TYPE_CHECKING:  # annotations only
+    from swpipe_core.measure.calibrate import MachineCalibration
+
+    from autosched.model.simulate import SimResult
+
+__all__ = ["Problem", "GraphInput", "make_problem", "searched_problem", "stage_assignments", "DEFAULT_GROUP"]
 
 DEFAULT_GROUP = "default"
+
+#: what ``auto_schedule`` searches: a task graph (``autosched.model.graph.task_graph``), a plan, or
+#: ``(tasks, intra_deps[, inter_deps])``
+GraphInput = Union["nx.DiGraph", PipelinePlan, Tuple[Sequence[Any], ...]]
 
 
 @dataclass
@@ -54,7 +67,7 @@ class Problem:
     tasks: Dict[str, PipelineTask]
     intra: Tuple[Tuple[str, str], ...]
     inter: Tuple[Tuple[str, str, int], ...]
-    costs: Any
+    costs: CostModel
     device: str
     host: Dict[str, float]
     dev: Dict[str, float]
@@ -62,10 +75,10 @@ class Problem:
     pcie: FrozenSet[str]
     ordered: FrozenSet[str]
     frozen_stage: Dict[str, int]
-    frozen_stream: Dict[str, Any]
+    frozen_stream: Dict[str, StreamSpec]
     frozen_group: Dict[str, str]
-    stream_choices: Dict[str, Tuple[Any, ...]]
-    init_stream: Dict[str, Any]
+    stream_choices: Dict[str, Tuple[StreamSpec, ...]]
+    init_stream: Dict[str, StreamSpec]
     max_depth: int
     max_threads: int
     unit_s: float = 1e-6
@@ -73,9 +86,14 @@ class Problem:
     nocore: FrozenSet[str] = frozenset()   # tasks whose host part holds no core of the pool (cost tag "nocore")
     # the machine calibration ``costs`` has folded in (autosched.model.machine.searched_costs), or None: its per-hand-off
     # and per-period engine costs are added to every plan simulated (:meth:`simulate`), one model for the whole call
-    calibration: Any = None
+    calibration: Optional[MachineCalibration] = None
     # the name of the group that may run inline on the caller's thread (None: every group has a worker)
     caller_group: Optional[str] = DEFAULT_GROUP
+    # what the problem was made from (:meth:`remade` makes it again with other costs or constraints)
+    source: Optional[GraphInput] = field(default=None, repr=False)
+    constraints: Optional[Constraints] = field(default=None, repr=False)
+    time_unit_request: Optional[float] = field(default=None, repr=False)
+    notes: List[str] = field(default_factory=list)   # what the report says of the problem (the machine model)
     _dag: Optional[nx.DiGraph] = field(default=None, repr=False)
     _preds: Optional[Dict[str, List[Tuple[str, int]]]] = field(default=None, repr=False)
     _dur: Optional[Dict[str, int]] = field(default=None, repr=False)
@@ -120,13 +138,13 @@ class Problem:
         return ((f"comm:{comm}",) if comm is not None else ()) + (("pcie",) if name in self.pcie else ()) \
             + ((NOCORE,) if name in self.nocore else ())
 
-    def parts(self, name: str, group: str, stream: Any, units: bool = False) -> TaskParts:
+    def parts(self, name: str, group: str, stream: StreamSpec, units: bool = False) -> TaskParts:
         """The task's host and device parts under a choice of group and stream (seconds, or time units).
 
         Examples
         --------
-        >>> from autosched.model.costs import CostModel, TaskCost
-        >>> from autosched.search.options import Constraints
+        >>> from swpipe import CostModel, TaskCost
+        >>> from swpipe import Constraints
         >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001, 0.002, ("pcie",))}),
         ...                  Constraints(device="cuda"), time_unit_s=1e-3)
         >>> p.parts("A", "io", "memcpy", units=True)
@@ -143,8 +161,8 @@ class Problem:
     @property
     def forced_caller(self) -> Optional[str]:
         """The caller's group when tasks are frozen into it (it then always runs inline), else None."""
-        c = self.caller_group
-        return c if c is not None and c in self.frozen_group.values() else None
+        caller = self.caller_group
+        return caller if caller is not None and caller in self.frozen_group.values() else None
 
     @property
     def period_overhead_s(self) -> float:
@@ -161,17 +179,17 @@ class Problem:
         """:attr:`period_overhead_s` in time units."""
         return self.units(self.period_overhead_s)
 
-    def simulate(self, plan: PipelinePlan, num_iterations: int = 40) -> Any:
+    def simulate(self, plan: PipelinePlan, num_iterations: int = 40) -> "SimResult":
         """The simulator's result for a plan of this problem: the machine model of the call
         (:func:`autosched.model.machine.simulate_folded`: its costs, device, and the calibration's engine time per
         hand-off and per period).
 
         Examples
         --------
-        >>> from autosched.model.costs import CostModel, TaskCost
-        >>> from autosched.search.options import Constraints
-        >>> from swpipe_core.measure.calibrate import MachineCalibration
-        >>> from autosched.search.plans import build_plan
+        >>> from swpipe import CostModel, TaskCost
+        >>> from swpipe import Constraints
+        >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+        >>> from autosched.search.plans import build_plan   # the searchers' plan builder, not public
         >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001)}), Constraints(max_depth=1))
         >>> plan = build_plan(p, {"A": 0}, {"A": "g"}, inline="g")
         >>> round(p.simulate(plan).period * 1e3, 6)
@@ -184,7 +202,27 @@ class Problem:
 
         return simulate_folded(plan, self.costs, self.calibration, num_iterations=num_iterations, device=self.device)
 
-    def memo(self, key: Any, make: Any) -> Any:
+    def remade(self, costs: Optional[CostModel] = None, **constraints: Any) -> "Problem":
+        """The same input made a problem again, with other costs or other constraints, in the same machine model.
+
+        A refitted core pool (``costs``), a shallower depth (``max_depth=...``): the calibration's engine costs
+        per hand-off and per period stay.
+
+        Examples
+        --------
+        >>> from swpipe import Constraints, CostModel, TaskCost
+        >>> p = make_problem((["A", "B"], [("B", "A")]), CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)}),
+        ...                  Constraints(max_depth=3))
+        >>> p.remade(max_depth=2).max_depth, p.remade(CostModel(p.costs.tasks, cores=1)).cores
+        (2, 1)
+        """
+        changed = dataclasses.replace(self.constraints, **constraints)
+        problem = make_problem(self.source, self.costs if costs is None else costs, changed,
+                               time_unit_s=self.time_unit_request)
+        problem.calibration = self.calibration
+        return problem
+
+    def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """A value computed once per problem (presets, fire orders, levels)."""
         if key not in self._memo:
             self._memo[key] = make()
@@ -223,6 +261,69 @@ class Problem:
                 and all(stage_rule_holds(stage[t], stage[d], n) for t, d, n in self.inter))
 
 
+def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable[Dict[str, int]]:
+    """Every stage assignment the stage rules, the depth cap and frozen stages allow.
+
+    Assignments whose smallest stage is above 0 are skipped when no stage is
+    frozen: they only relabel periods (same timing, deeper pipeline).
+
+    Parameters
+    ----------
+    problem : Problem
+    limit : int, optional
+        Stop after this many.
+
+    Yields
+    ------
+    dict
+        ``{task: stage}``.
+
+    Examples
+    --------
+    >>> from swpipe import Constraints, CostModel, TaskCost
+    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
+    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
+    >>> list(stage_assignments(p))   # B may not run in an earlier stage than A (the stage rule)
+    [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
+    """
+    names = list(nx.topological_sort(problem.dag))
+    inter_by_task: Dict[str, List[Tuple[str, int]]] = {}
+    for t, d, n in problem.inter:
+        inter_by_task.setdefault(t, []).append((d, n))
+        inter_by_task.setdefault(d, []).append((t, -n))
+    count = 0
+    stage: Dict[str, int] = {}
+
+    def rec(i: int) -> Iterable[Dict[str, int]]:
+        nonlocal count
+        if limit is not None and count >= limit:
+            return
+        if i == len(names):
+            if problem.frozen_stage or min(stage.values(), default=0) == 0:
+                count += 1
+                yield dict(stage)
+            return
+        n = names[i]
+        lo = max((stage[p] for p in problem.dag.predecessors(n)), default=0)
+        options = [problem.frozen_stage[n]] if n in problem.frozen_stage else range(lo, problem.max_depth)
+        for s in options:
+            if s < lo:
+                continue
+            ok = True
+            for other, k in inter_by_task.get(n, ()):
+                if other in stage:
+                    # k > 0: n waits `other` k earlier -> stage[other] - s <= k; k < 0: other waits n -> s - stage[other] <= -k
+                    if not (stage_rule_holds(s, stage[other], k) if k > 0 else stage_rule_holds(stage[other], s, -k)):
+                        ok = False
+                        break
+            if ok:
+                stage[n] = s
+                yield from rec(i + 1)
+                del stage[n]
+
+    yield from rec(0)
+
+
 def _auto_unit(times: Sequence[float]) -> float:
     """The models' clock: a sixth of the costs' common grain when they have one, else ~1e-4 of an iteration.
 
@@ -251,7 +352,7 @@ def _auto_unit(times: Sequence[float]) -> float:
     return 10.0 ** math.floor(math.log10(total / 1e4))
 
 
-def _cost_of(costs: Any, name: str) -> Any:
+def _cost_of(costs: CostModel, name: str) -> TaskCost:
     table = getattr(costs, "tasks", None)
     if isinstance(table, Mapping):
         if name not in table:
@@ -263,7 +364,7 @@ def _cost_of(costs: Any, name: str) -> Any:
     return costs[name]
 
 
-def _as_graph_parts(tasks_or_graph: Any) -> Tuple[List[Any], List[tuple], List[tuple], Optional[PipelinePlan]]:
+def _as_graph_parts(tasks_or_graph: GraphInput) -> Tuple[List[Any], List[tuple], List[tuple], Optional[PipelinePlan]]:
     """``(task refs, intra (task, dep), inter (task, dep, N), plan or None)`` from any accepted input."""
     if isinstance(tasks_or_graph, PipelinePlan):
         plan = tasks_or_graph
@@ -335,7 +436,7 @@ def _check_deps(names: Sequence[str], intra: Sequence[Tuple[str, str]],
     return dag
 
 
-def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dict[str, float],
+def _task_costs(names: Sequence[str], costs: CostModel) -> Tuple[Dict[str, float], Dict[str, float],
                                                            Dict[str, Optional[str]], set, set]:
     """Each task's host and device seconds, its communicator (or None), the PCIe users and the "nocore" ones."""
     host, dev, comm, pcie, nocore = {}, {}, {}, set(), set()
@@ -354,13 +455,14 @@ def _task_costs(names: Sequence[str], costs: Any) -> Tuple[Dict[str, float], Dic
     return host, dev, comm, pcie, nocore
 
 
-def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any, time_unit_s: Optional[float] = None) -> Problem:
-    """Normalise the inputs of :func:`autosched.search.entry.auto_schedule`.
+def make_problem(tasks_or_graph: GraphInput, costs: CostModel, constraints: Constraints,
+                 time_unit_s: Optional[float] = None) -> Problem:
+    """Normalise the inputs of :func:`autosched.search.autoschedule.auto_schedule`.
 
     Parameters
     ----------
     tasks_or_graph : networkx.DiGraph, PipelinePlan or tuple
-        See :func:`autosched.search.entry.auto_schedule`.
+        See :func:`autosched.search.autoschedule.auto_schedule`.
     costs : CostModel
         Must cover every task.
     constraints : Constraints
@@ -383,7 +485,7 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any, time_unit_s:
     --------
     >>> from types import SimpleNamespace as NS
     >>> costs = NS(tasks={"A": NS(host_s=1.0, device_s=0.0, resources=()), "B": NS(host_s=2.0, device_s=0.0, resources=())})
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2))
     >>> p.names, p.intra, p.thread_time("B")
     (('A', 'B'), (('B', 'A'),), 2.0)
@@ -393,31 +495,64 @@ def make_problem(tasks_or_graph: Any, costs: Any, constraints: Any, time_unit_s:
     names = tuple(tasks)
     dag = _check_deps(names, intra, inter)
 
-    c = constraints
-    if c.max_depth < 1 or c.max_threads < 1:
-        raise ValueError(f"max_depth and max_threads must be >= 1, got {c.max_depth} and {c.max_threads}")
-    device = c.device
+    if constraints.max_depth < 1 or constraints.max_threads < 1:
+        raise ValueError(f"max_depth and max_threads must be >= 1, got {constraints.max_depth} and "
+                         f"{constraints.max_threads}")
+    device = constraints.device
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
     host, dev, comm, pcie, nocore = _task_costs(names, costs)
-    frozen_stage, frozen_stream, frozen_group = _frozen(c, names)
-    ordered = _ordered(c, names, plan, comm)
-    choices, init_stream = _stream_choices(c, names, plan, frozen_stream)
+    frozen_stage, frozen_stream, frozen_group = _frozen(constraints, names)
+    ordered = _ordered(constraints, names, plan, comm)
+    choices, init_stream = _stream_choices(constraints, names, plan, frozen_stream)
     unit = float(time_unit_s) if time_unit_s is not None else _auto_unit(list(host.values()) + list(dev.values()))
     caller = plan.caller_group if plan is not None else DEFAULT_GROUP
     return Problem(
         names=names, tasks=tasks, intra=tuple(intra), inter=tuple(inter), costs=costs, device=device,
         host=host, dev=dev, comm=comm, pcie=frozenset(pcie), ordered=frozenset(ordered),
         frozen_stage=frozen_stage, frozen_stream=frozen_stream, frozen_group=frozen_group,
-        stream_choices=choices, init_stream=init_stream, max_depth=c.max_depth, max_threads=c.max_threads,
-        unit_s=unit, base_plan=plan, nocore=frozenset(nocore), caller_group=caller, _dag=dag,
+        stream_choices=choices, init_stream=init_stream, max_depth=constraints.max_depth,
+        max_threads=constraints.max_threads,
+        unit_s=unit, base_plan=plan, nocore=frozenset(nocore), caller_group=caller, source=tasks_or_graph,
+        constraints=constraints, time_unit_request=time_unit_s, _dag=dag,
     )
 
 
-def _frozen(c: Any, names: Sequence[str]) -> Tuple[Dict[str, int], Dict[str, Any], Dict[str, str]]:
+def searched_problem(tasks_or_graph: GraphInput, costs: CostModel, constraints: Constraints,
+                     solver: SolverOptions) -> Problem:
+    """The problem of one ``auto_schedule`` call: its machine model folded into the costs once.
+
+    When ``costs`` carries a machine calibration, it is folded in (:func:`autosched.model.machine.searched_costs`)
+    and the problem keeps it for the per-hand-off and per-period terms, so every simulation of the call (search,
+    report, verification) is of one model; ``notes`` says so.
+
+    Examples
+    --------
+    >>> from swpipe import Constraints, CostModel, SolverOptions, TaskCost
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the machine, measured: advanced, not public
+    >>> costs = CostModel({"A": TaskCost(0.002)}, machine_calibration=MachineCalibration(cores_free=1.0, cpu_count=2))
+    >>> p = searched_problem((["A"], []), costs, Constraints(), SolverOptions())
+    >>> p.calibration is costs.machine_calibration, p.costs.cores, p.notes[0][:44]
+    (True, 1, 'searched with the machine calibration folded')
+    """
+    calibration = costs.machine_calibration
+    notes = []
+    if calibration is not None:
+        from autosched.model.machine import searched_costs
+
+        costs = searched_costs(costs, device=constraints.device)
+        notes.append("searched with the machine calibration folded in: engine costs per task, per hand-off and per "
+                     "period" + costs.notes.rpartition("calibrated: engine costs per task")[2])
+    problem = make_problem(tasks_or_graph, costs, constraints, time_unit_s=solver.time_unit_s)
+    problem.calibration, problem.notes = calibration, notes
+    return problem
+
+
+def _frozen(constraints: Constraints,
+            names: Sequence[str]) -> Tuple[Dict[str, int], Dict[str, StreamSpec], Dict[str, str]]:
     """The constraints' frozen stages, streams and thread groups by task name, checked against the caps."""
-    frozen = {ref_name(k): _frozen_fields(v) for k, v in (c.frozen or {}).items()}
+    frozen = {ref_name(k): _frozen_fields(v) for k, v in (constraints.frozen or {}).items()}
     unknown = sorted(set(frozen) - set(names))
     if unknown:
         raise ValueError(f"frozen names unknown task(s) {unknown}; tasks: {list(names)}")
@@ -425,17 +560,18 @@ def _frozen(c: Any, names: Sequence[str]) -> Tuple[Dict[str, int], Dict[str, Any
     frozen_stream = {n: f["stream"] for n, f in frozen.items() if "stream" in f}
     frozen_group = {n: str(f["thread_group"]) for n, f in frozen.items() if "thread_group" in f}
     for n, s in frozen_stage.items():
-        if not 0 <= s < c.max_depth:
-            raise ValueError(f"{n!r} is frozen to stage {s}, outside 0..max_depth-1 = 0..{c.max_depth - 1}")
-    if len(set(frozen_group.values())) > c.max_threads:
-        raise ValueError(f"frozen thread groups {sorted(set(frozen_group.values()))} exceed max_threads={c.max_threads}")
+        if not 0 <= s < constraints.max_depth:
+            raise ValueError(f"{n!r} is frozen to stage {s}, outside 0..max_depth-1 = 0..{constraints.max_depth - 1}")
+    if len(set(frozen_group.values())) > constraints.max_threads:
+        raise ValueError(f"frozen thread groups {sorted(set(frozen_group.values()))} exceed max_threads={constraints.max_threads}")
     return frozen_stage, frozen_stream, frozen_group
 
 
-def _ordered(c: Any, names: Sequence[str], plan: Optional[PipelinePlan], comm: Mapping[str, Optional[str]]) -> set:
+def _ordered(constraints: Constraints, names: Sequence[str], plan: Optional[PipelinePlan],
+             comm: Mapping[str, Optional[str]]) -> set:
     """The globally ordered tasks: as constrained, else the input plan's flags, else the tasks with a communicator."""
-    if c.globally_ordered is not None:
-        ordered = {ref_name(r) for r in c.globally_ordered}
+    if constraints.globally_ordered is not None:
+        ordered = {ref_name(r) for r in constraints.globally_ordered}
         if ordered - set(names):
             raise ValueError(f"globally_ordered names unknown task(s) {sorted(ordered - set(names))}")
         return ordered
@@ -444,25 +580,26 @@ def _ordered(c: Any, names: Sequence[str], plan: Optional[PipelinePlan], comm: M
     return {n for n in names if comm[n] is not None}
 
 
-def _stream_choices(c: Any, names: Sequence[str], plan: Optional[PipelinePlan],
-                    frozen_stream: Mapping[str, Any]) -> Tuple[Dict[str, Tuple[Any, ...]], Dict[str, Any]]:
+def _stream_choices(constraints: Constraints, names: Sequence[str], plan: Optional[PipelinePlan],
+                    frozen_stream: Mapping[str, StreamSpec]) -> Tuple[Dict[str, Tuple[StreamSpec, ...]],
+                                                                      Dict[str, StreamSpec]]:
     """Each task's stream choices and its initial stream (the input plan's or frozen one, if it is a choice)."""
     init_stream = {n: (plan.sched(n).stream if plan is not None else None) for n in names}
     init_stream.update(frozen_stream)
-    if c.streams is None:
-        allowed: List[Any] = []
+    if constraints.streams is None:
+        allowed: List[StreamSpec] = []
         for s in init_stream.values():
             if s not in allowed:
                 allowed.append(s)
     else:
-        allowed = list(c.streams)
+        allowed = list(constraints.streams)
         if not allowed:
             raise ValueError("constraints.streams is empty; list at least one stream (None = default stream)")
     choices = {}
     for n in names:
         if n in frozen_stream:
             choices[n] = (frozen_stream[n],)
-        elif c.device != "cuda":
+        elif constraints.device != "cuda":
             # On CPU a stream is only a name: keep the given one, searching it gains nothing.
             choices[n] = (init_stream[n] if init_stream[n] in allowed else allowed[0],)
         else:

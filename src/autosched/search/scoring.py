@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 
+from autosched.search.found import Scorer, Timetable
 from autosched.search.modulo import Candidate, derive_timetable, inline_label
 from autosched.search.plans import build_plan
 from autosched.search.problem import Problem
@@ -23,8 +24,6 @@ from autosched.search.problem import Problem
 __all__ = ["Scorer", "Scored", "Evaluator", "sim_scorer", "prune", "rank_key"]
 
 log = logging.getLogger(__name__)
-
-Scorer = Callable[[PipelinePlan], Tuple[float, float]]
 
 
 @dataclass
@@ -67,6 +66,13 @@ class Scored:
         """Timetable rank, before simulation (a late hand-off, which the timetable does not see, last)."""
         return (self.ii, self.depth, self.span, self.threads, self.cand.handoff is not None)
 
+    def timetable(self) -> Optional[Timetable]:
+        """The modulo timetable the stages were read from (None for stages given, not derived)."""
+        if not self.ii:
+            return None
+        start = {t: self.ii * s + self.offset[t] for t, s in self.stage.items()}
+        return Timetable(self.ii, start, dict(self.stage), dict(self.offset))
+
 
 def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     """Score a plan by the simulator: ``(period_s, latency_s)`` (see :func:`autosched.model.simulate.simulate`).
@@ -85,12 +91,12 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
+    >>> from swpipe import Constraints
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
-    >>> from autosched.search.plans import build_plan
+    >>> from autosched.search.plans import build_plan   # the searchers' plan builder, not public
     >>> score = sim_scorer(p, 20)
     >>> [round(x * 1e3, 6) for x in score(build_plan(p, {"A": 0, "B": 0}, {"A": "x", "B": "x"}))]
     [5.0, 5.0]
@@ -107,8 +113,8 @@ class Evaluator:
 
     def __init__(self, problem: Problem, scorer: Scorer, rec: int) -> None:
         self.problem, self.scorer, self.rec = problem, scorer, rec
-        self.counts = {"candidates": 0, "unique": 0, "derived": 0, "underivable": 0, "simulated": 0,
-                       "invalid": 0, "pruned": 0, "stage_enumerated": 0, "caller_readings": 0}
+        # what was tried, as the report counts it (SearchRun.tried)
+        self.counts = {"candidates": 0, "unique": 0, "simulated": 0, "stage_enumerated": 0}
         self.seen: Dict[tuple, Optional[Scored]] = {}
         self.sim_cache: Dict[tuple, Tuple[float, float]] = {}
 
@@ -126,7 +132,6 @@ class Evaluator:
                 self.counts["simulated"] += 1
             except Exception as exc:  # a plan the simulator rejects is just not a candidate
                 log.debug("candidate rejected: %s", exc)
-                self.counts["invalid"] += 1
                 self.sim_cache[key] = (math.inf, math.inf)
         got = self.sim_cache[key]
         return None if math.isinf(got[0]) else got
@@ -141,10 +146,8 @@ class Evaluator:
         tol = 1e-3 if len(self.problem.names) <= 50 else 3e-3
         tt = derive_timetable(self.problem, cand, self.rec, max_depth, rel_tol=tol, near=cand.near)
         if tt is None:
-            self.counts["underivable"] += 1
             self.seen[key] = None
             return None
-        self.counts["derived"] += 1
         span = max(tt.start[t] + self.problem.dur(t) for t in self.problem.names) - min(tt.start.values())
         sc = Scored(cand, tt.ii, tt.stage, tt.offset, span)
         self.seen[key] = sc
@@ -174,7 +177,6 @@ class Evaluator:
 
     def reread(self, sc: Scored, cand: Candidate) -> Optional[Scored]:
         """``sc``'s stages and offsets read as ``cand`` (another caller's thread or hand-off), simulated."""
-        self.counts["caller_readings"] += 1
         got = Scored(cand, sc.ii, dict(sc.stage), dict(sc.offset), sc.span)
         return got if self.simulate(got) else None
 

@@ -14,14 +14,23 @@ search: period, depth, latency).
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import dataclasses
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 from swpipe_core.plan import PipelinePlan
 
-__all__ = ["check_seeds", "best_seed", "with_dependencies_of"]
+from autosched.search.found import Found
+
+if TYPE_CHECKING:  # the searchers' problem (it imports nothing from here)
+    from autosched.search.problem import Problem
+
+__all__ = ["Seed", "check_seeds", "best_seed", "with_dependencies_of"]
+
+#: a seed: a plan, or ``(label, plan)``
+Seed = Union[PipelinePlan, Tuple[str, PipelinePlan]]
 
 
-def check_seeds(seeds: Optional[Sequence[Any]], problem: Any) -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
+def check_seeds(seeds: Optional[Sequence[Seed]], problem: "Problem") -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
     """The usable seeds, labelled ``seed<k>``, and a note for each one skipped.
 
     Parameters
@@ -44,7 +53,7 @@ def check_seeds(seeds: Optional[Sequence[Any]], problem: Any) -> Tuple[List[Tupl
     Examples
     --------
     >>> from types import SimpleNamespace as NS
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> prob = NS(names=("A", "B"), intra=(("B", "A"),), inter=(), tasks={}, max_depth=2, max_threads=2)
     >>> ok = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
     >>> deep = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(2)}, [("B", "A")])
@@ -79,35 +88,34 @@ def check_seeds(seeds: Optional[Sequence[Any]], problem: Any) -> Tuple[List[Tupl
     return kept, notes
 
 
-def best_seed(seeds: Sequence[Tuple[str, PipelinePlan]], scorer: Callable[[PipelinePlan], Tuple[float, float]],
-              current: Tuple[PipelinePlan, float, float, str], unit_s: float, notes: List[str]
-              ) -> Tuple[PipelinePlan, float, float, str]:
-    """``current`` = (plan, period, latency, method), or the best seed if it ranks strictly better.
+def best_seed(seeds: Sequence[Tuple[str, PipelinePlan]], found: Found, unit_s: float) -> Found:
+    """``found``, or the best seed if it ranks strictly better; every seed joins the candidates to verify.
 
     Parameters
     ----------
     seeds : list of (label, PipelinePlan)
-    scorer : callable
-        ``plan -> (period, latency)`` (the search's final simulator scorer).
-    current : (PipelinePlan, float, float, str)
+        From :func:`check_seeds`.
+    found : Found
+        The searchers' best so far; its ``scorer`` scores the seeds.
     unit_s : float
-        Periods are compared rounded to this clock.
-    notes : list of str
-        A line is appended saying how the seeds scored.
+        Periods are compared rounded to this clock (then depth, then latency).
 
     Returns
     -------
-    (PipelinePlan, float, float, str)
+    Found
+        A copy: the best seed's plan and figures (``method`` its label) when it ranks strictly better, the seeds
+        added to ``pool`` and a note saying how they scored.
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> a = PipelinePlan({"A": TaskSchedule(0)}); b = PipelinePlan({"A": TaskSchedule(0, thread_group="x")})
-    >>> notes = []
-    >>> best_seed([("seed:s", b)], lambda p: (1.0, 1.0) if p is b else (2.0, 2.0), (a, 2.0, 2.0, "beam"), 1e-6, notes)[3]
-    'seed:s'
+    >>> found = Found(a, 2.0, 2.0, "beam", scorer=lambda p: (1.0, 1.0) if p is b else (2.0, 2.0))
+    >>> got = best_seed([("seed:s", b)], found, 1e-6)
+    >>> got.method, got.period, got.notes
+    ('seed:s', 1.0, ['seeds simulated: seed:s 1000.000 ms'])
     """
-    plan, period, latency, method = current
+    best = dataclasses.replace(found, notes=list(found.notes), pool=list(found.pool) + list(seeds))
 
     def rank(p: float, d: int, lat: float) -> tuple:
         return (round(p / unit_s, 3), d, round(lat / unit_s, 3))
@@ -115,16 +123,17 @@ def best_seed(seeds: Sequence[Tuple[str, PipelinePlan]], scorer: Callable[[Pipel
     scored = []
     for label, seed in seeds:
         try:
-            sp, sl = scorer(seed)
+            period, latency = found.scorer(seed)
         except Exception as exc:  # noqa: BLE001 - a seed the simulator rejects is reported, not fatal
-            notes.append(f"seed {label} could not be simulated: {exc}")
+            best.notes.append(f"seed {label} could not be simulated: {exc}")
             continue
-        scored.append((label, sp))
-        if rank(sp, seed.pipeline_depth, sl) < rank(period, plan.pipeline_depth, latency):
-            plan, period, latency, method = seed, sp, sl, label
+        scored.append((label, period))
+        if rank(period, seed.pipeline_depth, latency) < rank(best.period, best.plan.pipeline_depth, best.latency):
+            best = dataclasses.replace(best, plan=seed, period=period, latency=latency, method=label, timetable=None,
+                                       candidate=None)
     if scored:
-        notes.append("seeds simulated: " + ", ".join(f"{lab} {p * 1e3:.3f} ms" for lab, p in scored))
-    return plan, period, latency, method
+        best.notes.append("seeds simulated: " + ", ".join(f"{lab} {p * 1e3:.3f} ms" for lab, p in scored))
+    return best
 
 
 def with_dependencies_of(seed: PipelinePlan, graph: PipelinePlan) -> PipelinePlan:
@@ -151,7 +160,7 @@ def with_dependencies_of(seed: PipelinePlan, graph: PipelinePlan) -> PipelinePla
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import TaskSchedule
     >>> seed = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, [("B", "A")])
     >>> graph = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(0)}, [("B", "A")], [("A", "B", 1)])
     >>> with_dependencies_of(seed, graph).inter_edges()

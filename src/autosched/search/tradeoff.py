@@ -1,17 +1,21 @@
 """The period-vs-memory trade-off across depth caps: one point per cap, its Pareto front, a table and a plot.
 
 :func:`autosched.search.memcap.schedule_under_cap` finds one :class:`TradeoffPoint` per depth cap;
-the report (:meth:`autosched.search.report.SearchReport.tradeoff_table`) shows them.
+the report keeps them with the cap (:class:`MemoryTradeoff`, ``SearchReport.tradeoff``) and shows them
+(:meth:`autosched.search.report.SearchReport.tradeoff_table`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from autosched.model.memory import format_bytes
 
-__all__ = ["TradeoffPoint", "pareto_front", "tradeoff_table", "tradeoff_plot"]
+if TYPE_CHECKING:  # matplotlib is imported on demand
+    from matplotlib.figure import Figure
+
+__all__ = ["TradeoffPoint", "MemoryTradeoff", "pareto_front", "tradeoff_table", "tradeoff_plot"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,15 @@ class TradeoffPoint:
     peak_bytes: float
     mean_bytes: float
     fits: bool
+
+
+@dataclass
+class MemoryTradeoff:
+    """A search under a memory cap: the cap, and the best plan found under each depth cap (the report's
+    ``tradeoff``)."""
+
+    cap_bytes: float
+    points: List[TradeoffPoint]
 
 
 def pareto_front(points: Sequence[TradeoffPoint]) -> List[TradeoffPoint]:
@@ -64,7 +77,7 @@ def tradeoff_table(points: Sequence[TradeoffPoint], cap: Optional[float] = None)
     return "\n".join(lines)
 
 
-def tradeoff_plot(points: Sequence[TradeoffPoint], cap: Optional[float] = None, path: Optional[str] = None) -> Any:
+def tradeoff_plot(points: Sequence[TradeoffPoint], cap: Optional[float] = None, path: Optional[str] = None) -> "Figure":
     """Peak bytes against period for each depth cap, the Pareto front joined, the cap as a line.
 
     matplotlib is imported here (headless figure, no pyplot state).

@@ -217,13 +217,7 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
                          known=known, margin_pct=opts.margin_pct)
 
 def _rejudge(report: Any, plan: PipelinePlan, problem: Any, num_iterations: int) -> Any:
-    """The report's plan-dependent fields for another plan (simulated with the same costs)."""
-    sim = problem.simulate(plan, num_iterations)
-    lb = min(report.lower_bound_s, float(sim.period))
-    return dataclasses.replace(
-        report, plan=plan, period_s=float(sim.period), latency_s=float(sim.latency), binding=str(sim.binding),
-        gap_pct=100.0 * (float(sim.period) / lb - 1.0) if lb > 0 else 0.0, depth=plan.pipeline_depth,
-        depth_reason="chosen by measurement on the engine (verify), not by the simulator",
-        threads=len(plan.thread_groups), method=f"{report.method}+verify",
-        utilisation=dict(sim.utilisation), what_if=[],
-    )
+    """The report's plan-dependent fields for another plan (:func:`autosched.search.assess.rejudge`)."""
+    from autosched.search.assess import rejudge
+
+    return rejudge(report, plan, problem, num_iterations)

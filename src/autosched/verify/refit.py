@@ -16,7 +16,7 @@ error by at least the table's noise floor, so one noisy round does not move
 it (:meth:`PoolFit.applied_to` sets it, in the search's model and in the
 verification's calibrated one). ``auto_schedule`` then searches once more with the refitted pool and
 measures that search's plan against the one verification chose; the faster
-one is returned (:func:`autosched.search.entry.auto_schedule`).
+one is returned (:func:`autosched.search.autoschedule.auto_schedule`).
 
 Only the pool is refitted: it is the one machine term whose error reorders
 plans (threads that cannot run at once), it is identified by plans with

@@ -10,7 +10,7 @@ Each plan trains a fresh copy of the model on the same batches; the table
 shows its depth, streams, thread groups, iterations/s, speedup over the plain
 serial loop, and whether its per-iteration losses equal the serial loop's bit
 for bit. The fastest training plan's timeline is written as a Chrome trace
-(open it in https://ui.perfetto.dev). When :mod:`autosched.search.entry` is
+(open it in https://ui.perfetto.dev). When :mod:`autosched.search.autoschedule` is
 importable, the plan ``auto_schedule`` finds for this workload is a row too.
 """
 

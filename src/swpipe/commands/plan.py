@@ -13,6 +13,7 @@ plan (``save_plan``; its schedule is then a starting point and a baseline);
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Dict, List
@@ -114,16 +115,18 @@ def run(args: argparse.Namespace) -> int:
     from autosched.model.costs import CostModel
     from autosched.model.graph import save_plan
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
 
     try:
         graph = load_input(args)
         costs = CostModel.load(args.costs)
+        if not args.calibrated:  # the costs as given: the cost model without its machine calibration
+            costs = dataclasses.replace(costs, machine_calibration=None)
         streams = None if args.streams is None else [_stream(s.strip()) for s in args.streams.split(",")]
         constraints = Constraints(max_depth=args.max_depth, max_threads=args.max_threads, streams=streams,
                                   frozen=parse_freeze(args.freeze), device=args.device)
         solver = SolverOptions(time_limit_s=args.time_limit, seed=args.seed, method=args.method, progress=args.progress)
-        plan, report = auto_schedule(graph, costs, constraints, solver=solver, calibrated=args.calibrated)
+        plan, report = auto_schedule(graph, costs, constraints, solver=solver)
     except (OSError, KeyError, ValueError) as exc:
         print(f"swpipe plan: {_message(exc)}", file=sys.stderr)
         return 2

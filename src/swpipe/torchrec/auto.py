@@ -12,7 +12,7 @@ before its first pass with ``plan="auto"``:
    (:func:`swpipe_core.measure.calibrate.calibrate`) and, with ``max_memory_bytes``,
    each task's bytes (:func:`swpipe_core.measure.memory.measure_task_memory`); on
    several ranks the slowest rank's cost of each task counts;
-3. search (:func:`autosched.search.entry.auto_schedule`) once per pipeline depth,
+3. search (:func:`autosched.search.autoschedule.auto_schedule`) once per pipeline depth,
    the forward and the tasks after it in the last stage (the drop-in's
    ``progress`` returns that batch's output), with TorchRec's plans over the
    same graph as seeds (:func:`seeds`), or under the memory cap;
@@ -226,7 +226,7 @@ def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
             known: List[Tuple[str, PipelinePlan]]) -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
     """One search per depth, the mode tasks frozen in the last stage; ``(label, plan)`` found and report lines."""
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
 
     depths = list(range(2, max(2, opts.max_depth) + 1))
     solver = SolverOptions(time_limit_s=opts.time_limit_s / len(depths))

@@ -2,7 +2,7 @@
 
 :func:`auto_spec` hands :func:`safe_task_plan` (the finest task graph, with
 every dependency its shared state needs) and the costs of a serial run to
-``autosched.search.entry.auto_schedule``, seeded with the hand-written plans of
+``autosched.search.autoschedule.auto_schedule``, seeded with the hand-written plans of
 :data:`AUTO_SEEDS`, and returns the plan found as a
 :class:`~swpipe.workloads.bench.PlanSpec`: the "auto" row that ``swpipe demo``
 and the benchmarks measure next to the others with
@@ -82,12 +82,12 @@ def _auto_seeds(workload: DLRMWorkload, base: PipelinePlan) -> List[Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# HOOK: the auto-generated plan (room E's autosched.search.entry.auto_schedule). Used whenever
-# ``autosched.search.entry`` imports; otherwise the demo simply has no "auto" row.
+# HOOK: the auto-generated plan (room E's autosched.search.autoschedule.auto_schedule). Used whenever
+# ``autosched.search.autoschedule`` imports; otherwise the demo simply has no "auto" row.
 # ---------------------------------------------------------------------------------------------
 def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_depth: int = 3,
               max_threads: int = 2, time_limit_s: float = 10.0, verify_rounds: int = 3) -> Optional[PlanSpec]:
-    """A spec for the plan ``autosched.search.entry.auto_schedule`` finds for this workload, or None.
+    """A spec for the plan ``autosched.search.autoschedule.auto_schedule`` finds for this workload, or None.
 
     Every rank measures a serial run's timeline (median time per task) on its
     own batches; the
@@ -140,9 +140,9 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     >>> env.close()
     """
     try:
-        import autosched.search.entry  # noqa: F401 - the search and its optional libraries (OR-Tools) are there
+        import autosched.search.autoschedule  # noqa: F401 - the search and its optional libraries (OR-Tools) are there
     except ImportError as exc:
-        _log.info("no auto plan: autosched.search.entry is not importable (%s)", exc)
+        _log.info("no auto plan: autosched.search.autoschedule is not importable (%s)", exc)
         return None
     batches = pin_for(batches, env.device)  # the H2D costs measured and verified are the asynchronous copy's
     wl = DLRMWorkload(config, env)
@@ -254,7 +254,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     verification, the search's plan is ``"auto"``.
     """
     from autosched.search.options import Constraints, SolverOptions
-    from autosched.search.entry import auto_schedule
+    from swpipe import auto_schedule
     from autosched.verify.loop import VerifyOptions
     from autosched.verify.predict import predicted_speedups
 

@@ -1,10 +1,11 @@
-"""Phase 3 of the search, the judgement: the chosen plan simulated, bounded, and explained.
+"""The chosen plan assessed: simulated, bounded, and explained, as a :class:`SearchReport`.
 
-The searchers (:mod:`autosched.search.phases`) say which plan; this says how good it is: its
+The searchers (:mod:`autosched.search.searchers`) say which plan; :func:`assess` says how good it is: its
 simulated period and latency, the best lower bound (analytic, the CP-SAT model's, or CP-SAT's
-proof), why its depth is what it is (a quick search one iteration shallower), the serial plan's
-period, the what-ifs (halving the largest task on what binds it) and, with memory figures, the
-predicted peak and the least memory any plan needs. It builds the :class:`SearchReport`.
+proof) and what is proven about the plan (``status``), why its depth is what it is (a quick search one
+iteration shallower), the serial plan's period, the what-ifs (halving the largest task on what binds it) and,
+with memory figures, the predicted peak and the least memory any plan needs. :func:`rejudge` redoes the
+plan's figures when the verification on the engine chose another plan.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import validate
@@ -20,16 +21,18 @@ from swpipe_core.validate import validate
 from autosched.model.graph import task_graph
 from autosched.model.machine import simulate_folded
 from autosched.model.memory import min_memory
+from autosched.model.simulate import SimResult
+from autosched.model.taskmodel import TaskParts
 from autosched.search.beam import beam_search
 from autosched.search.bounds import lower_bounds
 from autosched.search.cpsat import model_lower_bound
-from autosched.search.options import Constraints, SolverOptions
-from autosched.search.phases import Found
-from autosched.search.problem import Problem, make_problem
-from autosched.search.report import SearchReport, fmt_ms
+from autosched.search.found import Found
+from autosched.search.options import SolverOptions
+from autosched.search.problem import Problem
+from autosched.search.report import Reasons, SearchReport, SearchRun, fmt_ms
 from autosched.search.scoring import sim_scorer
 
-__all__ = ["judge"]
+__all__ = ["assess", "rejudge"]
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +52,11 @@ def _tasks_on(problem: Problem, plan: PipelinePlan, resource: str) -> List[str]:
     return [n for n in problem.names if resource in _holds(problem.parts(n, plan.sched(n).thread_group, plan.sched(n).stream))]
 
 
-def _holds(parts: Any) -> Tuple[str, ...]:
+def _holds(parts: TaskParts) -> Tuple[str, ...]:
     return parts.host_holds + parts.device_holds
 
 
-def _what_ifs(problem: Problem, plan: PipelinePlan, sim: Any, num_iterations: int) -> List[Tuple[str, float]]:
+def _what_ifs(problem: Problem, plan: PipelinePlan, sim: SimResult, num_iterations: int) -> List[Tuple[str, float]]:
     """Simulated effect (same plan) of halving the largest task on what binds it."""
     if not hasattr(problem.costs, "scaled"):
         return []
@@ -89,18 +92,16 @@ def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float])
     return value, why
 
 
-def _depth_reason(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOptions, depth: int, period: float,
-                  depth_proven: bool, budget_s: float, calibration: Any = None) -> str:
+def _depth_reason(problem: Problem, solver: SolverOptions, depth: int, period: float, depth_proven: bool,
+                  budget_s: float) -> str:
     """Why this depth: the best period a quick search finds with one iteration fewer in flight."""
     if depth == 1:
         return "one iteration in flight already reaches this period (least memory)"
     proven = "; CP-SAT proved no shallower plan reaches this period" if depth_proven else ""
     try:
-        shallow = make_problem(tasks_or_graph, costs, dataclasses.replace(c, max_depth=depth - 1),
-                               time_unit_s=s.time_unit_s)
-        shallow.calibration = calibration  # the same machine model
-        got = beam_search(shallow, width=4, rounds=4, time_limit_s=budget_s, seed=s.seed).best
-        p = sim_scorer(shallow, s.num_iterations)(got.plan)[0]
+        shallow = problem.remade(max_depth=depth - 1)  # the same machine model, one iteration fewer in flight
+        got = beam_search(shallow, width=4, rounds=4, time_limit_s=budget_s, seed=solver.seed)
+        p = sim_scorer(shallow, solver.num_iterations)(got.plan)[0]
     except (ValueError, RuntimeError) as exc:
         return f"depth {depth - 1} admits no plan ({exc})"
     if p <= period * (1 + 1e-9):
@@ -108,56 +109,80 @@ def _depth_reason(tasks_or_graph: Any, costs: Any, c: Constraints, s: SolverOpti
     return f"the best plan found with {depth - 1} in flight runs at {fmt_ms(p)} (+{100 * (p / period - 1):.1f}%){proven}"
 
 
-def judge(tasks_or_graph: Any, costs: Any, problem: Problem, c: Constraints, s: SolverOptions, found: Found,
-          t0: float) -> SearchReport:
-    """Phase 3: simulate the chosen plan, bound it, and say why it is what it is.
+def assess(problem: Problem, solver: SolverOptions, found: Found, started: float) -> SearchReport:
+    """Simulate the chosen plan, bound it, say what is proven and why it is what it is.
 
     Parameters
     ----------
-    tasks_or_graph, costs
-        The search's input (a quick search of one depth less says why the depth is what it is).
     problem : Problem
-        The problem searched (its machine model simulates the plan).
-    c : Constraints
-    s : SolverOptions
+        The problem searched: its machine model simulates the plan; made again one iteration shallower, a quick
+        search says why the depth is what it is.
+    solver : SolverOptions
         Its simulated iterations score the plan; its time budget bounds the quick search.
     found : Found
-        What the searchers found (:mod:`autosched.search.phases`).
-    t0 : float
+        What the searchers found (:func:`autosched.search.searchers.run_searchers`), repaired.
+    started : float
         ``time.perf_counter()`` when the search began (the report's search time, the budget left).
 
     Returns
     -------
     SearchReport
+        ``status`` is ``OPTIMAL`` also when the plan's simulated period reaches the lower bound, whatever found
+        it: no plan in the space is faster.
     """
     plan = found.plan
     validate(plan)
-    sim = problem.simulate(plan, s.num_iterations)
+    sim = problem.simulate(plan, solver.num_iterations)
     period, latency = float(sim.period), float(sim.latency)
-    lb, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, found.proven)
-    lb = min(lb, period)
-    remaining = s.time_limit_s - (time.perf_counter() - t0)
-    depth_reason = _depth_reason(tasks_or_graph, costs, c, s, plan.pipeline_depth, period, found.depth_proven,
-                                 budget_s=max(0.5, min(3.0, 0.1 * s.time_limit_s, remaining)),
-                                 calibration=problem.calibration)
+    bound, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, found.bound)
+    unit = problem.unit_s
+    status = "OPTIMAL" if round(period / unit, 3) <= round(bound / unit, 3) else found.status
+    remaining = solver.time_limit_s - (time.perf_counter() - started)
+    depth_reason = _depth_reason(problem, solver, plan.pipeline_depth, period, found.depth_proven,
+                                 budget_s=max(0.5, min(3.0, 0.1 * solver.time_limit_s, remaining)))
     baseline = None
     if problem.base_plan is not None:
         try:
             baseline = found.scorer(problem.base_plan)[0]
         except Exception as exc:  # an input plan outside the engine's rules has no baseline
             found.notes.append(f"input plan could not be simulated as given: {exc}")
-    report = SearchReport(
-        plan=plan, period_s=period, latency_s=latency, lower_bound_s=lb,
-        gap_pct=100.0 * (period / lb - 1.0) if lb > 0 else 0.0, binding=str(sim.binding),
-        bound_binding=bound_why, depth=plan.pipeline_depth, max_depth=problem.max_depth,
-        depth_reason=depth_reason, threads=len(plan.thread_groups),
-        method=found.method, status=found.status, model_period_s=found.model_period, proven_bound_s=found.proven,
-        solver_time_s=found.solver_time, search_time_s=time.perf_counter() - t0, tried=found.tried,
-        device=problem.device, serial_period_s=_serial_period(problem, plan), baseline_period_s=baseline,
-        utilisation=dict(sim.utilisation), what_if=_what_ifs(problem, plan, sim, s.num_iterations), notes=found.notes,
-    )
+    why = Reasons(bound_why, depth_reason, problem.max_depth, dict(sim.utilisation),
+                  _what_ifs(problem, plan, sim, solver.num_iterations))
+    run = SearchRun(time.perf_counter() - started, found.tried, found.model_period, found.model_optimal,
+                    found.bound, found.solver_time)
+    report = SearchReport(plan=plan, period_s=period, latency_s=latency, lower_bound_s=min(bound, period),
+                          binding=str(sim.binding), status=status, method=found.method, device=problem.device,
+                          serial_period_s=_serial_period(problem, plan), why=why, search=run,
+                          baseline_period_s=baseline, notes=problem.notes + found.notes)
     if getattr(problem.costs, "has_bytes", False):
         report.peak_bytes = sim.memory.peak_bytes
         report.min_memory_bytes = min_memory(list(problem.names), list(problem.intra), problem.costs,
                                              device=problem.device).value
     return report
+
+
+def rejudge(report: SearchReport, plan: PipelinePlan, problem: Problem, num_iterations: int) -> SearchReport:
+    """The report's figures for another plan the verification chose (simulated in the same model).
+
+    Parameters
+    ----------
+    report : SearchReport
+        The search's report.
+    plan : PipelinePlan
+        The plan measured fastest.
+    problem : Problem
+        The problem searched (or refitted): its model simulates ``plan``.
+    num_iterations : int
+        Simulated iterations.
+
+    Returns
+    -------
+    SearchReport
+        A copy: ``plan``, its simulated period, latency, binding and utilisation, ``method`` ending ``+verify``,
+        the depth's reason "chosen by measurement", no what-ifs.
+    """
+    sim = problem.simulate(plan, num_iterations)
+    why = dataclasses.replace(report.why, depth_reason="chosen by measurement on the engine (verify), not by the "
+                              "simulator", utilisation=dict(sim.utilisation), what_if=[])
+    return dataclasses.replace(report, plan=plan, period_s=float(sim.period), latency_s=float(sim.latency),
+                               binding=str(sim.binding), method=f"{report.method}+verify", why=why)

@@ -1,17 +1,21 @@
-"""Brute force over the whole plan space of a small problem (the ground truth the tests hold searchers to).
+"""Brute force over a small search problem's whole plan space, and random problems: the truth tests hold the searchers to.
+
+Not part of the search: ``auto_schedule`` never enumerates. The tests and ``benchmarks/search_quality.py``
+compare the searchers (:func:`autosched.search.beam.beam_search`, :func:`autosched.search.cpsat.solve_cpsat`)
+with :func:`brute_force` on problems of a handful of tasks, and time them on :func:`random_graph`.
 
 The space is exactly the one the searchers cover (:mod:`autosched.search.problem`):
 
 * stage vectors allowed by the stage rules (docs/semantics.md), the depth cap and frozen
-  stages (without frozen stages, vectors whose smallest stage is above 0 are
-  skipped: they relabel periods, same timing, deeper pipeline);
+  stages (:func:`autosched.search.problem.stage_assignments`: without frozen stages, vectors whose
+  smallest stage is above 0 are skipped: they relabel periods, same timing, deeper pipeline);
 * thread maps: every partition of the tasks into at most ``max_threads``
   groups (frozen groups respected); group names do not change timing;
 * the caller's thread: each group of the map inline, or none (only the frozen
   caller's group when there is one; none when the problem has no caller's
   group);
 * streams: every combination of each task's stream choices;
-  Orders
+* enqueue orders: every topological order of the period-local graph. Orders
   that put each thread's queue and the sequencer in the same sequence, and
   hand each worker's task off after the same task of the inline group, behave
   the same (the rest of a period is enqueued at one instant), so one per class
@@ -27,20 +31,19 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import networkx as nx
 
 from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan
-from swpipe_core.stage_rules import stage_rule_holds
 
-from autosched.search.problem import Problem
+from autosched.model.costs import CostModel, TaskCost
 from autosched.search.plans import build_plan
-from autosched.search.presets import inline_choices
+from autosched.search.problem import Problem, stage_assignments
+from autosched.search.maps import inline_choices
 
-__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph",
-           "stage_assignments"]
+__all__ = ["thread_maps", "enumerate_plans", "brute_force", "BruteForceResult", "random_problem", "random_graph"]
 
 
 def thread_maps(problem: Problem) -> Iterator[Dict[str, str]]:
@@ -54,8 +57,8 @@ def thread_maps(problem: Problem) -> Iterator[Dict[str, str]]:
     Examples
     --------
     >>> from types import SimpleNamespace as NS
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> c = NS(tasks={n: NS(host_s=1.0, device_s=0.0, resources=()) for n in "ABC"})
     >>> p = make_problem((list("ABC"), []), c, Constraints(max_threads=2))
     >>> len(list(thread_maps(p)))   # {ABC}, {A|BC}, {AB|C}, {AC|B}
@@ -108,9 +111,8 @@ def enumerate_plans(problem: Problem) -> Iterator[PipelinePlan]:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints, CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> len(list(enumerate_plans(p)))   # stages (0,0): 2 + 3; (0,1): one thread 2 x 2 orders, two threads 1 + 2 + 2
@@ -169,9 +171,8 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
+    >>> from swpipe import Constraints, CostModel, TaskCost
+    >>> from autosched.search.problem import make_problem   # the searchers' input, not public
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
     >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
     >>> from autosched.search.scoring import sim_scorer
@@ -192,7 +193,7 @@ def brute_force(problem: Problem, scorer: Callable[[PipelinePlan], Tuple[float, 
     return BruteForceResult(best_period, best_plan, count)
 
 
-def random_problem(seed: int, n: int = 4, p_edge: float = 0.4, tags: bool = False) -> Tuple[tuple, "CostModel"]:
+def random_problem(seed: int, n: int = 4, p_edge: float = 0.4, tags: bool = False) -> Tuple[tuple, CostModel]:
     """A small random task graph with whole-millisecond costs (for brute-force comparisons).
 
     Tasks ``T0 .. T{n-1}``; each pair ``(Ti, Tj)``, ``i < j``, is an intra
@@ -210,8 +211,6 @@ def random_problem(seed: int, n: int = 4, p_edge: float = 0.4, tags: bool = Fals
     >>> tasks, inter, costs["T3"].host_s
     (['T0', 'T1', 'T2', 'T3'], [('T1', 'T3', 2)], 0.005)
     """
-    from autosched.model.costs import CostModel, TaskCost
-
     rng = random.Random(seed)
     names = [f"T{i}" for i in range(n)]
     intra = [(names[j], names[i]) for i in range(n) for j in range(i + 1, n) if rng.random() < p_edge]
@@ -229,7 +228,7 @@ def random_problem(seed: int, n: int = 4, p_edge: float = 0.4, tags: bool = Fals
     return (names, intra, inter), costs
 
 
-def random_graph(seed: int, n: int, cuda: bool = False) -> Tuple[tuple, "CostModel"]:
+def random_graph(seed: int, n: int, cuda: bool = False) -> Tuple[tuple, CostModel]:
     """A larger random task graph shaped like a training step (for search-time benchmarks).
 
     Each task waits 1 to 3 of the 6 tasks declared before it; ``n // 10`` inter
@@ -247,8 +246,6 @@ def random_graph(seed: int, n: int, cuda: bool = False) -> Tuple[tuple, "CostMod
     >>> len(tasks), len(inter), all(costs[t].host_s > 0 for t in tasks)
     (20, 2, True)
     """
-    from autosched.model.costs import CostModel, TaskCost
-
     rng = random.Random(seed)
     names = [f"T{i:03d}" for i in range(n)]
     intra = []
@@ -267,68 +264,3 @@ def random_graph(seed: int, n: int, cuda: bool = False) -> Tuple[tuple, "CostMod
         tags = ("comm:nccl",) if rng.random() < 0.1 else ()
         tasks[t] = TaskCost(host, dev, tags)
     return (names, intra, inter), CostModel(tasks, method="random_graph", notes=f"seed {seed}")
-
-
-def stage_assignments(problem: Problem, limit: Optional[int] = None) -> Iterable[Dict[str, int]]:
-    """Every stage assignment the stage rules, the depth cap and frozen stages allow.
-
-    Assignments whose smallest stage is above 0 are skipped when no stage is
-    frozen: they only relabel periods (same timing, deeper pipeline).
-
-    Parameters
-    ----------
-    problem : Problem
-    limit : int, optional
-        Stop after this many.
-
-    Yields
-    ------
-    dict
-        ``{task: stage}``.
-
-    Examples
-    --------
-    >>> from autosched.model.costs import CostModel, TaskCost
-    >>> from autosched.search.problem import make_problem
-    >>> from autosched.search.options import Constraints
-    >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.003)})
-    >>> p = make_problem((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2), time_unit_s=1e-3)
-    >>> list(stage_assignments(p))   # B may not run in an earlier stage than A (the stage rule)
-    [{'A': 0, 'B': 0}, {'A': 0, 'B': 1}]
-    """
-    names = list(nx.topological_sort(problem.dag))
-    inter_by_task: Dict[str, List[Tuple[str, int]]] = {}
-    for t, d, n in problem.inter:
-        inter_by_task.setdefault(t, []).append((d, n))
-        inter_by_task.setdefault(d, []).append((t, -n))
-    count = 0
-    stage: Dict[str, int] = {}
-
-    def rec(i: int) -> Iterable[Dict[str, int]]:
-        nonlocal count
-        if limit is not None and count >= limit:
-            return
-        if i == len(names):
-            if problem.frozen_stage or min(stage.values(), default=0) == 0:
-                count += 1
-                yield dict(stage)
-            return
-        n = names[i]
-        lo = max((stage[p] for p in problem.dag.predecessors(n)), default=0)
-        options = [problem.frozen_stage[n]] if n in problem.frozen_stage else range(lo, problem.max_depth)
-        for s in options:
-            if s < lo:
-                continue
-            ok = True
-            for other, k in inter_by_task.get(n, ()):
-                if other in stage:
-                    # k > 0: n waits `other` k earlier -> stage[other] - s <= k; k < 0: other waits n -> s - stage[other] <= -k
-                    if not (stage_rule_holds(s, stage[other], k) if k > 0 else stage_rule_holds(stage[other], s, -k)):
-                        ok = False
-                        break
-            if ok:
-                stage[n] = s
-                yield from rec(i + 1)
-                del stage[n]
-
-    yield from rec(0)

@@ -1,10 +1,10 @@
-"""The beam's starting candidates and its moves: thread-map, stream-map and fire-order mutations.
+"""The beam's starting candidates and each member's neighbours: thread-map, stream-map and fire-order moves.
 
 :func:`initial_candidates` seeds the beam (the input plan's map, each thread-map preset with the
 first fire orders, on CUDA each stream preset); :func:`mutations` are one beam member's neighbours:
 thread-map presets, load-balancing moves and swaps, single-task moves; on CUDA stream presets,
-single-task and whole-stream moves; fire-order policies and adjacent swaps
-(:mod:`autosched.search.presets`).
+single-task and whole-stream moves (:mod:`autosched.search.maps`); fire-order policies and adjacent swaps
+(:mod:`autosched.search.fire_orders`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import networkx as nx
 from swpipe_core.plan import stream_name
 
 from autosched.search.modulo import Candidate
-from autosched.search.presets import (FIRE_POLICIES, _adjacent_swaps, _canonical_groups, _cap_groups, fire_order,
-                                      stream_presets, thread_presets)
+from autosched.search.fire_orders import FIRE_POLICIES, adjacent_swaps, fire_order
+from autosched.search.maps import canonical_groups, cap_groups, stream_presets, thread_presets
 from autosched.search.problem import Problem
 
 __all__ = ["initial_candidates", "mutations"]
@@ -44,13 +44,13 @@ def initial_candidates(problem: Problem) -> List[Candidate]:
         from swpipe_core.order import enqueue_order
 
         base = problem.base_plan
-        labels = _cap_groups(problem, {n: base.sched(n).thread_group for n in problem.names})
+        labels = cap_groups(problem, {n: base.sched(n).thread_group for n in problem.names})
         eo = enqueue_order(base)
         try:
             prio = tuple(nx.lexicographical_topological_sort(problem.dag, key=lambda n: eo.index(n)))
         except ValueError:
             prio = orders["declared"]
-        cands.append(Candidate(_canonical_groups(problem, labels), stream, prio, "given plan"))
+        cands.append(Candidate(canonical_groups(problem, labels), stream, prio, "given plan"))
     first_orders = ("critical_chain_first", "declared") if len(problem.names) <= 60 else ("critical_chain_first",)
     for pname, groups in presets.items():
         for oname in first_orders:
@@ -130,11 +130,11 @@ def mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: int
                 moves.append((i, g))
     rng.shuffle(moves)
     for new in _balancing_moves(problem, labels, budget // 2 or 1):
-        out.append(Candidate(_canonical_groups(problem, new), cand.stream, cand.priority, "balance"))
+        out.append(Candidate(canonical_groups(problem, new), cand.stream, cand.priority, "balance"))
     for i, g in moves[:budget]:
         new = dict(zip(problem.names, labels))
         new[problem.names[i]] = g
-        out.append(Candidate(_canonical_groups(problem, new), cand.stream, cand.priority,
+        out.append(Candidate(canonical_groups(problem, new), cand.stream, cand.priority,
                              f"move {problem.names[i]}->{g}"))
     # MUTATE_STREAM_MAP: presets, whole stream groups, single tasks (CUDA only)
     if problem.cuda:
@@ -164,7 +164,7 @@ def mutations(problem: Problem, cand: Candidate, rng: random.Random, budget: int
     # MUTATE_FIRE_ORDERING: policies and adjacent swaps
     for p in FIRE_POLICIES:
         out.append(Candidate(cand.group, cand.stream, fire_order(problem, p, smap), f"order:{p}"))
-    swaps = list(_adjacent_swaps(problem, cand.priority))
+    swaps = list(adjacent_swaps(problem, cand.priority))
     rng.shuffle(swaps)
     for pr in swaps[:budget]:
         out.append(Candidate(cand.group, cand.stream, pr, "swap"))
