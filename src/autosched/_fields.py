@@ -16,7 +16,31 @@ Rule = Tuple[Callable[[Any], bool], str]
 
 
 class OptionError(TypeError, ValueError):
-    """An option with a value of the wrong type or out of range (a ``TypeError`` and a ``ValueError``)."""
+    """An option with a value of the wrong type or out of range (a ``TypeError`` and a ``ValueError``).
+
+    Attributes
+    ----------
+    owner : str
+        The options class (``"Constraints"``, ``"SolverOptions"``, ...).
+    fields : list of str
+        The fields at fault; ``field`` is the first.
+    value : object
+        The first field's value.
+    expected : str
+        What the field takes (a wrong value), ``""`` otherwise.
+    home : str
+        The options class the fields belong to (fields given to the wrong one), ``""`` otherwise.
+    """
+
+    def __init__(self, message: str, *, owner: str = "", fields: Sequence[str] = (), value: Any = None,
+                 expected: str = "", home: str = "") -> None:
+        self.owner, self.fields, self.value, self.expected, self.home = owner, list(fields), value, expected, home
+        super().__init__(message)
+
+    @property
+    def field(self) -> Optional[str]:
+        """The first field at fault."""
+        return self.fields[0] if self.fields else None
 
 
 def check_fields(owner: Any, rules: Dict[str, Rule]) -> None:
@@ -37,7 +61,8 @@ def check_fields(owner: Any, rules: Dict[str, Rule]) -> None:
     for name, (ok, expected) in rules.items():
         value = getattr(owner, name)
         if not ok(value):
-            raise OptionError(f"{type(owner).__name__}({name}={value!r}): expected {expected}")
+            raise OptionError(f"{type(owner).__name__}({name}={value!r}): expected {expected}",
+                              owner=type(owner).__name__, fields=[name], value=value, expected=expected)
 
 
 def integer(low: int) -> Rule:

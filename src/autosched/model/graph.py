@@ -328,7 +328,7 @@ def _read_json(path: PathLike) -> Tuple[str, Any]:
     try:
         return path, json.loads(text)
     except json.JSONDecodeError as exc:
-        raise GraphFileError(path, "", f"not valid JSON ({exc})", "fix the syntax") from None
+        raise GraphFileError(path, "", f"not valid JSON ({exc})", "fix the syntax", line=exc.lineno) from None
 
 
 @contextmanager
@@ -339,7 +339,7 @@ def _file_errors(path: str) -> Iterator[None]:
     except PlanFileError as exc:
         if isinstance(exc, GraphFileError):
             raise
-        raise GraphFileError(path, exc.where, exc.what, exc.fix) from None
+        raise GraphFileError(path, exc.field, exc.what, exc.fix, task=exc.task, value=exc.value) from None
 
 
 def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> PipelinePlan:

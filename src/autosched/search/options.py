@@ -159,7 +159,8 @@ def _refusing_the_others(cls: type, other: type, argument: str, what: str, not_w
             one = len(foreign) == 1
             are = f"is a {what}, not a {not_what}" if one else f"are {what}s, not {not_what}s"
             raise OptionError(f"{cls.__name__}({given}): {', '.join(foreign)} {are}; "
-                              f"pass auto_schedule(..., {argument}={other.__name__}({given}))")
+                              f"pass auto_schedule(..., {argument}={other.__name__}({given}))",
+                              owner=cls.__name__, fields=foreign, value=kwargs[foreign[0]], home=other.__name__)
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__  # type: ignore[method-assign]
