@@ -56,7 +56,9 @@ def test_explicit_depth_that_disagrees_names_inferred_value():
 
 
 def test_explicit_depth_that_agrees_is_accepted():
-    validate(PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, pipeline_depth=2))
+    plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, pipeline_depth=2)
+    validate(plan)  # raises PlanError (depth-mismatch) if it were refused
+    assert plan.pipeline_depth == 2 and plan == plan.replace(pipeline_depth=None)  # the inferred depth
 
 
 def _three_ways():

@@ -109,10 +109,14 @@ def test_enqueue_order_must_list_every_task_once():
     validate(plan.replace(enqueue_order=["B", "A"]))
 
 
-def test_stream_objects_are_accepted():
+def test_stream_objects_are_accepted_and_other_objects_are_not():
     import torch
 
-    validate(PipelinePlan({"A": S(0, stream=torch.Stream(device="cpu"))}))
+    stream = torch.Stream(device="cpu")
+    validate(PipelinePlan({"A": S(0, stream=stream)}))  # raises PlanError (stream-type) if it were refused
+    with pytest.raises(PlanError) as info:
+        validate(PipelinePlan({"A": S(0, stream=object())}))
+    assert (info.value.rule, info.value.task, info.value.field) == ("stream-type", "A", "stream")
 
 
 def test_period_local_cycle_is_implied_by_cycle_and_corollaries():

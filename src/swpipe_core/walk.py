@@ -138,7 +138,3 @@ class PeriodWalk:
     def sequence(self, num_iterations: int) -> List[Tuple[str, int]]:
         """Every ``(task, iteration)`` of a run, in the order the main thread reaches them."""
         return [(s.task, s.iteration) for _, steps in self.periods(num_iterations) for s in steps]
-
-    def period_of(self, task: str, iteration: int) -> int:
-        """The period that runs ``task`` of ``iteration``."""
-        return iteration + self.stage[task]
