@@ -52,8 +52,8 @@ DEMO_MODULES = ("swpipe/workloads/", "swpipe/commands/", "swpipe/cli.py", "swpip
 LIMITS = {"prose_matches": 20, "private_accesses": 10, "multi_base_classes": 0, "wide_public_functions": 0,
           "single_letter_options": 0, "workloads_imports": 0, "dir_not_all": 0}
 MAX_PARAMETERS = 8
-# two words: letters, then whitespace, then letters (regex escapes and placeholders do not make a word)
-_TWO_WORDS = re.compile(r"[A-Za-z]{2,}[^\s]*\s+[^\s]*[A-Za-z]{2,}|[A-Za-z]+\s+[A-Za-z]{2,}|[A-Za-z]{2,}\s+[A-Za-z]+")
+# a word: letters (an apostrophe or hyphen inside), punctuation around it aside
+_WORD = re.compile(r"[^A-Za-z]*([A-Za-z]+(?:['-][A-Za-z]+)*)[^A-Za-z]*")
 
 
 @dataclass
@@ -92,19 +92,21 @@ def _literal_text(node: ast.AST) -> str:
         return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
         return _literal_text(node.left) + " " + _literal_text(node.right)
-    if isinstance(node, ast.Call) and node.args:  # re.escape("...") and the like
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "escape" \
+            and node.args:  # re.escape("...")
         return _literal_text(node.args[0])
     return ""
 
 
 def is_prose(text: str) -> bool:
-    """Two or more words: what reads as a sentence rather than a name, a number or a symbol.
+    """Two words in a row: what reads as a sentence rather than a name, a number or a symbol.
 
-    >>> is_prose("drain"), is_prose("corollary-1"), is_prose("not callable"), is_prose(r"\\['A'\\] x")
-    (False, False, True, False)
+    >>> is_prose("drain"), is_prose("corollary-1"), is_prose("not callable"), is_prose(r"\\['A'\\] is"), is_prose("LDS = 1")
+    (False, False, True, False, False)
     """
-    words = re.sub(r"\\.|\{\}", " ", text)  # a regex escape or a placeholder is no word
-    return bool(_TWO_WORDS.search(words))
+    tokens = re.sub(r"\\.|\{\}", " ", text).split()  # a regex escape or a placeholder is no word
+    words = [(m is not None and len(m.group(1)) > 1) for m in map(_WORD.fullmatch, tokens)]
+    return any(a and b for a, b in zip(words, words[1:]))
 
 
 def _is_pytest_call(node: ast.Call, names: Sequence[str]) -> bool:

@@ -195,8 +195,7 @@ def plan_from_dict(doc: Any, fns: Optional[Mapping[str, Callable]] = None, *, so
         dependency naming an unknown task; the message names the field.
     swpipe_core.validate.PlanError
         The plan breaks a rule (a stage, a policy, the depth, the enqueue order).
-    ValueError
-        ``fns`` names a task that is not in the plan, or holds something not callable.
+        ``fns`` naming a task that is not in the plan, or holding something not callable (field ``fns``).
 
     Examples
     --------
@@ -217,11 +216,12 @@ def plan_from_dict(doc: Any, fns: Optional[Mapping[str, Callable]] = None, *, so
     order = doc.get("enqueue_order", _DEFAULT["enqueue_order"])
     if order is not None and not isinstance(order, list):
         raise PlanFileError(source, "enqueue_order", f"{order!r} is not a list or null",
-                            "list every task name once in enqueue order, or null to use enqueue_policy")
+                            "list every task name once in enqueue order, or null to use enqueue_policy", value=order)
     caller = doc.get("caller_group", _DEFAULT["caller_group"])
     if caller is not None and not isinstance(caller, str):
         raise PlanFileError(source, "caller_group", f"{caller!r} is not a string or null",
-                            'name the thread group run on the caller\'s thread ("default"), or null for none')
+                            'name the thread group run on the caller\'s thread ("default"), or null for none',
+                            value=caller)
     if fns:
         check_fns(fns, names, source)
     tasks = {n: PipelineTask(n, (fns or {}).get(n)) for n in names}
@@ -515,18 +515,19 @@ def check_header(source: str, doc: Any, fmt: str = PLAN_FORMAT, versions: Sequen
                             f'the file holds one JSON object {{"format": "{fmt}", "version": {max(versions)}, ...}}')
     if doc.get("format") != fmt:
         raise PlanFileError(source, "format", f"format is {doc.get('format')!r}, expected {fmt!r}",
-                            f"load a {fmt} file (save_plan writes swpipe-plan, save_task_graph swpipe-task-graph)")
+                            f"load a {fmt} file (save_plan writes swpipe-plan, save_task_graph swpipe-task-graph)",
+                            value=doc.get("format"))
     version = doc.get("version")
     if isinstance(version, bool) or version not in versions:
         raise PlanFileError(source, "version", f"version {version!r} is not supported (this swpipe reads "
-                            f"{', '.join(map(str, versions))})", "re-save the file with this swpipe")
+                            f"{', '.join(map(str, versions))})", "re-save the file with this swpipe", value=version)
 
 
 def _schedule_from_dict(source: str, entries: Any) -> Dict[str, TaskSchedule]:
     """``{name: TaskSchedule}`` of the ``tasks`` field (kinds of the values are left to ``validate``)."""
     if not isinstance(entries, list) or not entries:
         raise PlanFileError(source, "tasks", f"{entries!r} is not a non-empty list",
-                            'write "tasks": [{"name": "H2D", "stage": 0}, ...]')
+                            'write "tasks": [{"name": "H2D", "stage": 0}, ...]', value=entries)
     schedule: Dict[str, TaskSchedule] = {}
     for j, entry in enumerate(entries):
         where = f"tasks[{j}]"
@@ -534,9 +535,10 @@ def _schedule_from_dict(source: str, entries: Any) -> Dict[str, TaskSchedule]:
         name = entry["name"]
         if not isinstance(name, str) or not name:
             raise PlanFileError(source, where, f"name {name!r} is not a non-empty string",
-                                "give every task a non-empty string name")
+                                "give every task a non-empty string name", value=name)
         if name in schedule:
-            raise PlanFileError(source, where, f"task {name!r} appears twice", "give every task a unique name")
+            raise PlanFileError(source, where, f"task {name!r} appears twice", "give every task a unique name",
+                                task=name, value=name)
         schedule[name] = TaskSchedule(**{f.key: entry.get(f.key, f.default) for f in TASK_FIELDS if f.key != "name"})
     return schedule
 
@@ -555,10 +557,11 @@ def check_keys(source: str, where: str, obj: Any, allowed: set, required: set) -
         raise PlanFileError(source, where, f"{obj!r} is not an object", f"write {where} as a JSON object {{...}}")
     unknown = sorted(set(obj) - allowed)
     if unknown:
-        raise PlanFileError(source, where, f"unknown field(s) {unknown}", f"allowed fields: {sorted(allowed)}")
+        raise PlanFileError(source, where, f"unknown field(s) {unknown}", f"allowed fields: {sorted(allowed)}",
+                            value=unknown)
     missing = sorted(required - set(obj))
     if missing:
-        raise PlanFileError(source, where, f"missing field(s) {missing}", f"add {missing} to {where}")
+        raise PlanFileError(source, where, f"missing field(s) {missing}", f"add {missing} to {where}", value=missing)
 
 
 def deps_from_dict(source: str, doc: Mapping[str, Any], names: Sequence[str],
@@ -595,37 +598,42 @@ def _deps(source: str, field: str, deps: Any, known: set, names: Sequence[str]) 
     sizes = _DEPS[field]
     if not isinstance(deps, list):
         raise PlanFileError(source, field, f"{deps!r} is not a list",
-                            f'write "{field}": [[task, depends_on], ...] (or [] for none)')
+                            f'write "{field}": [[task, depends_on], ...] (or [] for none)', value=deps)
     parsed = []
     for j, dep in enumerate(deps):
         where = f"{field}[{j}]"
         if not isinstance(dep, list) or len(dep) not in sizes:
             raise PlanFileError(source, where, f"{dep!r} is not a list of {' or '.join(map(str, sizes))} items",
-                                "write [task, depends_on]" + (" or [task, depends_on, N]" if 3 in sizes else ""))
+                                "write [task, depends_on]" + (" or [task, depends_on, N]" if 3 in sizes else ""),
+                                value=dep)
         for end in dep[:2]:
             if end not in known:
-                raise PlanFileError(source, where, f"names unknown task {end!r}", f"tasks are {list(names)}")
+                raise PlanFileError(source, where, f"names unknown task {end!r}", f"tasks are {list(names)}",
+                                    task=dep[0] if dep[0] in known else None, value=end)
         if len(dep) == 3 and (not isinstance(dep[2], int) or isinstance(dep[2], bool) or dep[2] < 1):
             raise PlanFileError(source, where, f"distance {dep[2]!r} is not an integer >= 1",
-                                "use N >= 1 iterations back; a same-iteration dependency goes in intra_iter_deps")
+                                "use N >= 1 iterations back; a same-iteration dependency goes in intra_iter_deps",
+                                task=dep[0], value=dep[2])
         parsed.append(tuple(dep))
     return parsed
 
 
 def check_fns(fns: Mapping[str, Any], names: Sequence[str], source: str = "") -> None:
-    """Raise ``ValueError`` unless every entry of ``fns`` names one of the tasks ``names`` and is callable.
+    """Raise :class:`PlanFileError` (field ``fns``) unless every entry of ``fns`` names one of the tasks ``names``
+    and is callable.
 
     Examples
     --------
     >>> check_fns({"C": print}, ["A", "B"], "p.json")
     Traceback (most recent call last):
     ...
-    ValueError: p.json: fns names task(s) ['C'] that are not in the plan; tasks: ['A', 'B']
+    swpipe_core.planfile.PlanFileError: p.json: fns: names task(s) ['C'] that are not in the plan. Fix: tasks are ['A', 'B']
     """
     unknown = sorted(set(fns) - set(names))
     if unknown:
-        raise ValueError(f"{source + ': ' if source else ''}fns names task(s) {unknown} that are not in the plan; "
-                         f"tasks: {list(names)}")
+        raise PlanFileError(source, "fns", f"names task(s) {unknown} that are not in the plan",
+                            f"tasks are {list(names)}", value=unknown)
     bad = sorted(k for k, v in fns.items() if not callable(v))
     if bad:
-        raise ValueError(f"fns[{bad[0]!r}] is not callable")
+        raise PlanFileError(source, "fns", f"fns[{bad[0]!r}] is not callable", "give a function of the context",
+                            task=bad[0], value=fns[bad[0]])

@@ -442,9 +442,10 @@ def load_task_graph(path: PathLike, fns: Optional[Mapping[str, Callable]] = None
         names = doc["tasks"]
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
             raise GraphFileError(path, "tasks", f"{names!r} is not a non-empty list of task names",
-                                 'write "tasks": ["H2D", "Forward", ...]')
+                                 'write "tasks": ["H2D", "Forward", ...]', value=names)
         if len(set(names)) != len(names):
-            raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name")
+            raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name",
+                                 value=sorted({n for n in names if names.count(n) > 1}))
         intra, inter = deps_from_dict(path, doc, names)
     if fns:
         check_fns(fns, names, path)
