@@ -37,7 +37,7 @@ from autosched.model.costs import as_cost_model
 from autosched.search.core import search_plan
 from autosched.search.inferred import auto_schedule_inferred
 from autosched.search.memcap import schedule_under_cap
-from autosched.search.options import Constraints, SolverOptions
+from autosched.search.options import Constraints, OptionError, SolverOptions
 from autosched.search.report import SearchReport
 
 __all__ = ["auto_schedule"]
@@ -189,11 +189,13 @@ def _check_types(constraints: Any, solver: Any, verify: Any) -> None:
     for argument, value, expected in (("constraints", constraints, Constraints), ("solver", solver, SolverOptions)):
         if value is not None and not isinstance(value, expected):
             hint = f"; pass a {type(value).__name__} as {homes[type(value)]}=" if type(value) in homes else ""
-            raise TypeError(f"auto_schedule({argument}=...): expected a {expected.__name__} or None, got "
-                            f"{type(value).__name__} {value!r}{hint}")
+            raise OptionError(f"auto_schedule({argument}=...): expected a {expected.__name__} or None, got "
+                              f"{type(value).__name__} {value!r}{hint}", owner="auto_schedule", fields=[argument],
+                              value=value, expected=expected.__name__, home=homes.get(type(value), ""))
     if verify is not None and not isinstance(verify, (bool, int, VerifyOptions)):
-        raise TypeError(f"auto_schedule(verify=...): expected None, True/False, a number of rounds or a "
-                        f"VerifyOptions, got {type(verify).__name__} {verify!r}")
+        raise OptionError(f"auto_schedule(verify=...): expected None, True/False, a number of rounds or a "
+                          f"VerifyOptions, got {type(verify).__name__} {verify!r}", owner="auto_schedule",
+                          fields=["verify"], value=verify, expected="VerifyOptions")
 
 
 def _dispatch(tasks_or_graph: Any, costs: Any, constraints: Optional[Constraints], solver: Optional[SolverOptions],

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence
 from autosched._fields import (OptionError, check_fields, flag, integer, mapping, names, number, one_of,
                                optional)
 
-__all__ = ["Constraints", "SolverOptions"]
+__all__ = ["Constraints", "SolverOptions", "OptionError"]
 
 
 @dataclass
