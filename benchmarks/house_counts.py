@@ -52,8 +52,9 @@ DEMO_MODULES = ("swpipe/workloads/", "swpipe/commands/", "swpipe/cli.py", "swpip
 LIMITS = {"prose_matches": 20, "private_accesses": 10, "multi_base_classes": 0, "wide_public_functions": 0,
           "single_letter_options": 0, "workloads_imports": 0, "dir_not_all": 0}
 MAX_PARAMETERS = 8
-# a word: letters (an apostrophe or hyphen inside), punctuation around it aside
-_WORD = re.compile(r"[^A-Za-z]*([A-Za-z]+(?:['-][A-Za-z]+)*)[^A-Za-z]*")
+# a word: letters (an apostrophe or hyphen inside), once punctuation around it is stripped; a quoted name is no word
+_WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*")
+_AROUND = "()[]{}.,:;!?|<>*+"
 
 
 @dataclass
@@ -98,14 +99,21 @@ def _literal_text(node: ast.AST) -> str:
     return ""
 
 
-def is_prose(text: str) -> bool:
-    """Two words in a row: what reads as a sentence rather than a name, a number or a symbol.
+def _is_word(token: str) -> bool:
+    core = token.strip(_AROUND)
+    return len(core) > 1 and _WORD.fullmatch(core) is not None
 
-    >>> is_prose("drain"), is_prose("corollary-1"), is_prose("not callable"), is_prose(r"\\['A'\\] is"), is_prose("LDS = 1")
-    (False, False, True, False, False)
+
+def is_prose(text: str) -> bool:
+    """Two words in a row: what reads as a sentence rather than a name, a number, a repr or a symbol.
+
+    >>> is_prose("drain"), is_prose("corollary-1"), is_prose("not callable"), is_prose("('A', 'B', 1)")
+    (False, False, True, False)
+    >>> is_prose("LDS = 1"), is_prose(r"\\['A'\\] is not"), is_prose("TorchRec's pipeline")
+    (False, True, True)
     """
     tokens = re.sub(r"\\.|\{\}", " ", text).split()  # a regex escape or a placeholder is no word
-    words = [(m is not None and len(m.group(1)) > 1) for m in map(_WORD.fullmatch, tokens)]
+    words = [_is_word(t) for t in tokens]
     return any(a and b for a, b in zip(words, words[1:]))
 
 
