@@ -112,7 +112,7 @@ def is_prose(text: str) -> bool:
     >>> is_prose("LDS = 1"), is_prose(r"\\['A'\\] is not"), is_prose("TorchRec's pipeline")
     (False, True, True)
     """
-    tokens = re.sub(r"\\.|\{\}", " ", text).split()  # a regex escape or a placeholder is no word
+    tokens = re.sub(r"\{\}", " 0 ", re.sub(r"\\.", " ", text)).split()  # an escape or a placeholder is no word
     words = [_is_word(t) for t in tokens]
     return any(a and b for a, b in zip(words, words[1:]))
 

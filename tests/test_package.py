@@ -46,6 +46,7 @@ def test_license_file_matches_the_declared_licence():
     meta = _setup_cfg()["metadata"]
     assert meta["license"].strip() == "BSD-3-Clause"
     text = (ROOT / meta["license_files"].strip()).read_text()
+    # the licence's and the author's wording is the behaviour: what the package declares and ships
     assert text.startswith("BSD 3-Clause License") and "swpipe developers" in text
     assert meta["author"].strip() == "swpipe developers"
     assert "License :: OSI Approved :: BSD License" in meta["classifiers"]

@@ -67,13 +67,13 @@ def test_the_two_forms_share_one_field_list():
 
 
 def test_names_that_are_not_one_word_and_words_that_mean_none_are_quoted():
-    plan = PipelinePlan({"load batch": TaskSchedule(0, "copy in"), "none": TaskSchedule(0, None, "g[1]")},
+    plan = PipelinePlan({"load batch": TaskSchedule(0, "copy#1"), "none": TaskSchedule(0, None, "g[1]")},
                         [("none", "load batch")], caller_group="none")
     text = str(plan)
     assert text.splitlines()[0].endswith('caller="none"')  # a group named none, not None
     assert text.splitlines()[1].split()[1:2] == ['"load']  # a JSON string
     back = PipelinePlan.from_text(text)
-    assert back.caller_group == "none" and back.sched("load batch").stream == "copy in"
+    assert back.caller_group == "none" and back.sched("load batch").stream == "copy#1"
     assert back.sched("none").thread_group == "g[1]" and back.intra_edges() == [("none", "load batch")]
 
 
