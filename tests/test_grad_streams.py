@@ -79,13 +79,12 @@ def _search(**kwargs):
 def test_search_moves_the_freer_to_its_makers_stream():
     plan, report = _search(state=True)
     assert plan.sched("Step").stream == plan.sched("Backward").stream is None
-    assert any(n.startswith("Step moved to the default stream: it frees gradients Backward make(s)")
-               for n in report.notes), report.notes
-    assert "Step: Constraints(frozen=...) put it on stream 'side'; the gradient repair overrides that" in report.notes
+    assert any(n.split()[0] == "Step" and "Backward" in n.split() for n in report.notes), report.notes  # the move
+    assert any(n.startswith("Step: Constraints(frozen=...)") and "'side'" in n for n in report.notes)  # the override
     assert report.period_s > 0
 
 
 def test_search_without_state_says_the_streams_were_not_checked():
     plan, report = _search()
     assert plan.sched("Step").stream == "side"
-    assert any(n.startswith("streams not checked for cross-stream gradient frees") for n in report.notes), report.notes
+    assert any("state=[model, optimizer]" in n for n in report.notes), report.notes  # not checked: how to have it
