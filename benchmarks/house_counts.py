@@ -9,9 +9,9 @@ count                          what is counted                                  
                                comparing with (``in``, ``==``, ``startswith``) a string literal of two
                                or more words, and a ``pytest.raises``/``pytest.warns(match=...)`` whose
                                pattern holds two or more words
-``private_accesses``           reads of a private attribute (``obj._x``, ``getattr(obj, "_x")``) and      10
-                               imports of a private name or module (``from x import _y``,
-                               ``from x._y import z``) in ``tests/``, outside comments and docstrings
+``private_accesses``           lines in ``tests/`` that read a private attribute (``obj._x``,           10
+                               ``getattr(obj, "_x")``) or import a private name or module
+                               (``from x import _y``, ``from x._y import z``), outside comments
 ``multi_base_classes``         classes under ``src/`` with more than one base defined in the project      0
 ``wide_public_functions``      functions and methods of ``swpipe.__all__`` with more than 8 parameters    0
                                (``self`` not counted; a dataclass's generated ``__init__`` is its fields,
@@ -173,6 +173,7 @@ def private_accesses(files: Sequence[pathlib.Path]) -> Count:
             elif isinstance(node, ast.Import):
                 if any(_private(part) for a in node.names for part in a.name.split(".")):
                     count.places.append(_where(path, node))
+    count.places = sorted(set(count.places), key=count.places.index)  # a line counts once
     return count
 
 

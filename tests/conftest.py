@@ -164,7 +164,7 @@ def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callab
     import autosched.verify.measure as verify
     from autosched.model.simulate import simulate
 
-    engine_run = verify._one_run
+    engine_run = verify._one_run  # private: the one seam where a measurement runs the engine, replaced here
     runs: List[Tuple[Any, int]] = []
 
     def run(plan: Any, batches: Sequence[Any], device: Any) -> float:

@@ -470,13 +470,20 @@ def test_recorder_on_cuda_names_weights_grads_and_state():
                                                                 state=[model, opt]).touched("Step", "write")
 
 
-def test_plan_order_knows_a_late_hand_off_orders_the_worker_task_after_the_callers():
-    from swpipe_core.dataflow._happens import PlanOrder
+def test_a_late_hand_off_orders_the_worker_task_after_the_callers():
+    shared = torch.zeros(1)
 
-    plan = PipelinePlan({"C": TaskSchedule(0), "W": TaskSchedule(0, thread_group="io")})
-    late = PlanOrder(plan.replace(enqueue_order=["C", "W"]))
-    assert late.before(("C", 2), ("W", 2)) and not late.before(("W", 2), ("C", 2))
-    early = PlanOrder(plan.replace(enqueue_order=["W", "C"]))
-    assert not early.before(("C", 2), ("W", 2)) and not early.before(("W", 2), ("C", 2))
-    assert not PlanOrder(plan.replace(enqueue_order=["C", "W"], caller_group=None)).before(("C", 2), ("W", 2))
-    assert not PlanOrder(plan.replace(enqueue_order=["C", "W"]), device="cuda").before(("C", 2), ("W", 2))
+    def caller(ctx): shared.add_(1)
+    def worker(ctx): ctx.y = shared * 2
+    plan = PipelinePlan({PipelineTask("C", caller): TaskSchedule(0),
+                         PipelineTask("W", worker): TaskSchedule(0, thread_group="io")})
+    # handed off after the caller's C, W reads what C wrote: ordered, with no dependency declared
+    late = check_dataflow(plan.replace(enqueue_order=["C", "W"]), [None] * 3, state={"shared": shared})
+    assert late.ok and late.missing == []
+    early = check_dataflow(plan.replace(enqueue_order=["W", "C"]), [None] * 3, state={"shared": shared})
+    assert [f.tasks for f in early.missing] == [("W", "C")]  # handed off first: nothing orders them
+    workers = check_dataflow(plan.replace(enqueue_order=["C", "W"], caller_group=None), [None] * 3,
+                             state={"shared": shared})
+    assert ("W", "C") in [f.tasks for f in workers.missing]  # C on a worker too: no hand-off after it
+    cuda = check_dataflow(plan.replace(enqueue_order=["C", "W"]), [None] * 3, state={"shared": shared}, device="cuda")
+    assert ("W", "C") in [f.tasks for f in cuda.missing]  # on CUDA the host's order does not order the device

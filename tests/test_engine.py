@@ -414,6 +414,7 @@ def test_timeline_without_recording_raises():
 
 def test_profiler_shows_pipelined_and_serial_ranges():
     pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    # torch's own (private) switch for recording every thread: the workers' ranges are what is checked
     cfg = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], experimental_config=cfg) as prof:
         pipe.run(range(2))

@@ -59,6 +59,7 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
     # the machine runs exactly as the model says, so no refit round moves the pool
     import autosched.verify.measure as verify
 
+    # private: the one seam where a measurement runs the engine (conftest.measured_by_simulation replaces it too)
     engine_run, folded = verify._one_run, searched_costs(CostModel(TASKS, machine_calibration=CAL))
 
     def run_as_modelled(plan, batches, device):

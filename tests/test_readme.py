@@ -162,7 +162,7 @@ def test_every_later_bash_line_is_a_swpipe_command_its_parser_accepts(capsys):
                 args = build_parser().parse_args(argv[1:])
             except SystemExit as exc:
                 pytest.fail(f"{where}: `{cmd}` does not parse: {capsys.readouterr().err.strip()} ({exc.code})")
-            assert getattr(args, "_run", None), f"{where}: `{cmd}` names no sub-command"
+            assert args.command, f"{where}: `{cmd}` names no sub-command"
 
 
 @pytest.mark.slow

@@ -343,7 +343,7 @@ def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it
     with pytest.raises(ValueError, match=r"Forward\D+2\D+Backward\D+2"):  # the tasks and the stages it cannot run
         TrainPipeline(model, opt, CPU, plan=deep)
     pipeline = TrainPipeline(model, opt, CPU, execute_all_batches=True)  # TorchRec's arguments, as TorchRec runs
-    with pytest.raises(TypeError, match=r"progress\(\).*iterator"):
+    with pytest.raises(TypeError, match="iterator"):  # what progress() takes
         pipeline.progress(_batches("sparse_nn", 2))
     pipeline.close()
 
