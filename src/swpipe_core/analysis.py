@@ -106,7 +106,7 @@ def format_schedule(plan: PipelinePlan, num_iterations: int = 3, shortcuts: Iter
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"H2D": TaskSchedule(0, "memcpy"), "Forward": TaskSchedule(1)},
     ...                     intra_iter_deps=[("Forward", "H2D")])
     >>> print(format_schedule(plan, 3))
@@ -264,7 +264,7 @@ def min_stages(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] = None) ->
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     >>> min_stages(plan, ["B", "A"]), min_stages(plan, ["A", "B"])
     ({'A': 0, 'B': 1}, {'A': 0, 'B': 0})
@@ -310,7 +310,7 @@ def min_depth(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] = None) -> 
     Stage-descending enqueues Forward before CopyBatch, which it waits on, so
     two stages are needed; a serial order needs one:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"CopyBatch": TaskSchedule(0), "Forward": TaskSchedule(1)},
     ...                     intra_iter_deps=[("Forward", "CopyBatch")], enqueue_policy="stage_descending")
     >>> min_depth(plan), min_depth(plan, ["CopyBatch", "Forward"])
@@ -338,7 +338,7 @@ def removable_boundaries(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] 
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1), "C": TaskSchedule(2)},
     ...                     intra_iter_deps=[("B", "A"), ("C", "B")])
     >>> removable_boundaries(plan, ["B", "A", "C"])
@@ -571,7 +571,7 @@ def format_plan_repr(plan: PipelinePlan, device: Any = 0, shortcuts: Iterable[Ta
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"H2DAndShuffle": TaskSchedule(0), "MPEmbForward": TaskSchedule(0)},
     ...                     intra_iter_deps=[("MPEmbForward", "H2DAndShuffle")])
     >>> print(format_plan_repr(plan, 0, ["MPEmbForward"]))

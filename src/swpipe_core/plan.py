@@ -40,6 +40,7 @@ class IterContext:
 
     Examples
     --------
+    >>> from swpipe import IterContext
     >>> ctx = IterContext(batch={"x": 1}, iter_idx=3)
     >>> ctx.y = ctx.batch["x"] + 1
     >>> ctx
@@ -77,6 +78,7 @@ class IterContext:
 
         Examples
         --------
+        >>> from swpipe import IterContext
         >>> IterContext(batch=None, iter_idx=0).keep_alive("anything")
         """
 
@@ -92,6 +94,7 @@ class DeclaredIO:
 
     Examples
     --------
+    >>> from swpipe import DeclaredIO
     >>> shared = {"step": 0}
     >>> io = DeclaredIO(capture=lambda: dict(shared), restore=shared.update)
     >>> snap = io.capture(); shared["step"] = 5; io.restore(snap); shared
@@ -117,6 +120,7 @@ class PipelineTask:
 
     Examples
     --------
+    >>> from swpipe import PipelineTask
     >>> fwd = PipelineTask("Forward", lambda ctx: None)
     >>> fwd == PipelineTask("Forward"), fwd == "Forward", hash(fwd) == hash("Forward")
     (True, True, True)
@@ -194,6 +198,7 @@ class TaskSchedule:
 
     Examples
     --------
+    >>> from swpipe import TaskSchedule
     >>> TaskSchedule(stage=1, stream="data_dist", globally_ordered=True)
     TaskSchedule(stage=1, stream='data_dist', thread_group='default', globally_ordered=True)
     """
@@ -222,6 +227,7 @@ def ref_name(ref: TaskRef) -> str:
 
     Examples
     --------
+    >>> from swpipe import PipelineTask
     >>> ref_name("H2D"), ref_name(PipelineTask("H2D"))
     ('H2D', 'H2D')
     """
@@ -313,6 +319,7 @@ class PipelinePlan:
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan(
     ...     schedule={"H2D": TaskSchedule(stage=0, stream="memcpy"), "Forward": TaskSchedule(stage=1)},
     ...     intra_iter_deps=[("Forward", "H2D")],
@@ -438,6 +445,7 @@ class PipelinePlan:
 
         Examples
         --------
+        >>> from swpipe import PipelinePlan, TaskSchedule
         >>> PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1)}).thread_groups
         ('default', 'io')
         """
@@ -483,6 +491,7 @@ class PipelinePlan:
 
         Examples
         --------
+        >>> from swpipe import PipelinePlan, TaskSchedule
         >>> plan = PipelinePlan({"P": TaskSchedule(0), "B": TaskSchedule(1)}, inter_iter_deps=[("P", "B")],
         ...                     same_period_deps=[("B", "P")])
         >>> plan.inter_edges()

@@ -145,6 +145,7 @@ def plan_to_dict(plan: PipelinePlan) -> Dict[str, Any]:
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"P": TaskSchedule(0, "copy"), "B": TaskSchedule(1)}, [("B", "P")],
     ...                     same_period_deps=[("B", "P")], caller_group=None)
     >>> d = plan_to_dict(plan)

@@ -297,7 +297,7 @@ def validate(plan: PipelinePlan) -> None:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule, validate
     >>> ok = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     >>> validate(ok)
     >>> bad = PipelinePlan({"A": TaskSchedule(1), "B": TaskSchedule(0)}, intra_iter_deps=[("B", "A")])

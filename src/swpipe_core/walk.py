@@ -81,7 +81,7 @@ class PeriodWalk:
     H2D on an io thread, Forward on the caller's thread one stage later,
     Log on the io thread after Forward in the enqueue order:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"H2D": TaskSchedule(0, thread_group="io"), "Forward": TaskSchedule(1),
     ...                      "Log": TaskSchedule(1, thread_group="io")},
     ...                     intra_iter_deps=[("Forward", "H2D")], enqueue_order=["H2D", "Forward", "Log"])
