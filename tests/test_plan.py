@@ -109,7 +109,7 @@ def test_bind_sets_functions_by_name_and_keeps_the_rest():
     bound = plan.bind({"A": _fn})
     assert bound.task("A").fn is _fn and bound.task("B").fn is print
     assert bound.unbound_tasks() == [] and plan.unbound_tasks() == ["A"]
-    assert bound.intra_edges() == plan.intra_edges() and bound.pipeline_depth == 2
+    assert str(bound) == str(plan) and bound.pipeline_depth == 2  # the same schedule, functions aside
     validate(bound)
 
 

@@ -144,7 +144,8 @@ def test_verify_never_returns_plan_measured_slower_than_input_plan():
     table = report.verify
     chosen = table.choose()
     # the plan measured fastest, returned with its enqueue order written out (the engine computes the same one)
-    assert got.schedule == chosen.plan.schedule and got.enqueue_order == enqueue_order(chosen.plan)
+    assert str(got) == str(chosen.plan.replace(enqueue_order=enqueue_order(chosen.plan),
+                                               pipeline_depth=chosen.plan.pipeline_depth))
     reference = table["input"] if "input" in table else table["auto"]
     assert chosen.period_s <= reference.period_s
 
