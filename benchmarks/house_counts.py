@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import inspect
 import pathlib
 import re
 import sys
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import is_dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,12 +58,14 @@ _WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*")
 _AROUND = "()[]{}.,:;!?|<>*+"
 
 
-@dataclass
 class Count:
-    """One count: its name, its limit (``None``: reported only) and every place it was found."""
+    """One count: its name, its limit (``None``: reported only) and every place it was found.
 
-    name: str
-    places: List[str] = field(default_factory=list)
+    (A plain class: the script is loaded by path, outside ``sys.modules``, where a dataclass cannot be made.)
+    """
+
+    def __init__(self, name: str, places: Optional[List[str]] = None) -> None:
+        self.name, self.places = name, list(places or [])
 
     @property
     def value(self) -> int:
@@ -73,10 +76,11 @@ class Count:
         return LIMITS.get(self.name)
 
 
-def _python_files(folder: pathlib.Path) -> List[pathlib.Path]:
+def python_files(folder: pathlib.Path) -> List[pathlib.Path]:
     return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+@functools.lru_cache(maxsize=None)
 def _parse(path: pathlib.Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
@@ -291,7 +295,7 @@ def dir_not_all() -> Count:
 
 def counts() -> Dict[str, Count]:
     """Every count of the module docstring's table, by name."""
-    tests, src = _python_files(TESTS), _python_files(SRC)
+    tests, src = python_files(TESTS), python_files(SRC)
     found = [prose_matches(tests), private_accesses(tests), multi_base_classes(src), wide_public_functions(),
              any_parameters(src), single_letter_options(src), workloads_imports(src), dir_not_all()]
     return {c.name: c for c in found}
