@@ -32,7 +32,7 @@ class OptionError(TypeError, ValueError):
         The options class the fields belong to (fields given to the wrong one), ``""`` otherwise.
     """
 
-    def __init__(self, message: str, *, owner: str = "", fields: Sequence[str] = (), value: Any = None,
+    def __init__(self, message: str, *, owner: str = "", fields: Sequence[str] = (), value: object = None,
                  expected: str = "", home: str = "") -> None:
         self.owner, self.fields, self.value, self.expected, self.home = owner, list(fields), value, expected, home
         super().__init__(message)

@@ -116,7 +116,7 @@ class PlanFileError(ValueError):
     """
 
     def __init__(self, source: str, where: str, what: str, fix: str = "", *, line: Optional[int] = None,
-                 task: Optional[str] = None, value: Any = None) -> None:
+                 task: Optional[str] = None, value: object = None) -> None:
         self.source, self.field, self.what, self.fix = source, where, what, fix
         self.line, self.task, self.value = line, task, value
         place = source if line is None else f"{source}, line {line}"
@@ -306,7 +306,7 @@ def _keyword(key: str) -> str:
     return next(f.keyword for f in PLAN_FIELDS + TASK_FIELDS if f.key == key)
 
 
-def _field_word(value: Any, field: str) -> str:
+def _field_word(value: object, field: str) -> str:
     if value is None:
         return _NONE.get(field, "none")
     return _word(value, field) if isinstance(value, str) else str(value)

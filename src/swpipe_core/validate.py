@@ -86,7 +86,7 @@ class PlanError(ValueError):
     """
 
     def __init__(self, rule: str, what: str, tasks: Sequence[str] = (), fix: str = "", *,
-                 field: Optional[str] = None, value: Any = None, line: Optional[int] = None) -> None:
+                 field: Optional[str] = None, value: object = None, line: Optional[int] = None) -> None:
         self.rule = rule
         self.what = what
         self.tasks = list(tasks)
@@ -115,7 +115,7 @@ class PlanError(ValueError):
 
 
 def _rebuild_plan_error(rule: str, what: str, tasks: Sequence[str], fix: str, field: Optional[str],
-                        value: Any, line: Optional[int]) -> PlanError:
+                        value: object, line: Optional[int]) -> PlanError:
     return PlanError(rule, what, tasks, fix, field=field, value=value, line=line)
 
 

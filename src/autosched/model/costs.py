@@ -533,7 +533,7 @@ class CostModel:
         return cls.from_dict(doc, where=path)
 
 
-def _model_from_dict(cls: type, doc: Any) -> "CostModel":
+def _model_from_dict(cls: type, doc: object) -> "CostModel":
     """The body of :meth:`CostModel.from_dict`, its errors without the source (the caller adds it)."""
     if not isinstance(doc, Mapping):
         raise CostModelError(f"top level is {type(doc).__name__}, not an object", "",

@@ -51,7 +51,7 @@ class CostModelError(ValueError):
     """
 
     def __init__(self, what: str, where: str = "", fix: str = "", *, source: str = "", tasks: Sequence[str] = (),
-                 value: Any = None) -> None:
+                 value: object = None) -> None:
         self.what = what
         self.field = where
         self.fix = fix

@@ -67,7 +67,7 @@ class ShortcutCorruptedError(RuntimeError):
     dtype : torch.dtype
     """
 
-    def __init__(self, shape: Tuple[int, ...], dtype: Any, task: Optional[str] = None,
+    def __init__(self, shape: Tuple[int, ...], dtype: torch.dtype, task: Optional[str] = None,
                  attribute: Optional[str] = None) -> None:
         self.shape, self.dtype, self.task, self.attribute = tuple(shape), dtype, task, attribute
         where = f"replaying shortcut task {task!r}, ctx.{attribute}: " if task is not None else ""
