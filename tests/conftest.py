@@ -164,7 +164,7 @@ def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callab
     import autosched.verify.measure as verify
     from autosched.model.simulate import simulate
 
-    engine_run = verify._one_run
+    engine_run = verify._one_run  # private: the one seam where a measurement runs the engine, replaced here
     runs: List[Tuple[Any, int]] = []
 
     def run(plan: Any, batches: Sequence[Any], device: Any) -> float:
@@ -284,3 +284,39 @@ def check_contract(plan: Any, events: Sequence[Any], num_iterations: int) -> Non
     assert ran == ordered, "globally ordered tasks ran out of enqueue order"
     for a, b in zip(ran, ran[1:]):
         assert host[b].start >= host[a].end, f"sequencer turns overlap: {a} and {b}"
+
+
+# --------------------------------------------------------------- printed output, read as facts
+# Tests of what a command or a report prints read its tables and its "name = value" lines through these, and
+# assert the facts (rows, columns, values), not the sentences around them.
+
+def schedule_rows(text: str) -> Tuple[List[str], dict]:
+    """The periods and the rows of the schedule table in ``text`` (``format_schedule``'s layout):
+    ``(["P0", ...], {task: (thread, stream, [cell, ...])})``, a shortcut task's ``" [skip]"`` kept in its name."""
+    lines = text.splitlines()
+    at = next(k for k, line in enumerate(lines) if line.split()[:4] == ["#", "Task", "Thread", "Stream"])
+    head = lines[at]
+    starts = [head.index(c) for c in ("Task", "Thread", "Stream", "|")]
+    rows = {}
+    for line in lines[at + 2:]:
+        if "|" not in line:
+            break
+        task, thread, stream = (line[a:b].strip() for a, b in zip(starts, starts[1:]))
+        rows[task] = (thread, stream, line[starts[-1] + 1:].split())
+    return head[starts[-1] + 1:].split(), rows
+
+
+def word_after(text: str, *words: str) -> Optional[str]:
+    """The word that follows the first run of ``words`` in ``text`` (a printed figure after its label), or None."""
+    tokens, n = text.split(), len(words)
+    return next((tokens[k + n] for k in range(len(tokens) - n) if tuple(tokens[k:k + n]) == words), None)
+
+
+def key_values(text: str) -> dict:
+    """The ``Name words = value`` lines of ``text`` as ``{"name_words": "value"}`` (the value's first word)."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and value.split():
+            out["_".join(key.lower().split())] = value.split()[0]
+    return out

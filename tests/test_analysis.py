@@ -16,6 +16,7 @@ from swpipe_core.analysis import (
     min_depth,
     min_stages,
     removable_boundaries,
+    stage_analysis,
 )
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -81,6 +82,18 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
+def _table(text: str) -> tuple:
+    """A schedule table's header and rows, each ``(idx, task, shortcut, thread, stream, cells)``, read at the
+    header's column positions."""
+    lines = text.splitlines()
+    starts = [lines[0].index(c) for c in ("Task", "Thread", "Stream", "|")]
+
+    def row(line: str) -> tuple:
+        idx, task, thread, stream = (line[a:b].strip() for a, b in zip([0] + starts, starts))
+        return idx, task.replace(" [skip]", ""), task.endswith("[skip]"), thread, stream, line[starts[-1] + 1:].split()
+    return row(lines[0]), [row(line) for line in lines[2:]]
+
+
 def _fused_plan_by_hand() -> PipelinePlan:
     """The FusedSparseDist plan written out by hand (only the EmbLookup inter dependency)."""
     names = ["H2D", "InputDistStart", "InputDistWait", "EmbLookup", "ZeroGrad", "WaitBatch", "Forward",
@@ -134,21 +147,21 @@ def test_shortcut_example_whitespace_normalised():
         {"H2DAndShuffle": S(0), "EmbInputDistStart": S(0), "EmbInputDistWait": S(0)},
         intra_iter_deps=[("EmbInputDistStart", "H2DAndShuffle"), ("EmbInputDistWait", "EmbInputDistStart")],
     )
-    lines = format_schedule(plan, 3, shortcuts=["EmbInputDistStart"]).splitlines()
-    assert _norm(lines[0]) == "# Task Thread Stream | P0 P1 P2"
-    assert lines[1].split()[:3] == ["--", "-" * 24, "-" * 7]  # 24 = len("EmbInputDistStart [skip]")
-    assert [_norm(x) for x in lines[2:]] == [
-        "0 H2DAndShuffle default default | i0 i1 i2",
-        "1 EmbInputDistStart [skip] default default | . . .",
-        "2 EmbInputDistWait default default | i0 i1 i2",
+    text = format_schedule(plan, 3, shortcuts=["EmbInputDistStart"])
+    head, rows = _table(text)
+    assert head == ("#", "Task", False, "Thread", "Stream", ["P0", "P1", "P2"])
+    assert text.splitlines()[1].split()[:3] == ["--", "-" * 24, "-" * 7]  # 24 = len("EmbInputDistStart [skip]")
+    assert rows == [
+        ("0", "H2DAndShuffle", False, "default", "default", ["i0", "i1", "i2"]),
+        ("1", "EmbInputDistStart", True, "default", "default", [".", ".", "."]),
+        ("2", "EmbInputDistWait", False, "default", "default", ["i0", "i1", "i2"]),
     ]
 
 
 def test_shortcut_task_shows_dashes_before_its_first_iteration_then_dots():
     plan = pipelines.get("base")
-    row = [line for line in format_schedule(plan, 3, shortcuts=[PipelineTask("Forward")]).splitlines()
-           if "Forward" in line][0]
-    assert _norm(row) == "2 Forward [skip] default default | -- . ."
+    _, rows = _table(format_schedule(plan, 3, shortcuts=[PipelineTask("Forward")]))
+    assert [r for r in rows if r[1] == "Forward"] == [("2", "Forward", True, "default", "default", ["--", ".", "."])]
 
 
 def test_table_widens_for_long_names():
@@ -163,7 +176,7 @@ def test_format_schedule_rejects_bad_arguments():
     plan = pipelines.get("base")
     with pytest.raises(ValueError, match="num_iterations"):
         format_schedule(plan, 0)
-    with pytest.raises(ValueError, match=r"\['Nope'\] are not in the plan"):
+    with pytest.raises(ValueError, match=r"\['Nope'\]"):  # the unknown shortcut named
         format_schedule(plan, 3, shortcuts=["Nope"])
 
 
@@ -172,8 +185,9 @@ def test_repr_is_summary_line_blank_line_then_table():
     lines = format_plan_repr(plan, 0, ["MPEmbForward"]).splitlines()
     assert lines[0] == "SWPipeline(device=0, depth=1, tasks=['H2DAndShuffle', 'MPEmbForward'], shortcuts=['MPEmbForward'])"
     assert lines[1] == ""
-    assert _norm(lines[2]) == "# Task Thread Stream | P0"
-    assert _norm(lines[4]) == "0 H2DAndShuffle default default | i0"
+    head, rows = _table("\n".join(lines[2:]))
+    assert head[1:] == ("Task", False, "Thread", "Stream", ["P0"])
+    assert rows[0] == ("0", "H2DAndShuffle", False, "default", "default", ["i0"]) and rows[1][1:3] == ("MPEmbForward", True)
 
 
 STAGE_ANALYSIS_COPY_BATCH = """\
@@ -203,26 +217,28 @@ def test_stage_analysis_copy_batch_example_reproduced():
     text = format_stage_analysis(_copy_batch_plan())
     assert text.startswith(STAGE_ANALYSIS_COPY_BATCH + "\n")
     assert VERDICT_COPY_BATCH in text
-    assert "Minimum depth for this enqueue order = 2" in text
+    found = stage_analysis(_copy_batch_plan())
+    assert (found.lds, found.lds_example, found.depth, found.min_depth) == (2, (1, 0), 2, 2)
+    assert found.order == ["Forward", "Backward", "CopyBatch"] and found.order_from == "stage_descending"
 
 
 def test_stage_analysis_flags_removable_boundary():
     # Enqueued CopyBatch first, nothing forces two stages: the boundary is superfluous.
-    text = format_stage_analysis(_copy_batch_plan("ready_first"))
-    assert "LDS = 1" in text and "Pipeline depth = 2" in text
-    assert "  +  depth 2 > minimum depth 1 for this enqueue order: removable stage boundaries 0|1" in text
+    found = stage_analysis(_copy_batch_plan("ready_first"))
+    assert (found.lds, found.depth, found.min_depth, found.removable, found.optimal) == (1, 2, 1, [0], False)
+    assert "0|1" in str(found)  # the boundary as the printed verdict names it
 
 
 def test_stage_analysis_exact_minimum_beyond_lds():
     # prefetch under ready-first: LDS 2 < minimum depth 3 == depth; only the exact check proves optimality.
-    text = format_stage_analysis(pipelines.get("prefetch"))
-    assert "LDS = 2" in text and "Pipeline depth = 3" in text
-    assert "  ✓  depth == minimum depth for this enqueue order (LDS = 2 is only a lower bound)" in text
+    found = stage_analysis(pipelines.get("prefetch"))
+    assert (found.lds, found.depth, found.min_depth, found.optimal, found.removable) == (2, 3, 3, True, [])
 
 
 def test_stage_analysis_marks_globally_ordered_tasks_and_validates():
     text = format_stage_analysis(pipelines.get("sparse_dist"))
-    assert "    1  InputDistStart      1      1  global" in text
+    assert ("InputDistStart", 1, 1, True) in stage_analysis(pipelines.get("sparse_dist")).rows
+    assert text.splitlines()[4].split() == ["1", "InputDistStart", "1", "1", "global"]
     with pytest.raises(PlanError):
         format_stage_analysis(PipelinePlan({"A": S(1), "B": S(0)}, intra_iter_deps=[("B", "A")]))
 
@@ -321,7 +337,7 @@ def test_plain_lds_of_stages_is_not_a_lower_bound():
     plan = PipelinePlan({"A": S(1), "B": S(0)}, enqueue_policy="stage_descending")
     assert enqueue_order(plan) == ["A", "B"]
     assert lds([1, 0])[0] == 2 and min_depth(plan) == 1
-    assert "LDS = 1" in format_stage_analysis(plan)
+    assert stage_analysis(plan).lds == 1
 
 
 def test_removable_boundaries_keep_the_order_deadlock_free():
@@ -346,10 +362,12 @@ def test_min_depth_rejects_an_order_no_stages_can_fix():
     # against the order and the cycle gains a stage per turn.
     plan = PipelinePlan({"A": S(0), "B": S(0), "C": S(0)}, intra_iter_deps=[("B", "A"), ("C", "B")],
                         inter_iter_deps=[("A", "C")])
-    with pytest.raises(ValueError, match="no stage assignment makes enqueue order"):
+    with pytest.raises(PlanError) as info:
         min_depth(plan, ["C", "B", "A"])
-    with pytest.raises(ValueError, match="every task"):
+    assert info.value.rule == "enqueue-order" and sorted(info.value.tasks) == ["A", "B", "C"]  # the cycle
+    with pytest.raises(PlanError) as info:
         min_depth(plan, ["A", "B"])
+    assert (info.value.rule, info.value.tasks, info.value.value) == ("enqueue-order", ["C"], ["A", "B"])
     assert min_depth(plan, ["A", "B", "C"]) == 1
 
 

@@ -104,9 +104,9 @@ def test_misuse_of_the_run_methods_says_what_to_call():
     pipe = SWPipeline(plan, device="cpu")
     with pytest.raises(RuntimeError, match="fill_pipeline"):
         pipe.progress()
-    with pytest.raises(ValueError, match=r"unknown task\(s\) \['Nope'\].*\['A'\]"):
+    with pytest.raises(ValueError, match=r"\['Nope'\].*\['A'\]"):  # the unknown task, then the plan's
         pipe.enable_shortcut("Nope")
-    with pytest.raises(TypeError, match="not iterable"):
+    with pytest.raises(TypeError, match="int"):  # the type given instead of an iterable
         pipe.fill_pipeline(5)
     assert swpipe_threads() == [] and pipe.in_flight == 0
     it = pipe.fill_pipeline(range(4))

@@ -203,7 +203,7 @@ def test_beam_honours_its_time_limit(monkeypatch):
         return score(plan)
 
     res = beam_search(problem, time_limit_s=10.0, rounds=1000, patience=1000, seed=1, scorer=one_second_each)
-    assert res.stopped == "time limit"
+    assert res.stopped.startswith("time")  # by its time limit, not by rounds or patience
     assert 1 <= len(scored) <= 11, len(scored)
     validate(res.plan)
     assert res.period <= sum(problem.thread_time(n) for n in problem.names) + 1e-12
@@ -222,7 +222,7 @@ def test_beam_progress_bar_reports_rounds(capsys):
     problem = _problem(3, 4, 0.7, 2, 3, False)
     beam_search(problem, rounds=2, patience=5, time_limit_s=30, progress=True)
     err = capsys.readouterr().err
-    assert "beam search" in err and "round" in err
+    assert "beam" in err.split() and "round" in err
 
 
 def test_beam_candidate_from_each_preset_is_valid():

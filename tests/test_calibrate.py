@@ -52,18 +52,20 @@ def test_a_section_written_with_the_removed_host_lock_fields_still_reads_without
     back = MachineCalibration.from_dict(doc)
     assert back == _cal(cpu={"A": 0.9})
     assert not {"gil", "calls", "wake_s"} & set(back.to_dict())
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['shares'\]"):
+    with pytest.raises(ValueError, match=r"\['shares'\]"):  # the unknown field
         MachineCalibration.from_dict({**doc, "shares": {}})
 
 
 def test_bad_calibration_section_is_a_cost_model_error():
     doc = CostModel({"A": TaskCost(MS)}, machine_calibration=_cal()).to_dict()
     doc["machine_calibration"]["version"] = 7
-    with pytest.raises(CostModelError, match="machine_calibration.version: version 7"):
+    with pytest.raises(CostModelError) as err:
         CostModel.from_dict(doc)
+    assert err.value.field == "machine_calibration.version"
     doc["machine_calibration"] = {"version": 1, "task_s": -1.0}
-    with pytest.raises(CostModelError, match="task_s"):
+    with pytest.raises(CostModelError) as err:
         CostModel.from_dict(doc)
+    assert err.value.field == "machine_calibration.task_s"
 
 
 def test_calibrated_costs_charge_dependency_cost_only_across_threads():
@@ -105,7 +107,7 @@ def test_task_measured_off_the_cpu_takes_no_core():
     cal = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.03, "Spin": 0.98})
     got = calibrated_costs(costs, plan, cal)
     assert got["Sleep"].resources == ("nocore",) and got["Spin"].resources == () and got.cores == 1
-    assert "1 task(s) off the CPU" in got.notes
+    assert "1 task(s)" in got.notes  # the note counts the tasks taken off the CPU
     # the sleeping task leaves the one core to the spinning one: they overlap
     assert simulate_calibrated(plan, costs, cal).period == pytest.approx(2 * MS, rel=1e-6)
     both = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.9, "Spin": 0.98})
@@ -117,7 +119,7 @@ def test_cpu_share_round_trips_and_is_left_out_when_not_measured():
     cal = _cal(cpu={"A": 0.25})
     assert MachineCalibration.from_dict(cal.to_dict()) == cal
     assert "cpu" not in _cal().to_dict() and MachineCalibration.from_dict(_cal().to_dict()).cpu == {}
-    with pytest.raises(ValueError, match="cpu: .* not a map of task -> fraction"):
+    with pytest.raises(ValueError, match=r"machine_calibration\.cpu"):  # the field
         MachineCalibration.from_dict({**cal.to_dict(), "cpu": {"A": 1.5}})
 
 
@@ -151,7 +153,7 @@ def test_core_capacity_rejects_a_bad_measurement(bad):
 
 
 def test_calibrated_costs_need_a_calibration():
-    with pytest.raises(ValueError, match="no machine calibration"):
+    with pytest.raises(ValueError, match="calibration="):  # the argument to pass
         calibrated_costs(CostModel({"A": TaskCost(MS)}))
 
 
@@ -192,7 +194,8 @@ def test_profile_with_calibration_counts_the_engines_serial_costs_in_the_model_s
     # how close it comes to the measured baseline is a figure (format_profile prints both side by side;
     # benchmarks/calibrated_fidelity.py measures the calibrated model), not asserted
     assert predicted > sum(c.cpu_s for c in costs.tasks.values())  # the engine's serial costs are counted
-    assert "model serial iteration" in format_profile(result, costs)
+    model_line = [line for line in format_profile(result, costs).splitlines() if "model" in line.split()]
+    assert model_line and f"{predicted * 1e3:.3f}" in model_line[0]  # the model's serial iteration, beside the measured
 
 
 def test_parallelism_note_names_the_free_cores():

@@ -171,7 +171,7 @@ def test_redundant_declared_dependency_is_information():
     report = check_dataflow(plan, batches[:3], state=[model, opt])
     assert report.ok
     red = [f for f in report.redundant if f.tasks == ("Step", "Load")]
-    assert red and red[0].level == "info" and "removing it keeps" in red[0].message
+    assert red and red[0].level == "info" and "removing" in red[0].message  # information: it may be removed
 
 
 # ------------------------------------------------------------ every TorchRec plan
@@ -223,7 +223,7 @@ def test_semi_sync_lookup_before_update_reports_one_iteration_stale():
         assert report.ok and emb_staleness(plan) == 1
         [stale] = [f for f in report.stale if "emb_weights" in f.message]
         assert stale.tasks == ("EmbLookup", "EmbBackward") and stale.stale_by == 1
-        assert "EmbLookup reads emb_weights 1 iteration(s) stale" in stale.message
+        assert "emb_weights" in stale.message  # the state read stale
     finally:
         env.close()
 
@@ -235,9 +235,11 @@ def test_task_raising_during_recording_names_task_and_iteration():
         if ctx.iter_idx == 1:
             raise KeyError("boom")
 
-    with pytest.raises(DataflowRecordError, match=r"Bad\(1\) raised KeyError: 'boom'.*order=") as info:
+    with pytest.raises(DataflowRecordError) as info:
         record_dataflow([PipelineTask("Bad", bad)], [torch.ones(1)] * 3)
-    assert isinstance(info.value.__cause__, KeyError) and info.value.iteration == 1
+    assert isinstance(info.value.__cause__, KeyError)
+    assert (info.value.task, info.value.iteration, info.value.order) == ("Bad", 1, ["Bad"])
+    assert "order=" in str(info.value)  # the fix: the serial loop's order
 
 
 def test_non_tensor_attributes_are_tracked_and_opaque_ones_noted():
@@ -257,14 +259,14 @@ def test_non_tensor_attributes_are_tracked_and_opaque_ones_noted():
     tasks = [PipelineTask("Make", make), PipelineTask("Fill", fill), PipelineTask("Use", use)]
     deps = infer_plan(tasks, [None] * 2)
     assert deps.intra == [("Fill", "Make"), ("Use", "Fill")]
-    assert any("ctx.lock holds a Generator" in n for n in deps.notes)
+    assert any("ctx.lock" in n and "Generator" in n for n in deps.notes)  # the attribute and what it holds
 
 
 def test_task_never_touching_ctx_is_noted():
     def load(ctx): ctx.x = ctx.batch + 1
     def idle(ctx): return None
     deps = infer_plan([PipelineTask("Load", load), PipelineTask("Idle", idle)], [torch.ones(1)] * 2)
-    assert deps.intra == [] and any(n.startswith("Idle read and wrote nothing") for n in deps.notes)
+    assert deps.intra == [] and [n.split()[0] for n in deps.notes] == ["Idle"]  # one note, on the idle task
 
 
 def test_tensor_created_outside_any_task_is_noted_and_tracked():
@@ -275,9 +277,9 @@ def test_tensor_created_outside_any_task_is_noted_and_tracked():
 
     deps = infer_plan([PipelineTask("Bump", bump), PipelineTask("Read", read)], [None] * 2)
     assert deps.intra == [("Read", "Bump")] and deps.inter == [("Bump", "Read", 1)]
-    assert any("created outside any task" in n and "state=" in n for n in deps.notes)
+    assert any("state=" in n for n in deps.notes)  # the fix: name it with state=
     named = infer_plan([PipelineTask("Bump", bump), PipelineTask("Read", read)], [None] * 2, state={"counter": counter})
-    assert "counter" in str(named) and not any("outside any task" in n for n in named.notes)
+    assert "counter" in str(named) and not any("state=" in n for n in named.notes)
 
 
 def test_declared_io_capture_counts_as_the_tasks_write():
@@ -311,7 +313,7 @@ def test_strict_mode_raises_on_first_unordered_attribute_access():
             pipe.run(iter([torch.ones(2)] * 4))
     cause = info.value.__cause__
     assert isinstance(cause, StrictDataflowError) and cause.attribute == "ctx.y" and cause.fix == ("B", "A")
-    assert cause.task in ("A", "B") and cause.iteration == 0 and "strict mode" in str(cause)
+    assert cause.task in ("A", "B") and cause.iteration == 0
     # the serial run is not checked, and a fixed plan runs clean
     with SWPipeline(_two_writers_plan(), device="cpu", strict=True) as pipe:
         pipe.run_serial(iter([torch.ones(2)] * 2))
@@ -397,7 +399,7 @@ def test_auto_schedule_infers_deps_and_reports_them_honoured():
     plan, report = auto_schedule(inferred, costs, Constraints(max_depth=2, max_threads=2),
                                  solver=SolverOptions(time_limit_s=5))
     assert sorted(plan.intra_edges()) == sorted(README_INTRA) and plan.inter_edges() == README_INTER
-    assert "inferred ('Forward', 'Step', 1) honoured (RAW 0.weight, 0.bias (+2 more))" in report.notes
+    assert any("('Forward', 'Step', 1)" in n and "RAW" in n for n in report.notes)  # the dependency and its hazard
     assert report.inferred.intra == README_INTRA and "inferred ('Forward', 'Step', 1)" in report.summary()
     # the searched plan runs bit-identical to the serial loop
     results = []
@@ -466,13 +468,20 @@ def test_recorder_on_cuda_names_weights_grads_and_state():
                                                                 state=[model, opt]).touched("Step", "write")
 
 
-def test_plan_order_knows_a_late_hand_off_orders_the_worker_task_after_the_callers():
-    from swpipe_core.dataflow._happens import PlanOrder
+def test_a_late_hand_off_orders_the_worker_task_after_the_callers():
+    shared = torch.zeros(1)
 
-    plan = PipelinePlan({"C": TaskSchedule(0), "W": TaskSchedule(0, thread_group="io")})
-    late = PlanOrder(plan.replace(enqueue_order=["C", "W"]))
-    assert late.before(("C", 2), ("W", 2)) and not late.before(("W", 2), ("C", 2))
-    early = PlanOrder(plan.replace(enqueue_order=["W", "C"]))
-    assert not early.before(("C", 2), ("W", 2)) and not early.before(("W", 2), ("C", 2))
-    assert not PlanOrder(plan.replace(enqueue_order=["C", "W"], caller_group=None)).before(("C", 2), ("W", 2))
-    assert not PlanOrder(plan.replace(enqueue_order=["C", "W"]), device="cuda").before(("C", 2), ("W", 2))
+    def caller(ctx): shared.add_(1)
+    def worker(ctx): ctx.y = shared * 2
+    plan = PipelinePlan({PipelineTask("C", caller): TaskSchedule(0),
+                         PipelineTask("W", worker): TaskSchedule(0, thread_group="io")})
+    # handed off after the caller's C, W reads what C wrote: ordered, with no dependency declared
+    late = check_dataflow(plan.replace(enqueue_order=["C", "W"]), [None] * 3, state={"shared": shared})
+    assert late.ok and late.missing == []
+    early = check_dataflow(plan.replace(enqueue_order=["W", "C"]), [None] * 3, state={"shared": shared})
+    assert [f.tasks for f in early.missing] == [("W", "C")]  # handed off first: nothing orders them
+    workers = check_dataflow(plan.replace(enqueue_order=["C", "W"], caller_group=None), [None] * 3,
+                             state={"shared": shared})
+    assert ("W", "C") in [f.tasks for f in workers.missing]  # C on a worker too: no hand-off after it
+    cuda = check_dataflow(plan.replace(enqueue_order=["C", "W"]), [None] * 3, state={"shared": shared}, device="cuda")
+    assert ("W", "C") in [f.tasks for f in cuda.missing]  # on CUDA the host's order does not order the device

@@ -42,7 +42,7 @@ def _launcher(monkeypatch, rank="0", world="1", local="0"):
 def test_half_set_launcher_environment_is_an_error_naming_the_missing_variables(clean_env, present, missing):
     for var, value in present.items():
         clean_env.setenv(var, value)
-    with pytest.raises(ValueError, match=f"but {missing} (is|are) not; launch with `torchrun") as info:
+    with pytest.raises(ValueError, match=f"{missing}.*`torchrun") as info:  # what is missing, then the launcher
         init_distributed()
     assert ", ".join(present) in str(info.value)
     assert not dist.is_initialized()
@@ -50,10 +50,10 @@ def test_half_set_launcher_environment_is_an_error_naming_the_missing_variables(
 
 def test_rank_outside_the_world_or_not_a_number_is_an_error(clean_env):
     _launcher(clean_env, rank="2", world="2")
-    with pytest.raises(ValueError, match=r"RANK=2 with WORLD_SIZE=2: the rank must be in \[0, WORLD_SIZE\)"):
+    with pytest.raises(ValueError, match=r"RANK=2.*WORLD_SIZE=2.*\[0, WORLD_SIZE\)"):  # the values, the range
         init_distributed()
     clean_env.setenv("RANK", "zero")
-    with pytest.raises(ValueError, match="RANK='zero' is not an integer"):
+    with pytest.raises(ValueError, match="RANK='zero'"):
         init_distributed()
 
 
@@ -74,8 +74,7 @@ def test_a_complete_launcher_environment_is_joined_through_env(clean_env):
 def test_existing_group_that_disagrees_with_the_launcher_world_size_is_an_error(clean_env):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     _launcher(clean_env, rank="0", world="2")
-    with pytest.raises(ValueError, match=r"already exists with world size 1 and rank 0, but the launcher "
-                                         r"environment \(RANK, WORLD_SIZE\) says world size 2"):
+    with pytest.raises(ValueError, match=r"\b1\b.*\(RANK, WORLD_SIZE\).*\b2\b"):  # the group's size, the launcher's
         init_distributed()
 
 
@@ -92,7 +91,7 @@ def test_demo_with_a_half_set_environment_exits_2_naming_the_variables(clean_env
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     assert demo.run(parser.parse_args(["--iters", "1"])) == 2
-    assert "WORLD_SIZE is set but RANK, MASTER_ADDR, MASTER_PORT are not" in capsys.readouterr().err
+    assert "RANK, MASTER_ADDR, MASTER_PORT" in capsys.readouterr().err  # the variables missing
 
 
 def test_demo_world_size_that_contradicts_the_launcher_exits_2(clean_env, capsys):
@@ -100,7 +99,7 @@ def test_demo_world_size_that_contradicts_the_launcher_exits_2(clean_env, capsys
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     assert demo.run(parser.parse_args(["--world-size", "3", "--iters", "1"])) == 2
-    assert "drop --world-size" in capsys.readouterr().err
+    assert "--world-size" in capsys.readouterr().err  # the flag to drop
 
 
 def test_plans_that_differ_between_ranks_raise_naming_rank_and_fields(clean_env, monkeypatch):
@@ -108,9 +107,10 @@ def test_plans_that_differ_between_ranks_raise_naming_rank_and_fields(clean_env,
     theirs = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1, "t")}, [("B", "A")],
                           enqueue_policy="enqueue_order", enqueue_order=["A", "B"])
     monkeypatch.setattr(agree, "gather", lambda env, obj: [obj, plan_to_dict(theirs)])
-    with pytest.raises(PlanMismatchError, match=r"Differs from rank 0's: rank 1: schedule of B, enqueue_order, "
-                                                r"enqueue_policy\. Fix:"):
+    with pytest.raises(PlanMismatchError) as info:
         check_same_plan(None, mine, "test plan")
+    assert info.value.differences == {1: ["tasks", "enqueue_order", "enqueue_policy"]}
+    assert info.value.tasks == {1: ["B"]}  # the task whose schedule differs
 
 
 def test_combined_costs_take_the_slowest_rank_per_task_and_refuse_different_tasks():
@@ -118,5 +118,5 @@ def test_combined_costs_take_the_slowest_rank_per_task_and_refuse_different_task
     b = CostModel({"A": TaskCost(0.002, 0.001, ("comm:x",)), "B": TaskCost(0.003)})
     c = combine_slowest([a, b])
     assert (c["A"].host_s, c["A"].device_s, c["A"].resources, c["B"].host_s) == (0.002, 0.005, ("comm:x",), 0.004)
-    with pytest.raises(ValueError, match="cost model 1 covers tasks"):
+    with pytest.raises(ValueError, match=r"\b1\b.*\['A'\]"):  # the cost model and the tasks it covers
         combine_slowest([a, CostModel({"A": TaskCost(0.001)})])

@@ -167,7 +167,7 @@ def test_progress_after_progress_none_with_data_raises():
 def test_progress_with_another_iterator_raises():
     pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
     it = pipe.fill_pipeline(range(10))
-    with pytest.raises(RuntimeError, match="different data iterator"):
+    with pytest.raises(RuntimeError, match=r"drain\(\)"):  # the call to make first
         pipe.progress(iter(range(10)))
     assert pipe.progress(it) == 0
     pipe.drain()
@@ -294,7 +294,7 @@ def test_device_integer_falls_back_to_cpu_without_cuda():
 def test_explicit_cuda_device_without_cuda_raises():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    with pytest.raises(RuntimeError, match="CUDA is not available"):
+    with pytest.raises(RuntimeError, match=r"cuda:0.*device='cpu'"):  # the device asked for, the one to use
         SWPipeline(three_stage_plan(Log()), device="cuda:0")
 
 
@@ -361,7 +361,7 @@ def test_shortcut_replays_cache_and_unknown_name_raises():
                          PipelineTask("Use", lambda ctx: out.append(ctx.y)): TaskSchedule(1, thread_group="t2")},
                         intra_iter_deps=[("Use", "Fwd")])
     pipe = SWPipeline(plan, device="cpu")
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(ValueError, match=r"\['Nope'\]"):
         pipe.enable_shortcut("Nope")
     pipe.enable_shortcut("Fwd")
     assert pipe.shortcuts == ["Fwd"] and "shortcuts=['Fwd']" in repr(pipe)
@@ -414,6 +414,7 @@ def test_timeline_without_recording_raises():
 
 def test_profiler_shows_pipelined_and_serial_ranges():
     pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    # torch's own (private) switch for recording every thread: the workers' ranges are what is checked
     cfg = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], experimental_config=cfg) as prof:
         pipe.run(range(2))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import schedule_rows, word_after
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -20,6 +21,11 @@ def _run(script: str, *args: str, timeout: float = 240) -> str:
     return proc.stdout
 
 
+def _equalities(out: str) -> list:
+    """What each ``...equal to ...: True|False`` check the script prints came out as, in order."""
+    return [line.rsplit(": ", 1)[1] for line in out.splitlines() if "equal" in line.split() and ": " in line]
+
+
 def test_examples_folder_has_only_tested_scripts():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(
         ["train_dlrm_pipelined.py", "custom_plan.py", "two_ranks.py", "torchrec_dropin.py"])
@@ -28,15 +34,15 @@ def test_examples_folder_has_only_tested_scripts():
 @pytest.mark.timeout(300)
 def test_train_dlrm_pipelined_matches_the_plain_loop():
     out = _run("train_dlrm_pipelined.py", "--iters", "5", "--batch-size", "64")
-    assert "EmbLookup          emb_lookup  emb_lookup" in out  # one thread per stream
-    assert "equal to the plain loop: True" in out
+    assert schedule_rows(out)[1]["EmbLookup"][:2] == ("emb_lookup", "emb_lookup")  # one thread per stream
+    assert _equalities(out) == ["True"]  # against the plain loop
 
 
 @pytest.mark.timeout(300)
 def test_custom_plan_validates_runs_and_matches():
     out = _run("custom_plan.py", "--iters", "6")
-    assert "depth 4, threads ['default', 'io', 'sparse']" in out
-    assert "losses equal to the plain loop: True" in out
+    assert word_after(out, "depth") == "4," and word_after(out, "threads") == "['default',"
+    assert "['default', 'io', 'sparse']" in out and _equalities(out) == ["True"]  # the losses, against the plain loop
 
 
 @pytest.mark.peer
@@ -47,14 +53,15 @@ def test_torchrec_dropin_matches_torchrecs_pipeline_and_the_loop():
     if not torchrec_usable():
         pytest.skip("TorchRec not installed (the [peer] extra)")
     out = _run("torchrec_dropin.py", "--batches", "8")
-    assert "plan 'sparse_dist', TorchRec's TrainPipelineSparseDist" in out
-    assert "outputs equal to TorchRec's TrainPipelineSparseDist: True" in out
-    assert "train/eval/train (TTTTEETT): outputs equal to the non-pipelined loop: True" in out
+    assert "'sparse_dist'" in out and "TrainPipelineSparseDist" in out  # the plan and TorchRec's class it replaces
+    assert _equalities(out) == ["True", "True"] and "(TTTTEETT)" in out  # against TorchRec's, then the loop
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_ranks_each_match_their_plain_loop():
     out = _run("two_ranks.py", "--iters", "4")
-    assert "rank 0/2 (gloo): owns tables [0, 2]" in out and "rank 1/2 (gloo): owns tables [1, 3]" in out
-    assert out.count("equal to the plain loop: True") == 2
+    owned = {line.split()[1]: line[line.index("["):line.index("]") + 1] for line in out.splitlines()
+             if line.startswith("rank ") and "[" in line}
+    assert owned == {"0/2": "[0, 2]", "1/2": "[1, 3]"}  # each rank's tables
+    assert _equalities(out) == ["True", "True"]

@@ -51,7 +51,7 @@ def test_new_iterator_mid_run_is_refused_and_the_run_continues_unharmed():
     data = iter(["a0", "a1", "a2", "a3", "a4", "a5"])
     it = pipe.fill_pipeline(data)
     assert pipe.progress(it) == 0
-    with pytest.raises(RuntimeError, match=r"different data iterator.*drain\(\) and then fill_pipeline\(new_data\)"):
+    with pytest.raises(RuntimeError, match=r"drain\(\).*fill_pipeline\(new_data\)"):  # the calls to make
         pipe.progress(iter(["b0", "b1"]))
     assert pipe.in_flight == 3  # nothing was fetched, retired or restarted
     assert progress_until_end(pipe, it) == [1, 2, 3, 4, 5]
@@ -142,7 +142,7 @@ def test_batch_that_cannot_be_moved_to_the_device_fails_naming_h2d_and_iteration
         pipe.run(batches)
     err = info.value
     assert (err.task, err.iteration, err.thread_group) == ("H2D", 3, "io")
-    assert isinstance(err.__cause__, AttributeError) and "'dict' object has no attribute 'to'" in str(err)
+    assert isinstance(err.__cause__, AttributeError) and (err.__cause__.name, type(err.__cause__.obj)) == ("to", dict)
     # the failure cancels what is in flight (iterations 1-2 may not finish); nothing at or after 3 trains
     done = [i for i, _ in seen]
     assert done == list(range(len(done))) and len(done) <= 3
@@ -208,11 +208,11 @@ def test_agree_on_end_raises_the_local_loader_error_after_telling_the_group(one_
 
     def loader():
         yield from range(3)
-        raise OSError("disk gone")
+        raise OSError("disk-gone")
 
     data = agree_on_end(loader())
     seen: List[Any] = []
-    with pytest.raises(OSError, match="disk gone"):
+    with pytest.raises(OSError, match="disk-gone"):
         make_pipe(seen).run(data)
     assert data.batches == 3 and swpipe_threads() == []
     with pytest.raises(StopIteration):

@@ -181,13 +181,11 @@ def test_entering_or_leaving_while_iterations_are_in_flight_raises():
     seen = Seen()
     with SWPipeline(_plan(("io", "compute", "compute")), device="cpu") as pipe:
         it = pipe.fill_pipeline(range(5))
-        with pytest.raises(RuntimeError, match=r"instrument\(\) entered while 2 pipelined iteration\(s\) are in "
-                                               r"flight; call drain\(\) first"):
+        with pytest.raises(RuntimeError, match=r"instrument\(\).*\b2\b.*drain\(\)"):  # the call, the iterations, the fix
             with pipe.instrument(seen):
                 pass  # pragma: no cover
         pipe.drain()
-        with pytest.raises(RuntimeError, match=r"instrument\(\) block left while 2 pipelined iteration\(s\) "
-                                               r"are in flight"):
+        with pytest.raises(RuntimeError, match=r"instrument\(\).*\b2\b"):  # the block, the iterations in flight
             with pipe.instrument(seen):
                 it = pipe.fill_pipeline(range(5))
         calls = len(seen.calls)
@@ -201,7 +199,7 @@ def test_entering_or_leaving_while_iterations_are_in_flight_raises():
 
 def test_instrument_needs_a_callable():
     with SWPipeline(_plan(("default",) * 3), device="cpu") as pipe:
-        with pytest.raises(TypeError, match=r"instrument\(\) needs a callable wrapper\(run_task, task, ctx\), got str"):
+        with pytest.raises(TypeError, match=r"wrapper\(run_task.*str"):  # what it takes, what it got
             with pipe.instrument("timer"):
                 pass  # pragma: no cover
 

@@ -60,6 +60,7 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
     # the machine runs exactly as the model says, so no refit round moves the pool
     import autosched.verify.measure as verify
 
+    # private: the one seam where a measurement runs the engine (conftest.measured_by_simulation replaces it too)
     engine_run, folded = verify._one_run, searched_costs(CostModel(TASKS, machine_calibration=CAL))
 
     def run_as_modelled(plan, batches, device):
@@ -89,8 +90,7 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
     chosen = table.choose()
     assert report.period_s == pytest.approx(chosen.predicted_s)  # the report's period is the chosen row's prediction
     assert report.serial_period_s == pytest.approx(table["serial"].predicted_s)
-    assert report.notes[0] == ("searched with the machine calibration folded in: engine costs per task, per hand-off "
-                               "and per period, 2 free core(s) (1 task(s) off the CPU)")
+    assert "folded" in report.notes[0].split() and "2 free core(s)" in report.notes[0] and "(1 task(s)" in report.notes[0]
 
 
 def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_too():
@@ -115,6 +115,6 @@ def test_a_cost_model_without_its_calibration_is_simulated_as_given(monkeypatch)
     _, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2),
                               solver=SolverOptions(time_limit_s=2))
     assert all(period_s == 0.0 and model.cores is None for model, period_s, _ in seen)
-    assert not any("calibration folded in" in n for n in report.notes)
+    assert not any("folded" in n.split() for n in report.notes)
     one = PipelinePlan({"A": TaskSchedule(0)})
     assert predict_periods([("one", one)], CostModel({"A": TaskCost(MS)})) == {"one": pytest.approx(MS)}

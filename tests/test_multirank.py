@@ -59,7 +59,7 @@ def _plan(rank: int, log: List[Any], bad: List[Any], group: Any, fail_at: Option
 
         def fn(ctx):
             if fail_at is not None and ctx.iter_idx == fail_at:
-                raise RuntimeError(f"rank {rank}: injected failure in {name} at iteration {ctx.iter_idx}")
+                raise RuntimeError(f"injected-failure rank={rank} task={name} iteration={ctx.iter_idx}")
             # same shape for both tasks, so a mispairing gives a wrong sum instead of a shape error
             t = torch.tensor([tid, ctx.iter_idx, rank + 1], dtype=torch.int64)
             log.append((name, ctx.iter_idx))
@@ -283,7 +283,7 @@ def test_a_failing_rank_makes_the_peer_fail_in_that_collective_and_every_process
     _no_crash(session)
     failer, peer = session["ranks"][FAIL_RANK]["fail"], session["ranks"][1 - FAIL_RANK]["fail"]
     assert (failer["error"], failer["task"], failer["iteration"]) == ("PipelineTaskError", "SyncA", FAIL_ITER)
-    assert "injected failure" in failer["message"]
+    assert f"injected-failure rank={FAIL_RANK} task=SyncA iteration={FAIL_ITER}" in failer["message"]
     # the peer blocks in SyncA(FAIL_ITER)'s all_reduce until gloo's timeout, then fails naming it (not a wait of
     # the engine's, whose timeouts are longer: that would name another task); how long it took is a figure
     # of benchmarks/reliability.py

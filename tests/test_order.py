@@ -33,8 +33,9 @@ def test_scenario_1_single_thread_supplier_enqueued_first(policy):
     plan = PipelinePlan({"A": S(0, thread_group="T1"), "B": S(1, thread_group="T1")}, inter_iter_deps=[("A", "B")])
     validate(plan)
     assert policy(plan) == ["B", "A"]
-    with pytest.raises(PlanError, match=r"\[enqueue-order\].*puts A before B"):
+    with pytest.raises(PlanError) as err:
         validate(plan.replace(enqueue_order=["A", "B"]))  # the ascending order that deadlocks
+    assert (err.value.rule, err.value.tasks) == ("enqueue-order", ["A", "B"])  # A waits B, enqueued before it
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda f: f.__name__)
@@ -180,7 +181,7 @@ def test_hand_off_after_names_a_task_of_the_callers_group():
     from swpipe_core.engine.workers import with_thread_map
 
     plan = with_thread_map(pipelines.get("sparse_dist"), "by_stream")
-    with pytest.raises(ValueError, match="'H2D' is not a task of the caller's group 'default'"):
+    with pytest.raises(ValueError, match="'H2D'.*'default'"):  # the task, then the caller's group it is not in
         hand_off_after(plan, "H2D")
-    with pytest.raises(ValueError, match="'Nope' is not a task"):
+    with pytest.raises(ValueError, match="'Nope'"):
         hand_off_after(plan, "Nope")

@@ -61,7 +61,7 @@ def test_without_fns_plan_is_unbound_and_with_fns_bound(name):
     bound = pipelines.get(name, fns)
     assert bound.unbound_tasks() == []
     assert all(bound.task(t).fn is fns[t] for t in plan.task_names)
-    assert bound.intra_edges() == plan.intra_edges() and bound.inter_edges() == plan.inter_edges()
+    assert str(bound) == str(plan)  # the same schedule, functions aside
     validate(bound)
 
 
@@ -71,7 +71,7 @@ def test_partial_fns_leave_the_rest_unbound():
 
 
 def test_fns_for_unknown_task_is_an_error():
-    with pytest.raises(ValueError, match=r"pipeline 'sparse_dist' has no task\(s\) \['Fwd'\]"):
+    with pytest.raises(ValueError, match=r"'sparse_dist'.*\['Fwd'\]"):  # the pipeline, the task it lacks
         pipelines.get("sparse_dist", {"Fwd": print})
 
 
@@ -91,7 +91,7 @@ def test_fused_emb_lookup_stream_option(option, stream):
 
 
 def test_fused_rejects_unknown_emb_lookup():
-    with pytest.raises(ValueError, match="emb_lookup must be one of"):
+    with pytest.raises(ValueError, match="emb_lookup.*'current'"):  # the option and the values it takes
         pipelines.get("fused_sparse_dist", emb_lookup="fresh")
 
 
@@ -136,11 +136,11 @@ def test_staged_rejects_bad_stages(bad):
 
 def test_get_forgives_case_and_dashes_and_rejects_unknown():
     assert pipelines.get("Sparse-Dist").task_names == pipelines.get("sparse_dist").task_names
-    with pytest.raises(KeyError, match="unknown pipeline 'nope'; known: base, pt2"):
+    with pytest.raises(KeyError, match="'nope'.*base, pt2"):  # the name, then the known ones
         pipelines.get("nope")
-    with pytest.raises(ValueError, match=r"takes no option\(s\) \['emb_lookup'\]; its options: order"):
+    with pytest.raises(ValueError, match=r"\['emb_lookup'\].*: order"):  # the option refused, the ones it takes
         pipelines.get("sparse_dist", emb_lookup="new")
-    with pytest.raises(ValueError, match="its options: emb_lookup, order"):
+    with pytest.raises(ValueError, match=": emb_lookup, order"):
         pipelines.get("fused_sparse_dist", stages=2)
 
 

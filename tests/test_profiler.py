@@ -117,7 +117,8 @@ def test_report_widens_for_long_names_and_shows_overlap_above_100_percent():
     assert lines[4].startswith(f"  {long} ")
     total = next(k for k, line in enumerate(lines) if line.strip().startswith("SUM"))
     assert len({len(lines[3]), len(lines[total - 1])}) == 1  # both rules equally wide
-    assert lines[total].endswith("150.0%") and "sum to 150 % of the baseline" in text
+    explained = [line.split() for line in lines[total + 1:] if "baseline:" in line.split()]
+    assert lines[total].endswith("150.0%") and len(explained) == 1 and "150" in explained[0]
 
 
 def test_save_load_roundtrip(tmp_path):
@@ -180,7 +181,7 @@ def test_no_device_sync_on_cpu(monkeypatch):
 
 def test_unknown_skip_task_raises_listing_valid_names():
     pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
-    with pytest.raises(ValueError, match=r"\['Nope'\].*valid task names: \['A', 'B'\]"):
+    with pytest.raises(ValueError, match=r"\['Nope'\].*\['A', 'B'\]"):  # the unknown task, then the valid ones
         TaskProfiler(pipe).profile(None, skip_tasks={"Nope"})
 
 
@@ -193,7 +194,7 @@ def test_bad_counts_raise(kw):
 def test_refuses_when_a_shortcut_is_already_enabled():
     pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
     pipe.enable_shortcut("B")
-    with pytest.raises(ValueError, match=r"\['B'\] are already shortcut.*disable_shortcut\('B'\)"):
+    with pytest.raises(ValueError, match=r"\['B'\].*disable_shortcut\('B'\)"):  # the task, the call to make
         TaskProfiler(pipe).profile(None)
 
 
@@ -240,7 +241,7 @@ def test_profile_many_one_result_per_batch_tracks_the_data(clock):
 def test_cpu_records_host_time_only_and_says_so(clock):
     pipe = FakePipe(_serial_plan({"A": 0.002, "B": 0.0}, clock))
     r = TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=3, num_rounds=1)
-    assert r.device_s is None and "not measured on CPU" in r.meta["device_time"]
+    assert r.device_s is None and r.meta["device_time"].split(":")[0].split()[-2:] == ["on", "CPU"]
     assert r.host_s == pytest.approx({"A": 0.002, "B": 0.0}) and r.meta["device"] == "cpu"
 
 
@@ -320,7 +321,7 @@ def test_cuda_records_host_and_device_time(cuda_device):
     with SWPipeline(plan, device=cuda_device) as pipe:
         r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=3, num_rounds=2)
     assert set(r.device_s) == {"Heavy", "Reduce"} and r.device_s["Heavy"] > r.device_s["Reduce"]
-    assert "CUDA events" in r.meta["device_time"]
+    assert "CUDA" in r.meta["device_time"].split()  # measured with CUDA events
     # host time is submission only: launching the kernels is far cheaper than running them
     assert r.host_s["Heavy"] < r.device_s["Heavy"] / 2
     assert r.exposed_s["Heavy"] > 0.5 * r.device_s["Heavy"]

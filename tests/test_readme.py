@@ -248,7 +248,7 @@ def test_every_later_bash_line_is_a_command_that_could_run_here(capsys):
                 args = build_parser().parse_args(argv[1:])
             except SystemExit as exc:
                 pytest.fail(f"{where}: `{cmd}` does not parse: {capsys.readouterr().err.strip()} ({exc.code})")
-            assert getattr(args, "_run", None), f"{where}: `{cmd}` names no sub-command"
+            assert args.command, f"{where}: `{cmd}` names no sub-command"
 
 
 @pytest.mark.slow

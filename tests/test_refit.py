@@ -20,7 +20,7 @@ from autosched.verify.candidates import plan_key, serial_plan
 from autosched.verify.loop import VerifyOptions, measure_refit
 from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
 from autosched.search.problem import make_problem
-from conftest import measured_by_simulation
+from conftest import measured_by_simulation, word_after
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,13 +48,13 @@ def test_a_model_without_a_pool_is_fitted_against_unlimited():
     fit = fit_core_pool(_table(0.004), CostModel(COSTS))
     assert (fit.cores, fit.was) == (1, None)
     assert set(fit.errors_pct) == {1, None}
-    assert "better than the model's unlimited" in fit.describe()
+    assert word_after(fit.describe(), "model's") == "unlimited"  # fitted against the model's unlimited pool
 
 
 def test_the_model_keeps_its_pool_when_no_size_fits_better_by_the_noise_floor():
     fit = fit_core_pool(_table(0.003), CostModel(COSTS, cores=2))  # halfway: both sizes 33 % off
     assert (fit.cores, fit.changed) == (2, False)
-    assert "keep the model's pool of 2 core(s)" in fit.describe()
+    assert "keep" in fit.describe().split() and "2 core(s)" in fit.describe()
 
 
 def test_no_fit_without_a_serial_row_or_a_multi_thread_plan():
@@ -83,7 +83,7 @@ def test_gil_bound_tasks_refit_a_two_core_model_to_one_core_and_the_returned_pla
                                  solver=SolverOptions(time_limit_s=4),
                                  verify=VerifyOptions(rounds=2, iterations=16), batches=list(range(16)))
     notes = "\n".join(report.verify.notes + (report.verify.earlier.notes if report.verify.earlier else []))
-    assert "fit a pool of 1 core(s) better than the model's 2" in notes
+    assert any("fit" in n.split() and "1 core(s)" in n for n in notes.splitlines())  # refitted to one core
     assert plan_key(plan) == plan_key(report.verify.choose().plan)
 
 
@@ -108,7 +108,8 @@ def test_a_refitted_plan_measured_faster_than_the_choice_is_returned(monkeypatch
     assert new.method == "beam+verify+refit"
     assert new.verify.earlier is first and new.verify.choose().label == "refit"
     assert new.verify["refit"].period_s == pytest.approx(new.verify["serial"].period_s / 2)
-    assert "then verified on the engine: 2 plans" in new.verify.format()
+    heads = [word_after(line, "engine:") for line in new.verify.format().splitlines() if "engine:" in line.split()]
+    assert heads == ["1", "2"]  # the plans verified on the engine: the first round's, then this one's
 
 
 def test_a_refitted_pool_keeps_the_calls_engine_costs_and_leaves_the_first_model_as_it_was(monkeypatch):

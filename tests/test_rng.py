@@ -60,7 +60,7 @@ def test_strict_mode_raises_on_unordered_draws_unless_each_task_has_its_own_gene
     with pytest.raises(PipelineTaskError) as info:
         SWPipeline(plan, device="cpu", strict=True).run(BATCHES[:6])
     cause = info.value.__cause__
-    assert isinstance(cause, StrictDataflowError) and cause.attribute == "torch's default generator (cpu)"
+    assert isinstance(cause, StrictDataflowError) and cause.attribute.endswith("(cpu)")  # torch's generator on cpu
     SWPipeline(plan, device="cpu", strict=True, rng="per_task").run(BATCHES[:6])  # nothing shared: no race
 
 

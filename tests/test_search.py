@@ -7,6 +7,7 @@ import itertools
 import threading
 
 import pytest
+from conftest import word_after
 
 from swpipe.testing.plan_space import random_graph, random_problem
 from autosched.model.costs import CostModel, CostModelError, TaskCost
@@ -160,8 +161,7 @@ def test_search_folds_a_cost_models_machine_calibration_and_not_a_model_without_
     _, folded = auto_schedule(graph, CostModel(tasks, machine_calibration=cal), c, solver=s)
     # one free core: the 10 ms of work plus 0.1 ms of engine per task, one after another
     assert folded.period_s == pytest.approx(0.0104) and folded.why.bound_binding == "cores"
-    assert folded.notes[0].startswith("searched with the machine calibration folded in")
-    assert "1 free core" in folded.notes[0]
+    assert "folded" in folded.notes[0].split() and "1 free core" in folded.notes[0]  # the calibration, its pool
     uncalibrated = dataclasses.replace(CostModel(tasks, machine_calibration=cal), machine_calibration=None)
     _, raw = auto_schedule(graph, uncalibrated, c, solver=s)
     assert raw.period_s == pytest.approx(0.005) and not any("calibration" in n for n in raw.notes)
@@ -201,8 +201,8 @@ def test_report_says_what_binds_and_how_to_go_faster():
     assert report.period_s == pytest.approx(0.010)   # Fwd(i) waits Bwd(i-1): a 10 ms recurrence
     assert report.lower_bound_s == pytest.approx(0.010) and report.gap_pct == pytest.approx(0.0, abs=1e-6)
     text = report.explain()
-    assert "10.000 ms" in text and "lower bound" in text
-    assert "halving Bwd" in text or "halving Fwd" in text
+    assert word_after(text, "lower", "bound") == "10.000"  # reaches the lower bound, in ms
+    assert word_after(text, "halving") in ("Bwd", "Fwd")  # what would make it faster: a task of the recurrence
     assert report.why.what_if and report.why.what_if[0][1] < report.period_s
     shown = str(report)
     assert "period 10.000 ms" in shown and "H2D" in shown and "depth" in shown
@@ -247,7 +247,7 @@ def test_bad_input_is_a_clear_error(bad, err):
 
 def test_frozen_stage_that_breaks_a_corollary_has_no_plan():
     costs = CostModel({"A": TaskCost(0.001), "B": TaskCost(0.001)})
-    with pytest.raises(RuntimeError, match="no plan satisfies"):
+    with pytest.raises(RuntimeError, match="frozen"):  # the constraints that leave no plan
         auto_schedule((["A", "B"], [("B", "A")]), costs,
                       Constraints(max_depth=2, frozen={"A": {"stage": 1}, "B": {"stage": 0}}),
                       solver=SolverOptions(time_limit_s=5))
@@ -282,7 +282,7 @@ def test_a_searched_plan_runs_the_group_the_search_chose_on_the_callers_thread(m
     assert report.period_s == pytest.approx(0.003)
     assert plan.caller_group == "default" and plan.sched("Step").thread_group == "default"
     worker = plan.sched("Load").thread_group
-    assert worker != "default" and "default on the caller's thread" in report.summary()
+    assert worker != "default" and "(default" in report.summary().split()  # the group on the caller's thread
     with SWPipeline(plan, device="cpu") as pipe:
         pipe.run(range(8))
     assert ran == {"Step": {threading.current_thread().name}, "Load": {f"swpipe-{worker}"}}
@@ -296,7 +296,7 @@ def test_the_input_plans_caller_group_decides_whether_a_group_may_run_inline():
     s = SolverOptions(time_limit_s=5)
     plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2), solver=s)
     assert plan.caller_group is None and report.period_s == pytest.approx(0.003)
-    assert "each with a worker" in report.summary()
+    assert "(each" in report.summary().split()  # each group with a worker: none on the caller's thread
     # a group frozen under the caller's group's name always runs inline, even the lighter one
     frozen = Constraints(max_depth=2, max_threads=2, frozen={"Load": {"thread_group": "default"}})
     plan, _ = auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, frozen, solver=s)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import word_after
 import torch
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
-from swpipe import auto_schedule
+from swpipe import auto_schedule, simulate
 from autosched.verify.loop import VerifyOptions
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -37,8 +38,9 @@ def test_without_batches_the_report_says_the_plan_is_unverified_and_how_to_verif
     plan, _, _, costs = _plan_and_model()
     _, report = auto_schedule(plan, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5))
     head = report.summary().splitlines()
-    assert "NOT VERIFIED" in head[0] and "pass batches=" in head[1]
-    assert "not verified" in report.explain().splitlines()[0] and report.iterations_run == 0
+    # the wording is the behaviour: an unverified plan says so on its first line, and how to verify it on the next
+    assert "NOT VERIFIED" in head[0] and "batches=" in head[1]
+    assert report.verify is None and report.iterations_run == 0
     assert report.measured is None and report.measured_period_s is None  # nothing measured: only the model's figures
 
 
@@ -54,16 +56,17 @@ def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_
     chosen = report.verify.choose()
     # the measured period is the chosen plan's row of the verification table; period_s stays the model's
     assert report.measured is chosen and report.measured_period_s == chosen.period_s
-    assert report.period_s == pytest.approx(0.002)
-    assert report.summary().splitlines()[0].startswith(
-        f"auto_schedule ({report.method}, device=cpu): measured period {chosen.period_s * 1e3:.3f} ms")
-    assert report.explain().startswith("Measured on the engine")
-    assert f"ran your tasks {report.iterations_run} iterations" in report.summary()
+    assert report.period_s == pytest.approx(simulate(report.plan, costs).period)  # the chosen plan's, modelled
+    first = report.summary().splitlines()[0]
+    assert first.split()[:2] == ["auto_schedule", f"({report.method},"]
+    assert word_after(first, "measured", "period") == f"{chosen.period_s * 1e3:.3f}"  # leads with the measured period
+    assert report.explain().split()[0] == "Measured"
+    assert word_after(report.summary(), "tasks") == str(report.iterations_run)  # the runs of the user's tasks
 
 
 def test_without_state_a_warning_says_the_tasks_trained_the_model():
     plan, model, _, costs = _plan_and_model()
-    with pytest.warns(RuntimeWarning, match=r"auto_schedule ran your tasks \d+ iterations on batches="):
+    with pytest.warns(RuntimeWarning, match=r"auto_schedule.*batches=.*state="):  # what ran them, the fix
         auto_schedule(plan, costs, Constraints(max_depth=2),
                       solver=SolverOptions(time_limit_s=5), batches=[torch.ones(8, 4)] * 10,
                       verify=VerifyOptions(rounds=1, max_rounds=1, iterations=10))
@@ -72,5 +75,5 @@ def test_without_state_a_warning_says_the_tasks_trained_the_model():
 def test_an_unbound_plan_with_batches_is_an_error_that_says_how_to_bind_it():
     _, _, _, costs = _plan_and_model()
     unbound = PipelinePlan({"Load": TaskSchedule(0), "Step": TaskSchedule(1)}, intra_iter_deps=[("Step", "Load")])
-    with pytest.raises(ValueError, match=r"tasks \['Load', 'Step'\] have no function: bind them"):
+    with pytest.raises(ValueError, match=r"\['Load', 'Step'\].*bind"):  # the unbound tasks, the fix
         auto_schedule(unbound, costs, Constraints(max_depth=2), solver=SolverOptions(time_limit_s=5), batches=[1, 2, 3])

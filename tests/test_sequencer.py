@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from swpipe_core.engine.sequencer import SequencerAborted, _SubmissionSequencer
+from swpipe_core.engine.sequencer import SequencerAborted, SequencerTimeout, _SubmissionSequencer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,11 +45,12 @@ def test_timeout_names_waiting_task_and_the_turn_it_waits_for():
     seq = _SubmissionSequencer(timeout=0.05)
     seq.ticket("DistStart (iteration 4)")
     mine = seq.ticket("AllReduce (iteration 2)")
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(SequencerTimeout) as info:
         seq.execute_ordered(mine, lambda: None)
-    msg = str(info.value)
-    assert "AllReduce (iteration 2)" in msg and "sequence 1" in msg
-    assert "waiting for DistStart (iteration 4)" in msg and not isinstance(info.value, SequencerAborted)
+    got = info.value
+    assert (got.task, got.sequence, got.waiting_for, got.next_sequence, got.timeout_s) == (
+        "AllReduce (iteration 2)", 1, "DistStart (iteration 4)", 0, 0.05)
+    assert isinstance(got, RuntimeError) and not isinstance(got, SequencerAborted)
 
 
 def test_abort_wakes_every_waiter():
@@ -66,13 +67,14 @@ def test_abort_wakes_every_waiter():
     for t in threads:
         t.start()
     time.sleep(0.05)  # workload: let them block (the assertion does not depend on it)
-    seq.abort("task X failed")
+    seq.abort("X-failed")
     for t in threads:
         t.join(5)
     assert not [t.name for t in threads if t.is_alive()]  # every waiter woke and returned
     assert sorted(errors) == [1, 2, 3]
-    with pytest.raises(SequencerAborted, match="task X failed"):
+    with pytest.raises(SequencerAborted) as info:
         seq.execute_ordered(0, lambda: None)
+    assert (info.value.sequence, info.value.reason, info.value.failed_sequence) == (0, "X-failed", None)
 
 
 def test_failing_fn_aborts_so_later_tickets_do_not_hang():
@@ -83,8 +85,9 @@ def test_failing_fn_aborts_so_later_tickets_do_not_hang():
 
     with pytest.raises(ValueError):
         seq.execute_ordered(0, bad)
-    with pytest.raises(SequencerAborted, match="sequence 0 raised ValueError"):
+    with pytest.raises(SequencerAborted) as info:
         seq.execute_ordered(1, lambda: None)
+    assert (info.value.sequence, info.value.failed_sequence) == (1, 0) and "ValueError" in info.value.reason
 
 
 def test_reset_restarts_at_zero_and_clears_abort():

@@ -97,9 +97,9 @@ def test_state_created_after_the_snapshot_is_removed_and_replaced_tensors_come_b
 
 def test_a_different_state_is_an_error_naming_the_objects():
     snap = snapshot_state(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match=r"is not the one snapshotted"):
+    with pytest.raises(ValueError, match="Linear"):  # the object that is not the one snapshotted
         restore_state([torch.nn.Linear(2, 2)], snap)
-    with pytest.raises(TypeError, match=r"state: expected modules, optimizers.*got int"):
+    with pytest.raises(TypeError, match="int"):  # the type given
         snapshot_state([3])
 
 

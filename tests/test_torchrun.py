@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, word_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -85,9 +85,10 @@ def test_one_auto_plan_is_shared_by_both_ranks(ranks):
     assert ranks[0]["auto_plan"] == ranks[1]["auto_plan"]
     assert "('tasks', [{'name': " in ranks[0]["auto_plan"]  # the plan's dict form (swpipe_core.planfile)
     # the candidates were measured on both ranks at once, and both chose the same one from the folded table
-    assert ranks[0]["auto_note"] == ranks[1]["auto_note"] and "on all 2 ranks in lockstep" in ranks[0]["auto_note"]
+    note = ranks[0]["auto_note"]
+    assert ranks[1]["auto_note"] == note and word_after(note, "all") == "2" and "lockstep" in note
     # predicted after the lockstep runs, with the search's own model (the calibration folded in)
-    assert "predicted by the search's model (the machine calibration folded in)" in ranks[0]["auto_note"]
+    assert "folded" in note.split() and "predicted" in note.split()
     # the model's speedup of the plan chosen in lockstep, the same on both ranks (rank 0's predictions, shared)
     assert ranks[0]["auto_predicted_speedup"] == ranks[1]["auto_predicted_speedup"]
     assert ranks[0]["auto_predicted_speedup"] > 0
@@ -97,7 +98,8 @@ def test_one_auto_plan_is_shared_by_both_ranks(ranks):
 
 def test_a_plan_that_differs_on_one_rank_fails_on_every_rank_naming_the_field(ranks):
     for r in ranks:
-        assert r["mismatch_error"] is not None and "rank 1: schedule of B" in r["mismatch_error"]
+        # rank 1 (a JSON key), B's schedule and so the depth
+        assert r["mismatch_error"] == {"differences": {"1": ["tasks", "pipeline_depth"]}, "tasks": {"1": ["B"]}}
 
 
 def test_every_group_the_workload_creates_has_the_jobs_timeout(ranks):
@@ -108,18 +110,18 @@ def test_demo_under_torchrun_prints_one_folded_table_on_rank_0(tmp_path):
     proc = torchrun(2, "-m", "swpipe.cli", "demo", "--iters", "3", "--repeats", "1", "--batch-size", "32",
                     "--plans", "sparse_dist", "--no-auto", "--trace", str(tmp_path / "t.json"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:]
-    assert proc.stdout.count("DLRM, 2 rank(s) (gloo, launched by torchrun)") == 1
-    assert "1/1 plans reproduce the serial loop bit for bit" in proc.stdout
-    assert "every check above holds on all 2 ranks" in proc.stdout
+    heads = [line for line in proc.stdout.splitlines() if line.split()[:1] == ["DLRM,"]]
+    assert len(heads) == 1 and word_after(heads[0], "DLRM,") == "2" and "torchrun" in heads[0]  # once
+    reproduced = [line.split()[0] for line in proc.stdout.splitlines() if "reproduce" in line.split()]
+    assert reproduced == ["1/1"] and word_after(proc.stdout, "all") == "2"  # every check holds on all 2 ranks
 
 
-@pytest.mark.parametrize("script, expect", [
-    ("two_ranks.py", ["rank 0/2 (gloo): owns tables [0, 2]", "rank 1/2 (gloo): owns tables [1, 3]"]),
-    ("custom_plan.py", ["2 rank(s), checked on every rank; losses equal to the plain loop: True"]),
-])
-def test_examples_run_unchanged_under_torchrun_and_print_once(script, expect):
+@pytest.mark.parametrize("script, ranks", [("two_ranks.py", ["0/2", "1/2"]), ("custom_plan.py", [])])
+def test_examples_run_unchanged_under_torchrun_and_print_once(script, ranks):
     proc = torchrun(2, str(ROOT / "examples" / script), "--iters", "4")
     assert proc.returncode == 0, proc.stdout[-6000:]
-    for line in expect:
-        assert proc.stdout.count(line) == 1, proc.stdout[-3000:]
-    assert "equal to the plain loop: False" not in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("rank ")] == ranks  # one line per rank, once
+    checks = [line.rsplit(": ", 1)[1] for line in lines if "equal" in line.split()]
+    assert checks == ["True"] * max(1, len(ranks)), proc.stdout[-3000:]  # printed once (rank 0) or once per rank
+    assert ranks or "2 rank(s)," in proc.stdout  # custom_plan: checked on both ranks

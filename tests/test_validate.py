@@ -92,13 +92,17 @@ def test_corollary_1_fix_suggests_stages_and_inter_deps():
     with pytest.raises(PlanError) as info:
         validate(BAD_PLANS["corollary-1"][0]())
     assert info.value.tasks == ["B", "A"]
+    assert (info.value.rule, info.value.field) == ("corollary-1", "intra_iter_deps")
+    # the fix is the behaviour here: the stage to move A to, or the dependency list to declare it in instead
     assert "move A to stage <= 0" in info.value.fix and "inter_iter_deps" in info.value.fix
 
 
 def test_corollary_3_allows_gap_up_to_distance():
     validate(PipelinePlan({"fwd": S(0), "opt": S(2)}, inter_iter_deps=[("fwd", "opt", 2)]))
-    with pytest.raises(PlanError, match="raise the distance to >= 2"):
+    with pytest.raises(PlanError) as info:
         validate(PipelinePlan({"fwd": S(0), "opt": S(2)}, inter_iter_deps=[("fwd", "opt", 1)]))
+    assert (info.value.rule, info.value.tasks, info.value.field) == ("corollary-3", ["fwd", "opt"], "inter_iter_deps")
+    assert info.value.fix.endswith(">= 2")  # the distance that would do
 
 
 def test_enqueue_order_must_list_every_task_once():
@@ -109,10 +113,14 @@ def test_enqueue_order_must_list_every_task_once():
     validate(plan.replace(enqueue_order=["B", "A"]))
 
 
-def test_stream_objects_are_accepted():
+def test_stream_objects_are_accepted_and_other_objects_are_not():
     import torch
 
-    validate(PipelinePlan({"A": S(0, stream=torch.Stream(device="cpu"))}))
+    stream = torch.Stream(device="cpu")
+    validate(PipelinePlan({"A": S(0, stream=stream)}))  # raises PlanError (stream-type) if it were refused
+    with pytest.raises(PlanError) as info:
+        validate(PipelinePlan({"A": S(0, stream=object())}))
+    assert (info.value.rule, info.value.task, info.value.field) == ("stream-type", "A", "stream")
 
 
 def test_period_local_cycle_is_implied_by_cycle_and_corollaries():

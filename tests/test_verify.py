@@ -15,7 +15,7 @@ import pytest
 from autosched.model.costs import CostModel, TaskCost
 from autosched.search.options import Constraints, SolverOptions
 from swpipe import auto_schedule
-from conftest import measured_by_simulation
+from conftest import measured_by_simulation, word_after
 from autosched.verify.candidates import serial_plan
 from autosched.verify.loop import VerifyOptions
 from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
@@ -77,7 +77,7 @@ def test_measure_plans_rejects_bad_input():
     plan = _two_thread_plan(0.0)
     with pytest.raises(ValueError, match="repeat"):
         measure_plans([("x", plan), ("x", plan)], [0, 1])
-    with pytest.raises(ValueError, match="at least 2 batches"):
+    with pytest.raises(ValueError, match="2 batches"):  # how many it needs
         measure_plans({"x": plan}, [0])
     with pytest.raises(ValueError, match="rounds"):
         measure_plans({"x": plan}, [0, 1], rounds=0)
@@ -109,8 +109,8 @@ def test_machine_limit_line_when_no_plan_beats_serial():
     tie = VerifyTable([PlanMeasurement("serial", None, [0.010, 0.0101]),
                        PlanMeasurement("auto", None, [0.0099, 0.0100])], rounds=2, iterations=10)
     line = tie.machine_limit()
-    assert line is not None and "machine is the limit" in line and "x1.0" in line
-    assert "machine is the limit" in tie.format()
+    assert line is not None and "x1.0" in line  # the best pipelined plan's speedup, no better than serial
+    assert line in tie.format()
     win = VerifyTable([PlanMeasurement("serial", None, [0.010, 0.010]),
                        PlanMeasurement("auto", None, [0.005, 0.005])], rounds=2, iterations=10)
     assert win.machine_limit() is None
@@ -132,7 +132,7 @@ def test_verify_returns_plan_measured_fastest_over_simulators_favourite(monkeypa
     assert got.pipeline_depth == 3
     assert len({got.sched(n).thread_group for n in got.task_names}) == 3
     assert table["serial"].period_s == pytest.approx(3 * table.choose().period_s)
-    assert "verified on the engine" in str(report)
+    assert word_after(str(report), "engine:") == str(len(table.rows))  # verified on the engine: every row
 
 
 def test_verify_never_returns_plan_measured_slower_than_input_plan():
@@ -144,7 +144,8 @@ def test_verify_never_returns_plan_measured_slower_than_input_plan():
     table = report.verify
     chosen = table.choose()
     # the plan measured fastest, returned with its enqueue order written out (the engine computes the same one)
-    assert got.schedule == chosen.plan.schedule and got.enqueue_order == enqueue_order(chosen.plan)
+    assert str(got) == str(chosen.plan.replace(enqueue_order=enqueue_order(chosen.plan),
+                                               pipeline_depth=chosen.plan.pipeline_depth))
     reference = table["input"] if "input" in table else table["auto"]
     assert chosen.period_s <= reference.period_s
 
@@ -162,7 +163,7 @@ def test_verify_rescales_predictions_by_the_serial_plans_measurement(monkeypatch
     assert table.speed_factor == pytest.approx(4.0), table
     assert table.model_error_pct == pytest.approx(75.0), table  # every prediction a quarter of the period
     assert table.rescaled_error_pct == pytest.approx(0.0, abs=1e-6), table
-    assert "rescaled by the serial plan" in str(report)
+    assert "(measured/predicted x4.00):" in str(report)  # the predictions rescaled by the serial plan's factor
 
 
 def test_verify_is_off_for_unbound_tasks_and_needs_batches_when_asked():
@@ -185,7 +186,7 @@ def test_seed_plans_are_scored_and_bound_to_the_searched_tasks():
     plan, report = auto_schedule(([a, b], [(b, a)]), costs, Constraints(max_depth=2),
                                  solver=SolverOptions(time_limit_s=5),
                                  seeds=[("hand", seed)], verify=False)
-    assert any(n.startswith("seeds simulated: seed:hand 3.000 ms") for n in report.notes)
+    assert word_after(" ".join(report.notes), "seed:hand") == "3.000"  # the seed, simulated
     assert report.period_s == pytest.approx(3 * MS, rel=1e-6)
     assert not plan.unbound_tasks()
 
@@ -204,7 +205,8 @@ def test_seed_beyond_max_depth_is_skipped_with_a_note():
     _, report = auto_schedule((["A", "B"], [("B", "A")]), costs, Constraints(max_depth=2),
                               solver=SolverOptions(time_limit_s=5),
                               seeds=[seed])
-    assert "seed seed0 skipped: depth 4 > max_depth 2" in report.notes
+    assert [n.split()[1:3] for n in report.notes if n.split()[0] == "seed"] == [["seed0", "skipped:"]]
+    assert any("depth 4 > max_depth 2" in n for n in report.notes)  # why
 
 
 def test_with_dependencies_of_adds_graph_deps_and_refuses_extra_ones():
@@ -232,7 +234,7 @@ def test_verify_measures_the_searched_plan_with_the_callers_group_the_search_cho
     auto = report.verify["auto"].plan
     assert auto.caller_group == "default" and auto.sched("B").thread_group == "default"  # the busiest, inline
     assert {r.label for r in report.verify.rows} <= {"auto", "beam", "beam (deeper)", "cpsat", "serial"}
-    assert not any("inline" in r.label or "handed off" in r.label for r in report.verify.rows)
+    assert not any({"inline", "handed"} & set(r.label.split()) for r in report.verify.rows)
     assert plan.caller_group in (None, *plan.thread_groups)
     for gone in ("inline_variant", "late_hand_off_variant", "caller_variants"):
         assert not hasattr(verify_mod, gone)

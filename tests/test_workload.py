@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from conftest import word_after
 import torch
 
 from swpipe_core import pipelines
@@ -95,7 +96,7 @@ def test_synthetic_data_is_seeded_and_rank_slices_tile_the_global_batch():
 
 
 def test_kjt_rejects_lengths_that_do_not_split_over_keys():
-    with pytest.raises(ValueError, match="do not split evenly"):
+    with pytest.raises(ValueError, match=r"\b3\b.*\b2\b"):  # the lengths, the keys they do not split over
         KJT(["a", "b"], torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]))
 
 
@@ -265,7 +266,7 @@ def test_a_missing_intra_dependency_is_reported_not_silently_recomputed(env, bat
 
 
 def test_unknown_task_name_is_rejected(env):
-    with pytest.raises(ValueError, match="no task 'Fwd'"):
+    with pytest.raises(ValueError, match="'Fwd'"):
         task_fns(DLRMWorkload(CFG, env), ["Fwd"])
 
 
@@ -276,7 +277,7 @@ def test_pt2_falls_back_to_eager_with_a_warning_when_compile_fails(env, batches,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = _train(env, batches, lambda wl: plan_for("pt2", wl, compile_backend=broken_backend))
-    assert any("runs eager" in str(w.message) for w in caught)
+    assert any("eager" in str(w.message).split() for w in caught)  # the warning says it runs eager
     _assert_same(got, reference)
 
 
@@ -477,7 +478,7 @@ def test_the_auto_scheduled_plan_trains_exactly_like_the_serial_loop(env, batche
         warnings.simplefilter("error", RuntimeWarning)  # the hook warns instead of failing: make it fail here
         spec = auto_spec(CFG, env, batches, max_depth=3, max_threads=2, time_limit_s=3.0)
     assert spec is not None and spec.label == "auto"
-    assert "calibrated (" in spec.note and "cores free" in spec.note  # searched with the machine measured
+    assert word_after(spec.note, "calibrated") is not None and "(" in word_after(spec.note, "calibrated")  # cores free
     assert spec.predicted_speedup is not None and spec.predicted_speedup > 0  # the demo checks it against its row
     from swpipe.workloads.autoplan import AUTO_SEEDS
 
@@ -528,8 +529,8 @@ def test_search_costs_leave_out_the_cold_first_iterations():
     costs = _serial_costs(plan, list(range(4)), "cpu")
     assert calls[:8] == [0, 1, 2, 3, 0, 1, 2, 3]  # the batches are cycled
     assert COST_WARMUP > 0 and len(calls) > COST_WARMUP
-    assert f"median of {len(calls) - COST_WARMUP} executions" in costs.method  # only the warm iterations count
-    assert "left out" in costs.notes
+    assert word_after(costs.method, "median", "of") == str(len(calls) - COST_WARMUP)  # only the warm iterations count
+    assert word_after(costs.notes, "first") == str(COST_WARMUP)  # left out
 
 
 def test_demo_rounds_turn_the_order_of_the_plans(env):
@@ -594,7 +595,7 @@ def test_a_row_with_the_schedule_of_another_is_measured_once_and_shows_its_runs(
     rows = {r.label: r for r in m.rows}
     assert built == ["twin", "twin"]  # only the row whose twin is absent ran, once per round
     assert rows["auto"].iters_per_s == rows["sparse_dist"].iters_per_s and rows["auto"].matches
-    assert rows["auto"].note.startswith("the schedule of sparse_dist") and "schedule of" not in rows["other"].note
+    assert word_after(rows["auto"].note, "schedule", "of") == "sparse_dist," and "schedule" not in rows["other"].note
 
 
 @pytest.mark.parametrize("band, raced", [(1e6, ["a", "b", "sparse_dist"]), (0.0, [])])

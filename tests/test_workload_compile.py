@@ -35,7 +35,7 @@ def env():
 
 
 def _compiled_run(env, name, **options):
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # torch's (private) count of graph breaks and recompiles
 
     counters.clear()
     batches = SyntheticData(CFG).batches(N)

@@ -92,7 +92,7 @@ def main(out_dir: str) -> None:
         check_same_plan(env, odd, "odd plan")
         out["mismatch_error"] = None
     except PlanMismatchError as exc:
-        out["mismatch_error"] = str(exc)
+        out["mismatch_error"] = {"differences": exc.differences, "tasks": exc.tasks}
 
     out["timeouts_s"] = sorted({group_timeout(g).total_seconds()
                                 for g in [env.control, data.group, *env.groups.values()]})

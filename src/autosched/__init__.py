@@ -35,6 +35,7 @@ _LAZY = {
     "SearchReport": "search.report",
     "Constraints": "search.options",
     "SolverOptions": "search.options",
+    "OptionError": "search.options",
 }
 
 __all__ = list(_LAZY)

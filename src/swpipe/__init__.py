@@ -21,12 +21,12 @@ Examples
 >>> import swpipe
 >>> len(swpipe.__all__) <= 32 and "SWPipeline" in swpipe.__all__
 True
+>>> dir(swpipe) == swpipe.__all__
+True
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
+import typing as _typing
 
 from swpipe._version import __version__
 
@@ -68,16 +68,16 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'swpipe' has no attribute {name!r}; the public API is swpipe.__all__, "
                              "everything else is in its module (swpipe_core.*, autosched.*)")
     if name == "pipelines":
-        return importlib.import_module(module)
-    return getattr(importlib.import_module(module), name)
+        return _importlib.import_module(module)
+    return getattr(_importlib.import_module(module), name)
 
 
 def __dir__() -> list:
-    """Every public name, lazy ones included, so ``dir()``, ``help()`` and tab completion list them."""
-    return sorted(set(globals()) | set(__all__))
+    """The public names, lazy ones included, and nothing else: ``dir()``, ``help()`` and tab completion list them."""
+    return list(__all__)

@@ -42,6 +42,7 @@ need only one stage. That is why the LDS here is taken along dependency chains.
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import networkx as nx
@@ -49,11 +50,13 @@ import networkx as nx
 from swpipe_core.order import enqueue_order, stage_descending_order
 from swpipe_core.walk import PeriodWalk
 from swpipe_core.plan import PipelinePlan, TaskRef, ref_name
-from swpipe_core.validate import validate
+from swpipe_core.validate import PlanError, validate
 
 __all__ = [
     "format_schedule",
     "format_stage_analysis",
+    "stage_analysis",
+    "StageAnalysis",
     "format_plan_repr",
     "lds",
     "min_depth",
@@ -124,7 +127,7 @@ def format_schedule(plan: PipelinePlan, num_iterations: int = 3, shortcuts: Iter
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"H2D": TaskSchedule(0, "memcpy"), "Forward": TaskSchedule(1)},
     ...                     intra_iter_deps=[("Forward", "H2D")])
     >>> print(format_schedule(plan, 3))
@@ -240,7 +243,8 @@ def _constraint_graph(plan: PipelinePlan, order: Sequence[TaskRef]) -> nx.DiGrap
     pos = {ref_name(t): i for i, t in enumerate(order)}
     missing = [n for n in plan.task_names if n not in pos]
     if missing or len(pos) != len(plan.task_names):
-        raise ValueError(f"order must list every task of the plan once; missing {missing}, got {list(pos)}")
+        raise PlanError("enqueue-order", f"order must list every task of the plan once; missing {missing}, got "
+                        f"{list(pos)}", missing, "list each task of the plan once", value=list(pos))
     graph = nx.DiGraph()
     graph.add_nodes_from(plan.task_names)
     # a same-period dependency holds under any stages (its distance follows them): it orders the period only
@@ -274,14 +278,14 @@ def min_stages(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] = None) ->
 
     Raises
     ------
-    ValueError
-        If ``order`` does not list every task once, or no stage assignment
-        makes it deadlock-free (a dependency cycle that gains stages; the
-        cycle is named).
+    PlanError
+        Rule ``enqueue-order``: ``order`` does not list every task once, or no
+        stage assignment makes it deadlock-free (a dependency cycle that gains
+        stages; its tasks are the error's ``tasks``).
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     >>> min_stages(plan, ["B", "A"]), min_stages(plan, ["A", "B"])
     ({'A': 0, 'B': 1}, {'A': 0, 'B': 0})
@@ -294,10 +298,10 @@ def min_stages(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] = None) ->
         dist = nx.single_source_bellman_ford_path_length(graph, source, weight=lambda u, v, e: -e["weight"])
     except nx.NetworkXUnbounded:
         cycle = nx.find_negative_cycle(graph, source, weight=lambda u, v, e: -e["weight"])
-        raise ValueError(
-            f"no stage assignment makes enqueue order {[ref_name(t) for t in order]} deadlock-free: the dependency "
-            f"cycle {' -> '.join(map(str, cycle))} needs ever more stages; enqueue the waited-on tasks first"
-        ) from None
+        raise PlanError(
+            "enqueue-order", f"no stage assignment makes enqueue order {[ref_name(t) for t in order]} deadlock-free: "
+            f"the dependency cycle {' -> '.join(map(str, cycle))} needs ever more stages", cycle[:-1],
+            "enqueue the waited-on tasks first", value=[ref_name(t) for t in order]) from None
     return {n: -dist[n] for n in plan.task_names}
 
 
@@ -319,7 +323,7 @@ def min_depth(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] = None) -> 
 
     Raises
     ------
-    ValueError
+    PlanError
         As :func:`min_stages`.
 
     Examples
@@ -327,7 +331,7 @@ def min_depth(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] = None) -> 
     Stage-descending enqueues Forward before CopyBatch, which it waits on, so
     two stages are needed; a serial order needs one:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"CopyBatch": TaskSchedule(0), "Forward": TaskSchedule(1)},
     ...                     intra_iter_deps=[("Forward", "CopyBatch")], enqueue_policy="stage_descending")
     >>> min_depth(plan), min_depth(plan, ["CopyBatch", "Forward"])
@@ -355,7 +359,7 @@ def removable_boundaries(plan: PipelinePlan, order: Optional[Sequence[TaskRef]] 
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1), "C": TaskSchedule(2)},
     ...                     intra_iter_deps=[("B", "A"), ("C", "B")])
     >>> removable_boundaries(plan, ["B", "A", "C"])
@@ -389,8 +393,126 @@ def _chain_lds(plan: PipelinePlan, order: Sequence[str]) -> Tuple[int, tuple]:
     return lds(stages, related=lambda i, j: order[j] in ancestors[order[i]])
 
 
+@dataclass
+class StageAnalysis:
+    """What :func:`stage_analysis` finds; ``str()`` is the text ``print_stage_analysis`` prints.
+
+    Attributes
+    ----------
+    rows : list of (task, index, stage, globally_ordered)
+        The tasks in the intra-iteration topological order (ties by definition order), each with its index in
+        ``plan.schedule``, its stage and whether it is globally ordered.
+    order : list of str
+        The enqueue order the analysis is about.
+    order_from : str
+        ``"explicit"`` (the plan's ``enqueue_order``) or the enqueue policy that gives ``order``.
+    lds : int
+        The longest stage-decreasing chain of ``order`` (a lower bound on the depth).
+    lds_example : tuple of int
+        The stages of one such chain.
+    depth : int
+        The plan's pipeline depth.
+    min_depth : int
+        The exact minimum depth for ``order`` (``lds <= min_depth <= depth``).
+    removable : list of int
+        Stage boundaries ``k`` (between stages ``k`` and ``k + 1``) that could each be removed with ``order``
+        still deadlock-free (empty unless ``depth > min_depth``).
+    min_stages : dict or None
+        When ``depth > min_depth`` and no single boundary is removable: stages that suffice.
+    """
+
+    rows: List[Tuple[str, int, int, bool]]
+    order: List[str]
+    order_from: str
+    lds: int
+    lds_example: tuple
+    depth: int
+    min_depth: int
+    removable: List[int] = field(default_factory=list)
+    min_stages: Optional[Dict[str, int]] = None
+
+    @property
+    def optimal(self) -> bool:
+        """The depth is the least this enqueue order allows."""
+        return self.depth == self.min_depth
+
+    def __str__(self) -> str:
+        w_task = max([16] + [len(r[0]) for r in self.rows])
+        out = [
+            "Task schedule (topological order):",
+            f"  {'Pos':>3}  {'Task':<{w_task}}  {'Idx':>3}  {'Stage':>5}  Type",
+            "  " + "-" * (50 + w_task - 16),
+        ]
+        for pos, (name, index, stage, ordered) in enumerate(self.rows):
+            out.append(f"  {pos:>3}  {name:<{w_task}}  {index:>3}  {stage:>5}  {'global' if ordered else 'stream'}")
+        out.append(f"Enqueue order ({self.order_from}): {', '.join(self.order)}")
+        out.append(f"LDS = {self.lds}  (example: {self.lds_example})")
+        out.append(f"Pipeline depth = {self.depth}")
+        if self.lds == self.depth:
+            out.append("  ✓  LDS == depth (Dilworth-optimal)")
+        elif self.optimal:
+            out.append(f"  ✓  depth == minimum depth for this enqueue order (LDS = {self.lds} is only a lower bound)")
+        else:
+            if self.removable:
+                fix = "removable stage boundaries " + ", ".join(f"{k}|{k + 1}" for k in self.removable) + " (each alone"
+            else:
+                fix = "no single stage boundary is removable, but stages " + ", ".join(
+                    f"{n}={s}" for n, s in (self.min_stages or {}).items()) + " suffice (they"
+            out.append(f"  {MORE_STAGES_MARK}  depth {self.depth} > minimum depth {self.min_depth} for this enqueue order: "
+                       f"{fix} keeps the order deadlock-free; extra stages buy overlap and cost memory, never correctness)")
+        out.append(f"Minimum depth for this enqueue order = {self.min_depth} (exact; LDS <= minimum depth <= depth)")
+        return "\n".join(out)
+
+
+def stage_analysis(plan: PipelinePlan) -> StageAnalysis:
+    """Topological order, stages, LDS, depth and the exact minimum depth of a plan's enqueue order.
+
+    See the module docstring for the definitions and why ``LDS <= minimum depth <= depth``; the stage
+    boundaries the plan could drop (extra stages then buy overlap and cost memory, never correctness) are named when its
+    depth exceeds the minimum.
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+        A plan that passes ``validate``.
+
+    Returns
+    -------
+    StageAnalysis
+
+    Raises
+    ------
+    PlanError
+        If the plan does not pass :func:`~swpipe_core.validate.validate`.
+
+    Examples
+    --------
+    >>> from swpipe import PipelinePlan
+    >>> plan = PipelinePlan.from_text('''plan policy=ready_first
+    ... 0 CopyBatch on io stream memcpy
+    ... 1 Forward on compute after CopyBatch
+    ... 1 Backward on compute after Forward''')
+    >>> a = stage_analysis(plan)
+    >>> a.order, a.lds, a.min_depth, a.depth, a.removable
+    (['CopyBatch', 'Forward', 'Backward'], 1, 1, 2, [0])
+    """
+    validate(plan)
+    index = {n: i for i, n in enumerate(plan.task_names)}
+    rows = [(n, index[n], plan.stage(n), plan.sched(n).globally_ordered is True) for n in _topological_rows(plan)]
+    order = enqueue_order(plan)
+    length, example = _chain_lds(plan, order)
+    minimum = min_depth(plan, order)
+    found = StageAnalysis(rows, order, "explicit" if plan.enqueue_order is not None else plan.enqueue_policy,
+                          length, example, plan.pipeline_depth, minimum)
+    if length != found.depth and not found.optimal:
+        found.removable = removable_boundaries(plan, order)
+        if not found.removable:
+            found.min_stages = min_stages(plan, order)
+    return found
+
+
 def format_stage_analysis(plan: PipelinePlan) -> str:
-    """What ``SWPipeline.print_stage_analysis`` prints: topological order, stages, LDS, depth, optimality.
+    """What ``SWPipeline.print_stage_analysis`` prints: ``str(stage_analysis(plan))``.
 
     Rows list the tasks in the intra-iteration topological order (ties by
     definition order): ``Pos`` is the position in it, ``Idx`` the task's index
@@ -406,9 +528,6 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
       stages then buy overlap and cost memory, never correctness).
 
     :data:`LEGEND` says what each term and mark means, in words.
-
-    See the module docstring for the definitions and why
-    ``LDS <= minimum depth <= depth``.
 
     Parameters
     ----------
@@ -429,12 +548,11 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
     A copy-then-compute plan (CopyBatch at stage 0 on an IO thread, Forward
     and Backward at stage 1 on a compute thread, enqueued stage-descending):
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> plan = PipelinePlan(
-    ...     {"CopyBatch": TaskSchedule(0, "memcpy", "io"), "Forward": TaskSchedule(1, None, "compute"),
-    ...      "Backward": TaskSchedule(1, None, "compute")},
-    ...     intra_iter_deps=[("Forward", "CopyBatch"), ("Backward", "Forward")],
-    ...     enqueue_policy="stage_descending")
+    >>> from swpipe import PipelinePlan
+    >>> plan = PipelinePlan.from_text('''plan policy=stage_descending
+    ... 0 CopyBatch on io stream memcpy
+    ... 1 Forward on compute after CopyBatch
+    ... 1 Backward on compute after Forward''')
     >>> print(format_stage_analysis(plan))
     Task schedule (topological order):
       Pos  Task              Idx  Stage  Type
@@ -448,44 +566,7 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
       ✓  LDS == depth (Dilworth-optimal)
     Minimum depth for this enqueue order = 2 (exact; LDS <= minimum depth <= depth)
     """
-    validate(plan)
-    index = {n: i for i, n in enumerate(plan.task_names)}
-    rows = _topological_rows(plan)
-    w_task = max([16] + [len(n) for n in rows])
-    out = [
-        "Task schedule (topological order):",
-        f"  {'Pos':>3}  {'Task':<{w_task}}  {'Idx':>3}  {'Stage':>5}  Type",
-        "  " + "-" * (50 + w_task - 16),
-    ]
-    for pos, name in enumerate(rows):
-        sched = plan.sched(name)
-        kind = "global" if sched.globally_ordered else "stream"
-        out.append(f"  {pos:>3}  {name:<{w_task}}  {index[name]:>3}  {sched.stage:>5}  {kind}")
-
-    order = enqueue_order(plan)
-    how = "explicit" if plan.enqueue_order is not None else plan.enqueue_policy
-    out.append(f"Enqueue order ({how}): {', '.join(order)}")
-    length, example = _chain_lds(plan, order)
-    depth = plan.pipeline_depth
-    minimum = min_depth(plan, order)
-    out.append(f"LDS = {length}  (example: {example})")
-    out.append(f"Pipeline depth = {depth}")
-    if length == depth:
-        out.append("  ✓  LDS == depth (Dilworth-optimal)")
-    elif minimum == depth:
-        out.append(f"  ✓  depth == minimum depth for this enqueue order (LDS = {length} is only a lower bound)")
-    else:
-        ks = removable_boundaries(plan, order)
-        if ks:
-            fix = "removable stage boundaries " + ", ".join(f"{k}|{k + 1}" for k in ks) + " (each alone"
-        else:
-            stages = min_stages(plan, order)
-            fix = "no single stage boundary is removable, but stages " + ", ".join(
-                f"{n}={s}" for n, s in stages.items()) + " suffice (they"
-        out.append(f"  {MORE_STAGES_MARK}  depth {depth} > minimum depth {minimum} for this enqueue order: {fix} "
-                   f"keeps the order deadlock-free; extra stages buy overlap and cost memory, never correctness)")
-    out.append(f"Minimum depth for this enqueue order = {minimum} (exact; LDS <= minimum depth <= depth)")
-    return "\n".join(out)
+    return str(stage_analysis(plan))
 
 
 def format_plan_repr(plan: PipelinePlan, device: Any = 0, shortcuts: Iterable[TaskRef] = ()) -> str:
@@ -513,7 +594,7 @@ def format_plan_repr(plan: PipelinePlan, device: Any = 0, shortcuts: Iterable[Ta
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"H2DAndShuffle": TaskSchedule(0), "MPEmbForward": TaskSchedule(0)},
     ...                     intra_iter_deps=[("MPEmbForward", "H2DAndShuffle")])
     >>> print(format_plan_repr(plan, 0, ["MPEmbForward"]))

@@ -64,7 +64,7 @@ def period_local_graph(plan: PipelinePlan) -> nx.DiGraph:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1), "C": TaskSchedule(1)},
     ...                     intra_iter_deps=[("B", "A"), ("C", "B")], inter_iter_deps=[("A", "C")])
     >>> sorted(period_local_graph(plan).edges)
@@ -99,7 +99,7 @@ def stall_cost(plan: PipelinePlan, graph: nx.DiGraph = None) -> Dict[str, int]:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"Q": TaskSchedule(1, "Y"), "A": TaskSchedule(0, "Z")}, inter_iter_deps=[("A", "Q")])
     >>> stall_cost(plan)
     {'Q': 0, 'A': 1}
@@ -131,7 +131,7 @@ def handed_off_first(plan: PipelinePlan, graph: nx.DiGraph = None) -> Dict[str, 
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> s = {"compute": TaskSchedule(1), "io": TaskSchedule(0, thread_group="io")}
     >>> handed_off_first(PipelinePlan(s, [("compute", "io")]))
     {'compute': 1, 'io': 0}
@@ -171,7 +171,7 @@ def ready_first_order(plan: PipelinePlan) -> List[str]:
     --------
     A cross-iteration example (P, R on stream X at stage 0; Q on Y at stage 1; A on Z waits Q of the previous iteration):
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> s = {"P": TaskSchedule(0, "X"), "Q": TaskSchedule(1, "Y"), "R": TaskSchedule(0, "X"), "A": TaskSchedule(0, "Z")}
     >>> plan = PipelinePlan(s, inter_iter_deps=[("A", "Q")])
     >>> ready_first_order(plan)
@@ -209,7 +209,7 @@ def stage_descending_order(plan: PipelinePlan) -> List[str]:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> s = {"P": TaskSchedule(0, "X"), "Q": TaskSchedule(1, "Y"), "R": TaskSchedule(0, "X"), "A": TaskSchedule(0, "Z")}
     >>> stage_descending_order(PipelinePlan(s, inter_iter_deps=[("A", "Q")]))
     ['Q', 'P', 'R', 'A']
@@ -252,7 +252,7 @@ def hand_off_after(plan: PipelinePlan, task: str) -> List[str]:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"Load": TaskSchedule(0, thread_group="io"), "Dist": TaskSchedule(1, thread_group="io"),
     ...                      "Fwd": TaskSchedule(2), "Bwd": TaskSchedule(2)},
     ...                     [("Dist", "Load"), ("Fwd", "Dist"), ("Bwd", "Fwd")])
@@ -294,7 +294,7 @@ def enqueue_order(plan: PipelinePlan) -> List[str]:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"B": TaskSchedule(0), "A": TaskSchedule(0)}, enqueue_order=["B", "A"])
     >>> enqueue_order(plan), enqueue_order(plan.replace(enqueue_order=None))
     (['B', 'A'], ['A', 'B'])

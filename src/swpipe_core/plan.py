@@ -40,6 +40,7 @@ class IterContext:
 
     Examples
     --------
+    >>> from swpipe import IterContext
     >>> ctx = IterContext(batch={"x": 1}, iter_idx=3)
     >>> ctx.y = ctx.batch["x"] + 1
     >>> ctx
@@ -61,7 +62,8 @@ class IterContext:
         raise AttributeError(
             f"ctx.{name} is not set in iteration {self.__dict__.get('iter_idx', '?')}: no task that ran before this "
             f"one wrote it. Tasks pass values through ctx in the plan's order, so the task that sets ctx.{name} "
-            "must be a dependency of this one (swpipe_core.dataflow.check_dataflow names a missing one)")
+            "must be a dependency of this one (swpipe_core.dataflow.check_dataflow names a missing one)",
+            name=name, obj=self)
 
     def keep_alive(self, *values: Any) -> None:
         """Keep ``values`` alive until this iteration's device work has completed (nothing to do on CPU).
@@ -76,6 +78,7 @@ class IterContext:
 
         Examples
         --------
+        >>> from swpipe import IterContext
         >>> IterContext(batch=None, iter_idx=0).keep_alive("anything")
         """
 
@@ -91,6 +94,7 @@ class DeclaredIO:
 
     Examples
     --------
+    >>> from swpipe import DeclaredIO
     >>> shared = {"step": 0}
     >>> io = DeclaredIO(capture=lambda: dict(shared), restore=shared.update)
     >>> snap = io.capture(); shared["step"] = 5; io.restore(snap); shared
@@ -116,6 +120,7 @@ class PipelineTask:
 
     Examples
     --------
+    >>> from swpipe import PipelineTask
     >>> fwd = PipelineTask("Forward", lambda ctx: None)
     >>> fwd == PipelineTask("Forward"), fwd == "Forward", hash(fwd) == hash("Forward")
     (True, True, True)
@@ -193,6 +198,7 @@ class TaskSchedule:
 
     Examples
     --------
+    >>> from swpipe import TaskSchedule
     >>> TaskSchedule(stage=1, stream="data_dist", globally_ordered=True)
     TaskSchedule(stage=1, stream='data_dist', thread_group='default', globally_ordered=True)
     """
@@ -221,6 +227,7 @@ def ref_name(ref: TaskRef) -> str:
 
     Examples
     --------
+    >>> from swpipe import PipelineTask
     >>> ref_name("H2D"), ref_name(PipelineTask("H2D"))
     ('H2D', 'H2D')
     """
@@ -312,6 +319,7 @@ class PipelinePlan:
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan(
     ...     schedule={"H2D": TaskSchedule(stage=0, stream="memcpy"), "Forward": TaskSchedule(stage=1)},
     ...     intra_iter_deps=[("Forward", "H2D")],
@@ -338,6 +346,82 @@ class PipelinePlan:
         if self.pipeline_depth is None:
             self.pipeline_depth = self.inferred_depth()
 
+    # -- the text form, and equality --
+
+    def __str__(self) -> str:
+        """The plan's text form (:func:`swpipe_core.planfile.plan_to_text`), which :meth:`from_text` reads back."""
+        from swpipe_core.planfile import plan_to_text  # late: planfile builds on this module
+
+        try:
+            return plan_to_text(self)
+        except TypeError:  # a task reference that is neither a name nor a task: validate() names it
+            return repr(self)
+
+    @classmethod
+    def from_text(cls, text: str, fns: Optional[Dict[str, Callable[[IterContext], None]]] = None, *,
+                  source: str = "plan text") -> "PipelinePlan":
+        """The plan a text form describes (what ``str(plan)`` prints), validated.
+
+        Parameters
+        ----------
+        text : str
+            One line of the plan's fields, then one line per task: ``STAGE NAME [on GROUP] [stream STREAM]
+            [global] [after DEP ...]``, a dependency ``DEP`` written ``X`` (same iteration), ``X[i-N]`` (``N``
+            iterations back) or ``X[period]`` (same period); an ``order`` line for an explicit enqueue order
+            (the grammar: :mod:`swpipe_core.planfile`).
+        fns : dict, optional
+            ``{task_name: fn}``; tasks without a function stay unbound (analysis only).
+        source : str
+            Where the text came from, named in errors.
+
+        Returns
+        -------
+        PipelinePlan
+
+        Raises
+        ------
+        swpipe_core.planfile.PlanFileError
+            A line that does not parse; ``line`` and ``field`` say where.
+        PlanError
+            The plan breaks a rule; ``rule``, ``task``, ``field`` and ``line`` say which and where.
+
+        Examples
+        --------
+        >>> from swpipe import PipelinePlan, TaskSchedule
+        >>> plan = PipelinePlan({"H2D": TaskSchedule(0, "memcpy", "io"), "Forward": TaskSchedule(1)},
+        ...                     intra_iter_deps=[("Forward", "H2D")], inter_iter_deps=[("H2D", "Forward")])
+        >>> print(plan)
+        plan depth=2 policy=ready_first caller=default
+        0 H2D     on io      stream memcpy  after Forward[i-1]
+        1 Forward on default stream default after H2D
+        >>> PipelinePlan.from_text(str(plan)) == plan
+        True
+        >>> PipelinePlan.from_text("plan depth=2\\n0 H2D\\n0 Forward after H2D[i-1]")
+        Traceback (most recent call last):
+        ...
+        swpipe_core.validate.PlanError: [depth-mismatch] line 1: pipeline_depth=2 but max(stage) + 1 = 1. Fix: set pipeline_depth=1 or omit it to have it inferred
+        """
+        from swpipe_core.planfile import plan_from_text  # late: planfile builds on this module
+
+        return plan_from_text(text, fns, source=source)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal plans run alike: the same tasks in the same order (a bound task equals its unbound self), the
+        same schedules, the same dependencies (in any order), depth, enqueue order, policy and caller group."""
+        if not isinstance(other, PipelinePlan):
+            return NotImplemented
+        return list(self.schedule) == list(other.schedule) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq is
+
+    def _fields(self) -> tuple:
+        scheds = [(s.stage, None if s.stream is None else stream_name(s.stream), s.thread_group, s.globally_ordered)
+                  for s in self.schedule.values()]
+        order = None if self.enqueue_order is None else [ref_name(r) for r in self.enqueue_order]
+        return (scheds, frozenset(self.intra_edges()), frozenset(self.declared_inter_edges()),
+                frozenset((ref_name(t), ref_name(d)) for t, d in self.same_period_deps), self.pipeline_depth, order,
+                self.enqueue_policy, self.caller_group)
+
     # -- normalised views (tolerant of malformed input; validate() reports it) --
 
     def inferred_depth(self) -> int:
@@ -361,6 +445,7 @@ class PipelinePlan:
 
         Examples
         --------
+        >>> from swpipe import PipelinePlan, TaskSchedule
         >>> PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1)}).thread_groups
         ('default', 'io')
         """
@@ -406,6 +491,7 @@ class PipelinePlan:
 
         Examples
         --------
+        >>> from swpipe import PipelinePlan, TaskSchedule
         >>> plan = PipelinePlan({"P": TaskSchedule(0), "B": TaskSchedule(1)}, inter_iter_deps=[("P", "B")],
         ...                     same_period_deps=[("B", "P")])
         >>> plan.inter_edges()

@@ -81,7 +81,7 @@ class PeriodWalk:
     H2D on an io thread, Forward on the caller's thread one stage later,
     Log on the io thread after Forward in the enqueue order:
 
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"H2D": TaskSchedule(0, thread_group="io"), "Forward": TaskSchedule(1),
     ...                      "Log": TaskSchedule(1, thread_group="io")},
     ...                     intra_iter_deps=[("Forward", "H2D")], enqueue_order=["H2D", "Forward", "Log"])
@@ -138,7 +138,3 @@ class PeriodWalk:
     def sequence(self, num_iterations: int) -> List[Tuple[str, int]]:
         """Every ``(task, iteration)`` of a run, in the order the main thread reaches them."""
         return [(s.task, s.iteration) for _, steps in self.periods(num_iterations) for s in steps]
-
-    def period_of(self, task: str, iteration: int) -> int:
-        """The period that runs ``task`` of ``iteration``."""
-        return iteration + self.stage[task]

@@ -205,21 +205,17 @@ class _Sim(HostSide, DeviceSide):
             else:
                 self.enqueue(arg, t)
         if self.next_period < self.total_periods or (self.cuda and min(self.dev_end) < 0):
-            raise SimDeadlock(self.describe_block())
+            raise self.deadlock()
 
-    def describe_block(self) -> str:
-        parts = []
-        for g, inst in enumerate(self.cur):
-            if inst >= 0:
-                k, i = divmod(inst, self.n)
-                parts.append(f"thread {self.group_names[g]} holds {self.names[k]}(iter {i})")
-        for s, q in enumerate(self.squeue):
-            if q:
-                k, i = divmod(q[0], self.n)
-                parts.append(f"stream {self.stream_names[s]} head {self.names[k]}(iter {i})")
-        return (f"the simulated plan stopped before period {self.next_period}: "
-                + ("; ".join(parts) or "nothing is runnable")
-                + ". validate(plan) should have rejected it; please report this plan")
+    def deadlock(self) -> SimDeadlock:
+        """What each thread holds and each stream's head, when nothing can run."""
+        def instance(inst: int) -> Tuple[str, int]:
+            k, i = divmod(inst, self.n)
+            return self.names[k], i
+
+        threads = {self.group_names[g]: instance(inst) for g, inst in enumerate(self.cur) if inst >= 0}
+        streams = {self.stream_names[s]: instance(q[0]) for s, q in enumerate(self.squeue) if q}
+        return SimDeadlock(self.next_period, threads, streams)
 
     def advance_main(self) -> None:
         """Enqueue every period the main thread can: it runs ``fill_pipeline`` then ``progress`` in turn.

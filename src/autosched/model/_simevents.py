@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Dict, NamedTuple, Tuple
 
 __all__ = ["SimDeadlock", "Stall", "HOST_END", "DEV_END", "ENQUEUE"]
 
@@ -11,7 +11,27 @@ HOST_END, DEV_END, ENQUEUE = 0, 1, 2
 
 
 class SimDeadlock(RuntimeError):
-    """The simulated plan stopped making progress (every worker waits on something that never comes)."""
+    """The simulated plan stopped making progress (every worker waits on something that never comes).
+
+    Attributes
+    ----------
+    period : int
+        The period that could not be enqueued.
+    threads : dict
+        ``{thread group: (task, iteration)}`` each thread holds.
+    streams : dict
+        ``{stream: (task, iteration)}`` at the head of each stream.
+    """
+
+    def __init__(self, period: int, threads: Dict[str, Tuple[str, int]], streams: Dict[str, Tuple[str, int]]) -> None:
+        self.period, self.threads, self.streams = period, dict(threads), dict(streams)
+        parts = [f"thread {g} holds {t}(iter {i})" for g, (t, i) in self.threads.items()]
+        parts += [f"stream {s} head {t}(iter {i})" for s, (t, i) in self.streams.items()]
+        super().__init__(f"the simulated plan stopped before period {period}: " + ("; ".join(parts) or
+                         "nothing is runnable") + ". validate(plan) should have rejected it; please report this plan")
+
+    def __reduce__(self):
+        return (type(self), (self.period, self.threads, self.streams))
 
 
 class Stall(NamedTuple):

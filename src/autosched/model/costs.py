@@ -60,7 +60,7 @@ def _check_cores(value: Any, where: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CostModelError(f"cores is {value!r}, not an integer >= 1", where,
+        raise CostModelError(f"cores is {value!r}, not an integer >= 1", where, value=value, fix=
                              "give the number of free cores as an int (autosched.model.taskmodel.core_capacity rounds a "
                              "measured cores_free), or None for unlimited")
     return value
@@ -125,14 +125,14 @@ class CostModel:
         for name, cost in self.tasks.items():
             name = getattr(name, "name", name)
             if not isinstance(name, str) or not name:
-                raise CostModelError(f"task name {name!r} is not a non-empty string", "tasks")
+                raise CostModelError(f"task name {name!r} is not a non-empty string", "tasks", value=name)
             if isinstance(cost, Mapping):
                 cost = task_cost_from_dict(name, cost)
             elif isinstance(cost, (int, float)) and not isinstance(cost, bool):
                 cost = TaskCost(cost)
             if not isinstance(cost, TaskCost):
                 raise CostModelError(f"cost is {cost!r}, not a TaskCost", f"tasks.{name}",
-                                     "use TaskCost(host_s, device_s, resources)")
+                                     "use TaskCost(host_s, device_s, resources)", tasks=[name], value=cost)
             clean[name] = cost
         self.tasks = clean
 
@@ -179,7 +179,7 @@ class CostModel:
         if missing:
             raise CostModelError(
                 f"no cost for task(s) {missing} (the model has {sorted(self.tasks)})", "tasks",
-                f"add them to the cost model, e.g. model.tasks[{missing[0]!r}] = TaskCost(host_s=...)")
+                f"add them to the cost model, e.g. model.tasks[{missing[0]!r}] = TaskCost(host_s=...)", tasks=missing)
 
     # -- what-if edits --
 
@@ -216,7 +216,7 @@ class CostModel:
         """
         factor = check_time(factor, "factor")
         if part not in ("both", "host", "device", "bytes"):
-            raise CostModelError(f"unknown part {part!r}", "part", 'use "both", "host", "device" or "bytes"')
+            raise CostModelError(f"unknown part {part!r}", "part", 'use "both", "host", "device" or "bytes"', value=part)
         names = list(self.tasks) if task is None else [getattr(task, "name", task)]
         new = dict(self.tasks)
         for name in names:
@@ -261,7 +261,8 @@ class CostModel:
         name = getattr(task, "name", task)
         unknown = sorted(set(fields) - TASK_FIELDS)
         if unknown:
-            raise CostModelError(f"unknown field(s) {unknown}", f"tasks.{name}", f"use {sorted(TASK_FIELDS)}")
+            raise CostModelError(f"unknown field(s) {unknown}", f"tasks.{name}", f"use {sorted(TASK_FIELDS)}", tasks=[name],
+                                 value=unknown)
         new = dict(self.tasks)
         new[name] = _dc_replace(self[name], **fields)
         return self._copy(new, f"{name} replaced")
@@ -465,52 +466,13 @@ class CostModel:
         ...
         autosched.model.taskcost.CostModelError: version: version 4 is not supported (this swpipe reads versions 1, 2, 3). Fix: ...
         """
-        def at(fieldname: str) -> str:
-            return f"{where}: {fieldname}" if where and fieldname else (where or fieldname)
-
-        if not isinstance(doc, Mapping):
-            raise CostModelError(f"top level is {type(doc).__name__}, not an object", at(""),
-                                 "see cost_models/README.md for the schema")
-        if doc.get("schema") != SCHEMA:
-            raise CostModelError(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}", at("schema"),
-                                 f'start the file with {{"schema": "{SCHEMA}", "version": {SCHEMA_VERSION}, ...}}')
-        if doc.get("version") not in _READS_VERSIONS or isinstance(doc.get("version"), bool):
-            raise CostModelError(f"version {doc.get('version')!r} is not supported (this swpipe reads versions "
-                                 f"{', '.join(map(str, _READS_VERSIONS))})", at("version"),
-                                 f"convert the file to version {SCHEMA_VERSION} (see cost_models/README.md)")
-        unknown = sorted(set(doc) - _TOP_FIELDS)
-        if unknown:
-            raise CostModelError(f"unknown field(s) {unknown}", at("top level"),
-                                 f"the top level has only {sorted(_TOP_FIELDS)}")
-        tasks = doc.get("tasks")
-        if not isinstance(tasks, Mapping) or not tasks:
-            raise CostModelError(f"tasks is {tasks!r}, not a non-empty object", at("tasks"),
-                                 'write "tasks": {"TaskName": {"host_s": ..., "device_s": ...}, ...}')
-        for key in ("machine", "method", "notes", "pipeline"):
-            if not isinstance(doc.get(key, ""), str):
-                raise CostModelError(f"{key} is {doc[key]!r}, not a string", at(key), "use a string")
         try:
-            parsed = {name: task_cost_from_dict(name, entry) for name, entry in tasks.items()}
+            return _model_from_dict(cls, doc)
         except CostModelError as exc:
-            raise CostModelError(exc.what, at(exc.where), exc.fix) from None
-        if doc.get("version") == 1 and ("batch_bytes" in doc or any(c.has_bytes for c in parsed.values())):
-            raise CostModelError("memory figures (bytes) in a version 1 file", at("version"),
-                                 f'write "version": {SCHEMA_VERSION} (bytes came with version 2)')
-        if doc.get("version") in (1, 2) and ("cores" in doc or any("nocore" in c.resources for c in parsed.values())):
-            raise CostModelError(f"a core pool (cores, or a \"nocore\" tag) in a version {doc['version']} file",
-                                 at("version"), 'write "version": 3 (the core pool came with version 3)')
-        cores = _check_cores(doc.get("cores"), at("cores"))
-        batch = check_bytes(doc.get("batch_bytes", 0.0), at("batch_bytes"))
-        calibration = doc.get("machine_calibration")
-        if calibration is not None:
-            from swpipe_core.measure.calibrate import MachineCalibration
+            if not where or exc.source:
+                raise
+            raise exc.at_source(where) from None
 
-            try:
-                calibration = MachineCalibration.from_dict(calibration, where=at("machine_calibration"))
-            except ValueError as exc:
-                raise CostModelError(str(exc)) from None
-        return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""),
-                   batch, machine_calibration=calibration, cores=cores)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the model as JSON (the lowest schema version that holds it: see :meth:`to_dict`).
@@ -566,9 +528,55 @@ class CostModel:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise CostModelError(f"not valid JSON ({exc})", path,
-                                 "fix the syntax; see cost_models/README.md for the schema") from None
+            raise CostModelError(f"not valid JSON ({exc})", "", "fix the syntax; see cost_models/README.md for the schema",
+                                 source=str(path)) from None
         return cls.from_dict(doc, where=path)
+
+
+def _model_from_dict(cls: type, doc: object) -> "CostModel":
+    """The body of :meth:`CostModel.from_dict`, its errors without the source (the caller adds it)."""
+    if not isinstance(doc, Mapping):
+        raise CostModelError(f"top level is {type(doc).__name__}, not an object", "",
+                             "see cost_models/README.md for the schema")
+    if doc.get("schema") != SCHEMA:
+        raise CostModelError(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}", "schema",
+                             f'start the file with {{"schema": "{SCHEMA}", "version": {SCHEMA_VERSION}, ...}}')
+    if doc.get("version") not in _READS_VERSIONS or isinstance(doc.get("version"), bool):
+        raise CostModelError(f"version {doc.get('version')!r} is not supported (this swpipe reads versions "
+                             f"{', '.join(map(str, _READS_VERSIONS))})", "version",
+                             f"convert the file to version {SCHEMA_VERSION} (see cost_models/README.md)",
+                             value=doc.get("version"))
+    unknown = sorted(set(doc) - _TOP_FIELDS)
+    if unknown:
+        raise CostModelError(f"unknown field(s) {unknown}", "top level",
+                             f"the top level has only {sorted(_TOP_FIELDS)}", value=unknown)
+    tasks = doc.get("tasks")
+    if not isinstance(tasks, Mapping) or not tasks:
+        raise CostModelError(f"tasks is {tasks!r}, not a non-empty object", "tasks",
+                             'write "tasks": {"TaskName": {"host_s": ..., "device_s": ...}, ...}')
+    for key in ("machine", "method", "notes", "pipeline"):
+        if not isinstance(doc.get(key, ""), str):
+            raise CostModelError(f"{key} is {doc[key]!r}, not a string", key, "use a string")
+    parsed = {name: task_cost_from_dict(name, entry) for name, entry in tasks.items()}
+    if doc.get("version") == 1 and ("batch_bytes" in doc or any(c.has_bytes for c in parsed.values())):
+        raise CostModelError("memory figures (bytes) in a version 1 file", "version",
+                             f'write "version": {SCHEMA_VERSION} (bytes came with version 2)')
+    if doc.get("version") in (1, 2) and ("cores" in doc or any("nocore" in c.resources for c in parsed.values())):
+        raise CostModelError(f"a core pool (cores, or a \"nocore\" tag) in a version {doc['version']} file",
+                             "version", 'write "version": 3 (the core pool came with version 3)')
+    cores = _check_cores(doc.get("cores"), "cores")
+    batch = check_bytes(doc.get("batch_bytes", 0.0), "batch_bytes")
+    calibration = doc.get("machine_calibration")
+    if calibration is not None:
+        from swpipe_core.measure.calibrate import MachineCalibration
+
+        try:
+            calibration = MachineCalibration.from_dict(calibration)
+        except ValueError as exc:
+            field, _, what = str(exc).partition(": ")  # the section's own message leads with the field
+            raise CostModelError(what, field) from None
+    return cls(parsed, doc.get("machine", ""), doc.get("method", ""), doc.get("notes", ""), doc.get("pipeline", ""),
+               batch, machine_calibration=calibration, cores=cores)
 
 
 def as_cost_model(costs: Any) -> "CostModel":
@@ -604,6 +612,6 @@ def as_cost_model(costs: Any) -> "CostModel":
     if isinstance(costs, Mapping):
         return CostModel(dict(costs), method="a dict of seconds (host time)")
     raise CostModelError(
-        f"got {type(costs).__name__}, not a CostModel", "costs",
+        f"got {type(costs).__name__}, not a CostModel", "costs", value=costs, fix=
         "pass {task_name: seconds}, CostModel({name: TaskCost(host_s, device_s)}), "
         "CostModel.from_profile(profile_result) or CostModel.load('costs.json')")

@@ -328,7 +328,7 @@ def _read_json(path: PathLike) -> Tuple[str, Any]:
     try:
         return path, json.loads(text)
     except json.JSONDecodeError as exc:
-        raise GraphFileError(path, "", f"not valid JSON ({exc})", "fix the syntax") from None
+        raise GraphFileError(path, "", f"not valid JSON ({exc})", "fix the syntax", line=exc.lineno) from None
 
 
 @contextmanager
@@ -339,7 +339,7 @@ def _file_errors(path: str) -> Iterator[None]:
     except PlanFileError as exc:
         if isinstance(exc, GraphFileError):
             raise
-        raise GraphFileError(path, exc.where, exc.what, exc.fix) from None
+        raise GraphFileError(path, exc.field, exc.what, exc.fix, task=exc.task, value=exc.value) from None
 
 
 def load_plan(path: PathLike, fns: Optional[Mapping[str, Callable]] = None) -> PipelinePlan:
@@ -442,9 +442,10 @@ def load_task_graph(path: PathLike, fns: Optional[Mapping[str, Callable]] = None
         names = doc["tasks"]
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
             raise GraphFileError(path, "tasks", f"{names!r} is not a non-empty list of task names",
-                                 'write "tasks": ["H2D", "Forward", ...]')
+                                 'write "tasks": ["H2D", "Forward", ...]', value=names)
         if len(set(names)) != len(names):
-            raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name")
+            raise GraphFileError(path, "tasks", "task names repeat", "give every task a unique name",
+                                 value=sorted({n for n in names if names.count(n) > 1}))
         intra, inter = deps_from_dict(path, doc, names)
     if fns:
         check_fns(fns, names, path)

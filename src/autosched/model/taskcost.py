@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["TaskCost", "CostModelError", "task_cost_from_dict", "check_time", "check_bytes", "BYTE_FIELDS",
            "TASK_FIELDS"]
@@ -21,55 +21,98 @@ TASK_FIELDS = {"host_s", "device_s", "resources", *BYTE_FIELDS}
 
 
 class CostModelError(ValueError):
-    """A cost model (or cost file) is malformed or does not cover a plan.
+    """A cost model (or cost file) is malformed or does not cover a plan; the facts of the message are attributes.
+
+    Attributes
+    ----------
+    what : str
+        What is wrong, in words.
+    field : str
+        Where in the model: a field path such as ``"tasks.H2D.host_s"``, ``"version"``, ``"tasks"``.
+    source : str
+        The file (or argument) the model came from, ``""`` when not read from one.
+    tasks : list of str
+        The tasks concerned (a task without a cost, the task of a bad entry).
+    task : str or None
+        ``tasks[0]``.
+    value : object
+        The offending value where there is one.
+    fix : str
+        How to fix it, in words.
 
     Examples
     --------
-    >>> print(CostModelError("negative cost", where="tasks.H2D.host_s", fix="use a time >= 0 in seconds"))
+    >>> from swpipe import CostModelError
+    >>> e = CostModelError("negative cost", "tasks.H2D.host_s", "use a time >= 0 in seconds", tasks=["H2D"], value=-1)
+    >>> print(e)
     tasks.H2D.host_s: negative cost. Fix: use a time >= 0 in seconds
+    >>> e.field, e.task, e.value
+    ('tasks.H2D.host_s', 'H2D', -1)
     """
 
-    def __init__(self, what: str, where: str = "", fix: str = "") -> None:
+    def __init__(self, what: str, where: str = "", fix: str = "", *, source: str = "", tasks: Sequence[str] = (),
+                 value: object = None) -> None:
         self.what = what
-        self.where = where
+        self.field = where
         self.fix = fix
-        msg = f"{where}: {what}" if where else what
+        self.source = source
+        self.tasks = list(tasks)
+        self.value = value
+        msg = ": ".join(x for x in (source, where, what) if x)
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
 
+    @property
+    def where(self) -> str:
+        """The field path (the name it had before ``field``)."""
+        return self.field
 
-def check_time(value: Any, where: str) -> float:
+    @property
+    def task(self) -> Optional[str]:
+        """The task concerned first, ``None`` when the error is about the model as a whole."""
+        return self.tasks[0] if self.tasks else None
+
+    def at_source(self, source: str) -> "CostModelError":
+        """The same error, read from ``source`` (a file's path)."""
+        return CostModelError(self.what, self.field, self.fix, source=source, tasks=self.tasks, value=self.value)
+
+
+def check_time(value: Any, where: str, tasks: Sequence[str] = ()) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CostModelError(f"cost is {value!r} ({type(value).__name__}), not a number", where,
-                             "give a time in seconds, e.g. 0.0012")
+                             "give a time in seconds, e.g. 0.0012", tasks=tasks, value=value)
     if not math.isfinite(value):
-        raise CostModelError(f"cost is {value!r}, not finite", where, "give a finite time in seconds")
+        raise CostModelError(f"cost is {value!r}, not finite", where, "give a finite time in seconds", tasks=tasks,
+                             value=value)
     if value < 0:
-        raise CostModelError(f"negative cost {value!r}", where, "use a time >= 0 in seconds")
+        raise CostModelError(f"negative cost {value!r}", where, "use a time >= 0 in seconds", tasks=tasks,
+                             value=value)
     return float(value)
 
 
-def check_bytes(value: Any, where: str) -> float:
+def check_bytes(value: Any, where: str, tasks: Sequence[str] = ()) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise CostModelError(f"bytes is {value!r}, not a finite number >= 0", where, "give a byte count, e.g. 4096")
+        raise CostModelError(f"bytes is {value!r}, not a finite number >= 0", where, "give a byte count, e.g. 4096",
+                             tasks=tasks, value=value)
     return float(value)
 
 
-def _check_resources(value: Any, where: str) -> Tuple[str, ...]:
+def _check_resources(value: Any, where: str, tasks: Sequence[str] = ()) -> Tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise CostModelError(f"resources is {value!r}, not a list of tags", where,
-                             'write e.g. ["comm:nccl"] or ["pcie"] or []')
+                             'write e.g. ["comm:nccl"] or ["pcie"] or []', tasks=tasks, value=value)
     tags = []
     for tag in value:
         ok = isinstance(tag, str) and (tag in ("pcie", "gil", "nocore") or (tag.startswith("comm:") and len(tag) > 5))
         if not ok:
             raise CostModelError(f"unknown resource tag {tag!r}", where,
                                  'use "comm:<communicator>" for collectives, "pcie" for host<->device copies, "gil" '
-                                 'for Python that holds the GIL or "nocore" for a task that sleeps or blocks')
+                                 'for Python that holds the GIL or "nocore" for a task that sleeps or blocks',
+                                 tasks=tasks, value=tag)
         tags.append(tag)
     if len(set(tags)) != len(tags):
-        raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once")
+        raise CostModelError(f"resource tags repeat: {tags}", where, "list each tag once", tasks=tasks, value=tags)
     return tuple(tags)
 
 
@@ -167,17 +210,18 @@ class TaskCost:
 
 
 def task_cost_from_dict(name: str, entry: Any) -> TaskCost:
-    where = f"tasks.{name}"
+    where, tasks = f"tasks.{name}", [name]
     if not isinstance(entry, Mapping):
         raise CostModelError(f"entry is {entry!r}, not an object", where,
-                             'write {"host_s": ..., "device_s": ..., "resources": [...]}')
+                             'write {"host_s": ..., "device_s": ..., "resources": [...]}', tasks=tasks, value=entry)
     unknown = sorted(set(entry) - TASK_FIELDS)
     if unknown:
-        raise CostModelError(f"unknown field(s) {unknown}", where, f"a task entry has only {sorted(TASK_FIELDS)}")
+        raise CostModelError(f"unknown field(s) {unknown}", where, f"a task entry has only {sorted(TASK_FIELDS)}",
+                             tasks=tasks, value=unknown)
     if "host_s" not in entry:
-        raise CostModelError("missing host_s", where, "every task needs host_s (seconds on its thread)")
-    host = check_time(entry["host_s"], f"{where}.host_s")
-    device = check_time(entry.get("device_s", 0.0), f"{where}.device_s")
-    res = _check_resources(entry.get("resources", []), f"{where}.resources")
-    nbytes = {n: check_bytes(entry[n], f"{where}.{n}") for n in BYTE_FIELDS if n in entry}
+        raise CostModelError("missing host_s", where, "every task needs host_s (seconds on its thread)", tasks=tasks)
+    host = check_time(entry["host_s"], f"{where}.host_s", tasks)
+    device = check_time(entry.get("device_s", 0.0), f"{where}.device_s", tasks)
+    res = _check_resources(entry.get("resources", []), f"{where}.resources", tasks)
+    nbytes = {n: check_bytes(entry[n], f"{where}.{n}", tasks) for n in BYTE_FIELDS if n in entry}
     return TaskCost(host, device, res, **nbytes)

@@ -60,7 +60,8 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
     if callable(changes):
         out = changes(costs)
         if not isinstance(out, CostModel):
-            raise CostModelError(f"the change function returned {type(out).__name__}, not a CostModel", "changes")
+            raise CostModelError(f"the change function returned {type(out).__name__}, not a CostModel", "changes",
+                                 value=out)
         return out
     if not isinstance(changes, Mapping):
         raise CostModelError(f"changes is {type(changes).__name__}", "changes",
@@ -82,11 +83,11 @@ def apply_changes(costs: CostModel, changes: Changes) -> CostModel:
         elif isinstance(change, (int, float)) and not isinstance(change, bool):
             if name not in out:
                 raise CostModelError(f"no cost for task {name!r} to scale", "changes",
-                                     f"tasks with a cost: {sorted(out.tasks)}")
+                                     f"tasks with a cost: {sorted(out.tasks)}", tasks=[name])
             out = out.scaled(name, change)
         else:
             raise CostModelError(f"change {change!r} for {name!r} is not a factor, TaskCost or dict of fields",
-                                 "changes")
+                                 "changes", tasks=[name], value=change)
     return out
 
 

@@ -17,7 +17,7 @@ table and a Pareto-front plot (:mod:`autosched.search.tradeoff`).
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from swpipe_core.plan import PipelinePlan
 
@@ -33,18 +33,28 @@ __all__ = ["MemoryCapError", "schedule_under_cap"]
 
 
 class MemoryCapError(ValueError):
-    """No plan fits ``Constraints.max_memory_bytes``; ``min_bytes`` is the least memory a plan needs.
+    """No plan fits ``Constraints.max_memory_bytes``.
+
+    Attributes
+    ----------
+    min_bytes : float
+        The least memory any plan needs (one iteration's own peak).
+    cap_bytes : float or None
+        The cap asked for.
+    leanest_bytes : float or None
+        What the leanest plan found needs, when plans were found (none fit).
 
     Examples
     --------
-    >>> e = MemoryCapError("cap 1.00 KiB is below ...", min_bytes=4096.0)
-    >>> e.min_bytes
-    4096.0
+    >>> e = MemoryCapError("cap 1.00 KiB is below ...", min_bytes=4096.0, cap_bytes=1024.0)
+    >>> e.min_bytes, e.cap_bytes
+    (4096.0, 1024.0)
     """
 
-    def __init__(self, message: str, min_bytes: float) -> None:
+    def __init__(self, message: str, min_bytes: float, cap_bytes: Optional[float] = None,
+                 leanest_bytes: Optional[float] = None) -> None:
         super().__init__(message)
-        self.min_bytes = min_bytes
+        self.min_bytes, self.cap_bytes, self.leanest_bytes = min_bytes, cap_bytes, leanest_bytes
 
 
 def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints: Constraints,
@@ -87,7 +97,7 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
             f"max_memory_bytes={cap:.0f} ({format_bytes(cap)}) is infeasible: every plan needs at least "
             f"{least.value:.0f} bytes ({format_bytes(least.value)}), one iteration's own peak (after "
             f"{least.task or 'its batch'}). Raise the cap to at least that, or make an iteration hold less",
-            least.value)
+            least.value, cap)
     depths = range(1, constraints.max_depth + 1)
     share = dataclasses.replace(solver, time_limit_s=max(1.0, solver.time_limit_s / len(depths)))
     from autosched.search.autoschedule import auto_schedule  # each depth cap is a search of its own
@@ -109,7 +119,8 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
             f"max_memory_bytes={cap:.0f} ({format_bytes(cap)}) is infeasible for the plans found: the leanest "
             f"(depth {lean.depth}) needs {lean.peak_bytes:.0f} bytes ({format_bytes(lean.peak_bytes)}); no plan "
             f"needs less than {least.value:.0f} bytes ({format_bytes(least.value)}). Raise the cap to at least "
-            f"{format_bytes(lean.peak_bytes)}.\n{tradeoff_table(points, cap)}", max(least.value, 0.0))
+            f"{format_bytes(lean.peak_bytes)}.\n{tradeoff_table(points, cap)}", max(least.value, 0.0), cap,
+            lean.peak_bytes)
     point, plan, report = min(fitting, key=lambda f: (round(f[0].period_s, 12), f[0].peak_bytes))
     why = dataclasses.replace(report.why, max_depth=constraints.max_depth)
     report = dataclasses.replace(report, tradeoff=MemoryTradeoff(cap, points), peak_bytes=point.peak_bytes,

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 from autosched._fields import (OptionError, check_fields, flag, fraction, integer, mapping, names, number, one_of,
                                optional)
 
-__all__ = ["Constraints", "SolverOptions", "misplaced_option", "naming_homes"]
+__all__ = ["Constraints", "SolverOptions", "OptionError", "misplaced_option", "naming_homes"]
 
 
 @dataclass

@@ -314,7 +314,8 @@ class FakeCudaDevice(Device):
             try:
                 fn()
             except Exception as exc:  # an error inside a kernel is sticky, as on CUDA
-                fake._fail(FakeCudaError(f"kernel {label!r} on {stream!r} failed: {type(exc).__name__}: {exc}"))
+                fake._fail(FakeCudaError(f"kernel {label!r} on {stream!r} failed: {type(exc).__name__}: {exc}",
+                                         label, stream.label))
         fake.launches.append(Launch(label, stream.label, threading.current_thread().name, stamp))
         stream._enqueue(kernel)
 
@@ -471,7 +472,7 @@ class FakeCuda:
         self._check()
         if not done or not token.done:
             raise FakeDeviceHang(f"{what} waited {self.hang_timeout_s:g} s for the device: a kernel never "
-                                 "completes; on a GPU this call would block forever")
+                                 "completes; on a GPU this call would block forever", what, self.hang_timeout_s)
 
     def _sync_stream(self, stream: FakeStream, what: str) -> None:
         token = stream._dev._record_token(stream)

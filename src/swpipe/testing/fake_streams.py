@@ -22,7 +22,14 @@ __all__ = ["FakeCudaError", "FakeDeviceHang", "EventDeviceError", "Launch", "Fak
 
 
 class FakeCudaError(RuntimeError):
-    """A sticky error of the fake device (as ``CUDA error: ...``): every later call on the device raises it."""
+    """A sticky error of the fake device (as ``CUDA error: ...``): every later call on the device raises it.
+
+    ``kernel`` and ``stream`` name the kernel that failed, where one did (``None`` otherwise).
+    """
+
+    def __init__(self, message: str, kernel: Optional[str] = None, stream: Optional[str] = None) -> None:
+        self.kernel, self.stream = kernel, stream
+        super().__init__(message)
 
 
 class FakeDeviceHang(RuntimeError):
@@ -30,7 +37,12 @@ class FakeDeviceHang(RuntimeError):
 
     On a real GPU that call would block forever (a kernel that never
     completes); the fake raises instead so a test fails rather than hangs.
+    ``call`` names the host call, ``timeout_s`` how long it waited.
     """
+
+    def __init__(self, message: str, call: str = "", timeout_s: Optional[float] = None) -> None:
+        self.call, self.timeout_s = call, timeout_s
+        super().__init__(message)
 
 
 class EventDeviceError(RuntimeError):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -67,7 +67,14 @@ _INSTALL = ("install a tested TorchRec with `bash scripts/install_peer.sh` (fbge
 
 
 class TorchRecVersionError(RuntimeError):
-    """The installed TorchRec lacks an internal :mod:`swpipe.torchrec` needs."""
+    """The installed TorchRec lacks an internal :mod:`swpipe.torchrec` needs.
+
+    ``version`` is the installed TorchRec's, ``missing`` the internals (modules' or classes' attributes) it lacks.
+    """
+
+    def __init__(self, message: str, version: str = "", missing: Sequence[str] = ()) -> None:
+        self.version, self.missing = version, list(missing)
+        super().__init__(message)
 
 
 _checked: Optional[str] = None
@@ -139,7 +146,7 @@ def check_torchrec() -> str:
         raise TorchRecVersionError(
             f"swpipe.torchrec uses TorchRec internals that torchrec {version} does not have: {', '.join(missing)} "
             f"(tested with torchrec {tested}); {_INSTALL}, or report the version so src/swpipe/torchrec/_private.py "
-            "can follow it")
+            "can follow it", version, missing)
     if _major_minor(version) not in TESTED:
         warnings.warn(f"swpipe.torchrec was tested with torchrec {tested}; torchrec {version} has every internal it "
                       "uses, but check the drop-in's outputs against TorchRec's own pipeline once "
@@ -208,7 +215,8 @@ class Toolbox:
         lacking = [a for a in _INSTANCE_ATTRIBUTES if not hasattr(self.pipe, a)]
         if lacking:
             raise TorchRecVersionError(f"swpipe.torchrec uses attributes {lacking} of TorchRec's {cls.__name__}, which "
-                                       f"torchrec {torchrec_version()} does not set; {_INSTALL}")
+                                       f"torchrec {torchrec_version()} does not set; {_INSTALL}", torchrec_version(),
+                                       [f"{cls.__name__}.{a}" for a in lacking])
         # swpipe's streams: TorchRec's stream contexts and waits become no-ops, the engine orders the streams
         for attr in ("_memcpy_stream", "_data_dist_stream", "_emb_lookup_stream"):
             if hasattr(self.pipe, attr):

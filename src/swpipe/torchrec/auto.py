@@ -291,7 +291,7 @@ def _under_cap(cands: List[Tuple[str, PipelinePlan]], costs: Any, device: torch.
         raise MemoryCapError(f"plan='auto', max_memory_bytes={cap:.0f} ({format_bytes(cap)}): no candidate fits; the "
                              f"leanest ({lean}) needs {format_bytes(peaks[lean])}, no plan less than "
                              f"{format_bytes(least.value)}. Raise max_memory_bytes, or make a batch hold less\n"
-                             + "\n".join(lines), least.value)
+                             + "\n".join(lines), least.value, cap, peaks[lean])
     return fitting, lines
 
 

@@ -19,7 +19,7 @@ compared, in its dict form (:func:`swpipe_core.planfile.plan_to_dict`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -33,7 +33,17 @@ __all__ = ["gather", "all_ranks", "from_rank0", "check_same_plan", "PlanMismatch
 
 
 class PlanMismatchError(RuntimeError):
-    """Ranks hold different plans: their collectives would be issued in different orders (a hang)."""
+    """Ranks hold different plans: their collectives would be issued in different orders (a hang).
+
+    ``differences`` is ``{rank: [field, ...]}``: the fields of each rank's plan (its dict form's keys,
+    :func:`~swpipe_core.planfile.plan_to_dict`) that differ from rank 0's; ``tasks`` is ``{rank: [task, ...]}``:
+    the tasks whose schedule differs.
+    """
+
+    def __init__(self, message: str, differences: Optional[Dict[int, List[str]]] = None,
+                 tasks: Optional[Dict[int, List[str]]] = None) -> None:
+        self.differences, self.tasks = dict(differences or {}), dict(tasks or {})
+        super().__init__(message)
 
 
 def gather(env: DistEnv, obj: Any) -> List[Any]:
@@ -83,13 +93,18 @@ def from_rank0(env: DistEnv, obj: Any) -> Any:
     return box[0]
 
 
+def _tasks_differing(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
+    """The tasks whose schedule differs between two plans' dict forms."""
+    mine, theirs = ({t["name"]: t for t in d.get("tasks", [])} for d in (a, b))
+    return sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+
+
 def _differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
     """The fields in which two plans' dict forms (:func:`~swpipe_core.planfile.plan_to_dict`) differ."""
     out = []
     for key in a:
         if key == "tasks" and a[key] != b.get(key):
-            mine, theirs = ({t["name"]: t for t in d.get("tasks", [])} for d in (a, b))
-            tasks = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+            tasks = _tasks_differing(a, b)
             out.append(f"schedule of {', '.join(tasks[:5])}{' ...' if len(tasks) > 5 else ''}")
         elif a[key] != b.get(key):
             out.append(key)
@@ -125,7 +140,9 @@ def check_same_plan(env: DistEnv, plan: PipelinePlan, label: str = "plan") -> No
         raise PlanMismatchError(
             f"{label}: ranks hold different plans, so their collectives would run in different orders "
             f"(a hang or wrong results). Differs from rank 0's: {detail}. Fix: build the plan the same way on "
-            f"every rank, or search on rank 0 and share it (swpipe.workloads.agree.from_rank0)")
+            f"every rank, or search on rank 0 and share it (swpipe.workloads.agree.from_rank0)",
+            {r: [k for k in fields[0] if fields[0][k] != fields[r].get(k)] for r in diffs},
+            {r: _tasks_differing(fields[0], fields[r]) for r in diffs})
 
 
 def combine_slowest(models: Sequence[Any], machine: str = "") -> Any:

@@ -55,10 +55,18 @@ class Access:
 
 
 class DataflowRecordError(RuntimeError):
-    """A task raised while being recorded; ``task`` and ``iteration`` say which (original error chained)."""
+    """A task raised while being recorded; ``task`` and ``iteration`` say which (original error chained).
+
+    Attributes
+    ----------
+    task : str
+    iteration : int
+    order : list of str
+        The serial order the recorder ran the tasks in.
+    """
 
     def __init__(self, task: str, iteration: int, order: Sequence[str], exc: BaseException) -> None:
-        self.task, self.iteration = task, iteration
+        self.task, self.iteration, self.order = task, iteration, list(order)
         super().__init__(
             f"{task}({iteration}) raised {type(exc).__name__}: {exc} while recording its dataflow. The recorder "
             f"runs the tasks serially in the order {list(order)}; if {task} needs what a later task makes, pass "

@@ -58,7 +58,7 @@ class _StrictContext(IterContext):
         raise AttributeError(
             f"strict mode: {event[0]}({event[1]}) reads ctx.{name}, which no task has written in iteration "
             f"{event[1]} before it. Add a dependency on the task that sets ctx.{name} "
-            f"(swpipe_core.dataflow.check_dataflow names it with the tuple to add)")
+            f"(swpipe_core.dataflow.check_dataflow names it with the tuple to add)", name=name, obj=self)
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")

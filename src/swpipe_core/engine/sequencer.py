@@ -21,13 +21,60 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional, TypeVar
 
-__all__ = ["_SubmissionSequencer", "SequencerAborted"]
+__all__ = ["_SubmissionSequencer", "SequencerAborted", "SequencerTimeout"]
 
 T = TypeVar("T")
 
 
 class SequencerAborted(RuntimeError):
-    """Raised in a waiter when the sequencer was aborted because something else failed."""
+    """Raised in a waiter when the sequencer was aborted because something else failed.
+
+    Attributes
+    ----------
+    sequence : int
+        The waiter's sequence number (its turn, which never came).
+    reason : str
+        Why the sequencer was aborted.
+    failed_sequence : int or None
+        The sequence whose task raised, when that is why.
+    """
+
+    def __init__(self, sequence: int, reason: str, failed_sequence: Optional[int] = None) -> None:
+        self.sequence, self.reason, self.failed_sequence = sequence, reason, failed_sequence
+        super().__init__(f"sequencer aborted before sequence {sequence} could run: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.sequence, self.reason, self.failed_sequence))
+
+
+class SequencerTimeout(RuntimeError):
+    """A globally ordered task waited past the timeout for its turn.
+
+    Attributes
+    ----------
+    sequence : int
+        The waiting task's sequence number.
+    task : str
+        The waiting task's label (``""`` when it has none).
+    waiting_for : str
+        The label of the turn the sequencer is at (the task not yet submitted).
+    next_sequence : int
+        The sequence the sequencer is at.
+    timeout_s : float
+    """
+
+    def __init__(self, sequence: int, task: str, next_sequence: int, waiting_for: str, timeout_s: float) -> None:
+        self.sequence, self.task, self.next_sequence = sequence, task, next_sequence
+        self.waiting_for, self.timeout_s = waiting_for, timeout_s
+        who = f"{task} " if task else ""
+        super().__init__(
+            f"globally ordered task {who}with sequence {sequence} waited {timeout_s:g} s for its turn; "
+            f"the sequencer is at {next_sequence}, waiting for {waiting_for} to be submitted. "
+            "Every rank must enqueue the same globally ordered tasks in the same order; check that "
+            "the task holding that turn is not blocked (raise sequencer_timeout if it is just slow)")
+
+    def __reduce__(self):
+        return (type(self), (self.sequence, self.task, self.next_sequence, self.waiting_for, self.timeout_s))
 
 
 class _SubmissionSequencer:
@@ -37,7 +84,7 @@ class _SubmissionSequencer:
     ----------
     timeout : float
         Seconds a task waits for its turn before :meth:`execute_ordered`
-        raises ``RuntimeError`` (default 30 s: a generous guard, far above any
+        raises :class:`SequencerTimeout` (default 30 s: a generous guard, far above any
         collective's normal wait).
 
     Examples
@@ -51,7 +98,7 @@ class _SubmissionSequencer:
     >>> seq.execute_ordered(3, lambda: None, timeout=0.01)
     Traceback (most recent call last):
     ...
-    RuntimeError: globally ordered task with sequence 3 waited 0.01 s for its turn; the sequencer is at 1, waiting for AllReduce(iter 0) ...
+    swpipe_core.engine.sequencer.SequencerTimeout: globally ordered task with sequence 3 waited 0.01 s for its turn; the sequencer is at 1, waiting for AllReduce(iter 0) ...
     """
 
     def __init__(self, timeout: float = 30.0) -> None:
@@ -61,6 +108,7 @@ class _SubmissionSequencer:
         self._issued = 0
         self._labels: Dict[int, Any] = {}
         self._aborted: Optional[str] = None
+        self._failed: Optional[int] = None  # the sequence whose task raised, when that aborted the sequencer
 
     @property
     def next_seq(self) -> int:
@@ -108,9 +156,9 @@ class _SubmissionSequencer:
         ------
         SequencerAborted
             The sequencer was aborted (another task failed) before or while waiting.
-        RuntimeError
-            The turn did not come within the timeout; the message names the
-            waiting task, its sequence number and the task the sequencer waits for.
+        SequencerTimeout
+            The turn did not come within the timeout; it names the waiting task,
+            its sequence number and the task the sequencer waits for.
         Exception
             Whatever ``fn`` raises; the sequencer is then aborted so that no
             later ticket waits forever.
@@ -120,19 +168,13 @@ class _SubmissionSequencer:
             if not self._cond.wait_for(lambda: self._aborted is not None or self._next_seq == seq, limit):
                 waiting_for = self._labels.get(self._next_seq, f"sequence {self._next_seq}")
                 who = what if what is not None else self._labels.get(seq, "")
-                who = f"{who} " if who else ""
-                raise RuntimeError(
-                    f"globally ordered task {who}with sequence {seq} waited {limit:g} s for its turn; "
-                    f"the sequencer is at {self._next_seq}, waiting for {waiting_for} to be submitted. "
-                    "Every rank must enqueue the same globally ordered tasks in the same order; check that "
-                    "the task holding that turn is not blocked (raise sequencer_timeout if it is just slow)"
-                )
+                raise SequencerTimeout(seq, str(who) if who else "", self._next_seq, str(waiting_for), limit)
             if self._aborted is not None:
-                raise SequencerAborted(f"sequencer aborted before sequence {seq} could run: {self._aborted}")
+                raise SequencerAborted(seq, self._aborted, self._failed)
         try:
             result = fn()
         except BaseException as exc:
-            self.abort(f"the task holding sequence {seq} raised {type(exc).__name__}")
+            self.abort(f"the task holding sequence {seq} raised {type(exc).__name__}", failed=seq)
             raise
         with self._cond:
             self._labels.pop(seq, None)
@@ -140,7 +182,7 @@ class _SubmissionSequencer:
             self._cond.notify_all()
         return result
 
-    def abort(self, reason: str = "aborted") -> None:
+    def abort(self, reason: str = "aborted", failed: Optional[int] = None) -> None:
         """Wake every waiter with :class:`SequencerAborted`; later waits fail at once until :meth:`reset`.
 
         Examples
@@ -153,7 +195,7 @@ class _SubmissionSequencer:
         """
         with self._cond:
             if self._aborted is None:
-                self._aborted = reason
+                self._aborted, self._failed = reason, failed
             self._cond.notify_all()
 
     def reset(self) -> None:
@@ -169,5 +211,5 @@ class _SubmissionSequencer:
             self._next_seq = 0
             self._issued = 0
             self._labels.clear()
-            self._aborted = None
+            self._aborted, self._failed = None, None
             self._cond.notify_all()

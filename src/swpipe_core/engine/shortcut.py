@@ -56,7 +56,28 @@ class ShortcutCorruptedError(RuntimeError):
     Replayed tensors share storage with the cache (replay is zero-copy so that
     it costs nearly nothing in a measurement); a later task that writes into
     one in place changes every future replay. Raised by the next replay.
+
+    Attributes
+    ----------
+    task : str or None
+        The shortcut task whose replay found it.
+    attribute : str or None
+        The ``ctx`` attribute holding the tensor.
+    shape : tuple of int
+    dtype : torch.dtype
     """
+
+    def __init__(self, shape: Tuple[int, ...], dtype: torch.dtype, task: Optional[str] = None,
+                 attribute: Optional[str] = None) -> None:
+        self.shape, self.dtype, self.task, self.attribute = tuple(shape), dtype, task, attribute
+        where = f"replaying shortcut task {task!r}, ctx.{attribute}: " if task is not None else ""
+        super().__init__(
+            f"{where}a shortcut's cached tensor (shape {self.shape}, {dtype}) was modified in place after a replay "
+            "handed it out; replays share storage with the cache. Fix: make the task that consumes it work out of "
+            "place, or do not shortcut the task that produces it.")
+
+    def __reduce__(self):
+        return (type(self), (self.shape, self.dtype, self.task, self.attribute))
 
 
 # ---------------------------------------------------------------------------
@@ -235,11 +256,7 @@ def _restore_val(
     if kind == "t":
         _, _, cached, requires_grad, version = v
         if version is not None and _version_of(cached) != version:
-            raise ShortcutCorruptedError(
-                f"a shortcut's cached tensor (shape {tuple(cached.shape)}, {cached.dtype}) was modified in place "
-                "after a replay handed it out; replays share storage with the cache. Fix: make the task that "
-                "consumes it work out of place, or do not shortcut the task that produces it."
-            )
+            raise ShortcutCorruptedError(tuple(cached.shape), cached.dtype)
         out: Any = (cached.clone() if copy else cached.detach()).requires_grad_(requires_grad)
         if requires_grad and graft is not None:
             out = graft(out)
@@ -475,7 +492,7 @@ class _ShortcutState:
             try:
                 values[k] = _restore_val(rec, graft, False, memo)
             except ShortcutCorruptedError as exc:
-                raise ShortcutCorruptedError(f"replaying shortcut task {task.name!r}, ctx.{k}: {exc}") from None
+                raise ShortcutCorruptedError(exc.shape, exc.dtype, task.name, k) from None
         for k in cache.deleted:
             if k in vars(ctx):
                 delattr(ctx, k)

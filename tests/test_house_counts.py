@@ -1,0 +1,62 @@
+"""The house counts of issue 40 (benchmarks/house_counts.py): what a reader trips over, counted, and held to limits."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_benchmark
+
+house = load_benchmark("house_counts")
+
+# The limits this branch holds. The others are printed, with their places, by the script; they are held here once
+# the branches that own their code have landed: private_accesses (the engine's private state and modules read by its
+# tests), multi_base_classes and wide_public_functions (SWPipeline, the simulator, auto_schedule, TaskProfiler),
+# single_letter_options (the search's c / s), workloads_imports (swpipe.torchrec importing the demo).
+HELD = ("prose_matches", "dir_not_all")
+
+
+@pytest.fixture(scope="module")
+def counts():
+    return house.counts()
+
+
+def test_the_script_prints_every_count_with_its_limit(capsys):
+    found = house.main([])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [words[0] for words in lines] == list(found) and set(found) >= set(house.LIMITS)
+    assert {words[0]: int(words[1]) for words in lines} == {name: c.value for name, c in found.items()}
+    assert all(words[2] == "limit" for words in lines)
+
+
+@pytest.mark.parametrize("name", HELD)
+def test_a_held_count_is_within_its_limit(counts, name):
+    count = counts[name]
+    assert count.value <= count.limit, "\n".join(count.places)
+
+
+def test_each_prose_match_left_says_why_its_wording_is_the_behaviour(counts):
+    for place in counts["prose_matches"].places:
+        path, line = place.rsplit(":", 1)
+        lines = (house.ROOT / path).read_text().splitlines()
+        around = lines[max(0, int(line) - 4):int(line)]
+        assert any("#" in text for text in around), f"{place}: a prose match without a comment saying why"
+
+
+@pytest.mark.parametrize("text, prose", [
+    ("drain", False), ("corollary-1", False), ("('Forward', 'Step', 1)", False), (r"\['Nope'\]", False),
+    ("LDS = 1", False), ("{} ms", False), ("not callable", True), ("period {} ms", False),
+    ("no plan satisfies", True), ("TorchRec's pipeline", True),
+])
+def test_prose_is_two_words_in_a_row(text, prose):
+    assert house.is_prose(text) is prose
+
+
+def test_a_multi_base_class_and_a_private_read_are_found(tmp_path, monkeypatch):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "src" / "m.py").write_text("class A: pass\nclass B: pass\nclass C(A, B): pass\nclass D(A, dict): pass\n")
+    (tmp_path / "tests" / "test_x.py").write_text("from m import _hidden\n\ndef test_x(obj):\n"
+                                                 "    assert obj._state == 1  # a comment\n    assert obj.__dict__\n")
+    monkeypatch.setattr(house, "ROOT", tmp_path)
+    src, tests = house.python_files(tmp_path / "src"), house.python_files(tmp_path / "tests")
+    assert [p.split(" ", 1)[1] for p in house.multi_base_classes(src).places] == ["C(A, B)"]
+    assert house.private_accesses(tests).places == ["tests/test_x.py:1", "tests/test_x.py:4"]
