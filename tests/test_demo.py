@@ -66,7 +66,7 @@ def test_a_note_too_long_for_the_table_is_shown_whole_under_it():
                                               note="one thread per stream")])
     lines = format_table(m, width=100).splitlines()
     assert max(len(line) for line in lines) <= 100
-    notes = _notes(lines, 0)
+    notes = _notes(lines, 0)  # the notes' whole texts are the behaviour: nothing cut, in its cell or under the table
     assert notes["auto"] == long and notes["sparse_dist+by_stream"] == "one thread per stream"
     assert notes["serial-eval"] == "200.0 iterations/s; eval plans compare with it"
 
@@ -94,6 +94,7 @@ def test_demo_prints_the_table_and_writes_the_fastest_plans_trace(tmp_path, caps
         assert float(rows[name][4].rstrip("x")) > 0
     assert _line(out, "reproduce").split()[0] == "4/4"  # every plan reproduces the serial loop
     notes = _notes(lines, header)  # every note whole: in its cell, or under the table
+    # the notes' whole texts are the behaviour: nothing cut
     assert notes["sparse_dist+by_stream"] == "thread map by_stream"
     assert notes["serial-eval"].endswith("iterations/s; eval plans compare with it")
     assert not any(line.rstrip().endswith(("...", "…")) for line in lines)

@@ -147,6 +147,7 @@ def test_bound_is_tight_for_gpipe_on_uniform_costs() -> None:
     assert b.value <= 15.0
     no_split = PPCosts((StageCost(1.0, 2.0),) * 2)
     assert pp_lower_bounds(no_split, 4, (0, 1)).value == pytest.approx(15.0)
+    # the binding is a label: which bound and where
     assert pp_lower_bounds(no_split, 4, (0, 1)).binding == "fill + work + drain: rank 1"
 
 

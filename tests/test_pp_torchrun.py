@@ -73,4 +73,5 @@ def test_the_benchmark_reads_the_report(report, capsys) -> None:
     assert 0 <= figures["step_median_abs_error"] and 0 <= figures["memory_median_abs_error"]
     assert figures["best_builtin"] in set(builtin_programs(2, 4)[0])
     assert -1.0 <= figures["dry_run_spearman"] <= 1.0
+    # the comparison with PyTorch's dry run is printed: its heading is what a reader looks for
     assert "(4) PyTorch's dry run" in capsys.readouterr().out
