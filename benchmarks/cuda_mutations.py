@@ -47,9 +47,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
+import swpipe_core.engine.lifetime as lifetime_mod  # noqa: E402
+import swpipe_core.engine.loop as loop_mod  # noqa: E402
 import swpipe_core.engine.pipeline as engine_mod  # noqa: E402
 from swpipe.testing import FakeCudaDevice, FakeDeviceHang  # noqa: E402
-from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline  # noqa: E402
+from swpipe_core.engine.pipeline import PipelineTaskError  # noqa: E402
 from swpipe_core.plan import IterContext  # noqa: E402
 from swpipe_core.engine.streams import StreamPool  # noqa: E402
 
@@ -66,8 +68,8 @@ HANG_TIMEOUT_S = 1.0
 def _no_graveyard() -> ContextManager:
     """(a) The CUDA run keeps nothing its tasks delete or replace: the plain context, a keeper that keeps nothing."""
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(engine_mod, "_GuardedContext", IterContext))
-    stack.enter_context(mock.patch.object(engine_mod, "_context_keeper", lambda dev, state: lambda ctx: None))
+    stack.enter_context(mock.patch.object(engine_mod, "GuardedContext", IterContext))
+    stack.enter_context(mock.patch.object(engine_mod, "context_keeper", lambda dev, params: lambda ctx: None))
     return stack
 
 
@@ -79,11 +81,11 @@ def _no_device_wait() -> ContextManager:
 def _release_at_retire() -> ContextManager:
     """(c) A retired iteration's context (and its events) is released at once, not when its events completed."""
 
-    def prune(self, run):
+    def prune(run):
         for j in list(run.device_pending):
-            self._free_state(run, run.device_pending.pop(j))
+            lifetime_mod.free_iteration(run, run.device_pending.pop(j))
 
-    return mock.patch.object(SWPipeline, "_prune_device", prune)
+    return mock.patch.object(loop_mod, "prune_device", prune)
 
 
 def _no_batch_ready() -> ContextManager:
@@ -94,12 +96,12 @@ def _no_batch_ready() -> ContextManager:
 def _inline_off_stream() -> ContextManager:
     """(e) The caller's group runs its tasks without making their stream current (they launch on the caller's)."""
     marker = threading.local()  # set while the caller's thread runs its own group's tasks
-    run_items, use = SWPipeline._run_items, FakeCudaDevice.use
+    run_items, use = loop_mod.run_items, FakeCudaDevice.use
 
-    def run_items_marked(self, run, items, inline=False):
+    def run_items_marked(run, items, inline=False):
         marker.inline = inline
         try:
-            return run_items(self, run, items, inline)
+            return run_items(run, items, inline)
         finally:
             marker.inline = False
 
@@ -107,26 +109,26 @@ def _inline_off_stream() -> ContextManager:
         return contextlib.nullcontext() if getattr(marker, "inline", False) else use(self, stream)
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(SWPipeline, "_run_items", run_items_marked))
+    stack.enter_context(mock.patch.object(loop_mod, "run_items", run_items_marked))
     stack.enter_context(mock.patch.object(FakeCudaDevice, "use", use_unless_inline))
     return stack
 
 
 def _lag_ignored() -> ContextManager:
     """(f) ``max_device_lag`` ignored: ``progress`` never waits for the device."""
-    return mock.patch.object(SWPipeline, "_bound_device_lag", lambda self, run, retired: None)
+    return mock.patch.object(engine_mod, "bound_device_lag", lambda run, retired: None)
 
 
 def _blocking_teardown() -> ContextManager:
     """(g) Teardown synchronises the device with no deadline (``torch.cuda.synchronize()``) before its bounded poll."""
-    release = SWPipeline._release
+    release = lifetime_mod.release
 
-    def blocking_release(self, run, states, timeout):
-        for event in self._streams.fence(run.streams):
+    def blocking_release(run, states, timeout, limbo):
+        for event in run.pool.fence(run.streams):
             event.synchronize()  # blocks until the device is done: forever on a kernel that never completes
-        return release(self, run, states, timeout)
+        return release(run, states, timeout, limbo)
 
-    return mock.patch.object(SWPipeline, "_release", blocking_release)
+    return mock.patch.object(lifetime_mod, "release", blocking_release)
 
 
 class Fault(NamedTuple):

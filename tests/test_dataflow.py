@@ -365,6 +365,21 @@ def test_strict_mode_names_stale_weights_and_passes_correct_plans():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@pytest.mark.timeout(60)
+def test_strict_true_checks_the_pipelines_state_when_one_is_given():
+    """A plan missing ("Forward", "Step", 1): strict=True with state= names it, as strict=[model, opt] does."""
+    from swpipe_core.dataflow.strict import StrictDataflowError
+    from swpipe_core.engine.pipeline import PipelineTaskError
+    model, opt, batches, tasks = _mlp()
+    broken = _mlp_plan(tasks, inter=[], fwd_group="fwd", step_stage=2).replace(intra_iter_deps=README_INTRA)
+    with SWPipeline(broken, device="cpu", strict=True, state=[model, opt]) as pipe:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(iter(batches))
+    cause = info.value.__cause__
+    assert isinstance(cause, StrictDataflowError) and cause.fix == ("Forward", "Step", 1)
+    assert cause.attribute.endswith(("weight", "bias"))
+
+
 @pytest.mark.timeout(120)
 def test_strict_mode_passes_fused_sparse_dist_one_thread_per_stream():
     from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, train_reference

@@ -16,6 +16,7 @@ from typing import Dict, Optional
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe.testing import FakeDeviceHang, Launch, kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -54,7 +55,7 @@ def test_each_task_launches_on_its_stream_and_every_dependency_is_ordered_on_the
     pipe = SWPipeline(plan, device=dev)
     pipe.run(range(n))
     launches = _by_label(fake_cuda)
-    streams = {name: pipe._streams.resolve(plan.sched(name).stream).label for name in plan.task_names}
+    streams = {name: pipe.streams.resolve(plan.sched(name).stream).label for name in plan.task_names}
     assert len(set(streams.values())) == 3  # memcpy, opt and the default stream
     assert len(launches) == 4 * n
     for name in plan.task_names:
@@ -158,12 +159,11 @@ def test_emit_nvtx_failure_with_a_hung_device_raises_the_task_error_promptly(fak
     plan = PipelinePlan({PipelineTask("Load", _launching(dev)): TaskSchedule(0, "memcpy", "io"),
                          PipelineTask("Step", step): TaskSchedule(1, None, "compute")}, [("Step", "Load")],
                         caller_group=None)
-    pipe = SWPipeline(plan, device=dev)
-    pipe._teardown_timeout = 0.2
+    pipe = SWPipeline(plan, device=dev, timeouts=Timeouts(teardown_s=0.2))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(5), emit_nvtx=True)
     assert (info.value.task, info.value.iteration) == ("Step", 1) and isinstance(info.value.__cause__, ValueError)
-    assert len(pipe._limbo) == 1  # the contexts stay alive: the device may still read them
+    assert pipe.kept_for_device > 0  # the contexts stay alive: the device may still read them
     assert _modes(fake_cuda, "on") == _modes(fake_cuda, "off")  # every thread left NVTX mode
     assert len(_modes(fake_cuda, "on")) == 3  # main, io, compute
     with pytest.raises(FakeDeviceHang):  # what an unbounded synchronize would have done (forever, on a GPU)

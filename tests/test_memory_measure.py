@@ -77,7 +77,7 @@ def _plan():
 def test_measure_task_memory_reports_adds_frees_and_batch():
     with SWPipeline(_plan(), device="cpu") as pipe:
         m = measure_task_memory(pipe, torch.zeros(25, dtype=torch.float64), num_iterations=2)
-        assert pipe._wrappers == ()  # the wrapper is removed
+        assert pipe.instruments == ()  # the wrapper is removed
     assert m.batch_bytes == 200
     assert (m.tasks["Load"].add_bytes, m.tasks["Load"].free_bytes) == (4096, 0)
     assert (m.tasks["Step"].add_bytes, m.tasks["Step"].free_bytes) == (64, 4096)
@@ -93,7 +93,7 @@ def test_measure_task_memory_rejects_zero_iterations():
 
 def test_profiler_records_memory_and_cost_model_keeps_it(tmp_path):
     with SWPipeline(_plan(), device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(torch.zeros(4), num_warmup=0, num_measure=2, num_rounds=1)
+        r = TaskProfiler(pipe, num_warmup=0, num_measure=2, num_rounds=1).profile(torch.zeros(4))
     assert r.memory["tasks"]["Load"]["add_bytes"] == 4096
     path = tmp_path / "p.json"
     r.save(path)
@@ -106,7 +106,7 @@ def test_profiler_records_memory_and_cost_model_keeps_it(tmp_path):
 
 def test_profiler_memory_off_leaves_version_1():
     with SWPipeline(_plan(), device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(torch.zeros(4), num_warmup=0, num_measure=1, num_rounds=1, memory=False)
+        r = TaskProfiler(pipe, num_warmup=0, num_measure=1, num_rounds=1).profile(torch.zeros(4), memory=False)
     assert r.memory is None and r.to_dict()["version"] == 1
 
 
@@ -159,7 +159,7 @@ def test_cuda_profiler_records_device_bytes(cuda_device):
 
     plan = PipelinePlan({PipelineTask("Work", work): TaskSchedule(0)})
     with SWPipeline(plan, device=cuda_device) as pipe:
-        r = TaskProfiler(pipe).profile(k.empty(1), num_warmup=1, num_measure=2, num_rounds=1)
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(k.empty(1))
     w = r.memory["tasks"]["Work"]
     assert w["add_bytes"] == 1 << 20
     assert w["device_alloc_bytes"] >= 2 << 20 and w["device_free_bytes"] >= 1 << 20

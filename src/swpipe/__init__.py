@@ -5,7 +5,7 @@
 * the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``,
   ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
   ``save_plan``/``load_plan``;
-* running it: ``SWPipeline``, ``PipelineTaskError``;
+* running it: ``SWPipeline``, its ``Timeouts``, ``PipelineTaskError``;
 * measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
 * checking what it computes: ``infer_plan``, ``check_dataflow``;
 * predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
@@ -43,6 +43,7 @@ _PUBLIC = {
     "load_plan": "autosched.model.graph",
     "SWPipeline": "swpipe_core.engine.pipeline",
     "PipelineTaskError": "swpipe_core.engine.pipeline",
+    "Timeouts": "swpipe_core.engine.options",
     "TaskProfiler": "swpipe_core.measure.profiler",
     "ProfileResult": "swpipe_core.measure.result",
     "CostModel": "autosched.model.costs",

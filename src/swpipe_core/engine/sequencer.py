@@ -125,7 +125,7 @@ class _SubmissionSequencer:
                     f"globally ordered task {who}with sequence {seq} waited {limit:g} s for its turn; "
                     f"the sequencer is at {self._next_seq}, waiting for {waiting_for} to be submitted. "
                     "Every rank must enqueue the same globally ordered tasks in the same order; check that "
-                    "the task holding that turn is not blocked (raise sequencer_timeout if it is just slow)"
+                    "the task holding that turn is not blocked (raise Timeouts(sequencer_s=...) if it is just slow)"
                 )
             if self._aborted is not None:
                 raise SequencerAborted(f"sequencer aborted before sequence {seq} could run: {self._aborted}")

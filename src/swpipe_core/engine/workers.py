@@ -92,7 +92,7 @@ def with_thread_map(plan: PipelinePlan, thread_map: ThreadMap) -> PipelinePlan:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule, with_thread_map
     >>> plan = PipelinePlan({"H2D": TaskSchedule(0, "memcpy"), "Fwd": TaskSchedule(1), "Bwd": TaskSchedule(1)})
     >>> def groups(p):
     ...     return {n: p.sched(n).thread_group for n in p.task_names}

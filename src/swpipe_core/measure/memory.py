@@ -56,7 +56,7 @@ def reachable_storages(*roots: Any) -> Dict[Tuple[str, int], int]:
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core.plan import IterContext
+    >>> from swpipe import IterContext
     >>> x = torch.zeros(256)                       # 1024 bytes
     >>> ctx = IterContext({"x": x, "y": [x[:10], torch.ones(4)]}, 0)
     >>> ctx.view = x.view(16, 16)                  # same storage as x
@@ -189,8 +189,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine.pipeline import SWPipeline
+    >>> from swpipe import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
     >>> def load(ctx): ctx.x = torch.zeros(100)             # 400 bytes
     >>> def step(ctx): del ctx.x; ctx.y = torch.zeros(10)  # frees 400, adds 40
     >>> plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(), PipelineTask("Step", step): TaskSchedule()},
@@ -202,8 +201,8 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     """
     if num_iterations < 1:
         raise ValueError(f"num_iterations={num_iterations!r}: measure at least one iteration")
-    streams = getattr(pipe, "_streams", None)
-    device = streams.dev if streams is not None and streams.is_cuda else None
+    streams = pipe.streams
+    device = streams.dev if streams.is_cuda else None
     cuda = device is not None and device.memory_counters() is not None  # a device allocator to read
     samples: Dict[str, List[Tuple[int, int, int, int, int]]] = {}
 
