@@ -490,7 +490,7 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
         "Blocking faults surface after their timeout plus the engine's bounded wait for the stuck worker "
         "(`Timeouts.join_s`, 5 s): the worker cannot be interrupted, so the caller gets the error once "
         "that wait expires, and the thread exits by itself when the task returns. Before the fix to "
-        "`_Workers.stop` (`src/swpipe_core/engine/workers.py`: the wait is now a budget per thread over all calls) it happened "
+        "`Workers.stop` (`src/swpipe_core/engine/workers.py`: the wait is now a budget per thread over all calls) it happened "
         "twice (once when the failure was reported, once in the reset), so a 0.5 s timeout surfaced after 10.5 s. The data iterator's own exception leaves the pipeline filled "
         "by design (call `progress` again or `drain()`), hence its threads at raise.",
         "",

@@ -58,6 +58,8 @@ def test_device_waits_follow_the_resolved_stream_not_its_name():
 
 
 # ----------------------------------------------------------------------------- graveyard
+# What a CUDA context keeps is a slot (``_swp_graveyard``) on purpose: a context's attributes are the user's
+# namespace, so nothing public may take a name there. These tests read the slot.
 
 def test_guarded_context_keeps_deleted_and_replaced_values_out_of_sight():
     ctx = GuardedContext(batch=1, iter_idx=0)

@@ -20,7 +20,7 @@ from swpipe import Timeouts
 from swpipe.testing import FakeDeviceHang, Launch, kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.engine.streams import _devices_holding
+from swpipe_core.engine.streams import devices_holding
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(60)]
 
@@ -125,11 +125,11 @@ def test_devices_holding_finds_device_tensors_in_containers_attributes_and_slots
         def __init__(self, v):
             self.kjt = Slotted(v)
 
-    assert _devices_holding(dev, {"a": [1, (Batch(k.full(1, 0.0)),)]}) == [dev]
+    assert devices_holding(dev, {"a": [1, (Batch(k.full(1, 0.0)),)]}) == [dev]
     other = fake_cuda.device(1)
-    assert _devices_holding(dev, [kernels(other).full(1, 0.0)]) == [other]
-    assert _devices_holding(dev, {"a": [1, (Batch(torch.ones(1)),)], "m": torch.nn.Linear(1, 1)}) == []
-    assert _devices_holding(dev, [[torch.ones(1)] for _ in range(2000)]) == [dev]  # too big to search: assume
+    assert devices_holding(dev, [kernels(other).full(1, 0.0)]) == [other]
+    assert devices_holding(dev, {"a": [1, (Batch(torch.ones(1)),)], "m": torch.nn.Linear(1, 1)}) == []
+    assert devices_holding(dev, [[torch.ones(1)] for _ in range(2000)]) == [dev]  # too big to search: assume
 
 
 # ----------------------------------------------------------------------------- NVTX mode

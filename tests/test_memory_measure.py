@@ -179,3 +179,28 @@ def test_transient_bytes_are_what_a_task_holds_only_while_it_runs():
     g = m.tasks["Grow"]
     assert (g.add_bytes, g.free_bytes) == (20, 0)
     assert g.transient_bytes == 2000  # 2020 at most during the task, 20 after it
+
+
+def test_a_task_that_frees_a_tensor_and_makes_one_at_its_address_counts_both():
+    """A new tensor at the address a freed one gave back is still another storage: both are counted."""
+    size = 1 << 18  # 1 MiB of float32: the allocator usually hands a freed block of this size out again at once
+
+    def load(ctx):
+        ctx.x = torch.zeros(size)
+
+    def swap(ctx):
+        freed = ctx.x.untyped_storage().data_ptr()
+        del ctx.x
+        others = []  # kept until the freed block comes back, so each try gets another block
+        for _ in range(16):
+            y = torch.zeros(size)
+            if y.untyped_storage().data_ptr() == freed:
+                break
+            others.append(y)
+        ctx.y = y
+
+    plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0), PipelineTask("Swap", swap): TaskSchedule(0)},
+                        intra_iter_deps=[("Swap", "Load")])
+    with SWPipeline(plan, device="cpu") as pipe:
+        m = measure_task_memory(pipe, None, num_iterations=3)
+    assert (m.tasks["Swap"].add_bytes, m.tasks["Swap"].free_bytes) == (4 * size, 4 * size)

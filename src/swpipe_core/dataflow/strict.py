@@ -6,8 +6,9 @@ torch's default generators (unless the pipeline gives each task its own,
 ``rng="per_task"``); with the pipeline's ``state=[model, optimizer]`` it
 also watches in-place reads and writes of those parameters, buffers and
 optimizer state through the dispatcher. ``strict=[model, optimizer]`` (any
-``state`` the recorder takes) watches that state instead of ``state=``'s. Each conflicting pair of accesses (a write and any other access
-of one thing, by two tasks) must be ordered by the plan
+``state`` the recorder takes) watches that state instead of ``state=``'s.
+Each conflicting pair of accesses (a write and any other access of one
+thing, by two tasks) must be ordered by the plan
 (:class:`~._happens.PlanOrder`); the first pair that is not raises
 :class:`StrictDataflowError` inside the second task, naming both tasks,
 their iterations, the attribute and the dependency to add. The engine

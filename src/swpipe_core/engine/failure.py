@@ -212,9 +212,9 @@ def inline_overran(run: Run, task: str, iteration: int, interrupts: bool) -> Non
 
 
 def inline_timed_out(run: Run, st: IterState, ti: TaskInfo, exc: BaseException) -> None:
-    """The watchdog interrupted an inline task that overran ``timeouts.signal_s``: the task's error, the run cancelled."""
-    error = TimeoutError(f"{ti.name} (iteration {st.idx}) ran longer than Timeouts.signal_s={run.timeouts.signal_s:g} s "
-                         "on the caller's thread; the watchdog interrupted it (a blocked collective or queue? "
+    """The watchdog interrupted an inline task that overran ``timeouts.signal_s``: its error, the run cancelled."""
+    error = TimeoutError(f"{ti.name} (iteration {st.idx}) ran longer than Timeouts.signal_s={run.timeouts.signal_s:g} "
+                         "s on the caller's thread; the watchdog interrupted it (a blocked collective or queue? "
                          "raise Timeouts(signal_s=...) if it is just slow)")
     error.__cause__ = exc
     cancel(run, task_failed(ti, st.idx, error), f"inline task {ti.name} overran on iteration {st.idx}")

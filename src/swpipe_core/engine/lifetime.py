@@ -13,8 +13,8 @@ Every host-side wait for the device is a poll with a deadline
 (:meth:`StreamPool.wait_events <swpipe_core.engine.streams.StreamPool.wait_events>`):
 a kernel that never finishes (a collective whose peer died) or a sticky CUDA
 error must neither hang the caller nor free memory a stream may still read.
-The end of a run (:func:`finish` when the data ran out, :func:`end_run` on
-drain, close or failure) releases the run's contexts the same way
+The end of a run (:func:`finish` when the data ran out, :func:`stop_run` and
+:func:`end_run` on drain, close or failure) releases the run's contexts the same way
 (:func:`release`); those the device has not finished with go to the
 pipeline's :class:`Limbo` until a later poll finds their fence complete. On
 CPU all of this is (nearly) free: there are no events and nothing to wait for.
@@ -324,20 +324,30 @@ def finish(run: Run, limbo: Limbo) -> None:
         raise device_not_done("progress() at the end of the data", error, run.timeouts.progress_s)
 
 
-def end_run(run: Run, cancelling: bool, limbo: Limbo) -> None:
-    """Stop ``run``'s workers, wait (bounded) for its device work, release every context.
+def stop_run(run: Run, cancelling: bool) -> List[IterState]:
+    """Cancel ``run`` when closing it, join its workers, and take every iteration it still holds.
 
-    Never raises on a failure path (``cancelling`` or a cancelled run): the
-    caller is usually re-raising a task's exception, which must not be
-    masked, and the pipeline is left usable whatever the device does.
+    Never raises for the run's own failure: the caller is usually re-raising
+    a task's exception, which must not be masked.
     """
-    failing = cancelling or run.cancelled
     if cancelling and not (run.finished or run.cancelled):
         cancel(run, None, "pipeline closed")
     stop_workers(run)
     states = list(run.iters.values()) + list(run.device_pending.values())
     run.iters.clear()
     run.device_pending.clear()
+    return states
+
+
+def end_run(run: Run, states: List[IterState], cancelling: bool, limbo: Limbo) -> None:
+    """Wait (bounded) for the device work of a stopped run, release ``states``' contexts.
+
+    Raises only when the run ended normally (a drain) and the device did
+    not finish: on a failure path (``cancelling`` or a cancelled run) the
+    pipeline is left usable whatever the device does, and the contexts wait
+    in ``limbo``.
+    """
+    failing = cancelling or run.cancelled
     timeout = run.timeouts.teardown_s if failing else run.timeouts.progress_s
     done, error = release(run, states, timeout, limbo)
     if not done and not failing:

@@ -24,7 +24,7 @@ from swpipe_core.engine.lifetime import prune_device
 from swpipe_core.engine.run import Flag, IterState, Run
 from swpipe_core.engine.tasks import run_items, run_solo
 from swpipe_core.engine.watchdog import InlineWatchdog
-from swpipe_core.engine.workers import _Workers
+from swpipe_core.engine.workers import Workers
 
 __all__: List[str] = []
 
@@ -42,7 +42,7 @@ def start_threads(run: Run) -> None:
         run.watchdog = InlineWatchdog(timeouts.signal_s, functools.partial(inline_overran, run))
         run.watchdog.start()
     if compiled.worker_groups:
-        run.workers = _Workers(compiled.worker_groups, lambda group, items: run_items(run, items),
+        run.workers = Workers(compiled.worker_groups, lambda group, items: run_items(run, items),
                                setup=run.pool.dev.set_current,
                                on_crash=lambda group, exc: cancel(run, exc, f"worker swpipe-{group} crashed"),
                                scope=run.pool.dev.nvtx_mode if run.nvtx else None)
@@ -85,7 +85,9 @@ def advance(run: Run, batch: Any) -> None:
     run.period = p + 1
     run.profiling = profiling = profiler_active()
     run.bare = run.plain and not profiling
-    infos, segments = run.compiled.program(p, run.oldest, run.fetched)
+    compiled = run.compiled
+    program = compiled.programs.get(compiled.walk.key(p, run.oldest, run.fetched))
+    infos, segments = program if program is not None else compiled.program(p, run.oldest, run.fetched)
     iters = run.iters
     ticket = run.sequencer.ticket  # taken in the walk's order, across groups: every rank issues the same
     items = [(iters[p - ti.stage], ti, ticket(f"{ti.name} (iteration {p - ti.stage})") if ti.ordered else None)

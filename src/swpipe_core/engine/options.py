@@ -190,10 +190,11 @@ def keywords_checked(given_to: str) -> Callable[[F], F]:
     ...     return state
     >>> profile(1, state="s")
     's'
-    >>> profile(1, num_rounds=2)
-    Traceback (most recent call last):
-    ...
-    swpipe_core.engine.options.OptionError: TaskProfiler.profile(num_rounds=2): num_rounds is an option of TaskProfiler, not of TaskProfiler.profile; TaskProfiler(pipe, num_rounds=2)
+    >>> try:
+    ...     profile(1, num_rounds=2)
+    ... except OptionError as exc:
+    ...     print(exc.option, "->", exc.home, "|", exc.fix)
+    num_rounds -> TaskProfiler | TaskProfiler(pipe, num_rounds=2)
     """
     def decorate(fn: F) -> F:
         accepted = [p.name for p in inspect.signature(fn).parameters.values()

@@ -53,13 +53,13 @@ from swpipe_core.engine.device import Device, as_device
 from swpipe_core.engine.dispatch import Dispatch, TaskWrapper
 from swpipe_core.engine.failure import PipelineTaskError, abort, surface_failure
 from swpipe_core.engine.lifetime import (GuardedContext, Limbo, TrainState, bound_device_lag, context_keeper,
-                                         device_hung, device_lag, end_run, finish, state_parameters)
+                                         device_hung, device_lag, end_run, finish, state_parameters, stop_run)
 from swpipe_core.engine.loop import NO_BATCH, advance, fetch, retire_oldest, start_threads
 from swpipe_core.engine.options import Timeouts, keywords_checked
 from swpipe_core.engine.program import compile_plan
 from swpipe_core.engine.rng import PerTaskRng
 from swpipe_core.engine.run import Run
-from swpipe_core.engine.sequencer import _SubmissionSequencer
+from swpipe_core.engine.sequencer import SubmissionSequencer
 from swpipe_core.engine.serial import SerialRunner, serial_order
 from swpipe_core.engine.streams import StreamPool
 from swpipe_core.measure.trace import TimelineEvent, TimelineRecorder
@@ -257,12 +257,13 @@ class SWPipeline:
 
     def _new_run(self, data_iter: Iterable[Any], emit_nvtx: bool) -> Run:
         """The state of a new pipelined run over ``data_iter``, its CUDA parts made (no thread started yet)."""
+        iterator = iter(data_iter)  # first: data that is not iterable changes nothing
         if self._recorder is not None:
             self._recorder.clear()
         pool, dispatch = self._pool, self._dispatch
         run = Run(compiled=self._compiled, pool=pool, dispatch=dispatch, timeouts=self.timeouts,
                   max_device_lag=self.max_device_lag, recorder=self._recorder, data_source=data_iter,
-                  data_iter=iter(data_iter), sequencer=_SubmissionSequencer(self.timeouts.sequencer_s))
+                  data_iter=iterator, sequencer=SubmissionSequencer(self.timeouts.sequencer_s))
         # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
         # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
         run.plain = not pool.is_cuda and self._recorder is None and dispatch.plain
@@ -416,13 +417,20 @@ class SWPipeline:
         self.close()
 
     def _teardown(self, cancelling: bool) -> None:
-        """End the current run, if any (:func:`~swpipe_core.engine.lifetime.end_run`), after freeing what
-        earlier runs kept for the device and it has finished with."""
+        """Stop the current run, if any, forget it and release its contexts once the device is done with them.
+
+        Frees first what earlier runs kept for the device and it has finished
+        with. Never raises on a failure path (``cancelling`` or a cancelled
+        run): the caller is usually re-raising a task's exception.
+        """
         if self._limbo.entries:
             self._limbo.prune(self._pool)
-        run, self._run = self._run, None
-        if run is not None:
-            end_run(run, cancelling, self._limbo)
+        run = self._run
+        if run is None:
+            return
+        states = stop_run(run, cancelling)
+        self._run = None
+        end_run(run, states, cancelling, self._limbo)
 
     def _sync_device(self, what: str) -> None:
         """A bounded wait for all work on the pipeline's streams (nothing on CPU)."""

@@ -23,10 +23,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from swpipe_core.engine.dispatch import Dispatch
 from swpipe_core.engine.options import Timeouts
 from swpipe_core.engine.program import CompiledPlan, TaskInfo
-from swpipe_core.engine.sequencer import _SubmissionSequencer
+from swpipe_core.engine.sequencer import SubmissionSequencer
 from swpipe_core.engine.streams import StreamPool
 from swpipe_core.engine.watchdog import InlineWatchdog
-from swpipe_core.engine.workers import _Workers
+from swpipe_core.engine.workers import Workers
 from swpipe_core.measure.trace import TimelineRecorder
 from swpipe_core.plan import IterContext
 
@@ -112,7 +112,7 @@ class Run:
     recorder: Optional[TimelineRecorder]
     data_source: Iterable[Any]
     data_iter: Iterator[Any]
-    sequencer: _SubmissionSequencer
+    sequencer: SubmissionSequencer
     # the period loop
     iters: Dict[int, IterState] = field(default_factory=dict)  # in flight, by iteration
     device_pending: Dict[int, IterState] = field(default_factory=dict)  # retired, device work not known complete
@@ -123,7 +123,7 @@ class Run:
     draining: bool = False     # progress(None) or drain(): no new iterations
     ready: Tuple[Any, ...] = ()  # the last fetched batch's ready events, until its iteration state takes them
     # how the tasks run
-    workers: Optional[_Workers] = None  # None when every task runs inline
+    workers: Optional[Workers] = None  # None when every task runs inline
     watchdog: Optional[InlineWatchdog] = None  # the caller's thread watched while it runs a task of its group
     plain: bool = False        # CPU, nothing around the tasks: they need nothing but fn(ctx)
     bare: bool = False         # plain, and no torch profiler this period

@@ -1,4 +1,4 @@
-"""_SubmissionSequencer: one global order for ``globally_ordered`` tasks (collectives).
+"""SubmissionSequencer: one global order for ``globally_ordered`` tasks (collectives).
 
 Collectives (NCCL/gloo) deadlock when two ranks issue them in different
 orders. With several worker threads per rank, the order in which threads
@@ -11,7 +11,7 @@ runs the task only when the counter reaches its ticket.
 Because tickets follow the enqueue order, which is also the FIFO order of every
 worker queue and a topological order of the dependencies, waiting for a
 ticket never closes a cycle of waits. A failure elsewhere calls
-:meth:`_SubmissionSequencer.abort`, which wakes every waiter with an error,
+:meth:`SubmissionSequencer.abort`, which wakes every waiter with an error,
 so no thread is left waiting for a ticket that will never come (a ticket lock
 with ``abort()``; docs/semantics.md, "Thread groups", step 2).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional, TypeVar
 
-__all__ = ["_SubmissionSequencer", "SequencerAborted"]
+__all__ = ["SubmissionSequencer", "SequencerAborted"]
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ class SequencerAborted(RuntimeError):
     """Raised in a waiter when the sequencer was aborted because something else failed."""
 
 
-class _SubmissionSequencer:
+class SubmissionSequencer:
     """Deterministic cross-thread submission order by sequence number.
 
     Parameters
@@ -42,7 +42,7 @@ class _SubmissionSequencer:
 
     Examples
     --------
-    >>> seq = _SubmissionSequencer()
+    >>> seq = SubmissionSequencer()
     >>> a, b = seq.ticket("AllToAll(iter 0)"), seq.ticket("AllReduce(iter 0)")
     >>> a, b
     (0, 1)
@@ -145,7 +145,7 @@ class _SubmissionSequencer:
 
         Examples
         --------
-        >>> seq = _SubmissionSequencer(); seq.abort("task X failed")
+        >>> seq = SubmissionSequencer(); seq.abort("task X failed")
         >>> seq.execute_ordered(0, lambda: None)
         Traceback (most recent call last):
         ...
@@ -161,7 +161,7 @@ class _SubmissionSequencer:
 
         Examples
         --------
-        >>> seq = _SubmissionSequencer(); seq.abort(); seq.reset()
+        >>> seq = SubmissionSequencer(); seq.abort(); seq.reset()
         >>> seq.ticket(), seq.execute_ordered(0, lambda: 7)
         (0, 7)
         """
