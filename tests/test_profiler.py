@@ -349,24 +349,30 @@ def test_cuda_records_host_and_device_time(cuda_device):
 
 
 @pytest.mark.cuda
-def test_a_task_that_waits_for_the_device_is_timed_without_the_profilers_spin(cuda_device):
+def test_a_task_that_waits_for_the_device_is_timed_without_the_profilers_spin(cuda_device, monkeypatch):
     """``.item()`` in a task waits for everything queued on its stream; the profiler's spin must not be there.
 
     The device-time spin holds the stream for twice the task's host time plus 1 ms. Were it queued in the
-    iterations that time the host, this task's host time would include it: at least 2 x 20 ms + 1 ms more
-    than its own 20 ms of host work. Timed apart, it reads its own time.
+    iterations that time the host, this task's host time would include it. Without the memory measurement,
+    the profile's last ``num_measure`` executions time the device, the ``num_measure`` before them the host:
+    the spin comes before each of the last ones and before no other.
     """
     from swpipe.testing import kernels
     from swpipe_core.engine.pipeline import SWPipeline
 
     k = kernels(cuda_device)
     host_work = 0.02
+    log = []  # "spin" (the profiler holds the stream) and "Sync" (the task runs), in order
+    spin = cuda_device.spin
+    monkeypatch.setattr(cuda_device, "spin", lambda seconds: (log.append("spin"), spin(seconds))[1])
 
     def syncing(ctx):
+        log.append("Sync")
         time.sleep(host_work)  # the workload: host work
         ctx.n = k.item(k.sum(k.full(16, 1.0)))  # then a read back: the host waits for its stream
 
     plan = PipelinePlan({PipelineTask("Sync", syncing): TaskSchedule()})
     with SWPipeline(plan, device=cuda_device) as pipe:
-        r = TaskProfiler(pipe, num_warmup=1, num_measure=4, num_rounds=1).profile(None)
-    assert host_work <= r.host_s["Sync"] < 2 * host_work + 1e-3
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=4, num_rounds=1).profile(None, memory=False)
+    assert log[-12:] == ["Sync"] * 4 + ["spin", "Sync"] * 4 and log.count("spin") == 4
+    assert r.host_s["Sync"] >= host_work and r.device_s["Sync"] > 0
