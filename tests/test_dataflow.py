@@ -338,6 +338,7 @@ def test_strict_mode_raises_on_a_cuda_pipeline_too(fake_cuda):
     fixed = fixed.replace(intra_iter_deps=fixed.intra_iter_deps + [("B", "A")])
     kept = []
     with SWPipeline(fixed, device=dev, strict=True) as pipe:
+        # what a CUDA context keeps is a slot on purpose (its attributes are the user's): read it here
         with pipe.instrument(lambda run, task, ctx: (run(task, ctx), kept.append(len(ctx._swp_graveyard)))):
             pipe.run(iter([torch.ones(2)] * 6))
     assert max(kept) >= 1  # B replaced A's ctx.y: the watched context still kept the old value
