@@ -167,30 +167,47 @@ def context_keeper(dev: Device, params: Sequence[torch.Tensor]) -> Callable[[Gua
 # ------------------------------------------------------------------ while the run goes on
 
 def prune_device(run: Run) -> None:
-    """Release retired contexts (and what their tasks deleted) whose device work has completed."""
-    query = run.pool.query
+    """Release retired contexts (and what their tasks deleted) whose device work has completed.
+
+    The events of a released iteration stay in ``run.device_pending`` while
+    a task still to launch may wait for them (an inter-iteration dependency,
+    up to the plan's largest distance: ``CompiledPlan.event_horizon``): the
+    device order is kept by those waits (on completed events, free), never
+    by this thread having seen them complete.
+    """
+    completed = run.pool.completed
+    horizon = run.oldest - run.compiled.event_horizon
     for j in list(run.device_pending):
         st = run.device_pending[j]
-        if all(map(query, st.events)):
+        if st.ctx is not None:
+            if not completed(st.events):
+                continue
+            release_context(run, st)
+        if j < horizon:
             del run.device_pending[j]
             free_iteration(run, st)
 
 
-def free_iteration(run: Run, st: IterState) -> None:
-    """An iteration whose device work has completed: read its timing, give its events back, drop its context."""
+def release_context(run: Run, st: IterState) -> None:
+    """An iteration whose device work has completed: read its timing and drop its context; keep its events."""
     if st.timing:
         run.device_timing.extend(st.timing)
         st.timing = []
         collect_device_timeline(run)
+    st.ctx = None
+
+
+def free_iteration(run: Run, st: IterState) -> None:
+    """An iteration whose device work has completed: its context, timing and events (given back) released."""
+    release_context(run, st)
     run.pool.recycle(st.events)
     st.events = [None] * len(st.events)
-    st.ctx = None
 
 
 def bound_device_lag(run: Run, retired: int) -> None:
     """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
     st = run.device_pending.get(retired - run.max_device_lag)
-    if st is None:  # negative, or already pruned: its device work completed
+    if st is None or st.ctx is None:  # negative, or already released: its device work completed
         return
     timeout = run.timeouts.progress_s
     if not run.pool.wait_events(st.events, timeout, wake=run.stop):
@@ -202,8 +219,7 @@ def bound_device_lag(run: Run, retired: int) -> None:
             f"{[ti.name for ti in run.compiled.tasks if not run.pool.query(st.events[ti.idx])]}. A kernel is "
             "hung (a dead peer rank?) or slow (raise Timeouts(progress_s=...)); call drain() or fill_pipeline()")
         fail_now(run, error, f"device-lag timeout on iteration {st.idx}")
-    del run.device_pending[st.idx]
-    free_iteration(run, st)
+    release_context(run, st)  # its events stay for later waiters; prune_device gives them back
 
 
 def device_lag(run: Run) -> int:

@@ -269,6 +269,7 @@ class SWPipeline:
         run.plain = not pool.is_cuda and self._recorder is None and dispatch.plain
         if pool.is_cuda:
             run.streams = [pool.resolve(ti.stream_spec) for ti in self._compiled.tasks]
+            pool.follow_caller(run.streams)  # the run starts after what the caller enqueued before it
             run.nvtx = bool(emit_nvtx)
             run.ctx_type = GuardedContext  # early frees stay alive until the device is done
             run.keep = context_keeper(self._dev, self._state_params)

@@ -63,6 +63,8 @@ class CompiledPlan:
         The other groups, one worker thread each, in enqueue order.
     device_waits : dict
         ``{task: ((dependency, distance), ...)}``: the dependencies whose device event the task's stream waits for.
+    event_horizon : int
+        How many iterations back a task may wait for a device event: the largest distance of a device wait (else 0).
     """
 
     tasks: List[TaskInfo]
@@ -71,6 +73,7 @@ class CompiledPlan:
     caller_group: Optional[str]
     worker_groups: List[str]
     device_waits: Dict[str, Tuple[Tuple[str, int], ...]]
+    event_horizon: int = 0
     programs: Dict[Tuple[int, int], Program] = field(default_factory=dict)
 
     def program(self, period: int, oldest: int, fetched: int) -> Program:
@@ -135,6 +138,7 @@ def compile_plan(plan: PipelinePlan, streams: StreamPool) -> CompiledPlan:
         caller_group=walk.caller,  # runs inline on the thread calling fill_pipeline/progress: no hand-off
         worker_groups=[g for g in groups if g != walk.caller],
         device_waits={t.name: tuple((names[d], n) for d, n in t.device_deps) for t in tasks},
+        event_horizon=max((n for t in tasks for _, n in t.device_deps), default=0),
     )
 
 

@@ -96,7 +96,7 @@ class IterState:
         self.timing: List[DeviceTiming] = []  # CUDA with a timeline
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: the hot path reads its fields for every task
 class Run:
     """One ``fill_pipeline`` .. ``drain`` cycle of a pipeline (made by ``SWPipeline.fill_pipeline``).
 

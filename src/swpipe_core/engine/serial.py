@@ -145,7 +145,7 @@ class SerialRunner:
             if self.pool.is_cuda:
                 pool, pending = self.pool, self.pending
                 pending.append((pool.record(stream), ctx))
-                while pending and pool.query(pending[0][0]):
+                while pending and pool.completed([pending[0][0]]):
                     pool.recycle([pending.popleft()[0]])
                 if len(pending) > self.max_device_lag + 1:
                     if not pool.wait_events([pending[0][0]], self.timeouts.progress_s):
