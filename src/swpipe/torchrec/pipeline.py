@@ -26,6 +26,7 @@ import torch
 
 from swpipe_core.analysis import format_schedule
 from swpipe_core.distributed import agree_on_end
+from swpipe_core.engine.options import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan
 
@@ -265,8 +266,8 @@ class TrainPipeline:
         fns = self._tasks.functions(base.task_names)
         self.plan = runnable(base, fns, self._world, thread_map, hand_off_after)
         self._engine = SWPipeline(self.plan, device=self._device, state=self._model,
-                                  progress_timeout=self._opts.progress_timeout,
-                                  signal_timeout=self._opts.signal_timeout)
+                                  timeouts=Timeouts(progress_s=self._opts.progress_timeout,
+                                                    signal_s=self._opts.signal_timeout))
         groups = sorted({self.plan.sched(t).thread_group for t in self.plan.task_names})
         extra = f"\n{self.choice}" if self.choice is not None else ""
         self.report = (f"swpipe.torchrec.TrainPipeline: {label}; depth {self.plan.pipeline_depth}, thread group(s) "
