@@ -367,20 +367,20 @@ def _searched_candidates(graph: PipelinePlan, costs: Any, device: torch.device, 
 
 def _verify(plans: List[Tuple[str, PipelinePlan]], batches: Sequence[Any], costs: Any, device: torch.device,
             opts: AutoOptions, world: int, group: Any) -> Any:
-    """The candidates run in interleaved rounds (on every rank at once, the slowest rank's time of each counting)."""
-    from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+    """The candidates run in interleaved rounds, each paired with TorchRec's base plan (else the serial plan) in its
+    round; on several ranks every rank runs them at once, the slowest rank's time of each round counting."""
+    from autosched.verify.measure import VerifyOptions, measure_plans
 
     runs = list(itertools.islice(itertools.cycle(batches), max(opts.verify_iterations, 2 * len(batches), 4)))
     known_labels = [label for label, _ in plans if label.startswith("seed:")]
-    table = measure_plans(plans, runs, max(1, opts.verify_rounds), device=str(device), known=known_labels,
-                          max_rounds=2 * max(1, opts.verify_rounds) if world == 1 else None,
+    rounds = max(1, opts.verify_rounds)
+    verify = VerifyOptions(rounds=rounds, max_rounds=2 * rounds if world == 1 else rounds, device=str(device))
+    baseline = BASE if BASE in dict(plans) else "serial"
+    table = measure_plans(plans, runs, verify, known=known_labels, baseline=baseline,
                           predicted=_predictions([(k, p) for k, p in plans if k != BASE], costs, device))
     if world == 1:
         return table
-    every = _gather(group, {r.label: r.rounds_s for r in table.rows}, world)
-    rows = [PlanMeasurement(r.label, r.plan, [max(e[r.label][k] for e in every) for k in range(len(r.rounds_s))],
-                            round_ids=r.round_ids) for r in table.rows]
-    return VerifyTable(rows, table.rounds, table.iterations, known=tuple(known_labels))
+    return table.with_slowest(_gather(group, {r.label: r.rounds_s for r in table.rows}, world))
 
 
 def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.device, opts: AutoOptions,
