@@ -68,10 +68,12 @@ def main() -> None:
     args = parser.parse_args()
     print(apply_keep_freed_memory(args))
 
-    from swpipe.workloads.torchrec_peer import PEERS, build_model, peer_available, run_plain, run_swpipe, run_torchrec
+    try:
+        import swpipe.torchrec  # noqa: F401 - its error says how to install TorchRec and FBGEMM
+    except ImportError as exc:
+        raise SystemExit(str(exc)) from None
+    from swpipe.workloads.torchrec_peer import PEERS, build_model, run_plain, run_swpipe, run_torchrec
 
-    if not peer_available():
-        raise SystemExit("TorchRec is not importable here: install the [peer] extra (see the docstring)")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -178,6 +180,7 @@ def _dropin_runners(config, batches, auto_time_limit):
     """
     import time
 
+    from swpipe import SolverOptions
     from swpipe.torchrec import TORCHREC_CLASSES, TrainPipeline
     from swpipe.workloads.torchrec_peer import build_model
 
@@ -196,7 +199,7 @@ def _dropin_runners(config, batches, auto_time_limit):
             seconds = time.perf_counter() - t0
         return logits, seconds, pipeline
 
-    _, _, chooser = run("auto", time_limit_s=auto_time_limit)
+    _, _, chooser = run("auto", solver=SolverOptions(time_limit_s=auto_time_limit))
     runners = {name: (lambda name=name: run(name)[:2]) for name in TORCHREC_CLASSES}
     runners["auto"] = lambda: run(chooser.choice.plan)[:2]
     runners["choice"] = chooser.choice
