@@ -459,6 +459,20 @@ def test_racing_gives_the_undecided_plans_more_rounds_with_the_simplest_one(monk
     assert table.choose() is table["serial"]
 
 
+def test_a_plan_ahead_of_the_simplest_one_is_confirmed_on_every_round_racing_allows(monkeypatch):
+    """The first rounds pick the leader among many plans: it replaces the simplest plan only on max_rounds rounds."""
+    plan = _two_thread_plan(2 * MS)
+    measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
+    a, b = plan.task("A"), plan.task("B")
+    one_thread = PipelinePlan({a: TaskSchedule(0, thread_group="a"), b: TaskSchedule(1, thread_group="a")},
+                              intra_iter_deps=[(b, a)])
+    table = measure_plans([("two", plan), ("one thread", one_thread), ("serial", serial_plan(plan))],
+                          list(range(10)), VerifyOptions(rounds=2, max_rounds=5), warmup=False)
+    assert table["two"].round_ids == table["serial"].round_ids == [0, 1, 2, 3, 4]
+    assert table["one thread"].round_ids == [0, 1]  # no faster than serial, every round: decided
+    assert table.choose().label == "two" and table.paired("two").rounds == 5
+
+
 def test_ranks_measured_in_lockstep_count_each_rounds_slowest_rank():
     table = VerifyTable([PlanMeasurement("seed:base", None, [0.010, 0.010]),
                          PlanMeasurement("auto", None, [0.009, 0.009])], 2, 24, baseline="seed:base", known=("x",))

@@ -29,9 +29,11 @@ replaces the simplest one, nor a known one.
 Noise band: ``noise_pct`` = the larger of ``noise_floor_pct`` and the median,
 over the plans, of the width of their paired ratios' middle half (without a
 baseline: of their own rounds' spread). Racing (``max_rounds``): after the
-first rounds, the plans whose median ratio is still within the band of the
-best one run further rounds among themselves, with the baseline, so
-measurement time goes where the ranking is in doubt.
+first rounds, the plan ahead of the baseline and those within the band of it,
+and any plan that may still beat the baseline, run further rounds with the
+baseline, up to ``max_rounds``: the first rounds picked the leader among many,
+so its lead is confirmed on rounds that did not pick it, and measurement time
+goes where the choice is in doubt.
 
 Feedback: the serial plan's prediction is the sum of the task costs, so its
 measured/predicted ratio (:attr:`VerifyTable.speed_factor`) is how fast the
@@ -734,21 +736,27 @@ def _one_round(items: Sequence[Tuple[str, PipelinePlan]], r: int, got: Dict[str,
 def _contenders(table: VerifyTable) -> List[PlanMeasurement]:
     """The rows a further round is for, or ``[]`` when the choice is settled.
 
-    With a baseline: the plans within the noise band of the best median paired ratio (the baseline's own is 1)
-    still race while two or more of them are left, or while one of them neither beats the baseline nor is
-    clearly slower (its middle half straddles 1); the baseline runs with them, as their pair. Without a baseline:
-    the plans within the band of the fastest median period, while two or more are left.
+    With a baseline: while some plan's median paired ratio is below 1, it and the plans within the noise band of
+    it race on, so a plan replaces the simplest one only on all the rounds ``max_rounds`` allows (the first rounds
+    picked it among many: its lead is confirmed on rounds that did not pick it); plans that may still beat the
+    baseline (the lower quartile of their ratios below 1, not beating it yet) race too. The baseline runs with
+    them, as their pair. Without a baseline: the plans within the band of the fastest median period, while two or
+    more are left.
     """
     base = table.baseline_row
     if base is None:
         near = set(within_band({r.label: r.period_s for r in table.rows}, table.noise_pct))
         rows = [r for r in table.rows if r.label in near]
         return rows if len(rows) > 1 else []
-    ranks = {r.label: table._rank(r) for r in table.rows if r is not base}
-    near = [r for r in table.rows if r.label in set(within_band({**ranks, base.label: 1.0}, table.noise_pct))
-            and r is not base]
-    undecided = [r for r in near if not table.beats(r, base) and table.paired(r.label).q1 < 1.0]
-    return near + [base] if len(near) > 1 or undecided else []
+    others = [r for r in table.rows if r is not base]
+    if not others:
+        return []
+    ranks = {r.label: table._rank(r) for r in others}
+    best = min(ranks.values())
+    near = set(within_band({**ranks, base.label: 1.0}, table.noise_pct))
+    undecided = {r.label for r in others if not table.beats(r, base) and table.paired(r.label).q1 < 1.0}
+    racing = [r for r in others if (best < 1.0 and r.label in near) or r.label in undecided]
+    return racing + [base] if racing else []
 
 
 def _load() -> Optional[float]:
