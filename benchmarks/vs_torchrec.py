@@ -131,6 +131,10 @@ def main() -> None:
           f"{args.threads} intra-op thread(s), load average {os.getloadavg()[0]:.2f} at the end")
     print(f"drop-in auto: plan='auto' chose {choice.label} ({choice.verdict}) in {choice.seconds:.1f} s before the "
           f"warm-up; its row is paired with the TorchRec class of best median, {best}")
+    print("  its verification, each candidate's period over base's in the same round (median [middle half]):")
+    for row in choice.table.rows:
+        pair = choice.table.paired(row.label)
+        print(f"    {row.label:44s} {pair if pair is not None and row.label != choice.table.baseline else 'baseline'}")
     print(f"{'run':50s} {'best iter/s':>11s} {'vs TorchRec':>11s} {'middle half':>13s}  logits == plain loop")
     for label in runners:
         rate = args.iters / min(times[label])

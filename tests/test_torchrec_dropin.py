@@ -215,6 +215,12 @@ def test_auto_equals_the_non_pipelined_loop_and_reports_its_choice():
     assert "verified on the engine" in report and "<- chosen" in report and "seed:fused_sparse_dist" in report
     assert "depth 2:" in report and "depth 3:" in report
     assert "each paired with seed:base's run in its round" in report  # TorchRec's base plan: the simplest
+    table = pipeline.choice.table
+    assert table.baseline == "seed:base" and table.choose().label == pipeline.choice.label
+    for row in table.rows:  # every candidate ran in the rounds base ran, and has its paired ratio
+        if row.label != "seed:base":
+            pair = table.paired(row.label)
+            assert pair.rounds == len(row.rounds_s) and pair.q1 <= pair.median <= pair.q3
 
 
 def test_auto_can_measure_the_models_own_forward_and_the_pipelined_one_on_one_model():
@@ -252,10 +258,12 @@ def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_mu
                                                  r"\(serial\) needs .+ Raise max_memory_bytes"):
             pipeline.progress(iter(batches))
     # the failed choice left the model as it was: the same model trains to the loop's outputs under a loose cap
-    with TrainPipeline(model, opt, CPU, plan="auto", constraints=Constraints(max_memory_bytes=2**40), **small) as pipeline:
+    loose = Constraints(max_memory_bytes=2**40, max_depth=2)
+    with TrainPipeline(model, opt, CPU, plan="auto", constraints=loose, **small) as pipeline:
         ours = _drive(pipeline, batches)
     _same(ours, _plain("sparse_nn", batches), "auto under a memory cap vs the non-pipelined loop")
     assert "memory cap 1024.00 GiB: predicted peak bytes in flight per candidate" in pipeline.report
+    assert "depth 2:" in pipeline.report and "depth 3:" not in pipeline.report  # Constraints.max_depth searched
 
 
 @pytest.mark.parametrize("name", _plans() if torchrec_usable() else [])
@@ -325,7 +333,7 @@ def test_a_failing_forward_is_reported_naming_the_task_and_the_pass_can_restart(
 # --------------------------------------------------------------------------------------------- errors and options
 
 def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it_takes():
-    from swpipe import Constraints, SolverOptions
+    from swpipe import Constraints, SolverOptions, VerifyOptions
     from swpipe.torchrec import TrainPipeline
     from swpipe_core import pipelines
 
@@ -342,6 +350,8 @@ def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it
         TrainPipeline(model, opt, CPU, plan="auto", constraints=SolverOptions())
     with pytest.raises(ValueError, match=r"fixes the stage of \['Forward'\]"):
         TrainPipeline(model, opt, CPU, plan="auto", constraints=Constraints(frozen={"Forward": {"stage": 0}}))
+    with pytest.raises(ValueError, match=r"VerifyOptions\(device='cuda'\)"):
+        TrainPipeline(model, opt, CPU, plan="auto", verify=VerifyOptions(device="cuda"))
     with pytest.raises(TypeError, match=r"option\(s\) \['thread_map'\] shape a named plan; plan=auto takes"):
         TrainPipeline(model, opt, CPU, plan="auto", thread_map="by_stream")
     with pytest.raises(ValueError, match=r"TorchRec's execute_all_batches=False is not supported"):

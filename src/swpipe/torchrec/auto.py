@@ -23,8 +23,9 @@ before its first pass with ``plan="auto"``:
    model's own forward: no input-dist tasks, so not a seed of the search; the
    sharded modules get their forward back for its runs) and the serial loop run
    on the engine in interleaved rounds (:func:`autosched.verify.measure.measure_plans`),
-   each paired with ``base``'s run in its round: ``base``, the simplest, is
-   chosen unless a plan beats it beyond the rounds' noise; of those the best,
+   each paired with ``base``'s run in its round (under a memory cap, whose
+   bytes ``base`` does not measure, the serial plan's): ``base``, the simplest,
+   is chosen unless a plan beats it beyond the rounds' noise; of those the best,
    a seed (a TorchRec plan) unless another plan beats it measurably; on several
    ranks every rank runs the candidates at once and the slowest rank's time of
    each round counts;
@@ -131,6 +132,10 @@ class AutoChoice:
         The search per depth, the verification table, notes.
     seconds : float
         Time spent measuring, searching and verifying.
+    table : VerifyTable, optional
+        What the verification measured: per candidate its periods by round and
+        (``table.paired(label)``) its median ratio to TorchRec's ``base`` plan
+        in the same rounds, with the middle half of those ratios.
     """
 
     label: str
@@ -138,6 +143,7 @@ class AutoChoice:
     verdict: str
     lines: List[str] = field(default_factory=list)
     seconds: float = 0.0
+    table: Optional[Any] = None
 
     def __str__(self) -> str:
         head = (f"plan='auto' chose {self.label} ({self.verdict}); measured, searched and verified in "
@@ -457,7 +463,7 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], constraints: Const
         chosen = table.choose()
         lines += table.format().splitlines()
         plan = dict(cand_fields)[chosen.label]
-        return AutoChoice(chosen.label, plan_from_dict(plan), table.verdict(), lines, time.perf_counter() - t0)
+        return AutoChoice(chosen.label, plan_from_dict(plan), table.verdict(), lines, time.perf_counter() - t0, table)
     finally:
         restore_state([model, optimizer], snap)
         for m, flag in flags:
