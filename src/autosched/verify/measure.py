@@ -2,10 +2,11 @@
 
 :func:`measure_plans` runs each plan (a bound :class:`PipelinePlan`) on
 :class:`~swpipe_core.engine.pipeline.SWPipeline` for one short run per round, the plans
-interleaved and their order rotated every round (:func:`turned`: slow drift in
-machine load then shifts every plan alike), and returns a :class:`VerifyTable`:
-per plan its steady period in each round, the median, the prediction if one was
-given and the model's error.
+interleaved (slow drift in machine load then shifts every plan alike) in an
+order that changes every round (:func:`shuffled`, seeded by the round: what one
+run leaves behind, or a place in the round, does not fall on the same plan
+every round), and returns a :class:`VerifyTable`: per plan its steady period in
+each round, the median, the prediction if one was given and the model's error.
 
 Measured period of one run (``_one_run``, the one place the engine is timed):
 the retire times of ``progress()`` over the steady iterations (after a warm-up
@@ -44,7 +45,9 @@ only the absolute figures.
 
 from __future__ import annotations
 
+import gc
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -54,7 +57,8 @@ from swpipe_core.plan import PipelinePlan
 
 from autosched.verify.predict import predicted_speedup, predicted_speedups
 
-__all__ = ["VerifyOptions", "PlanMeasurement", "PairedRatio", "paired_ratio", "VerifyTable", "measure_plans", "turned", "within_band"]
+__all__ = ["VerifyOptions", "PlanMeasurement", "PairedRatio", "paired_ratio", "VerifyTable", "measure_plans", "turned",
+           "shuffled", "within_band"]
 
 
 @dataclass
@@ -583,6 +587,7 @@ def _one_run(plan: PipelinePlan, batches: Sequence[Any], device: Any) -> float:
     n = len(batches)
     depth = plan.pipeline_depth
     stamps: List[float] = []
+    gc.collect()  # the garbage of earlier runs is not this run's to collect
     with SWPipeline(plan, device=device) as pipe:
         t0 = time.perf_counter()
         it = pipe.fill_pipeline(batches)
@@ -725,10 +730,26 @@ def within_band(periods: Dict[str, float], band_pct: float) -> List[str]:
     return [label for label, p in periods.items() if p <= fastest * (1.0 + band_pct / 100.0)]
 
 
+def shuffled(items: Sequence[Any], r: int) -> List[Any]:
+    """Round ``r``'s order in a verification: ``items`` as given in round 0, then shuffled by a generator seeded
+    with ``r`` (the same order on every call, every rank, every run).
+
+    Across rounds each plan runs after different plans and at different places, so what a run leaves behind (the
+    previous plan's garbage, caches, threads winding down) or a place in the round does not fall on the same plan
+    every round, as it would in :func:`turned`'s cyclic order.
+
+    Examples
+    --------
+    >>> shuffled("abcd", 0), shuffled("abcd", 1) == shuffled("abcd", 1), sorted(shuffled("abcd", 5))
+    (['a', 'b', 'c', 'd'], True, ['a', 'b', 'c', 'd'])
+    """
+    return list(items) if r == 0 else random.Random(r).sample(list(items), len(items))
+
+
 def _one_round(items: Sequence[Tuple[str, PipelinePlan]], r: int, got: Dict[str, List[float]],
                ids: Dict[str, List[int]], batches: Sequence[Any], device: Any) -> None:
-    """Every plan once, in round ``r``'s order (:func:`turned`)."""
-    for label, plan in turned(items, r):
+    """Every plan once, in round ``r``'s order (:func:`shuffled`)."""
+    for label, plan in shuffled(items, r):
         got[label].append(_one_run(plan, batches, device))
         ids[label].append(r)
 
