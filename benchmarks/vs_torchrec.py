@@ -28,7 +28,9 @@ class of that name (``TrainPipelineSparseDistT`` too), and ``drop-in auto``: the
 plan ``plan="auto"`` chose (measured, searched and verified once on the first
 batches, before the warm-up; the time that took is printed, not in the rows),
 trained from fresh weights in every round and paired with the TorchRec class
-whose median is best, round by round.
+whose median is best, round by round (and, last line, against each class). The
+verification's own figures are printed first: each candidate's period over
+TorchRec's base plan's in the same round, the median and the middle half.
 
 ``+by_stream`` runs each stream's tasks on its own thread; the caller's
 thread runs the default stream's. By default its side tasks are handed off
@@ -154,6 +156,9 @@ def main() -> None:
     paired = {k: statistics.median(p / o for p, o in zip(times[k], times["drop-in auto"])) for k in torchrec_rows}
     print("drop-in auto against each TorchRec class (median of paired rounds): "
           + ", ".join(f"{k[len('TorchRec '):]} {v:.3f}x" for k, v in paired.items()))
+    worst = min(paired, key=paired.get)
+    print(f"drop-in auto against the TorchRec class it ran slowest against ({worst[len('TorchRec '):]}): "
+          f"{paired[worst]:.3f}x")
 
 
 def _run_torchrec_class(cls_name, peer, batches):
