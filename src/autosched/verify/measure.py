@@ -118,7 +118,7 @@ class VerifyOptions:
     >>> VerifyOptions(rounds=0)
     Traceback (most recent call last):
     ...
-    autosched._fields.OptionError: VerifyOptions(rounds=0): expected an integer >= 1
+    swpipe_core.engine.options.OptionError: VerifyOptions(rounds=0): expected an integer >= 1
     """
 
     rounds: int = 5
