@@ -437,14 +437,16 @@ def run_workload(w: Workload, n_iters: int = 50, seed: int = 0, max_delay_s: flo
     return out
 
 
-def check_device_lag(lag: int = 1, n_iters: int = 16, slow_s: float = 0.3) -> Tuple[int, Optional[str]]:
+def check_device_lag(lag: int = 1, n_iters: int = 16) -> Tuple[int, Optional[str]]:
     """The most retired iterations whose device work is pending, seen after each ``progress`` (bound: ``lag``).
 
-    Iteration 0's kernel spins ``slow_s`` on the only stream, so every later
-    iteration's device work waits behind it while the host has nothing to do:
-    a pipeline that ignores ``max_device_lag`` retires them all on the CPU
-    and the count climbs past the bound. The correct engine blocks in
-    ``progress`` instead, whatever the timing.
+    Iteration 0's kernel holds the only stream until the host first blocks on
+    the device (``pipe.streams.wait_events`` with a timeout), so every later
+    iteration's device work waits behind it: a pipeline that ignores
+    ``max_device_lag`` retires them all on the CPU and the count climbs past
+    the bound; the correct engine blocks in ``progress`` at the bound, which
+    releases the kernel. Whatever the machine's load: the device is slower
+    than the host by construction, not by a spin of some length.
 
     Returns
     -------
@@ -454,9 +456,11 @@ def check_device_lag(lag: int = 1, n_iters: int = 16, slow_s: float = 0.3) -> Tu
     with FakeCuda(num_devices=1, seed=0, max_delay_s=0.0, hang_timeout_s=20.0) as fake:
         dev = fake.device(0)
         k = kernels(dev)
+        host_blocked = threading.Event()
 
         def work(ctx):
-            k.spin(slow_s if ctx.iter_idx == 0 else 0.0)
+            if ctx.iter_idx == 0:
+                k.wait_host(host_blocked)
             ctx.x = k.full(NUMEL, ctx.iter_idx, DTYPE)
 
         # two stages: the default bound (the depth, 2) is not the one asked for
@@ -464,6 +468,14 @@ def check_device_lag(lag: int = 1, n_iters: int = 16, slow_s: float = 0.3) -> Tu
                              PipelineTask("Tail", lambda ctx: None): TaskSchedule(1, "work", "io")},
                             intra_iter_deps=[("Tail", "Work")], caller_group=None)
         pipe = SWPipeline(plan, device=dev, max_device_lag=lag, timeouts=Timeouts(progress_s=20))
+        poll = pipe.streams.wait_events
+
+        def wait_events(events, timeout, wake=None):
+            if timeout > 0:  # the host blocks on the device: the held kernel may finish now
+                host_blocked.set()
+            return poll(events, timeout, wake)
+
+        pipe.streams.wait_events = wait_events  # on this pipeline's pool only
         seen = [0]
         try:
             for _ in retirements(pipe, pipe.fill_pipeline(range(n_iters))):
@@ -471,6 +483,8 @@ def check_device_lag(lag: int = 1, n_iters: int = 16, slow_s: float = 0.3) -> Tu
         except Exception as exc:
             pipe.close()
             return max(seen), f"{type(exc).__name__}: {exc}"
+        finally:
+            host_blocked.set()
         return max(seen), None
 
 
