@@ -87,3 +87,20 @@ def test_calibration_with_state_restores_it():
         calibrate(pipe, BATCH, iterations=10, repeats=1, cpu_iterations=2, state=[model, opt])
     after = _state_dicts(model, opt)
     assert _same(before[0], after[0]) and _same(before[1], after[1])
+
+
+@pytest.mark.parametrize("record", ["infer_plan", "check_dataflow"])
+def test_recording_the_dataflow_with_state_trains_nothing(record):
+    from swpipe import check_dataflow, infer_plan
+
+    plan, model, opt = _training_step()
+    opt.step()  # some optimizer state already
+    before = _state_dicts(model, opt)
+    batches = [BATCH] * 3
+    if record == "infer_plan":
+        found = infer_plan(plan, batches, state=[model, opt])
+        assert ("Step", "Backward") in found.intra  # it ran the step: the optimizer's write was seen
+    else:
+        assert check_dataflow(plan, batches, state=[model, opt]).ok
+    after = _state_dicts(model, opt)
+    assert _same(before[0], after[0]) and _same(before[1], after[1]) and torch.equal(before[2], after[2])

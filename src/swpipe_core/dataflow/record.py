@@ -20,9 +20,10 @@ The result, a :class:`DataflowRecord`, feeds :func:`~.infer.infer_deps` and
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import networkx as nx
 import torch
@@ -366,7 +367,9 @@ def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None
         One batch per recorded iteration; two or more are needed to see
         inter-iteration dataflow (weights written by one step, read by the next).
     state : Module, Optimizer, list of them, or mapping ``{prefix: Module | Optimizer | Tensor}``
-        Names parameters, gradients, buffers and optimizer state in the report.
+        Names parameters, gradients, buffers and optimizer state in the report, and is put back as it was
+        once the recording ends (also on an error): recording trains nothing (a mapping's plain tensors and
+        objects that :func:`~swpipe_core.measure.state.snapshot_state` does not know are named, not restored).
     order : list of str, optional
         The serial order of the task names (default: see :func:`serial_order`).
     rng : {None, "per_task"}
@@ -415,8 +418,20 @@ def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None
     rec = _Recorder(state)
     rec.shared_rng = rng is None
     rec.state_keys.update(storage_names(named_state(state)))
-    n = 0
     t0 = time.perf_counter()
+    with _state_put_back(state):
+        n = _record_iterations(rec, seq, names, batches)
+    seconds = time.perf_counter() - t0
+    if n == 0:
+        raise ValueError("record_dataflow needs at least one batch (two to see inter-iteration dataflow)")
+    result = DataflowRecord(names, n, rec.accesses(), rec.notes, seconds)
+    _add_notes(result, rec, n)
+    return result
+
+
+def _record_iterations(rec: "_Recorder", seq: List[Any], names: List[str], batches: Iterable[Any]) -> int:
+    """Run every task of ``seq`` on each batch in turn under the recorder; how many iterations ran."""
+    n = 0
     for i, batch in enumerate(batches):
         for path, t in walk(batch, "batch"):
             key = storage_key(t)
@@ -427,12 +442,31 @@ def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None
         for task in seq:
             rec.run_task(task, ctx, names)
         n += 1
-    seconds = time.perf_counter() - t0
-    if n == 0:
-        raise ValueError("record_dataflow needs at least one batch (two to see inter-iteration dataflow)")
-    result = DataflowRecord(names, n, rec.accesses(), rec.notes, seconds)
-    _add_notes(result, rec, n)
-    return result
+    return n
+
+
+@contextlib.contextmanager
+def _state_put_back(state: State) -> Iterator[None]:
+    """The modules and optimizers of ``state`` as they were before the block, also after an error."""
+    from swpipe_core.measure.state import restore_state, snapshot_state
+
+    restorable = _restorable(state)
+    snapshot = snapshot_state(restorable) if restorable else None
+    try:
+        yield
+    finally:
+        if snapshot is not None:
+            restore_state(restorable, snapshot)
+
+
+def _restorable(state: State) -> List[Any]:
+    """The objects of ``state`` that :func:`snapshot_state` can put back (modules, optimizers, stateful objects)."""
+    if state is None:
+        return []
+    items = list(state.values()) if isinstance(state, dict) else list(state) if isinstance(state, (list, tuple)) \
+        else [state]
+    return [x for x in items if isinstance(x, torch.nn.Module) or
+            (hasattr(x, "state_dict") and hasattr(x, "load_state_dict"))]
 
 
 def _add_notes(result: DataflowRecord, rec: _Recorder, n: int) -> None:
