@@ -44,15 +44,17 @@ def verify_module(module: Any) -> None:
     """
     if not isinstance(module, nn.Sequential):
         raise ModuleTypeError(type(module))
+    # named_children() hides a child that appears twice: every direct child, repeats included
+    children = [(name, m) for name, m in module.named_modules(remove_duplicate=False) if name and "." not in name]
     seen: dict = {}
-    for name, child in module.named_children():
+    for name, child in children:
         if id(child) in seen:
             raise ModuleStructureError("duplicate_children", (seen[id(child)], name),
                                        f"module with duplicate children is not supported: layers "
                                        f"{seen[id(child)]!r} and {name!r} are one module; give each its own copy")
         seen[id(child)] = name
     owner: dict = {}
-    for name, child in module.named_children():
+    for name, child in children:
         for p in child.parameters():
             if id(p) in owner and owner[id(p)] != name:
                 raise ModuleStructureError("duplicate_parameters", (owner[id(p)], name),
