@@ -200,7 +200,7 @@ class GPipe(nn.Module):
             kind, j = task_partition(err.task)
             what = {"F": "forward", "B": "backward", "C": "copy to", "G": "gradient copy to"}[kind]
             cause.add_note(f"swpipe.gpipe: raised by the {what} of partition {j} ({self.devices[j]}) on micro-batch "
-                           f"{err.iteration}; no later micro-batch was started")
+                           f"{err.iteration}; the run stopped there (no clock cycle started after it)")
             raise cause.with_traceback(cause.__traceback__) from None
 
     @staticmethod
