@@ -8,7 +8,6 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 from torch import nn
 
-from swpipe_core.engine.device import Device
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 
 from swpipe.gpipe.batchnorm import DeferredBatchNorm
@@ -17,25 +16,13 @@ from swpipe.gpipe.microbatch import Tensors, batch_size, check, gather, scatter
 from swpipe.gpipe.partition import (check_balance, check_checkpoint, check_chunks, resolve_devices, split_module,
                                     verify_module)
 from swpipe.gpipe.runtime import Call, MicroBatch, TorchOps
-from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, bind, forward_plan, step_plan, task_partition
+from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, bind, forward_plan, placements, step_plan, task_partition
 from swpipe.gpipe.skip.layout import skip_routes, verify_skippables
 
 __all__ = ["GPipe"]
 
 #: Seconds a task waits for another, and ``progress`` for a micro-batch, before the run fails (never hangs).
 _TIMEOUT_S = 300.0
-
-
-def _placements(devices: List[Device]) -> List[Placement]:
-    """Each partition's thread group and streams: a thread per CPU partition, a thread and two streams per device."""
-    places = []
-    for j, dev in enumerate(devices):
-        if dev.is_async:
-            places.append(Placement(str(dev.torch_device), f"{dev.type}{dev.index}", dev.default_stream(),
-                                    dev.new_stream("gpipe-copy")))
-        else:
-            places.append(Placement(str(dev.torch_device), f"p{j}"))
-    return places
 
 
 class GPipe(nn.Module):
@@ -120,7 +107,7 @@ class GPipe(nn.Module):
         self.checkpoint: str = checkpoint
         self.schedule: str = schedule
         self._seam = seam
-        self._places = _placements(seam)
+        self._places = placements(seam)
         self._routes = skip_routes(self.partitions)
         cpu_threads = sum(1 for d in seam if not d.is_async)
         self._ops = TorchOps(self.partitions, seam, self._places, self._routes,

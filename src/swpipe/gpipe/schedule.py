@@ -37,7 +37,7 @@ from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 from swpipe.gpipe.skip.layout import SkipRoutes
 
-__all__ = ["SCHEDULES", "Placement", "GPipePlan", "forward_plan", "step_plan", "task_partition", "bind"]
+__all__ = ["SCHEDULES", "Placement", "placements", "GPipePlan", "forward_plan", "step_plan", "task_partition", "bind"]
 
 #: The training-step schedules.
 SCHEDULES = ("gpipe", "1f1b")
@@ -125,6 +125,30 @@ def format_clock(plan: "GPipePlan") -> str:
            line(tuple("-" * x for x in w), "+", ["-" * w_cell] * len(periods))]
     out += [line(r, "|", [cells[r[0]].get(p, "") for p in periods]) for r in rows]
     return "\n".join(x.rstrip() for x in out)
+
+
+def placements(devices: Sequence[Any]) -> List[Placement]:
+    """Each partition's placement on its device (swpipe's device seam).
+
+    A CPU partition gets a thread of its own (``p<j>``); a device with
+    streams (CUDA, or a ``swpipe.testing.FakeCuda`` device) gets one thread
+    for its partitions (``cuda<index>``), its default stream for compute and
+    a stream ``gpipe-copy`` for the copies onto it.
+
+    Examples
+    --------
+    >>> from swpipe_core.engine.device import CpuDevice
+    >>> placements([CpuDevice(), CpuDevice()])
+    [Placement(device='cpu', group='p0', compute=None, copy=None), Placement(device='cpu', group='p1', compute=None, copy=None)]
+    """
+    places = []
+    for j, dev in enumerate(devices):
+        if dev.is_async:
+            places.append(Placement(str(dev.torch_device), f"{dev.type}{dev.index}", dev.default_stream(),
+                                    dev.new_stream("gpipe-copy")))
+        else:
+            places.append(Placement(str(dev.torch_device), f"p{j}"))
+    return places
 
 
 def task_partition(name: str) -> Tuple[str, int]:

@@ -143,6 +143,12 @@ class FakeCudaDevice(Device):
         return FakeEvent(self, timing)
 
     def record(self, event: FakeEvent, stream: FakeStream) -> None:
+        # as CUDA: an event belongs to the device of the stream it was first recorded on
+        bound = getattr(event, "_bound", None)
+        if bound is not None and bound != stream.device:
+            raise FakeCudaError(f"event recorded on {bound} cannot be recorded on {stream!r}: CUDA's "
+                                "'Event device does not match recording stream's device'")
+        event._bound = stream.device
         event._token = self._record_token(stream)
 
     def _record_token(self, stream: FakeStream) -> _Token:
