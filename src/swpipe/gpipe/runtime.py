@@ -39,6 +39,7 @@ from swpipe_core.engine.rng import PerTaskRng
 
 from swpipe.gpipe.checkpoint import Draws, OwnDraws, SavedDraws, checkpointed
 from swpipe.gpipe.errors import OutputTypeError
+from swpipe.gpipe.memory import ActivationMeter
 from swpipe.gpipe.microbatch import MicroBatchIndex, Tensors, running
 from swpipe.gpipe.schedule import Placement
 from swpipe.gpipe.skip.layout import SkipRoutes
@@ -62,6 +63,7 @@ class Call:
     weights: Optional[List[float]] = None
     outputs: List[Any] = field(default_factory=list)
     losses: List[Any] = field(default_factory=list)
+    meter: Optional[ActivationMeter] = None  # counts what autograd saves (swpipe.gpipe.memory)
 
     def __post_init__(self) -> None:
         self.outputs = [None] * len(self.microbatches)
@@ -69,10 +71,14 @@ class Call:
         self.rng = PerTaskRng(self.seed)
 
     @contextlib.contextmanager
-    def modes(self, grad: Optional[bool] = None) -> Iterator[None]:
-        """The caller's autograd modes on a worker thread (they are per thread)."""
+    def modes(self, grad: Optional[bool] = None, partition: Optional[int] = None) -> Iterator[None]:
+        """The caller's autograd modes on a worker thread (they are per thread), and the meter if any."""
         with torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad if grad is None else grad):
-            yield
+            if self.meter is None or partition is None:
+                yield
+            else:
+                with self.meter.scope(partition):
+                    yield
 
 
 @dataclass
@@ -179,7 +185,7 @@ class TorchOps:
         shape = _Shape()
         fn = self._flat_fn(j, isinstance(main, torch.Tensor), len(_tensors(main)), in_keys, in_other, shape)
         draws = self.draws(call, j, i)
-        with call.modes(), running(MicroBatchIndex(i, len(call.microbatches))):
+        with call.modes(partition=j), running(MicroBatchIndex(i, len(call.microbatches))):
             if i < call.checkpoint_stop:
                 flat_out = checkpointed(fn, flat_in, draws, self.devices[j].torch_device)
             else:
@@ -196,7 +202,7 @@ class TorchOps:
         if j + 1 < self.n:
             ctx.inp[j + 1] = out
         elif call.step:
-            with call.modes():
+            with call.modes(partition=j):
                 loss = call.loss_fn(out, call.targets[i])
                 ctx.loss = loss * call.weights[i] if call.weights[i] != 1 else loss
             call.losses[i] = ctx.loss.detach()
@@ -254,7 +260,7 @@ class TorchOps:
     def backward(self, j: int, ctx: Any) -> None:
         mb: MicroBatch = ctx.batch
         call, i = mb.call, mb.index
-        with call.modes(grad=True), running(MicroBatchIndex(i, len(call.microbatches))):
+        with call.modes(grad=True, partition=j), running(MicroBatchIndex(i, len(call.microbatches))):
             if j == self.n - 1:
                 loss = ctx.loss
                 del ctx.loss
