@@ -214,7 +214,7 @@ class GPipe(nn.Module):
         return gather(call.outputs)
 
     def step(self, input: Tensors, target: Any, loss_fn: Callable[[Tensors, Any], torch.Tensor], *,
-             reduction: str = "mean") -> torch.Tensor:
+             reduction: str = "mean", meter: Any = None) -> torch.Tensor:
         """One training step as one plan: forward, ``loss_fn``, backward, by the GPipe's ``schedule``.
 
         Gradients accumulate into the parameters' ``.grad`` (and an input's,
@@ -231,6 +231,8 @@ class GPipe(nn.Module):
         loss_fn : callable
             ``loss_fn(output, target) -> scalar tensor`` for one micro-batch.
         reduction : {"mean", "sum"}
+        meter : swpipe.gpipe.memory.ActivationMeter, optional
+            Counts the activations the step keeps, per partition (its ``peak``).
 
         Returns
         -------
@@ -254,7 +256,7 @@ class GPipe(nn.Module):
         m = len(microbatches)
         stop = {"always": m, "except_last": m - 1, "never": 0}[self.checkpoint] if self.training else 0
         call = Call(microbatches, grad=True, inference=False, checkpoint_stop=stop, seed=self._seed(), step=True,
-                    targets=targets, loss_fn=loss_fn, weights=weights)
+                    targets=targets, loss_fn=loss_fn, weights=weights, meter=meter)
         self._run(self._pipe(self.schedule, m), call)
         losses = call.losses
         return torch.stack(losses).sum() if len(losses) > 1 else losses[0]
