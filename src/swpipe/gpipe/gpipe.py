@@ -112,7 +112,10 @@ class GPipe(nn.Module):
         cpu_threads = sum(1 for d in seam if not d.is_async)
         self._ops = TorchOps(self.partitions, seam, self._places, self._routes,
                              [not d.is_async and cpu_threads > 1 for d in seam])
-        self._pipes: Dict[Tuple[str, int], SWPipeline] = {}
+        self._pipes: Dict[Tuple[str, int, bool], SWPipeline] = {}
+        self._last: Optional[SWPipeline] = None
+        #: Record a timeline of each task (``timeline``) in the next runs; off by default (the hot path stays lean).
+        self.record_timeline = False
 
     # -- nn.Sequential-like access ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -157,15 +160,26 @@ class GPipe(nn.Module):
         return step_plan(self._places, schedule or self.schedule, microbatches or self.chunks, self._routes)
 
     def _pipe(self, kind: str, microbatches: int) -> SWPipeline:
-        key = (kind, microbatches if kind == "gpipe" else 0)
+        key = (kind, microbatches if kind == "gpipe" else 0, bool(self.record_timeline))
         pipe = self._pipes.get(key)
         if pipe is None:
             plan = (forward_plan(self._places, self._routes, microbatches) if kind == "forward"
                     else step_plan(self._places, kind, microbatches, self._routes))
             device = next((d for d in self._seam if d.is_async), self._seam[0])
             pipe = self._pipes[key] = SWPipeline(bind(plan, self._ops.ops()), device=device,
-                                                 signal_timeout=_TIMEOUT_S, progress_timeout=_TIMEOUT_S)
+                                                 signal_timeout=_TIMEOUT_S, progress_timeout=_TIMEOUT_S,
+                                                 record_timeline=bool(self.record_timeline))
         return pipe
+
+    @property
+    def timeline(self) -> List[Any]:
+        """The tasks of the last ``forward`` or :meth:`step` as timeline events (with ``record_timeline = True``).
+
+        ``swpipe.gantt(gpipe.timeline)`` draws them.
+        """
+        if self._last is None or not self._last.record_timeline:
+            raise RuntimeError("no timeline: set gpipe.record_timeline = True before the run")
+        return self._last.timeline
 
     def pipeline(self, kind: str = "forward", microbatches: Optional[int] = None) -> SWPipeline:
         """The engine's pipeline that runs ``kind`` (``"forward"``, ``"gpipe"``, ``"1f1b"``) over ``microbatches``."""
@@ -178,6 +192,7 @@ class GPipe(nn.Module):
         return {"always": m, "except_last": m - 1, "never": 0}[self.checkpoint]
 
     def _run(self, pipe: SWPipeline, call: Call) -> None:
+        self._last = pipe
         try:
             pipe.run(MicroBatch(call, i) for i in range(len(call.microbatches)))
         except PipelineTaskError as err:

@@ -341,12 +341,27 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
 
 @dataclass
 class MeasuredStep:
-    """A GPipe step measured: median wall seconds over repeats, peak activation bytes (total, per partition)."""
+    """A GPipe step measured.
+
+    Attributes
+    ----------
+    step_s : float
+        Median wall seconds of a step over the repeats (``steps_s``).
+    activation_bytes, activation_by : float, list of float
+        Peak bytes autograd kept, all partitions and each.
+    bubble : float
+        From one more step's timeline: ``1 - busy / (partitions x span)``, the
+        tasks' busy time over the span from the first task's start to the last one's end.
+    events : list
+        That step's timeline (``swpipe.gantt(events)``).
+    """
 
     step_s: float
     steps_s: List[float]
     activation_bytes: float
     activation_by: List[float]
+    bubble: float = 0.0
+    events: List[Any] = field(default_factory=list, repr=False)
 
 
 def measure_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., torch.Tensor], repeats: int = 5,
@@ -372,9 +387,21 @@ def measure_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., tor
     gpipe.step(input, target, loss_fn, meter=meter)
     for p in params:
         p.grad = None
+    recording = gpipe.record_timeline
+    gpipe.record_timeline = True
+    try:
+        gpipe.step(input, target, loss_fn)
+        events = list(gpipe.timeline)
+    finally:
+        gpipe.record_timeline = recording
+    for p in params:
+        p.grad = None
     n = len(gpipe.partitions)
+    work = [e for e in events if e.task[0] in "FB"]
+    span = max(e.end for e in work) - min(e.start for e in work)
+    bubble = 1.0 - sum(e.end - e.start for e in work) / (n * span) if span > 0 else 0.0
     return MeasuredStep(statistics.median(times), times, float(meter.peak),
-                        [float(meter.peak_by.get(j, 0)) for j in range(n)])
+                        [float(meter.peak_by.get(j, 0)) for j in range(n)], bubble, events)
 
 
 def format_table(rows: Sequence[Dict[str, Any]]) -> str:
