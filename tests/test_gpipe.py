@@ -92,8 +92,8 @@ def test_moving_is_refused_casting_is_not(move):
     assert gpipe.to(torch.float64)[0].weight.dtype == torch.float64
 
 
-@pytest.mark.parametrize("balance", [[8], [4, 4], [2, 2, 2, 2], [1, 3, 3, 1]])
-@pytest.mark.parametrize("chunks", [1, 3, 4])
+@pytest.mark.parametrize("balance", [[8], [4, 4], [1, 3, 3, 1]])
+@pytest.mark.parametrize("chunks", [1, 3])
 @pytest.mark.parametrize("checkpoint", ["always", "except_last", "never"])
 def test_forward_and_gradients_equal_the_module_run_whole(balance, chunks, checkpoint):
     model = mlp()
