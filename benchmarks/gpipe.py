@@ -38,7 +38,8 @@ from torch import nn
 
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import balance_by_time, balance_cost, profile_layers
-from swpipe.gpipe.predict import LayerModel, format_table, measure_step, predict_step
+from swpipe.gpipe.measure import measure_step
+from swpipe.gpipe.predict import LayerModel, format_table, predict_step
 
 
 def load() -> str:

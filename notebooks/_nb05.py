@@ -31,7 +31,8 @@ from swpipe import gantt
 from autosched.plots import compare_gantt
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import profile_layers
-from swpipe.gpipe.predict import LayerModel, measure_step, predict_step, what_if
+from swpipe.gpipe.measure import measure_step
+from swpipe.gpipe.predict import LayerModel, predict_step, what_if
 
 torch.set_num_threads(1)   # one intra-op thread: the partitions' threads use the cores
 

@@ -5,8 +5,6 @@ Skipped where torchgpipe is not installed (``bash scripts/install_peer.sh`` inst
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -14,7 +12,6 @@ from torch import nn
 
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import balance_cost, optimal_balance
-from swpipe.gpipe.skip import pop, skippable, stash
 
 torchgpipe = pytest.importorskip("torchgpipe", reason="torchgpipe not installed (bash scripts/install_peer.sh)")
 

@@ -9,7 +9,8 @@ from torch import nn
 from swpipe import gantt, lower_bounds, simulate
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import LayerProfile, profile_layers
-from swpipe.gpipe.predict import LayerModel, choose, measure_step, predict_step, what_if
+from swpipe.gpipe.measure import measure_step
+from swpipe.gpipe.predict import LayerModel, choose, predict_step, what_if
 
 
 def uniform(layers=4, forward=0.001, backward=0.002, saved=100.0):

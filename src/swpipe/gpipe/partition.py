@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 from collections import OrderedDict
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
 from torch import nn

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 from swpipe.gpipe.skip.layout import SkipRoutes
 
