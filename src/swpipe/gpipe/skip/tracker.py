@@ -52,9 +52,12 @@ _local = threading.local()
 def current_tracker() -> SkipTracker:
     """The calling thread's tracker (one of its own, made on first use, when none is in use)."""
     tracker = getattr(_local, "tracker", None)
-    if tracker is None:
-        tracker = _local.default = getattr(_local, "default", None) or SkipTracker()
-    return tracker
+    if tracker is not None:
+        return tracker
+    default = getattr(_local, "default", None)
+    if default is None:
+        default = _local.default = SkipTracker()
+    return default
 
 
 @contextlib.contextmanager
