@@ -46,10 +46,10 @@ class GPipe(nn.Module):
         Layers per partition; sums to ``len(module)``. Find one with
         :func:`swpipe.gpipe.balance.balance_by_time`.
     devices : sequence of devices, optional
-        One per partition (``"cpu"``, ``"cuda:1"``, an int for a CUDA device,
-        or a swpipe :class:`~swpipe_core.engine.device.Device` such as a
-        ``swpipe.testing.FakeCuda`` device). Default: every CUDA device.
-        Extra devices are ignored.
+        One per partition (``"cpu"``, ``"cuda:1"``, ``torch.device``, an int for
+        a CUDA device). Default: every CUDA device. Extra devices are ignored.
+        (The schedule's plans also run on ``swpipe.testing.FakeCuda`` devices,
+        with kernels of the fake: :func:`swpipe.gpipe.schedule.placements`.)
     chunks : int
         Micro-batches per mini-batch (fewer when the batch is smaller).
     checkpoint : {"except_last", "always", "never"}
