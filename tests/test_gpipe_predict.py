@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from swpipe import gantt, lower_bounds, simulate
+from swpipe import gantt, lower_bounds, simulate, what_if as what_if_costs
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import LayerProfile, profile_layers
 from swpipe.gpipe.measure import measure_step
@@ -33,6 +33,9 @@ def test_the_step_plan_is_read_by_simulate_bounds_and_gantt():
     # partition 0's thread per micro-batch of 2 samples: 3 layers x (forward + backward + recomputed forward)
     assert lower_bounds(p.plan, p.costs).value == pytest.approx(3 * 2 * (0.001 + 0.002 + 0.001))
     assert gantt(p.sim.events) is not None
+    # swpipe.what_if on the plan: half partition 0's backward, the steady-state period follows the new bottleneck
+    table = what_if_costs(p.plan, p.costs, {"B0": 0.5})
+    assert table.loc["after", "period_s"] < table.loc["before", "period_s"]
 
 
 def test_what_if_chunks_balance_and_checkpoint():
