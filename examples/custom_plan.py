@@ -7,7 +7,7 @@ A plan is data: stages, streams, thread groups and dependencies. Here
 EmbLookup(i) runs a stage before Forward(i) and must wait Backward(i-1),
 which applies the fused embedding update; validate() checks the rules, the
 schedule table shows the overlap, and the run reproduces the plain loop.
-The dependencies are exactly the ones ``swpipe_core.dataflow.infer_plan``
+The dependencies are exactly the ones ``swpipe.infer_plan``
 infers from the tasks' observed reads and writes.
 """
 

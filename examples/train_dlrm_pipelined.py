@@ -12,11 +12,10 @@ import argparse
 
 import torch
 
-from swpipe import SWPipeline, pipelines
+from swpipe import SWPipeline, pipelines, with_thread_map
 from swpipe.workloads import (DLRMConfig, DLRMWorkload, SyntheticData, fns_for, init_distributed, same_results,
                               train_reference)
 from swpipe.workloads.agree import all_ranks
-from swpipe_core.engine.workers import with_thread_map
 
 
 def main() -> None:

@@ -29,6 +29,8 @@ import pandas as pd
 
 from swpipe import (PipelinePlan, PipelineTask, TaskSchedule, SWPipeline, TaskProfiler, CostModel,
                     Constraints, SolverOptions, auto_schedule, simulate, lower_bounds, what_if, validate)
+# Beyond `import swpipe`: the tables SWPipeline.print_schedule and print_stage_analysis print, as text for any
+# plan, come from the module that makes them; the DLRM workload is the repository's example (swpipe.workloads).
 from swpipe_core.analysis import format_schedule, format_stage_analysis
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.tasks import task_fns
@@ -176,6 +178,8 @@ The measured timeline and the simulated one, aligned at the start of iteration 1
 thread group). The measured run also exports as a Chrome/Perfetto trace (open it at https://ui.perfetto.dev)."""),
     ("code", """\
 import dataclasses
+# Beyond swpipe.gantt: two timelines side by side (autosched.plots) and a timeline as a Chrome trace
+# (swpipe_core.measure.trace), from the modules that define them.
 from autosched.plots import compare_gantt
 from swpipe_core.measure.trace import write_chrome_trace
 
@@ -195,7 +199,8 @@ How does TorchRec's hand-written FusedSparseDist schedule do with the same costs
 task (`WaitBatch`, a no-op here: on CUDA it is where the default stream waits the batch's copy), costed at
 0 with `what_if`'s change syntax; `compare_plans` simulates every plan under one cost model."""),
     ("code", """\
-from swpipe_core import pipelines
+from swpipe import pipelines
+# what_if's helpers for tables of plans and sweeps live beside it, in autosched.model.whatif
 from autosched.model.whatif import apply_changes, compare_plans, sweep
 torchrec = pipelines.get("fused_sparse_dist")          # unbound: analysis and simulation only
 compared = compare_plans({"serial": serial, "TorchRec fused_sparse_dist": torchrec, "auto": auto},

@@ -27,11 +27,12 @@ import networkx as nx
 import pandas as pd
 import matplotlib.pyplot as plt
 
-from swpipe import PlanError, TaskSchedule, validate
-from swpipe_core.analysis import format_stage_analysis, lds, min_depth
+from swpipe import PlanError, TaskSchedule, pipelines, validate
+# Beyond `import swpipe`: this notebook looks inside the stage analysis, so it takes its parts from the modules
+# that define them: swpipe_core.analysis (the analysis, LDS, minimum depth, removable stages) and
+# swpipe_core.order (a plan's enqueue order).
+from swpipe_core.analysis import format_stage_analysis, lds, min_depth, removable_boundaries
 from swpipe_core.order import enqueue_order
-from swpipe_core import pipelines
-from swpipe_core.analysis import removable_boundaries
 
 ORDERS = ("ready_first", "stage_descending", "torchrec")"""),
     ("md", """\
@@ -43,9 +44,9 @@ verdict `format_stage_analysis` prints:
 * **✓ Dilworth-optimal**: `LDS == depth`: no plan with this order (with any stages) is shallower;
 * **✓ minimal**: `depth == minimum depth` but `LDS < depth`: this order needs every stage, though the
   lower bound alone cannot prove it;
-* **✗ removable**: `depth > minimum depth`: the listed stage boundaries `k|k+1` can be merged and the order
-  stays deadlock-free. The extra stage then buys overlap (work of two iterations in one period), not
-  correctness.
+* **+ removable**: `depth > minimum depth`: the listed stage boundaries `k|k+1` can be merged and the order
+  stays deadlock-free. The extra stage is a choice, not an error: it buys overlap (work of two iterations in
+  one period) and costs memory (one more batch and its context in flight), never correctness.
 
 `staged` and `eval_sparse_dist` have no TorchRec order in swpipe (their `order="torchrec"` raises and says
 why), so their row is empty there."""),
@@ -64,7 +65,7 @@ def verdict(depth, lds_, minimum, removable):
         return "✓ Dilworth-optimal"
     if minimum == depth:
         return "✓ minimal"
-    return "✗ removable " + ", ".join(f"{k}|{k + 1}" for k in removable)
+    return "+ removable " + ", ".join(f"{k}|{k + 1}" for k in removable)
 
 rows = []
 for name in pipelines.PIPELINES:
@@ -96,7 +97,7 @@ hand a worker's task off before the caller's own tasks (the caller hands each on
 the order), so the copy no longer waits behind the older iteration and one stage could go.
 swpipe's default `ready_first` policy enqueues the input pipeline (H2D, the all-to-all) *before* the
 iteration that consumes it, so most plans could run shallower with it: their extra stages are there for
-overlap, and the ✗ cells name which ones could go. `prefetch` under `ready_first` is the case where the
+overlap, and the `+` cells name which ones could go. `prefetch` under `ready_first` is the case where the
 lower bound is not tight (`LDS = 2 < min depth = 3`).
 
 The same numbers as a plot: bars are the minimum depth per order, the black tick is the depth TorchRec uses."""),
@@ -120,12 +121,13 @@ fig.tight_layout()"""),
 
 `sparse_dist` under `ready_first`: the order enqueues `H2D` and `InputDistStart` first, so the batch copy and
 the all-to-all of an iteration are issued before its forward pass in the same period. The analysis says both
-stage boundaries could go, on the line starting with ✗:"""),
+stage boundaries could go, on the line starting with `+` (more stages than the order needs: a choice that
+buys overlap and costs memory, not an error):"""),
     ("code", """\
 plan = pipelines.get("sparse_dist")
 text = format_stage_analysis(plan)
 print(text)
-removable_line = next(line.strip() for line in text.splitlines() if line.strip().startswith("✗"))"""),
+removable_line = next(line.strip() for line in text.splitlines() if line.strip().startswith("+"))"""),
     ("md", """\
 Taking the advice: merging the boundaries gives a one-stage plan that still validates (the order is still
 deadlock-free). It is not necessarily better: with one stage the copy and the all-to-all of iteration *i*
@@ -135,7 +137,7 @@ flat = plan.replace(schedule={t: TaskSchedule(0, s.stream, s.thread_group, s.glo
                               for t, s in plan.schedule.items()}, pipeline_depth=None)
 validate(flat)
 print(f"depth {plan.pipeline_depth} -> {flat.pipeline_depth}; minimum depth of the merged plan: {min_depth(flat)}")
-print("\\n".join(line for line in format_stage_analysis(flat).splitlines() if "✓" in line or "✗" in line))"""),
+print("\\n".join(line for line in format_stage_analysis(flat).splitlines() if "✓" in line or line.strip().startswith("+")))"""),
     ("md", """\
 ## A broken plan and its `PlanError`
 

@@ -30,9 +30,11 @@ import matplotlib.pyplot as plt
 import torch
 
 from swpipe import CostModel, TaskSchedule, SWPipeline, simulate, lower_bounds, what_if, validate, gantt
+from swpipe import pipelines
+# Beyond `import swpipe`: what_if's helpers for tables of plans and sweeps (autosched.model.whatif), their charts
+# (autosched.plots) and the schedule table as text (swpipe_core.analysis), from the modules that define them.
 from swpipe_core.analysis import format_schedule
 from autosched.plots import compare_gantt, sweep_plot
-from swpipe_core import pipelines
 from autosched.model.whatif import apply_changes, compare_plans, sweep
 
 REPO = pathlib.Path.cwd().parent          # the notebook runs in notebooks/

@@ -25,10 +25,12 @@ iterations."""),
 import pandas as pd
 import torch
 
-from swpipe import SWPipeline, simulate, Constraints, SolverOptions, auto_schedule, CostModel
+from swpipe import (SWPipeline, simulate, Constraints, SolverOptions, auto_schedule, CostModel, check_dataflow,
+                    infer_plan, pipelines)
 from swpipe.workloads import DLRMConfig, DLRMWorkload, SyntheticData, emb_staleness, fns_for, init_distributed
-from swpipe_core import pipelines
-from swpipe_core.dataflow import check_dataflow, infer_plan
+# Beyond `import swpipe`: the memory figures this notebook looks inside come from the modules that compute them
+# (per task: swpipe_core.measure.memory; the least any plan needs: autosched.model.memory), and the error a cap
+# no plan meets raises (a ValueError with the minimum as a field) from the search's memory module.
 from swpipe_core.measure.memory import measure_task_memory
 from autosched.model.memory import format_bytes, min_memory
 from autosched.search.memcap import MemoryCapError
@@ -75,13 +77,13 @@ them any more, and `ZeroGrad` could clear the gradients the step is still readin
 tasks, the gradients behind the hazard, its kind, and the exact tuple to add; the forward pass's read of the
 weights is folded into that fix (`ZeroGrad` comes before `Forward` in every iteration):"""),
     ("code", """\
-from swpipe_core.plan import TaskSchedule, ref_name
+from swpipe import TaskSchedule
 
 wl, plan = bound("sparse_dist")
-later = {k: TaskSchedule(3, v.stream, "optim") if ref_name(k) == "OptimizerStep" else v
+later = {k: TaskSchedule(3, v.stream, "optim") if plan.task(k).name == "OptimizerStep" else v
          for k, v in plan.schedule.items()}
 broken = plan.replace(schedule=later, inter_iter_deps=[
-    d for d in plan.inter_iter_deps if (ref_name(d[0]), ref_name(d[1])) != ("Forward", "OptimizerStep")])
+    d for d in plan.inter_iter_deps if (plan.task(d[0]).name, plan.task(d[1]).name) != ("Forward", "OptimizerStep")])
 report = check_dataflow(broken, batches[:3], state=[wl.model, wl.dense_opt])
 for finding in report.missing:
     print(finding)

@@ -210,7 +210,7 @@ def test_stage_analysis_flags_removable_boundary():
     # Enqueued CopyBatch first, nothing forces two stages: the boundary is superfluous.
     text = format_stage_analysis(_copy_batch_plan("ready_first"))
     assert "LDS = 1" in text and "Pipeline depth = 2" in text
-    assert "  ✗  depth 2 > minimum depth 1 for this enqueue order: removable stage boundaries 0|1" in text
+    assert "  +  depth 2 > minimum depth 1 for this enqueue order: removable stage boundaries 0|1" in text
 
 
 def test_stage_analysis_exact_minimum_beyond_lds():

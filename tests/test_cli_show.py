@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from swpipe.cli import main
@@ -57,3 +59,34 @@ def test_list_prints_every_pipeline_with_description(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == list(pipelines.PIPELINES)
     assert any("TrainPipelineFusedSparseDist:" in line for line in lines)
+
+
+def _legend(out: str) -> dict:
+    """``{term: words}`` of the legend ``swpipe show`` prints under its tables: an entry is two spaces, the term,
+    two or more spaces, its words; a wrapped line continues the entry above it."""
+    legend, key = {}, None
+    for line in out.split("\nLegend:\n", 1)[1].splitlines():
+        entry = re.match(r"^  (\S.*?)\s{2,}(\S.*)$", line)
+        if entry:
+            key = entry.group(1)
+            legend[key] = entry.group(2)
+        elif line.startswith("   ") and key is not None:
+            legend[key] += " " + line.strip()
+    return legend
+
+
+def test_show_explains_its_terms_and_marks_in_a_legend(capsys):
+    """TorchRec's sparse_dist is deeper than its order needs: a plain mark the legend explains, no error mark."""
+    assert main(["show", "sparse_dist"]) == 0
+    out = capsys.readouterr().out
+    assert "✗" not in out
+    verdict = next(line.strip() for line in out.splitlines() if "> minimum depth" in line)
+    legend = _legend(out)
+    assert verdict.split()[0] in legend, (verdict, legend)
+    assert {"LDS", "Dilworth-optimal", "Type", "minimum depth", "✓"} <= set(legend)
+    assert "memory" in legend[verdict.split()[0]]  # what the extra stages cost
+    assert main(["show", "sparse_dist", "--order", "torchrec"]) == 0
+    out = capsys.readouterr().out
+    shown_marks = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and "depth" in line
+                   and line.split()[0] in ("✓", "+")}
+    assert shown_marks and shown_marks <= set(_legend(out))

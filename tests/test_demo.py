@@ -3,13 +3,71 @@
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
 import sys
+from typing import Dict, List
 
 import pytest
 
 from swpipe.cli import main
+from swpipe.workloads.bench import Measurement, PlanResult, format_table
 from swpipe_core.measure.trace import read_chrome_trace
+
+
+def _notes(lines: List[str], header: int) -> Dict[str, str]:
+    """``{plan: its whole note}``: a row's note cell, or, for a ``[k]`` cell, the text of ``[k] plan: ...`` under the
+    table (its wrapped lines joined)."""
+    cells, below, current = {}, {}, None
+    for line in lines[header + 2:]:
+        ref = re.match(r"^\[(\d+)\] (\S+): (.*)$", line)
+        if ref:
+            current = ref.group(1)
+            below[current] = (ref.group(2), ref.group(3))
+        elif current is not None and line.startswith("    "):
+            below[current] = (below[current][0], below[current][1] + " " + line.strip())
+        elif current is None and line.strip():
+            words = line.split(None, 7)
+            cells[words[0]] = words[7] if len(words) == 8 else ""
+        else:
+            break
+    notes = {}
+    for label, cell in cells.items():
+        ref = re.fullmatch(r"\[(\d+)\]", cell)
+        if ref:
+            assert below[ref.group(1)][0] == label, (label, below)
+            notes[label] = below[ref.group(1)][1]
+        else:
+            notes[label] = cell
+    return notes
+
+
+def _legend(lines: List[str]) -> Dict[str, str]:
+    """``{term: words}`` of the legend under the table."""
+    start = lines.index("Legend:")
+    legend, key = {}, None
+    for line in lines[start + 1:]:
+        entry = re.match(r"^  (\S.*?)\s{2,}(\S.*)$", line)
+        if entry:
+            key = entry.group(1)
+            legend[key] = entry.group(2)
+        elif line.startswith("   ") and key is not None:
+            legend[key] += " " + line.strip()
+        else:
+            break
+    return legend
+
+
+def test_a_note_too_long_for_the_table_is_shown_whole_under_it():
+    long = "the schedule of prefetch+by_stream, so its runs (one plan, measured once); searched (see below)"
+    m = Measurement(100.0, 200.0, [PlanResult("auto", 3, 4, 4, 150.0, 1.5, True, note=long),
+                                   PlanResult("sparse_dist+by_stream", 3, 3, 3, 140.0, 1.4, True,
+                                              note="one thread per stream")])
+    lines = format_table(m, width=100).splitlines()
+    assert max(len(line) for line in lines) <= 100
+    notes = _notes(lines, 0)
+    assert notes["auto"] == long and notes["sparse_dist+by_stream"] == "one thread per stream"
+    assert notes["serial-eval"] == "200.0 iterations/s; eval plans compare with it"
 
 
 @pytest.mark.timeout(300)
@@ -34,6 +92,13 @@ def test_demo_prints_the_table_and_writes_the_fastest_plans_trace(tmp_path, caps
         assert rows[name][6] == "yes", rows[name]
         assert float(rows[name][4].rstrip("x")) > 0
     assert "4/4 plans reproduce the serial loop bit for bit" in out
+    notes = _notes(lines, header)  # every note whole: in its cell, or under the table
+    assert notes["sparse_dist+by_stream"] == "thread map by_stream"
+    assert notes["serial-eval"].endswith("iterations/s; eval plans compare with it")
+    assert not any(line.rstrip().endswith(("...", "…")) for line in lines)
+    legend = _legend(lines)
+    assert {"predicted", "-", "= serial"} <= set(legend)  # the dashes of the predicted column are explained
+    assert all(rows[name][5] == "-" for name in ("serial", "base", "sparse_dist"))
     events = read_chrome_trace(trace)
     best = next(line.split("fastest training plan: ")[1] for line in lines if "fastest training plan" in line)
     assert best in ("base", "sparse_dist", "sparse_dist+by_stream")

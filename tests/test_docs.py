@@ -162,3 +162,43 @@ def test_every_python_block_of_a_guide_page_runs(page, tmp_path):
         before = _printed_before(out, name, line)
         for ln in code.splitlines():
             assert ln.rstrip() in before, f"{name}:{line}: shown output line not printed: {ln!r}"
+
+
+def _user_code() -> List[Tuple[str, str]]:
+    """``(where, code)`` of what users read and copy: the README's and the guide's python blocks, the examples,
+    the notebooks' code cells (IPython's ``%`` lines left out)."""
+    out = []
+    for page in [ROOT / "README.md", *GUIDE]:
+        out += [(f"{page.name}:{line}", code) for kind, line, code in code_blocks(page) if kind == "python"]
+    out += [(f"examples/{p.name}", p.read_text(encoding="utf-8")) for p in sorted((ROOT / "examples").glob("*.py"))]
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        for k, cell in enumerate(cells):
+            if cell["cell_type"] == "code":
+                source = "".join(cell["source"])
+                out.append((f"{nb.name} cell {k}", "\n".join(ln for ln in source.splitlines()
+                                                               if not ln.lstrip().startswith("%"))))
+    return out
+
+
+def test_examples_take_public_names_from_swpipe_and_advanced_ones_from_documented_modules():
+    """A name ``import swpipe`` gives is imported from ``swpipe``; a name an example takes from ``swpipe_core`` or
+    ``autosched`` is one the API reference documents under that module path (its section "Beyond import
+    swpipe" says why it stays there)."""
+    import ast
+
+    import swpipe
+
+    documented = set(re.findall(r"^\.\. auto\w+:: ([\w.]+)", (DOCS / "api.rst").read_text(encoding="utf-8"), re.M))
+    inner = ("swpipe_core", "autosched")
+    for where, code in _user_code():
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                bad = [a.name for a in node.names if a.name.split(".")[0] in inner]
+                assert not bad, f"{where}: import {bad}: take the names from swpipe"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in inner:
+                for alias in node.names:
+                    assert alias.name not in swpipe.__all__, \
+                        f"{where}: {alias.name} from {node.module}: it is public, import it from swpipe"
+                    assert f"{node.module}.{alias.name}" in documented, \
+                        f"{where}: {node.module}.{alias.name} is not in docs/api.rst's advanced names"

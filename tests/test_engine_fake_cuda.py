@@ -2,10 +2,11 @@
 
 swpipe.testing.FakeCuda labels every kernel with the task and iteration the engine ran it for and stamps it
 with its place in CUDA's order (a stream runs its work in order; ``wait_event`` orders what follows after the
-event's latest record; a host that saw an event complete orders what it launches next). The tests check:
-each task launches on its own stream from its own thread, every dependency is ordered on the device, a
-batch the iterator made on the caller's stream is ready before the first tasks read it (and a CPU batch adds
-no order), NVTX mode never synchronises the device, and a hung device never hangs a failing run.
+event's latest record; a thread that synchronised with work orders what *it* launches next). The tests check:
+each task launches on its own stream from its own thread, every dependency is ordered on the device (one on an
+iteration whose context was already released too), a batch the iterator made on the caller's stream is ready
+before the first tasks read it (and a CPU batch adds no order), a run starts after what its caller enqueued
+before it, NVTX mode never synchronises the device, and a hung device never hangs a failing run.
 """
 
 from __future__ import annotations
@@ -188,3 +189,42 @@ def test_nvtx_mode_falls_back_when_torchs_private_profiler_api_changed(monkeypat
             ran.append(threading.current_thread().name)
     assert ran == [threading.current_thread().name]
     assert not profiler._is_profiler_enabled  # the half-entered mode was left: a later profile can start
+
+
+def test_a_dependency_on_a_released_iteration_is_still_ordered_on_the_device(fake_cuda):
+    """T(i) (stage 2) reads what D(i-1) (stage 0) wrote on another stream; by then iteration i-1 may be retired and
+    its context released. The engine keeps its events for T(i)'s device wait, whatever the timing: T(i) is never
+    ordered only by another thread having seen D(i-1) complete."""
+    dev = fake_cuda.device(0)
+    k = kernels(dev)
+    state = {}
+
+    def d(ctx):
+        state[ctx.iter_idx] = k.full(64, float(ctx.iter_idx))
+
+    def t(ctx):
+        if ctx.iter_idx >= 1:
+            x = state.pop(ctx.iter_idx - 1)
+            ctx.keep_alive(x)
+            k.sum(x)
+
+    plan = PipelinePlan({PipelineTask("D", d): TaskSchedule(0, "a", "g1"),
+                         PipelineTask("T", t): TaskSchedule(2, "b", "g2")},
+                        inter_iter_deps=[("T", "D", 1)])
+    SWPipeline(plan, device=dev, max_device_lag=0).run(range(20))
+    launched = _by_label(fake_cuda)
+    assert all(launched[f"D({i - 1})"].before(launched[f"T({i})"]) for i in range(1, 20))
+    assert fake_cuda.races == []
+
+
+def test_a_run_starts_after_the_work_its_caller_enqueued_before_it(fake_cuda):
+    """A parameter set up on the caller's stream (a non-blocking copy, a warm-up step) is read by a task on another
+    stream: the run's streams wait for the caller's stream when it starts."""
+    dev = fake_cuda.device(0)
+    k = kernels(dev)
+    k.spin(0.002)
+    weights = k.full(64, 3.0)  # still in flight on the caller's stream when the run starts
+    sums = []
+    plan = PipelinePlan({PipelineTask("Read", lambda ctx: sums.append(k.sum(weights))): TaskSchedule(0, "side", "io")})
+    SWPipeline(plan, device=dev).run(range(3))
+    assert [k.item(s) for s in sums] == [192.0] * 3 and fake_cuda.races == []

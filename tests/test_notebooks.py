@@ -284,9 +284,9 @@ def _check_stage_analysis(code_cells, p):
         elif r["min_depth"] == r["depth"]:
             assert r["verdict"] == "✓ minimal", where
         else:
-            assert r["removable"] and r["verdict"].startswith("✗ removable"), where
-    assert any(r["verdict"].startswith("✗") for r in rows) and any(r["verdict"] == "✓ minimal" for r in rows)
-    assert p["removable_line"].startswith("✗") and "removable stage boundaries 0|1, 1|2" in p["removable_line"]
+            assert r["removable"] and r["verdict"].startswith("+ removable"), where
+    assert any(r["verdict"].startswith("+") for r in rows) and any(r["verdict"] == "✓ minimal" for r in rows)
+    assert p["removable_line"].startswith("+") and "removable stage boundaries 0|1, 1|2" in p["removable_line"]
     assert p["flat_depth"] == 1
     assert p["broken_rule"] == p["shown_rule"] == "corollary-1"
     text = "\n".join(_text(c) for c in code_cells)

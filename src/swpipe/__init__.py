@@ -5,19 +5,21 @@
 * the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``,
   ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
   ``save_plan``/``load_plan``;
-* running it: ``SWPipeline``, ``PipelineTaskError``;
+* running it: ``SWPipeline``, ``PipelineTaskError``; ``agree_on_end`` (ranks whose data ends unevenly stop
+  together), ``keep_freed_memory`` (a CPU process keeps freed host memory: no page faults each step);
 * measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
 * checking what it computes: ``infer_plan``, ``check_dataflow``;
 * predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
 * searching a better one: ``auto_schedule``, its options ``Constraints`` (what the plan may be), ``SolverOptions``
   (how the search runs) and ``VerifyOptions`` (how its answer is measured), ``SearchReport``.
 
-Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``).
+Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``): the few advanced
+helpers the guide and the notebooks use are listed, with their module, at the end of the API reference.
 
 Examples
 --------
 >>> import swpipe
->>> len(swpipe.__all__) <= 30 and "SWPipeline" in swpipe.__all__
+>>> len(swpipe.__all__) <= 32 and "SWPipeline" in swpipe.__all__
 True
 """
 
@@ -43,6 +45,8 @@ _PUBLIC = {
     "load_plan": "autosched.model.graph",
     "SWPipeline": "swpipe_core.engine.pipeline",
     "PipelineTaskError": "swpipe_core.engine.pipeline",
+    "agree_on_end": "swpipe_core.distributed",
+    "keep_freed_memory": "swpipe_core.measure.allocator",
     "TaskProfiler": "swpipe_core.measure.profiler",
     "ProfileResult": "swpipe_core.measure.result",
     "CostModel": "autosched.model.costs",

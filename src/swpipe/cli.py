@@ -17,19 +17,24 @@ from swpipe._version import __version__
 
 __all__ = ["main", "build_parser"]
 
+# What ``swpipe --help`` prints above the sub-commands: plain text (argparse prints it as it is).
+_DESCRIPTION = ("swpipe: run, explain and search software-pipelined PyTorch training loops. "
+                "'swpipe COMMAND --help' describes one command's options.")
+
 _COMMANDS = {
     "demo": "run the DLRM workload serially, with every TorchRec plan and the auto-generated plan; print a table",
     "show": "print the schedule table and stage analysis of one of TorchRec's pipelines",
-    "list": "list the pipeline plans `swpipe show` knows",
+    "list": "list the pipeline plans 'swpipe show' knows",
     "plan": "auto-schedule a task graph with a cost model; print and save the plan",
     "simulate": "simulate a plan with a cost model; print period, latency and the binding resource",
     "check": "record the DLRM tasks' dataflow and check TorchRec's plans (or --plan FILE.py:FUNC) for missing dependencies",
+    "pp": "run PyTorch's pipeline-parallel schedules and one searched by swpipe under torchrun; predicted vs measured",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available sub-command."""
-    parser = argparse.ArgumentParser(prog="swpipe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="swpipe", description=_DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -59,7 +59,28 @@ __all__ = [
     "min_depth",
     "min_stages",
     "removable_boundaries",
+    "LEGEND",
+    "MORE_STAGES_MARK",
 ]
+
+MORE_STAGES_MARK = "+"  # the verdict of a plan deeper than its order needs: a choice (overlap for memory), no error
+
+# What the two tables' terms and marks mean, in words (``swpipe show`` prints it under them).
+LEGEND = (
+    ("P0 P1 ...", "periods: in each one every task runs once, on iteration i<k> (k = period - stage); -- before "
+                  "its first iteration"),
+    ("Thread, Stream", "the thread group and the CUDA stream a task runs on (on a CPU a stream is only a name)"),
+    ("Type", "global: a globally ordered task (its collectives take turns in the enqueue order, the same on every "
+             "rank); stream: any other task"),
+    ("LDS", "the longest chain of dependent tasks that the enqueue order lists after what they wait for: every "
+            "plan with this order needs at least that many stages"),
+    ("Dilworth-optimal", "LDS == depth: no plan with this enqueue order has fewer stages"),
+    ("minimum depth", "the fewest stages with which this enqueue order cannot deadlock"),
+    ("✓", "the depth is the least this enqueue order allows"),
+    (MORE_STAGES_MARK, "more stages than the order needs: each keeps one more iteration in flight, which lets work "
+                       "of different iterations overlap (TorchRec's pipelines have them for that) and costs memory "
+                       "(a batch and its context per stage); the results are the same"),
+)
 
 _SKIP = " [skip]"
 
@@ -380,9 +401,11 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
 
     * ``✓  LDS == depth (Dilworth-optimal)`` when the lower bound is met;
     * ``✓  depth == minimum depth ...`` when only the exact minimum is met;
-    * ``✗  depth D > minimum depth M ...`` naming the stage boundaries that
+    * ``+  depth D > minimum depth M ...`` naming the stage boundaries that
       could be removed with this enqueue order still deadlock-free (extra
-      stages then buy overlap, not correctness).
+      stages then buy overlap and cost memory, never correctness).
+
+    :data:`LEGEND` says what each term and mark means, in words.
 
     See the module docstring for the definitions and why
     ``LDS <= minimum depth <= depth``.
@@ -459,8 +482,8 @@ def format_stage_analysis(plan: PipelinePlan) -> str:
             stages = min_stages(plan, order)
             fix = "no single stage boundary is removable, but stages " + ", ".join(
                 f"{n}={s}" for n, s in stages.items()) + " suffice (they"
-        out.append(f"  ✗  depth {depth} > minimum depth {minimum} for this enqueue order: {fix} keeps the order "
-                   f"deadlock-free; extra stages buy overlap, not correctness)")
+        out.append(f"  {MORE_STAGES_MARK}  depth {depth} > minimum depth {minimum} for this enqueue order: {fix} "
+                   f"keeps the order deadlock-free; extra stages buy overlap and cost memory, never correctness)")
     out.append(f"Minimum depth for this enqueue order = {minimum} (exact; LDS <= minimum depth <= depth)")
     return "\n".join(out)
 

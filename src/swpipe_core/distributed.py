@@ -164,6 +164,7 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None,
     A one-rank group shows the mechanics (with more ranks, the shortest data decides):
 
     >>> import torch.distributed as dist
+    >>> from swpipe import agree_on_end
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     >>> it = agree_on_end(range(3))
     >>> list(it), it.batches, it.ended_ranks, it.leftover, list(it.rest())

@@ -1,16 +1,18 @@
-"""No gradient freed on another stream than the one that made it: the search's check and repair of a stream map.
+"""No gradient freed on another stream than the one that allocated it: the search's check and repair of a stream map.
 
-On CUDA, a task that frees gradients (``zero_grad(set_to_none=True)``) on a stream
-other than the backward's that allocated them hands their memory back to that
-backward's stream at once, and its next backward may reuse it while the freeing
-stream still reads it (docs/semantics.md, "Lifetimes on CUDA"). The searchers
-place streams by cost alone, so after they chose, :func:`guard_found` records who
-makes and frees gradients (:func:`swpipe_core.dataflow.grads.record_grads`, one
-serial iteration on the user's ``state`` and first batch, put back afterwards)
-and moves each such freer onto its makers' stream, in the chosen plan and in
-every candidate the verification measures, so every figure the report gives is
-of a repaired plan. Without ``state`` or ``batches`` it says the plan was not
-checked.
+On CUDA a gradient is allocated on the stream of the forward op whose backward
+produced it (each backward op runs on its forward op's stream), not on the stream
+of the task that calls ``backward()``. A task that frees gradients
+(``zero_grad(set_to_none=True)``) on another stream hands their memory back to
+that allocating stream's pool at once, and the next allocation there may reuse it
+while the freeing stream still reads it (docs/semantics.md, "Lifetimes on CUDA").
+The searchers place streams by cost alone, so after they chose, :func:`guard_found`
+records who allocates and frees gradients (:func:`swpipe_core.dataflow.grads.record_grads`,
+two serial iterations on the user's ``state`` and first batch, put back afterwards)
+and moves each such freer onto the stream of the tasks whose forward ops allocate
+them, in the chosen plan and in every candidate the verification measures, so
+every figure the report gives is of a repaired plan. Without ``state`` or
+``batches`` it says the plan was not checked.
 """
 
 from __future__ import annotations
@@ -54,15 +56,18 @@ def record_for(plan: PipelinePlan, c: Any, state: Any, batches: Optional[Sequenc
         if len(_streams(plan)) < 2:
             return None, []
         return None, ["streams not checked for cross-stream gradient frees: pass state=[model, optimizer] and "
-                      "batches= (with runnable tasks) to have the search record which tasks make and free gradients "
-                      "and keep each freer on its makers' stream"]
+                      "batches= (with runnable tasks) to have the search record which tasks allocate and free "
+                      "gradients and keep each freer on the stream where its gradients are allocated"]
     from swpipe_core.dataflow.grads import record_grads
 
     return record_grads(plan, list(batches)[0], state), []
 
 
 def repair_plan(plan: PipelinePlan, traffic: Any) -> Tuple[PipelinePlan, List[str]]:
-    """Move every task that frees gradients onto the stream of the tasks that made them.
+    """Move every task that frees gradients onto the stream where those gradients were allocated.
+
+    That is the stream of the tasks whose forward ops allocate them (``traffic.allocators``), which need not be
+    the stream of the task that calls ``backward()`` (``traffic.frees``, the makers).
 
     Parameters
     ----------
@@ -74,26 +79,31 @@ def repair_plan(plan: PipelinePlan, traffic: Any) -> Tuple[PipelinePlan, List[st
     -------
     (PipelinePlan, list of str)
         The repaired plan (validated; ``plan`` itself when nothing moved) and a note per move or per freer that
-        could not be moved (its makers run on several streams, or the moved plan breaks a rule).
+        could not be moved (its gradients were allocated on several streams, or the moved plan breaks a rule).
 
     Examples
     --------
+    Forward's ops run on ``fwd``, so the gradients Backward makes (on the default stream) live in ``fwd``'s pool:
+
     >>> from swpipe_core.dataflow.grads import GradTraffic
     >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
-    >>> plan = PipelinePlan({"Backward": TaskSchedule(0, "bwd"), "Step": TaskSchedule(1, "opt")},
-    ...                     intra_iter_deps=[("Step", "Backward")])
-    >>> fixed, notes = repair_plan(plan, GradTraffic(("Backward",), ("Step",), {"Step": ("Backward",)}))
+    >>> plan = PipelinePlan({"Forward": TaskSchedule(0, "fwd"), "Backward": TaskSchedule(0),
+    ...                      "Step": TaskSchedule(1, "opt")},
+    ...                     intra_iter_deps=[("Backward", "Forward"), ("Step", "Backward")])
+    >>> traffic = GradTraffic(("Backward",), ("Step",), {"Step": ("Backward",)}, {"Step": ("Forward",)})
+    >>> fixed, notes = repair_plan(plan, traffic)
     >>> fixed.sched("Step").stream, fixed.stage("Step")
-    ('bwd', 1)
+    ('fwd', 1)
     """
     notes: List[str] = []
-    for freer, makers in traffic.frees.items():
-        homes = {plan.sched(m).stream for m in makers}
-        if not makers or plan.sched(freer).stream in homes:
+    for freer in traffic.freers:
+        allocators = traffic.allocators.get(freer) or traffic.frees.get(freer, ())
+        homes = {plan.sched(m).stream for m in allocators}
+        if not allocators or plan.sched(freer).stream in homes:
             continue
         if len(homes) > 1:
-            notes.append(f"{freer} frees gradients made on several streams ({', '.join(makers)}); not repaired: "
-                         "the engine keeps them alive only with SWPipeline(plan, state=[model, optimizer])")
+            notes.append(f"{freer} frees gradients allocated on several streams (by {', '.join(allocators)}); not "
+                         "repaired: the engine keeps them alive only with SWPipeline(plan, state=[model, optimizer])")
             continue
         (home,) = homes
         schedule = {k: (dataclasses.replace(v, stream=home) if ref_name(k) == freer else v)
@@ -102,12 +112,13 @@ def repair_plan(plan: PipelinePlan, traffic: Any) -> Tuple[PipelinePlan, List[st
         try:
             validate(moved)
         except Exception as exc:  # noqa: BLE001 - a rule the move breaks: keep the plan, say so
-            notes.append(f"{freer} frees gradients {', '.join(makers)} make(s) on {_stream_name(home)} but could "
-                         f"not be moved there ({exc})")
+            notes.append(f"{freer} frees gradients allocated on {_stream_name(home)} (by the forward ops of "
+                         f"{', '.join(allocators)}) but could not be moved there ({exc})")
             continue
-        notes.append(f"{freer} moved to {_stream_name(home)}: it frees gradients {', '.join(makers)} make(s) on "
-                     f"{_stream_name(home)}; freeing them on {_stream_name(plan.sched(freer).stream)} lets the caching "
-                     "allocator reuse them while that stream still reads them")
+        notes.append(f"{freer} moved to {_stream_name(home)}: it frees gradients allocated there (by the forward "
+                     f"ops of {', '.join(allocators)}; backward runs each op on its forward op's stream); freeing "
+                     f"them on {_stream_name(plan.sched(freer).stream)} lets the caching allocator reuse them while "
+                     "that stream still reads them")
         plan = moved
     return plan, notes
 

@@ -89,7 +89,7 @@ def add_keep_freed_memory(parser: argparse.ArgumentParser) -> None:
     """
     parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="keep freed host memory in the process (glibc's mallopt, "
-                             "swpipe_core.measure.allocator.keep_freed_memory) so that tasks do not fault their pages back "
+                             "swpipe.keep_freed_memory) so that tasks do not fault their pages back "
                              "in each iteration; --no-keep-freed-memory leaves malloc as it is")
 
 

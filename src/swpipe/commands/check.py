@@ -24,7 +24,7 @@ __all__ = ["add_arguments", "run", "load_plan_factory"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``swpipe check``."""
     parser.add_argument("pipelines", nargs="*", metavar="PIPELINE",
-                        help="TorchRec pipeline names (default: all of `swpipe list`)")
+                        help="TorchRec pipeline names (default: all of 'swpipe list')")
     parser.add_argument("--plan", action="append", default=[], metavar="FILE.py:FUNC",
                         help="also check the plan FUNC() returns (unbound, over the DLRM task names)")
     parser.add_argument("--order", choices=["default", "torchrec", "both"], default="both",

@@ -24,6 +24,7 @@ import time
 from typing import Any, List
 
 from swpipe.commands._args import add_keep_freed_memory, apply_keep_freed_memory, int_at_least
+from swpipe.commands._text import format_legend, wrap
 
 __all__ = ["add_arguments", "run"]
 
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int_at_least(1), default=40, help="training iterations per run (default 40)")
     parser.add_argument("--batch-size", type=int_at_least(1), default=512, help="per-rank batch size (default 512)")
     parser.add_argument("--plans", default="all",
-                        help="comma-separated pipeline names (see `swpipe list`), 'all' (default), "
+                        help="comma-separated pipeline names (see 'swpipe list'), 'all' (default), "
                              "'+by_stream' variants included with 'all'")
     parser.add_argument("--repeats", type=int_at_least(1), default=3, help="rounds over all plans; the fastest counts (default 3)")
     parser.add_argument("--race", type=int_at_least(0), default=3,
@@ -125,41 +126,48 @@ def _rank_main(env: Any, args: argparse.Namespace) -> Any:
     return m
 
 
-def _fit(line: str, width: int = 120) -> str:
-    """``line`` cut to ``width`` columns.
-
-    Examples
-    --------
-    >>> _fit("x" * 130, 10)
-    'xxxxxxx...'
-    """
-    return line if len(line) <= width else line[: width - 3] + "..."
+# What the table's columns and marks mean (printed under it).
+LEGEND = (
+    ("speedup", "the plan's iterations/s over the serial loop's, run in the same rounds"),
+    ("predicted", "the speedup the search's cost model predicts: for the auto plan and the known plans the search "
+                  "scored beside it"),
+    ("-", "not predicted: the search did not score this plan, or did not run (--no-auto); the serial loops are "
+          "the reference"),
+    ("= serial", "yes: the plan's losses (an eval plan's outputs) equal the serial loop's bit for bit; close: "
+                 "equal to rtol 1e-5 (a compiled plan); NO: they differ; n/a: nothing to compare"),
+    ("[k]", "a note too long for its line: its whole text is under the table"),
+)
 
 
 def _story(m: Any, world: int, how: str, args: argparse.Namespace) -> List[str]:
-    """What the demo prints, in one story: the run, the table, the search in two lines, the noise, the verdict."""
+    """What the demo prints, in one story: the run, the table and its legend, the search, the noise, the verdict.
+
+    Every line is at most 120 columns: a longer sentence goes on over the next lines, never cut.
+    """
     import torch
 
     from swpipe.workloads.bench import format_table, noise_pct
     from swpipe_core.engine.device import cuda_available
 
     backend = "nccl" if cuda_available() else "gloo"
-    head = [_fit(f"DLRM, {world} rank(s) ({backend}, {how}), batch {args.batch_size}/rank, {args.iters} iterations x "
-                 f"{args.repeats} runs, {args.threads} torch thread(s), {os.cpu_count()} CPUs, torch {torch.__version__}")]
-    lines = head + [_fit(m.meta["allocator"]), format_table(m)] + [_fit(line) for line in m.meta.get("story", [])[:2]]
+    said = [f"DLRM, {world} rank(s) ({backend}, {how}), batch {args.batch_size}/rank, {args.iters} iterations x "
+            f"{args.repeats} runs, {args.threads} torch thread(s), {os.cpu_count()} CPUs, torch {torch.__version__}",
+            m.meta["allocator"]]
+    lines = [part for line in said for part in wrap(line)] + [format_table(m), format_legend(LEGEND)]
+    said = list(m.meta.get("story", []))
     noise = noise_pct(m)
     if noise is not None:
         raced = (f"; {len(m.meta['raced'])} plan(s) within {m.meta['race_band_pct']:g} % of the fastest ran "
                  f"{m.meta['race_rounds']} more" if m.meta.get("raced") else "")
         probe = m.meta.get("parallel_probe")
         ceiling = f"; 2 threads of GIL-free work: {probe:.2f}x one" if probe is not None else ""
-        lines.append(_fit(f"noise: one plan's runs differ by {noise:.1f} % (median over plans){raced}{ceiling}"))
+        said.append(f"noise: one plan's runs differ by {noise:.1f} % (median over plans){raced}{ceiling}")
     matches = [r for r in m.rows if r.matches is not None]
     close = sum(1 for r in matches if not r.matches and r.close)
-    lines.append(_fit(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit"
-                      + (f", {close} (compiled) to rtol 1e-5" if close else "")
-                      + f"; fastest training plan: {m.best_label}"))
-    return lines
+    said.append(f"{sum(r.matches for r in matches)}/{len(matches)} plans reproduce the serial loop bit for bit"
+                + (f", {close} (compiled) to rtol 1e-5" if close else "")
+                + f"; fastest training plan: {m.best_label}")
+    return lines + [part for line in said for part in wrap(line)]
 
 
 def _spawned(env: Any, args: argparse.Namespace) -> Any:
@@ -222,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         path = write_chrome_trace(m.best_timeline, args.trace, name=f"swpipe demo: {m.best_label}")
         print(f"timeline of {m.best_label} (https://ui.perfetto.dev): {path}")
     if world > 1:
-        print(f"every check above holds on all {world} ranks (each rank compared its own losses with its own "
-              f"serial loop; a row matches only if it matches everywhere)")
+        print("\n".join(wrap(f"every check above holds on all {world} ranks (each rank compared its own losses "
+                             f"with its own serial loop; a row matches only if it matches everywhere)")))
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return code

@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``swpipe plan``."""
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--tasks", metavar="GRAPH.json", help="task graph (or saved plan) JSON")
-    src.add_argument("--pipeline", metavar="NAME", help="one of TorchRec's pipelines (see `swpipe list`)")
+    src.add_argument("--pipeline", metavar="NAME", help="one of TorchRec's pipelines (see 'swpipe list')")
     parser.add_argument("--costs", required=True, metavar="COSTS.json", help="cost model JSON (cost_models/)")
     parser.add_argument("--max-depth", type=int_at_least(1), default=3, help="most iterations in flight (default 3)")
     parser.add_argument("--max-threads", type=int_at_least(1), default=2, help="most CPU thread groups (default 2)")

@@ -1,4 +1,4 @@
-"""``swpipe show <pipeline>``: the schedule table and stage analysis of a TorchRec plan."""
+"""``swpipe show <pipeline>``: the schedule table and stage analysis of a TorchRec plan, and a legend in words."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from typing import Any, Dict, List
 
 from swpipe.commands._args import int_at_least
+from swpipe.commands._text import format_legend
 
 __all__ = ["add_arguments", "run", "parse_options"]
 
@@ -69,7 +70,7 @@ def _order_line(plan: Any) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``swpipe show``."""
-    parser.add_argument("pipeline", help="pipeline name (see `swpipe list`)")
+    parser.add_argument("pipeline", help="pipeline name (see 'swpipe list')")
     parser.add_argument("--periods", "-n", type=int_at_least(1), default=None,
                         help="periods (columns) in the schedule table; default max(5, depth + 2)")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
@@ -82,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the table and analysis; 2 on a bad pipeline name or option."""
     from swpipe_core import pipelines
-    from swpipe_core.analysis import format_schedule, format_stage_analysis
+    from swpipe_core.analysis import LEGEND, format_schedule, format_stage_analysis
 
     try:
         options = parse_options(args.option)
@@ -102,4 +103,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_schedule(plan, periods))
     print()
     print(format_stage_analysis(plan))
+    print()
+    print(format_legend(LEGEND, width=120))
     return 0

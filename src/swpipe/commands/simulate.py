@@ -26,8 +26,8 @@ def _message(exc: BaseException) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``swpipe simulate``."""
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--plan", metavar="PLAN.json", help="plan JSON (e.g. written by `swpipe plan`)")
-    src.add_argument("--pipeline", metavar="NAME", help="one of TorchRec's pipelines (see `swpipe list`)")
+    src.add_argument("--plan", metavar="PLAN.json", help="plan JSON (e.g. written by 'swpipe plan')")
+    src.add_argument("--pipeline", metavar="NAME", help="one of TorchRec's pipelines (see 'swpipe list')")
     parser.add_argument("--costs", required=True, metavar="COSTS.json", help="cost model JSON (cost_models/)")
     parser.add_argument("--iterations", type=int_at_least(2), default=50, help="iterations to simulate (default 50)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

@@ -1,12 +1,16 @@
 """Testing a pipeline without a GPU: a fake CUDA device with CUDA's semantics, and the races it finds.
 
 ``FakeCuda`` runs a multi-stream :class:`~swpipe_core.engine.pipeline.SWPipeline` on a
-CPU with executor threads per stream, a caching allocator that reuses freed
-blocks at once, adversarial kernel delays, hung kernels and sticky errors; its
-happens-before check names every pair of accesses the streams do not order
-("Forward(3) on default reads block #4 ..., which H2D(4) on memcpy writes").
-``kernels(device)`` gives the same small set of kernels on the fake, on a real
-CUDA device and on the CPU, so a test written once runs on each.
+CPU with executor threads per stream, a bounded pool of streams per device, events
+that belong to one device, a caching allocator that reuses freed blocks at once,
+adversarial kernel delays, hung kernels and sticky errors; its happens-before check
+names every pair of accesses the streams do not order ("Forward(3) on default reads
+block #4 ..., which H2D(4) on memcpy writes"). A host thread knows only what it
+synchronised with itself, a host read is a copy on the current stream, and a
+``query()`` orders nothing. ``kernels(device)`` gives the same small set of kernels on
+the fake, on a real CUDA device and on the CPU, so a test written once runs on each;
+:class:`FakeCudaTensor` runs torch's own ops (autograd included, with CUDA's stream
+rules) on the fake.
 
 Examples
 --------
@@ -31,9 +35,11 @@ from __future__ import annotations
 
 from swpipe.testing.fake_cuda import FakeCuda, FakeCudaDevice
 from swpipe.testing.fake_memory import FakeTensor
-from swpipe.testing.fake_streams import FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch
+from swpipe.testing.fake_streams import EventDeviceError, FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch
+from swpipe.testing.fake_torch import FakeCudaTensor
 from swpipe.testing.kernels import FakeKernels, kernels
 from swpipe.testing.races import HappensBefore, Race, RaceError
 
-__all__ = ["FakeCuda", "FakeCudaDevice", "FakeCudaError", "FakeDeviceHang", "FakeEvent", "FakeKernels", "FakeStream",
-           "FakeTensor", "HappensBefore", "Launch", "Race", "RaceError", "kernels"]
+__all__ = ["EventDeviceError", "FakeCuda", "FakeCudaDevice", "FakeCudaError", "FakeCudaTensor", "FakeDeviceHang",
+           "FakeEvent", "FakeKernels", "FakeStream", "FakeTensor", "HappensBefore", "Launch", "Race", "RaceError",
+           "kernels"]

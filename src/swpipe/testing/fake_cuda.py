@@ -4,11 +4,19 @@
 on threads, so every CUDA path of the engine runs on a CPU machine:
 
 * each stream is an executor thread that runs the work enqueued on it in
-  order; an event is a token recorded at a point of a stream's queue;
-  ``wait`` makes a stream wait for the latest record made before it;
-  ``query`` says whether that record has run. The current stream is per
-  thread (a new thread starts on the default stream), and so is the current
-  device; a fake has as many devices as asked.
+  order; an event is a token recorded at a point of a stream's queue and
+  belongs to the device of its first record (a record on another device's
+  stream raises :class:`~swpipe.testing.fake_streams.EventDeviceError`, as on
+  CUDA); ``wait`` makes a stream wait for the latest record made before it;
+  ``query`` says whether that record has run, and orders nothing. The current
+  stream is per thread (a new thread starts on the default stream), and so is
+  the current device; a fake has as many devices as asked.
+* streams come from a bounded pool per device (``streams_per_device``, 32 as
+  in PyTorch), handed out round robin to every name the engine resolves and
+  every :meth:`FakeCudaDevice.draw_stream` (what ``torch.cuda.Stream()`` and
+  NCCL draw): past the pool, two names share one queue (a
+  :class:`~swpipe_core.engine.device.SharedStreamWarning` says so) and a
+  kernel that never completes on one holds the other.
 * memory is blocks of host bytes behind :class:`FakeTensor` handles. Its
   caching allocator behaves as CUDA's: a block freed on the host (the last
   reference dropped) goes back at once to the pool of the stream that
@@ -20,11 +28,18 @@ on threads, so every CUDA path of the engine runs on a CPU machine:
 * failures: :meth:`FakeKernels.hang` queues a kernel that never completes (until
   :meth:`FakeCuda.close`), :meth:`FakeKernels.fault` a sticky device error
   after which every call on the device raises, as after a CUDA error.
-* a deterministic check besides the values: every kernel's reads and writes,
-  every free, record and wait feed :class:`~swpipe.testing.races.HappensBefore`,
-  which reports each pair of accesses no stream order or event orders,
-  naming the tasks (the engine labels its kernels ``Task(iteration)``), even
-  when the timing of a run hid it.
+* the host learns only what it synchronises with: ``synchronize()``, a copy to
+  the host (``to_host``, ``item``: a copy on the current stream, which the
+  host waits for) and queries the engine acts on
+  (:meth:`~swpipe_core.engine.device.Device.observed`) order *that thread's*
+  later work; a non-blocking copy from pageable memory returns once the data
+  is staged, the copy still in flight.
+* a deterministic check besides the values: every kernel's reads and writes
+  (a host read too), every free, record and wait feed
+  :class:`~swpipe.testing.races.HappensBefore`, which reports each pair of
+  accesses no stream order, event or the accessing thread's own
+  synchronisation orders, naming the tasks (the engine labels its kernels
+  ``Task(iteration)``), even when the timing of a run hid it.
 
 The kernels tests and workloads need are in :class:`FakeKernels` (``device.kernels``;
 :func:`swpipe.testing.kernels` gives the same set for a real CUDA device and
@@ -53,11 +68,13 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tupl
 
 import torch
 
-from swpipe_core.engine.device import Device
+from swpipe_core.engine.device import Device, warn_shared_stream
 
 from swpipe.testing.fake_memory import FakeTensor, _Allocator, _Block
+from swpipe.testing.fake_torch import FakeCudaTensor, host_tensor, move_module
 from swpipe.testing.kernels import FakeKernels
-from swpipe.testing.fake_streams import FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch, _Token
+from swpipe.testing.fake_streams import (EventDeviceError, FakeCudaError, FakeDeviceHang, FakeEvent, FakeStream, Launch,
+                                         _Token)
 from swpipe.testing.races import HappensBefore, RaceError
 
 __all__ = ["FakeCuda", "FakeCudaDevice"]
@@ -72,14 +89,16 @@ class FakeCudaDevice(Device):
     def __init__(self, fake: "FakeCuda", index: int) -> None:
         self.fake = fake
         self.index = index
-        self._streams: List[FakeStream] = []
+        self._streams: List[FakeStream] = []  # the default stream, then the pool's streams as first drawn
         self._named: Dict[str, FakeStream] = {}
-        self._default = self._new(None)
+        self._pool: List[Optional[FakeStream]] = [None] * fake.streams_per_device
+        self._next = 0  # the pool's round robin
+        self._default = self._make(0)
         self._allocator = _Allocator(self)
         self.kernels = FakeKernels(self)
 
-    def _new(self, name: Optional[str]) -> FakeStream:
-        stream = FakeStream(self, len(self._streams), name)
+    def _make(self, stream_id: int) -> FakeStream:
+        stream = FakeStream(self, stream_id)
         self._streams.append(stream)
         return stream
 
@@ -125,10 +144,34 @@ class FakeCudaDevice(Device):
 
     # -- streams and events -----------------------------------------------------------------------------------
     def new_stream(self, name: str) -> FakeStream:
+        """The stream of name ``name``: drawn from the pool once, then the same (a name past the pool warns)."""
         with self.fake._lock:
             stream = self._named.get(name)
             if stream is None:
-                stream = self._named[name] = self._new(name)
+                stream = self._named[name] = self.draw_stream()
+                shared = bool(stream.names)
+                stream.add_name(name)
+                if shared:
+                    warn_shared_stream(name, f"{self.torch_device} (FakeCuda)", stream.names[0])
+        return stream
+
+    def draw_stream(self) -> FakeStream:
+        """The next stream of the device's pool, round robin: what ``torch.cuda.Stream()`` gives (NCCL draws too).
+
+        Examples
+        --------
+        >>> with FakeCuda(num_devices=1, streams_per_device=2) as fake:
+        ...     dev = fake.device(0)
+        ...     a, b, c = dev.draw_stream(), dev.draw_stream(), dev.draw_stream()
+        >>> a is c, a is b, a.stream_id, b.stream_id
+        (True, False, 1, 2)
+        """
+        with self.fake._lock:
+            k = self._next
+            self._next = (k + 1) % len(self._pool)
+            stream = self._pool[k]
+            if stream is None:
+                stream = self._pool[k] = self._make(k + 1)
         return stream
 
     def stream_key(self, stream: Any) -> Hashable:
@@ -143,13 +186,13 @@ class FakeCudaDevice(Device):
         return FakeEvent(self, timing)
 
     def record(self, event: FakeEvent, stream: FakeStream) -> None:
-        # as CUDA: an event belongs to the device of the stream it was first recorded on
-        bound = getattr(event, "_bound", None)
-        if bound is not None and bound != stream.device:
-            raise FakeCudaError(f"event recorded on {bound} cannot be recorded on {stream!r}: CUDA's "
-                                "'Event device does not match recording stream's device'")
-        event._bound = stream.device
-        event._token = self._record_token(stream)
+        self.fake._check()
+        owner = stream._dev.index
+        if event.device_index is None:
+            event.device_index = owner  # an event belongs to the device of its first record
+        elif event.device_index != owner:
+            raise EventDeviceError(event.device_index, owner)
+        event._token = stream._dev._record_token(stream)
 
     def _record_token(self, stream: FakeStream) -> _Token:
         fake = self.fake
@@ -179,14 +222,17 @@ class FakeCudaDevice(Device):
         stream._enqueue(wait_for_it)
 
     def query(self, event: FakeEvent) -> bool:
-        fake = self.fake
-        fake._check()
+        """Whether the latest record has run: a look at this moment, which orders nothing."""
+        self.fake._check()
         token = event._token
-        if token is None:
-            return True
-        if token.done:
-            fake._observe(token)
-        return token.done
+        return token is None or token.done
+
+    def observed(self, events: Any) -> None:
+        """The calling thread acts on these events' completion: its later launches and frees follow their work."""
+        for event in events:
+            token = getattr(event, "_token", None)
+            if token is not None and token.done:
+                self.fake._observe(token)
 
     def elapsed_s(self, start: FakeEvent, end: FakeEvent) -> float:
         self.fake._check()
@@ -201,7 +247,31 @@ class FakeCudaDevice(Device):
     def memory_of(self, value: Any) -> Optional[Device]:
         if isinstance(value, FakeTensor):
             return value.device
+        if isinstance(value, FakeCudaTensor):
+            return value.fake_device
         return None
+
+    # -- torch tensors on the device --------------------------------------------------------------------------
+    def tensor(self, data: Any) -> FakeCudaTensor:
+        """``data`` copied to this device on the current stream, non-blocking (``.to("cuda", non_blocking=True)``).
+
+        A :class:`~swpipe.testing.FakeCudaTensor`: torch's ops run on it as kernels of the fake (autograd too).
+        From pageable memory the copy is staged before this returns; from memory
+        :meth:`FakeKernels.pin <swpipe.testing.FakeKernels.pin>` made it reads ``data`` when it runs.
+        """
+        return host_tensor(self, data)
+
+    def module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module``'s parameters and buffers copied to this device, on the current stream (``module.to(device)``)."""
+        return move_module(self, module)
+
+    def stream_of(self, tensor: Any) -> FakeStream:
+        """The stream whose pool the memory of ``tensor`` came from (where it was allocated, hence freed to)."""
+        if isinstance(tensor, FakeCudaTensor):
+            return tensor._fake.block.stream
+        if isinstance(tensor, FakeTensor):
+            return tensor._block.stream
+        raise TypeError(f"stream_of: {type(tensor).__name__} is not memory of a fake device")
 
     def memory_counters(self) -> Optional[Tuple[int, int]]:
         return self._allocator.allocated, self._allocator.freed
@@ -267,6 +337,9 @@ class FakeCuda:
         A host call that blocks on the device (``synchronize``, ``item``,
         ``to_host``) raises :class:`FakeDeviceHang` after this long instead of
         blocking forever.
+    streams_per_device : int
+        The size of each device's pool of streams (PyTorch's: 32), handed out
+        round robin to stream names and :meth:`FakeCudaDevice.draw_stream`.
 
     Attributes
     ----------
@@ -282,7 +355,11 @@ class FakeCuda:
     """
 
     def __init__(self, num_devices: int = 2, seed: int = 0, max_delay_s: float = 0.0,
-                 hang_timeout_s: float = 30.0) -> None:
+                 hang_timeout_s: float = 30.0, streams_per_device: int = 32) -> None:
+        if streams_per_device < 1:
+            raise ValueError(f"FakeCuda(streams_per_device={streams_per_device!r}): a device has at least one "
+                             "pool stream besides its default stream")
+        self.streams_per_device = streams_per_device
         self.seed = seed
         self.max_delay_s = max_delay_s
         self.hang_timeout_s = hang_timeout_s

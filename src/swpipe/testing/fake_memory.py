@@ -90,6 +90,10 @@ class _Allocator:
 
     def alloc(self, numel: int, dtype: torch.dtype, stream: FakeStream, label: str) -> FakeTensor:
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        return FakeTensor(self._dev, self.block(nbytes, stream, label), numel, dtype)
+
+    def block(self, nbytes: int, stream: FakeStream, label: str) -> _Block:
+        """A block of at least ``nbytes`` from ``stream``'s pool: a freed one of its size (poisoned there), else new."""
         size = max(_BLOCK_ROUND, -(-nbytes // _BLOCK_ROUND) * _BLOCK_ROUND)
         fake = self._dev.fake
         with fake._lock:
@@ -107,7 +111,7 @@ class _Allocator:
             raw = block.raw
             self._dev._launch(stream, lambda: raw.fill_(0xFF), f"{label} [reuses the block]", writes=(block,))
         block.owner, block.record_streams, block.free_clocks = label, set(), []
-        return FakeTensor(self._dev, block, numel, dtype)
+        return block
 
     def free(self, block: _Block) -> None:
         dev = self._dev

@@ -1,8 +1,9 @@
 """The fake device's queues: streams (an executor thread each), events and the record of every launch.
 
 A stream runs the work enqueued on it in order, on its own thread; an event
-stands for its latest record, a token at a point of a stream's queue;
-``wait`` makes a stream wait for the latest record made before it.
+stands for its latest record, a token at a point of a stream's queue, and
+belongs to the device of its first record; ``wait`` makes a stream wait for
+the latest record made before it.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import collections
 import random
 import threading
-from typing import Callable, Deque, Dict, Hashable, NamedTuple, Optional
+from typing import Callable, Deque, Dict, Hashable, List, NamedTuple, Optional
 
 from swpipe_core.engine.device import Device
 
 from swpipe.testing.races import Access
 
 
-__all__ = ["FakeCudaError", "FakeDeviceHang", "Launch", "FakeStream", "FakeEvent"]
+__all__ = ["FakeCudaError", "FakeDeviceHang", "EventDeviceError", "Launch", "FakeStream", "FakeEvent"]
 
 
 class FakeCudaError(RuntimeError):
@@ -30,6 +31,22 @@ class FakeDeviceHang(RuntimeError):
     On a real GPU that call would block forever (a kernel that never
     completes); the fake raises instead so a test fails rather than hangs.
     """
+
+
+class EventDeviceError(RuntimeError):
+    """An event recorded on a stream of another device than its first record's (CUDA refuses it, not sticky).
+
+    As ``torch.cuda.Event.record``: "Event device 0 does not match recording stream's device 1."
+
+    Attributes
+    ----------
+    event_device, stream_device : int
+        The event's device (of its first record) and the device of the stream it was recorded on now.
+    """
+
+    def __init__(self, event_device: int, stream_device: int) -> None:
+        self.event_device, self.stream_device = event_device, stream_device
+        super().__init__(f"Event device {event_device} does not match recording stream's device {stream_device}.")
 
 
 class Launch(NamedTuple):
@@ -57,16 +74,27 @@ class _Token:
 
 
 class FakeStream:
-    """A stream of a fake device: a FIFO queue run by its own executor thread (started on first use)."""
+    """A stream of a fake device: a FIFO queue run by its own executor thread (started on first use).
+
+    Attributes
+    ----------
+    stream_id : int
+        0 for the default stream, 1.. for the device's pool of streams.
+    names : list of str
+        The stream names the engine resolved to this stream, in order (more than one: they share one queue).
+    label : str
+        How reports name it: its first name, ``"default"``, or ``"stream<id>"``.
+    """
 
     def __init__(self, device: Device, stream_id: int, name: Optional[str] = None) -> None:
         self._dev = device
         self.stream_id = stream_id
         self.device = device.torch_device
         self.key = (str(self.device), stream_id)
-        self.label = name or ("default" if stream_id == 0 else f"stream{stream_id}")
+        self.names: List[str] = []
+        self.label = "default" if stream_id == 0 else f"stream{stream_id}"
         if name:
-            self.swpipe_name = name
+            self.add_name(name)
         self._queue: Deque[Callable[[], None]] = collections.deque()
         self._ready = threading.Condition(device.fake._mutex)  # this executor's wake-up: work was enqueued
         self._thread: Optional[threading.Thread] = None
@@ -75,7 +103,20 @@ class FakeStream:
     def __repr__(self) -> str:
         return f"<FakeStream {self.device}/{self.label}>"
 
+    def add_name(self, name: str) -> None:
+        """A stream name now resolves to this stream; the first one names it in reports (``swpipe_name``)."""
+        if not self.names:
+            self.label = self.swpipe_name = name
+        self.names.append(name)
+
     def wait_event(self, event: "FakeEvent") -> None:
+        self._dev.wait(self, event)
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        """Work enqueued on this stream from now on waits for the work enqueued on ``other`` so far (the host does
+        not block), as ``torch.cuda.Stream.wait_stream``."""
+        event = FakeEvent(other._dev)
+        event.record(other)
         self._dev.wait(self, event)
 
     def query(self) -> bool:
@@ -120,11 +161,17 @@ class FakeStream:
 
 
 class FakeEvent:
-    """An event of a fake device (``torch.cuda.Event``'s methods): the latest record is what it stands for."""
+    """An event of a fake device (``torch.cuda.Event``'s methods): the latest record is what it stands for.
+
+    As on CUDA it belongs to the device of its first record (``device_index``, ``None`` before); a record on a
+    stream of another device raises :class:`EventDeviceError`. ``query()`` says whether the work is done and
+    orders nothing (its answer is timing); ``synchronize()`` orders the calling thread's later work after it.
+    """
 
     def __init__(self, device: Device, enable_timing: bool = False) -> None:
         self._dev = device
         self.enable_timing = enable_timing
+        self.device_index: Optional[int] = None
         self._token: Optional[_Token] = None
 
     def record(self, stream: Optional[FakeStream] = None) -> None:

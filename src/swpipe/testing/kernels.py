@@ -125,13 +125,19 @@ class FakeKernels:
         self._dev._launch(self._stream(), lambda: time.sleep(seconds), self._label("spin"))
 
     def to_device(self, t: torch.Tensor) -> FakeTensor:
-        """A host-to-device copy of a 1-D host tensor: asynchronous from pinned memory, blocking from pageable."""
+        """A non-blocking host-to-device copy of a 1-D host tensor on the current stream.
+
+        From pinned memory the copy reads ``t`` when it runs (write ``t`` again
+        before that and the device gets the new values). From pageable memory
+        the host returns once the data is staged (copied aside now), the copy
+        to the device still in flight: as ``Tensor.to(device, non_blocking=True)``,
+        and neither orders the host after the copy.
+        """
         t = t.reshape(-1)
+        source = t if self._dev.fake.is_pinned(t) else t.clone()  # pageable: staged before the call returns
         out = self.empty(t.numel(), t.dtype)
         o = out._view()
-        self._dev._launch(self._stream(), lambda: o.copy_(t), self._label("to_device"), writes=(out._block,))
-        if not self._dev.fake.is_pinned(t):  # CUDA stages pageable memory: the host waits for the copy
-            self._dev.fake._sync_stream(self._stream(), "a copy from pageable memory")
+        self._dev._launch(self._stream(), lambda: o.copy_(source), self._label("to_device"), writes=(out._block,))
         return out
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
@@ -140,14 +146,25 @@ class FakeKernels:
         self._dev.fake._pinned.add(pinned)
         return pinned
 
-    def to_host(self, x: FakeTensor) -> torch.Tensor:
-        """The values, after the current stream's work so far (the host blocks, as ``.cpu()``)."""
-        self._dev.fake._sync_stream(self._stream(), f"to_host of {x!r}")
-        return x._view().clone()
+    def to_host(self, x: Any) -> torch.Tensor:
+        """The values: a copy on the current stream that reads ``x`` there, and the host waits for it (``.cpu()``).
 
-    def item(self, x: FakeTensor) -> float:
-        """The first value as a Python number (the host blocks, as ``.item()``)."""
-        return self.to_host(x)[0].item()
+        The read is an access like any kernel's: if the current stream is not
+        ordered after the kernel that wrote ``x``, the race check reports it
+        (and the copy may read the old bytes).
+        """
+        if isinstance(x, torch.Tensor):  # a FakeCudaTensor: its copy_ into host memory is the same read
+            return torch.empty(x.shape, dtype=x.dtype).copy_(x)
+        stream = self._stream()
+        out = torch.empty(x.numel, dtype=x.dtype)
+        view = x._view()
+        self._dev._launch(stream, lambda: out.copy_(view), self._label("to_host"), reads=(x._block,))
+        self._dev.fake._sync_stream(stream, f"to_host of {x!r}")
+        return out
+
+    def item(self, x: Any) -> float:
+        """The first value as a Python number: :meth:`to_host` (a read on the current stream, the host waits)."""
+        return self.to_host(x).reshape(-1)[0].item()
 
     def hang(self) -> None:
         """A kernel that never completes (until the fake is closed): a collective whose peer died."""

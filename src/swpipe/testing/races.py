@@ -1,21 +1,33 @@
 """Races between streams, found from the order CUDA guarantees, whatever the timing of a run.
 
 A device's work is ordered only by its rules: a stream runs its work in
-order, ``wait_event`` orders what the stream runs next after the latest
-record of the event made before the wait, and a host thread that saw an
-event complete (``query``, ``synchronize``) orders everything it launches
-afterwards (from any thread: completion is a fact in time) after that
-work. :class:`HappensBefore` keeps that order as a
-vector clock per stream and per host thread, and checks every access of a
-block of device memory against the block's earlier accesses: a write and any
-other access that the rules do not order is a race, even when a run's timing
-happened to hide it. A free is a write on the stream that allocated the
-block, as the caching allocator treats it (the block goes back to that
-stream's pool at once, and its next allocation there may overwrite it).
+order; ``wait_event`` orders what the stream runs next after the latest
+record of the event made before the wait; and a host thread that
+*synchronised* with some work (``Event.synchronize``, ``Stream.synchronize``,
+a device-wide ``synchronize``, a copy to the host such as ``.item()``, or a
+query whose answer it acts on, which it says so through the device seam's
+``observed``) orders everything *it* launches or frees afterwards after that
+work. :class:`HappensBefore` keeps that order as a vector clock per stream and
+per host thread, and checks every access of a block of device memory against
+the block's earlier accesses: a write and any other access that the rules do
+not order is a race, even when a run's timing happened to hide it.
 
-This is the analysis of PyTorch's stream sanitizer (``torch.cuda._sanitizer``)
-with frees kept: the sanitizer forgets a tensor when it is freed, which is
-exactly when the caching allocator's reuse bites.
+Two things are deliberately not orders, as on a GPU:
+
+* another thread's synchronisation. What thread A saw complete orders A's
+  later work only; thread B launching later *in time* is luck, not order
+  (the execution contract orders device work by streams and events alone).
+* a bare ``query()``. Its answer is a fact about this run's timing; the same
+  program may get ``False`` next time and launch anyway. ``torch.cuda._sanitizer``
+  does not count it either.
+
+A free is a write on the stream that allocated the block, as the caching
+allocator treats it (the block goes back to that stream's pool at once, and
+its next allocation there may overwrite it). This is the analysis of PyTorch's
+stream sanitizer (``torch.cuda._sanitizer``) with frees kept (the sanitizer
+forgets a tensor when it is freed, which is exactly when the caching
+allocator's reuse bites) and with host threads apart (the sanitizer's host is
+one).
 """
 
 from __future__ import annotations
@@ -116,8 +128,7 @@ class HappensBefore:
     """
 
     def __init__(self, keep: int = 1000) -> None:
-        self._clocks: Dict[Hashable, Clock] = {}
-        self._seen: Clock = {}  # work some host saw complete: before anything any host issues afterwards
+        self._clocks: Dict[Hashable, Clock] = {}  # streams' and host threads' clocks
         self._blocks: Dict[Hashable, _BlockHistory] = {}
         self._keep = keep
         self.races: List[Race] = []
@@ -141,7 +152,6 @@ class HappensBefore:
         with self._lock:
             clock = self._clock(stream)
             self._join(clock, self._clock(host))
-            self._join(clock, self._seen)
             clock[stream] = clock.get(stream, 0) + 1
             return Access(stream, clock[stream], dict(clock), "read", label, where)
 
@@ -159,27 +169,21 @@ class HappensBefore:
                 self._join(self._clock(stream), token)
 
     def observe(self, host: Hashable, token: Optional[Clock]) -> None:
-        """Host ``host`` saw the work before an event complete: what any host does next comes after that work.
+        """Host ``host`` synchronised with the work before an event: what *it* does next comes after that work.
 
-        Completion is a fact in time, not a message to one thread: once a host
-        has seen the work complete, every launch or free any thread issues
-        afterwards follows it (the engine relies on this: its main thread
-        releases an iteration whose events it saw complete, and a worker that
-        then finds it released skips the device wait on it). A launch that
-        only by chance comes after another thread's observation is ordered
-        too; the values of a run still show such a race when timing exposes it.
+        Only ``host``: another thread that launches later in time is not
+        ordered by it (nothing but luck made it later), and neither is any
+        thread by a bare ``query()`` (the fake never calls this for one).
         """
         if token is not None:
             with self._lock:
                 self._join(self._clock(host), token)
-                self._join(self._seen, token)
 
     def free_stamp(self, host: Hashable, stream: Hashable, also: Sequence[Clock], label: str, where: str) -> Access:
         """Where a free by ``host`` of a block of ``stream``'s pool falls: after what both (and ``also``) know."""
         with self._lock:
             clock = dict(self._clock(stream))
             self._join(clock, self._clock(host))
-            self._join(clock, self._seen)
             for other in also:
                 self._join(clock, other)
             return Access(stream, clock.get(stream, 0), clock, "free", label, where)

@@ -113,7 +113,7 @@ def check_same_plan(env: DistEnv, plan: PipelinePlan, label: str = "plan") -> No
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> from swpipe.workloads.distenv import init_distributed
     >>> with init_distributed() as env:
     ...     check_same_plan(env, PipelinePlan({"A": TaskSchedule(0)}))
@@ -153,7 +153,7 @@ def combine_slowest(models: Sequence[Any], machine: str = "") -> Any:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import CostModel, TaskCost
     >>> a = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.001, 0.004)})
     >>> b = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.001, 0.001)})
     >>> c = combine_slowest([a, b])
@@ -182,7 +182,7 @@ def slowest_rank_costs(env: DistEnv, costs: Any) -> Any:
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import CostModel, TaskCost
     >>> from swpipe.workloads.distenv import init_distributed
     >>> with init_distributed() as env:
     ...     slowest_rank_costs(env, CostModel({"A": TaskCost(0.001)}))["A"].host_s

@@ -10,6 +10,7 @@ that loop's.
 from __future__ import annotations
 
 import statistics
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -536,18 +537,24 @@ def format_table(m: Measurement, width: int = 120) -> str:
 
     Columns: the plan's shape, its speedup over the serial loop measured in
     the same rounds (:attr:`PlanResult.measured_speedup`), the speedup the
-    model predicted (searched rows and the seeds the search predicted),
-    whether its losses equal the serial loop's bit for bit, and a short note
-    (cut to fit; the serial loop's rate in its own).
+    model predicted (searched rows and the seeds the search predicted; ``-``
+    where nothing was predicted), whether its losses equal the serial loop's
+    bit for bit, and a note (the serial loop's rate in its own). A note too
+    long for the line is a numbered reference ``[k]``, its whole text under
+    the table, wrapped.
 
     Examples
     --------
-    >>> m = Measurement(10.0, None, [PlanResult("sparse_dist", 3, 3, 1, 12.5, 1.25, True, predicted_speedup=1.3)])
-    >>> print(format_table(m))  # doctest: +NORMALIZE_WHITESPACE
+    >>> m = Measurement(10.0, None, [PlanResult("sparse_dist", 3, 3, 1, 12.5, 1.25, True, predicted_speedup=1.3),
+    ...                              PlanResult("auto", 3, 4, 2, 12.0, 1.2, True, note="searched " * 12)])
+    >>> print(format_table(m, width=100))  # doctest: +NORMALIZE_WHITESPACE
     plan         depth  streams  threads  speedup  predicted  = serial   note
     -----------  -----  -------  -------  -------  ---------  ---------  ----
     serial           1        1        1    1.00x          -  reference  10.0 iterations/s
     sparse_dist      3        3        1    1.25x      1.30x  yes
+    auto             3        4        2    1.20x          -  yes        [1]
+    [1] auto: searched searched searched searched searched searched searched searched searched searched
+        searched searched
     """
     header = ["plan", "depth", "streams", "threads", "speedup", "predicted", "= serial", "note"]
     body = [["serial", "1", "1", "1", "1.00x", "-", "reference", f"{m.serial_iters_per_s:.1f} iterations/s"]]
@@ -565,10 +572,17 @@ def format_table(m: Measurement, width: int = 120) -> str:
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
     right = {1, 2, 3, 4, 5}
     room = max(10, width - sum(widths[:-1]) - 2 * (len(widths) - 1))  # what is left for the note
+    below: List[str] = []  # the notes too long for their line, whole, under the table
 
     def line(cells: Sequence[str]) -> str:
-        note = cells[-1] if len(cells[-1]) <= room else cells[-1][: room - 3] + "..."
+        note = cells[-1]
+        if len(note) > room:
+            below.append(f"[{len(below) + 1}] {cells[0]}: {note}")
+            note = f"[{len(below)}]"
         out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells[:-1], widths))]
         return "  ".join(out + [note]).rstrip()
 
-    return "\n".join([line(header), line(["-" * w for w in widths[:-1]] + ["----"])] + [line(r) for r in body])
+    lines = [line(header), line(["-" * w for w in widths[:-1]] + ["----"])] + [line(r) for r in body]
+    for text in below:
+        lines += textwrap.wrap(text, width=width, subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)

@@ -159,7 +159,7 @@ def emb_staleness(plan: PipelinePlan) -> int:
 
     Examples
     --------
-    >>> from swpipe_core import pipelines
+    >>> from swpipe import pipelines
     >>> emb_staleness(pipelines.get("sparse_dist")), emb_staleness(pipelines.get("semi_sync"))
     (0, 0)
     >>> torchrec_order = ["H2D", "InputDistStart", "ZeroGrad", "InputDistWait", "Forward", "Backward",

@@ -389,7 +389,7 @@ def with_collectives_ordered(plan: PipelinePlan) -> PipelinePlan:
 
     Examples
     --------
-    >>> from swpipe_core import pipelines
+    >>> from swpipe import pipelines
     >>> plan = with_collectives_ordered(pipelines.get("sparse_dist"))
     >>> [n for n in plan.task_names if plan.sched(n).globally_ordered]
     ['InputDistStart', 'InputDistWait', 'Forward', 'Backward']

@@ -8,7 +8,7 @@ module             what
 ``infer``          RAW/WAR/WAW hazards and the minimal dependencies behind them
 ``check``          ``check_dataflow(plan, batches)``: missing / stale / redundant
 ``strict``         ``SWPipeline(strict=True)``: raise on the first unordered access
-``grads``          ``record_grads``: which tasks make and which free the parameters' gradients
+``grads``          ``record_grads``: which tasks allocate, make and free the parameters' gradients
 =================  ====================================================================
 """
 
@@ -48,7 +48,7 @@ def infer_plan(tasks, batches, *, state=None, order=None, rng=None) -> InferredD
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core.plan import PipelineTask
+    >>> from swpipe import PipelineTask, infer_plan
     >>> def a(ctx): ctx.x = ctx.batch + 1
     >>> def b(ctx): ctx.y = ctx.x * 2
     >>> infer_plan([PipelineTask("A", a), PipelineTask("B", b)], [torch.ones(1)] * 2).intra

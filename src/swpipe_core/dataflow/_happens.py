@@ -40,7 +40,7 @@ class PlanOrder:
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1)},
     ...                     intra_iter_deps=[("B", "A")])
     >>> order = PlanOrder(plan)

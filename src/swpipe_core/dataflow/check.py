@@ -220,7 +220,7 @@ def check_dataflow(plan: PipelinePlan, batches: Iterable[Any] = (), *, state: St
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core.plan import PipelineTask, TaskSchedule
+    >>> from swpipe import PipelinePlan, PipelineTask, TaskSchedule, check_dataflow
     >>> def load(ctx): ctx.x = ctx.batch + 1
     >>> def use(ctx): ctx.y = ctx.x * 2
     >>> plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, thread_group="io"),

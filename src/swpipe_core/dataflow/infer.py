@@ -73,7 +73,7 @@ def find_hazards(record: DataflowRecord) -> List[Hazard]:
 
     Examples
     --------
-    >>> from swpipe_core.dataflow.record import Access
+    >>> from swpipe_core.dataflow import Access
     >>> rec = DataflowRecord(["W", "R"], 2, [
     ...     Access(0, "W", "x", "x", "write", "ctx"), Access(0, "R", "x", "x", "read", "ctx"),
     ...     Access(1, "W", "x", "x", "write", "ctx"), Access(1, "R", "x", "x", "read", "ctx")])
@@ -205,7 +205,8 @@ def infer_deps(record: DataflowRecord, tasks: Optional[Sequence[PipelineTask]] =
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core.dataflow.record import record_dataflow
+    >>> from swpipe import PipelineTask
+    >>> from swpipe_core.dataflow import record_dataflow
     >>> w = torch.zeros(2)
     >>> def load(ctx): ctx.x = ctx.batch * 2
     >>> def fwd(ctx): ctx.y = ctx.x * w

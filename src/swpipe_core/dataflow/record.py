@@ -324,7 +324,7 @@ def serial_order(tasks: Tasks) -> List[PipelineTask]:
 
     Examples
     --------
-    >>> from swpipe_core.plan import TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> plan = PipelinePlan({"B": TaskSchedule(), "A": TaskSchedule()}, intra_iter_deps=[("B", "A")])
     >>> [t.name for t in serial_order(plan)]
     ['A', 'B']
@@ -381,6 +381,7 @@ def record_dataflow(tasks: Tasks, batches: Iterable[Any], *, state: State = None
 
     Examples
     --------
+    >>> from swpipe import PipelineTask
     >>> w = torch.zeros(2)
     >>> def load(ctx): ctx.x = ctx.batch * 2
     >>> def step(ctx): w.add_(ctx.x)

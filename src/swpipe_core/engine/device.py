@@ -26,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from typing import Any, ContextManager, Dict, Hashable, Iterator, Optional, Tuple, Union
+from typing import Any, ContextManager, Dict, Hashable, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
-__all__ = ["Device", "CpuDevice", "CudaDevice", "as_device", "resolve_device", "cuda_available", "cuda_device_count"]
+__all__ = ["Device", "CpuDevice", "CudaDevice", "SharedStreamWarning", "warn_shared_stream", "as_device",
+           "resolve_device", "cuda_available", "cuda_device_count"]
 
 _NULL = contextlib.nullcontext()
 
@@ -109,6 +110,15 @@ class Device:
     def query(self, event: Any) -> bool:
         """Whether the work before the latest record of ``event`` has completed."""
         return True
+
+    def observed(self, events: Sequence[Any]) -> None:
+        """The calling thread saw ``events`` complete (queries said so) and acts on it, e.g. frees what they read.
+
+        A real device needs nothing: completion is a fact, and what the thread
+        does next follows it. A device that checks the order (``FakeCuda``)
+        orders the thread's later work after theirs, which a query alone does
+        not (its answer is timing: the same code may get ``False`` next time).
+        """
 
     def elapsed_s(self, start: Any, end: Any) -> float:
         """Seconds between two completed timing events."""
@@ -197,11 +207,7 @@ class CudaDevice(Device):
                 taken = {s.stream_id: n for n, s in self._named.items()}
                 taken[self.default_stream().stream_id] = "the default stream (None)"
                 if stream.stream_id in taken:
-                    warnings.warn(
-                        f"stream {name!r} on cuda:{self.index} is the same device queue as {taken[stream.stream_id]!r}: "
-                        "PyTorch's pool of 32 streams per device is used up, so the two run one after the other "
-                        "and the plan's overlap between them is lost. Use fewer stream names, or pass torch.cuda.Stream "
-                        "objects you created in the plan", RuntimeWarning, stacklevel=3)
+                    warn_shared_stream(name, f"cuda:{self.index}", taken[stream.stream_id])
                 self._named[name] = stream
         return stream
 
@@ -269,6 +275,33 @@ class CudaDevice(Device):
 
     def nvtx_mode(self) -> ContextManager:
         return _nvtx_mode()
+
+
+class SharedStreamWarning(RuntimeWarning):
+    """A new stream name of a device got a device queue another name already has (the pool of streams ran out).
+
+    The two names then run one after the other: the plan's overlap between them is lost, and a kernel that never
+    completes on one (a dead peer's collective) holds the other too.
+
+    Attributes
+    ----------
+    name, other : str
+        The new name and the one it shares the queue with.
+    device : str
+    """
+
+    def __init__(self, name: str, device: str, other: str) -> None:
+        self.name, self.device, self.other = name, device, other
+        super().__init__(
+            f"stream {name!r} on {device} is the same device queue as {other!r}: PyTorch's pool of streams (32 per "
+            "device and priority, round robin, NCCL draws from it too) is used up, so the two run one after the "
+            "other and the plan's overlap between them is lost. Use fewer stream names, or pass torch.cuda.Stream "
+            "objects you created in the plan")
+
+
+def warn_shared_stream(name: str, device: str, other: str) -> None:
+    """Warn (:class:`SharedStreamWarning`) that stream ``name`` on ``device`` shares its device queue with ``other``."""
+    warnings.warn(SharedStreamWarning(name, device, other), stacklevel=4)
 
 
 @contextlib.contextmanager

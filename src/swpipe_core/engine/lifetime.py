@@ -36,28 +36,48 @@ class _DeviceLifetime:
     and ``_teardown_timeout``."""
 
     def _prune_device(self, run: _Run) -> None:
-        """Release retired contexts (and what their tasks deleted) whose device work has completed."""
-        query = self._streams.query
+        """Release retired contexts (and what their tasks deleted) whose device work has completed.
+
+        The events of a released iteration stay in ``run.device_pending`` while
+        a task still to launch may wait for them (an inter-iteration
+        dependency, up to the plan's largest distance): the device order is
+        kept by those waits (on completed events, free), never by this
+        thread having seen them complete.
+        """
+        completed = self._streams.completed
+        horizon = run.oldest - self._event_horizon()
         for j in list(run.device_pending):
             st = run.device_pending[j]
-            if all(map(query, st.events)):
+            if st.ctx is not None:
+                if not completed(st.events):
+                    continue
+                self._release_context(run, st)
+            if j < horizon:
                 del run.device_pending[j]
                 self._free_state(run, st)
 
-    def _free_state(self, run: _Run, st: _IterState) -> None:
-        """An iteration whose device work has completed: read its timing, give its events back, drop its context."""
+    def _event_horizon(self) -> int:
+        """How many iterations back a task may wait for an event: the largest inter-iteration distance (else 0)."""
+        return max((dist for ti in self._infos for _, dist in ti.device_deps), default=0)
+
+    def _release_context(self, run: _Run, st: _IterState) -> None:
+        """An iteration whose device work has completed: read its timing and drop its context; keep its events."""
         if st.timing:
             run.device_timing.extend(st.timing)
             st.timing = []
             self._collect_device_timeline(run)
+        st.ctx = None
+
+    def _free_state(self, run: _Run, st: _IterState) -> None:
+        """An iteration whose device work has completed: its context, timing and events (given back) released."""
+        self._release_context(run, st)
         self._streams.recycle(st.events)
         st.events = [None] * len(st.events)
-        st.ctx = None
 
     def _bound_device_lag(self, run: _Run, retired: int) -> None:
         """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
         st = run.device_pending.get(retired - self.max_device_lag)
-        if st is None:  # negative, or already pruned: its device work completed
+        if st is None or st.ctx is None:  # negative, or already released: its device work completed
             return
         if not self._streams.wait_events(st.events, self.progress_timeout, wake=run.stop):
             if run.cancelled:  # a failure elsewhere ended the wait: report that one
@@ -68,8 +88,7 @@ class _DeviceLifetime:
                 f"{[ti.name for ti in self._infos if not self._streams.query(st.events[ti.idx])]}. A kernel is "
                 "hung (a dead peer rank?) or slow (raise progress_timeout); call drain() or fill_pipeline()")
             fail_now(run, error, f"device-lag timeout on iteration {st.idx}", self._join_timeout)
-        del run.device_pending[st.idx]
-        self._free_state(run, st)
+        self._release_context(run, st)  # its events stay for later waiters; _prune_device gives them back
 
     def _device_lag(self) -> int:
         """Retired iterations whose device work has not completed yet (0 on CPU); for tests."""

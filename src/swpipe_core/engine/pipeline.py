@@ -310,6 +310,7 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
         try:
             if self._streams.is_cuda:
                 run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]
+                self._streams.follow_caller(run.streams)  # the run starts after what the caller enqueued before it
                 run.nvtx = bool(emit_nvtx)
                 run.ctx_type = _GuardedContext  # early frees stay alive until the device is done
                 run.keep = _context_keeper(self._dev, self._state_params)

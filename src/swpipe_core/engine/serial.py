@@ -181,7 +181,7 @@ class _SerialRunner:
             if self._streams.is_cuda:
                 streams, pending = self._streams, self._serial_pending
                 pending.append((streams.record(stream), ctx))
-                while pending and streams.query(pending[0][0]):
+                while pending and streams.completed([pending[0][0]]):
                     streams.recycle([pending.popleft()[0]])
                 if len(pending) > self.max_device_lag + 1:
                     if not streams.wait_events([pending[0][0]], self.progress_timeout):

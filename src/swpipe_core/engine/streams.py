@@ -185,14 +185,59 @@ class StreamPool:
                 events.append(event)
         return tuple(events)
 
+    def follow_caller(self, streams: Iterable[Optional[Any]]) -> None:
+        """Make each of ``streams`` wait for the work the calling thread enqueued so far on its current stream.
+
+        A run starts after what its caller did before it (a model moved with
+        ``non_blocking=True``, a warm-up step, an optimizer's state set up on
+        the default stream): without this, a task on another stream could
+        read parameters those kernels are still writing. One event, one
+        device wait per other stream; the host does not block; nothing on CPU.
+        """
+        if not self.is_cuda:
+            return
+        caller = self.dev.current_stream()
+        key = self.dev.stream_key(caller)
+        others = {self.dev.stream_key(s): s for s in streams if s is not None}
+        others.pop(key, None)
+        if others:
+            event = self.record(caller)
+            for stream in others.values():
+                self.dev.wait(stream, event)
+
     def wait(self, stream: Optional[Any], event: Optional[Any]) -> None:
         """Make ``stream`` wait for ``event`` on the device; the CPU does not block."""
         if stream is not None and event is not None:
             self.dev.wait(stream, event)
 
     def query(self, event: Optional[Any]) -> bool:
-        """Whether the device work before ``event`` has completed (always true on CPU)."""
+        """Whether the device work before ``event`` has completed (always true on CPU); a look, not an order.
+
+        The answer is this moment's timing: code that acts on it (frees what
+        the work read) asks :meth:`completed`, which says so to the device.
+        """
         return event is None or self.dev.query(event)
+
+    def completed(self, events: Sequence[Optional[Any]]) -> bool:
+        """Whether the device work before every one of ``events`` has completed; if so the caller acts on it.
+
+        The calling thread then orders what it does next (free the memory
+        that work read, launch after it) after that work: on a GPU that is
+        just true; a device that checks orders (``swpipe.testing.FakeCuda``)
+        is told (:meth:`Device.observed <swpipe_core.engine.device.Device.observed>`),
+        since a bare :meth:`query` orders nothing.
+
+        Examples
+        --------
+        >>> StreamPool(torch.device("cpu")).completed([None, None])
+        True
+        """
+        pending = [ev for ev in events if ev is not None]
+        if not all(map(self.dev.query, pending)):
+            return False
+        if pending:
+            self.dev.observed(pending)
+        return True
 
     def fence(self, streams: Iterable[Optional[Any]] = ()) -> List[Any]:
         """Record an event on the default stream, every pool stream and ``streams``; ``[]`` on CPU.
@@ -238,7 +283,7 @@ class StreamPool:
         False
         """
         wake = self._wake if wake is None else wake
-        pending = [ev for ev in events if ev is not None]
+        waited = pending = [ev for ev in events if ev is not None]
         query = self.dev.query if self.is_cuda else (lambda ev: ev.query())
         deadline = time.monotonic() + timeout
         pause = 2e-5
@@ -250,6 +295,8 @@ class StreamPool:
             if left <= 0 or wake.wait(min(pause, left)):
                 return False
             pause = min(pause * 2, 1e-3)
+        if waited and self.is_cuda:  # a wait until done is a synchronisation: the caller acts on it
+            self.dev.observed(waited)
         return True
 
     def interrupt(self) -> None:

@@ -49,6 +49,7 @@ def make_plan(
 
     Examples
     --------
+    >>> from swpipe import TaskSchedule
     >>> plan = make_plan("demo", {"A": TaskSchedule(0)}, [], fns={"A": print})
     >>> plan.unbound_tasks(), plan.task("A").fn is print
     ([], True)

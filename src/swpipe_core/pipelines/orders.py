@@ -87,12 +87,12 @@ def apply_order(pipeline: str, plan: PipelinePlan, order: Optional[str]) -> Pipe
 
     Examples
     --------
-    >>> from swpipe_core.pipelines import get
-    >>> get("base", order="torchrec").enqueue_order
+    >>> from swpipe import pipelines
+    >>> pipelines.get("base", order="torchrec").enqueue_order
     ['ZeroGrad', 'WaitBatch', 'Forward', 'H2D', 'Backward', 'OptimizerStep']
-    >>> get("base", order="stage_descending").enqueue_policy
+    >>> pipelines.get("base", order="stage_descending").enqueue_policy
     'stage_descending'
-    >>> get("staged", order="torchrec")
+    >>> pipelines.get("staged", order="torchrec")
     Traceback (most recent call last):
     ...
     ValueError: pipeline 'staged' has no TorchRec submission order: StagedTrainPipeline's order depends on the user's stages; use order='ready_first' or 'stage_descending', or pass enqueue_order=[...] to PipelinePlan.replace
@@ -116,10 +116,10 @@ def order_label(plan: PipelinePlan) -> str:
 
     Examples
     --------
-    >>> from swpipe_core.pipelines import get
-    >>> order_label(get("sparse_dist"))
+    >>> from swpipe import pipelines
+    >>> order_label(pipelines.get("sparse_dist"))
     'ready_first policy'
-    >>> order_label(get("sparse_dist", order="torchrec"))
+    >>> order_label(pipelines.get("sparse_dist", order="torchrec"))
     'explicit enqueue_order'
     """
     return "explicit enqueue_order" if plan.enqueue_order is not None else f"{plan.enqueue_policy} policy"

@@ -1,0 +1,406 @@
+"""The ``torch.distributed.pipelining`` internals swpipe reads, in one place, behind a version check.
+
+PyTorch's pipeline schedules are data (``_Action`` orders per rank) that its runtime, its
+validator and its dry run read, but the helpers that build and lower them are private.
+Everything swpipe needs from them is here; no other module of swpipe names a private
+pipelining helper. :func:`check_torch` says what is missing, with the torch version, as
+:class:`PPTorchError` fields.
+
+What is read, and why:
+
+* ``get_schedule_class`` and each schedule class's own ``pipeline_order`` (built from
+  stand-in stages, as PyTorch's schedule visualiser does): the compute order per rank;
+* ``_PipelineScheduleRuntime._prepare_schedule_with_comms`` (its comms lowering,
+  ``_add_send_recv``): the send/recv actions the runtime adds, for the multi-stage
+  schedules and for a compute-only CSV swpipe writes;
+* the single-stage schedules (GPipe, 1F1B) do not run their ``pipeline_order``: their
+  ``_step_microbatches`` posts and waits point-to-point ops itself. swpipe runs that very
+  function on a recording stage, with the three p2p helpers it calls
+  (``_batch_p2p``, ``_sorted_batch_p2p``, ``_wait_batch_p2p``) bound to recorders in a copy
+  of the function's globals (torch's module is not touched), and reads what it posted,
+  waited for and computed;
+* ``_format_pipeline_order``: the step x rank grid exactly as PyTorch prints it;
+* ``_simulate_comms_compute``: PyTorch's own dry run, to compare with;
+* ``_PipelineScheduleRuntime._load_csv``: to check that a CSV swpipe writes loads;
+* ``_backward.stage_backward_input`` / ``stage_backward_weight``: the backward split the
+  zero-bubble schedules run, to time I and W as the runtime runs them.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["PPTorchError", "check_torch", "SCHEDULES", "available_schedules", "schedule_is_single",
+           "compute_order", "runtime_order", "lower_compute_order", "format_grid", "torch_dry_run",
+           "load_compute_csv", "runtime_from_csv", "schedule_class", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map"]
+
+MIN_TORCH = (2, 8)  # the oldest torch whose private helpers here were checked; 2.13 is the one tested
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+             "DualPipeV")
+_NEEDED = ("_Action", "_ComputationType", "_format_pipeline_order", "_PipelineScheduleRuntime",
+           "_simulate_comms_compute", "get_schedule_class", "PipelineScheduleSingle", "PipelineScheduleMulti",
+           "_batch_p2p", "_sorted_batch_p2p", "_wait_batch_p2p")
+_V_STYLE = ("ZBVZeroBubble", "DualPipeV")  # their stages sit on the ranks in a V, not in a loop
+
+
+@dataclass
+class PPTorchError(RuntimeError):
+    """This torch lacks a ``torch.distributed.pipelining`` helper swpipe reads.
+
+    Attributes
+    ----------
+    torch_version : str
+    missing : tuple of str
+        The names not found (``"torch>=2.8"`` when the version itself is too old).
+    """
+
+    torch_version: str
+    missing: Tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        super().__init__(
+            f"swpipe's pipeline-parallel analysis reads torch.distributed.pipelining's schedules; torch "
+            f"{self.torch_version} lacks {', '.join(self.missing)}. Install torch>={MIN_TORCH[0]}.{MIN_TORCH[1]} "
+            f"(tested with 2.13).")
+
+
+def _modules() -> Tuple[Any, Any]:
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:  # a development build: check the names only
+        major, minor = MIN_TORCH
+    if (major, minor) < MIN_TORCH:
+        raise PPTorchError(version, (f"torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}",))
+    try:
+        from torch.distributed.pipelining import _backward, schedules
+    except ImportError as exc:
+        raise PPTorchError(version, ("torch.distributed.pipelining",)) from exc
+    missing = [n for n in _NEEDED if not hasattr(schedules, n)]
+    missing += [f"_backward.{n}" for n in ("stage_backward", "stage_backward_input", "stage_backward_weight")
+                if not hasattr(_backward, n)]
+    if missing:
+        raise PPTorchError(version, tuple(missing))
+    return schedules, _backward
+
+
+def check_torch() -> str:
+    """The torch version when every helper swpipe reads is there; :class:`PPTorchError` otherwise."""
+    import torch
+
+    _modules()
+    return torch.__version__
+
+
+def available_schedules() -> Tuple[str, ...]:
+    """The names of :data:`SCHEDULES` this torch has (``get_schedule_class`` knows them)."""
+    schedules, _ = _modules()
+    out = []
+    for name in SCHEDULES:
+        try:
+            schedules.get_schedule_class(name)
+        except ValueError:
+            continue
+        out.append(name)
+    return tuple(out)
+
+
+def schedule_class(name: str) -> Any:
+    """PyTorch's schedule class of that name (``get_schedule_class``)."""
+    schedules, _ = _modules()
+    return schedules.get_schedule_class(name)
+
+
+def runtime_from_csv(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any], path: str,
+                     n_stages: int) -> Any:
+    """A ``_PipelineScheduleRuntime`` over this rank's stages running the compute-only CSV at ``path``."""
+    schedules, _ = _modules()
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn)
+    runtime._load_csv(path, format="compute_only")
+    return runtime
+
+
+def schedule_is_single(name: str) -> bool:
+    """Whether the schedule runs one stage per rank with its own step loop (GPipe, 1F1B)."""
+    schedules, _ = _modules()
+    return issubclass(schedule_class(name), schedules.PipelineScheduleSingle)
+
+
+def stage_to_rank_map(name: str, n_ranks: int, n_stages: int) -> Tuple[int, ...]:
+    """Which rank holds each stage under the schedule ``name`` (a loop, or a V for ZBV/DualPipeV)."""
+    if name in _V_STYLE:
+        out = []
+        rank = 0
+        for s in range(n_stages):
+            out.append(rank)
+            if (s + 1) % n_ranks == 0:
+                continue
+            rank += 1 if (s // n_ranks) % 2 == 0 else -1
+        return tuple(out)
+    return tuple(s % n_ranks for s in range(n_stages))
+
+
+class _StageShape:
+    """What a schedule's constructor reads of its stages: sizes and this rank (rank 0's view)."""
+
+    submod = None
+    group_rank = 0
+
+    def __init__(self, n_ranks: int, n_stages: int) -> None:
+        self.group_size, self.num_stages = n_ranks, n_stages
+
+
+def send_retention(name: str) -> str:
+    """How long the schedule's runtime holds the tensor of a send it posted (read from torch's source).
+
+    ``_PipelineScheduleRuntime`` appends every send's work to ``send_ops`` and waits them
+    at the end of the step; ``ScheduleGPipe`` keeps ``fwd_sends_to_wait``/``bwd_sends_to_wait``
+    to its end too; ``Schedule1F1B`` keeps only its last ``send_work`` and its pending
+    ``fwd_sends``/``bwd_sends`` (the next send the same way replaces them).
+    """
+    return "next" if name == "1F1B" else "step"
+
+
+def _stand_in_stages(n_ranks: int, n_stages: int, per_rank: int) -> Any:
+    """Stages with the shape a schedule's constructor reads (every rank's order is built from them)."""
+    return [_StageShape(n_ranks, n_stages)] * per_rank
+
+
+def compute_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: int) -> Dict[int, List[Optional[str]]]:
+    """The schedule's ``pipeline_order`` as PyTorch builds it: ``{rank: ["0F0", None, ...]}``.
+
+    For the single-stage schedules this is the order PyTorch *prints*; what their runtime
+    runs is :func:`runtime_order`.
+    """
+    schedules, _ = _modules()
+    cls = schedule_class(name)
+    stages = _stand_in_stages(n_ranks, n_ranks * stages_per_rank, stages_per_rank)
+    sched = cls(stages[0] if issubclass(cls, schedules.PipelineScheduleSingle) else stages, n_microbatches)
+    order = sched.pipeline_order
+    return {r: [None if a is None else str(a) for a in order[r]] for r in sorted(order)}
+
+
+def lower_compute_order(order: Dict[int, Sequence[Optional[str]]], n_microbatches: int,
+                        stage_to_rank: Sequence[int]) -> Dict[int, List[str]]:
+    """PyTorch's comms lowering of a compute-only order, as ``_PipelineScheduleRuntime`` runs it.
+
+    The runtime validates the order (``_validate_schedule``: every micro-batch's F before
+    its B/I before its W, each stage on one rank) and adds ``SEND_*``/``RECV_*`` (and the
+    ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` bookkeeping) with ``_add_send_recv``.
+    """
+    schedules, _ = _modules()
+    n_ranks = len(order)
+    n_stages = len(stage_to_rank)
+    stages = _stand_in_stages(n_ranks, n_stages, max(1, n_stages // n_ranks))
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches)
+    actions = {r: [None if a is None else schedules._Action.from_str(a) for a in order[r]] for r in order}
+    runtime._prepare_schedule_with_comms(actions)
+    return {r: [str(a) for a in runtime.pipeline_order_with_comms[r]] for r in sorted(runtime.pipeline_order_with_comms)}
+
+
+def _multi_runtime_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: int) -> Dict[int, List[str]]:
+    schedules, _ = _modules()
+    cls = schedule_class(name)
+    stages = _stand_in_stages(n_ranks, n_ranks * stages_per_rank, stages_per_rank)
+    sched = cls(stages, n_microbatches)
+    lowered = sched.pipeline_order_with_comms
+    return {r: [str(a) for a in lowered[r]] for r in sorted(lowered)}
+
+
+class _TraceOp:
+    """A point-to-point op a recording stage hands the schedule: its PyTorch action name."""
+
+    __slots__ = ("name", "peer")
+
+    def __init__(self, name: str, peer: int) -> None:
+        self.name, self.peer = name, peer
+
+
+class _RecordingStage:
+    """What ``PipelineScheduleSingle._step_microbatches`` calls on its stage, recorded as actions."""
+
+    def __init__(self, index: int, n_stages: int, log: List[Tuple[str, Tuple[str, ...]]]) -> None:
+        self.stage_index, self.num_stages, self.log = index, n_stages, log
+        self.is_first, self.is_last = index == 0, index == n_stages - 1
+        self.group_rank, self.group_size = index, n_stages
+        self.has_backward, self.submod = True, None
+        self.output_chunks: List[Any] = []
+
+    def _op(self, kind: str, mb: int, peer: int) -> List[_TraceOp]:
+        return [_TraceOp(f"{self.stage_index}{kind}{mb}", peer)]
+
+    def get_fwd_recv_ops(self, mb: int) -> List[_TraceOp]:
+        return [] if self.is_first else self._op("RECV_F", mb, self.stage_index - 1)
+
+    def get_fwd_send_ops(self, mb: int) -> List[_TraceOp]:
+        return [] if self.is_last else self._op("SEND_F", mb, self.stage_index + 1)
+
+    def get_bwd_recv_ops(self, mb: int) -> List[_TraceOp]:
+        return [] if self.is_last else self._op("RECV_B", mb, self.stage_index + 1)
+
+    def get_bwd_send_ops(self, mb: int) -> List[_TraceOp]:
+        return [] if self.is_first else self._op("SEND_B", mb, self.stage_index - 1)
+
+    def forward_one_chunk(self, mb: int, *args: Any, **kwargs: Any) -> None:
+        self.log.append(("compute", (f"{self.stage_index}F{mb}",)))
+
+    def backward_one_chunk(self, mb: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> None:
+        self.log.append(("compute", (f"{self.stage_index}{'B' if full_backward else 'I'}{mb}",)))
+
+    def perform_reduce_grad(self, grad_scale_factor: int) -> None:
+        self.log.append(("compute", (f"{self.stage_index}REDUCE_GRAD",)))
+
+    def clear_runtime_states(self) -> None:
+        pass
+
+
+def _single_runtime_order(name: str, n_ranks: int, n_microbatches: int) -> Dict[int, List[Tuple[str, Tuple[str, ...]]]]:
+    """Run the single-stage schedule's own step loop on recording stages, one per rank."""
+    schedules, _ = _modules()
+    cls = schedule_class(name)
+    out: Dict[int, List[Tuple[str, Tuple[str, ...]]]] = {}
+    for rank in range(n_ranks):
+        log: List[Tuple[str, Tuple[str, ...]]] = []
+        stage = _RecordingStage(rank, n_ranks, log)
+        sched = cls(stage, n_microbatches, loss_fn=lambda out, target: None)
+
+        def post(ops: List[_TraceOp], desc: Optional[str] = None, _log: Any = log) -> List[_TraceOp]:
+            if ops:
+                _log.append(("post", tuple(op.name for op in ops)))
+            return list(ops)
+
+        def post_sorted(ops: List[_TraceOp], desc: Optional[str] = None) -> Dict[int, List[_TraceOp]]:
+            by_peer: Dict[int, List[_TraceOp]] = {}
+            for op in ops:
+                by_peer.setdefault(op.peer, []).append(op)
+            return {peer: post(group) for peer, group in sorted(by_peer.items())}
+
+        def wait(works: List[_TraceOp], _log: Any = log) -> None:
+            if works:
+                _log.append(("wait", tuple(op.name for op in works)))
+
+        def loss(stage_: Any, output: Any, target_mbs: Any, mb: int, loss_kwargs: Any = None, _log: Any = log) -> None:
+            if stage_.is_last:
+                _log.append(("compute", (f"{stage_.stage_index}LOSS{mb}",)))
+
+        sched._initialize_stage = lambda *a, **k: None
+        sched._maybe_compute_loss = loss
+        sched._maybe_get_loss = lambda stage_, mb: None
+        sched._update_losses = lambda *a, **k: None
+        step = cls._step_microbatches
+        scope = dict(step.__globals__, _batch_p2p=post, _sorted_batch_p2p=post_sorted, _wait_batch_p2p=wait)
+        traced = types.FunctionType(step.__code__, scope, step.__name__, step.__defaults__, step.__closure__)
+        traced(sched, [()] * n_microbatches, [{}] * n_microbatches, [None] * n_microbatches, None)
+        out[rank] = log
+    return out
+
+
+def runtime_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: int
+                  ) -> Dict[int, List[Tuple[str, Tuple[str, ...]]]]:
+    """What each rank's runtime does, in order: ``[("post"|"wait"|"compute", (action, ...)), ...]``.
+
+    Multi-stage schedules: PyTorch's lowering (``pipeline_order_with_comms``), read with
+    ``_PipelineScheduleRuntime``'s semantics: a ``SEND_*``/``RECV_*`` is posted where it
+    stands, a compute action waits for the receive it consumes (none when the neighbouring
+    stage is on the same rank), and every send is waited for at the end of the step.
+    Single-stage schedules: the posts, waits and computations their own step loop makes.
+    """
+    if schedule_is_single(name):
+        return _single_runtime_order(name, n_ranks, n_microbatches)
+    lowered = _multi_runtime_order(name, n_ranks, n_microbatches, stages_per_rank)
+    return read_lowered(lowered, n_ranks * stages_per_rank, stage_to_rank_map(name, n_ranks, n_ranks * stages_per_rank))
+
+
+def read_lowered(lowered: Dict[int, List[str]], n_stages: int, stage_to_rank: Sequence[int]
+                 ) -> Dict[int, List[Tuple[str, Tuple[str, ...]]]]:
+    """``_PipelineScheduleRuntime``'s semantics of a lowered order, as posts, waits and computations."""
+    schedules, _ = _modules()
+    out: Dict[int, List[Tuple[str, Tuple[str, ...]]]] = {}
+    for rank, actions in lowered.items():
+        steps: List[Tuple[str, Tuple[str, ...]]] = []
+        sends: List[str] = []
+        for text in actions:
+            a = schedules._Action.from_str(text)
+            kind = a.computation_type.value
+            if kind in ("SEND_F", "SEND_B", "RECV_F", "RECV_B"):
+                steps.append(("post", (text,)))
+                if kind.startswith("SEND"):
+                    sends.append(text)
+                continue
+            if kind in ("UNSHARD", "RESHARD"):
+                continue  # no FSDP here: the runtime does nothing for them
+            subs = a.sub_actions if a.sub_actions is not None else (a,)
+            for sub in subs:
+                s, k, mb = sub.stage_index, sub.computation_type.value, sub.microbatch_index
+                if k == "F" and s > 0 and stage_to_rank[s - 1] != rank:
+                    steps.append(("wait", (f"{s}RECV_F{mb}",)))
+                elif k in ("B", "I") and s < n_stages - 1 and stage_to_rank[s + 1] != rank:
+                    steps.append(("wait", (f"{s}RECV_B{mb}",)))
+                steps.append(("compute", (str(sub),)))
+                if k == "F" and s == n_stages - 1:
+                    steps.append(("compute", (f"{s}LOSS{mb}",)))
+        if sends:
+            steps.append(("wait", tuple(sends)))
+        out[rank] = steps
+    return out
+
+
+def format_grid(order: Dict[int, Sequence[Any]]) -> str:
+    """The step x rank grid, printed by PyTorch's own ``_format_pipeline_order``."""
+    schedules, _ = _modules()
+    return schedules._format_pipeline_order({r: list(order[r]) for r in order})
+
+
+def torch_dry_run(lowered: Dict[int, List[str]], stage_to_rank: Sequence[int]) -> Dict[int, List[Optional[str]]]:
+    """PyTorch's dry run (``_simulate_comms_compute``) of a lowered order: unit steps, ``None`` idle."""
+    schedules, _ = _modules()
+    order = {r: [schedules._Action.from_str(a) for a in lowered[r]] for r in lowered}
+    order = {r: [a for a in acts if a.computation_type.value not in ("UNSHARD", "RESHARD", "REDUCE_GRAD")]
+             for r, acts in order.items()}
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its work-in-progress grid before it raises
+        sim = schedules._simulate_comms_compute(order, lambda s: stage_to_rank[s], len(stage_to_rank))
+    return {r: [None if a is None else str(a) for a in sim[r]] for r in sorted(sim)}
+
+
+def load_compute_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int
+                     ) -> Tuple[Dict[int, List[str]], Dict[int, List[str]], Tuple[int, ...]]:
+    """Load a compute-only CSV with ``_PipelineScheduleRuntime._load_csv``, as a rank of a job would.
+
+    Returns the compute order it read, the lowered order it runs, and the stage-to-rank map
+    its validator inferred.
+    """
+    schedules, _ = _modules()
+    stages = _stand_in_stages(n_ranks, n_stages, max(1, n_stages // n_ranks))
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches)
+    runtime._load_csv(path, format="compute_only")
+    compute = {r: [str(a) for a in runtime.pipeline_order[r] if a is not None] for r in sorted(runtime.pipeline_order)}
+    lowered = {r: [str(a) for a in runtime.pipeline_order_with_comms[r]]
+               for r in sorted(runtime.pipeline_order_with_comms)}
+    mapping = runtime.stage_index_to_group_rank
+    return compute, lowered, tuple(mapping[s] for s in range(n_stages))
+
+
+def backward_full(stage_outputs: Any, output_grads: Any, inputs: Any) -> Any:
+    """The B the runtime runs: input and weight gradients at once (``stage_backward``)."""
+    _, backward = _modules()
+    return backward.stage_backward(stage_outputs, output_grads, inputs)
+
+
+def backward_input(stage_outputs: Any, output_grads: Any, inputs: Any, weights: Any) -> Tuple[Any, Any]:
+    """The I of a zero-bubble schedule: gradients of the stage's inputs (``stage_backward_input``)."""
+    _, backward = _modules()
+    return backward.stage_backward_input(stage_outputs, output_grads, inputs, weights)
+
+
+def backward_weight(params: Any, param_groups: Any) -> Any:
+    """The W of a zero-bubble schedule: gradients of the stage's weights (``stage_backward_weight``)."""
+    _, backward = _modules()
+    return backward.stage_backward_weight(params, param_groups)

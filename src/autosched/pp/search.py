@@ -1,0 +1,495 @@
+"""Search an action order per rank (and the micro-batch count) that PyTorch's runtime then runs.
+
+For each micro-batch count and stage layout (one stage per rank; two per rank in a loop;
+two per rank in a V) with costs, the candidates are
+
+* **seeds**: PyTorch's schedules of that layout, as they run, and their compute orders
+  as ``_PipelineScheduleRuntime`` runs them from a CSV;
+* **list schedules**: a greedy scheduler in time, on the cost model, with a family of
+  policies (full backward or I + W; backward first or forward first; a cap on forwards
+  in flight per stage; W eagerly or only when nothing else is ready) and the memory cap;
+* **CP-SAT** (small problems: at most ``cpsat_max_actions`` compute actions): start times
+  that minimise the makespan under the ranks' one-at-a-time rule, the data dependencies
+  with transfer times, and the memory cap as a reservoir per rank, hinted with the best
+  list schedule.
+
+Every candidate is lowered by PyTorch's own comms lowering and scored by
+:func:`~autosched.pp.simulate.pp_simulate`; those over the cap are dropped, and the
+fastest is returned (less memory on a tie), so the answer is never predicted slower
+than the best seed that fits.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from autosched.pp import _torch
+from autosched.pp.bounds import pp_lower_bounds
+from autosched.pp.costs import PPCosts
+from autosched.pp.program import PPError, PPProgram, builtin_programs, program_from_order
+from autosched.pp.simulate import PPSimResult, pp_simulate
+
+__all__ = ["PPCandidate", "PPSearchResult", "pp_search", "list_schedule"]
+
+
+@dataclass(frozen=True)
+class PPCandidate:
+    """One scored candidate: where it came from, its program and its prediction."""
+
+    origin: str
+    program: PPProgram
+    result: PPSimResult
+    costs: PPCosts = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class PPSearchResult:
+    """What :func:`pp_search` found.
+
+    Attributes
+    ----------
+    best : PPCandidate
+        The fastest candidate within the cap (a seed when none beat it).
+    best_seed : PPCandidate or None
+        The fastest of PyTorch's schedules (as they run) within the cap.
+    exported : PPCandidate
+        The fastest candidate ``_PipelineScheduleRuntime`` runs from a compute-only CSV
+        (``exported.program.to_csv(path)``); ``best`` itself when it is one.
+    bound_s : float
+        The lower bound of ``best``'s micro-batch count and layout.
+    candidates : tuple of PPCandidate
+        Every candidate scored, within the cap or not.
+    memory_cap_bytes : int or None
+    cpsat_status : str
+        CP-SAT's status per problem it solved ("" when none was small enough).
+    """
+
+    best: PPCandidate
+    best_seed: Optional[PPCandidate]
+    exported: PPCandidate
+    bound_s: float
+    candidates: Tuple[PPCandidate, ...] = field(repr=False)
+    memory_cap_bytes: Optional[int] = None
+    cpsat_status: str = ""
+
+    @property
+    def gain_over_seed(self) -> float:
+        """``best_seed``'s predicted step over ``best``'s (1.0: no better than PyTorch's best)."""
+        if self.best_seed is None or self.best.result.step_s <= 0:
+            return float("nan")
+        return self.best_seed.result.step_s / self.best.result.step_s
+
+    def summary(self) -> str:
+        b = self.best
+        lines = [f"best: {b.origin} ({b.program.schedule}, {b.program.n_microbatches} micro-batches, "
+                 f"{b.program.n_stages} stages): {b.result.step_s * 1e3:.3f} ms predicted, "
+                 f"peak {b.result.max_peak_bytes / 2**20:.2f} MiB, bound {self.bound_s * 1e3:.3f} ms"]
+        if self.best_seed is not None:
+            s = self.best_seed
+            lines.append(f"best of PyTorch's: {s.program.schedule}: {s.result.step_s * 1e3:.3f} ms, "
+                         f"peak {s.result.max_peak_bytes / 2**20:.2f} MiB ({self.gain_over_seed:.3f}x)")
+        if self.exported is not b:
+            lines.append(f"best as a CSV for _PipelineScheduleRuntime: {self.exported.origin}: "
+                         f"{self.exported.result.step_s * 1e3:.3f} ms")
+        if self.cpsat_status:
+            lines.append(f"CP-SAT: {self.cpsat_status}")
+        return "\n".join(lines)
+
+
+# --- the list scheduler -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Policy:
+    split: bool                 # I + W instead of B
+    backward_first: bool        # a ready backward goes before a ready forward
+    extra_in_flight: Optional[int]  # forwards a stage may run ahead of its backwards, beyond its depth; None: no cap
+    w_fill: bool                # W only when nothing else is ready (zero-bubble), else right after its I
+
+    def name(self) -> str:
+        cap = "inf" if self.extra_in_flight is None else f"+{self.extra_in_flight}"
+        return (f"list({'IW' if self.split else 'B'},{'bwd' if self.backward_first else 'fwd'}-first,"
+                f"inflight{cap},{'W-fill' if self.w_fill else 'W-eager'})")
+
+
+def _hop(costs: PPCosts, stage_to_rank: Sequence[int], s: int) -> float:
+    """The transfer between stage s and s + 1 (0 when they share a rank)."""
+    if s + 1 >= len(stage_to_rank) or stage_to_rank[s] == stage_to_rank[s + 1]:
+        return 0.0
+    return costs.p2p.seconds(costs.stages[s].output_bytes)
+
+
+def list_schedule(costs: PPCosts, stage_to_rank: Sequence[int], n_microbatches: int, policy: _Policy,
+                  memory_cap_bytes: Optional[int] = None) -> Optional[Dict[int, List[str]]]:
+    """A compute order per rank by greedy list scheduling in time; None when the cap blocks it."""
+    n_stages, n = len(stage_to_rank), n_microbatches
+    ranks = sorted(set(stage_to_rank))
+    depth = {s: n_stages - s for s in range(n_stages)}
+    ready_at: Dict[Tuple[str, int, int], float] = {("F", 0, m): 0.0 for m in range(n)}
+    next_f = {s: 0 for s in range(n_stages)}
+    next_b = {s: 0 for s in range(n_stages)}
+    pending_w: Dict[int, List[Tuple[int, int]]] = {r: [] for r in ranks}
+    live = {r: 0 for r in ranks}
+    free_at = {r: 0.0 for r in ranks}
+    order: Dict[int, List[str]] = {r: [] for r in ranks}
+    done = 0
+    total = n_stages * n * (3 if policy.split else 2)
+    events: List[Tuple[float, int, int]] = [(0.0, r, r) for r in ranks]  # (time, tiebreak, rank)
+    heapq.heapify(events)
+    tick = itertools.count(len(ranks))
+    while done < total:
+        if not events:
+            return None  # nothing can start: the cap (or the in-flight rule) starves a rank
+        t, _, r = heapq.heappop(events)
+        if t < free_at[r]:
+            continue
+        choice = _pick(r, t, costs, stage_to_rank, n, policy, ready_at, next_f, next_b, pending_w, live,
+                       memory_cap_bytes, depth)
+        if choice is None:
+            later = [v for v in ready_at.values() if v > t]
+            if later:
+                heapq.heappush(events, (min(later), next(tick), r))
+            continue
+        kind, s, m = choice
+        c = costs.stages[s]
+        dur = c.action_s(kind) + (c.loss_s if kind == "F" and s == n_stages - 1 else 0.0)
+        end = t + dur
+        free_at[r] = end
+        order[r].append(f"{s}{kind}{m}")
+        done += 1
+        if kind == "F":
+            next_f[s] += 1
+            live[r] += c.activation_bytes
+            if s + 1 < n_stages:
+                ready_at[("F", s + 1, m)] = end + _hop(costs, stage_to_rank, s)
+            else:
+                ready_at[("B", s, m)] = end
+        elif kind in ("B", "I"):
+            next_b[s] += 1
+            live[r] -= c.activation_bytes if kind == "B" else c.activation_bytes - c.weight_keep_bytes
+            if s > 0:
+                ready_at[("B", s - 1, m)] = end + _hop(costs, stage_to_rank, s - 1)
+            if kind == "I":
+                pending_w[r].append((s, m))
+        else:
+            live[r] -= c.weight_keep_bytes
+        heapq.heappush(events, (end, next(tick), r))
+        for other in ranks:
+            if other != r and free_at[other] <= end:
+                heapq.heappush(events, (max(free_at[other], t), next(tick), other))
+    return order
+
+
+def _pick(r: int, t: float, costs: PPCosts, stage_to_rank: Sequence[int], n: int, policy: _Policy,
+          ready_at: Dict[Tuple[str, int, int], float], next_f: Dict[int, int], next_b: Dict[int, int],
+          pending_w: Dict[int, List[Tuple[int, int]]], live: Dict[int, int], cap: Optional[int],
+          depth: Dict[int, int]) -> Optional[Tuple[str, int, int]]:
+    mine = [s for s, rr in enumerate(stage_to_rank) if rr == r]
+    backwards, forwards = [], []
+    for s in mine:
+        m = next_b[s]
+        if m < n and next_f[s] > m and ready_at.get(("B", s, m), float("inf")) <= t:
+            backwards.append(("I" if policy.split else "B", s, m))
+        m = next_f[s]
+        if m < n and ready_at.get(("F", s, m), float("inf")) <= t:
+            in_flight = next_f[s] - next_b[s]
+            limit = None if policy.extra_in_flight is None else depth[s] + policy.extra_in_flight
+            fits = cap is None or live[r] + costs.stages[s].activation_bytes <= cap
+            if (limit is None or in_flight < limit) and fits:
+                forwards.append(("F", s, m))
+    backwards.sort(key=lambda a: -a[1])  # the later stage first: it unblocks the others' backwards
+    forwards.sort(key=lambda a: -a[1])   # the later stage first: it is nearer the loss
+    w = [("W", s, m) for s, m in pending_w[r][:1]]
+    if w and not policy.w_fill:
+        pending_w[r].pop(0)
+        return w[0]
+    first, second = (backwards, forwards) if policy.backward_first else (forwards, backwards)
+    for group in (first, second):
+        if group:
+            return group[0]
+    if w:
+        pending_w[r].pop(0)
+        return w[0]
+    return None
+
+
+def _policies(split_ok: bool) -> List[_Policy]:
+    out = []
+    for split, bwd_first, extra, w_fill in itertools.product((False, True), (True, False), (0, 1, 2, None),
+                                                            (True, False)):
+        if (split and not split_ok) or (not split and w_fill):
+            continue
+        out.append(_Policy(split, bwd_first, extra, w_fill))
+    return out
+
+
+# --- CP-SAT -----------------------------------------------------------------------------------------
+
+def _cpsat_order(costs: PPCosts, stage_to_rank: Sequence[int], n: int, split: bool, cap: Optional[int],
+                 time_limit_s: float, hint: Optional[Dict[int, List[str]]]) -> Tuple[Optional[Dict[int, List[str]]], str]:
+    from ortools.sat.python import cp_model
+
+    n_stages = len(stage_to_rank)
+    scale = 1e6  # microseconds
+    model = cp_model.CpModel()
+
+    def dur(s: int, kind: str) -> int:
+        c = costs.stages[s]
+        return max(0, int(round((c.action_s(kind) + (c.loss_s if kind == "F" and s == n_stages - 1 else 0)) * scale)))
+
+    def hop(s: int) -> int:
+        return int(round(_hop(costs, stage_to_rank, s) * scale))
+
+    kinds = ("F", "I", "W") if split else ("F", "B")
+    horizon = sum(dur(s, k) for s in range(n_stages) for k in kinds) * n + sum(hop(s) for s in range(n_stages)) * 2 * n
+    start, end, iv = {}, {}, {}
+    for s, m, k in itertools.product(range(n_stages), range(n), kinds):
+        start[s, m, k] = model.NewIntVar(0, horizon, f"s{s}{k}{m}")
+        end[s, m, k] = model.NewIntVar(0, horizon, f"e{s}{k}{m}")
+        iv[s, m, k] = model.NewIntervalVar(start[s, m, k], dur(s, k), end[s, m, k], f"i{s}{k}{m}")
+    back = "I" if split else "B"
+    for s, m in itertools.product(range(n_stages), range(n)):
+        if s > 0:
+            model.Add(start[s, m, "F"] >= end[s - 1, m, "F"] + hop(s - 1))
+        model.Add(start[s, m, back] >= end[s, m, "F"])
+        if s + 1 < n_stages:
+            model.Add(start[s, m, back] >= end[s + 1, m, back] + hop(s))
+        if split:
+            model.Add(start[s, m, "W"] >= end[s, m, "I"])
+        if m > 0:  # micro-batches in order within a stage: a symmetry the runtime's buffers expect anyway
+            model.Add(start[s, m, "F"] >= end[s, m - 1, "F"])
+            model.Add(start[s, m, back] >= end[s, m - 1, back])
+    for r in sorted(set(stage_to_rank)):
+        mine = [s for s in range(n_stages) if stage_to_rank[s] == r]
+        model.AddNoOverlap([iv[s, m, k] for s in mine for m in range(n) for k in kinds])
+        if cap is not None:
+            times, demands = [], []
+            for s in mine:
+                c = costs.stages[s]
+                for m in range(n):
+                    times.append(end[s, m, "F"])
+                    demands.append(c.activation_bytes)
+                    if split:
+                        times += [end[s, m, "I"], end[s, m, "W"]]
+                        demands += [-(c.activation_bytes - c.weight_keep_bytes), -c.weight_keep_bytes]
+                    else:
+                        times.append(end[s, m, "B"])
+                        demands.append(-c.activation_bytes)
+            model.AddReservoirConstraint(times, demands, 0, cap)
+    makespan = model.NewIntVar(0, horizon, "makespan")
+    model.AddMaxEquality(makespan, [end[k] for k in end])
+    model.Minimize(makespan)
+    if hint:
+        _hint_from_order(model, start, hint, costs, stage_to_rank, n, split, dur, hop)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 2
+    solver.parameters.random_seed = 0
+    status = solver.Solve(model)
+    name = solver.StatusName(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, name
+    order: Dict[int, List[str]] = {}
+    for r in sorted(set(stage_to_rank)):
+        acts = [(solver.Value(start[s, m, k]), s, k, m) for (s, m, k) in start if stage_to_rank[s] == r]
+        acts.sort(key=lambda a: (a[0], "FIBW".index(a[2]), -a[1]))
+        order[r] = [f"{s}{k}{m}" for _, s, k, m in acts]
+    return order, f"{name}, makespan {solver.Value(makespan) / scale * 1e3:.3f} ms (model)"
+
+
+def _hint_from_order(model: object, start: Dict, hint: Dict[int, List[str]], costs: PPCosts,
+                     stage_to_rank: Sequence[int], n: int, split: bool, dur: object, hop: object) -> None:
+    """Start times of ``hint``'s order replayed on the model's own rules, as CP-SAT's hint."""
+    from autosched.pp.program import parse_action
+
+    kinds_ok = {"F", "I", "W"} if split else {"F", "B"}
+    acts = {r: list(a) for r, a in hint.items()}
+    if any(parse_action(a)[1] not in kinds_ok for r in acts for a in acts[r]):
+        return
+    done: Dict[Tuple[int, int, str], int] = {}
+    clock = {r: 0 for r in acts}
+    pos = {r: 0 for r in acts}
+    back = "I" if split else "B"
+    progress = True
+    while progress:
+        progress = False
+        for r in acts:
+            while pos[r] < len(acts[r]):
+                s, k, m = parse_action(acts[r][pos[r]])
+                deps = []
+                if k == "F" and s > 0:
+                    deps.append(((s - 1, m, "F"), hop(s - 1)))
+                if k == back:
+                    deps.append(((s, m, "F"), 0))
+                    if s + 1 < len(stage_to_rank):
+                        deps.append(((s + 1, m, back), hop(s)))
+                if k == "W":
+                    deps.append(((s, m, "I"), 0))
+                if any(d not in done for d, _ in deps):
+                    break
+                t0 = max([clock[r]] + [done[d] + h for d, h in deps])
+                model.AddHint(start[s, m, k], t0)  # type: ignore[attr-defined]
+                done[(s, m, k)] = t0 + dur(s, k)  # type: ignore[operator]
+                clock[r] = done[(s, m, k)]
+                pos[r] += 1
+                progress = True
+
+
+# --- the search ------------------------------------------------------------------------------------
+
+def _layouts(n_ranks: int, costs_by_stages: Mapping[int, PPCosts]) -> List[Tuple[str, Tuple[int, ...]]]:
+    out = []
+    if n_ranks in costs_by_stages:
+        out.append(("loop1", tuple(range(n_ranks))))
+    if 2 * n_ranks in costs_by_stages:
+        out.append(("loop2", _torch.stage_to_rank_map("Interleaved1F1B", n_ranks, 2 * n_ranks)))
+        out.append(("v2", _torch.stage_to_rank_map("ZBVZeroBubble", n_ranks, 2 * n_ranks)))
+    return out
+
+
+def _score(origin: str, program: PPProgram, costs: PPCosts) -> PPCandidate:
+    return PPCandidate(origin, program, pp_simulate(program, costs), costs)
+
+
+def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
+              n_microbatches: Union[int, Sequence[int]], *, memory_cap_bytes: Optional[int] = None,
+              costs_for_microbatches: Optional[Mapping[int, Mapping[int, PPCosts]]] = None,
+              time_limit_s: float = 10.0, cpsat_max_actions: int = 64, use_cpsat: bool = True) -> PPSearchResult:
+    """The fastest action order per rank (and micro-batch count) within a memory cap per rank.
+
+    Parameters
+    ----------
+    costs : PPCosts or dict
+        The model's costs, or ``{n_stages: PPCosts}`` for each stage split measured
+        (``n_ranks`` stages: one per rank; ``2 * n_ranks``: two per rank, looped or in a V).
+    n_ranks : int
+    n_microbatches : int or sequence of int
+        The micro-batch counts to try, for the same batch: other counts than the one the
+        costs were measured at are rescaled (:meth:`PPCosts.rescaled
+        <autosched.pp.costs.PPCosts.rescaled>`) unless ``costs_for_microbatches`` has them.
+    memory_cap_bytes : int, optional
+        The most any rank may hold at its peak (as :func:`pp_simulate` predicts it).
+    costs_for_microbatches : dict, optional
+        ``{n_microbatches: {n_stages: PPCosts}}`` measured for each count.
+    time_limit_s : float
+        CP-SAT's limit per problem.
+    cpsat_max_actions : int
+        CP-SAT runs when a problem has at most this many compute actions; beyond, the
+        list scheduler alone.
+    use_cpsat : bool
+
+    Raises
+    ------
+    PPError
+        ``rule="memory_cap"`` when no candidate fits the cap (``detail`` gives the least
+        peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split.
+
+    Examples
+    --------
+    >>> from swpipe.pp import PPCosts, StageCost
+    >>> costs = PPCosts((StageCost(1.0, 2.0, 1.0, 1.0),) * 2)
+    >>> found = pp_search(costs, 2, 4, use_cpsat=False)
+    >>> found.best.result.step_s <= found.best_seed.result.step_s
+    True
+    """
+    by_stages = {costs.n_stages: costs} if isinstance(costs, PPCosts) else dict(costs)
+    counts = [n_microbatches] if isinstance(n_microbatches, int) else list(n_microbatches)
+    if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
+        raise PPError("bad_value", "n_microbatches", n_microbatches, detail="integers >= 1")
+    layouts = _layouts(n_ranks, by_stages)
+    if not layouts:
+        raise PPError("missing_cost", "costs", sorted(by_stages), detail=f"costs for {n_ranks} or {2 * n_ranks} stages")
+    candidates: List[PPCandidate] = []
+    statuses = []
+    for n in counts:
+        costs_n = _costs_for(by_stages, counts, n, costs_for_microbatches)
+        seeds, _ = builtin_programs(n_ranks, n)
+        for name, p in seeds.items():
+            c = costs_n.get(p.n_stages)
+            if c is None:
+                continue
+            candidates.append(_score(f"PyTorch {name}", p, c))
+            if p.lowered is None:  # its compute order through _PipelineScheduleRuntime, as a CSV runs it
+                candidates.append(_score(f"{name} order as CSV", program_from_order(
+                    p.compute, n, p.stage_to_rank, f"{name}-csv", source="swpipe"), c))
+        for layout, stage_to_rank in layouts:
+            c = costs_n[len(stage_to_rank)]
+            split_ok = all(x.backward_weight_s > 0 for x in c.stages)
+            best_order, best_step = None, float("inf")
+            for policy in _policies(split_ok):
+                order = list_schedule(c, stage_to_rank, n, policy, memory_cap_bytes)
+                if order is None:
+                    continue
+                cand = _try(f"{policy.name()} {layout}", order, n, stage_to_rank, c)
+                if cand is not None:
+                    candidates.append(cand)
+                    if cand.result.step_s < best_step:
+                        best_order, best_step = order, cand.result.step_s
+            n_actions = len(stage_to_rank) * n * 3
+            if use_cpsat and n_actions <= cpsat_max_actions:
+                for split in ((False, True) if split_ok else (False,)):
+                    hint = best_order if best_order and _order_is(best_order, split) else None
+                    order, status = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, time_limit_s, hint)
+                    statuses.append(f"{layout} n={n} {'IW' if split else 'B'}: {status}")
+                    if order is not None:
+                        cand = _try(f"cpsat({'IW' if split else 'B'}) {layout}", order, n, stage_to_rank, c)
+                        if cand is not None:
+                            candidates.append(cand)
+    return _choose(candidates, memory_cap_bytes, by_stages, counts, n_ranks, "; ".join(statuses))
+
+
+def _order_is(order: Dict[int, List[str]], split: bool) -> bool:
+    from autosched.pp.program import parse_action
+
+    has_w = any(parse_action(a)[1] == "W" for acts in order.values() for a in acts)
+    return has_w == split
+
+
+def _costs_for(by_stages: Mapping[int, PPCosts], counts: Sequence[int], n: int,
+               measured: Optional[Mapping[int, Mapping[int, PPCosts]]]) -> Dict[int, PPCosts]:
+    if measured and n in measured:
+        return dict(measured[n])
+    if len(counts) == 1:
+        return dict(by_stages)
+    base = counts[0]
+    out = {}
+    for k, c in by_stages.items():
+        batch = c.samples_per_microbatch * base
+        if c.samples_per_microbatch <= 0 or batch % n:
+            raise PPError("missing_cost", "costs_for_microbatches", n,
+                          detail="give costs measured for this micro-batch count (the batch does not rescale to it)")
+        out[k] = c.rescaled(batch // n)
+    return out
+
+
+def _try(origin: str, order: Dict[int, List[str]], n: int, stage_to_rank: Sequence[int], costs: PPCosts
+         ) -> Optional[PPCandidate]:
+    try:
+        program = program_from_order(order, n, stage_to_rank, "swpipe-searched", source="swpipe")
+        return _score(origin, program, costs)
+    except PPError:
+        return None  # PyTorch's lowering refuses this order (it cannot place its sends and receives)
+
+
+def _choose(candidates: List[PPCandidate], cap: Optional[int], by_stages: Mapping[int, PPCosts],
+            counts: Sequence[int], n_ranks: int, statuses: str) -> PPSearchResult:
+    def fits(c: PPCandidate) -> bool:
+        return cap is None or c.result.max_peak_bytes <= cap
+
+    def key(c: PPCandidate) -> Tuple[float, int]:
+        return (round(c.result.step_s, 12), c.result.max_peak_bytes)
+
+    ok = [c for c in candidates if fits(c)]
+    if not ok:
+        least = min((c.result.max_peak_bytes for c in candidates), default=0)
+        raise PPError("memory_cap", "memory_cap_bytes", cap,
+                      detail=f"no schedule found fits; the least predicted peak is {least} bytes")
+    best = min(ok, key=key)
+    seeds = [c for c in ok if c.origin.startswith("PyTorch ")]
+    exported = [c for c in ok if c.program.lowered is not None]
+    best_seed = min(seeds, key=key) if seeds else None
+    bound = pp_lower_bounds(best.costs, best.program.n_microbatches, best.program.stage_to_rank).value
+    return PPSearchResult(best, best_seed, min(exported, key=key) if exported else best, bound, tuple(candidates),
+                          cap, statuses)

@@ -1,0 +1,273 @@
+"""Predict a pipeline-parallel step: each rank's actions in order, on measured costs, in time.
+
+:func:`pp_simulate` runs a :class:`~autosched.pp.program.PPProgram`'s ``steps`` on every
+rank at once, as the runtime does:
+
+* a rank runs its steps one after another on one thread (the runtime's loop);
+* a compute action (F, I, W, B, LOSS) takes its stage's cost (:class:`~autosched.pp.costs.StageCost`);
+* a posted send or receive does not block; a transfer starts once both its send and its
+  receive are posted and takes :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>`
+  of the bytes; a ``wait`` blocks the rank until the transfers it names have ended;
+* a step ends when every rank has run its last step.
+
+Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; an I frees
+all but ``weight_keep_bytes``, a W the rest, a B everything; while an action runs, its
+``*_peak_bytes`` come on top. A tensor handed to a send (a forward's output, a backward's
+input gradient) lives until the runtime lets go of the send
+(:attr:`PPProgram.send_retention <autosched.pp.program.PPProgram.send_retention>`). The
+peak is the most of that over the step, above what was alive when it started.
+
+PyTorch's own dry run (``_simulate_comms_compute``) counts unit steps: every action takes
+one, transfers take none and no memory is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from autosched.pp.costs import PPCosts
+from autosched.pp.program import PPError, PPProgram, parse_action
+
+__all__ = ["PPSimResult", "pp_simulate", "TimelineEntry"]
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One simulated interval: a rank's compute action, or a transfer (``rank`` = the sender)."""
+
+    rank: int
+    action: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class PPSimResult:
+    """What :func:`pp_simulate` predicts for one step.
+
+    Attributes
+    ----------
+    schedule : str
+    step_s : float
+        The step time: from the first action to the last rank's end.
+    busy_s, bubble_s : dict
+        Per rank: seconds of compute, and the rest of the step (idle or waiting).
+    peak_bytes : dict
+        Per rank: the most bytes alive above the step's start (activations, input
+        gradients awaiting their send, the running action's transient).
+    end_s : dict
+        Per rank: when its last step ended.
+    timeline : tuple of TimelineEntry
+    """
+
+    schedule: str
+    step_s: float
+    busy_s: Dict[int, float]
+    bubble_s: Dict[int, float]
+    peak_bytes: Dict[int, int]
+    end_s: Dict[int, float]
+    timeline: Tuple[TimelineEntry, ...] = field(default=(), repr=False)
+
+    @property
+    def bubble_fraction(self) -> Dict[int, float]:
+        """Per rank: ``bubble_s / step_s``."""
+        return {r: (b / self.step_s if self.step_s > 0 else 0.0) for r, b in self.bubble_s.items()}
+
+    @property
+    def max_peak_bytes(self) -> int:
+        return max(self.peak_bytes.values()) if self.peak_bytes else 0
+
+    def summary(self) -> str:
+        """One line per rank under a header line."""
+        lines = [f"{self.schedule}: step {self.step_s * 1e3:.3f} ms"]
+        for r in sorted(self.busy_s):
+            lines.append(f"  rank {r}: busy {self.busy_s[r] * 1e3:.3f} ms, bubble {self.bubble_fraction[r]:.0%}, "
+                         f"peak {self.peak_bytes[r] / 2**20:.2f} MiB")
+        return "\n".join(lines)
+
+
+def _transfer_key(action: str) -> Tuple[str, int, int]:
+    """A send and the receive it matches share a key: (direction, sending stage, micro-batch)."""
+    stage, kind, mb = parse_action(action)
+    assert mb is not None
+    if kind == "SEND_F":
+        return ("F", stage, mb)
+    if kind == "SEND_B":
+        return ("B", stage, mb)
+    if kind == "RECV_F":
+        return ("F", stage - 1, mb)
+    return ("B", stage + 1, mb)
+
+
+class _Transfers:
+    """Posted sends and receives, matched by key; a transfer's end once both sides are posted."""
+
+    def __init__(self, program: PPProgram, costs: PPCosts) -> None:
+        self.costs = costs
+        self.send_post: Dict[Tuple[str, int, int], float] = {}
+        self.recv_post: Dict[Tuple[str, int, int], float] = {}
+        self.sender: Dict[Tuple[str, int, int], int] = {}
+
+    def post(self, action: str, rank: int, t: float) -> None:
+        key = _transfer_key(action)
+        if "SEND" in action:
+            self.send_post[key] = t
+            self.sender[key] = rank
+        else:
+            self.recv_post[key] = t
+
+    def nbytes(self, key: Tuple[str, int, int]) -> int:
+        direction, stage, _ = key
+        # a gradient goes back the size of the activation that came forward on the same boundary
+        return self.costs.stage(stage if direction == "F" else stage - 1).output_bytes
+
+    def end(self, key: Tuple[str, int, int]) -> Optional[float]:
+        if key not in self.send_post or key not in self.recv_post:
+            return None
+        return max(self.send_post[key], self.recv_post[key]) + self.costs.p2p.seconds(self.nbytes(key))
+
+    def released(self, key: Tuple[str, int, int], retention: str, rank_end: float) -> float:
+        """When the tensor a send holds is let go (see :data:`~autosched.pp.program.PPProgram.send_retention`)."""
+        if key not in self.send_post:
+            # a neighbour on the same rank: the runtime hands the tensor over as that stage's input (or
+            # output gradient) buffer (``set_local_fwd_input``/``set_local_bwd_input``), kept to the step's end
+            return rank_end
+        if retention == "step":
+            return rank_end
+        if retention == "next":
+            later = [t for k, t in self.send_post.items() if k[0] == key[0] and self.sender.get(k) == self.sender[key]
+                     and t > self.send_post[key]]
+            return min(later, default=rank_end)
+        end = self.end(key)
+        return rank_end if end is None else end
+
+
+class _Rank:
+    """One rank's clock, position in its steps, compute time and memory events."""
+
+    def __init__(self, rank: int, steps: Tuple[Tuple[str, Tuple[str, ...]], ...]) -> None:
+        self.rank, self.steps = rank, steps
+        self.pos = 0
+        self.t = 0.0
+        self.busy = 0.0
+        # (time, order, delta bytes, transient bytes on top while an action runs)
+        self.memory: List[Tuple[float, int, int, int]] = []
+        # bytes a send may still hold once the compute that made them is done: (the send's key, bytes, when known)
+        self.held: List[Tuple[Tuple[str, int, int], int, float]] = []
+
+    def mem(self, t: float, delta: int = 0, transient: int = 0) -> None:
+        self.memory.append((t, len(self.memory), delta, transient))
+
+    def peak(self, transfers: _Transfers, retention: str) -> int:
+        for key, nbytes, made in self.held:
+            self.mem(max(made, transfers.released(key, retention, self.t)), -nbytes)
+        live = peak = 0
+        for _, _, delta, transient in sorted(self.memory):
+            peak = max(peak, live + transient)
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+
+def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
+    stage, kind, mb = parse_action(action)
+    if kind in ("REDUCE_GRAD", "UNSHARD", "RESHARD"):
+        return
+    c = costs.stage(stage)
+    dt = c.action_s(kind)
+    start, end = r.t, r.t + dt
+    # the output went to the next stage: a send may hold it past this backward (freed when the send lets go)
+    out = c.output_bytes if kind in ("B", "I") and stage < n_stages - 1 and mb is not None else 0
+    # the last stage's loss, kept by the schedule to the step's end, keeps some of the forward's bytes
+    out += c.loss_keep_bytes if kind in ("B", "I") and stage == n_stages - 1 else 0
+    if kind == "F":
+        r.mem(start, 0, c.forward_peak_bytes)
+        r.mem(end, c.activation_bytes)
+    elif kind == "B":
+        r.mem(start, 0, c.backward_peak_bytes)
+        r.mem(end, -(c.activation_bytes - out))
+    elif kind == "I":
+        r.mem(start, 0, c.backward_input_peak_bytes)
+        r.mem(end, -(c.activation_bytes - c.weight_keep_bytes - out))
+    elif kind == "W":
+        r.mem(start, 0, c.backward_weight_peak_bytes)
+        r.mem(end, -c.weight_keep_bytes)
+    if out and stage < n_stages - 1:  # (the last stage's: held to the step's end, never freed within it)
+        r.held.append((("F", stage, mb), out, end))  # type: ignore[arg-type]
+    if kind in ("B", "I") and stage > 0 and mb is not None and c.grad_input_bytes:
+        r.mem(end, c.grad_input_bytes)
+        r.held.append((("B", stage, mb), c.grad_input_bytes, end))
+    r.t, r.busy = end, r.busy + dt
+    timeline.append(TimelineEntry(r.rank, action, start, end))
+
+
+def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> bool:
+    """Run rank ``r`` until it blocks on a transfer not yet matched or ends; whether it moved."""
+    moved = False
+    while r.pos < len(r.steps):
+        kind, actions = r.steps[r.pos]
+        if kind == "post":
+            for a in actions:
+                transfers.post(a, r.rank, r.t)
+        elif kind == "wait":
+            ends = [transfers.end(_transfer_key(a)) for a in actions]
+            if any(e is None for e in ends):
+                return moved
+            r.t = max([r.t] + ends)  # type: ignore[arg-type]
+        else:
+            for a in actions:
+                _compute(r, a, costs, timeline, n_stages)
+        r.pos += 1
+        moved = True
+    return moved
+
+
+def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
+    """The predicted step of ``program`` on ``costs``: step time, bubble and peak memory per rank.
+
+    Parameters
+    ----------
+    program : PPProgram
+        E.g. :func:`~autosched.pp.program.pp_program`.
+    costs : PPCosts
+        One :class:`~autosched.pp.costs.StageCost` per stage of the program.
+
+    Raises
+    ------
+    PPError
+        ``rule="missing_cost"`` when the costs do not cover the program's stages;
+        ``rule="deadlock"`` when ranks wait for transfers no rank posts (``value`` names
+        each blocked rank's step).
+
+    Examples
+    --------
+    >>> from swpipe.pp import pp_program, PPCosts, StageCost
+    >>> costs = PPCosts((StageCost(1.0, 2.0),) * 2)
+    >>> gpipe = pp_simulate(pp_program("GPipe", 2, 4), costs)
+    >>> gpipe.step_s, gpipe.bubble_s[0]
+    (15.0, 3.0)
+    """
+    if costs.n_stages != program.n_stages:
+        raise PPError("missing_cost", "costs.stages", costs.n_stages, program.schedule,
+                      f"the program has {program.n_stages} stages: measure costs for that split")
+    transfers = _Transfers(program, costs)
+    ranks = [_Rank(r, tuple(program.steps[r])) for r in range(program.n_ranks)]
+    timeline: List[TimelineEntry] = []
+    while any(r.pos < len(r.steps) for r in ranks):
+        moved = False
+        for r in ranks:
+            moved = _advance(r, transfers, costs, timeline, program.n_stages) or moved
+        if not moved:
+            blocked = {r.rank: f"step {r.pos}: {r.steps[r.pos][0]} {';'.join(r.steps[r.pos][1])}"
+                       for r in ranks if r.pos < len(r.steps)}
+            raise PPError("deadlock", "program", blocked, program.schedule,
+                          "these ranks wait for transfers no rank posts")
+    for key, send_t in transfers.send_post.items():
+        end = transfers.end(key)
+        if end is not None:
+            timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t, end))
+    step = max((r.t for r in ranks), default=0.0)
+    return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
+                       {r.rank: step - r.busy for r in ranks}, {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
+                       {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))

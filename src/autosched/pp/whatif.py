@@ -1,0 +1,179 @@
+"""What-if questions on a pipeline-parallel step, and every PyTorch schedule side by side.
+
+:func:`pp_what_if` answers "with 8 micro-batches instead of 4", "with this stage twice as
+fast" and "with a 2-GiB cap per rank" for one schedule; :func:`pp_compare` predicts every
+PyTorch schedule (and any program given) for the same model, marking which fit a memory
+cap and which is fastest among those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from autosched.pp.bounds import pp_lower_bounds
+from autosched.pp.costs import PPCosts
+from autosched.pp.program import PPError, PPProgram, builtin_programs, pp_program
+from autosched.pp.simulate import PPSimResult, pp_simulate
+
+__all__ = ["PPWhatIf", "pp_what_if", "PPRow", "pp_compare"]
+
+
+@dataclass(frozen=True)
+class PPWhatIf:
+    """A schedule predicted before and after a change.
+
+    Attributes
+    ----------
+    change : str
+        What changed, in words.
+    before, after : PPSimResult
+    before_bound_s, after_bound_s : float
+        :func:`~autosched.pp.bounds.pp_lower_bounds` of each.
+    memory_cap_bytes : int or None
+    """
+
+    change: str
+    before: PPSimResult
+    after: PPSimResult
+    before_bound_s: float
+    after_bound_s: float
+    memory_cap_bytes: Optional[int] = None
+
+    @property
+    def speedup(self) -> float:
+        """``before.step_s / after.step_s``."""
+        return self.before.step_s / self.after.step_s if self.after.step_s > 0 else float("inf")
+
+    @property
+    def over_cap_ranks(self) -> Dict[int, int]:
+        """After the change, the ranks whose predicted peak exceeds the cap, with that peak."""
+        if self.memory_cap_bytes is None:
+            return {}
+        return {r: p for r, p in self.after.peak_bytes.items() if p > self.memory_cap_bytes}
+
+    @property
+    def fits_cap(self) -> bool:
+        return not self.over_cap_ranks
+
+    def summary(self) -> str:
+        def line(label: str, res: PPSimResult, bound: float) -> str:
+            return (f"  {label:<7} step {res.step_s * 1e3:9.3f} ms (bound {bound * 1e3:.3f}), bubble "
+                    f"{max(res.bubble_fraction.values()):.0%}, peak {res.max_peak_bytes / 2**20:.2f} MiB")
+        out = [f"{self.before.schedule}: {self.change}", line("before", self.before, self.before_bound_s),
+               line("after", self.after, self.after_bound_s), f"  speedup {self.speedup:.2f}x"]
+        if self.memory_cap_bytes is not None:
+            out.append(f"  cap {self.memory_cap_bytes / 2**20:.0f} MiB per rank: "
+                       + ("fits" if self.fits_cap else f"over on ranks {sorted(self.over_cap_ranks)}"))
+        return "\n".join(out)
+
+
+def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[int] = None,
+               stage_factors: Optional[Mapping[int, float]] = None, memory_cap_bytes: Optional[int] = None,
+               same_global_batch: bool = True) -> PPWhatIf:
+    """``program`` predicted before and after a change of micro-batches, stage speed or memory cap.
+
+    Parameters
+    ----------
+    program : PPProgram
+        One of PyTorch's schedules (:func:`~autosched.pp.program.pp_program`); a searched
+        program keeps its micro-batch count.
+    costs : PPCosts
+    n_microbatches : int, optional
+        Run the same schedule with this many micro-batches.
+    stage_factors : dict, optional
+        ``{stage: factor}`` multiplying that stage's times (``0.5``: twice as fast).
+    memory_cap_bytes : int, optional
+        A cap per rank: the result says which ranks exceed it after the change.
+    same_global_batch : bool
+        With ``n_microbatches``: keep the batch and shrink the micro-batch, scaling the
+        costs by :meth:`PPCosts.rescaled <autosched.pp.costs.PPCosts.rescaled>` (needs
+        ``costs.samples_per_microbatch``); ``False`` keeps the micro-batch (a larger batch).
+
+    Examples
+    --------
+    >>> from swpipe.pp import PPCosts, StageCost
+    >>> costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100),) * 2, samples_per_microbatch=8)
+    >>> w = pp_what_if(pp_program("GPipe", 2, 4), costs, n_microbatches=8, memory_cap_bytes=300)
+    >>> round(w.after.step_s, 3), w.after.peak_bytes[0], w.fits_cap
+    (13.5, 400, False)
+    """
+    changes = []
+    after_costs = costs
+    after_program = program
+    if stage_factors:
+        after_costs = after_costs.with_stage_factor(dict(stage_factors))
+        changes.append(", ".join(f"stage {s} x{f:g}" for s, f in sorted(stage_factors.items())))
+    if n_microbatches is not None and n_microbatches != program.n_microbatches:
+        if program.source != "pytorch":
+            raise PPError("bad_value", "n_microbatches", n_microbatches, program.schedule,
+                          "a searched program is for its own micro-batch count: search again")
+        after_program = pp_program(program.schedule, program.n_ranks, n_microbatches, program.stages_per_rank)
+        if same_global_batch:
+            batch = costs.samples_per_microbatch * program.n_microbatches
+            if batch % n_microbatches:
+                raise PPError("bad_value", "n_microbatches", n_microbatches, program.schedule,
+                              f"the batch of {batch} samples does not split into {n_microbatches} micro-batches")
+            after_costs = after_costs.rescaled(batch // n_microbatches)
+            changes.append(f"{n_microbatches} micro-batches of {batch // n_microbatches} instead of "
+                           f"{program.n_microbatches}")
+        else:
+            changes.append(f"{n_microbatches} micro-batches instead of {program.n_microbatches} (a larger batch)")
+    if memory_cap_bytes is not None:
+        if memory_cap_bytes <= 0:
+            raise PPError("bad_value", "memory_cap_bytes", memory_cap_bytes, detail="a number of bytes > 0")
+        changes.append(f"cap {memory_cap_bytes} bytes per rank")
+    before = pp_simulate(program, costs)
+    after = pp_simulate(after_program, after_costs)
+    return PPWhatIf("; ".join(changes) or "no change", before, after,
+                    pp_lower_bounds(costs, program.n_microbatches, program.stage_to_rank).value,
+                    pp_lower_bounds(after_costs, after_program.n_microbatches, after_program.stage_to_rank).value,
+                    memory_cap_bytes)
+
+
+@dataclass(frozen=True)
+class PPRow:
+    """One schedule predicted: :func:`pp_compare`'s row."""
+
+    schedule: str
+    n_microbatches: int
+    n_stages: int
+    step_s: float
+    bound_s: float
+    bubble: float
+    peak_bytes: int
+    fits_cap: bool
+    best: bool
+
+
+def pp_compare(costs_by_stages: Mapping[int, PPCosts], n_ranks: int, n_microbatches: int,
+               memory_cap_bytes: Optional[int] = None, programs: Sequence[PPProgram] = ()) -> List[PPRow]:
+    """Every PyTorch schedule (and ``programs``) predicted on the same model; the best that fits marked.
+
+    Parameters
+    ----------
+    costs_by_stages : dict
+        ``{n_stages: PPCosts}``: the model's costs for each stage split measured (GPipe and
+        1F1B run ``n_ranks`` stages, the others ``2 * n_ranks``). Schedules whose split has
+        no costs are left out.
+    n_ranks, n_microbatches : int
+    memory_cap_bytes : int, optional
+    programs : sequence of PPProgram
+        More programs (e.g. searched) to rank beside them.
+    """
+    candidates = list(builtin_programs(n_ranks, n_microbatches)[0].values()) + list(programs)
+    rows = []
+    for p in candidates:
+        costs = costs_by_stages.get(p.n_stages)
+        if costs is None:
+            continue
+        res = pp_simulate(p, costs)
+        fits = memory_cap_bytes is None or res.max_peak_bytes <= memory_cap_bytes
+        rows.append(PPRow(p.schedule, p.n_microbatches, p.n_stages, res.step_s,
+                          pp_lower_bounds(costs, p.n_microbatches, p.stage_to_rank).value,
+                          max(res.bubble_fraction.values()), res.max_peak_bytes, fits, False))
+    fitting = [r for r in rows if r.fits_cap]
+    if fitting:
+        best = min(fitting, key=lambda r: (r.step_s, r.peak_bytes))
+        rows = [PPRow(**{**r.__dict__, "best": r is best}) for r in rows]
+    return rows

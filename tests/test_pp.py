@@ -1,0 +1,227 @@
+"""Pipeline parallelism across ranks: PyTorch's schedules read as programs, simulated and bounded."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from autosched.pp import (LiveTensorBytes, P2PCost, PPCosts, PPError, PPProgram, StageCost, builtin_programs,
+                          measure_stage_costs, pp_compare, pp_lower_bounds, pp_program, pp_simulate, pp_what_if,
+                          program_from_order, split_module)
+from autosched.pp.program import parse_action
+
+SIZES = [(2, 4), (2, 8), (4, 8)]
+
+
+def _uniform(n_stages: int, f: float = 1.0, b: float = 2.0, act: int = 100, p2p: P2PCost = P2PCost()) -> PPCosts:
+    return PPCosts((StageCost(f, b, b / 2, b / 2, activation_bytes=act, weight_keep_bytes=act // 2),) * n_stages, p2p,
+                   samples_per_microbatch=8)
+
+
+@pytest.mark.parametrize("n_ranks,n_mb", SIZES)
+def test_every_schedule_runs_each_microbatch_once_per_stage(n_ranks: int, n_mb: int) -> None:
+    programs, refused = builtin_programs(n_ranks, n_mb)
+    assert "GPipe" in programs and "1F1B" in programs
+    for name, p in programs.items():
+        assert len(p.stage_to_rank) == p.n_stages == n_ranks * p.stages_per_rank
+        seen = {}
+        for rank, actions in p.compute.items():
+            for a in actions:
+                stage, kind, mb = parse_action(a)
+                assert p.stage_to_rank[stage] == rank, (name, a)
+                seen.setdefault((stage, kind), []).append(mb)
+        for stage in range(p.n_stages):
+            assert sorted(seen[(stage, "F")]) == list(range(n_mb)), (name, stage)
+            backward = sorted(seen.get((stage, "B"), []) + seen.get((stage, "I"), []))
+            assert backward == list(range(n_mb)), (name, stage)
+            assert sorted(seen.get((stage, "W"), [])) == sorted(seen.get((stage, "I"), [])), (name, stage)
+
+
+def test_single_stage_schedules_are_read_from_their_step_loop() -> None:
+    p = pp_program("1F1B", 2, 4)
+    assert p.lowered is None  # no _PipelineScheduleRuntime order: its own loop posts and waits
+    assert p.compute[0] == ("0F0", "0F1", "0B0", "0F2", "0B1", "0F3", "0B2", "0B3")
+    kinds = [k for k, _ in p.steps[0]]
+    assert "wait" in kinds and "post" in kinds
+    # the last forward send of the warm-up goes out with the first backward receive, in one batch
+    assert ("post", ("0SEND_F1", "0RECV_B0")) in p.steps[0]
+
+
+def test_multi_stage_lowering_is_pytorchs() -> None:
+    p = pp_program("Interleaved1F1B", 2, 4)
+    assert p.lowered is not None
+    flat = [a for acts in p.lowered.values() for a in acts]
+    assert any("SEND_F" in a for a in flat) and any("RECV_B" in a for a in flat)
+    again = program_from_order(p.compute, 4, p.stage_to_rank)
+    assert again.lowered == p.lowered
+
+
+def test_grid_is_a_step_by_rank_table() -> None:
+    p = pp_program("GPipe", 2, 4)
+    lines = p.grid().splitlines()
+    assert lines[0].split() == ["Rank", "0", "Rank", "1"]
+    rows = [line.split() for line in lines[1:]]
+    assert len(rows) == max(len(a) for a in p.compute.values())
+    assert rows[0][2:] == [p.compute[0][0], p.compute[1][0]]
+    assert any("SEND_F0" in line for line in p.grid(comms=True).splitlines())
+
+
+def test_errors_carry_fields() -> None:
+    with pytest.raises(PPError) as e:
+        pp_program("NoSuchSchedule", 2, 4)
+    assert (e.value.rule, e.value.field) == ("unknown_schedule", "schedule")
+    with pytest.raises(PPError) as e:
+        pp_program("1F1B", 4, 2)
+    assert (e.value.rule, e.value.field, e.value.schedule) == ("torch_rejects", "n_microbatches", "1F1B")
+    with pytest.raises(PPError) as e:
+        pp_program("GPipe", 2, 4, stages_per_rank=2)
+    assert e.value.field == "stages_per_rank"
+    with pytest.raises(PPError) as e:
+        pp_simulate(pp_program("GPipe", 2, 4), _uniform(4))
+    assert (e.value.rule, e.value.field) == ("missing_cost", "costs.stages")
+    with pytest.raises(PPError) as e:
+        parse_action("0X1")
+    assert e.value.rule == "bad_action"
+
+
+@pytest.mark.parametrize("n_mb", [4, 8])
+def test_gpipe_and_1f1b_bubble_and_memory(n_mb: int) -> None:
+    costs = _uniform(2, f=1.0, b=2.0, act=100)
+    gpipe = pp_simulate(pp_program("GPipe", 2, n_mb), costs)
+    ofob = pp_simulate(pp_program("1F1B", 2, n_mb), costs)
+    # fill and drain: (n + S - 1) slots of F + B; one slot of bubble per rank either way
+    assert gpipe.step_s == pytest.approx((n_mb + 1) * 3.0)
+    assert ofob.step_s == pytest.approx(gpipe.step_s)
+    assert gpipe.bubble_s == pytest.approx({0: 3.0, 1: 3.0})
+    assert ofob.bubble_s == pytest.approx({0: 3.0, 1: 3.0})
+    # GPipe holds every micro-batch's activations; 1F1B at most (S - rank)
+    assert gpipe.peak_bytes == {0: 100 * n_mb, 1: 100 * n_mb}
+    assert ofob.peak_bytes == {0: 200, 1: 100}
+
+
+def test_transfers_add_their_latency_to_the_critical_path() -> None:
+    p = pp_program("1F1B", 2, 4)
+    free = pp_simulate(p, _uniform(2)).step_s
+    slow = pp_simulate(p, _uniform(2, p2p=P2PCost(latency_s=0.25))).step_s
+    assert slow >= free + 2 * 0.25  # at least the first forward's and the last backward's hops
+
+
+def test_input_gradient_lives_until_its_send() -> None:
+    costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100, output_bytes=10),
+                     StageCost(1.0, 2.0, activation_bytes=100, grad_input_bytes=1000)))
+    res = pp_simulate(pp_program("GPipe", 2, 4), costs)
+    assert res.peak_bytes[1] >= 1000 + 300  # B0's gradient waits for rank 0 to receive it
+
+
+def test_a_receive_no_rank_sends_is_a_deadlock() -> None:
+    steps = {0: (("post", ("0RECV_B0",)), ("wait", ("0RECV_B0",))), 1: (("compute", ("1F0",)),)}
+    p = PPProgram("broken", 2, 2, 1, (0, 1), {0: (), 1: ("1F0",)}, steps)
+    with pytest.raises(PPError) as e:
+        pp_simulate(p, _uniform(2))
+    assert e.value.rule == "deadlock" and 0 in e.value.value
+
+
+def test_bounds_never_exceed_the_simulated_step() -> None:
+    rng = random.Random(7)
+    for (n_ranks, n_mb), _ in itertools.product(SIZES, range(3)):
+        programs, _ = builtin_programs(n_ranks, n_mb)
+        by_stages = {}
+        for p in programs.values():
+            if p.n_stages not in by_stages:
+                by_stages[p.n_stages] = PPCosts(
+                    tuple(StageCost(rng.uniform(0.5, 2), b := rng.uniform(1, 4), b * rng.uniform(0.4, 0.7),
+                                    b * rng.uniform(0.4, 0.7), loss_s=0.1 if s == p.n_stages - 1 else 0.0,
+                                    output_bytes=1000) for s in range(p.n_stages)),
+                    P2PCost(rng.uniform(0, 0.2), 1e-5))
+            costs = by_stages[p.n_stages]
+            bound = pp_lower_bounds(costs, n_mb, p.stage_to_rank)
+            assert bound.value <= pp_simulate(p, costs).step_s + 1e-9, (p.schedule, n_ranks, n_mb)
+            assert bound.binding in dict(bound.components)
+
+
+def test_bound_is_tight_for_gpipe_on_uniform_costs() -> None:
+    b = pp_lower_bounds(_uniform(2, b=2.0), 4, (0, 1))
+    assert b.value <= 15.0
+    no_split = PPCosts((StageCost(1.0, 2.0),) * 2)
+    assert pp_lower_bounds(no_split, 4, (0, 1)).value == pytest.approx(15.0)
+    assert pp_lower_bounds(no_split, 4, (0, 1)).binding == "fill + work + drain: rank 1"
+
+
+def test_what_if_more_microbatches_same_batch() -> None:
+    costs = _uniform(2, f=1.0, b=2.0, act=100)
+    w = pp_what_if(pp_program("GPipe", 2, 4), costs, n_microbatches=8)
+    assert w.after.step_s == pytest.approx(9 * 1.5)  # (8 + 1) slots of half the work
+    assert w.after.peak_bytes[0] == 8 * 50
+    assert w.speedup == pytest.approx(15.0 / 13.5)
+    with pytest.raises(PPError) as e:
+        pp_what_if(pp_program("GPipe", 2, 4), costs, n_microbatches=3)
+    assert e.value.field == "n_microbatches"
+
+
+def test_what_if_stage_twice_as_fast_and_cap() -> None:
+    costs = _uniform(2, f=1.0, b=2.0, act=100)
+    w = pp_what_if(pp_program("1F1B", 2, 4), costs, stage_factors={1: 0.5}, memory_cap_bytes=150)
+    assert w.after.step_s < w.before.step_s
+    assert w.after.busy_s[1] == pytest.approx(w.before.busy_s[1] / 2)
+    assert w.over_cap_ranks == {0: 200} and not w.fits_cap
+
+
+def test_compare_marks_the_fastest_schedule_within_the_cap() -> None:
+    rows = pp_compare({2: _uniform(2), 4: _uniform(4, f=0.5, b=1.0, act=50)}, 2, 4, memory_cap_bytes=250)
+    assert {r.schedule for r in rows} >= {"GPipe", "1F1B", "ZBVZeroBubble"}
+    best = [r for r in rows if r.best]
+    assert len(best) == 1 and best[0].fits_cap
+    assert all(best[0].step_s <= r.step_s for r in rows if r.fits_cap)
+    assert not next(r for r in rows if r.schedule == "GPipe").fits_cap
+
+
+def test_live_tensor_bytes_counts_new_storages_once() -> None:
+    with LiveTensorBytes() as mem:
+        a = torch.ones(256)
+        b = a.view(16, 16)
+        a.add_(1)
+        c = torch.ones(512)
+        del c
+    assert (mem.live_bytes, mem.peak_bytes) == (1024, 3072)
+    del a, b
+    assert mem.live_bytes == 0
+
+
+def test_stage_costs_measure_the_bytes_each_stage_keeps() -> None:
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())]
+    stages = split_module(layers, 2)
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+    costs = measure_stage_costs(stages, x, y, torch.nn.functional.mse_loss, repeats=1, warmup=0)
+    relu_out = 4 * 16 * 4
+    assert costs[0].output_bytes == relu_out and costs[1].output_bytes == 0
+    assert costs[0].activation_bytes >= relu_out  # the output the stage caches for its backward
+    assert costs[1].grad_input_bytes == relu_out and costs[0].grad_input_bytes == 0
+    assert costs[0].backward_input_s == 0.0  # the runtime skips the first stage's I; its W does it all
+    assert all(c.forward_s > 0 and c.backward_s > 0 for c in costs)
+    assert all(p.grad is not None and not p.grad.any() for st in stages for p in st.parameters())
+
+
+def test_a_sent_tensor_lives_as_long_as_the_runtime_holds_the_send() -> None:
+    import dataclasses
+
+    costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100, output_bytes=40),
+                     StageCost(1.0, 2.0, activation_bytes=100)))
+    p = pp_program("1F1B", 2, 4)
+    assert p.send_retention == "next" and pp_program("Interleaved1F1B", 2, 4).send_retention == "step"
+    until_next = pp_simulate(p, costs).peak_bytes[0]
+    until_end = pp_simulate(dataclasses.replace(p, send_retention="step"), costs).peak_bytes[0]
+    assert until_next == 200  # two micro-batches in flight on the first rank
+    # held to the end: at 0F3, 0F2 and 0F3 in flight and the outputs of micro-batches 0 and 1, done, held by their sends
+    assert until_end == 2 * 100 + 2 * 40
+
+
+def test_the_last_stage_keeps_what_its_loss_holds_to_the_end_of_the_step() -> None:
+    keep = StageCost(1.0, 2.0, activation_bytes=100, loss_keep_bytes=30)
+    costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100), keep))
+    res = pp_simulate(pp_program("1F1B", 2, 4), costs)
+    # the last rank holds one micro-batch at a time, plus what each finished micro-batch's loss keeps
+    assert res.peak_bytes[1] == 100 + 3 * 30

@@ -1,0 +1,86 @@
+"""The pipeline-parallel search: never predicted slower than PyTorch's best, within the cap, loadable by PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+
+from autosched.pp import (P2PCost, PPCosts, PPError, StageCost, pp_lower_bounds, pp_search, pp_simulate, read_csv)
+from autosched.pp.program import parse_action
+
+
+def _costs(n_stages: int, scale: float, skew: float = 1.0) -> PPCosts:
+    stages = []
+    for s in range(n_stages):
+        f = scale * (skew if s == n_stages - 1 else 1.0)
+        stages.append(StageCost(f, 2 * f, f, f, loss_s=0.05 * scale if s == n_stages - 1 else 0.0,
+                                activation_bytes=100, weight_keep_bytes=50, output_bytes=10, grad_input_bytes=10))
+    return PPCosts(tuple(stages), P2PCost(0.05 * scale, 0.0), samples_per_microbatch=8)
+
+
+BY_STAGES = {2: _costs(2, 1.0), 4: _costs(4, 0.5)}
+SKEWED = {2: _costs(2, 1.0, skew=1.6), 4: _costs(4, 0.5, skew=1.6)}
+
+
+@pytest.mark.parametrize("costs", [BY_STAGES, SKEWED], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("n_mb", [4, 8])
+def test_search_is_never_predicted_slower_than_pytorchs_best(costs: dict, n_mb: int) -> None:
+    found = pp_search(costs, 2, n_mb, use_cpsat=False)
+    assert found.best_seed is not None
+    assert found.best.result.step_s <= found.best_seed.result.step_s + 1e-12
+    assert found.bound_s <= found.best.result.step_s + 1e-9
+    seeds = [c for c in found.candidates if c.origin.startswith("PyTorch ")]
+    assert {c.program.schedule for c in seeds} >= {"GPipe", "1F1B", "ZBVZeroBubble"}
+    assert all(found.best.result.step_s <= c.result.step_s + 1e-12 for c in found.candidates)
+
+
+def test_search_respects_the_memory_cap() -> None:
+    cap = 150  # below every PyTorch schedule's predicted peak for these costs
+    found = pp_search(BY_STAGES, 2, 4, memory_cap_bytes=cap, use_cpsat=False)
+    assert found.best.result.max_peak_bytes <= cap
+    assert found.best_seed is None or found.best_seed.result.max_peak_bytes <= cap
+    with pytest.raises(PPError) as e:
+        pp_search(BY_STAGES, 2, 4, memory_cap_bytes=10, use_cpsat=False)
+    assert (e.value.rule, e.value.field, e.value.value) == ("memory_cap", "memory_cap_bytes", 10)
+
+
+def test_search_chooses_the_microbatch_count() -> None:
+    found = pp_search(BY_STAGES, 2, [4, 8], use_cpsat=False)
+    counts = {c.program.n_microbatches for c in found.candidates}
+    assert counts == {4, 8}
+    assert all(found.best.result.step_s <= c.result.step_s + 1e-12 for c in found.candidates)
+
+
+def test_cpsat_candidates_are_scored_beside_the_seeds() -> None:
+    found = pp_search({2: _costs(2, 1.0)}, 2, 2, time_limit_s=5)
+    assert "OPTIMAL" in found.cpsat_status or "FEASIBLE" in found.cpsat_status
+    assert any(c.origin.startswith("cpsat") for c in found.candidates)
+    assert found.best.result.step_s <= found.best_seed.result.step_s + 1e-12
+
+
+def test_exported_csv_reads_back_through_pytorchs_loader(tmp_path) -> None:
+    found = pp_search(BY_STAGES, 2, 4, use_cpsat=False)
+    exported = found.exported.program
+    path = exported.to_csv(str(tmp_path / "schedule.csv"))
+    back = read_csv(path, exported.n_ranks, exported.n_stages, exported.n_microbatches)
+    assert back.compute == exported.compute
+    assert back.lowered == exported.lowered
+    assert back.stage_to_rank == exported.stage_to_rank
+    costs = BY_STAGES[exported.n_stages]
+    assert pp_simulate(back, costs).step_s == pytest.approx(found.exported.result.step_s)
+    rows = open(path).read().splitlines()
+    assert len(rows) == exported.n_ranks
+    assert all(parse_action(a)[1] in "FIWB" for row in rows for a in row.split(","))
+
+
+def test_pytorchs_loader_refusal_is_a_field_error(tmp_path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("0B0,0F0\n1F0,1B0\n")  # a backward before its forward
+    with pytest.raises(PPError) as e:
+        read_csv(str(path), 2, 2, 1)
+    assert (e.value.rule, e.value.field) == ("bad_order", "path")
+
+
+def test_bound_of_the_found_schedule() -> None:
+    found = pp_search(BY_STAGES, 2, 4, use_cpsat=False)
+    p = found.best.program
+    assert found.bound_s == pytest.approx(pp_lower_bounds(BY_STAGES[p.n_stages], 4, p.stage_to_rank).value)

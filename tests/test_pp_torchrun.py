@@ -1,0 +1,76 @@
+"""``swpipe pp`` end to end: every PyTorch schedule and the searched one trained under torchrun (2 ranks, gloo).
+
+The job is bounded by the command's own ``--timeout`` (the launcher's process group is
+killed past it); the test then fails with the output, it never hangs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autosched.pp import builtin_programs, read_csv
+from swpipe.cli import main
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp")
+    path, csv_path = out / "report.json", out / "searched.csv"
+    rc = main(["pp", "--ranks", "2", "--microbatches", "4", "--width", "32", "--depth", "4", "--batch", "16",
+               "--steps", "2", "--warmup", "1", "--time-limit", "1", "--json", str(path), "--csv", str(csv_path),
+               "--timeout", "400"])
+    assert rc == 0
+    return json.loads(path.read_text()), csv_path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_every_schedule_trains_like_the_unsplit_model(report) -> None:
+    data, _ = report
+    rows = {r["schedule"]: r for r in data["results"] if "refused" not in r}
+    expected = set(builtin_programs(2, 4)[0]) | {"swpipe-searched"}
+    assert set(rows) == expected
+    for name, r in rows.items():
+        assert len(r["losses"]) == len(r["reference_losses"]) == 1 + 2 + 1, name
+        assert r["loss_rel_err"] <= 1e-4, (name, r["losses"], r["reference_losses"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_measured_beside_predicted_on_every_rank(report) -> None:
+    data, csv_path = report
+    assert data["world_size"] == 2 and data["p2p"]["backend"] == "gloo"
+    for r in data["results"]:
+        if "refused" in r:
+            continue
+        assert set(r["measured_peak_bytes"]) == set(r["predicted_peak_bytes"]) == {"0", "1"}
+        assert all(int(v) > 0 for v in r["measured_peak_bytes"].values())
+        assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
+    assert csv_path.read_text().splitlines() == data["searched"]["csv"].splitlines()
+    back = read_csv(str(csv_path), 2, data["searched"]["n_stages"], 4)  # through PyTorch's own loader
+    assert back.n_stages == data["searched"]["n_stages"]
+
+
+def test_bad_arguments_start_no_job(capsys) -> None:
+    assert main(["pp", "--schedules", "GPipe,NoSuch"]) == 2
+    assert main(["pp", "--batch", "10", "--microbatches", "4"]) == 2
+    assert main(["pp", "--depth", "2"]) == 2
+    assert main(["pp", "--grid", "NoSuch"]) == 2
+    assert main(["pp", "--grid", "GPipe", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "0F3" in out and "1B3" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_the_benchmark_reads_the_report(report, capsys) -> None:
+    from conftest import load_benchmark
+
+    data, _ = report
+    figures = load_benchmark("pp").analyse(data)
+    assert 0 <= figures["step_median_abs_error"] and 0 <= figures["memory_median_abs_error"]
+    assert figures["best_builtin"] in set(builtin_programs(2, 4)[0])
+    assert -1.0 <= figures["dry_run_spearman"] <= 1.0
+    assert "(4) PyTorch's dry run" in capsys.readouterr().out
