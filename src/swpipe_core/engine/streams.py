@@ -175,15 +175,8 @@ class StreamPool:
         """
         if not self.is_cuda:
             return ()
-        events = []
-        for dev in _devices_holding(self.dev, batch):
-            if dev is self.dev:
-                events.append(self.record(dev.current_stream()))
-            else:  # an event belongs to one device: another device's is made there, and not pooled
-                event = dev.event()
-                dev.record(event, dev.current_stream())
-                events.append(event)
-        return tuple(events)
+        # the pool keeps events per device (an event belongs to the device of its first record)
+        return tuple(self.record(dev.current_stream()) for dev in _devices_holding(self.dev, batch))
 
     def follow_caller(self, streams: Iterable[Optional[Any]]) -> None:
         """Make each of ``streams`` wait for the work the calling thread enqueued so far on its current stream.
