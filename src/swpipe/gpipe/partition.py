@@ -17,7 +17,7 @@ from torch import nn
 from swpipe_core.engine.device import CpuDevice, CudaDevice, Device, as_device, cuda_device_count
 from swpipe.gpipe.errors import GPipeArgumentError, ModuleStructureError, ModuleTypeError, TooFewDevicesError
 
-__all__ = ["CHECKPOINT_MODES", "verify_module", "check_chunks", "check_checkpoint", "check_balance",
+__all__ = ["CHECKPOINT_MODES", "verify_module", "check_chunks", "check_checkpoint", "check_balance", "as_partition_device", "movable",
            "resolve_devices", "split_module"]
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
@@ -109,7 +109,8 @@ def check_balance(module: nn.Sequential, balance: Optional[Iterable[Any]]) -> Li
     return counts
 
 
-def _one_device(d: Any) -> Device:
+def as_partition_device(d: Any) -> Device:
+    """The device seam's :class:`Device` for one entry of ``devices`` (an int is a CUDA device, as in torchgpipe)."""
     if isinstance(d, Device):
         return d
     if isinstance(d, numbers.Integral) and not isinstance(d, bool):
@@ -125,7 +126,7 @@ def resolve_devices(devices: Optional[Iterable[Any]], partitions: int) -> List[D
     listed = list(range(cuda_device_count())) if devices is None else list(devices)
     if len(listed) < partitions:
         raise TooFewDevicesError(partitions, len(listed))
-    return [_one_device(d) for d in listed[:partitions]]
+    return [as_partition_device(d) for d in listed[:partitions]]
 
 
 def movable(device: Device) -> bool:

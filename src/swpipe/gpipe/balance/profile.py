@@ -26,7 +26,7 @@ from swpipe_core.measure.profiler import TaskProfiler
 from swpipe.gpipe.errors import ProfilingError
 from swpipe.gpipe.memory import ActivationMeter, tensor_bytes
 from swpipe.gpipe.microbatch import Tensors, batch_size, check
-from swpipe.gpipe.partition import movable, _one_device
+from swpipe.gpipe.partition import as_partition_device, movable
 from swpipe.gpipe.runtime import Call, MicroBatch, TorchOps
 from swpipe.gpipe.schedule import Placement, bind, step_plan
 from swpipe.gpipe.skip.layout import skip_routes
@@ -89,10 +89,10 @@ def _to(value: Tensors, device: torch.device) -> Tensors:
 
 def _device_of(module: nn.Module, device: Any) -> Device:
     if device is not None:
-        return _one_device(device)
+        return as_partition_device(device)
     for p in module.parameters():
-        return _one_device(p.device)
-    return _one_device("cpu")
+        return as_partition_device(p.device)
+    return as_partition_device("cpu")
 
 
 def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1.0, device: Any = None,
