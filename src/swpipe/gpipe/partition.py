@@ -17,8 +17,8 @@ from torch import nn
 from swpipe_core.engine.device import CpuDevice, CudaDevice, Device, as_device, cuda_device_count
 from swpipe.gpipe.errors import GPipeArgumentError, ModuleStructureError, ModuleTypeError, TooFewDevicesError
 
-__all__ = ["CHECKPOINT_MODES", "verify_module", "check_chunks", "check_checkpoint", "check_balance", "as_partition_device", "movable",
-           "resolve_devices", "split_module"]
+__all__ = ["CHECKPOINT_MODES", "verify_module", "check_chunks", "check_checkpoint", "check_balance",
+           "as_partition_device", "movable", "resolve_devices", "split_module"]
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
 
