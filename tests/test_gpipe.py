@@ -78,7 +78,8 @@ def test_sequential_like_access_and_attributes():
         gpipe[3]
     assert gpipe.balance == [2, 1] and gpipe.chunks == 3 and isinstance(gpipe.chunks, int)
     assert gpipe.devices == [torch.device("cpu")] * 2  # extra devices dropped
-    assert isinstance(gpipe.partitions, nn.ModuleList) and "partitions.1.2.weight" in gpipe.state_dict()  # layer names kept
+    assert isinstance(gpipe.partitions, nn.ModuleList)
+    assert "partitions.1.2.weight" in gpipe.state_dict()  # the layers keep their names
     assert len(list(gpipe.parameters())) == 6
 
 

@@ -96,7 +96,7 @@ class LayerModel:
         return len(self.forward)
 
     def at(self, batch: float) -> Dict[str, List[float]]:
-        """Per-layer ``forward``, ``backward`` seconds and ``saved``, ``output`` bytes for micro-batches of ``batch``."""
+        """Per layer: ``forward``, ``backward`` seconds, ``saved``, ``output`` bytes, at micro-batches of ``batch``."""
         return {"forward": [a + b * batch for a, b in self.forward],
                 "backward": [a + b * batch for a, b in self.backward],
                 "saved": [s * batch for s in self.saved_per_sample],

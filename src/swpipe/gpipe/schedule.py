@@ -110,7 +110,8 @@ def format_clock(plan: "GPipePlan") -> str:
             periods.append(period)
         for step in steps:
             cells[step.task][period] = f"i{step.iteration}"
-    rows = [(name, plan.sched(name).thread_group, plan.stream_of(name)) for name in plan.enqueue_order or plan.task_names]
+    names = plan.enqueue_order or plan.task_names
+    rows = [(name, plan.sched(name).thread_group, plan.stream_of(name)) for name in names]
     w = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(("task", "thread", "stream"))]
     w_cell = max(3, *(len(f"P{p}") for p in periods), *(len(c) for row in cells.values() for c in row.values()))
 
@@ -138,8 +139,8 @@ def placements(devices: Sequence[Any]) -> List[Placement]:
     Examples
     --------
     >>> from swpipe_core.engine.device import CpuDevice
-    >>> placements([CpuDevice(), CpuDevice()])
-    [Placement(device='cpu', group='p0', compute=None, copy=None), Placement(device='cpu', group='p1', compute=None, copy=None)]
+    >>> [(p.device, p.group, p.compute) for p in placements([CpuDevice(), CpuDevice()])]
+    [('cpu', 'p0', None), ('cpu', 'p1', None)]
     """
     places = []
     for j, dev in enumerate(devices):
