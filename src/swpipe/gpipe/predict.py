@@ -116,7 +116,7 @@ def _partition_sums(values: Sequence[float], balance: Sequence[int]) -> List[flo
 
 
 def step_costs(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int, checkpoint: str,
-               plan: GPipePlan) -> Any:
+               plan: GPipePlan, cores: Optional[int] = None) -> Any:
     """The :class:`~autosched.model.costs.CostModel` of ``plan``'s tasks: each partition's layers summed.
 
     Parameters
@@ -129,6 +129,8 @@ def step_costs(layers: LayerModel, balance: Sequence[int], batch: int, chunks: i
     checkpoint : str
     plan : GPipePlan
         The step's plan (its task names are costed).
+    cores : int, optional
+        The machine's free cores (the simulator's core pool, docs/semantics.md); ``None``: one per thread.
     """
     from autosched.model.costs import CostModel, TaskCost
 
@@ -142,7 +144,8 @@ def step_costs(layers: LayerModel, balance: Sequence[int], batch: int, chunks: i
         kind, j = task_partition(name)
         seconds = fwd[j] if kind == "F" else bwd[j] + share * fwd[j] if kind == "B" else 0.0
         tasks[name] = TaskCost(0.0, seconds) if cuda else TaskCost(seconds)
-    return CostModel(tasks, machine=layers.device, method="swpipe.gpipe: per-layer profiles summed per partition")
+    return CostModel(tasks, machine=layers.device, method="swpipe.gpipe: per-layer profiles summed per partition",
+                     cores=cores)
 
 
 @dataclass
@@ -228,7 +231,7 @@ def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batc
 
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
                  checkpoint: str = "except_last", schedule: str = "gpipe",
-                 places: Optional[Sequence[Placement]] = None) -> StepPrediction:
+                 places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None) -> StepPrediction:
     """Predict one training step: its time, bubble and activation memory.
 
     Parameters
@@ -243,6 +246,9 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     schedule : {"gpipe", "1f1b"}
     places : sequence of Placement, optional
         The partitions' placements (default: a thread per partition on the CPU).
+    cores : int, optional
+        Cores free for the partitions' threads (``swpipe_core.measure.calibrate.measure_cores``); ``None``: a
+        core per thread.
 
     Returns
     -------
@@ -273,7 +279,7 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     m = min(chunks, batch)
     places = list(places) if places is not None else [Placement("cpu", f"p{j}") for j in range(len(balance))]
     plan = step_plan(places, schedule, m)
-    costs = step_costs(layers, balance, batch, m, checkpoint, plan)
+    costs = step_costs(layers, balance, batch, m, checkpoint, plan, cores)
     device = "cuda" if layers.device.startswith("cuda") else "cpu"
     sim = simulate(plan, costs, num_iterations=m, device=device, lengthen=False)
     work = [costs[f"F{j}"].cpu_s + costs[f"B{j}"].cpu_s for j in range(len(balance))]
