@@ -5,7 +5,9 @@
     1/2/4/8: the module run whole, swpipe's GPipe (forward + autograd's
     backward, torchgpipe's way; ``GPipe.step`` by GPipe's schedule, where the
     backward is pipelined too; ``GPipe.step`` by 1F1B) and torchgpipe's GPipe
-    where it is installed. Rounds interleave the variants; medians. torch
+    where it is installed; and the module run on the micro-batches one by one,
+    serially: the work a pipeline overlaps (smaller matrix products cost more
+    per sample, which the overlap must win back first). Rounds interleave the variants; medians. torch
     runs one intra-op thread (``torch.set_num_threads(1)``) so the pipeline's
     threads are what uses the cores; the module run whole is also timed with
     torch's default threads.
@@ -98,9 +100,15 @@ def part_a(args: argparse.Namespace, tg: Optional[Any]) -> List[Dict[str, Any]]:
     rows = []
     half = args.layers  # 2 layers (Linear, ReLU) per block: balance [L, L]
     for chunks in (1, 2, 4, 8):
+        def micro_batched(chunks: int = chunks) -> None:
+            clear(whole)
+            for xc, tc in zip(x.chunk(chunks), target.chunk(chunks)):
+                (loss_fn(whole(xc), tc) * (xc.shape[0] / len(x))).backward()
+
         variants: Dict[str, Callable[[], None]] = {
             "whole (1 thread)": backward_of(whole),
             "whole (default threads)": whole_default_threads,
+            "whole, micro-batches one by one": micro_batched,
         }
         ours = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                      checkpoint="never")
