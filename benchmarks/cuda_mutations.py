@@ -34,8 +34,8 @@ device error it raised (**device error**), and whether the task's own error
 reached the caller (**hang**): (h) no batch-ready wait for a loader copying
 from pageable memory, (i) no device wait before a host read (``item``), (j)
 one stream's device waits dropped while another thread synchronised with
-the producer, (k) the pipeline's pooled events recorded for a batch on
-another device, (l) teardown waiting without a deadline for the loader's
+the producer, (k) one pool of events for every device (an event recorded for
+a batch on another device reused on the pipeline's), (l) teardown waiting without a deadline for the loader's
 stream, which shares a queue with a hung one, (m) the gradients of
 ``state=`` not kept alive, on a model trained on fake tensors. The fake
 before that section missed each of them (``--before``).
@@ -74,7 +74,7 @@ import swpipe_core.engine.pipeline as engine_mod  # noqa: E402
 from swpipe.testing import FakeCudaDevice, FakeDeviceHang  # noqa: E402
 from swpipe_core.engine.pipeline import PipelineTaskError  # noqa: E402
 from swpipe_core.plan import IterContext  # noqa: E402
-from swpipe_core.engine.streams import StreamPool, devices_holding  # noqa: E402
+from swpipe_core.engine.streams import StreamPool  # noqa: E402
 
 import test_cuda_property as suite  # noqa: E402
 import test_cuda_semantics as semantics  # noqa: E402
@@ -165,13 +165,22 @@ def _waits_dropped_on(name: str) -> Callable[[], ContextManager]:
     return inject
 
 
-def _pooled_events_everywhere() -> ContextManager:
-    """(k) The batch's ready events come from the pipeline's pool even for a batch on another device."""
-    def batch_ready(self, batch):
-        if not self.is_cuda:
-            return ()
-        return tuple(self.record(dev.current_stream()) for dev in devices_holding(self.dev, batch))
-    return mock.patch.object(StreamPool, "batch_ready", batch_ready)
+def _one_pool_for_every_device() -> ContextManager:
+    """(k) The pipeline's event pool keeps one free list for every device: an event recorded on one is reused on another."""
+    def record(self, stream, timing=False):
+        if stream is None:
+            return None
+        free = self._free.setdefault((timing, "every device"), [])
+        event = free.pop() if free else self.dev.event(timing=timing)
+        self.dev.record(event, stream)
+        return event
+
+    def recycle(self, events, timing=False):
+        self._free.setdefault((timing, "every device"), []).extend(ev for ev in events if ev is not None)
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(StreamPool, "record", record))
+    stack.enter_context(mock.patch.object(StreamPool, "recycle", recycle))
+    return stack
 
 
 def _blocking_on_the_loaders_stream() -> ContextManager:
@@ -212,7 +221,7 @@ FAULTS = (
     Fault("h", "no batch-ready wait, loader copying from pageable memory", _no_batch_ready, "h"),
     Fault("i", "no device wait before a host read (item)", _no_device_wait, "i"),
     Fault("j", "one stream's waits dropped, another thread synced the producer", _waits_dropped_on("s3"), "j"),
-    Fault("k", "pooled events recorded for a batch on another device", _pooled_events_everywhere, "k"),
+    Fault("k", "one event pool for every device (a batch on another device)", _one_pool_for_every_device, "k"),
     Fault("l", "teardown blocks on the loader's stream, pooled with a hung one", _blocking_on_the_loaders_stream, "l"),
     Fault("m", "gradients of state= not kept alive (autograd on fake tensors)", _state_grads_not_kept, "m"),
 )

@@ -31,6 +31,7 @@ import _nb01  # noqa: E402
 import _nb02  # noqa: E402
 import _nb03  # noqa: E402
 import _nb04  # noqa: E402
+import _nb05  # noqa: E402
 
 Cell = Tuple[str, str]  # ("md" | "code", source)
 
@@ -39,6 +40,7 @@ NOTEBOOKS: Dict[str, List[Cell]] = {
     "02_stage_analysis.ipynb": _nb02.CELLS,
     "03_what_if.ipynb": _nb03.CELLS,
     "04_dataflow_and_memory.ipynb": _nb04.CELLS,
+    "05_gpipe.ipynb": _nb05.CELLS,
 }
 
 # The README's picture: the first image the named notebook's cell shows whose source contains the marker.

@@ -122,6 +122,19 @@ print("PROBE " + json.dumps({
     "impossible_min": impossible.min_bytes,
 }))
 """,
+    "05_gpipe.ipynb": """\
+import json
+from swpipe import simulate, validate
+validate(never.plan)
+print("PROBE " + json.dumps({
+    "resimulated": simulate(never.plan, never.costs, num_iterations=chunks, lengthen=False).makespan,
+    "predicted": {f"{s}/{c}": [p.step_s, p.activation_bytes] for (s, c), p in predicted.items()},
+    "measured": {f"{s}/{c}": [m.step_s, m.activation_bytes, m.activation_by] for (s, c), m in measured.items()},
+    "predicted_by": {f"{s}/{c}": p.activation_by for (s, c), p in predicted.items()},
+    "what_if_chunks": [r.chunks for r in rows],
+    "measured_tasks": sorted({e.task for e in m.events}),
+}))
+""",
 }
 
 
@@ -171,7 +184,7 @@ def test_the_python3_kernelspec_written_for_the_tests_runs_this_interpreter(tmp_
 def test_notebooks_folder_has_the_users_path():
     names = {p.name for p in ALL}
     assert {"01_profile_to_plan.ipynb", "02_stage_analysis.ipynb", "03_what_if.ipynb",
-            "04_dataflow_and_memory.ipynb"} <= names
+            "04_dataflow_and_memory.ipynb", "05_gpipe.ipynb"} <= names
     assert set(PROBES) == names, "every notebook needs a probe re-checking its results"
 
 
@@ -315,7 +328,22 @@ def _check_dataflow_and_memory(code_cells, p):
     assert images, "the trade-off plot was not shown"
 
 
+def _check_gpipe(code_cells, p):
+    text = "\n".join(_text(c) for c in code_cells)
+    assert "GPipe training step (fill, drain): 4 micro-batches, 2 partitions" in text   # the plan's table
+    pred, meas = p["predicted"], p["measured"]
+    assert abs(p["resimulated"] - pred["gpipe/never"][0]) < 1e-12
+    assert pred["gpipe/always"][1] < pred["gpipe/never"][1] and pred["1f1b/never"][1] < pred["gpipe/never"][1]
+    # without checkpointing every partition's peak is set by its own thread's order: measured = predicted
+    for key in ("gpipe/never", "1f1b/never"):
+        assert meas[key][2] == p["predicted_by"][key]
+    assert all(m[0] > 0 for m in meas.values())
+    assert p["what_if_chunks"] == [4, 8, 4, 4, 8]
+    assert p["measured_tasks"] == ["B0", "B1", "F0", "F1"]
+
+
 CHECKS = {
+    "05_gpipe.ipynb": _check_gpipe,
     "01_profile_to_plan.ipynb": _check_profile_to_plan,
     "02_stage_analysis.ipynb": _check_stage_analysis,
     "03_what_if.ipynb": _check_what_if,

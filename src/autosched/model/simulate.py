@@ -315,7 +315,7 @@ def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
 
 def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, device: str = "cpu", *,
              task_overhead_s: float = 0.0, period_overhead_s: float = 0.0,
-             max_device_lag: Optional[int] = None) -> SimResult:
+             max_device_lag: Optional[int] = None, lengthen: bool = True) -> SimResult:
     """Simulate a plan with a cost model under the engine's execution semantics.
 
     Parameters
@@ -346,6 +346,10 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         work of iteration ``r - max_device_lag`` before enqueueing the next period,
         as the engine does. ``None`` (the engine's default) is the pipeline depth.
         No effect on CPU.
+    lengthen : bool
+        ``False`` runs exactly ``num_iterations`` (>= 1) iterations, as a finite
+        run of that many batches does (one GPipe step of that many micro-batches:
+        its ``makespan`` and timeline); the period is read from that run as it is.
 
     Returns
     -------
@@ -386,19 +390,21 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     (3.0, 'cores')
     """
     costs = as_cost_model(costs)
-    cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag)
+    cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag,
+                            1 if not lengthen else 2)
     sim, completion, last_op, (w0, w1), period = _run_until_steady(
-        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag)
+        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag, lengthen)
     return _read_result(plan, costs, sim, completion, last_op, (w0, w1), period)
 
 
 def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, device: Any, task_overhead_s: Any,
-                period_overhead_s: Any, max_device_lag: Any) -> Tuple[bool, int]:
+                period_overhead_s: Any, max_device_lag: Any, least: int = 2) -> Tuple[bool, int]:
     """Validate the inputs of :func:`simulate`; return (CUDA?, device lag in iterations)."""
     validate(plan)
     costs.check(plan)
-    if not isinstance(num_iterations, int) or num_iterations < 2:
-        raise ValueError(f"num_iterations={num_iterations!r}: the period needs at least 2 iterations")
+    if not isinstance(num_iterations, int) or num_iterations < least:
+        raise ValueError(f"num_iterations={num_iterations!r}: the period needs at least 2 iterations"
+                         if least == 2 else f"num_iterations={num_iterations!r}: give at least 1 iteration")
     dev = str(device)
     if dev not in ("cpu",) and not dev.startswith("cuda"):
         raise ValueError(f"device={device!r}: use 'cpu' (all time on the host) or 'cuda' (host + device streams)")
@@ -413,8 +419,9 @@ def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, devic
 
 
 def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, task_overhead_s: float,
-                      period_overhead_s: float, lag: int) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
-    """Run the simulation, doubling its length until the window shows the steady state.
+                      period_overhead_s: float, lag: int,
+                      lengthen: bool = True) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
+    """Run the simulation, doubling its length until the window shows the steady state (unless not ``lengthen``).
 
     Returns the last run, each iteration's completion time and op, the window and the period.
     """
@@ -422,8 +429,9 @@ def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, 
     depth = plan.pipeline_depth
     # the window needs depth + lag iterations of lead-in (the device may lag that far) and _MIN_WINDOW more
     need = min(_MAX_TASK_ITERATIONS // T, depth + (lag if cuda else 0) + 2 * _MIN_WINDOW)
-    n = max(n, min(need, 16 * n))
-    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // T))
+    if lengthen:
+        n = max(n, min(need, 16 * n))
+    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // T)) if lengthen else n
     while True:
         sim = _Sim(plan, costs, n, cuda, task_overhead_s, period_overhead_s, lag)
         sim.run()

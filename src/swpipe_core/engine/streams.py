@@ -65,7 +65,9 @@ class StreamPool:
         self.is_cuda = self.dev.is_async  # CUDA semantics: a real GPU or swpipe.testing's fake
         self._named: Dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._free: Dict[bool, List[Any]] = {False: [], True: []}  # events whose work completed, by timing
+        # events whose work completed, by (timing, device): a CUDA event belongs to the device of its first record
+        self._free: Dict[Tuple[bool, str], List[Any]] = {}
+        self._home: Dict[int, str] = {}  # id(event) -> the device it was recorded on
         self._wake = threading.Event()  # set by interrupt(): ends the pool's device waits
 
     def resolve(self, spec: StreamSpec) -> Optional[Any]:
@@ -132,17 +134,22 @@ class StreamPool:
         """
         if stream is None:
             return None
-        free = self._free[timing]
+        # a stream object of another device (GPipe's partitions) gets an event of that device
+        home = str(getattr(stream, "device", self.device))
+        free = self._free.setdefault((timing, home), [])
         try:
             event = free.pop()
         except IndexError:
             event = self.dev.event(timing=timing)
+            self._home[id(event)] = home
         self.dev.record(event, stream)
         return event
 
     def recycle(self, events: Iterable[Optional[Any]], timing: bool = False) -> None:
         """Give back events whose recorded work has completed (re-recording one moves it to new work)."""
-        self._free[timing].extend(ev for ev in events if ev is not None)
+        for ev in events:
+            if ev is not None:
+                self._free.setdefault((timing, self._home.get(id(ev), str(self.device))), []).append(ev)
 
     def batch_ready(self, batch: Any) -> Tuple[Any, ...]:
         """Events after the device work that made ``batch``, one per device holding part of it; ``()`` if none.
@@ -168,15 +175,8 @@ class StreamPool:
         """
         if not self.is_cuda:
             return ()
-        events = []
-        for dev in devices_holding(self.dev, batch):
-            if dev is self.dev:
-                events.append(self.record(dev.current_stream()))
-            else:  # an event belongs to one device: another device's is made there, and not pooled
-                event = dev.event()
-                dev.record(event, dev.current_stream())
-                events.append(event)
-        return tuple(events)
+        # the pool keeps events per device (an event belongs to the device of its first record)
+        return tuple(self.record(dev.current_stream()) for dev in devices_holding(self.dev, batch))
 
     def follow_caller(self, streams: Iterable[Optional[Any]]) -> None:
         """Make each of ``streams`` wait for the work the calling thread enqueued so far on its current stream.

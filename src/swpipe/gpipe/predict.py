@@ -1,0 +1,354 @@
+"""What a GPipe step will cost, predicted from per-layer profiles, and measured beside the prediction.
+
+A step is a plan (:mod:`swpipe.gpipe.schedule`); its tasks' costs come from
+the layers' profiles (:func:`swpipe.gpipe.balance.profile_layers`) summed per
+partition (:func:`step_costs`), and swpipe's simulator runs the plan for the
+step's micro-batches (``simulate(..., lengthen=False)``). So every question
+is one call:
+
+* the bubble: :attr:`StepPrediction.bubble`, the partitions' idle share of the step;
+* "what if chunks were 8", "what if the balance were [3, 1]", "what if
+  checkpointing were off", "what if the schedule were 1F1B":
+  :func:`what_if`, one prediction per change;
+* the activation memory of each checkpoint mode and schedule:
+  :attr:`StepPrediction.activation_bytes`, from the simulated timeline;
+* the balance, chunks, checkpoint mode and schedule of the fastest step
+  under a memory cap: :func:`choose`.
+
+:func:`swpipe.gpipe.measure.measure_step` runs a GPipe's step and measures
+the same figures beside the prediction.
+
+The model: a layer's time and bytes grow linearly with the micro-batch
+(affine when profiles at two or more sizes are given); a partition's forward
+is its layers' forwards, its backward their backwards plus, when
+checkpointed, their forwards again (the share of checkpointed micro-batches
+of it: one cost per task); copies cost nothing. A partition keeps, per
+micro-batch in flight, the activations its layers save (each storage counted
+for the first partition that saves it, as the meter counts), or only its
+input when checkpointed (until the previous partition's backward, which
+needs the same tensor as its output), plus, while a checkpointed backward
+runs, the recomputed activations. The loss's own saved tensors are not
+counted (nor measured).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from swpipe.gpipe.balance.partition import optimal_balance
+from swpipe.gpipe.balance.profile import LayerProfile
+from swpipe.gpipe.errors import GPipeArgumentError
+from swpipe.gpipe.partition import CHECKPOINT_MODES
+from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
+
+__all__ = ["LayerModel", "StepPrediction", "step_costs", "predict_step", "what_if", "choose", "format_table"]
+
+
+@dataclass
+class LayerModel:
+    """Per-layer time and bytes as functions of the micro-batch size, fitted from one or more profiles.
+
+    ``t(b) = fixed + per_sample * b`` for each layer's forward and backward
+    time; bytes proportional to ``b``.
+    """
+
+    forward: List[Tuple[float, float]]
+    backward: List[Tuple[float, float]]
+    saved_per_sample: List[float]
+    output_per_sample: List[float]
+    device: str = "cpu"
+
+    @classmethod
+    def fit(cls, profiles: Sequence[LayerProfile]) -> "LayerModel":
+        """Fit the model to profiles of one module at one or more micro-batch sizes.
+
+        Examples
+        --------
+        >>> p1 = LayerProfile([0.002], [0.004], [800.0], [400.0], [0.0], batch=8, device="cpu")
+        >>> p2 = LayerProfile([0.003], [0.006], [1600.0], [800.0], [0.0], batch=16, device="cpu")
+        >>> model = LayerModel.fit([p1, p2])
+        >>> [round(x, 6) for x in model.forward[0]], model.at(32)["forward"]
+        ([0.001, 0.000125], [0.005])
+        """
+        if not profiles:
+            raise GPipeArgumentError("profiles", [], "no profile to fit", "profile the layers first")
+        sizes = [float(p.batch) for p in profiles]
+
+        def line(values: Sequence[float]) -> Tuple[float, float]:
+            if len(set(sizes)) < 2:
+                return 0.0, statistics.fmean(v / s for v, s in zip(values, sizes))
+            slope, intercept = statistics.linear_regression(sizes, values)
+            if intercept < 0:  # time is never negative at a small batch: proportional then
+                return 0.0, sum(values) / sum(sizes)
+            return intercept, max(0.0, slope)
+
+        layers = range(len(profiles[0]))
+        per = sum(sizes)
+        return cls(forward=[line([p.forward_s[k] for p in profiles]) for k in layers],
+                   backward=[line([p.backward_s[k] for p in profiles]) for k in layers],
+                   saved_per_sample=[sum(p.saved_bytes[k] for p in profiles) / per for k in layers],
+                   output_per_sample=[sum(p.output_bytes[k] for p in profiles) / per for k in layers],
+                   device=profiles[0].device)
+
+    def __len__(self) -> int:
+        return len(self.forward)
+
+    def at(self, batch: float) -> Dict[str, List[float]]:
+        """Per layer: ``forward``, ``backward`` seconds, ``saved``, ``output`` bytes, at micro-batches of ``batch``."""
+        return {"forward": [a + b * batch for a, b in self.forward],
+                "backward": [a + b * batch for a, b in self.backward],
+                "saved": [s * batch for s in self.saved_per_sample],
+                "output": [s * batch for s in self.output_per_sample]}
+
+
+def _checkpointed(checkpoint: str, m: int) -> int:
+    return {"always": m, "except_last": m - 1, "never": 0}[checkpoint]
+
+
+def _partition_sums(values: Sequence[float], balance: Sequence[int]) -> List[float]:
+    out, start = [], 0
+    for count in balance:
+        out.append(sum(values[start:start + count]))
+        start += count
+    return out
+
+
+def step_costs(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int, checkpoint: str,
+               plan: GPipePlan, cores: Optional[int] = None) -> Any:
+    """The :class:`~autosched.model.costs.CostModel` of ``plan``'s tasks: each partition's layers summed.
+
+    Parameters
+    ----------
+    layers : LayerModel
+    balance : sequence of int
+    batch : int
+        Samples in the mini-batch.
+    chunks : int
+    checkpoint : str
+    plan : GPipePlan
+        The step's plan (its task names are costed).
+    cores : int, optional
+        The machine's free cores (the simulator's core pool, docs/semantics.md); ``None``: one per thread.
+    """
+    from autosched.model.costs import CostModel, TaskCost
+
+    m = min(chunks, batch)
+    at = layers.at(batch / m)
+    fwd, bwd = _partition_sums(at["forward"], balance), _partition_sums(at["backward"], balance)
+    share = _checkpointed(checkpoint, m) / m
+    cuda = layers.device.startswith("cuda")
+    tasks = {}
+    for name in plan.task_names:
+        kind, j = task_partition(name)
+        seconds = fwd[j] if kind == "F" else bwd[j] + share * fwd[j] if kind == "B" else 0.0
+        tasks[name] = TaskCost(0.0, seconds) if cuda else TaskCost(seconds)
+    return CostModel(tasks, machine=layers.device, method="swpipe.gpipe: per-layer profiles summed per partition",
+                     cores=cores)
+
+
+@dataclass
+class StepPrediction:
+    """A predicted training step.
+
+    Attributes
+    ----------
+    schedule, balance, chunks, checkpoint, batch
+        What was predicted.
+    step_s : float
+        Seconds from the first micro-batch's forward to the last backward (the simulated makespan).
+    bound_s : float
+        No step of this plan is shorter: ``(m - 1)`` x the plan's lower bound per
+        micro-batch (:func:`swpipe.lower_bounds`) plus one micro-batch's work through every partition.
+    bubble : float
+        Share of the partitions' time idle within the step: ``1 - work / (partitions x step_s)``.
+    activation_bytes : float
+        Peak bytes of activations kept for backward, all partitions together.
+    activation_by : list of float
+        The peak of each partition alone.
+    plan, costs, sim
+        The plan, its cost model and the simulation (``sim.events`` for :func:`swpipe.gantt`).
+    """
+
+    schedule: str
+    balance: List[int]
+    chunks: int
+    checkpoint: str
+    batch: int
+    step_s: float
+    bound_s: float
+    bubble: float
+    activation_bytes: float
+    activation_by: List[float]
+    plan: Any = field(repr=False, default=None)
+    costs: Any = field(repr=False, default=None)
+    sim: Any = field(repr=False, default=None)
+
+    def row(self) -> Dict[str, Any]:
+        """The figures as one table row."""
+        return {"schedule": self.schedule, "balance": list(self.balance), "chunks": self.chunks,
+                "checkpoint": self.checkpoint, "step_ms": self.step_s * 1e3, "bound_ms": self.bound_s * 1e3,
+                "bubble": self.bubble, "activation_MB": self.activation_bytes / 1e6}
+
+
+def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batch: float, m: int,
+                      checkpoint: str) -> Tuple[float, List[float]]:
+    """Peak activation bytes over the simulated step, total and per partition."""
+    at = layers.at(batch / m)
+    saved = _partition_sums(at["saved"], balance)
+    ends = [sum(balance[:j + 1]) - 1 for j in range(len(balance))]
+    inputs = [0.0] + [at["output"][ends[j - 1]] for j in range(1, len(balance))]  # the caller's input is not counted
+    ck = _checkpointed(checkpoint, m)
+    parts = [e for e in sim.events if e.kind == "host" or layers.device.startswith("cuda")]
+    backward_end = {task_partition(e.task)[1:] + (e.iteration,): e.end for e in parts if e.task.startswith("B")}
+    changes = []  # (time, order, partition, delta): frees before adds at one instant
+    for e in parts:
+        kind, j = task_partition(e.task)
+        i = e.iteration
+        if kind == "F" and i < ck:
+            # a checkpointed partition keeps its input, which is also the previous partition's output:
+            # alive until the later of the two backwards, the previous partition's
+            changes.append((e.end, 1, j, inputs[j]))
+            changes.append((backward_end.get((j - 1, i), backward_end[(j, i)]), 0, j, -inputs[j]))
+        elif kind == "F":
+            changes.append((e.end, 1, j, saved[j]))
+        elif kind == "B" and i < ck:
+            changes.append((e.start, 1, j, saved[j]))  # the recomputed activations, while backward runs
+            changes.append((e.end, 0, j, -saved[j]))
+        elif kind == "B":
+            changes.append((e.end, 0, j, -saved[j]))
+    changes.sort(key=lambda c: (c[0], c[1]))
+    level, peak = 0.0, 0.0
+    by = [0.0] * len(balance)
+    peak_by = [0.0] * len(balance)
+    for _, _, j, delta in changes:
+        level += delta
+        by[j] += delta
+        peak, peak_by[j] = max(peak, level), max(peak_by[j], by[j])
+    return peak, peak_by
+
+
+def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
+                 checkpoint: str = "except_last", schedule: str = "gpipe",
+                 places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None) -> StepPrediction:
+    """Predict one training step: its time, bubble and activation memory.
+
+    Parameters
+    ----------
+    layers : LayerModel
+        Per-layer costs (:meth:`LayerModel.fit` of :func:`~swpipe.gpipe.balance.profile_layers`).
+    balance : sequence of int
+    batch : int
+        Samples per mini-batch.
+    chunks : int
+    checkpoint : {"always", "except_last", "never"}
+    schedule : {"gpipe", "1f1b"}
+    places : sequence of Placement, optional
+        The partitions' placements (default: a thread per partition on the CPU).
+    cores : int, optional
+        Cores free for the partitions' threads (``swpipe_core.measure.calibrate.measure_cores``); ``None``: a
+        core per thread.
+
+    Returns
+    -------
+    StepPrediction
+
+    Examples
+    --------
+    Two equal partitions, 4 micro-batches: the bubble is (n - 1) / (m + n - 1) = 1/5.
+
+    >>> layers = LayerModel(forward=[(0.0, 0.001)] * 2, backward=[(0.0, 0.002)] * 2,
+    ...                     saved_per_sample=[100.0] * 2, output_per_sample=[10.0] * 2)
+    >>> p = predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never")
+    >>> round(p.step_s, 6), round(p.bubble, 3), p.activation_by
+    (0.015, 0.2, [400.0, 400.0])
+    >>> predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never", schedule="1f1b").activation_by
+    [200.0, 100.0]
+    """
+    from autosched.model.simulate import simulate
+    from autosched.search.bounds import lower_bounds
+
+    if sum(balance) != len(layers):
+        raise GPipeArgumentError("balance", list(balance), f"sums to {sum(balance)}, the module has {len(layers)} "
+                                 "layers", "give layers per partition")
+    if checkpoint not in CHECKPOINT_MODES:
+        raise GPipeArgumentError("checkpoint", checkpoint, f"not one of {CHECKPOINT_MODES}")
+    if schedule not in SCHEDULES:
+        raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}")
+    m = min(chunks, batch)
+    places = list(places) if places is not None else [Placement("cpu", f"p{j}") for j in range(len(balance))]
+    plan = step_plan(places, schedule, m)
+    costs = step_costs(layers, balance, batch, m, checkpoint, plan, cores)
+    device = "cuda" if layers.device.startswith("cuda") else "cpu"
+    sim = simulate(plan, costs, num_iterations=m, device=device, lengthen=False)
+    work = [costs[f"F{j}"].cpu_s + costs[f"B{j}"].cpu_s for j in range(len(balance))]
+    step = sim.makespan
+    one = sum(work)
+    bound = (m - 1) * lower_bounds(plan, costs, device=device).value + one
+    peak, peak_by = _activation_curve(sim, layers, balance, batch, m, checkpoint)
+    bubble = 1.0 - m * sum(work) / (len(balance) * step) if step > 0 else 0.0
+    return StepPrediction(schedule, list(balance), chunks, checkpoint, batch, step, bound, bubble, peak, peak_by,
+                          plan=plan, costs=costs, sim=sim)
+
+
+def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str, Any]]) -> List[StepPrediction]:
+    """``base`` predicted again with each change (``{"chunks": 8}``, ``{"balance": [3, 1]}``, ...).
+
+    Returns
+    -------
+    list of StepPrediction
+        ``base`` first, then one per change, in order.
+    """
+    out = [base]
+    for change in changes:
+        unknown = set(change) - {"balance", "chunks", "checkpoint", "schedule", "batch"}
+        if unknown:
+            raise GPipeArgumentError("changes", change, f"unknown field(s) {sorted(unknown)}",
+                                     "change balance, chunks, checkpoint, schedule or batch")
+        cfg = {"balance": base.balance, "chunks": base.chunks, "checkpoint": base.checkpoint,
+               "schedule": base.schedule, "batch": base.batch, **change}
+        out.append(predict_step(layers, cfg["balance"], cfg["batch"], cfg["chunks"], cfg["checkpoint"],
+                                cfg["schedule"]))
+    return out
+
+
+def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
+           chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
+           schedules: Iterable[str] = SCHEDULES) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
+    """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
+
+    The balance for each chunk count is the optimum of the layers' time at
+    that micro-batch size (:func:`~swpipe.gpipe.balance.optimal_balance`);
+    every combination is predicted.
+
+    Returns
+    -------
+    (StepPrediction or None, list of StepPrediction)
+        The choice (``None`` if nothing fits the cap) and every candidate, fastest first.
+    """
+    candidates = []
+    for c in sorted(set(min(int(k), batch) for k in chunks)):
+        at = layers.at(batch / c)
+        balance = optimal_balance([f + b for f, b in zip(at["forward"], at["backward"])], partitions)
+        for ck in checkpoints:
+            for sched in schedules:
+                candidates.append(predict_step(layers, balance, batch, c, ck, sched))
+    candidates.sort(key=lambda p: (p.step_s, p.activation_bytes))
+    fits = [p for p in candidates if max_activation_bytes is None or p.activation_bytes <= max_activation_bytes]
+    return (fits[0] if fits else None), candidates
+
+
+def format_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """Rows of dicts as an aligned text table (floats with 3 digits)."""
+    if not rows:
+        return ""
+    keys = list(rows[0])
+
+    def cell(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    widths = {k: max(len(k), *(len(cell(r.get(k, ""))) for r in rows)) for k in keys}
+    lines = ["  ".join(f"{k:>{widths[k]}}" for k in keys)]
+    lines += ["  ".join(f"{cell(r.get(k, '')):>{widths[k]}}" for k in keys) for r in rows]
+    return "\n".join(lines)

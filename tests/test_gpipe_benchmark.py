@@ -1,0 +1,21 @@
+"""benchmarks/gpipe.py runs end to end with its quickest options and prints every part (figures are not asserted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_benchmark
+
+
+@pytest.mark.slow
+def test_the_gpipe_benchmark_runs_and_its_memory_predictions_are_measured(capsys):
+    out = load_benchmark("gpipe").main(["--quick"])
+    text = capsys.readouterr().out
+    assert "(a) step time" in text and "(b) balance" in text and "(c) predicted against measured" in text
+    assert sorted({row["chunks"] for row in out["a"]}) == [1, 2, 4, 8]
+    assert {row["variant"] for row in out["a"]} >= {"whole (1 thread)", "swpipe GPipe.step gpipe",
+                                                    "swpipe GPipe.step 1f1b"}
+    assert all(sum(row["balance"]) == 12 for row in out["b"])
+    # GPipe without checkpointing: every activation is alive when the last forward ends, whatever the timing
+    never = [row for row in out["c"] if row["checkpoint"] == "never" and row["schedule"] == "gpipe"]
+    assert never and all(row["pred_MB"] == pytest.approx(row["meas_MB"]) for row in never)
