@@ -11,6 +11,7 @@ from conftest import load_benchmark
 def test_the_gpipe_benchmark_runs_and_its_memory_predictions_are_measured(capsys):
     out = load_benchmark("gpipe").main(["--quick"])
     text = capsys.readouterr().out
+    # every part of the benchmark is printed: its headings are what a reader looks for
     assert "(a) step time" in text and "(b) balance" in text and "(c) predicted against measured" in text
     assert sorted({row["chunks"] for row in out["a"]}) == [1, 2, 4, 8]
     assert {row["variant"] for row in out["a"]} >= {"whole (1 thread)", "swpipe GPipe.step gpipe",

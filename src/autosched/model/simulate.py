@@ -183,6 +183,12 @@ class SimResult:
         w0, w1 = self.window
         return (self.latencies[w1] - self.latencies[w0]) / (w1 - w0) if w1 > w0 else 0.0
 
+    @property
+    def makespan(self) -> float:
+        """Seconds until the last iteration completed: one step's time when ``simulate(..., lengthen=False)``
+        ran exactly that step's iterations (GPipe's micro-batches)."""
+        return max(self.completion) if self.completion else 0.0
+
     def stall_summary(self, top: Optional[int] = None) -> List[Tuple[str, str, str, float]]:
         """Mean wait per steady-state iteration by ``(task, part, cause)``, largest first.
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
+from swpipe_core.engine.options import Timeouts
 
 from swpipe.gpipe.batchnorm import DeferredBatchNorm
 from swpipe.gpipe.errors import GPipeArgumentError
@@ -167,7 +168,7 @@ class GPipe(nn.Module):
                     else step_plan(self._places, kind, microbatches, self._routes))
             device = next((d for d in self._seam if d.is_async), self._seam[0])
             pipe = self._pipes[key] = SWPipeline(bind(plan, self._ops.ops()), device=device,
-                                                 signal_timeout=_TIMEOUT_S, progress_timeout=_TIMEOUT_S,
+                                                 timeouts=Timeouts(signal_s=_TIMEOUT_S, progress_s=_TIMEOUT_S),
                                                  record_timeline=bool(self.record_timeline))
         return pipe
 

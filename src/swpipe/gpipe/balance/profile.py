@@ -149,8 +149,8 @@ def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1
         call.meter = None
         once = time.perf_counter() - t0
         num_measure = max(1, min(100, int(timeout / max(once, 1e-6) / (num_rounds + 1))))
-        result = TaskProfiler(pipe).profile(batch, num_warmup=1, num_measure=num_measure, num_rounds=num_rounds,
-                                            skip_tasks=pipe.plan.task_names, memory=False, state=[sandbox])
+        profiler = TaskProfiler(pipe, num_warmup=1, num_measure=num_measure, num_rounds=num_rounds)
+        result = profiler.profile(batch, skip_tasks=pipe.plan.task_names, memory=False, state=[sandbox])
     host = result.host_s or {}
     dev_s = result.device_s or {}
 
