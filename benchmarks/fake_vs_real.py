@@ -224,7 +224,7 @@ PROBES = [("pageable non-blocking copy", pageable_copy), ("host read is a read o
           ("autograd: gradients on the forward op's stream", autograd_streams)]
 
 
-def _fake_facts(name: str, probe: Optional[Callable]) -> Facts:
+def fake_facts(name: str, probe: Optional[Callable]) -> Facts:
     with FakeCuda(num_devices=2, hang_timeout_s=20.0) as fake:
         if probe is None:
             facts = event_device(_Fake(fake, 0), _Fake(fake, 1))
@@ -263,7 +263,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"GPU: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}")
     differ = 0
     for k, (name, probe) in enumerate(PROBES, 1):
-        fake = _fake_facts(name, probe)
+        fake = fake_facts(name, probe)
         if args.fake_only:
             print(f"{k}. {name} | fake: {fake}")
             continue

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
 
 def test_the_fakes_side_of_every_probe_says_what_cuda_does():
     script = load_benchmark("fake_vs_real")
-    facts = {name: script._fake_facts(name, probe) for name, probe in script.PROBES}
+    facts = {name: script.fake_facts(name, probe) for name, probe in script.PROBES}
     assert len(facts) == 6
     for name, got in facts.items():
         claims = {k: v for k, v in got.items() if k != "races the fake named"}

@@ -59,7 +59,7 @@ import pytest
 import torch
 
 from swpipe import Timeouts
-from swpipe.testing import FakeCuda, FakeCudaDevice, FakeCudaError
+from swpipe.testing import FakeCuda, FakeCudaDevice, FakeCudaError, kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from conftest import swpipe_threads
@@ -97,18 +97,16 @@ def expected_value(iteration: int) -> float:
     return 2.0 * N * iteration
 
 
-# ----------------------------------------------------------------------------- kernels the fake does not expose
+# ----------------------------------------------------------------------------- kernels made of the fake's own
 
 def host_func(dev: FakeCudaDevice, fn: Callable[[], None], label: str) -> None:
     """Queue ``fn`` on the calling thread's current stream of ``dev``, as ``cudaLaunchHostFunc`` does.
 
     It runs on the stream's executor when the stream reaches it, after the
     work queued before it, and the work queued after it waits for it to
-    return. The fake has no public host function, so this goes through its
-    kernel launch (``FakeCudaDevice._launch``): it is labelled, ordered and
-    traced like any kernel.
+    return (``FakeKernels.host_func``): it is labelled, ordered and traced like any kernel.
     """
-    dev._launch(dev.current_stream(), fn, dev.fake._label() or label)
+    kernels(dev).host_func(fn, label)
 
 
 def released_hang(dev: FakeCudaDevice, probe: Probe) -> None:

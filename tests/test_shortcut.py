@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from swpipe_core.plan import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule
+# the specification's shortcut internals (_cache_val, _restore_val, _GraftGrad, the cache tag) are its API: tested as such
 from swpipe_core.engine.shortcut import (
     _CACHE_TAG,
     ShortcutCorruptedError,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -165,6 +165,12 @@ class FakeKernels:
     def item(self, x: Any) -> float:
         """The first value as a Python number: :meth:`to_host` (a read on the current stream, the host waits)."""
         return self.to_host(x).reshape(-1)[0].item()
+
+    def host_func(self, fn: Callable[[], None], label: str = "host_func") -> None:
+        """Queue ``fn`` on the current stream, as ``cudaLaunchHostFunc``: it runs when the stream reaches it, after
+        the work queued before it, and the work queued after it waits for it to return (labelled, ordered and
+        traced like any kernel)."""
+        self._dev._launch(self._stream(), fn, self._label(label))
 
     def hang(self) -> None:
         """A kernel that never completes (until the fake is closed): a collective whose peer died."""
