@@ -68,11 +68,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
+import swpipe_core.engine.lifetime as lifetime_mod  # noqa: E402
+import swpipe_core.engine.loop as loop_mod  # noqa: E402
 import swpipe_core.engine.pipeline as engine_mod  # noqa: E402
 from swpipe.testing import FakeCudaDevice, FakeDeviceHang  # noqa: E402
-from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline  # noqa: E402
+from swpipe_core.engine.pipeline import PipelineTaskError  # noqa: E402
 from swpipe_core.plan import IterContext  # noqa: E402
-from swpipe_core.engine.streams import StreamPool, _devices_holding  # noqa: E402
+from swpipe_core.engine.streams import StreamPool, devices_holding  # noqa: E402
 
 import test_cuda_property as suite  # noqa: E402
 import test_cuda_semantics as semantics  # noqa: E402
@@ -88,8 +90,8 @@ HANG_TIMEOUT_S = 1.0
 def _no_graveyard() -> ContextManager:
     """(a) The CUDA run keeps nothing its tasks delete or replace: the plain context, a keeper that keeps nothing."""
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(engine_mod, "_GuardedContext", IterContext))
-    stack.enter_context(mock.patch.object(engine_mod, "_context_keeper", lambda dev, state: lambda ctx: None))
+    stack.enter_context(mock.patch.object(engine_mod, "GuardedContext", IterContext))
+    stack.enter_context(mock.patch.object(engine_mod, "context_keeper", lambda dev, params: lambda ctx: None))
     return stack
 
 
@@ -101,11 +103,11 @@ def _no_device_wait() -> ContextManager:
 def _release_at_retire() -> ContextManager:
     """(c) A retired iteration's context (and its events) is released at once, not when its events completed."""
 
-    def prune(self, run):
+    def prune(run):
         for j in list(run.device_pending):
-            self._free_state(run, run.device_pending.pop(j))
+            lifetime_mod.free_iteration(run, run.device_pending.pop(j))
 
-    return mock.patch.object(SWPipeline, "_prune_device", prune)
+    return mock.patch.object(loop_mod, "prune_device", prune)
 
 
 def _no_batch_ready() -> ContextManager:
@@ -116,12 +118,12 @@ def _no_batch_ready() -> ContextManager:
 def _inline_off_stream() -> ContextManager:
     """(e) The caller's group runs its tasks without making their stream current (they launch on the caller's)."""
     marker = threading.local()  # set while the caller's thread runs its own group's tasks
-    run_items, use = SWPipeline._run_items, FakeCudaDevice.use
+    run_items, use = loop_mod.run_items, FakeCudaDevice.use
 
-    def run_items_marked(self, run, items, inline=False):
+    def run_items_marked(run, items, inline=False):
         marker.inline = inline
         try:
-            return run_items(self, run, items, inline)
+            return run_items(run, items, inline)
         finally:
             marker.inline = False
 
@@ -129,26 +131,26 @@ def _inline_off_stream() -> ContextManager:
         return contextlib.nullcontext() if getattr(marker, "inline", False) else use(self, stream)
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(SWPipeline, "_run_items", run_items_marked))
+    stack.enter_context(mock.patch.object(loop_mod, "run_items", run_items_marked))
     stack.enter_context(mock.patch.object(FakeCudaDevice, "use", use_unless_inline))
     return stack
 
 
 def _lag_ignored() -> ContextManager:
     """(f) ``max_device_lag`` ignored: ``progress`` never waits for the device."""
-    return mock.patch.object(SWPipeline, "_bound_device_lag", lambda self, run, retired: None)
+    return mock.patch.object(engine_mod, "bound_device_lag", lambda run, retired: None)
 
 
 def _blocking_teardown() -> ContextManager:
     """(g) Teardown synchronises the device with no deadline (``torch.cuda.synchronize()``) before its bounded poll."""
-    release = SWPipeline._release
+    release = lifetime_mod.release
 
-    def blocking_release(self, run, states, timeout):
-        for event in self._streams.fence(run.streams):
+    def blocking_release(run, states, timeout, limbo):
+        for event in run.pool.fence(run.streams):
             event.synchronize()  # blocks until the device is done: forever on a kernel that never completes
-        return release(self, run, states, timeout)
+        return release(run, states, timeout, limbo)
 
-    return mock.patch.object(SWPipeline, "_release", blocking_release)
+    return mock.patch.object(lifetime_mod, "release", blocking_release)
 
 
 def _waits_dropped_on(name: str) -> Callable[[], ContextManager]:
@@ -168,25 +170,25 @@ def _pooled_events_everywhere() -> ContextManager:
     def batch_ready(self, batch):
         if not self.is_cuda:
             return ()
-        return tuple(self.record(dev.current_stream()) for dev in _devices_holding(self.dev, batch))
+        return tuple(self.record(dev.current_stream()) for dev in devices_holding(self.dev, batch))
     return mock.patch.object(StreamPool, "batch_ready", batch_ready)
 
 
 def _blocking_on_the_loaders_stream() -> ContextManager:
     """(l) Teardown first waits without a deadline for the first task's stream (a copy stream "never hangs")."""
-    release = SWPipeline._release
+    release = lifetime_mod.release
 
-    def release_after_the_loader(self, run, states, timeout):
+    def release_after_the_loader(run, states, timeout, limbo):
         if run.streams and run.streams[0] is not None:
-            self._streams.record(run.streams[0]).synchronize()  # blocks while anything on its queue is hung
-        return release(self, run, states, timeout)
-    return mock.patch.object(SWPipeline, "_release", release_after_the_loader)
+            run.pool.record(run.streams[0]).synchronize()  # blocks while anything on its queue is hung
+        return release(run, states, timeout, limbo)
+    return mock.patch.object(lifetime_mod, "release", release_after_the_loader)
 
 
 def _state_grads_not_kept() -> ContextManager:
     """(m) The gradients of ``SWPipeline(state=...)`` are not kept alive with the iteration's context."""
-    keeper = engine_mod._context_keeper
-    return mock.patch.object(engine_mod, "_context_keeper", lambda dev, state: keeper(dev, None))
+    keeper = engine_mod.context_keeper
+    return mock.patch.object(engine_mod, "context_keeper", lambda dev, params: keeper(dev, []))
 
 
 class Fault(NamedTuple):

@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from swpipe_core.engine.pipeline import SWPipeline
+from swpipe import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 
@@ -117,8 +117,8 @@ def _per_op(fn: Callable[[int], None], n: int, rounds: int) -> float:
 
 def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
     """Seconds per operation of each piece of the engine's per-period and per-task work."""
-    from swpipe_core.engine.serial import _profiler_active
-    from swpipe_core.engine.state import _Flag, _IterState
+    from swpipe_core.engine.dispatch import profiler_active
+    from swpipe_core.engine.run import Flag, IterState
     from swpipe_core.plan import IterContext
 
     q: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -131,16 +131,16 @@ def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
 
     def flag_set_wait(k: int) -> None:
         for _ in range(k):
-            f = _Flag()
+            f = Flag()
             f.set()
             f.wait(1.0)
 
     def new_iteration(k: int) -> None:
         for i in range(k):
-            _IterState(i, IterContext(i, i), 4)
+            IterState(i, IterContext(i, i), 4)
 
     def bookkeeping(k: int) -> None:  # what a worker task does after fn: signal under the run lock
-        st = _IterState(0, None, k)
+        st = IterState(0, None, k)
         for i in range(k):
             with lock:
                 st.done[i] = True
@@ -152,7 +152,7 @@ def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
 
     def profiler_check(k: int) -> None:
         for _ in range(k):
-            _profiler_active()
+            profiler_active()
 
     def noop_call(k: int) -> None:
         for _ in range(k):

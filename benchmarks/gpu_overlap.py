@@ -187,7 +187,7 @@ def measure_overlap(dev: Any, mib: int, spins: int, iters: int, rounds: int) -> 
             mismatches[mode] += [(r,) + bad for bad in check_sums(k, out, elems, iters)]
     plan = overlap_plan(k, dev, spin_s, spins, {})
     with SWPipeline(plan, device=dev) as pipe:
-        profile = TaskProfiler(pipe).profile(batches[0], num_warmup=2, num_measure=5, num_rounds=2)
+        profile = TaskProfiler(pipe, num_warmup=2, num_measure=5, num_rounds=2).profile(batches[0])
     _sync(dev)
     costs = CostModel.from_profile(profile, machine=_machine(dev))
     sim_device = "cuda" if dev.is_async else "cpu"

@@ -90,8 +90,9 @@ def main() -> None:
         results = {}
         with SWPipeline(plan, device="cpu") as pipe:
             for mode in ("interleaved", "phased"):
-                results[mode] = TaskProfiler(pipe).profile(None, args.warmup, args.measure, args.rounds,
-                                                           interleave=mode == "interleaved")
+                profiler = TaskProfiler(pipe, num_warmup=args.warmup, num_measure=args.measure, num_rounds=args.rounds,
+                                        interleave=mode == "interleaved")
+                results[mode] = profiler.profile(None)
         errs = {mode: [] for mode in results}
         for task, true_s in truth.items():
             row = f"{wname:<9} {task:<11} {true_s * 1e3:>8.2f}"

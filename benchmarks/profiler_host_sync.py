@@ -24,6 +24,6 @@ with FakeCuda(num_devices=1) as fake:
             t = time.perf_counter(); syncing(IterContext(None, 0)); direct.append(time.perf_counter() - t)
         plan = PipelinePlan({PipelineTask("Sync", syncing): TaskSchedule()})
         with SWPipeline(plan, device=dev) as pipe:
-            r = TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=10, num_rounds=1)
+            r = TaskProfiler(pipe, num_warmup=2, num_measure=10, num_rounds=1).profile(None)
         d = statistics.median(direct)
         print(f"busy {host*1e3:.1f} ms: task alone {d*1e3:.3f} ms, profiler host_s {r.host_s['Sync']*1e3:.3f} ms ({(r.host_s['Sync']/d-1)*100:+.1f} %), device_s {r.device_s['Sync']*1e3:.3f} ms")

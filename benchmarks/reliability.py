@@ -331,9 +331,9 @@ def render_cuda(cm: Dict[str, Any], seconds: float) -> str:
         "exception, with the task and iteration a `PipelineTaskError` names. *Seconds*: from the fault firing (the "
         "raise, the hung kernel starting, the failing kernel's launch, the signal, the peer's death) to the "
         "caller's exception; it includes the failed run's bounded wait for the device "
-        "(`SWPipeline._teardown_timeout`, 5 s) and, for a worker blocked on the device, the bounded join "
-        "(`_join_timeout`, 5 s). *Threads*: `swpipe-*` threads alive at the raise / after recovery and a join. "
-        "*Kept*: iteration contexts the engine keeps alive for the device (`_limbo`) at the raise / after the "
+        "(`Timeouts.teardown_s`, 5 s) and, for a worker blocked on the device, the bounded join "
+        "(`Timeouts.join_s`, 5 s). *Threads*: `swpipe-*` threads alive at the raise / after recovery and a join. "
+        "*Kept*: iteration contexts the engine keeps alive for the device (`SWPipeline.kept_for_device`) at the raise / after the "
         "rerun. *Recovery*, then *usable*: a hung kernel is released (the device finishes, as when an aborted "
         "communicator or a slow peer lets it), a sticky error is forgotten with `FakeCuda.clear_error()`, Ctrl-C "
         "and a task error need nothing; then `drain()` and the same `SWPipeline` runs 12 batches: every task once "
@@ -346,16 +346,16 @@ def render_cuda(cm: Dict[str, Any], seconds: float) -> str:
         "caller gets the task's `PipelineTaskError` once the kernels the task queued have run (0.2 s of spin "
         "here): the contexts are freed only when the device is done with them, so nothing is kept afterwards.",
         "- **A kernel that never completes**: no host call waits on it, so the caller notices it only through the "
-        "device-lag bound (`max_device_lag`, the depth by default): `progress()` waits `progress_timeout` for the "
+        "device-lag bound (`max_device_lag`, the depth by default): `progress()` waits `Timeouts.progress_s` for the "
         "device work of iteration r - lag and raises a `RuntimeError` naming the iteration and the tasks whose "
         "device work has not completed; the teardown's fence then waits 5 s and keeps every context of the run "
-        "alive (`_limbo`), because a stream may still read them. With the fake's own `hang()` nothing more can "
+        "alive (`SWPipeline.kept_for_device`), because a stream may still read them. With the fake's own `hang()` nothing more can "
         "happen: it ends only with `FakeCuda.close()`, after which the fake runs nothing. With a hang the device "
         "gets over, the contexts stay kept through a `drain()` (which raises after its bounded wait while the "
         "device is still hung) and the next run's fill frees them; the run's values are exact.",
         "- **A task blocked on a hung kernel** (`.item()` behind it, as DLRM's dedup or a blocking collective): "
         "on a GPU the call blocks forever, so the fake's own limit (60 s) is set far beyond the engine's; the "
-        "caller's `progress_timeout` reports the iteration and its unfinished tasks, after the 5 s join of the "
+        "caller's `Timeouts.progress_s` reports the iteration and its unfinished tasks, after the 5 s join of the "
         "stuck worker and the 5 s teardown wait; the worker is listed at the raise and exits by itself once the "
         "device finishes.",
         "- **A sticky device error** is reported by whichever call touches the device next, as on CUDA: when "
@@ -388,8 +388,8 @@ def render_cuda(cm: Dict[str, Any], seconds: float) -> str:
         lines += [f"- *{name}*: {defect}." for name, defect in cm["defects"]]
         lines.append(
             "- *every sticky-error row*: the contexts the failed teardown kept (its fence raised, so it has no "
-            "events) stay in `_limbo` for the pipeline's lifetime, even after `clear_error()` and a clean rerun "
-            "(*kept after* above): `_prune_limbo` never fences such an entry again. Harmless on a GPU, where a "
+            "events) stay kept (`kept_for_device`) for the pipeline's lifetime, even after `clear_error()` and a clean rerun "
+            "(*kept after* above): `Limbo.prune` never fences such an entry again. Harmless on a GPU, where a "
             "sticky error ends the process, but the memory is never given back "
             "(`test_after_clear_error_the_contexts_kept_by_the_failed_teardown_are_freed`).")
     if cm["fixed_defects"]:
@@ -488,9 +488,9 @@ def render(res: Dict[str, Any], args: argparse.Namespace, seconds: float) -> str
                 "leaked", "usable after drain"], fm["rows"]),
         "",
         "Blocking faults surface after their timeout plus the engine's bounded wait for the stuck worker "
-        "(`SWPipeline._join_timeout`, 5 s): the worker cannot be interrupted, so the caller gets the error once "
+        "(`Timeouts.join_s`, 5 s): the worker cannot be interrupted, so the caller gets the error once "
         "that wait expires, and the thread exits by itself when the task returns. Before the fix to "
-        "`_Workers.stop` (`src/swpipe_core/engine/workers.py`: the wait is now a budget per thread over all calls) it happened "
+        "`Workers.stop` (`src/swpipe_core/engine/workers.py`: the wait is now a budget per thread over all calls) it happened "
         "twice (once when the failure was reported, once in the reset), so a 0.5 s timeout surfaced after 10.5 s. The data iterator's own exception leaves the pipeline filled "
         "by design (call `progress` again or `drain()`), hence its threads at raise.",
         "",

@@ -28,7 +28,9 @@ class of that name (``TrainPipelineSparseDistT`` too), and ``drop-in auto``: the
 plan ``plan="auto"`` chose (measured, searched and verified once on the first
 batches, before the warm-up; the time that took is printed, not in the rows),
 trained from fresh weights in every round and paired with the TorchRec class
-whose median is best, round by round.
+whose median is best, round by round (and, last line, against each class). The
+verification's own figures are printed first: each candidate's period over
+TorchRec's base plan's in the same round, the median and the middle half.
 
 ``+by_stream`` runs each stream's tasks on its own thread; the caller's
 thread runs the default stream's. By default its side tasks are handed off
@@ -68,10 +70,12 @@ def main() -> None:
     args = parser.parse_args()
     print(apply_keep_freed_memory(args))
 
-    from swpipe.workloads.torchrec_peer import PEERS, build_model, peer_available, run_plain, run_swpipe, run_torchrec
+    try:
+        import swpipe.torchrec  # noqa: F401 - its error says how to install TorchRec and FBGEMM
+    except ImportError as exc:
+        raise SystemExit(str(exc)) from None
+    from swpipe.workloads.torchrec_peer import PEERS, build_model, run_plain, run_swpipe, run_torchrec
 
-    if not peer_available():
-        raise SystemExit("TorchRec is not importable here: install the [peer] extra (see the docstring)")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -129,6 +133,10 @@ def main() -> None:
           f"{args.threads} intra-op thread(s), load average {os.getloadavg()[0]:.2f} at the end")
     print(f"drop-in auto: plan='auto' chose {choice.label} ({choice.verdict}) in {choice.seconds:.1f} s before the "
           f"warm-up; its row is paired with the TorchRec class of best median, {best}")
+    print("  its verification, each candidate's period over base's in the same round (median [middle half]):")
+    for row in choice.table.rows:
+        pair = choice.table.paired(row.label)
+        print(f"    {row.label:44s} {pair if pair is not None and row.label != choice.table.baseline else 'baseline'}")
     print(f"{'run':50s} {'best iter/s':>11s} {'vs TorchRec':>11s} {'middle half':>13s}  logits == plain loop")
     for label in runners:
         rate = args.iters / min(times[label])
@@ -148,6 +156,9 @@ def main() -> None:
     paired = {k: statistics.median(p / o for p, o in zip(times[k], times["drop-in auto"])) for k in torchrec_rows}
     print("drop-in auto against each TorchRec class (median of paired rounds): "
           + ", ".join(f"{k[len('TorchRec '):]} {v:.3f}x" for k, v in paired.items()))
+    worst = min(paired, key=paired.get)
+    print(f"drop-in auto against the TorchRec class it ran slowest against ({worst[len('TorchRec '):]}): "
+          f"{paired[worst]:.3f}x")
 
 
 def _run_torchrec_class(cls_name, peer, batches):
@@ -178,6 +189,7 @@ def _dropin_runners(config, batches, auto_time_limit):
     """
     import time
 
+    from swpipe import SolverOptions
     from swpipe.torchrec import TORCHREC_CLASSES, TrainPipeline
     from swpipe.workloads.torchrec_peer import build_model
 
@@ -196,7 +208,7 @@ def _dropin_runners(config, batches, auto_time_limit):
             seconds = time.perf_counter() - t0
         return logits, seconds, pipeline
 
-    _, _, chooser = run("auto", time_limit_s=auto_time_limit)
+    _, _, chooser = run("auto", solver=SolverOptions(time_limit_s=auto_time_limit))
     runners = {name: (lambda name=name: run(name)[:2]) for name in TORCHREC_CLASSES}
     runners["auto"] = lambda: run(chooser.choice.plan)[:2]
     runners["choice"] = chooser.choice

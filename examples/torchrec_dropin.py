@@ -16,11 +16,21 @@ checked against TorchRec's and against the non-pipelined loop.
 
 import argparse
 import logging
+import os
 import warnings
 
 import torch
+import torch.distributed as dist
 
-from swpipe.workloads import init_distributed
+
+def init_process_group() -> torch.device:
+    """Join torchrun's job (its ``env://`` variables), or make a one-rank gloo group; the device this rank trains on."""
+    cuda = torch.cuda.is_available()
+    if "RANK" in os.environ:  # launched by torchrun
+        dist.init_process_group("nccl" if cuda else "gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
 
 
 def run(pipeline, model, batches, modes):
@@ -47,29 +57,35 @@ def main() -> None:
 
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+    from swpipe import Constraints, SolverOptions, VerifyOptions
     from swpipe.torchrec import TrainPipeline, models
     from swpipe.torchrec.tasks import split_output
 
-    with init_distributed() as env:  # joins torchrun's job, or a one-rank gloo group
+    device = init_process_group()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # plan="auto" takes swpipe's three option classes: what the plan may be, how the search runs, how it is measured
+    options = dict(constraints=Constraints(max_depth=3), solver=SolverOptions(time_limit_s=4.0),
+                   verify=VerifyOptions(rounds=3)) if args.plan == "auto" else {}
+    try:
         config = models.SparseNNConfig()
-        batches = models.sparse_nn_batches(config, args.batches, env.world_size, env.rank)
+        batches = models.sparse_nn_batches(config, args.batches, world_size, rank)
         modes = [True] * (args.batches // 2) + [False] * 2 + [True] * (args.batches - args.batches // 2 - 2)
 
-        model, optimizer = models.sparse_nn(config, env.device)
-        torchrec_out = run(TrainPipelineSparseDist(model, optimizer, env.device), model, batches,
+        model, optimizer = models.sparse_nn(config, device)
+        torchrec_out = run(TrainPipelineSparseDist(model, optimizer, device), model, batches,
                            [True] * len(batches))
 
-        model, optimizer = models.sparse_nn(config, env.device)
+        model, optimizer = models.sparse_nn(config, device)
         # the one line that changes: TrainPipelineSparseDist(model, optimizer, device) -> TrainPipeline(...)
-        with TrainPipeline(model, optimizer, env.device, plan=args.plan) as pipeline:
+        with TrainPipeline(model, optimizer, device, plan=args.plan, **options) as pipeline:
             swpipe_train = run(pipeline, model, batches, [True] * len(batches))
         same_as_torchrec = all(torch.equal(a, b) for a, b in zip(swpipe_train, torchrec_out)) and \
             len(swpipe_train) == len(torchrec_out)
 
-        model, optimizer = models.sparse_nn(config, env.device)
-        with TrainPipeline(model, optimizer, env.device, plan=args.plan) as pipeline:
+        model, optimizer = models.sparse_nn(config, device)
+        with TrainPipeline(model, optimizer, device, plan=args.plan, **options) as pipeline:
             mixed = run(pipeline, model, batches, modes)  # train, then eval (forward only), then train again
-        model, optimizer = models.sparse_nn(config, env.device)
+        model, optimizer = models.sparse_nn(config, device)
         loop = []
         for batch, train in zip(batches, modes):  # the non-pipelined loop doing the same
             model.train(train)
@@ -83,12 +99,14 @@ def main() -> None:
                     pred = split_output(model(batch))
             loop.append(pred)
         same_as_loop = len(mixed) == len(loop) and all(torch.equal(a, b) for a, b in zip(mixed, loop))
-        if env.rank == 0:
+        if rank == 0:
             print(pipeline.report)
-            print(f"{env.world_size} rank(s), {len(batches)} batches: outputs equal to TorchRec's "
+            print(f"{world_size} rank(s), {len(batches)} batches: outputs equal to TorchRec's "
                   f"TrainPipelineSparseDist: {same_as_torchrec}")
             print(f"train/eval/train ({''.join('T' if m else 'E' for m in modes)}): outputs equal to the "
                   f"non-pipelined loop: {same_as_loop}")
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

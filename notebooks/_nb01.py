@@ -92,8 +92,8 @@ inside the state object `InputDistStart` created, an in-place change a replay ca
     ("code", """\
 t0 = time.perf_counter()
 with SWPipeline(serial, device=env.device) as pipe:
-    profile = TaskProfiler(pipe).profile(batches[0], num_warmup=3, num_measure=5, num_rounds=3,
-                                         skip_tasks=["InputDistStart", "InputDistWait"], state=wl.state)
+    profile = TaskProfiler(pipe, num_warmup=3, num_measure=5, num_rounds=3).profile(
+        batches[0], skip_tasks=["InputDistStart", "InputDistWait"], state=wl.state)
 print(f"profiled in {time.perf_counter() - t0:.1f} s\\n")
 profile.print_report()
 profile.to_dataframe()"""),

@@ -63,7 +63,7 @@ def swpipe_threads() -> List[str]:
 
 def retirements(pipe: Any, it: Any = None) -> Iterator[int]:
     """Call ``pipe.progress(it)`` until the data ends, yielding each retired iteration index (look at the
-    pipeline between two calls: ``[pipe._device_lag() for _ in retirements(pipe, it)]``)."""
+    pipeline between two calls: ``[pipe.device_lag for _ in retirements(pipe, it)]``)."""
     while True:
         try:
             idx = pipe.progress(it)

@@ -59,7 +59,7 @@ def test_the_profile_counts_the_serial_iterations_page_faults():
 
     plan = PipelinePlan({"churn": TaskSchedule(0)}).bind({"churn": churn})
     with SWPipeline(plan, device="cpu") as pipe:
-        result = TaskProfiler(pipe).profile(0, num_warmup=1, num_measure=2, num_rounds=1, task_times=False)
+        result = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(0, task_times=False)
     faults = result.meta["page_faults_per_iteration"]
     assert faults >= 30, faults  # the 64 MiB is mapped afresh each step (4 KiB pages, or 2 MiB ones at least)
     printed = [line.partition(":")[2].split() for line in result.format_report().splitlines() if "faults" in line]

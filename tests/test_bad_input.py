@@ -68,24 +68,33 @@ def test_swpipeline_rejects_what_is_not_a_plan_with_type_error_and_fix(not_a_pla
         SWPipeline(not_a_plan, device="cpu")
 
 
-# name -> (kwargs, exception, substrings)
-BAD_ARGUMENTS: Dict[str, Tuple[Dict[str, Any], type, Tuple[str, ...]]] = {
-    "signal_timeout=0": ({"signal_timeout": 0}, ValueError, ("signal_timeout", "positive")),
-    "progress_timeout<0": ({"progress_timeout": -1.0}, ValueError, ("progress_timeout", "positive")),
-    "sequencer_timeout str": ({"sequencer_timeout": "3"}, ValueError, ("sequencer_timeout", "positive")),
-    "signal_timeout nan": ({"signal_timeout": float("nan")}, ValueError, ("signal_timeout", "positive")),
-    "unknown device type": ({"device": "tpu"}, ValueError, ("tpu", "'cpu'")),
+# name -> (kwargs, the option the error names)
+BAD_OPTIONS: Dict[str, Tuple[Dict[str, Any], str]] = {
+    "timeouts not Timeouts": ({"timeouts": 5}, "timeouts"),
+    "max_device_lag < 0": ({"max_device_lag": -1}, "max_device_lag"),
+    "max_device_lag bool": ({"max_device_lag": True}, "max_device_lag"),
+    "rng unknown": ({"rng": "global"}, "rng"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
-def test_bad_engine_arguments_name_the_argument_and_the_accepted_values(case):
-    kwargs, exc, parts = BAD_ARGUMENTS[case]
-    kwargs = {"device": "cpu", **kwargs}
+@pytest.mark.parametrize("case", sorted(BAD_OPTIONS))
+def test_bad_engine_options_name_the_option_and_what_it_takes(case):
+    from swpipe_core.engine.options import OptionError
+
+    kwargs, option = BAD_OPTIONS[case]
     plan = PipelinePlan({PipelineTask("A", _noop): TaskSchedule()})
-    with pytest.raises(exc) as info:
-        SWPipeline(plan, **kwargs)
-    for part in parts:
+    with pytest.raises(OptionError) as info:
+        SWPipeline(plan, device="cpu", **kwargs)
+    assert (info.value.given_to, info.value.field, info.value.home) == ("SWPipeline", option, None)
+    assert info.value.value == kwargs[option] and info.value.expected
+    assert isinstance(info.value, ValueError)
+
+
+def test_an_unknown_device_type_names_it_and_the_accepted_values():
+    plan = PipelinePlan({PipelineTask("A", _noop): TaskSchedule()})
+    with pytest.raises(ValueError) as info:
+        SWPipeline(plan, device="tpu")
+    for part in ("tpu", "'cpu'"):
         assert part in str(info.value)
 
 

@@ -123,7 +123,7 @@ def test_profile_report_prints_host_device_and_exposed_time_per_task():
     plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0), PipelineTask("Step", step): TaskSchedule(0)},
                         intra_iter_deps=[("Step", "Load")])
     with SWPipeline(plan, device="cpu") as pipe:
-        result = TaskProfiler(pipe).profile(1, num_warmup=1, num_measure=3, num_rounds=1)
+        result = TaskProfiler(pipe, num_warmup=1, num_measure=3, num_rounds=1).profile(1)
     text = result.format_report()
     header = next(line for line in text.splitlines() if line.strip().startswith("Task"))
     assert header.split() == ["Task", "Exposed", "%", "baseline", "Host", "Device"]

@@ -11,7 +11,7 @@ one fault and triggers it; :func:`measure` records what reached the caller
 (type, task, iteration, the original exception), the seconds from the fault
 to the caller's exception, the ``swpipe-*`` threads alive at that moment and
 after recovery, the contexts the engine kept alive for the device
-(``SWPipeline._limbo``), and whether the same pipeline then runs 12 clean
+(``SWPipeline.kept_for_device``), and whether the same pipeline then runs 12 clean
 batches with exact values and no race in the fake's happens-before check.
 The peer-rank row (:func:`run_peer_ranks`) spawns two gloo ranks, each on a
 fake device of its own, and kills one. ``benchmarks/reliability.py --device
@@ -34,7 +34,7 @@ have to finish.
 
 The tests assert behaviour, never timings: a bound like "within seconds" is
 the pytest-timeout mark. They shorten the engine's teardown wait for the
-device (``SWPipeline._teardown_timeout``, 5 s) to :data:`TEST_TEARDOWN_S`; the
+device (``Timeouts.teardown_s``, 5 s) to :data:`TEST_TEARDOWN_S`; the
 benchmark measures with the default.
 """
 
@@ -51,13 +51,14 @@ import threading
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe.testing import FakeCuda, FakeCudaDevice, FakeCudaError
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -83,7 +84,7 @@ SPIN_S = 0.001             # DistWait's spin, every iteration
 FAKE_DELAY_S = 0.001       # the fake's seeded random delay per kernel
 FAKE_HANG_S = 60.0         # FakeCuda.hang_timeout_s: longer than every engine timeout, as a GPU blocks forever
 STALL_MAX_S = 120.0        # a released hang: a deadlock guard only, a row releases it long before
-TEST_TEARDOWN_S = 1.0      # the tests' SWPipeline._teardown_timeout (default 5 s)
+TEST_TEARDOWN_S = 1.0      # the tests' Timeouts.teardown_s (default 5 s)
 GUARD_S = 120              # pytest-timeout of one row: a hang fails the test instead of the suite
 
 
@@ -182,7 +183,7 @@ def make_plan(dev: FakeCudaDevice, probe: Probe, results: Dict[int, Any],
 
 # ----------------------------------------------------------------------------- the faults
 
-Setup = Callable[[Probe, FakeCudaDevice, Dict[int, Any]], Tuple[SWPipeline, Callable[[], Any]]]
+Setup = Callable[[Probe, FakeCudaDevice, Dict[int, Any], Timeouts], Tuple[SWPipeline, Callable[[], Any]]]
 
 
 @dataclass
@@ -204,7 +205,7 @@ class CudaFault:
         A worker stays blocked in a host call on the device until recovery.
     kept : bool
         The engine must keep contexts alive for the device at the raise
-        (``_limbo``): the device has not finished.
+        (``SWPipeline.kept_for_device``): the device has not finished.
     recover : str
         ``"release"`` (a released hang ends), ``"clear_error"``, ``"close"``
         (the fake's ``hang()``: only ``FakeCuda.close()`` ends it, so the
@@ -240,7 +241,7 @@ class CudaOutcome:
     seconds: float                 # fault fired -> exception in the caller
     threads_at_raise: List[str]    # swpipe-* alive when the caller got the exception
     threads_after: List[str]       # ... after recovery, drain() and a join
-    kept_at_raise: int             # contexts the engine kept alive for the device (_limbo) at the raise
+    kept_at_raise: int             # contexts the engine kept alive for the device (kept_for_device) at the raise
     kept_after: int                # ... after the rerun
     usable: Optional[bool]         # None: not checkable (the fake's hang() ends only with close())
     races: int = 0                 # races the fake's happens-before check found (failed run and rerun)
@@ -250,7 +251,7 @@ class CudaOutcome:
 
 def _raise_after_kernels(task: str, iteration: int, caller_group: Optional[str] = None) -> Setup:
     """``task(iteration)`` queues a spin kernel and a fill, then raises :class:`Boom`."""
-    def setup(probe, dev, results):
+    def setup(probe, dev, results, timeouts):
         k = dev.kernels
 
         def hook(ctx):
@@ -259,14 +260,14 @@ def _raise_after_kernels(task: str, iteration: int, caller_group: Optional[str] 
                 ctx.scratch = k.full(N, -1.0)
                 probe.fire()
                 raise Boom(f"injected at iteration {ctx.iter_idx} after enqueuing kernels")
-        pipe = SWPipeline(make_plan(dev, probe, results, {task: hook}, caller_group), device=dev)
+        pipe = SWPipeline(make_plan(dev, probe, results, {task: hook}, caller_group), device=dev, timeouts=timeouts)
         return pipe, lambda: pipe.run(range(N_BATCHES))
     return setup
 
 
 def _hung_kernel(released: bool) -> Setup:
     """DistWait(3) queues a kernel that never completes; no host call waits on it: the device-lag bound does."""
-    def setup(probe, dev, results):
+    def setup(probe, dev, results, timeouts):
         def hook(ctx):
             if ctx.iter_idx == 3:
                 if released:
@@ -275,12 +276,12 @@ def _hung_kernel(released: bool) -> Setup:
                     host_func(dev, probe.fire, "fired")
                     dev.kernels.hang()
         pipe = SWPipeline(make_plan(dev, probe, results, {"DistWait": hook}), device=dev,
-                          progress_timeout=SHORT_TIMEOUT)
+                          timeouts=replace(timeouts, progress_s=SHORT_TIMEOUT))
         return pipe, lambda: pipe.run(range(N_BATCHES))
     return setup
 
 
-def _hung_kernel_host_sync(probe, dev, results):
+def _hung_kernel_host_sync(probe, dev, results, timeouts):
     """DistWait(3) queues a hung kernel, Fwd(3) reads a value behind it on the host (``.item()``): Fwd blocks."""
     def hang(ctx):
         if ctx.iter_idx == 3:
@@ -290,13 +291,13 @@ def _hung_kernel_host_sync(probe, dev, results):
         if ctx.iter_idx == 3:
             dev.kernels.item(ctx.s)  # on a GPU: blocks forever; the fake's own limit (60 s) is far away
     pipe = SWPipeline(make_plan(dev, probe, results, {"DistWait": hang, "Fwd": sync}), device=dev,
-                      progress_timeout=SHORT_TIMEOUT)
+                      timeouts=replace(timeouts, progress_s=SHORT_TIMEOUT))
     return pipe, lambda: pipe.run(range(N_BATCHES))
 
 
 def _sticky(task: str, iteration: int, sync: bool) -> Setup:
     """``task(iteration)`` queues a kernel that fails (sticky); with ``sync`` it then reads a value on the host."""
-    def setup(probe, dev, results):
+    def setup(probe, dev, results, timeouts):
         k = dev.kernels
 
         def hook(ctx):
@@ -305,12 +306,12 @@ def _sticky(task: str, iteration: int, sync: bool) -> Setup:
                 k.fault("an illegal memory access was encountered")
                 if sync:
                     k.item(ctx.s)
-        pipe = SWPipeline(make_plan(dev, probe, results, {task: hook}), device=dev)
+        pipe = SWPipeline(make_plan(dev, probe, results, {task: hook}), device=dev, timeouts=timeouts)
         return pipe, lambda: pipe.run(range(N_BATCHES))
     return setup
 
 
-def _sigint_while_waiting_for_the_device(probe, dev, results):
+def _sigint_while_waiting_for_the_device(probe, dev, results, timeouts):
     """Ctrl-C reaches the caller while ``progress()`` waits for the device (``max_device_lag=0``).
 
     Opt(4) queues a spin kernel and, behind it, a host function that sends
@@ -329,11 +330,11 @@ def _sigint_while_waiting_for_the_device(probe, dev, results):
         if ctx.iter_idx == 4:
             k.spin(KERNEL_S)
             host_func(dev, interrupt, "sigint")
-    pipe = SWPipeline(make_plan(dev, probe, results, {"Opt": hook}), device=dev, max_device_lag=0)
+    pipe = SWPipeline(make_plan(dev, probe, results, {"Opt": hook}), device=dev, max_device_lag=0, timeouts=timeouts)
     return pipe, lambda: pipe.run(range(N_BATCHES))
 
 
-def _sigint_in_inline_task(probe, dev, results):
+def _sigint_in_inline_task(probe, dev, results, timeouts):
     """Ctrl-C lands while the caller runs a task of its own group (``caller_group="compute"``) with kernels queued."""
     k = dev.kernels
 
@@ -342,7 +343,8 @@ def _sigint_in_inline_task(probe, dev, results):
             k.spin(KERNEL_S)
             probe.fire()
             signal.raise_signal(signal.SIGINT)  # the handler raises KeyboardInterrupt here, on the main thread
-    pipe = SWPipeline(make_plan(dev, probe, results, {"Bwd": hook}, caller_group="compute"), device=dev)
+    pipe = SWPipeline(make_plan(dev, probe, results, {"Bwd": hook}, caller_group="compute"), device=dev,
+                      timeouts=timeouts)
     return pipe, lambda: pipe.run(range(N_BATCHES))
 
 
@@ -398,11 +400,6 @@ def describe(err: Optional[BaseException]) -> str:
     return type(err).__name__
 
 
-def _kept(pipe: SWPipeline) -> int:
-    """Contexts the pipeline keeps alive for the device (retired or failed runs' ``_limbo``)."""
-    return sum(1 for _, states, _ in pipe._limbo for st in states if st.ctx is not None)
-
-
 def _rerun(pipe: SWPipeline, probe: Probe, results: Dict[int, Any], dev: FakeCudaDevice) -> str:
     """Drain, then run clean batches; what went wrong ('' if every task ran once and every value is exact)."""
     pipe.drain()
@@ -426,7 +423,7 @@ def measure(fault: CudaFault, teardown_s: Optional[float] = None) -> CudaOutcome
     ----------
     fault : CudaFault
     teardown_s : float, optional
-        ``SWPipeline._teardown_timeout`` (how long a failed run's teardown
+        ``Timeouts.teardown_s`` (how long a failed run's teardown
         waits for the device before keeping the contexts); the engine's
         default (5 s) when ``None``.
 
@@ -443,9 +440,8 @@ def measure(fault: CudaFault, teardown_s: Optional[float] = None) -> CudaOutcome
     usable: Optional[bool] = None
     rerun_error, kept_after = "", 0
     try:
-        pipe, trigger = fault.setup(probe, dev, results)
-        if teardown_s is not None:
-            pipe._teardown_timeout = teardown_s
+        pipe, trigger = fault.setup(probe, dev, results, Timeouts() if teardown_s is None else
+                                    Timeouts(teardown_s=teardown_s))
         t_start = time.perf_counter()
         try:
             trigger()
@@ -453,14 +449,14 @@ def measure(fault: CudaFault, teardown_s: Optional[float] = None) -> CudaOutcome
             err = exc
         t_raise = time.perf_counter()
         threads_at_raise = swpipe_threads()
-        kept_at_raise = _kept(pipe)
+        kept_at_raise = pipe.kept_for_device
         probe.disarm()                       # ends a released hang; the hooks stop firing
         if fault.recover == "clear_error":
             fake.clear_error()
         if fault.recover == "close":         # hang() ends only with close(): nothing runs on this fake again
             fake.close()
             threads_after = join_swpipe_threads(10.0)
-            kept_after = _kept(pipe)
+            kept_after = pipe.kept_for_device
         else:
             try:
                 rerun_error = _rerun(pipe, probe, results, dev)
@@ -468,7 +464,7 @@ def measure(fault: CudaFault, teardown_s: Optional[float] = None) -> CudaOutcome
                 rerun_error = f"{type(exc).__name__}: {exc}"
             usable = not rerun_error
             threads_after = join_swpipe_threads(10.0)
-            kept_after = _kept(pipe)
+            kept_after = pipe.kept_for_device
     finally:
         probe.disarm()
         if pipe is not None:
@@ -556,21 +552,27 @@ def test_a_released_hang_keeps_the_contexts_until_the_device_finishes_and_the_ne
     probe, results = Probe(), {}
     with FakeCuda(num_devices=1, seed=0, max_delay_s=FAKE_DELAY_S, hang_timeout_s=FAKE_HANG_S) as fake:
         dev = fake.device(0)
-        pipe, trigger = _hung_kernel(released=True)(probe, dev, results)
-        pipe._teardown_timeout = TEST_TEARDOWN_S
+        pipe, trigger = _hung_kernel(released=True)(probe, dev, results, Timeouts(teardown_s=TEST_TEARDOWN_S))
+        contexts = []  # every context of the hung run, weakly
+
+        def seen(run_task, task, ctx):
+            contexts.append(weakref.ref(ctx))
+            run_task(task, ctx)
+
         try:
-            with pytest.raises(RuntimeError, match=r"iteration 3"):  # the iteration whose device work never completed
-                trigger()
-            kept = [weakref.ref(st.ctx) for _, states, _ in pipe._limbo for st in states]
-            assert kept and all(ref() is not None for ref in kept)
-            with pytest.raises(RuntimeError, match=r"\(progress_timeout\)"):  # the timeout that expired
+            with pytest.raises(RuntimeError, match=r"iteration 3"):
+                with pipe.instrument(seen):
+                    trigger()  # the iteration whose device work never completed
+            kept = pipe.kept_for_device
+            assert kept > 0 and len({id(ref()) for ref in contexts if ref() is not None}) >= kept
+            with pytest.raises(RuntimeError, match=r"\(Timeouts\.progress_s\)"):  # the timeout that expired
                 pipe.drain()  # nothing in flight: a bounded wait for the device, which is still hung
-            assert all(ref() is not None for ref in kept)  # still kept: a stream may still read them
+            assert pipe.kept_for_device == kept  # still kept: a stream may still read them
         finally:
             probe.disarm()  # the device finishes
         assert _rerun(pipe, probe, results, dev) == ""
         gc.collect()
-        assert pipe._limbo == [] and [ref for ref in kept if ref() is not None] == []
+        assert pipe.kept_for_device == 0 and [ref for ref in contexts if ref() is not None] == []
         assert swpipe_threads() == []
         fake.assert_no_races()
 
@@ -638,8 +640,8 @@ def _peer_rank_main(rank: int, store: str, out_dir: str) -> None:
             dev = fake.device(0)
             results: Dict[int, Any] = {}
             calls: List[Tuple[str, int]] = []
-            pipe = SWPipeline(_peer_plan(dev, rank, results, calls, out_dir), device=dev, signal_timeout=10,
-                              sequencer_timeout=10, progress_timeout=15)
+            pipe = SWPipeline(_peer_plan(dev, rank, results, calls, out_dir), device=dev,
+                              timeouts=Timeouts(signal_s=10, sequencer_s=10, progress_s=15))
             try:
                 pipe.run(range(10 * PEER_ITER))
                 out["error"] = None
@@ -649,7 +651,7 @@ def _peer_rank_main(rank: int, store: str, out_dir: str) -> None:
                            task=getattr(err, "task", None), iteration=getattr(err, "iteration", None),
                            traceback_kept=err.__cause__ is not None and err.__cause__.__traceback__ is not None)
             out["threads_at_raise"] = swpipe_threads()
-            out["kept_at_raise"] = _kept(pipe)
+            out["kept_at_raise"] = pipe.kept_for_device
             # the survivor goes on alone: a world of one on a new store, the same pipeline, every value exact
             dist.destroy_process_group()
             dist.init_process_group("gloo", init_method=f"file://{store}.alone", rank=0, world_size=1)
@@ -666,7 +668,7 @@ def _peer_rank_main(rank: int, store: str, out_dir: str) -> None:
             except BaseException as err:
                 out["rerun_error"] = f"{type(err).__name__}: {err}"
             out["threads_after"] = join_swpipe_threads(10.0)
-            out["kept_after"] = _kept(pipe)
+            out["kept_after"] = pipe.kept_for_device
             out["races"] = len(fake.races)
             pipe.close()
         dist.destroy_process_group()

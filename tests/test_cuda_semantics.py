@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe.testing import FakeCuda, kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.engine.streams import StreamPool
@@ -85,7 +86,7 @@ def pageable_loader(n_iters: int = 16, seed: int = 0) -> Seen:
                              PipelineTask("Tail", lambda ctx: None): TaskSchedule(1, "s1", "io")},
                             intra_iter_deps=[("Tail", "Sum")])
         try:
-            SWPipeline(plan, device=dev, progress_timeout=20).run(batches())
+            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(batches())
             seen.wrong = _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, "Sum")
         except Exception as exc:
             seen.error = exc
@@ -109,7 +110,7 @@ def host_read(n_iters: int = 16, seed: int = 0) -> Seen:
                              PipelineTask("Consume", lambda ctx: values.__setitem__(ctx.iter_idx, k.item(ctx.x))):
                              TaskSchedule(1, None, "main")}, intra_iter_deps=[("Consume", "Produce")])
         try:
-            SWPipeline(plan, device=dev, progress_timeout=20).run(range(n_iters))
+            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(range(n_iters))
             seen.wrong = _exact(values, lambda i: float(i + 1), "Consume")
         except Exception as exc:
             seen.error = exc
@@ -143,7 +144,7 @@ def another_threads_sync(n_iters: int = 8, seed: int = 0, host_work_s: float = 0
                              PipelineTask("C", c): TaskSchedule(1, "s3", "c")},
                             intra_iter_deps=[("W", "P"), ("C", "P")], caller_group=None)
         try:
-            SWPipeline(plan, device=dev, progress_timeout=20).run(range(n_iters))
+            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(range(n_iters))
             seen.wrong = _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, "C")
         except Exception as exc:
             seen.error = exc
@@ -170,7 +171,7 @@ def batch_on_another_device(n_iters: int = 24, seed: int = 0) -> Seen:
                              PipelineTask("Tail", lambda ctx: k.spin(0.0002)): TaskSchedule(1, "s2", "io")},
                             intra_iter_deps=[("Tail", "Sum")])
         try:
-            SWPipeline(plan, device=dev, progress_timeout=20).run(batches())
+            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(batches())
             seen.wrong = _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, "Sum")
         except Exception as exc:
             seen.error = exc
@@ -204,8 +205,8 @@ def shared_stream_hang(hang_timeout_s: float = 1.0, teardown_timeout_s: float = 
         plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, "memcpy", "io"),
                              PipelineTask("Step", step): TaskSchedule(1, "compute", "main")},
                             intra_iter_deps=[("Step", "Load")], caller_group="main")
-        pipe = SWPipeline(plan, device=dev, progress_timeout=20)
-        pipe._teardown_timeout = teardown_timeout_s  # private on purpose: the bounded poll gives up quickly
+        # the bounded poll gives up quickly (teardown_s)
+        pipe = SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20, teardown_s=teardown_timeout_s))
         try:
             pipe.run(range(6))
         except Exception as exc:
@@ -251,7 +252,8 @@ def training_step(n_iters: int = 6, seed: int = 0, state: bool = True) -> Seen:
                             intra_iter_deps=[("Backward", "Forward"), ("Step", "Backward"), ("Zero", "Step")],
                             inter_iter_deps=[("Forward", "Step", 1), ("Forward", "Zero", 1)])
         try:
-            SWPipeline(plan, device=dev, progress_timeout=20, state=[model, opt] if state else None).run(range(n_iters))
+            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20),
+                       state=[model, opt] if state else None).run(range(n_iters))
             kernel = kernels(dev)
             seen.wrong = [f"{name}: not the serial CPU run's" for (name, p), q in
                           zip(model.named_parameters(), ref.parameters()) if not torch.equal(kernel.to_host(p), q)]

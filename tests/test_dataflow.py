@@ -340,6 +340,7 @@ def test_strict_mode_raises_on_a_cuda_pipeline_too(fake_cuda):
     fixed = fixed.replace(intra_iter_deps=fixed.intra_iter_deps + [("B", "A")])
     kept = []
     with SWPipeline(fixed, device=dev, strict=True) as pipe:
+        # what a CUDA context keeps is a slot on purpose (its attributes are the user's): read it here
         with pipe.instrument(lambda run, task, ctx: (run(task, ctx), kept.append(len(ctx._swp_graveyard)))):
             pipe.run(iter([torch.ones(2)] * 6))
     assert max(kept) >= 1  # B replaced A's ctx.y: the watched context still kept the old value
@@ -365,6 +366,21 @@ def test_strict_mode_names_stale_weights_and_passes_correct_plans():
             pipe.run(iter(batches))
         results.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.timeout(60)
+def test_strict_true_checks_the_pipelines_state_when_one_is_given():
+    """A plan missing ("Forward", "Step", 1): strict=True with state= names it, as strict=[model, opt] does."""
+    from swpipe_core.dataflow.strict import StrictDataflowError
+    from swpipe_core.engine.pipeline import PipelineTaskError
+    model, opt, batches, tasks = _mlp()
+    broken = _mlp_plan(tasks, inter=[], fwd_group="fwd", step_stage=2).replace(intra_iter_deps=README_INTRA)
+    with SWPipeline(broken, device="cpu", strict=True, state=[model, opt]) as pipe:
+        with pytest.raises(PipelineTaskError) as info:
+            pipe.run(iter(batches))
+    cause = info.value.__cause__
+    assert isinstance(cause, StrictDataflowError) and cause.fix == ("Forward", "Step", 1)
+    assert cause.attribute.endswith(("weight", "bias"))
 
 
 @pytest.mark.timeout(120)

@@ -12,6 +12,7 @@ import weakref
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.measure.trace import to_chrome_trace
@@ -274,15 +275,34 @@ def test_invalid_plan_rejected_at_construction():
 
 
 def test_infinite_timeouts_mean_no_limit():
-    pipe = SWPipeline(three_stage_plan(Log()), device="cpu", signal_timeout=float("inf"),
-                      sequencer_timeout=float("inf"), progress_timeout=float("inf"))
-    assert pipe.run(range(3)) > 0 and pipe.progress_timeout == threading.TIMEOUT_MAX
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu",
+                      timeouts=Timeouts(signal_s=float("inf"), sequencer_s=float("inf"), progress_s=float("inf")))
+    assert pipe.run(range(3)) > 0 and pipe.timeouts.progress_s == threading.TIMEOUT_MAX
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, "5", float("nan"), True])
 def test_bad_timeout_rejected(bad):
-    with pytest.raises(ValueError, match="signal_timeout"):
-        SWPipeline(three_stage_plan(Log()), device="cpu", signal_timeout=bad)
+    with pytest.raises(ValueError) as info:  # an OptionError: a ValueError and a TypeError
+        Timeouts(signal_s=bad)
+    assert (info.value.given_to, info.value.field) == ("Timeouts", "signal_s")
+
+
+@pytest.mark.parametrize("keyword, home, fix", [
+    ("signal_timeout", "Timeouts", "SWPipeline(plan, timeouts=Timeouts(signal_s=5))"),
+    ("progress_s", "Timeouts", "SWPipeline(plan, timeouts=Timeouts(progress_s=5))"),
+    ("emit_nvtx", "SWPipeline.run", "pipe.run(data, emit_nvtx=5)"),
+    ("num_measure", "TaskProfiler", "TaskProfiler(pipe, num_measure=5)"),
+    ("calibrate", "TaskProfiler.profile", "TaskProfiler(pipe).profile(batch, calibrate=5)"),
+    ("strikt", None, "did you mean strict=5?"),
+])
+def test_a_keyword_swpipeline_does_not_take_names_its_home(keyword, home, fix):
+    from swpipe_core.engine.options import OptionError
+
+    with pytest.raises(OptionError) as info:
+        SWPipeline(three_stage_plan(Log()), device="cpu", **{keyword: 5})
+    assert (info.value.given_to, info.value.field, info.value.value) == ("SWPipeline", keyword, 5)
+    assert (info.value.home, info.value.fix) == (home, fix)
+    assert isinstance(info.value, TypeError)  # what an unexpected keyword always raised
 
 
 def test_device_integer_falls_back_to_cpu_without_cuda():
@@ -426,13 +446,13 @@ def test_profiler_shows_pipelined_and_serial_ranges():
 
 def test_no_profiler_ranges_when_profiler_is_off(monkeypatch):
     """The hot path builds no range names when nothing records them."""
-    import swpipe_core.engine.serial as engine
+    from swpipe_core.engine.dispatch import Dispatch, profiler_active
 
     built = []
-    original = SWPipeline._range_name
-    monkeypatch.setattr(SWPipeline, "_range_name", lambda self, *a: built.append(a) or original(self, *a))
+    original = Dispatch.range_name
+    monkeypatch.setattr(Dispatch, "range_name", lambda self, *a: built.append(a) or original(self, *a))
     SWPipeline(three_stage_plan(Log()), device="cpu").run(range(3))
-    assert built == [] and engine._profiler_active() is False
+    assert built == [] and profiler_active() is False
 
 
 def test_globally_ordered_tasks_follow_enqueue_order_across_threads():
@@ -467,9 +487,9 @@ def test_iter_context_is_fresh_per_iteration():
 
 
 def test_signal_flag_wakes_every_waiter_and_tolerates_concurrent_sets():
-    from swpipe_core.engine.state import _Flag
+    from swpipe_core.engine.run import Flag
 
-    flag = _Flag()
+    flag = Flag()
     assert flag.wait(0.01) is False
     woke = []
     waiters = [threading.Thread(target=lambda: woke.append(flag.wait(10)), name=f"flag-{k}") for k in range(4)]

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
-from swpipe_core.engine.state import _GuardedContext
+from swpipe_core.engine.lifetime import GuardedContext
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule, stream_name
-from swpipe_core.engine.shortcut import _ShortcutState
+from swpipe_core.engine.dispatch import Dispatch
 from swpipe_core.validate import PlanError
 from conftest import retirements, swpipe_threads
 
@@ -47,7 +48,7 @@ def test_device_waits_follow_the_resolved_stream_not_its_name():
          PipelineTask("Bwd", _noop): TaskSchedule(1, None)},
         intra_iter_deps=[("SameStream", "A"), ("OtherDevice", "A"), ("Copy", "A"), ("Fwd", "Copy"), ("Bwd", "Fwd")],
         inter_iter_deps=[("Copy", "Bwd", 1)])
-    waits = SWPipeline(plan, device="cpu")._device_waits
+    waits = SWPipeline(plan, device="cpu").device_waits
     assert waits["SameStream"] == ()
     assert waits["OtherDevice"] == (("A", 0),)
     assert waits["Copy"] == (("A", 0), ("Bwd", 1))  # the cross-iteration dependency too
@@ -57,9 +58,11 @@ def test_device_waits_follow_the_resolved_stream_not_its_name():
 
 
 # ----------------------------------------------------------------------------- graveyard
+# What a CUDA context keeps is a slot (``_swp_graveyard``) on purpose: a context's attributes are the user's
+# namespace, so nothing public may take a name there. These tests read the slot.
 
 def test_guarded_context_keeps_deleted_and_replaced_values_out_of_sight():
-    ctx = _GuardedContext(batch=1, iter_idx=0)
+    ctx = GuardedContext(batch=1, iter_idx=0)
     first, second = torch.ones(3), torch.zeros(3)
     ctx.x = first
     ctx.x = first          # the same object again: nothing leaves the context
@@ -77,15 +80,15 @@ def test_shortcut_replay_and_declared_io_restore_keep_what_they_replace():
         ctx.y = ctx.x * 2
         del ctx.x
 
-    task, state = PipelineTask("Fwd", fwd, [io]), _ShortcutState()
-    state.enable(["Fwd"])
-    first = _GuardedContext(batch=None, iter_idx=0)
+    task, dispatch = PipelineTask("Fwd", fwd, [io]), Dispatch()  # how the engine calls a task
+    dispatch.shortcut.enable(["Fwd"])
+    first = GuardedContext(batch=None, iter_idx=0)
     first.x = torch.ones(2)
-    state.execute(task, first)  # caching run
-    replay = _GuardedContext(batch=None, iter_idx=1)
+    dispatch.call_serial(task, first)  # caching run
+    replay = GuardedContext(batch=None, iter_idx=1)
     x, y_old, w_old = torch.full((2,), 5.0), torch.zeros(2), external["w"]
     replay.x, replay.y = x, y_old
-    state.execute(task, replay)
+    dispatch.call_serial(task, replay)
     kept = replay._swp_graveyard
     assert any(v is x for v in kept) and any(v is y_old for v in kept)  # deleted and swapped out by the replay
     assert any(isinstance(v, dict) and v["w"] is w_old for v in kept)   # replaced by the DeclaredIO restore
@@ -114,7 +117,7 @@ def test_max_device_lag_defaults_to_depth_and_has_no_effect_on_cpu():
                          PipelineTask("B", lambda ctx: out.append(ctx.x)): TaskSchedule(2)}, [("B", "A")])
     assert SWPipeline(plan, device="cpu").max_device_lag == 3
     pipe = SWPipeline(plan, device="cpu", max_device_lag=0)
-    lags = [pipe._device_lag() for _ in retirements(pipe, pipe.fill_pipeline(range(6)))]
+    lags = [pipe.device_lag for _ in retirements(pipe, pipe.fill_pipeline(range(6)))]
     assert out == list(range(6)) and lags == [0] * 6
 
 
@@ -157,17 +160,16 @@ def test_teardown_with_a_hung_device_is_bounded_and_keeps_the_task_error(monkeyp
     # the fence never completes until hung_device() below: a teardown that waited for the device would hang
     # the test (its timeout mark); one bounded by its deadline raises while the device is still hung
     monkeypatch.setattr(torch.cuda, "synchronize", _no_synchronize)
-    pipe = SWPipeline(_failing_plan(fail_at=2), device="cpu")
-    pipe._teardown_timeout = 0.2
-    monkeypatch.setattr(pipe._streams, "fence", lambda streams=(): [_HungEvent()])
+    pipe = SWPipeline(_failing_plan(fail_at=2), device="cpu", timeouts=Timeouts(teardown_s=0.2))
+    monkeypatch.setattr(pipe.streams, "fence", lambda streams=(): [_HungEvent()])
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(6))
     assert (info.value.task, info.value.iteration) == ("Step", 2) and isinstance(info.value.__cause__, ValueError)
-    assert swpipe_threads() == [] and len(pipe._limbo) == 1  # contexts kept: the device may still read them
+    assert swpipe_threads() == [] and pipe.kept_for_device > 0  # contexts kept: the device may still read them
     hung_device()  # the device recovers
     with pytest.raises(PipelineTaskError):
         pipe.run(range(6))  # the pipeline is usable again (and fails the same way)
-    assert pipe._limbo == []  # the fill found the old fence complete and freed the contexts
+    assert pipe.kept_for_device == 0  # the fill found the old fence complete and freed the contexts
 
 
 def test_teardown_after_a_sticky_device_error_keeps_the_task_error(monkeypatch):
@@ -175,18 +177,18 @@ def test_teardown_after_a_sticky_device_error_keeps_the_task_error(monkeypatch):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     pipe = SWPipeline(_failing_plan(fail_at=1), device="cpu")
-    monkeypatch.setattr(pipe._streams, "fence", broken)
+    monkeypatch.setattr(pipe.streams, "fence", broken)
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(4))
     assert isinstance(info.value.__cause__, ValueError) and swpipe_threads() == []
-    assert len(pipe._limbo) == 1 and pipe.in_flight == 0
+    assert pipe.kept_for_device > 0 and pipe.in_flight == 0
 
 
 def test_normal_end_with_a_hung_device_raises_instead_of_hanging(monkeypatch, hung_device):
-    pipe = SWPipeline(_failing_plan(fail_at=-1), device="cpu", progress_timeout=0.2)
-    monkeypatch.setattr(pipe._streams, "fence", lambda streams=(): [_HungEvent()])
-    with pytest.raises(RuntimeError, match=r"0\.2 s \(progress_timeout\)"):  # the timeout that expired
+    pipe = SWPipeline(_failing_plan(fail_at=-1), device="cpu", timeouts=Timeouts(progress_s=0.2))
+    monkeypatch.setattr(pipe.streams, "fence", lambda streams=(): [_HungEvent()])
+    with pytest.raises(RuntimeError, match=r"0\.2 s \(Timeouts\.progress_s\)"):  # the timeout that expired
         pipe.run(range(3))
     assert swpipe_threads() == []
     hung_device()
-    assert pipe.run(range(3)) > 0 and pipe._limbo == []
+    assert pipe.run(range(3)) > 0 and pipe.kept_for_device == 0

@@ -14,20 +14,22 @@ import time
 import traceback
 
 import pytest
+import torch
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.engine.sequencer import SequencerTimeout
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
-from swpipe_core.walk import PeriodWalk
+import swpipe_core.engine.checks as engine_checks
 from conftest import drive, progress_until_end, swpipe_threads
 
 pytestmark = pytest.mark.timeout(60)
 
 # the engine's waits made longer than the test's timeout: an error that reached the caller only when a
 # wait timed out would fail the test (pytest-timeout) instead of passing late
-NO_TIMEOUTS = dict(signal_timeout=3600, sequencer_timeout=3600, progress_timeout=3600)
+NO_TIMEOUTS = dict(timeouts=Timeouts(signal_s=3600, sequencer_s=3600, progress_s=3600))
 
 # name: (stage, stream, thread group, globally ordered)
 LAYOUT = {
@@ -187,12 +189,12 @@ def test_blocked_dependency_times_out_naming_waiter_dependency_and_iteration():
             release.wait(1.5)  # a workload that outlives the waiter's patience
 
     plan = make_plan().bind({"DistWait": stuck})
-    pipe = SWPipeline(plan, device="cpu", signal_timeout=0.3)
+    pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(signal_s=0.3))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(10))
     cause = str(info.value.__cause__)
     assert info.value.task == "Fwd" and info.value.iteration == 2
-    assert re.search(r"'DistWait'\D+2\b.*signal_timeout", cause)  # the task waited for, its iteration, the timeout
+    assert re.search(r"'DistWait'\D+2\b.*Timeouts\(signal_s=", cause)  # the task waited for, its iteration, the timeout
     assert swpipe_threads() == []
     assert_usable(pipe, 2)
 
@@ -203,7 +205,7 @@ def test_progress_timeout_names_iteration_and_unfinished_tasks():
             time.sleep(0.6)  # workload longer than progress_timeout
 
     plan = make_plan().bind({"Bwd": slow})
-    pipe = SWPipeline(plan, device="cpu", progress_timeout=0.2)
+    pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(progress_s=0.2))
     it = pipe.fill_pipeline(range(10))
     with pytest.raises(RuntimeError, match=r"\b0\b.*\[.*'Bwd'.*'Opt'") as info:  # the iteration, its tasks not done
         pipe.progress(it)
@@ -216,7 +218,7 @@ def test_sequencer_timeout_surfaces_as_task_error():
     """A globally ordered task whose turn never comes fails with the sequencer's message."""
     plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.8)): TaskSchedule(0, thread_group="g1", globally_ordered=True),
                          PipelineTask("B", lambda ctx: None): TaskSchedule(0, thread_group="g2", globally_ordered=True)})
-    pipe = SWPipeline(plan, device="cpu", sequencer_timeout=0.1)
+    pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(sequencer_s=0.1))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(3))
     assert info.value.task == "B"
@@ -317,21 +319,23 @@ def test_deadlock_scenarios_complete_under_both_policies(scenario, policy):
 
 
 @pytest.mark.parametrize("scenario,ascending", [(scenario_1, ["A", "B"]), (scenario_2, ["A", "C", "D", "B"])])
-def test_ascending_order_deadlocks_and_validate_rejects_it(scenario, ascending):
+def test_ascending_order_deadlocks_and_validate_rejects_it(scenario, ascending, monkeypatch):
     """Stage-ascending orders (consumer before its same-period supplier) deadlock; validation refuses them, and forced past validation the block
-    surfaces as an error (short signal_timeout) rather than a hang."""
+    surfaces as an error (short Timeouts.signal_s) rather than a hang."""
     with pytest.raises(PlanError, match="enqueue-order"):
         validate(scenario(enqueue_order=ascending))
-    pipe = SWPipeline(scenario(), device="cpu", signal_timeout=0.3)
-    assert enqueue_order(pipe.plan) != ascending
-    pipe._walk = PeriodWalk(pipe.plan, ascending)  # bypass validation
+    assert enqueue_order(scenario()) != ascending
+    # the engine validates every plan it takes; this test must run one that breaks the rule, so it bypasses the
+    # engine's (module-level) reference to validate
+    monkeypatch.setattr(engine_checks, "validate", lambda plan: None)
+    pipe = SWPipeline(scenario(enqueue_order=ascending), device="cpu", timeouts=Timeouts(signal_s=0.3))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(10))
     assert info.value.iteration == 1 and "waited 0.3 s" in str(info.value.__cause__)
     assert swpipe_threads() == []
 
 
-def test_ready_first_avoids_head_of_line_deadlock():
+def test_ready_first_avoids_head_of_line_deadlock(monkeypatch):
     """X waits Y in the same period on the same thread. Ready-first enqueues Y first and runs; the
     non-topological queue [X, Y] would leave X blocking the head of the queue, with Y stuck behind it."""
     ran = []
@@ -344,9 +348,53 @@ def test_ready_first_avoids_head_of_line_deadlock():
     with pytest.raises(PlanError) as refused:
         validate(plan.replace(enqueue_order=["X", "Y"]))
     assert (refused.value.rule, refused.value.tasks) == ("enqueue-order", ["X", "Y"])
-    blocked = SWPipeline(plan, device="cpu", signal_timeout=0.3)
-    blocked._walk = PeriodWalk(plan, ["X", "Y"])  # bypassing validation
+    monkeypatch.setattr(engine_checks, "validate", lambda plan: None)  # as above: run a plan validation refuses
+    blocked = SWPipeline(plan.replace(enqueue_order=["X", "Y"]), device="cpu", timeouts=Timeouts(signal_s=0.3))
     with pytest.raises(PipelineTaskError) as info:
         blocked.run(range(3))
     assert info.value.task == "X" and re.search(r"'Y'\D+0\b", str(info.value.__cause__))  # waited for Y of iteration 0
     assert swpipe_threads() == []
+
+
+def _step_before_backward_plan():
+    """Forward saves the weight for backward; Step updates it in place before Backward: the plan misses
+    ("Step", "Backward"), so Backward fails in autograd every time (one thread, a fixed order)."""
+    w = torch.ones(3, requires_grad=True)
+
+    def forward(ctx):
+        ctx.loss = (w * w).sum()  # saves w for the backward pass
+
+    def step(ctx):
+        with torch.no_grad():
+            w.add_(1.0)  # in place: the version autograd saved is gone
+
+    def backward(ctx):
+        ctx.loss.backward()
+
+    tasks = [PipelineTask("Forward", forward), PipelineTask("Step", step), PipelineTask("Backward", backward)]
+    return PipelinePlan({t: TaskSchedule(0) for t in tasks}, enqueue_order=["Forward", "Step", "Backward"],
+                        intra_iter_deps=[("Step", "Forward"), ("Backward", "Forward")])
+
+
+@pytest.mark.parametrize("mode", ["run", "run_serial"])
+def test_an_error_a_missing_dependency_can_cause_says_how_to_find_it(mode):
+    pipe = SWPipeline(_step_before_backward_plan(), device="cpu")
+    with pytest.raises(PipelineTaskError) as info:
+        getattr(pipe, mode)(range(2))
+    err = info.value
+    assert (err.task, err.iteration) == ("Backward", 0) and isinstance(err.__cause__, RuntimeError)
+    assert err.hint is not None and "check_dataflow(plan, batches, state=" in err.hint and "strict=True" in err.hint
+
+
+def test_a_context_attribute_no_task_wrote_gets_the_hint_and_other_errors_do_not():
+    def read(ctx):
+        return ctx.loss  # no task sets it
+
+    plan = PipelinePlan({PipelineTask("Read", read): TaskSchedule(0)})
+    with pytest.raises(PipelineTaskError) as info:
+        SWPipeline(plan, device="cpu").run(range(2))
+    assert info.value.task == "Read" and isinstance(info.value.__cause__, AttributeError)
+    assert info.value.hint is not None
+    with pytest.raises(PipelineTaskError) as info:
+        SWPipeline(make_plan("Fwd", 1), device="cpu", **NO_TIMEOUTS).run(range(3))
+    assert info.value.task == "Fwd" and info.value.hint is None  # a task's own error: no hint

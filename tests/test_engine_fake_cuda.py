@@ -17,10 +17,11 @@ from typing import Dict, Optional
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe.testing import FakeDeviceHang, Launch, kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-from swpipe_core.engine.streams import _devices_holding
+from swpipe_core.engine.streams import devices_holding
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(60)]
 
@@ -55,7 +56,7 @@ def test_each_task_launches_on_its_stream_and_every_dependency_is_ordered_on_the
     pipe = SWPipeline(plan, device=dev)
     pipe.run(range(n))
     launches = _by_label(fake_cuda)
-    streams = {name: pipe._streams.resolve(plan.sched(name).stream).label for name in plan.task_names}
+    streams = {name: pipe.streams.resolve(plan.sched(name).stream).label for name in plan.task_names}
     assert len(set(streams.values())) == 3  # memcpy, opt and the default stream
     assert len(launches) == 4 * n
     for name in plan.task_names:
@@ -125,11 +126,11 @@ def test_devices_holding_finds_device_tensors_in_containers_attributes_and_slots
         def __init__(self, v):
             self.kjt = Slotted(v)
 
-    assert _devices_holding(dev, {"a": [1, (Batch(k.full(1, 0.0)),)]}) == [dev]
+    assert devices_holding(dev, {"a": [1, (Batch(k.full(1, 0.0)),)]}) == [dev]
     other = fake_cuda.device(1)
-    assert _devices_holding(dev, [kernels(other).full(1, 0.0)]) == [other]
-    assert _devices_holding(dev, {"a": [1, (Batch(torch.ones(1)),)], "m": torch.nn.Linear(1, 1)}) == []
-    assert _devices_holding(dev, [[torch.ones(1)] for _ in range(2000)]) == [dev]  # too big to search: assume
+    assert devices_holding(dev, [kernels(other).full(1, 0.0)]) == [other]
+    assert devices_holding(dev, {"a": [1, (Batch(torch.ones(1)),)], "m": torch.nn.Linear(1, 1)}) == []
+    assert devices_holding(dev, [[torch.ones(1)] for _ in range(2000)]) == [dev]  # too big to search: assume
 
 
 # ----------------------------------------------------------------------------- NVTX mode
@@ -159,12 +160,11 @@ def test_emit_nvtx_failure_with_a_hung_device_raises_the_task_error_promptly(fak
     plan = PipelinePlan({PipelineTask("Load", _launching(dev)): TaskSchedule(0, "memcpy", "io"),
                          PipelineTask("Step", step): TaskSchedule(1, None, "compute")}, [("Step", "Load")],
                         caller_group=None)
-    pipe = SWPipeline(plan, device=dev)
-    pipe._teardown_timeout = 0.2
+    pipe = SWPipeline(plan, device=dev, timeouts=Timeouts(teardown_s=0.2))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(5), emit_nvtx=True)
     assert (info.value.task, info.value.iteration) == ("Step", 1) and isinstance(info.value.__cause__, ValueError)
-    assert len(pipe._limbo) == 1  # the contexts stay alive: the device may still read them
+    assert pipe.kept_for_device > 0  # the contexts stay alive: the device may still read them
     assert _modes(fake_cuda, "on") == _modes(fake_cuda, "off")  # every thread left NVTX mode
     assert len(_modes(fake_cuda, "on")) == 3  # main, io, compute
     with pytest.raises(FakeDeviceHang):  # what an unbounded synchronize would have done (forever, on a GPU)

@@ -9,6 +9,7 @@ import threading
 import pytest
 from conftest import drive, enqueue_sequence, swpipe_threads
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -89,8 +90,8 @@ def test_inline_wait_timeout_names_what_it_waited_for():
     plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, None, "io"),
                          PipelineTask("Step", lambda ctx: None): TaskSchedule(0, None, "default")},
                         intra_iter_deps=[("Step", "Load")])
-    pipe = SWPipeline(plan, device="cpu", signal_timeout=0.3)
-    pipe._join_timeout = 0.2  # the blocked worker cannot be interrupted; do not wait for it here
+    # the blocked worker cannot be interrupted: do not wait long for it to stop
+    pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(signal_s=0.3, join_s=0.2))
     try:
         with pytest.raises(PipelineTaskError) as info:
             pipe.run(range(4))
@@ -162,7 +163,7 @@ def test_inline_tasks_in_timeline_shortcut_and_profiler():
     pipe.run(range(4))
     assert calls == [0] and record == [7, 7, 7, 7]  # cached once, replayed inline
     pipe.disable_shortcut("Gen")
-    r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=2, num_rounds=1)
+    r = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(None)
     assert set(r.exposed_s) == {"Gen", "Use"} and swpipe_threads() == []
 
 

@@ -18,6 +18,7 @@ from conftest import check_contract, enqueue_sequence, swpipe_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import PlanError, validate
@@ -80,7 +81,7 @@ class Recorder:
 def check_run(plan, n_iters):
     rec = Recorder()
     bound = rec.bind(plan)
-    pipe = SWPipeline(bound, device="cpu", record_timeline=True, signal_timeout=20, progress_timeout=30)
+    pipe = SWPipeline(bound, device="cpu", record_timeline=True, timeouts=Timeouts(signal_s=20, progress_s=30))
     pipe.run(range(n_iters))
 
     # every task exactly once per iteration

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule
 from conftest import drive, swpipe_threads
@@ -181,21 +182,21 @@ def _data_fault(at: int, exc: type, in_fill: bool):
 
 def _blocked_dependency(probe):
     pipe = SWPipeline(make_plan(probe, {"DistWait": block_at(probe, 3)}), device="cpu",
-                      signal_timeout=SHORT_TIMEOUT, sequencer_timeout=30, progress_timeout=30)
+                      timeouts=Timeouts(signal_s=SHORT_TIMEOUT, sequencer_s=30, progress_s=30))
     return pipe, run_all(pipe, range(N_BATCHES))
 
 
 def _blocked_last_task(probe):
     # nobody waits on Bwd within its iteration except Opt; make the progress wait the first to expire
     pipe = SWPipeline(make_plan(probe, {"Opt": block_at(probe, 2)}), device="cpu",
-                      signal_timeout=30, sequencer_timeout=30, progress_timeout=SHORT_TIMEOUT)
+                      timeouts=Timeouts(signal_s=30, sequencer_s=30, progress_s=SHORT_TIMEOUT))
     return pipe, run_all(pipe, range(N_BATCHES))
 
 
 def _blocked_ordered_task(probe):
     # period 4 issues the tickets DistStart(3), then Opt(2): DistStart(3) blocks holding the turn
     pipe = SWPipeline(make_plan(probe, {"DistStart": block_at(probe, 3)}), device="cpu",
-                      signal_timeout=30, sequencer_timeout=SHORT_TIMEOUT, progress_timeout=30)
+                      timeouts=Timeouts(signal_s=30, sequencer_s=SHORT_TIMEOUT, progress_s=30))
     return pipe, run_all(pipe, range(N_BATCHES))
 
 
@@ -290,14 +291,14 @@ FAULTS: List[Fault] = [
           ValueError, message=("loader failed at batch 1",)),
     Fault("data iterator raises in progress", "data, steady state", _data_fault(6, ValueError, in_fill=False),
           ValueError, message=("loader failed at batch 6",), intact=True),
-    Fault("task blocks forever: dependant times out", "signal_timeout", _blocked_dependency,
-          PipelineTaskError, "Fwd", 3, ("'Fwd' (iteration 3)", "'DistWait' of iteration 3", "signal_timeout"),
+    Fault("task blocks forever: dependant times out", "Timeouts.signal_s", _blocked_dependency,
+          PipelineTaskError, "Fwd", 3, ("'Fwd' (iteration 3)", "'DistWait' of iteration 3", "Timeouts(signal_s="),
           blocks=True, timeout_s=SHORT_TIMEOUT),
-    Fault("task blocks forever: progress times out", "progress_timeout", _blocked_last_task,
-          RuntimeError, None, None, ("iteration 2", "tasks not done: ['Opt']", "progress_timeout"),
+    Fault("task blocks forever: progress times out", "Timeouts.progress_s", _blocked_last_task,
+          RuntimeError, None, None, ("iteration 2", "tasks not done: ['Opt']", "Timeouts(progress_s="),
           blocks=True, timeout_s=SHORT_TIMEOUT),
-    Fault("ordered task blocks forever: sequencer times out", "sequencer_timeout", _blocked_ordered_task,
-          PipelineTaskError, "Opt", 2, ("waiting for DistStart (iteration 3)", "sequencer_timeout"),
+    Fault("ordered task blocks forever: sequencer times out", "Timeouts.sequencer_s", _blocked_ordered_task,
+          PipelineTaskError, "Opt", 2, ("waiting for DistStart (iteration 3)", "Timeouts(sequencer_s="),
           blocks=True, timeout_s=SHORT_TIMEOUT),
     Fault("task raises during fill_pipeline", "fill_pipeline", _fill_task_fault,
           PipelineTaskError, "Load", 0, ("'Load'", "iteration 0")),

@@ -30,6 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import RULES, PlanError
@@ -292,8 +293,9 @@ def check_spec(spec: Spec) -> str:
         assert info.value.rule in expected, (info.value.rule, expected, spec)
         assert info.value.fix, info.value
         return f"rejected:{info.value.rule}"
-    pipe = SWPipeline(plan, device="cpu", signal_timeout=SIGNAL_TIMEOUT, sequencer_timeout=SIGNAL_TIMEOUT,
-                      progress_timeout=PROGRESS_TIMEOUT)
+    pipe = SWPipeline(plan, device="cpu",
+                      timeouts=Timeouts(signal_s=SIGNAL_TIMEOUT, sequencer_s=SIGNAL_TIMEOUT,
+                                        progress_s=PROGRESS_TIMEOUT))
     pipe.run(range(N_ITERS))  # a hang would raise here after the short timeouts
     assert Counter(calls) == Counter((n, i) for n in spec["tasks"] for i in range(N_ITERS)), spec
     assert not [t for t in threading.enumerate() if t.name.startswith("swpipe-")]

@@ -1,4 +1,4 @@
-"""A task of the caller's group that blocks: reported as its own error within signal_timeout, never a hang."""
+"""A task of the caller's group that blocks: reported as its own error within Timeouts.signal_s, never a hang."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 import pytest
 from conftest import swpipe_threads
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -35,12 +36,12 @@ def _blocks_at(iteration: int, release: threading.Event, swallow: bool = False):
 @pytest.mark.parametrize("swallow", [False, True])
 def test_a_hang_on_the_callers_thread_is_the_tasks_error_and_the_pipeline_runs_again(swallow):
     assert threading.current_thread() is threading.main_thread()
-    pipe = SWPipeline(_plan(_blocks_at(3, threading.Event(), swallow)), device="cpu", signal_timeout=1.0)
+    pipe = SWPipeline(_plan(_blocks_at(3, threading.Event(), swallow)), device="cpu", timeouts=Timeouts(signal_s=1.0))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(10))
     err = info.value
     assert (err.task, err.iteration, err.thread_group) == ("Step", 3, "default")
-    assert isinstance(err.__cause__, TimeoutError) and "signal_timeout=1 s" in str(err.__cause__)
+    assert isinstance(err.__cause__, TimeoutError) and "Timeouts.signal_s=1 s" in str(err.__cause__)
     assert swpipe_threads() == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C given back
     pipe.run(range(3))  # usable again (iteration 3 never comes)
@@ -52,7 +53,7 @@ def test_ctrl_c_is_still_the_callers_keyboard_interrupt():
             signal.raise_signal(signal.SIGINT)
 
     with pytest.raises(KeyboardInterrupt):
-        SWPipeline(_plan(step), device="cpu", signal_timeout=5.0).run(range(6))
+        SWPipeline(_plan(step), device="cpu", timeouts=Timeouts(signal_s=5.0)).run(range(6))
     assert swpipe_threads() == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -61,7 +62,7 @@ def test_a_caller_that_is_not_the_main_thread_is_told_at_once_and_gets_the_error
 
     class Told(logging.Handler):
         def emit(self, record):
-            if "ran longer than signal_timeout" in record.getMessage():
+            if "ran longer than Timeouts.signal_s" in record.getMessage():
                 reported.set()
 
     told = Told(level=logging.ERROR)
@@ -69,7 +70,7 @@ def test_a_caller_that_is_not_the_main_thread_is_told_at_once_and_gets_the_error
 
     def caller():
         try:
-            SWPipeline(_plan(_blocks_at(2, release)), device="cpu", signal_timeout=0.5).run(range(6))
+            SWPipeline(_plan(_blocks_at(2, release)), device="cpu", timeouts=Timeouts(signal_s=0.5)).run(range(6))
         except PipelineTaskError as exc:
             outcome["error"] = exc
 

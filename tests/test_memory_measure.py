@@ -77,7 +77,7 @@ def _plan():
 def test_measure_task_memory_reports_adds_frees_and_batch():
     with SWPipeline(_plan(), device="cpu") as pipe:
         m = measure_task_memory(pipe, torch.zeros(25, dtype=torch.float64), num_iterations=2)
-        assert pipe._wrappers == ()  # the wrapper is removed
+        assert pipe.instruments == ()  # the wrapper is removed
     assert m.batch_bytes == 200
     assert (m.tasks["Load"].add_bytes, m.tasks["Load"].free_bytes) == (4096, 0)
     assert (m.tasks["Step"].add_bytes, m.tasks["Step"].free_bytes) == (64, 4096)
@@ -93,7 +93,7 @@ def test_measure_task_memory_rejects_zero_iterations():
 
 def test_profiler_records_memory_and_cost_model_keeps_it(tmp_path):
     with SWPipeline(_plan(), device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(torch.zeros(4), num_warmup=0, num_measure=2, num_rounds=1)
+        r = TaskProfiler(pipe, num_warmup=0, num_measure=2, num_rounds=1).profile(torch.zeros(4))
     assert r.memory["tasks"]["Load"]["add_bytes"] == 4096
     path = tmp_path / "p.json"
     r.save(path)
@@ -106,7 +106,7 @@ def test_profiler_records_memory_and_cost_model_keeps_it(tmp_path):
 
 def test_profiler_memory_off_leaves_version_1():
     with SWPipeline(_plan(), device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(torch.zeros(4), num_warmup=0, num_measure=1, num_rounds=1, memory=False)
+        r = TaskProfiler(pipe, num_warmup=0, num_measure=1, num_rounds=1).profile(torch.zeros(4), memory=False)
     assert r.memory is None and r.to_dict()["version"] == 1
 
 
@@ -159,7 +159,7 @@ def test_cuda_profiler_records_device_bytes(cuda_device):
 
     plan = PipelinePlan({PipelineTask("Work", work): TaskSchedule(0)})
     with SWPipeline(plan, device=cuda_device) as pipe:
-        r = TaskProfiler(pipe).profile(k.empty(1), num_warmup=1, num_measure=2, num_rounds=1)
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(k.empty(1))
     w = r.memory["tasks"]["Work"]
     assert w["add_bytes"] == 1 << 20
     assert w["device_alloc_bytes"] >= 2 << 20 and w["device_free_bytes"] >= 1 << 20
@@ -179,3 +179,28 @@ def test_transient_bytes_are_what_a_task_holds_only_while_it_runs():
     g = m.tasks["Grow"]
     assert (g.add_bytes, g.free_bytes) == (20, 0)
     assert g.transient_bytes == 2000  # 2020 at most during the task, 20 after it
+
+
+def test_a_task_that_frees_a_tensor_and_makes_one_at_its_address_counts_both():
+    """A new tensor at the address a freed one gave back is still another storage: both are counted."""
+    size = 1 << 18  # 1 MiB of float32: the allocator usually hands a freed block of this size out again at once
+
+    def load(ctx):
+        ctx.x = torch.zeros(size)
+
+    def swap(ctx):
+        freed = ctx.x.untyped_storage().data_ptr()
+        del ctx.x
+        others = []  # kept until the freed block comes back, so each try gets another block
+        for _ in range(16):
+            y = torch.zeros(size)
+            if y.untyped_storage().data_ptr() == freed:
+                break
+            others.append(y)
+        ctx.y = y
+
+    plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0), PipelineTask("Swap", swap): TaskSchedule(0)},
+                        intra_iter_deps=[("Swap", "Load")])
+    with SWPipeline(plan, device="cpu") as pipe:
+        m = measure_task_memory(pipe, None, num_iterations=3)
+    assert (m.tasks["Swap"].add_bytes, m.tasks["Swap"].free_bytes) == (4 * size, 4 * size)

@@ -88,13 +88,14 @@ def _pipe(rank: int, log: List[Any], bad: List[Any], **kw: Any):
     (``new_group`` rendezvous through the store, not through a possibly broken gloo group)."""
     import torch.distributed as dist
 
+    from swpipe import Timeouts
     from swpipe_core.engine.pipeline import SWPipeline
 
     # new_group does not inherit init_process_group's timeout (its default is 30 min): without one, a worker
     # stuck in a collective whose peer is gone outlives the error and the process aborts at exit
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GLOO_TIMEOUT_S))
-    return SWPipeline(_plan(rank, log, bad, group, **kw), device="cpu", signal_timeout=20, sequencer_timeout=20,
-                      progress_timeout=30)
+    return SWPipeline(_plan(rank, log, bad, group, **kw), device="cpu",
+                      timeouts=Timeouts(signal_s=20, sequencer_s=20, progress_s=30))
 
 
 def _drive_until_error(pipe, data) -> Dict[str, Any]:

@@ -58,7 +58,7 @@ def test_profile_with_state_leaves_model_optimizer_and_generator_exactly_as_they
     before = _state_dicts(model, opt)
     with SWPipeline(plan, device="cpu") as pipe, warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        r = TaskProfiler(pipe).profile(BATCH, num_warmup=1, num_measure=2, num_rounds=1, state=[model, opt])
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(BATCH, state=[model, opt])
     after = _state_dicts(model, opt)
     assert _same(before[0], after[0]) and _same(before[1], after[1]) and torch.equal(before[2], after[2])
     assert min(r.meta["task_runs"].values()) > 0 and r.meta["state_restored"] is True
@@ -71,7 +71,7 @@ def test_without_state_the_profile_says_how_many_steps_trained_the_model():
     with SWPipeline(plan, device="cpu") as pipe:
         # the wording is the behaviour: the user must read that the profile trained their model, and the fix
         with pytest.warns(RuntimeWarning, match=r"TaskProfiler.profile ran your tasks .*: they trained your model"):
-            r = TaskProfiler(pipe).profile(BATCH, num_warmup=1, num_measure=2, num_rounds=1)
+            r = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(BATCH)
     # every AdamW step was a run of Step (a run with the gradients of a replayed loss, None, steps nothing)
     adamw_steps = opt.state_dict()["state"][0]["step"].item()
     assert 0 < adamw_steps <= r.meta["task_runs"]["Step"]

@@ -13,7 +13,6 @@ import torch
 from swpipe_core.plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.measure.profiler import TaskProfiler
 from swpipe_core.measure.result import ProfileResult
-from swpipe_core.engine.shortcut import _ShortcutState
 from conftest import FakeClock
 
 
@@ -49,45 +48,48 @@ class FakePipe:
     """The slice of SWPipeline the profiler uses, with a device it can pretend to have."""
 
     def __init__(self, plan, device="cpu"):
+        from swpipe import Timeouts
+        from swpipe_core.engine.dispatch import Dispatch
         from swpipe_core.engine.streams import StreamPool
 
         self.plan = plan
-        self._streams = StreamPool(device)
-        self.device = self._streams.device
-        self._shortcut = _ShortcutState()
-        self._wrappers = ()
+        self.streams = StreamPool(device)
+        self.device = self.streams.device
+        self.timeouts = Timeouts()
+        self.dispatch = Dispatch()  # the engine's own: instrument() wrappers and shortcuts as the engine runs them
         self.iterations = 0
 
+    @property
+    def shortcuts(self):
+        return sorted(self.dispatch.shortcut.tasks)
+
+    @property
+    def cached_shortcuts(self):
+        return sorted(self.dispatch.shortcut.cached)
+
+    @property
+    def instruments(self):
+        return self.dispatch.wrappers
+
     def enable_shortcut(self, *names):
-        self._shortcut.enable(names)
+        self.dispatch.shortcut.enable(names)
 
     def disable_shortcut(self, *names):
-        self._shortcut.disable(names)
-
-    def _exec_task(self, task, ctx):
-        self._run_wrapped(self._wrappers, task, ctx)
-
-    def _run_wrapped(self, wrappers, task, ctx):
-        if wrappers:  # SWPipeline.instrument's protocol: the first wrapper outermost
-            return wrappers[0](lambda t, c: self._run_wrapped(wrappers[1:], t, c), task, ctx)
-        if task.name in self._shortcut.tasks:
-            self._shortcut.execute(task, ctx)
-        else:
-            task.fn(ctx)
+        self.dispatch.shortcut.disable(names)
 
     @contextlib.contextmanager
     def instrument(self, wrapper):
-        self._wrappers = self._wrappers + (wrapper,)
+        token = self.dispatch.add(wrapper)
         try:
             yield wrapper
         finally:
-            self._wrappers = self._wrappers[:-1]
+            self.dispatch.remove(token)
 
     def run_one_serial_iter(self, batch, iter_idx=0):
         self.iterations += 1
         ctx = IterContext(batch, iter_idx)
         for task in self.plan.tasks:
-            self._exec_task(task, ctx)
+            self.dispatch.call_serial(task, ctx)
 
 
 # -- ProfileResult -----------------------------------------------------------
@@ -151,10 +153,10 @@ def test_to_dataframe_has_exposed_pct_host_and_device_columns():
 def test_two_device_syncs_per_round_on_cuda(fake_cuda, monkeypatch, interleave):
     calls = []
     pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0, "C": 0.0}), device=fake_cuda.device(0))
-    synchronize = pipe._streams.synchronize
-    monkeypatch.setattr(pipe._streams, "synchronize", lambda timeout: calls.append(timeout) or synchronize(timeout))
-    r = TaskProfiler(pipe).profile(None, num_warmup=2, num_measure=4, num_rounds=3, task_times=False,
-                                   interleave=interleave)
+    synchronize = pipe.streams.synchronize
+    monkeypatch.setattr(pipe.streams, "synchronize", lambda timeout: calls.append(timeout) or synchronize(timeout))
+    r = TaskProfiler(pipe, num_warmup=2, num_measure=4, num_rounds=3, interleave=interleave).profile(None,
+                                                                                                  task_times=False)
     rounds = 3 * (1 + 3)  # baseline + one per task
     assert len(calls) == 2 * rounds
     caching = 3 * 3 if interleave else 3  # one untimed caching iteration per task (per round if interleaved)
@@ -168,14 +170,14 @@ def test_interleaved_rounds_rotate_task_order():
     enabled = []
     real_enable = pipe.enable_shortcut
     pipe.enable_shortcut = lambda *n: (enabled.append(n[0]), real_enable(*n))
-    TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=1, num_rounds=3, task_times=False)
+    TaskProfiler(pipe, num_warmup=0, num_measure=1, num_rounds=3).profile(None, task_times=False)
     assert enabled == ["A", "B", "B", "A", "A", "B"]  # round r starts at task r mod 2
 
 
 def test_no_device_sync_on_cpu(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
-    TaskProfiler(FakePipe(_serial_plan({"A": 0.0}))).profile(None, num_warmup=1, num_measure=2, num_rounds=2)
+    TaskProfiler(FakePipe(_serial_plan({"A": 0.0})), num_warmup=1, num_measure=2, num_rounds=2).profile(None)
     assert calls == []
 
 
@@ -185,10 +187,30 @@ def test_unknown_skip_task_raises_listing_valid_names():
         TaskProfiler(pipe).profile(None, skip_tasks={"Nope"})
 
 
-@pytest.mark.parametrize("kw", [{"num_measure": 0}, {"num_rounds": 0}, {"num_warmup": -1}])
-def test_bad_counts_raise(kw):
-    with pytest.raises(ValueError, match="num_measure >= 1"):
-        TaskProfiler(FakePipe(_serial_plan({"A": 0.0}))).profile(None, **kw)
+@pytest.mark.parametrize("kw", [{"num_measure": 0}, {"num_rounds": 0}, {"num_warmup": -1}, {"num_rounds": 1.5}])
+def test_bad_counts_raise_naming_the_count(kw):
+    from swpipe_core.engine.options import OptionError
+
+    with pytest.raises(OptionError) as info:
+        TaskProfiler(FakePipe(_serial_plan({"A": 0.0})), **kw)
+    (option, value), = kw.items()
+    assert (info.value.given_to, info.value.field, info.value.value) == ("TaskProfiler", option, value)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("keyword, home, fix", [
+    ("num_measure", "TaskProfiler", "TaskProfiler(pipe, num_measure=2)"),
+    ("strict", "SWPipeline", "SWPipeline(plan, strict=2)"),
+    ("progress_timeout", "Timeouts", "SWPipeline(plan, timeouts=Timeouts(progress_s=2))"),
+    ("skip_task", None, "did you mean skip_tasks=2?"),
+])
+def test_a_keyword_profile_does_not_take_names_its_home(keyword, home, fix):
+    from swpipe_core.engine.options import OptionError
+
+    with pytest.raises(OptionError) as info:
+        TaskProfiler(FakePipe(_serial_plan({"A": 0.0}))).profile(None, **{keyword: 2})
+    assert (info.value.given_to, info.value.field, info.value.home, info.value.fix) == (
+        "TaskProfiler.profile", keyword, home, fix)
 
 
 def test_refuses_when_a_shortcut_is_already_enabled():
@@ -200,7 +222,7 @@ def test_refuses_when_a_shortcut_is_already_enabled():
 
 def test_skip_tasks_are_not_shortcut_but_still_timed():
     pipe = FakePipe(_serial_plan({"A": 0.0, "Loss": 0.0}))
-    r = TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=1, num_rounds=1, skip_tasks=["Loss"])
+    r = TaskProfiler(pipe, num_warmup=0, num_measure=1, num_rounds=1).profile(None, skip_tasks=["Loss"])
     assert list(r.exposed_s) == ["A"] and set(r.host_s) == {"A", "Loss"}
     assert r.meta["skip_tasks"] == ["Loss"]
 
@@ -216,14 +238,14 @@ def test_shortcut_disabled_after_task_failure():
     plan = PipelinePlan(schedule={PipelineTask("A", lambda ctx: None): TaskSchedule(), PipelineTask("F", flaky): TaskSchedule()})
     pipe = FakePipe(plan)
     with pytest.raises(RuntimeError, match="boom"):
-        TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=2, num_rounds=1)
-    assert pipe._shortcut.tasks == frozenset() and pipe._shortcut.cached == frozenset()
-    assert pipe._wrappers == ()  # the per-task timing wrapper is removed again
+        TaskProfiler(pipe, num_warmup=0, num_measure=2, num_rounds=1).profile(None)
+    assert pipe.shortcuts == [] and pipe.cached_shortcuts == []
+    assert pipe.instruments == ()  # the per-task timing wrapper is removed again
 
 
 def test_progress_bar_counts_baseline_and_task_rounds(capsys):
     pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
-    TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=1, num_rounds=2, progress=True)
+    TaskProfiler(pipe, num_warmup=0, num_measure=1, num_rounds=2, progress=True).profile(None)
     err = capsys.readouterr().err
     assert "profile" in err and "6/6" in err  # (1 + 2 tasks) x 2 rounds
 
@@ -233,14 +255,14 @@ def test_profile_many_one_result_per_batch_tracks_the_data(clock):
         PipelineTask("Work", lambda ctx: clock.advance(ctx.batch)): TaskSchedule(),
         PipelineTask("Tiny", lambda ctx: None): TaskSchedule(),
     })
-    results = TaskProfiler(FakePipe(plan)).profile_many([0.001, 0.02], num_warmup=0, num_measure=3, num_rounds=1)
+    results = TaskProfiler(FakePipe(plan), num_warmup=0, num_measure=3, num_rounds=1).profile_many([0.001, 0.02])
     assert [r.meta["batch_index"] for r in results] == [0, 1]
     assert [r.exposed_s["Work"] for r in results] == pytest.approx([0.001, 0.02])
 
 
 def test_cpu_records_host_time_only_and_says_so(clock):
     pipe = FakePipe(_serial_plan({"A": 0.002, "B": 0.0}, clock))
-    r = TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=3, num_rounds=1)
+    r = TaskProfiler(pipe, num_warmup=0, num_measure=3, num_rounds=1).profile(None)
     assert r.device_s is None and r.meta["device_time"].split(":")[0].split()[-2:] == ["on", "CPU"]
     assert r.host_s == pytest.approx({"A": 0.002, "B": 0.0}) and r.meta["device"] == "cpu"
 
@@ -253,10 +275,10 @@ from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402
 def test_exposed_and_host_times_are_what_the_tasks_take(clock):
     truth = {"A": 0.005, "B": 0.010, "C": 0.020}
     with SWPipeline(_serial_plan(truth, clock), device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=5, num_rounds=3)
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=5, num_rounds=3).profile(None)
     assert r.exposed_s == pytest.approx(truth) and r.host_s == pytest.approx(truth)
     assert r.baseline_s == pytest.approx(sum(truth.values()))
-    assert pipe._wrappers == ()  # the per-task timing wrapper is removed again
+    assert pipe.instruments == ()  # the per-task timing wrapper is removed again
 
 
 def test_a_task_whose_time_another_wait_covers_exposes_nothing(clock):
@@ -274,7 +296,7 @@ def test_a_task_whose_time_another_wait_covers_exposes_nothing(clock):
         intra_iter_deps=[("Compute", "Start"), ("Wait", "Compute")],
     )
     with SWPipeline(plan, device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=5, num_rounds=3, skip_tasks=["Start"])
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=5, num_rounds=3).profile(None, skip_tasks=["Start"])
     assert r.host_s["Compute"] == pytest.approx(0.005)
     assert r.exposed_s == pytest.approx({"Compute": 0.0, "Wait": 0.010})
 
@@ -295,8 +317,8 @@ def test_profile_multi_stage_plan_with_skip_and_backward():
         intra_iter_deps=[("Forward", "ZeroGrad"), ("Backward", "Forward"), ("Step", "Backward")],
     )
     with SWPipeline(plan, device="cpu") as pipe:
-        r = TaskProfiler(pipe).profile(torch.randn(16, 8), num_warmup=1, num_measure=2, num_rounds=1,
-                                       skip_tasks={"Step"})
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(torch.randn(16, 8),
+                                                                                  skip_tasks={"Step"})
         assert pipe.shortcuts == []
     assert list(r.exposed_s) == ["ZeroGrad", "Forward", "Backward"]
     assert set(r.host_s) == {"ZeroGrad", "Forward", "Backward", "Step"}
@@ -319,7 +341,7 @@ def test_cuda_records_host_and_device_time(cuda_device):
         intra_iter_deps=[("Reduce", "Heavy")],
     )
     with SWPipeline(plan, device=cuda_device) as pipe:
-        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=3, num_rounds=2)
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=3, num_rounds=2).profile(None)
     assert set(r.device_s) == {"Heavy", "Reduce"} and r.device_s["Heavy"] > r.device_s["Reduce"]
     assert "CUDA" in r.meta["device_time"].split()  # measured with CUDA events
     # host time is submission only: launching the kernels is far cheaper than running them
@@ -328,24 +350,30 @@ def test_cuda_records_host_and_device_time(cuda_device):
 
 
 @pytest.mark.cuda
-def test_a_task_that_waits_for_the_device_is_timed_without_the_profilers_spin(cuda_device):
+def test_a_task_that_waits_for_the_device_is_timed_without_the_profilers_spin(cuda_device, monkeypatch):
     """``.item()`` in a task waits for everything queued on its stream; the profiler's spin must not be there.
 
     The device-time spin holds the stream for twice the task's host time plus 1 ms. Were it queued in the
-    iterations that time the host, this task's host time would include it: at least 2 x 20 ms + 1 ms more
-    than its own 20 ms of host work. Timed apart, it reads its own time.
+    iterations that time the host, this task's host time would include it. Without the memory measurement,
+    the profile's last ``num_measure`` executions time the device, the ``num_measure`` before them the host:
+    the spin comes before each of the last ones and before no other.
     """
     from swpipe.testing import kernels
     from swpipe_core.engine.pipeline import SWPipeline
 
     k = kernels(cuda_device)
     host_work = 0.02
+    log = []  # "spin" (the profiler holds the stream) and "Sync" (the task runs), in order
+    spin = cuda_device.spin
+    monkeypatch.setattr(cuda_device, "spin", lambda seconds: (log.append("spin"), spin(seconds))[1])
 
     def syncing(ctx):
+        log.append("Sync")
         time.sleep(host_work)  # the workload: host work
         ctx.n = k.item(k.sum(k.full(16, 1.0)))  # then a read back: the host waits for its stream
 
     plan = PipelinePlan({PipelineTask("Sync", syncing): TaskSchedule()})
     with SWPipeline(plan, device=cuda_device) as pipe:
-        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=4, num_rounds=1)
-    assert host_work <= r.host_s["Sync"] < 2 * host_work + 1e-3
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=4, num_rounds=1).profile(None, memory=False)
+    assert log[-12:] == ["Sync"] * 4 + ["spin", "Sync"] * 4 and log.count("spin") == 4
+    assert r.host_s["Sync"] >= host_work and r.device_s["Sync"] > 0

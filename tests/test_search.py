@@ -39,11 +39,12 @@ class _Recorder:
 
 
 def _run_on_engine(plan: PipelinePlan, iterations: int = 8) -> _Recorder:
+    from swpipe import Timeouts
     from swpipe_core.engine.pipeline import SWPipeline
 
     rec = _Recorder()
     bound = plan.bind({n: rec.fn(n) for n in plan.task_names})
-    with SWPipeline(bound, device="cpu", signal_timeout=20, progress_timeout=30) as pipe:
+    with SWPipeline(bound, device="cpu", timeouts=Timeouts(signal_s=20, progress_s=30)) as pipe:
         pipe.run(range(iterations))
     return rec
 

@@ -1,4 +1,4 @@
-"""_SubmissionSequencer: tickets in issue order, turn-taking across threads, timeout and abort."""
+"""SubmissionSequencer: tickets in issue order, turn-taking across threads, timeout and abort."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import time
 
 import pytest
 
-from swpipe_core.engine.sequencer import SequencerAborted, SequencerTimeout, _SubmissionSequencer
+from swpipe_core.engine.sequencer import SequencerAborted, SequencerTimeout, SubmissionSequencer
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def test_tickets_are_issued_in_call_order():
-    seq = _SubmissionSequencer()
+    seq = SubmissionSequencer()
     assert [seq.ticket(f"t{k}") for k in range(5)] == [0, 1, 2, 3, 4]
 
 
 def test_threads_execute_in_sequence_order_whatever_their_arrival():
-    seq = _SubmissionSequencer(timeout=10)
+    seq = SubmissionSequencer(timeout=10)
     tickets = [seq.ticket(k) for k in range(40)]
     order = []
     rng = random.Random(3)
@@ -42,7 +42,7 @@ def test_threads_execute_in_sequence_order_whatever_their_arrival():
 
 
 def test_timeout_names_waiting_task_and_the_turn_it_waits_for():
-    seq = _SubmissionSequencer(timeout=0.05)
+    seq = SubmissionSequencer(timeout=0.05)
     seq.ticket("DistStart (iteration 4)")
     mine = seq.ticket("AllReduce (iteration 2)")
     with pytest.raises(SequencerTimeout) as info:
@@ -54,7 +54,7 @@ def test_timeout_names_waiting_task_and_the_turn_it_waits_for():
 
 
 def test_abort_wakes_every_waiter():
-    seq = _SubmissionSequencer(timeout=3600)  # longer than the test: only the abort can end the waits
+    seq = SubmissionSequencer(timeout=3600)  # longer than the test: only the abort can end the waits
     errors = []
 
     def wait(s):
@@ -78,7 +78,7 @@ def test_abort_wakes_every_waiter():
 
 
 def test_failing_fn_aborts_so_later_tickets_do_not_hang():
-    seq = _SubmissionSequencer(timeout=3600)  # longer than the test: a later ticket must not wait for it
+    seq = SubmissionSequencer(timeout=3600)  # longer than the test: a later ticket must not wait for it
 
     def bad():
         raise ValueError("collective failed")
@@ -91,7 +91,7 @@ def test_failing_fn_aborts_so_later_tickets_do_not_hang():
 
 
 def test_reset_restarts_at_zero_and_clears_abort():
-    seq = _SubmissionSequencer()
+    seq = SubmissionSequencer()
     seq.ticket(); seq.ticket()
     seq.execute_ordered(0, lambda: None)
     seq.abort()
@@ -103,7 +103,7 @@ def test_reset_restarts_at_zero_and_clears_abort():
 def test_same_sequence_on_every_rank_for_the_same_enqueue_order():
     """Two 'ranks' with different thread timing produce the same execution order."""
     def rank(seed):
-        seq = _SubmissionSequencer(timeout=10)
+        seq = SubmissionSequencer(timeout=10)
         labels = [f"{n}{i}" for i in range(10) for n in ("A", "B")]
         tickets = {lab: seq.ticket(lab) for lab in labels}
         out = []

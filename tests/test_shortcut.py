@@ -324,6 +324,7 @@ def test_first_write_wins_under_concurrent_caching():
 
 import time  # noqa: E402
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402
 
 
@@ -380,7 +381,7 @@ def test_engine_drain_keeps_cache_disable_clears_it():
         pipe.run([8, 9])  # still replaying iteration 0's output
         assert calls == [0] and seen == [5.0] * 5
         pipe.disable_shortcut("Produce")
-        assert pipe._shortcut.cached == frozenset()
+        assert pipe.cached_shortcuts == []
         pipe.run([10])
     assert calls == [0, 0] and seen[-1] == 10.0
 
@@ -408,7 +409,7 @@ def test_engine_globally_ordered_shortcut_keeps_its_sequence_turn():
         intra_iter_deps=[("G1", "Slow")],
         enqueue_order=["Slow", "G1", "G2"],
     )
-    with SWPipeline(plan, device="cpu", sequencer_timeout=10.0) as pipe:
+    with SWPipeline(plan, device="cpu", timeouts=Timeouts(sequencer_s=10.0)) as pipe:
         pipe.enable_shortcut("G1")
         pipe.run(range(4))
     assert order == ["G1", "G2"] * 4  # caching run, then three replays, each before G2

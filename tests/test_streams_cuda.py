@@ -14,6 +14,7 @@ import weakref
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe.testing import kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
@@ -64,8 +65,8 @@ def test_task_runs_with_its_stream_current_on_its_thread(cuda_device):
                         intra_iter_deps=[("Fwd", "H2D")], caller_group=None)
     pipe = SWPipeline(plan, device=cuda_device)
     pipe.run(range(2))
-    assert seen["Fwd"] == (pipe._streams.key(None), "swpipe-compute")
-    assert seen["H2D"] == (pipe._streams.key("memcpy"), "swpipe-io")
+    assert seen["Fwd"] == (pipe.streams.key(None), "swpipe-compute")
+    assert seen["H2D"] == (pipe.streams.key("memcpy"), "swpipe-io")
 
 
 def test_device_event_orders_cross_stream_consumer(cuda_device):
@@ -102,7 +103,7 @@ def test_retired_context_kept_until_device_work_completes(cuda_device):
     it = pipe.fill_pipeline(range(3))
     assert pipe.progress(it) == 0
     assert refs[0]() is not None  # CPU retired, device still running: context kept
-    assert pipe._device_lag() >= 1
+    assert pipe.device_lag >= 1
     gate.set()
     pipe.drain()
     assert all(r() is None for r in refs)
@@ -188,8 +189,8 @@ def test_default_name_rejected_and_default_stream_object_is_the_none_stream(cuda
                          PipelineTask("Consume", lambda ctx: sums.append(k.sum(ctx.x))): TaskSchedule(1, None)},
                         intra_iter_deps=[("Alias", "Produce"), ("Consume", "Alias")])
     pipe = SWPipeline(plan, device=cuda_device)
-    assert pipe._device_waits["Alias"] == (("Produce", 0),)  # another stream: a device wait
-    assert pipe._device_waits["Consume"] == ()  # the default stream given as an object *is* None's stream
+    assert pipe.device_waits["Alias"] == (("Produce", 0),)  # another stream: a device wait
+    assert pipe.device_waits["Consume"] == ()  # the default stream given as an object *is* None's stream
     pipe.run(range(30))
     assert [int(k.item(s)) for s in sums] == [n * (i + 1) for i in range(30)]
     _no_races(cuda_device)
@@ -200,7 +201,7 @@ def test_device_lag_never_exceeds_the_bound(cuda_device, lag):
     k = kernels(cuda_device)
     plan = PipelinePlan({PipelineTask("Spin", lambda ctx: k.spin(0.003)): TaskSchedule(0, "work")})
     pipe = SWPipeline(plan, device=cuda_device, max_device_lag=lag)
-    seen = [pipe._device_lag() for _ in retirements(pipe, pipe.fill_pipeline(range(20)))]
+    seen = [pipe.device_lag for _ in retirements(pipe, pipe.fill_pipeline(range(20)))]
     assert max(seen) <= lag
     # and the count can exceed a loose bound: the check above is not vacuous
     loose = SWPipeline(plan, device=cuda_device, max_device_lag=30)
@@ -208,7 +209,7 @@ def test_device_lag_never_exceeds_the_bound(cuda_device, lag):
     worst = 0
     for _ in range(20):
         loose.progress(it)
-        worst = max(worst, loose._device_lag())
+        worst = max(worst, loose.device_lag)
     loose.close()
     assert worst > 2
 
@@ -227,7 +228,7 @@ def test_cross_iteration_dependency_across_streams(cuda_device):
                          PipelineTask("Update", update): TaskSchedule(1, "upd", "side")},
                         intra_iter_deps=[("Update", "Read")], inter_iter_deps=[("Read", "Update", 1)])
     pipe = SWPipeline(plan, device=cuda_device)
-    assert pipe._device_waits == {"Read": (("Update", 1),), "Update": (("Read", 0),)}
+    assert pipe.device_waits == {"Read": (("Update", 1),), "Update": (("Read", 0),)}
     pipe.run(range(40))
     assert [int(k.item(s)) for s in sums] == [n * i for i in range(40)]
     _no_races(cuda_device)
@@ -249,16 +250,15 @@ def test_failure_teardown_does_not_wait_for_a_long_kernel(cuda_device):
 
     plan = PipelinePlan({PipelineTask("Load", lambda ctx: None): TaskSchedule(0, "memcpy", "io"),
                          PipelineTask("Step", step): TaskSchedule(1, None, "compute")}, [("Step", "Load")])
-    pipe = SWPipeline(plan, device=cuda_device)
-    pipe._teardown_timeout = 0.2
+    pipe = SWPipeline(plan, device=cuda_device, timeouts=Timeouts(teardown_s=0.2))
     with pytest.raises(PipelineTaskError) as info:
         pipe.run(range(4))
     assert isinstance(info.value.__cause__, ValueError)
-    assert len(pipe._limbo) == 1  # the teardown gave up on the running kernel: contexts kept, not waited for
+    assert pipe.kept_for_device > 0  # the teardown gave up on the running kernel: contexts kept, not waited for
     gate.set()
     _sync(cuda_device)
     pipe.run(range(3))  # usable again
-    assert pipe._limbo == []  # freed once the fence completed
+    assert pipe.kept_for_device == 0  # freed once the fence completed
 
 
 def test_emit_nvtx_reaches_every_worker_thread_and_is_off_by_default(cuda_device, monkeypatch):
@@ -295,7 +295,7 @@ def test_profiler_device_time_is_device_work_not_host_time(cuda_device):
     plan = PipelinePlan({PipelineTask("Host", host_bound): TaskSchedule(),
                          PipelineTask("Device", lambda ctx: k.spin(0.03)): TaskSchedule()})
     with SWPipeline(plan, device=cuda_device) as pipe:
-        r = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=4, num_rounds=1)
+        r = TaskProfiler(pipe, num_warmup=1, num_measure=4, num_rounds=1).profile(None)
     assert r.host_s["Host"] >= 0.03 and r.device_s["Host"] < r.host_s["Host"] / 2
     assert r.device_s["Device"] >= 0.03 and r.host_s["Device"] < r.device_s["Device"] / 2
 

@@ -34,6 +34,7 @@ from conftest import check_contract, enqueue_sequence, swpipe_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, TaskSchedule
 from swpipe_core.validate import validate
@@ -90,7 +91,7 @@ def check_timeline(plan: PipelinePlan, n_iters: int, seed: int) -> int:
     """
     log: List[Tuple[str, int]] = []
     pipe = SWPipeline(bind_jittered(plan, seed, log), device="cpu", record_timeline=True,
-                      signal_timeout=30, sequencer_timeout=30, progress_timeout=60)
+                      timeouts=Timeouts(signal_s=30, sequencer_s=30, progress_s=60))
     pipe.run(range(n_iters))
     check_contract(plan, pipe.timeline, n_iters)
     events = [e for e in pipe.timeline if e.kind == "host"]
@@ -147,8 +148,8 @@ def chaos_round(plan: PipelinePlan, rng: random.Random) -> str:
     def check(err: PipelineTaskError) -> None:
         assert fail is not None and (err.task, err.iteration) == fail, (err, fail)
 
-    pipe = SWPipeline(plan.bind({n: make(n) for n in plan.task_names}), device="cpu", signal_timeout=20,
-                      progress_timeout=30)
+    pipe = SWPipeline(plan.bind({n: make(n) for n in plan.task_names}), device="cpu",
+                      timeouts=Timeouts(signal_s=20, progress_s=30))
     it = pipe.fill_pipeline(range(n_batches))
     outcome = "stopped early"
     try:

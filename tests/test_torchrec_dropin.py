@@ -58,7 +58,7 @@ def _build(model):
     from swpipe.torchrec import models
 
     if model == "dlrm":
-        return models.dlrm("test")
+        return models.dlrm(models.DLRMConfig())
     return models.sparse_nn(models.SparseNNConfig(ec=model == "ec"))
 
 
@@ -66,7 +66,7 @@ def _batches(model, n=N):
     from swpipe.torchrec import models
 
     if model == "dlrm":
-        return models.dlrm_batches(n, "test")
+        return models.dlrm_batches(models.DLRMConfig(), n)
     return models.sparse_nn_batches(models.SparseNNConfig(ec=model == "ec"), n)
 
 
@@ -204,14 +204,23 @@ def test_one_thread_per_stream_and_torchrecs_order_give_the_same_outputs():
 # --------------------------------------------------------------------------------------- auto, train/eval, passes
 
 def test_auto_equals_the_non_pipelined_loop_and_reports_its_choice():
+    from swpipe import SolverOptions, VerifyOptions
+
     batches = _batches("sparse_nn", 10)
-    ours, pipeline = _swpipe("auto", "sparse_nn", batches, profile_batches=4, time_limit_s=2.0, verify_rounds=1,
-                             verify_iterations=8)
+    ours, pipeline = _swpipe("auto", "sparse_nn", batches, solver=SolverOptions(time_limit_s=2.0),
+                             verify=VerifyOptions(rounds=1, iterations=8, profile_batches=4))
     _same(ours, _plain("sparse_nn", batches), "auto vs the non-pipelined loop")
     report = pipeline.report
     assert pipeline.choice is not None and pipeline.choice.label in report
     assert word_after(report, "engine:") and "<- chosen" in report and "seed:fused_sparse_dist" in report
     assert "depth 2:" in report and "depth 3:" in report
+    assert "each paired with seed:base's run in its round" in report  # TorchRec's base plan: the simplest
+    table = pipeline.choice.table
+    assert table.baseline == "seed:base" and table.choose().label == pipeline.choice.label
+    for row in table.rows:  # every candidate ran in the rounds base ran, and has its paired ratio
+        if row.label != "seed:base":
+            pair = table.paired(row.label)
+            assert pair.rounds == len(row.rounds_s) and pair.q1 <= pair.median <= pair.q3
 
 
 def test_auto_can_measure_the_models_own_forward_and_the_pipelined_one_on_one_model():
@@ -237,20 +246,24 @@ def test_auto_can_measure_the_models_own_forward_and_the_pipelined_one_on_one_mo
 def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_much_is_needed():
     from autosched.search.memcap import MemoryCapError
 
+    from swpipe import Constraints, SolverOptions, VerifyOptions
     from swpipe.torchrec import TrainPipeline
 
-    small = dict(profile_batches=3, time_limit_s=1.0, verify_rounds=1, verify_iterations=6, calibrate=False)
+    small = dict(solver=SolverOptions(time_limit_s=1.0),
+                 verify=VerifyOptions(rounds=1, iterations=6, profile_batches=3, calibrate=False))
     batches = _batches("sparse_nn", 8)
     model, opt = _build("sparse_nn")
-    with TrainPipeline(model, opt, CPU, plan="auto", max_memory_bytes=1, **small) as pipeline:
-        with pytest.raises(MemoryCapError, match="max_memory_bytes=1") as info:
+    with TrainPipeline(model, opt, CPU, plan="auto", constraints=Constraints(max_memory_bytes=1), **small) as pipeline:
+        with pytest.raises(MemoryCapError) as info:
             pipeline.progress(iter(batches))
         assert info.value.cap_bytes == 1 and info.value.leanest_bytes >= info.value.min_bytes > 1  # the least it needs
     # the failed choice left the model as it was: the same model trains to the loop's outputs under a loose cap
-    with TrainPipeline(model, opt, CPU, plan="auto", max_memory_bytes=2**40, **small) as pipeline:
+    loose = Constraints(max_memory_bytes=2**40, max_depth=2)
+    with TrainPipeline(model, opt, CPU, plan="auto", constraints=loose, **small) as pipeline:
         ours = _drive(pipeline, batches)
     _same(ours, _plain("sparse_nn", batches), "auto under a memory cap vs the non-pipelined loop")
     assert word_after(pipeline.report, "cap") == "1024.00"  # the cap, and each candidate's predicted peak under it
+    assert "depth 2:" in pipeline.report and "depth 3:" not in pipeline.report  # Constraints.max_depth searched
 
 
 @pytest.mark.parametrize("name", _plans() if torchrec_usable() else [])
@@ -321,6 +334,7 @@ def test_a_failing_forward_is_reported_naming_the_task_and_the_pass_can_restart(
 # --------------------------------------------------------------------------------------------- errors and options
 
 def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it_takes():
+    from swpipe import Constraints, SolverOptions, VerifyOptions
     from swpipe.torchrec import TrainPipeline
     from swpipe_core import pipelines
 
@@ -329,11 +343,17 @@ def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it
         TrainPipeline(model, opt, CPU, plan="prefetch")
     with pytest.raises(ValueError, match=r"'nope'"):
         TrainPipeline(model, opt, CPU, plan="nope")
-    with pytest.raises(TypeError, match=r"\['threads'\].*thread_map"):  # the option refused, the ones it takes
+    with pytest.raises(TypeError, match=r"'threads'"):  # the option refused
         TrainPipeline(model, opt, CPU, threads=2)
-    with pytest.raises(TypeError, match=r"\['time_limit_s'\].*plan='auto'"):
-        TrainPipeline(model, opt, CPU, time_limit_s=3)
-    with pytest.raises(TypeError, match=r"\['thread_map'\].*plan=auto"):
+    with pytest.raises(TypeError, match=r"\['solver'\]"):  # for plan='auto' only
+        TrainPipeline(model, opt, CPU, solver=SolverOptions(time_limit_s=3))
+    with pytest.raises(TypeError, match=r"constraints=.*Constraints"):  # the argument and the type it takes
+        TrainPipeline(model, opt, CPU, plan="auto", constraints=SolverOptions())
+    with pytest.raises(ValueError, match=r"\['Forward'\]"):  # the task whose stage the drop-in fixes
+        TrainPipeline(model, opt, CPU, plan="auto", constraints=Constraints(frozen={"Forward": {"stage": 0}}))
+    with pytest.raises(ValueError, match=r"VerifyOptions\(device='cuda'\)"):
+        TrainPipeline(model, opt, CPU, plan="auto", verify=VerifyOptions(device="cuda"))
+    with pytest.raises(TypeError, match=r"\['thread_map'\]"):  # shapes a named plan, not plan='auto'
         TrainPipeline(model, opt, CPU, plan="auto", thread_map="by_stream")
     with pytest.raises(ValueError, match="execute_all_batches=False"):
         TrainPipeline(model, opt, CPU, execute_all_batches=False)
@@ -346,6 +366,26 @@ def test_plans_and_options_the_drop_in_does_not_take_are_errors_that_say_what_it
     with pytest.raises(TypeError, match="iterator"):  # what progress() takes
         pipeline.progress(_batches("sparse_nn", 2))
     pipeline.close()
+
+
+@pytest.mark.parametrize("name", _plans() if torchrec_usable() else [])
+def test_the_constructor_takes_every_argument_of_torchrecs_class_with_torchrecs_defaults(name):
+    """The switch is one line: whatever TorchRec's class of that name takes, the drop-in takes too."""
+    import inspect
+
+    from torchrec.distributed.train_pipeline import experimental_pipelines, train_pipelines
+
+    from swpipe.torchrec import TORCHREC_CLASSES, TrainPipeline
+
+    cls_name = TORCHREC_CLASSES[name]
+    cls = getattr(train_pipelines, cls_name, None) or getattr(experimental_pipelines, cls_name)
+    theirs = inspect.signature(cls.__init__).parameters
+    ours = inspect.signature(TrainPipeline.__init__).parameters
+    assert set(theirs) <= set(ours)
+    # a default of None accepts whatever TorchRec's class would be given; any other default is TorchRec's
+    differ = {k: (p.default, ours[k].default) for k, p in theirs.items()
+              if ours[k].default not in (None, inspect.Parameter.empty) and ours[k].default != p.default}
+    assert differ == {}
 
 
 def test_a_torchrec_without_an_internal_is_a_clear_error(monkeypatch):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import requires_torchrec
+from swpipe import SolverOptions, VerifyOptions
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow, pytest.mark.timeout(300),
               requires_torchrec]
@@ -25,7 +26,8 @@ SCENARIOS = (
     ("sparse_dist", "sparse_dist", {}),
     ("fused_sparse_dist+by_stream", "fused_sparse_dist", {"thread_map": "by_stream"}),
     ("semi_sync", "semi_sync", {}),
-    ("auto", "auto", {"profile_batches": 3, "time_limit_s": 1.0, "verify_rounds": 1, "verify_iterations": 6}),
+    ("auto", "auto", {"solver": SolverOptions(time_limit_s=1.0),
+                      "verify": VerifyOptions(rounds=1, iterations=6, profile_batches=3)}),
 )
 
 

@@ -12,16 +12,13 @@ import time
 
 import pytest
 
-from autosched.model.costs import CostModel, TaskCost
-from autosched.search.options import Constraints, SolverOptions
-from swpipe import auto_schedule
 from conftest import measured_by_simulation, word_after
 from autosched.verify.candidates import serial_plan
-from autosched.verify.loop import VerifyOptions
-from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+from autosched.verify.measure import PairedRatio, PlanMeasurement, VerifyTable, measure_plans, paired_ratio
 from autosched.verify.predict import predict_periods
+from swpipe import (Constraints, CostModel, PipelinePlan, PipelineTask, SolverOptions, TaskCost, TaskSchedule,
+                    VerifyOptions, auto_schedule)
 from swpipe_core.order import enqueue_order
-from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
 MS = 1e-3
 
@@ -54,7 +51,7 @@ def _sleeps(sleep_s: float, names: str = "ABC") -> CostModel:
 def test_measure_plans_ranks_pipelined_sleep_plan_ahead_of_serial(monkeypatch):
     runs = measured_by_simulation(monkeypatch, _sleeps(3 * MS))
     plan = _three_thread_plan()
-    table = measure_plans([("pipelined", plan), ("serial", serial_plan(plan))], list(range(18)), rounds=3)
+    table = measure_plans([("pipelined", plan), ("serial", serial_plan(plan))], list(range(18)), 3)
     assert table.choose().label == "pipelined"
     # three 3 ms sleeps overlap on three threads: a third of the serial period
     assert table["serial"].period_s == pytest.approx(3 * table["pipelined"].period_s)
@@ -66,11 +63,15 @@ def test_measure_plans_ranks_pipelined_sleep_plan_ahead_of_serial(monkeypatch):
 def test_racing_gives_extra_rounds_only_to_plans_within_the_noise_band(monkeypatch):
     measured_by_simulation(monkeypatch, _sleeps(3 * MS))
     plan = _three_thread_plan()
-    # a 30 % band: the two copies of the pipelined plan (3x faster than serial) always tie, serial never does
-    table = measure_plans([("pipelined", plan), ("again", plan), ("serial", serial_plan(plan))], list(range(12)),
-                          rounds=2, max_rounds=4, noise_floor_pct=30.0)
-    assert {r.label: len(r.rounds_s) for r in table.rows} == {"pipelined": 4, "again": 4, "serial": 2}
-    assert any("2 extra round(s)" in n and "serial" not in n for n in table.notes)
+    # a 30 % band: the two copies of the pipelined plan (3x faster than serial) always tie; the serial plan, the
+    # simplest, runs every round (each extra round pairs the contenders with it), the slower two-thread plan stops
+    a, b, c = (plan.task(n) for n in "ABC")
+    slower = PipelinePlan({a: TaskSchedule(0, thread_group="x"), b: TaskSchedule(0, thread_group="x"),
+                           c: TaskSchedule(1, thread_group="y")}, intra_iter_deps=[(b, a), (c, b)])  # A and B: 6 ms
+    table = measure_plans([("pipelined", plan), ("again", plan), ("slower", slower),
+                           ("serial", serial_plan(plan))], list(range(12)),
+                          VerifyOptions(rounds=2, max_rounds=4, noise_floor_pct=30.0))
+    assert {r.label: len(r.rounds_s) for r in table.rows} == {"pipelined": 4, "again": 4, "slower": 2, "serial": 4}
 
 
 def test_measure_plans_rejects_bad_input():
@@ -80,9 +81,11 @@ def test_measure_plans_rejects_bad_input():
     with pytest.raises(ValueError, match="2 batches"):  # how many it needs
         measure_plans({"x": plan}, [0])
     with pytest.raises(ValueError, match="rounds"):
-        measure_plans({"x": plan}, [0, 1], rounds=0)
+        measure_plans({"x": plan}, [0, 1], 0)
     with pytest.raises(ValueError, match="max_rounds"):
-        measure_plans({"x": plan}, [0, 1], rounds=3, max_rounds=2)
+        VerifyOptions(rounds=3, max_rounds=2)
+    with pytest.raises(ValueError, match="baseline"):
+        measure_plans({"x": plan}, [0, 1], 1, baseline="serial")
 
 
 def test_measure_plans_surfaces_task_failure_with_task_name():
@@ -93,7 +96,7 @@ def test_measure_plans_surfaces_task_failure_with_task_name():
 
     plan = PipelinePlan({PipelineTask("Boom", boom): TaskSchedule(0)})
     with pytest.raises(PipelineTaskError, match="Boom"):
-        measure_plans({"x": plan}, [0, 1, 2], rounds=1, warmup=False)
+        measure_plans({"x": plan}, [0, 1, 2], 1, warmup=False)
 
 
 def test_serial_plan_keeps_tasks_and_dependencies_at_depth_one():
@@ -135,7 +138,8 @@ def test_verify_returns_plan_measured_fastest_over_simulators_favourite(monkeypa
     assert word_after(str(report), "engine:") == str(len(table.rows))  # verified on the engine: every row
 
 
-def test_verify_never_returns_plan_measured_slower_than_input_plan():
+def test_verify_never_returns_plan_measured_slower_than_input_plan(monkeypatch):
+    measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
     plan = _two_thread_plan(2 * MS)
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
     got, report = auto_schedule(plan, costs, Constraints(max_depth=2, max_threads=2),
@@ -148,6 +152,7 @@ def test_verify_never_returns_plan_measured_slower_than_input_plan():
                                                pipeline_depth=chosen.plan.pipeline_depth))
     reference = table["input"] if "input" in table else table["auto"]
     assert chosen.period_s <= reference.period_s
+    assert table.baseline_row.label == "serial" and table.beats(chosen, table["serial"])
 
 
 def test_verify_rescales_predictions_by_the_serial_plans_measurement(monkeypatch):
@@ -264,20 +269,22 @@ def test_a_plan_measurably_faster_replaces_the_known_one_and_of_several_known_th
 
 def test_runs_are_paired_by_round_when_racing_skipped_some():
     # b sat out round 2: its third period is round 3's, paired with a's round 3 (where a lost)
-    a = PlanMeasurement("a", None, [0.009, 0.009, 0.009, 0.011], round_ids=[0, 1, 2, 3])
+    a = PlanMeasurement("a", None, [0.009, 0.009, 0.009, 0.012], round_ids=[0, 1, 2, 3])
     b = PlanMeasurement("b", None, [0.010, 0.010, 0.010], round_ids=[0, 1, 3])
     table = VerifyTable([a, b], rounds=2, iterations=20)
     assert b.by_round() == {0: 0.010, 1: 0.010, 3: 0.010}
-    assert not table.beats(a, b)  # 2 wins of 3 paired rounds: short of 80 %
+    assert not table.beats(a, b)  # ratios 0.9, 0.9, 1.2: the upper quartile is not below 1
 
 
 def test_measure_plans_records_the_round_of_each_run_and_keeps_an_equal_known_plan(monkeypatch):
     measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
     plan = _two_thread_plan(2 * MS)
     table = measure_plans([("auto", plan), ("seed:same", plan), ("serial", serial_plan(plan))], list(range(10)),
-                          rounds=2, max_rounds=4, noise_floor_pct=30.0, known=["seed:same"], margin_pct=25.0)
-    assert table["serial"].round_ids == [0, 1]  # twice as slow: never races
-    assert table["auto"].round_ids == table["seed:same"].round_ids == [0, 1, 2, 3]
+                          VerifyOptions(rounds=2, max_rounds=4, noise_floor_pct=30.0, margin_pct=25.0),
+                          known=["seed:same"])
+    # the two copies tie and race; the serial plan, twice as slow, runs the extra rounds only as their pair
+    assert table["auto"].round_ids == table["seed:same"].round_ids == table["serial"].round_ids == [0, 1, 2, 3]
+    assert table.paired("auto").median == pytest.approx(0.5) and table.paired("auto").rounds == 4
     assert table.choose().label == "seed:same"  # one plan measured twice never beats itself by 25 %
 
 
@@ -362,3 +369,116 @@ def test_an_uncalibrated_search_predicts_with_its_costs_as_given():
                               verify=VerifyOptions(rounds=1, iterations=12), batches=list(range(12)))
     assert report.verify["serial"].predicted_s == pytest.approx(4 * MS)
     assert not any("calibrat" in n for n in report.verify.notes + report.notes)
+
+
+# ------------------------------------------------------------- paired against the simplest plan (fixed measurements)
+
+
+def test_a_plan_not_faster_than_the_simplest_beyond_the_noise_loses_to_it():
+    # issue 38's case: the fused plan looks faster by its median period, but round by round it beats TorchRec's
+    # base plan in only 4 of 7 rounds: its paired ratios' middle half reaches above 1, so base is kept
+    base = PlanMeasurement("seed:base", None, [0.0100, 0.0120, 0.0095, 0.0110, 0.0102, 0.0130, 0.0098])
+    fused = PlanMeasurement("seed:fused_sparse_dist", None,
+                            [0.0092, 0.0126, 0.0087, 0.0117, 0.0094, 0.0124, 0.0101])
+    table = VerifyTable([fused, base], rounds=7, iterations=24, baseline="seed:base",
+                        known=("seed:base", "seed:fused_sparse_dist"))
+    assert fused.period_s < base.period_s  # unpaired, the fused plan would have won
+    pair = table.paired("seed:fused_sparse_dist")
+    assert pair.rounds == 7 and pair.median < 1.0 < pair.q3
+    assert not table.beats(fused, base)
+    assert table.choose() is base
+
+
+def test_pairing_cancels_the_machines_drift_between_rounds():
+    # the machine runs 40 % slower every other round: the plans' own rounds overlap, the pairs do not
+    drift = [1.0, 1.4, 1.0, 1.4, 1.0, 1.4, 1.0]
+    serial = PlanMeasurement("serial", None, [0.010 * d for d in drift])
+    auto = PlanMeasurement("auto", None, [0.0095 * d for d in drift])
+    table = VerifyTable([auto, serial], rounds=7, iterations=24)
+    assert auto.spread_pct > 30 and max(auto.rounds_s) > min(serial.rounds_s)
+    pair = table.paired("auto")
+    assert (pair.label, pair.over, pair.rounds) == ("auto", "serial", 7)
+    assert pair.median == pytest.approx(0.95) and pair.q1 == pytest.approx(0.95) and pair.q3 == pytest.approx(0.95)
+    assert table.beats(auto, serial) and table.choose() is auto
+    assert table.noise_pct == table.noise_floor_pct  # the pairs' middle half has no width
+
+
+def test_of_the_plans_that_beat_the_simplest_the_lowest_median_paired_ratio_wins():
+    serial = PlanMeasurement("serial", None, [0.010, 0.011, 0.010, 0.012, 0.010])
+    a = PlanMeasurement("a", None, [0.008, 0.0088, 0.008, 0.0096, 0.008])      # x0.80 every round
+    b = PlanMeasurement("b", None, [0.007, 0.0077, 0.007, 0.0084, 0.007])      # x0.70 every round
+    table = VerifyTable([a, b, serial], rounds=5, iterations=24)
+    assert table.choose() is b
+    assert table.paired("b").gain_pct == pytest.approx(100 * (1 / 0.7 - 1))
+    assert table.paired("b", over="a").median == pytest.approx(0.875)
+
+
+def test_the_margin_is_the_least_median_gain_that_counts():
+    serial = PlanMeasurement("serial", None, [0.010] * 5)
+    close = PlanMeasurement("close", None, [0.0099] * 5)  # 1 % faster in every round
+    assert VerifyTable([close, serial], 5, 24, margin_pct=2.0).choose() is serial
+    assert VerifyTable([close, serial], 5, 24, margin_pct=0.5).choose() is close
+
+
+def test_paired_ratio_uses_only_the_rounds_both_ran_and_gives_none_without_one():
+    a = PlanMeasurement("a", None, [0.008, 0.012], round_ids=[0, 3])
+    b = PlanMeasurement("b", None, [0.010, 0.010, 0.010], round_ids=[0, 1, 2])
+    pair = paired_ratio(a, b)
+    assert pair == PairedRatio("a", "b", median=0.8, q1=0.8, q3=0.8, rounds=1)
+    assert paired_ratio(a, PlanMeasurement("c", None, [0.01], round_ids=[5])) is None
+
+
+def test_the_table_reports_each_plans_paired_ratio_and_middle_half():
+    serial = PlanMeasurement("serial", None, [0.010, 0.010, 0.010, 0.010])
+    auto = PlanMeasurement("auto", None, [0.006, 0.007, 0.008, 0.009])
+    table = VerifyTable([auto, serial], rounds=4, iterations=24)
+    pair = table.paired("auto")
+    assert (pair.median, round(pair.q1, 4), round(pair.q3, 4)) == (0.75, 0.675, 0.825)
+    row = next(line for line in table.format().splitlines() if line.strip().startswith("auto"))
+    assert str(pair) in row and "(4)" in row
+
+
+def test_racing_gives_the_undecided_plans_more_rounds_with_the_simplest_one(monkeypatch):
+    from autosched.verify.candidates import plan_key
+
+    # "noisy" measures 5 % faster, 10 % slower, as fast as its sleeps, over and over: its pairs with the
+    # serial plan straddle 1, so it races (with serial, its pair) to max_rounds; "slow" is decided at once
+    plan = _two_thread_plan(2 * MS)
+    serial = serial_plan(plan)
+    a, b = plan.task("A"), plan.task("B")
+    noisy = PipelinePlan({a: TaskSchedule(0, thread_group="a"), b: TaskSchedule(1, thread_group="a")},
+                         intra_iter_deps=[(b, a)])
+    flips = iter([0.95, 1.1, 1.0] * 20)
+    factors = {plan_key(noisy): lambda: next(flips), plan_key(plan): lambda: 3.0}
+    measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"),
+                           factor=lambda p: factors.get(plan_key(p), lambda: 1.0)())
+    table = measure_plans([("noisy", noisy), ("serial", serial), ("slow", plan)], list(range(10)),
+                          VerifyOptions(rounds=3, max_rounds=6), warmup=False)
+    assert table["noisy"].round_ids == table["serial"].round_ids == [0, 1, 2, 3, 4, 5]
+    assert table["slow"].round_ids == [0, 1, 2]  # 1.5 times the serial period in every round
+    pair = table.paired("noisy")
+    assert pair.rounds == 6 and pair.q1 < 1.0 < pair.q3
+    assert table.choose() is table["serial"]
+
+
+def test_a_plan_ahead_of_the_simplest_one_is_confirmed_on_every_round_racing_allows(monkeypatch):
+    """The first rounds pick the leader among many plans: it replaces the simplest plan only on max_rounds rounds."""
+    plan = _two_thread_plan(2 * MS)
+    measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
+    a, b = plan.task("A"), plan.task("B")
+    one_thread = PipelinePlan({a: TaskSchedule(0, thread_group="a"), b: TaskSchedule(1, thread_group="a")},
+                              intra_iter_deps=[(b, a)])
+    table = measure_plans([("two", plan), ("one thread", one_thread), ("serial", serial_plan(plan))],
+                          list(range(10)), VerifyOptions(rounds=2, max_rounds=5), warmup=False)
+    assert table["two"].round_ids == table["serial"].round_ids == [0, 1, 2, 3, 4]
+    assert table["one thread"].round_ids == [0, 1]  # no faster than serial, every round: decided
+    assert table.choose().label == "two" and table.paired("two").rounds == 5
+
+
+def test_ranks_measured_in_lockstep_count_each_rounds_slowest_rank():
+    table = VerifyTable([PlanMeasurement("seed:base", None, [0.010, 0.010]),
+                         PlanMeasurement("auto", None, [0.009, 0.009])], 2, 24, baseline="seed:base", known=("x",))
+    slowest = table.with_slowest([{"seed:base": [0.010, 0.010], "auto": [0.009, 0.011]},
+                                  {"seed:base": [0.011, 0.009], "auto": [0.008, 0.009]}])
+    assert slowest["auto"].rounds_s == [0.009, 0.011] and slowest["seed:base"].rounds_s == [0.011, 0.010]
+    assert (slowest.baseline, slowest.known, slowest.margin_pct) == ("seed:base", ("x",), table.margin_pct)

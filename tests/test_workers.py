@@ -9,7 +9,7 @@ import pytest
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
-from swpipe_core.engine.workers import ScheduledTask, _Workers, with_thread_map
+from swpipe_core.engine.workers import ScheduledTask, Workers, with_thread_map
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,7 +84,7 @@ def test_mapped_plans_run_on_the_mapped_threads(strategy):
 
 def test_workers_are_named_fifo_and_joined():
     out = []
-    w = _Workers(["a", "b"], lambda g, items: out.extend((g, threading.current_thread().name, x) for x in items))
+    w = Workers(["a", "b"], lambda g, items: out.extend((g, threading.current_thread().name, x) for x in items))
     w.start()
     assert sorted(w.alive()) == ["swpipe-a", "swpipe-b"]
     for k in range(50):
@@ -102,7 +102,7 @@ def test_worker_crash_is_reported_and_worker_still_stops():
     def run_items(group, items):
         raise RuntimeError("engine bug")
 
-    w = _Workers(["a"], run_items, on_crash=lambda g, exc: crashes.append((g, str(exc))))
+    w = Workers(["a"], run_items, on_crash=lambda g, exc: crashes.append((g, str(exc))))
     w.start()
     w.submit("a", [1])
     assert w.stop(timeout=5) == []
@@ -111,7 +111,7 @@ def test_worker_crash_is_reported_and_worker_still_stops():
 
 def test_stop_reports_threads_stuck_in_user_code():
     release = threading.Event()
-    w = _Workers(["slow"], lambda g, items: release.wait(5))
+    w = Workers(["slow"], lambda g, items: release.wait(5))
     w.start()
     w.submit("slow", [1])
     assert w.stop(timeout=0.05) == ["swpipe-slow"]
@@ -120,7 +120,7 @@ def test_stop_reports_threads_stuck_in_user_code():
 
 
 def test_worker_scope_wraps_each_thread_and_a_failing_scope_is_reported_not_hung():
-    from swpipe_core.engine.workers import _Workers
+    from swpipe_core.engine.workers import Workers
 
     entered, crashes = [], []
 
@@ -131,7 +131,7 @@ def test_worker_scope_wraps_each_thread_and_a_failing_scope_is_reported_not_hung
         def __exit__(self, *exc):
             entered.append("exit")
 
-    w = _Workers(["a", "b"], lambda g, items: None, scope=Scope)
+    w = Workers(["a", "b"], lambda g, items: None, scope=Scope)
     w.start()
     w.submit("a", [1])
     assert w.stop(5.0) == []
@@ -144,7 +144,7 @@ def test_worker_scope_wraps_each_thread_and_a_failing_scope_is_reported_not_hung
         def __exit__(self, *exc):
             return None
 
-    w = _Workers(["c"], lambda g, items: None, on_crash=lambda g, exc: crashes.append((g, str(exc))), scope=Broken)
+    w = Workers(["c"], lambda g, items: None, on_crash=lambda g, exc: crashes.append((g, str(exc))), scope=Broken)
     w.start()
     w.submit("c", [1])
     assert w.stop(5.0) == [] and crashes == [("c", "no profiler here")]

@@ -20,6 +20,7 @@ from conftest import word_after
 import torch
 
 from swpipe_core import pipelines
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.engine.workers import with_thread_map
@@ -56,7 +57,7 @@ def _eager(name, wl, **options):
 
 
 def _run(plan, batches, serial=False):
-    with SWPipeline(plan, device="cpu", signal_timeout=30, progress_timeout=60) as pipe:
+    with SWPipeline(plan, device="cpu", timeouts=Timeouts(signal_s=30, progress_s=60)) as pipe:
         (pipe.run_serial if serial else pipe.run)(iter(batches))
 
 

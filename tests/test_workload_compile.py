@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from swpipe import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe.workloads.dlrm import DLRMConfig, DLRMWorkload, SyntheticData, init_distributed
 from swpipe.workloads.reference import train_reference
@@ -44,8 +45,8 @@ def _compiled_run(env, name, **options):
     wl = DLRMWorkload(CFG, env)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would warn: fail instead
-        with SWPipeline(plan_for(name, wl, **options), device="cpu", progress_timeout=600,
-                        signal_timeout=600) as pipe:
+        with SWPipeline(plan_for(name, wl, **options), device="cpu",
+                        timeouts=Timeouts(progress_s=600, signal_s=600)) as pipe:
             pipe.run(iter(batches))
     got = wl.loss_list()
     for a, b in zip(got, want):

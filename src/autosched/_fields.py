@@ -10,58 +10,12 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from swpipe_core.engine.options import OptionError
+
 __all__ = ["OptionError", "check_fields", "integer", "number", "fraction", "one_of", "flag", "optional", "names",
            "mapping"]
 
 Rule = Tuple[Callable[[Any], bool], str]
-
-
-class OptionError(TypeError, ValueError):
-    """An option given a value of the wrong type or out of range, or given where it does not belong.
-
-    A ``TypeError`` and a ``ValueError``. Its facts are fields:
-
-    Attributes
-    ----------
-    field : str
-        The option's name (``"max_depth"``).
-    given_to : str
-        Where it was given: an options class (``"Constraints"``) or a function (``"auto_schedule"``).
-    home : str or None
-        The options class the option belongs to (``"SolverOptions"``); for a wrong value, the class it was
-        given to; None when no options class has an option of that name.
-    argument : str or None
-        The ``auto_schedule`` argument that takes ``home`` (``"solver"``), when there is one.
-    value : object
-        The value given.
-    expected : str or None
-        What the option takes (``"an integer >= 1"``), for a wrong value.
-
-    Examples
-    --------
-    >>> from swpipe import Constraints
-    >>> try:
-    ...     Constraints(time_limit_s=5)
-    ... except OptionError as e:
-    ...     print(e.field, e.given_to, e.home, e.argument)
-    time_limit_s Constraints SolverOptions solver
-    """
-
-    def __init__(self, message: str, *, field: str, given_to: str, home: Optional[str] = None,
-                 argument: Optional[str] = None, value: Any = None, expected: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.field, self.given_to, self.home, self.argument = field, given_to, home, argument
-        self.value, self.expected = value, expected
-
-    def __reduce__(self) -> Any:
-        facts = dict(field=self.field, given_to=self.given_to, home=self.home, argument=self.argument,
-                     value=self.value, expected=self.expected)
-        return _option_error, (str(self), facts)
-
-
-def _option_error(message: str, facts: Dict[str, Any]) -> OptionError:
-    """Rebuild a pickled :class:`OptionError` (its fields are keyword-only)."""
-    return OptionError(message, **facts)
 
 
 def check_fields(owner: Any, rules: Dict[str, Rule]) -> None:
@@ -77,14 +31,13 @@ def check_fields(owner: Any, rules: Dict[str, Rule]) -> None:
     >>> Opts(depth="3")
     Traceback (most recent call last):
     ...
-    autosched._fields.OptionError: Opts(depth='3'): expected an integer >= 1
+    swpipe_core.engine.options.OptionError: Opts(depth='3'): expected an integer >= 1
     """
     for name, (ok, expected) in rules.items():
         value = getattr(owner, name)
         if not ok(value):
             cls = type(owner).__name__
-            raise OptionError(f"{cls}({name}={value!r}): expected {expected}", field=name, given_to=cls, home=cls,
-                              value=value, expected=expected)
+            raise OptionError(cls, name, value, home=cls, expected=expected)
 
 
 def integer(low: int) -> Rule:

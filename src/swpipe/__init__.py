@@ -5,8 +5,8 @@
 * the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``,
   ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
   ``save_plan``/``load_plan``;
-* running it: ``SWPipeline``, ``PipelineTaskError``; ``agree_on_end`` (ranks whose data ends unevenly stop
-  together), ``keep_freed_memory`` (a CPU process keeps freed host memory: no page faults each step);
+* running it: ``SWPipeline``, its ``Timeouts``, ``PipelineTaskError``; ``agree_on_end`` (ranks whose data ends
+  unevenly stop together), ``keep_freed_memory`` (a CPU process keeps freed host memory: no page faults each step);
 * measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
 * checking what it computes: ``infer_plan``, ``check_dataflow``;
 * predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
@@ -45,6 +45,7 @@ _PUBLIC = {
     "load_plan": "autosched.model.graph",
     "SWPipeline": "swpipe_core.engine.pipeline",
     "PipelineTaskError": "swpipe_core.engine.pipeline",
+    "Timeouts": "swpipe_core.engine.options",
     "agree_on_end": "swpipe_core.distributed",
     "keep_freed_memory": "swpipe_core.measure.allocator",
     "TaskProfiler": "swpipe_core.measure.profiler",

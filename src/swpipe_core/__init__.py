@@ -29,6 +29,7 @@ _LAZY = {
     "enqueue_order": "order",
     "SWPipeline": "engine.pipeline",
     "PipelineTaskError": "engine.pipeline",
+    "Timeouts": "engine.options",
     "with_thread_map": "engine.workers",
     "TaskProfiler": "measure.profiler",
     "ProfileResult": "measure.result",

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
-__all__ = ["agree_on_end", "AgreedIterator"]
+__all__ = ["agree_on_end", "AgreedIterator", "group_timeout"]
 
 # Per-rank status codes; 0 means "not this rank's slot" in the summed vector.
 _HAVE, _END, _ERROR = 1, 2, 3
@@ -177,17 +177,38 @@ def agree_on_end(data: Iterable[Any], group: Optional[Any] = None,
         raise RuntimeError("agree_on_end needs torch.distributed: call torch.distributed.init_process_group(...) "
                            "on every rank first (a single process can use world_size=1)")
     if group is None:
-        group = dist.new_group(backend="gloo", timeout=timeout if timeout is not None else _world_timeout())
+        group = dist.new_group(backend="gloo", timeout=timeout if timeout is not None else group_timeout())
     return AgreedIterator(data, group)
 
 
-def _world_timeout() -> Optional[timedelta]:
-    """The default group's timeout (None when its backend does not expose it: torch's default then)."""
+def group_timeout(group: Optional[Any] = None) -> Optional[timedelta]:
+    """The timeout a process group's collectives wait before failing (default: the default group's).
+
+    A group made by ``torch.distributed.new_group`` does not inherit the job's
+    timeout by itself; pass this to it to keep the one the job chose.
+
+    Parameters
+    ----------
+    group : torch.distributed.ProcessGroup, optional
+
+    Returns
+    -------
+    datetime.timedelta or None
+        ``None`` when the group's backend does not expose it (torch's default then applies).
+
+    Examples
+    --------
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=9))
+    >>> group_timeout(), group_timeout(dist.new_group(backend="gloo", timeout=timedelta(seconds=5)))
+    (datetime.timedelta(seconds=9), datetime.timedelta(seconds=5))
+    >>> dist.destroy_process_group()
+    """
     import torch.distributed as dist
 
-    for device in ("cpu", "cuda"):
-        try:
-            return dist.group.WORLD._get_backend(torch.device(device)).options._timeout
-        except Exception:  # noqa: BLE001 - private API, absent on some backends/versions
-            continue
-    return None
+    group = dist.group.WORLD if group is None else group
+    device = torch.device("cuda") if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    try:
+        return group._get_backend(device).options._timeout
+    except Exception:  # noqa: BLE001 - private API, absent on some backends/versions
+        return None

@@ -41,12 +41,13 @@ import json
 import os
 import statistics
 from dataclasses import dataclass, replace as _dc_replace
-from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from autosched.model.taskcost import (BYTE_FIELDS, TASK_FIELDS, CostModelError, TaskCost, check_bytes, check_time,
                                       task_cost_from_dict)
 
-__all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION", "as_cost_model"]
+__all__ = ["TaskCost", "CostModel", "CostModelError", "SCHEMA", "SCHEMA_VERSION", "as_cost_model",
+           "combine_slowest"]
 
 SCHEMA = "swpipe-cost-model"
 SCHEMA_VERSION = 3
@@ -615,3 +616,50 @@ def as_cost_model(costs: Any) -> "CostModel":
         f"got {type(costs).__name__}, not a CostModel", "costs", value=costs, fix=
         "pass {task_name: seconds}, CostModel({name: TaskCost(host_s, device_s)}), "
         "CostModel.from_profile(profile_result) or CostModel.load('costs.json')")
+
+
+def combine_slowest(models: Sequence[Any], machine: str = "") -> Any:
+    """One cost model whose every task costs what it costs on the slowest of ``models``.
+
+    In a synchronous data-parallel step every rank waits for the slowest at
+    each collective, so per task the largest host time and the largest
+    device time (taken separately) decide.
+
+    Parameters
+    ----------
+    models : sequence of CostModel
+        One per rank, over the same tasks.
+    machine : str
+        Recorded in the result (default: the first model's, with the rank count).
+
+    Returns
+    -------
+    CostModel
+
+    Raises
+    ------
+    ValueError
+        If ``models`` is empty or the models cover different tasks.
+
+    Examples
+    --------
+    >>> from swpipe import CostModel, TaskCost
+    >>> a = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.001, 0.004)})
+    >>> b = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.001, 0.001)})
+    >>> c = combine_slowest([a, b])
+    >>> c["A"].host_s, c["B"].device_s
+    (0.003, 0.004)
+    """
+    if not models:
+        raise ValueError("combine_slowest: no cost models given")
+    names = list(models[0])
+    for r, m in enumerate(models):
+        if set(m) != set(names):
+            raise ValueError(f"combine_slowest: cost model {r} covers tasks {sorted(m)}, model 0 covers "
+                             f"{sorted(names)}; measure the same plan on every rank")
+    tasks = {n: TaskCost(max(m[n].host_s for m in models), max(m[n].device_s for m in models),
+                         models[0][n].resources) for n in names}
+    first = models[0]
+    return CostModel(tasks, machine=machine or f"{first.machine} (slowest of {len(models)} rank(s))".strip(),
+                     method=first.method, notes=f"per task the maximum over {len(models)} rank(s); {first.notes}",
+                     pipeline=first.pipeline)

@@ -147,7 +147,7 @@ def auto_schedule(tasks_or_graph: Union[GraphInput, "InferredDeps"], costs: Cost
     >>> auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, max_depth=2)
     Traceback (most recent call last):
     ...
-    autosched._fields.OptionError: auto_schedule(max_depth=2): max_depth is a plan constraint; pass auto_schedule(..., constraints=Constraints(max_depth=2))
+    swpipe_core.engine.options.OptionError: auto_schedule(max_depth=2): max_depth is a plan constraint; pass auto_schedule(..., constraints=Constraints(max_depth=2))
     """
     constraints, solver = _checked(constraints, solver, verify, seeds, batches)
     costs = as_cost_model(costs)
@@ -246,15 +246,15 @@ def _checked(constraints: Optional[Constraints], solver: Optional[SolverOptions]
     for argument, value, expected in (("constraints", constraints, Constraints), ("solver", solver, SolverOptions)):
         if value is not None and not isinstance(value, expected):
             hint = f"; pass a {type(value).__name__} as {homes[type(value)]}=" if type(value) in homes else ""
-            raise OptionError(f"auto_schedule({argument}=...): expected a {expected.__name__} or None, got "
-                              f"{type(value).__name__} {value!r}{hint}", field=argument, given_to="auto_schedule",
-                              home=expected.__name__, argument=argument, value=value,
-                              expected=f"a {expected.__name__} or None")
+            raise OptionError("auto_schedule", argument, value, home=expected.__name__, argument=argument,
+                              expected=f"a {expected.__name__} or None",
+                              message=f"auto_schedule({argument}=...): expected a {expected.__name__} or None, got "
+                                      f"{type(value).__name__} {value!r}{hint}")
     if verify is not None and not isinstance(verify, (bool, int, verify_loop.VerifyOptions)):
-        raise OptionError(f"auto_schedule(verify=...): expected None, True/False, a number of rounds or a "
-                          f"VerifyOptions, got {type(verify).__name__} {verify!r}", field="verify",
-                          given_to="auto_schedule", home="VerifyOptions", argument="verify", value=verify,
-                          expected="None, True/False, a number of rounds or a VerifyOptions")
+        raise OptionError("auto_schedule", "verify", verify, home="VerifyOptions", argument="verify",
+                          expected="None, True/False, a number of rounds or a VerifyOptions",
+                          message=f"auto_schedule(verify=...): expected None, True/False, a number of rounds or a "
+                                  f"VerifyOptions, got {type(verify).__name__} {verify!r}")
     constraints = constraints if constraints is not None else Constraints()
     if constraints.max_memory_bytes is not None and (seeds or verify or batches is not None):
         raise ValueError("max_memory_bytes: the search under a memory cap ranks plans by the simulator only; "

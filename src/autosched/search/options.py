@@ -2,7 +2,7 @@
 the search runs), each field checked when it is built.
 
 Verification on the engine has its own options (:class:`autosched.verify.loop.VerifyOptions`). An option given to
-the wrong class, or to ``auto_schedule`` itself, fails at once with an :class:`~autosched._fields.OptionError`
+the wrong class, or to ``auto_schedule`` itself, fails at once with an :class:`~swpipe_core.engine.options.OptionError`
 naming the class it belongs to (``.home``) and the ``auto_schedule`` argument that takes it (``.argument``).
 """
 
@@ -62,9 +62,9 @@ class Constraints:
     >>> Constraints(max_depth=2, time_limit_s=5)
     Traceback (most recent call last):
     ...
-    autosched._fields.OptionError: Constraints(time_limit_s=5): time_limit_s is a solver option, not a plan constraint; pass auto_schedule(..., solver=SolverOptions(time_limit_s=5))
+    swpipe_core.engine.options.OptionError: Constraints(time_limit_s=5): time_limit_s is a solver option, not a plan constraint; pass auto_schedule(..., solver=SolverOptions(time_limit_s=5))
 
-    The error's fields say the same (:class:`~autosched._fields.OptionError`): ``.field`` is
+    The error's fields say the same (:class:`~swpipe_core.engine.options.OptionError`): ``.field`` is
     ``"time_limit_s"``, ``.home`` ``"SolverOptions"``, ``.argument`` ``"solver"``.
     """
 
@@ -134,7 +134,7 @@ class SolverOptions:
     >>> SolverOptions(beam_width="6")
     Traceback (most recent call last):
     ...
-    autosched._fields.OptionError: SolverOptions(beam_width='6'): expected an integer >= 1
+    swpipe_core.engine.options.OptionError: SolverOptions(beam_width='6'): expected an integer >= 1
     >>> SolverOptions().beam_share, SolverOptions().cpsat_share
     (0.3, 0.7)
     """
@@ -194,13 +194,13 @@ def misplaced_option(given_to: str, name: str, value: Any) -> OptionError:
         if name in {f.name for f in fields(cls)}:
             what, argument = _WHAT[cls.__name__]
             not_what = f", not a {_WHAT[given_to][0]}" if given_to in _WHAT else ""
-            return OptionError(f"{given}: {name} is a {what}{not_what}; pass auto_schedule(..., "
-                               f"{argument}={cls.__name__}({name}={value!r}))", field=name, given_to=given_to,
-                               home=cls.__name__, argument=argument, value=value)
+            return OptionError(given_to, name, value, home=cls.__name__, argument=argument,
+                               message=f"{given}: {name} is a {what}{not_what}; pass auto_schedule(..., "
+                                       f"{argument}={cls.__name__}({name}={value!r}))")
     known = sorted({f.name for cls in _option_classes() for f in fields(cls)})
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]}?" if close else f"; the options are {', '.join(known)}"
-    return OptionError(f"{given}: no option is called {name}{hint}", field=name, given_to=given_to, value=value)
+    return OptionError(given_to, name, value, message=f"{given}: no option is called {name}{hint}")
 
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
@@ -247,10 +247,10 @@ def _refusing_the_others(cls: type) -> None:
             given = ", ".join(f"{k}={kwargs[k]!r}" for k in foreign)
             if len(homes) == 1 and first.home is not None:
                 what = _WHAT[first.home][0]
-                raise OptionError(f"{cls.__name__}({given}): {', '.join(foreign)} are {what}s, not "
-                                  f"{_WHAT[cls.__name__][0]}s; pass auto_schedule(..., {first.argument}="
-                                  f"{first.home}({given}))", field=first.field, given_to=cls.__name__,
-                                  home=first.home, argument=first.argument, value=first.value)
+                raise OptionError(cls.__name__, first.field, first.value, home=first.home, argument=first.argument,
+                                  message=f"{cls.__name__}({given}): {', '.join(foreign)} are {what}s, not "
+                                          f"{_WHAT[cls.__name__][0]}s; pass auto_schedule(..., {first.argument}="
+                                          f"{first.home}({given}))")
             raise first
         init(self, *args, **kwargs)
 

@@ -39,6 +39,7 @@ def serial_plan(plan: PipelinePlan, group: str = "default") -> PipelinePlan:
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> p = PipelinePlan({"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1, "s1", "compute")},
     ...                  intra_iter_deps=[("B", "A")])
     >>> s = serial_plan(p)
@@ -82,6 +83,7 @@ def plan_key(plan: PipelinePlan) -> str:
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> a = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     >>> plan_key(a) == plan_key(a.replace(pipeline_depth=2)), plan_key(a) == plan_key(serial_plan(a))
     (True, False)
@@ -120,6 +122,7 @@ def search_candidates(plan: PipelinePlan, pool: Sequence[Tuple[str, Optional[Pip
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> a = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     >>> b = a.replace(schedule={"A": TaskSchedule(0, thread_group="io"), "B": TaskSchedule(1)})
     >>> [label for label, _ in search_candidates(a, [("beam", a), ("cpsat", b), ("seed:x", b)], 3, None)]
@@ -161,6 +164,7 @@ def refit_candidates(chosen: Tuple[str, PipelinePlan], refit: PipelinePlan,
 
     Examples
     --------
+    >>> from swpipe import PipelinePlan, TaskSchedule
     >>> a = PipelinePlan({"A": TaskSchedule(0)})
     >>> [label for label, _ in refit_candidates(("serial", a), a, a)]
     ['serial', 'refit']

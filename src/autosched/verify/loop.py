@@ -1,12 +1,16 @@
-"""Verify in the loop: the ``auto_schedule`` hook that measures the candidates and keeps the one measured fastest.
+"""Verify in the loop: the ``auto_schedule`` hook that measures the candidates, paired with the serial plan, and
+keeps the one that beats it (:meth:`autosched.verify.measure.VerifyTable.choose`).
 
 The simulator ranks plans by a model of the machine; the verification checks
 the ranking where it matters, on the user's machine with the user's tasks.
 :func:`verify_search` predicts each candidate (:mod:`autosched.verify.candidates`)
 with the search's own model (:meth:`autosched.search.problem.Problem.simulate`;
 :mod:`autosched.verify.predict`), measures them side by side on the engine
-(:func:`autosched.verify.measure.measure_plans`), returns the plan the table
-chooses and re-judges the report for it. It lives here so the search modules
+(:func:`autosched.verify.measure.measure_plans`: the serial plan in every round,
+each other plan's period divided by its period in the same round), returns the
+plan the table chooses (the serial plan unless a plan beats it beyond the
+rounds' noise) and re-judges the report for it. :class:`VerifyOptions` (how
+the answer is measured) is defined beside the measurement. It lives here so the search modules
 stay about the search.
 
 What can reorder plans is how many of their threads really run at once:
@@ -19,71 +23,15 @@ measurement keeps the first one as ``earlier``).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 
 from autosched.verify.candidates import is_known, refit_candidates, search_candidates
-from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+from autosched.verify.measure import PlanMeasurement, VerifyOptions, VerifyTable, measure_plans
 
 __all__ = ["VerifyOptions", "verify_search", "measure_refit", "wanted"]
 
-
-@dataclass
-class VerifyOptions:
-    """How ``auto_schedule`` verifies its answer on the engine.
-
-    Parameters
-    ----------
-    rounds : int
-        Interleaved rounds; each plan runs once per round.
-    top : int
-        Most search candidates measured (the search's pick first, then the
-        other searchers' bests and the seeds); the input plan and the serial
-        plan are measured on top of these.
-    iterations : int, optional
-        Batches per run (default: all the batches given, cycled up to 24 if fewer).
-    noise_floor_pct : float
-        The smallest noise band reported (timer and scheduler jitter).
-    device : str
-        Device the plans run on (``SWPipeline(plan, device=...)``).
-    max_rounds : int, optional
-        Race the contenders: after ``rounds``, plans still within the noise
-        band of the fastest run more rounds, up to ``max_rounds`` in all
-        (default ``2 * rounds``; ``rounds``: no extra round).
-    keep_known : bool
-        Keep the best known plan (the seeds, the input plan) unless a
-        searched plan is measurably faster
-        (:meth:`~autosched.verify.measure.VerifyTable.beats`:
-        faster in at least 80 % of the rounds both ran and by at least
-        ``margin_pct`` in the median); False: the fastest median wins.
-    margin_pct : float
-        See ``keep_known``.
-
-    Examples
-    --------
-    >>> VerifyOptions(rounds=5).top
-    3
-    """
-
-    rounds: int = 3
-    top: int = 3
-    iterations: Optional[int] = None
-    noise_floor_pct: float = 2.0
-    device: Any = "cpu"
-    max_rounds: Optional[int] = None
-    keep_known: bool = True
-    margin_pct: float = 3.0
-
-    def __post_init__(self) -> None:
-        from autosched._fields import check_fields, flag, integer, number, optional
-
-        check_fields(self, {
-            "rounds": integer(1), "top": integer(0), "iterations": optional(integer(1)),
-            "noise_floor_pct": number(0), "max_rounds": optional(integer(1)), "keep_known": flag(),
-            "margin_pct": number(0),
-        })
 
 def wanted(verify: Any, problem: Any, batches: Optional[Sequence[Any]]) -> bool:
     """Whether ``auto_schedule`` verifies: on by default when the tasks are runnable and batches are given."""
@@ -125,7 +73,7 @@ def _batches_for(batches: Sequence[Any], opts: VerifyOptions, depth: int) -> Lis
 
 def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]], problem: Any,
                   batches: Sequence[Any], verify: Any, num_iterations: int) -> Tuple[PipelinePlan, Any]:
-    """Measure the search's candidates, the input plan and the serial plan; return the fastest and the report.
+    """Measure the search's candidates, the input plan and the serial plan, paired by round; return the choice.
 
     Parameters
     ----------
@@ -143,7 +91,7 @@ def verify_search(report: Any, pool: Sequence[Tuple[str, Optional[PipelinePlan]]
     Returns
     -------
     (PipelinePlan, SearchReport)
-        The plan measured fastest, and the report re-judged for it (period,
+        The plan chosen (:meth:`VerifyTable.choose`), and the report re-judged for it (period,
         binding, utilisation simulated for that plan) with ``verify`` set to
         the :class:`VerifyTable`.
     """
@@ -211,10 +159,7 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
             predicted[label] = float(problem.simulate(plan, num_iterations).period)
         except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
             pass
-    return measure_plans(cands, runs, opts.rounds, predicted=predicted, device=opts.device,
-                         noise_floor_pct=opts.noise_floor_pct,
-                         max_rounds=opts.max_rounds if opts.max_rounds is not None else 2 * opts.rounds,
-                         known=known, margin_pct=opts.margin_pct)
+    return measure_plans(cands, runs, opts, predicted=predicted, known=known, baseline="serial")
 
 def _rejudge(report: Any, plan: PipelinePlan, problem: Any, num_iterations: int) -> Any:
     """The report's plan-dependent fields for another plan (:func:`autosched.search.assess.rejudge`)."""

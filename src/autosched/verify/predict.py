@@ -42,9 +42,8 @@ def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_i
 
     Examples
     --------
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import CostModel, PipelinePlan, TaskCost, TaskSchedule
     >>> from autosched.verify.candidates import serial_plan
-    >>> from swpipe_core.plan import TaskSchedule
     >>> plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(1, thread_group="y")},
     ...                     intra_iter_deps=[("B", "A")])
     >>> costs = CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)})

@@ -75,7 +75,7 @@ class PoolFit:
 
         Examples
         --------
-        >>> from autosched.model.costs import CostModel, TaskCost
+        >>> from swpipe import CostModel, TaskCost
         >>> from swpipe_core.measure.calibrate import MachineCalibration
         >>> fit = PoolFit(cores=1, was=2, errors_pct={1: 3.0, 2: 21.5}, plans=2)
         >>> fit.applied_to(CostModel({"A": TaskCost(1e-3)}, cores=2)).cores
@@ -132,10 +132,9 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     Two tasks of 2 ms on two threads measured at 4 ms a period, as one core
     would run them; the model says two cores (a 2 ms period):
 
-    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe import CostModel, PipelinePlan, TaskCost, TaskSchedule
     >>> from autosched.verify.candidates import serial_plan
     >>> from autosched.verify.measure import PlanMeasurement, VerifyTable
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
     >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                    intra_iter_deps=[("B", "A")])
     >>> costs = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.002)}, cores=2)

@@ -5,6 +5,10 @@ Switch from TorchRec's pipeline in one line::
     from swpipe.torchrec import TrainPipeline
     pipeline = TrainPipeline(model, optimizer, device, plan="sparse_dist")   # or "auto", or a PipelinePlan
 
+``plan="auto"`` takes swpipe's three option classes as they are: ``constraints=Constraints(...)`` (what the plan
+may be), ``solver=SolverOptions(...)`` (how the search runs), ``verify=VerifyOptions(...)`` (how its answer is
+measured).
+
 ======================  =============================================================
 module                  holds
 ======================  =============================================================
@@ -12,6 +16,7 @@ module                  holds
 ``tasks``               the task functions over a TorchRec model (train and eval per batch)
 ``plans``               which plans run (TorchRec's class for each name), making one runnable
 ``auto``                ``plan="auto"``: measure, search, verify, restore the model
+``models``              TorchRec's own test models and its DLRM, sharded, with batches for them
 ``_private``            the TorchRec internals used, behind a version check
 ======================  =============================================================
 
@@ -33,8 +38,8 @@ except Exception as _exc:  # noqa: BLE001 - missing, or a build that does not lo
         "and torchrec==1.9.2, --no-deps) and their pure-Python needs with `pip install -e \".[peer]\"`; "
         f"the import failed with: {type(_exc).__name__}: {_exc}", name="torchrec") from _exc
 
-from swpipe.torchrec.auto import AutoChoice, AutoOptions  # noqa: E402
-from swpipe.torchrec.pipeline import DropInOptions, TrainPipeline  # noqa: E402
+from swpipe.torchrec.auto import AutoChoice  # noqa: E402
+from swpipe.torchrec.pipeline import TrainPipeline  # noqa: E402
 from swpipe.torchrec.plans import TORCHREC_CLASSES, UNSUPPORTED  # noqa: E402
 
-__all__ = ["TrainPipeline", "DropInOptions", "AutoOptions", "AutoChoice", "TORCHREC_CLASSES", "UNSUPPORTED"]
+__all__ = ["TrainPipeline", "AutoChoice", "TORCHREC_CLASSES", "UNSUPPORTED"]

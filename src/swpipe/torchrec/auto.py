@@ -8,21 +8,27 @@ before its first pass with ``plan="auto"``:
    trains on the batches;
 2. measure each task's cost over a serial run of the finest task graph of a
    TorchRec model (:func:`task_graph`: ``fused_sparse_dist``'s tasks, the
-   embedding lookup a task of its own), optionally the machine
-   (:func:`swpipe_core.measure.calibrate.calibrate`) and, with ``max_memory_bytes``,
-   each task's bytes (:func:`swpipe_core.measure.memory.measure_task_memory`); on
-   several ranks the slowest rank's cost of each task counts;
-3. search (:func:`autosched.search.autoschedule.auto_schedule`) once per pipeline depth,
-   the forward and the tasks after it in the last stage (the drop-in's
-   ``progress`` returns that batch's output), with TorchRec's plans over the
-   same graph as seeds (:func:`seeds`), or under the memory cap;
+   embedding lookup a task of its own), with ``VerifyOptions(calibrate=True)``
+   the machine (:func:`swpipe_core.measure.calibrate.calibrate`) and, with
+   ``Constraints(max_memory_bytes=...)``, each task's bytes
+   (:func:`swpipe_core.measure.memory.measure_task_memory`); on several ranks
+   the slowest rank's cost of each task counts;
+3. search (:func:`swpipe.auto_schedule`) once per pipeline depth up to
+   ``Constraints.max_depth``, the forward and the tasks after it in the last
+   stage (the drop-in's ``progress`` returns that batch's output), with
+   TorchRec's plans over the same graph as seeds (:func:`seeds`), under the
+   memory cap if one is given; ``SolverOptions.time_limit_s`` is shared by the
+   depths;
 4. verify: the searched plans, the seeds, TorchRec's ``base`` plan (the
    model's own forward: no input-dist tasks, so not a seed of the search; the
    sharded modules get their forward back for its runs) and the serial loop run
-   on the engine in interleaved rounds (:func:`autosched.verify.measure.measure_plans`); the
-   fastest is chosen, a seed (a TorchRec plan) unless another plan beats it
-   measurably; on several ranks every rank runs the candidates at once and the
-   slowest rank's time of each round counts;
+   on the engine in interleaved rounds (:func:`autosched.verify.measure.measure_plans`),
+   each paired with ``base``'s run in its round (under a memory cap, whose
+   bytes ``base`` does not measure, the serial plan's): ``base``, the simplest,
+   is chosen unless a plan beats it beyond the rounds' noise; of those the best,
+   a seed (a TorchRec plan) unless another plan beats it measurably; on several
+   ranks every rank runs the candidates at once and the slowest rank's time of
+   each round counts;
 5. restore the snapshot (and each module's train/eval flag): training then
    starts from the state the user handed over, on the same batches.
 
@@ -35,7 +41,7 @@ import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -44,58 +50,70 @@ from swpipe_core.plan import PipelinePlan
 from swpipe_core.planfile import plan_from_dict, plan_to_dict
 from swpipe_core.measure.state import restore_state, snapshot_state
 
+from autosched.search.options import Constraints, SolverOptions
+from autosched.verify.measure import VerifyOptions
+
 from swpipe.torchrec.plans import check_shape, runnable
 from swpipe.torchrec.tasks import MODE_TASKS, TorchRecTasks
 
-__all__ = ["AutoOptions", "AutoChoice", "task_graph", "seeds", "choose_plan"]
+__all__ = ["AutoChoice", "auto_options", "task_graph", "seeds", "choose_plan"]
+
+#: the search's budget when ``solver=`` is not given (shared by the depths searched)
+DEFAULT_TIME_LIMIT_S = 6.0
+#: serial iterations of the cost measurement, and batches per verification run, when ``VerifyOptions.iterations``
+#: is not given
+DEFAULT_ITERATIONS = 24
 
 
-@dataclass
-class AutoOptions:
-    """How ``plan="auto"`` measures, searches and verifies (``TrainPipeline(..., plan="auto", **options)``).
+def auto_options(constraints: Optional[Constraints], solver: Optional[SolverOptions], verify: Optional[VerifyOptions],
+                 device: torch.device) -> Tuple[Constraints, SolverOptions, VerifyOptions]:
+    """``plan="auto"``'s options, checked, with the drop-in's defaults; ``(constraints, solver, verify)``.
 
-    Parameters
-    ----------
-    profile_batches : int
-        The first batches of the first pass it measures on (they are trained on afterwards, from the restored state).
-    cost_iterations : int
-        Serial iterations (the batches cycled) whose per-task medians are the costs; the first third is warm-up.
-    max_memory_bytes : float, optional
-        Cap on the predicted peak bytes in flight (each task's bytes measured,
-        :func:`swpipe_core.measure.memory.measure_task_memory`; each candidate's peak
-        simulated, :mod:`autosched.model.memory`): only the candidates that fit are
-        verified, and if none does, :class:`autosched.search.memcap.MemoryCapError`
-        says how much the leanest needs.
-    max_depth, max_threads : int
-        The search's bounds.
-    time_limit_s : float
-        The search's budget (shared by the depths searched).
-    verify_rounds, verify_iterations : int
-        Interleaved rounds, and iterations per run, of the verification on the engine.
-    calibrate : bool
-        Measure the machine (the engine's cost per task, per hand-off and per period, the cores free, each task's
-        CPU share) and search with it.
+    The device is the pipeline's: ``Constraints.device`` becomes its type, and ``VerifyOptions.device``, when
+    given, must name it. The forward and the tasks after it run in the last stage of every depth searched, so
+    ``Constraints.frozen`` may fix their stream or thread group, not their stage.
+
+    Raises
+    ------
+    TypeError
+        An option of another type (naming the argument and the type it takes).
+    ValueError
+        A device other than the pipeline's, or a frozen stage of a task that must run in the last one.
 
     Examples
     --------
-    >>> AutoOptions(time_limit_s=2).max_depth
-    3
+    >>> import torch
+    >>> from swpipe import Constraints, SolverOptions
+    >>> c, s, v = auto_options(Constraints(max_depth=2), None, None, torch.device("cpu"))
+    >>> c.max_depth, s.time_limit_s, v.rounds
+    (2, 6.0, 5)
+    >>> auto_options(SolverOptions(), None, None, torch.device("cpu"))
+    Traceback (most recent call last):
+    ...
+    TypeError: TrainPipeline(constraints=...): expected a Constraints or None, got SolverOptions
     """
-
-    profile_batches: int = 8
-    cost_iterations: int = 18
-    max_memory_bytes: Optional[float] = None
-    max_depth: int = 3
-    max_threads: int = 2
-    time_limit_s: float = 6.0
-    verify_rounds: int = 3
-    verify_iterations: int = 24
-    calibrate: bool = True
-
-    @classmethod
-    def fields(cls) -> List[str]:
-        """The option names."""
-        return [f.name for f in dataclasses.fields(cls)]
+    for name, value, cls in (("constraints", constraints, Constraints), ("solver", solver, SolverOptions),
+                             ("verify", verify, VerifyOptions)):
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"TrainPipeline({name}=...): expected a {cls.__name__} or None, got "
+                            f"{type(value).__name__}")
+    constraints = constraints or Constraints()
+    if constraints.device != device.type and constraints.device != "cpu":
+        raise ValueError(f"Constraints(device={constraints.device!r}) for a pipeline on {device}: the plan runs on "
+                         "the pipeline's device; drop the field")
+    measured_on = torch.device(verify.device) if verify is not None and verify.device is not None else device
+    if measured_on.type != device.type or None not in (measured_on.index, device.index) and measured_on != device:
+        raise ValueError(f"VerifyOptions(device={verify.device!r}) for a pipeline on {device}: the candidates are "
+                         "measured on the pipeline's device; drop the field")
+    # a TaskSchedule fixes all three (stage, stream, thread group); a dict the ones it names
+    staged = sorted(t for t, fixed in constraints.frozen.items()
+                    if t in MODE_TASKS and (not isinstance(fixed, Mapping) or "stage" in fixed))
+    if staged:
+        raise ValueError(f"Constraints(frozen=...) fixes the stage of {staged}; plan='auto' runs "
+                         f"{', '.join(MODE_TASKS)} in the last stage of every depth it searches (progress() returns "
+                         "that batch's output): freeze their stream or thread group only")
+    solver = solver or SolverOptions(time_limit_s=DEFAULT_TIME_LIMIT_S)
+    return dataclasses.replace(constraints, device=device.type), solver, verify or VerifyOptions()
 
 
 @dataclass
@@ -114,6 +132,10 @@ class AutoChoice:
         The search per depth, the verification table, notes.
     seconds : float
         Time spent measuring, searching and verifying.
+    table : VerifyTable, optional
+        What the verification measured: per candidate its periods by round and
+        (``table.paired(label)``) its median ratio to TorchRec's ``base`` plan
+        in the same rounds, with the middle half of those ratios.
     """
 
     label: str
@@ -121,6 +143,7 @@ class AutoChoice:
     verdict: str
     lines: List[str] = field(default_factory=list)
     seconds: float = 0.0
+    table: Optional[Any] = None
 
     def __str__(self) -> str:
         head = (f"plan='auto' chose {self.label} ({self.verdict}); measured, searched and verified in "
@@ -200,17 +223,17 @@ def _serial_costs(plan: PipelinePlan, batches: Sequence[Any], device: Any, itera
                                          f"{warm} left out")
 
 
-def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, opts: AutoOptions,
+def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, memory: bool, verify: VerifyOptions,
                    world: int, state: Any) -> Any:
     from swpipe_core.engine.pipeline import SWPipeline
 
-    costs = _serial_costs(graph, batches, device, opts.cost_iterations)
-    if opts.max_memory_bytes is not None:
+    costs = _serial_costs(graph, batches, device, verify.iterations or DEFAULT_ITERATIONS)
+    if memory:
         from swpipe_core.measure.memory import measure_task_memory
 
         with SWPipeline(graph, device=device) as pipe:
             costs = costs.with_memory(measure_task_memory(pipe, batches[0], num_iterations=2))
-    if opts.calibrate:
+    if verify.calibrate:
         from swpipe_core.measure.calibrate import calibrate
 
         if world == 1:
@@ -222,22 +245,22 @@ def _measure_costs(graph: PipelinePlan, batches: Sequence[Any], device: Any, opt
     return costs
 
 
-def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
+def _search(graph: PipelinePlan, costs: Any, constraints: Constraints, solver: SolverOptions,
             known: List[Tuple[str, PipelinePlan]]) -> Tuple[List[Tuple[str, PipelinePlan]], List[str]]:
     """One search per depth, the mode tasks frozen in the last stage; ``(label, plan)`` found and report lines."""
-    from autosched.search.options import Constraints, SolverOptions
     from swpipe import auto_schedule
 
-    depths = list(range(2, max(2, opts.max_depth) + 1))
-    solver = SolverOptions(time_limit_s=opts.time_limit_s / len(depths))
+    depths = list(range(2, max(2, constraints.max_depth) + 1))
+    per_depth = dataclasses.replace(solver, time_limit_s=solver.time_limit_s / len(depths))
     found: List[Tuple[str, PipelinePlan]] = []
     lines: List[str] = []
     for d in depths:
-        frozen = {t: {"stage": d - 1} for t in MODE_TASKS if t in graph.task_names}
-        c = Constraints(max_depth=d, max_threads=opts.max_threads, device=device.type, frozen=frozen)
+        frozen = dict(constraints.frozen)
+        frozen.update({t: {**dict(frozen.get(t, {})), "stage": d - 1} for t in MODE_TASKS if t in graph.task_names})
+        at_depth = dataclasses.replace(constraints, max_depth=d, frozen=frozen)
         usable = [(label, p) for label, p in known if p.pipeline_depth <= d]
         try:
-            plan, report = auto_schedule(graph, costs, c, solver=solver, verify=False, seeds=usable or None)
+            plan, report = auto_schedule(graph, costs, at_depth, solver=per_depth, verify=False, seeds=usable or None)
         except Exception as exc:  # noqa: BLE001 - one depth failing leaves the others
             lines.append(f"  depth {d}: no plan ({type(exc).__name__}: {exc})")
             continue
@@ -248,8 +271,9 @@ def _search(graph: PipelinePlan, costs: Any, device: Any, opts: AutoOptions,
         except ValueError as exc:
             lines.append(f"    not runnable by the drop-in: {exc}")
             continue
-        found.append((f"auto:depth{d}", plan))
-    return found, lines
+        found.append((f"auto:depth{d}", plan, report.period_s))
+    found.sort(key=lambda f: f[2])  # the best simulated first: VerifyOptions.top of them are measured
+    return [(label, plan) for label, plan, _ in found], lines
 
 
 def _candidates(graph: PipelinePlan, found: List[Tuple[str, PipelinePlan]],
@@ -295,10 +319,10 @@ def _under_cap(cands: List[Tuple[str, PipelinePlan]], costs: Any, device: torch.
     return fitting, lines
 
 
-def _gather(group: Any, obj: Any, world: int) -> List[Any]:
+def _gather(group: Any, obj: Any) -> List[Any]:
     import torch.distributed as dist
 
-    out: List[Any] = [None] * world
+    out: List[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
 
@@ -321,20 +345,20 @@ def _predictions(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, device: 
         return {}
 
 
-def _slowest_costs(costs: Any, group: Any, world: int) -> Any:
+def _slowest_costs(costs: Any, group: Any) -> Any:
     """Every rank's measured costs, the slowest of each figure kept (the same model on every rank)."""
-    from autosched.model.costs import CostModel
-    from swpipe.workloads.agree import combine_slowest
+    from autosched.model.costs import CostModel, combine_slowest
 
-    docs = _gather(group, costs.to_dict(), world)
+    docs = _gather(group, costs.to_dict())
     cal = costs.machine_calibration
     costs = combine_slowest([CostModel.from_dict(d, where=f"rank {r}") for r, d in enumerate(docs)])
     return costs if cal is None else dataclasses.replace(costs, machine_calibration=cal)
 
 
-def _searched_candidates(graph: PipelinePlan, costs: Any, device: torch.device, opts: AutoOptions, world: int,
-                         rank: int, group: Any) -> Tuple[List[Tuple[str, Dict[str, Any]]], List[str]]:
-    """Rank 0 searches and picks the candidates; every rank gets them: ``([(label, plan as dict)], report lines)``.
+def _searched_candidates(graph: PipelinePlan, costs: Any, constraints: Constraints, solver: SolverOptions,
+                         top: int, rank: int, group: Any) -> Tuple[List[Tuple[str, Dict[str, Any]]], List[str]]:
+    """Rank 0 searches and picks the candidates (its ``top`` best searched plans, the seeds, the serial plan and
+    TorchRec's base plan); every rank gets them: ``([(label, plan as dict)], report lines)``.
 
     Raises
     ------
@@ -346,17 +370,18 @@ def _searched_candidates(graph: PipelinePlan, costs: Any, device: torch.device, 
     failure: Optional[BaseException] = None
     if rank == 0:
         try:
-            found, search_lines = _search(graph, costs, device, opts, known)
-            cands = _candidates(graph, found, known)
-            if opts.max_memory_bytes is not None:
-                cands, cap_lines = _under_cap(cands, costs, device, float(opts.max_memory_bytes))
+            found, search_lines = _search(graph, costs, constraints, solver, known)
+            cands = _candidates(graph, found[:top], known)
+            cap = constraints.max_memory_bytes
+            if cap is not None:
+                cands, cap_lines = _under_cap(cands, costs, torch.device(constraints.device), float(cap))
                 search_lines += cap_lines
             else:  # TorchRec's TrainPipelineBase: the model's own forward (its bytes are not measured)
                 cands.append((BASE, pipelines.get("base")))
             shared = ([(label, plan_to_dict(p)) for label, p in cands], search_lines)
         except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait forever
             failure, shared = exc, f"{type(exc).__name__}: {exc}"
-    if world > 1:
+    if group is not None:
         shared = _broadcast(group, shared, rank)
     if failure is not None:
         raise failure
@@ -366,46 +391,50 @@ def _searched_candidates(graph: PipelinePlan, costs: Any, device: torch.device, 
 
 
 def _verify(plans: List[Tuple[str, PipelinePlan]], batches: Sequence[Any], costs: Any, device: torch.device,
-            opts: AutoOptions, world: int, group: Any) -> Any:
-    """The candidates run in interleaved rounds (on every rank at once, the slowest rank's time of each counting)."""
-    from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+            verify: VerifyOptions, group: Any) -> Any:
+    """The candidates run in interleaved rounds, each paired with TorchRec's base plan (else the serial plan) in its
+    round; on several ranks every rank runs them at once (the same rounds: no racing), the slowest rank's time of
+    each round counting."""
+    from autosched.verify.measure import measure_plans
 
-    runs = list(itertools.islice(itertools.cycle(batches), max(opts.verify_iterations, 2 * len(batches), 4)))
-    known_labels = [label for label, _ in plans if label.startswith("seed:")]
-    table = measure_plans(plans, runs, max(1, opts.verify_rounds), device=str(device), known=known_labels,
-                          max_rounds=2 * max(1, opts.verify_rounds) if world == 1 else None,
+    runs = list(itertools.islice(itertools.cycle(batches),
+                                 max(verify.iterations or DEFAULT_ITERATIONS, 2 * len(batches), 4)))
+    known = [label for label, _ in plans if label.startswith("seed:")] if verify.keep_known else []
+    lockstep = group is not None
+    opts = dataclasses.replace(verify, device=str(device), max_rounds=verify.rounds if lockstep else verify.max_rounds)
+    baseline = BASE if BASE in dict(plans) else "serial"
+    table = measure_plans(plans, runs, opts, known=known, baseline=baseline,
                           predicted=_predictions([(k, p) for k, p in plans if k != BASE], costs, device))
-    if world == 1:
+    if not lockstep:
         return table
-    every = _gather(group, {r.label: r.rounds_s for r in table.rows}, world)
-    rows = [PlanMeasurement(r.label, r.plan, [max(e[r.label][k] for e in every) for k in range(len(r.rounds_s))],
-                            round_ids=r.round_ids) for r in table.rows]
-    return VerifyTable(rows, table.rounds, table.iterations, known=tuple(known_labels))
+    return table.with_slowest(_gather(group, {r.label: r.rounds_s for r in table.rows}))
 
 
-def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.device, opts: AutoOptions,
-                world: int = 1, rank: int = 0, group: Any = None) -> AutoChoice:
+def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], constraints: Constraints, solver: SolverOptions,
+                verify: VerifyOptions, group: Any = None) -> AutoChoice:
     """Measure, search and verify on ``batches``, leave the model as it was; return the choice.
 
     Parameters
     ----------
     tasks : TorchRecTasks
-        Built for the ``"fused"`` machinery (:func:`task_graph`'s tasks).
+        Built for the ``"fused"`` machinery (:func:`task_graph`'s tasks), on the pipeline's device.
     batches : sequence
         The first batches of the pass (at least 2).
-    device : torch.device
-    opts : AutoOptions
-    world, rank : int
-        The job; with ``world > 1`` every rank calls this at once.
+    constraints, solver, verify : Constraints, SolverOptions, VerifyOptions
+        As :func:`auto_options` returns them.
     group : torch.distributed.ProcessGroup, optional
-        A gloo group for the exchanges (needed with ``world > 1``).
+        With several ranks, a gloo group of them all for the exchanges: every rank calls this at once, rank 0
+        searches, every rank measures the candidates.
 
     Returns
     -------
     AutoChoice
     """
+    import torch.distributed as dist
+
     t0 = time.perf_counter()
-    model, optimizer = tasks.model, tasks.optimizer
+    world, rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
+    model, optimizer, device = tasks.model, tasks.optimizer, tasks.device
     flags = [(m, m.training) for m in model.modules()]
     keep = tasks.keep_outputs
     snap = snapshot_state([model, optimizer])
@@ -417,23 +446,24 @@ def choose_plan(tasks: TorchRecTasks, batches: Sequence[Any], device: torch.devi
         fns = tasks.functions(task_graph().task_names)
         graph = task_graph(fns)
         bound = runnable(graph, fns, world)
-        costs = _measure_costs(bound, batches, device, opts, world, [model, optimizer])
+        costs = _measure_costs(bound, batches, device, constraints.max_memory_bytes is not None, verify, world,
+                               [model, optimizer])
         if world > 1:
-            costs = _slowest_costs(costs, group, world)
-        cand_fields, search_lines = _searched_candidates(graph, costs, device, opts, world, rank, group)
+            costs = _slowest_costs(costs, group)
+        cand_fields, search_lines = _searched_candidates(graph, costs, constraints, solver, verify.top, rank, group)
         lines += [f"costs: {costs.method or 'measured'} ({costs.notes.split(';')[0]})",
                   "search, one per depth (the forward and the tasks after it in the last stage):", *search_lines]
         plans = []
         for label, f in cand_fields:
             plan = plan_from_dict(f)
             plans.append((label, runnable(plan, tasks.functions(plan.task_names), world)))
-        table = _verify(plans, batches, costs, device, opts, world, group)
+        table = _verify(plans, batches, costs, device, verify, group)
         if world > 1:
             lines.append(f"verified on all {world} ranks at once, the slowest rank's time of each round counting")
         chosen = table.choose()
         lines += table.format().splitlines()
         plan = dict(cand_fields)[chosen.label]
-        return AutoChoice(chosen.label, plan_from_dict(plan), table.verdict(), lines, time.perf_counter() - t0)
+        return AutoChoice(chosen.label, plan_from_dict(plan), table.verdict(), lines, time.perf_counter() - t0, table)
     finally:
         restore_state([model, optimizer], snap)
         for m, flag in flags:

@@ -6,10 +6,11 @@ tables, optionally weighted ones too) or, with ``ec=True``, its
 ``EmbeddingCollection`` tables), sharded table-wise by
 ``DistributedModelParallel`` with fused SGD on the tables and SGD on the dense
 part, combined in one ``CombinedOptimizer``; :func:`sparse_nn_batches` makes
-``ModelInput.generate`` batches for it. :func:`dlrm` is TorchRec's DLRM (the
-peer workload of ``swpipe.workloads.torchrec_peer``). Every build with the
-same arguments starts from the same weights, so several pipelines can be
-compared on one model.
+``ModelInput.generate`` batches for it. :func:`dlrm` is TorchRec's
+``DLRMTrain(DLRM(...))`` sized by a :class:`DLRMConfig` (the same build drives
+``benchmarks/vs_torchrec.py``), and :func:`dlrm_batches` makes TorchRec
+``RandomRecDataset`` batches for it. Every build with the same arguments starts
+from the same weights, so several pipelines can be compared on one model.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-__all__ = ["SparseNNConfig", "sparse_nn", "sparse_nn_batches", "dlrm", "dlrm_batches"]
+__all__ = ["SparseNNConfig", "sparse_nn", "sparse_nn_batches", "DLRMConfig", "dlrm", "dlrm_batches"]
 
 
 @dataclass(frozen=True)
@@ -120,18 +121,89 @@ def sparse_nn_batches(config: SparseNNConfig, num: int, world_size: int = 1, ran
     return out
 
 
-def dlrm(preset: str = "test", device: Optional[torch.device] = None, **changes: Any) -> Tuple[torch.nn.Module, Any]:
-    """TorchRec's ``DLRMTrain(DLRM(...))`` sized like the workload preset, sharded; ``(model, optimizer)``."""
-    from swpipe.workloads.dlrm_data import DLRMConfig
-    from swpipe.workloads.torchrec_peer import build_model
+@dataclass(frozen=True)
+class DLRMConfig:
+    """The size of a :func:`dlrm` model, its optimizers and its :func:`dlrm_batches`.
 
-    peer = build_model(DLRMConfig.preset(preset, **changes), device)
-    return peer.model, peer.optimizer
+    ``num_tables`` tables of ``num_embeddings`` rows, one feature each (``t0``, ``t1``, ...); ``bottom_mlp``
+    and ``top_mlp`` are the dense and over arch's hidden sizes (the dense arch ends in ``embedding_dim``, the
+    over arch in 1). ``batch_size`` is per rank; a batch has up to ``max_ids`` ids per feature and sample.
+
+    Examples
+    --------
+    >>> DLRMConfig().num_tables, DLRMConfig(batch_size=512).batch_size
+    (4, 512)
+    """
+
+    num_tables: int = 4
+    num_embeddings: int = 200
+    embedding_dim: int = 8
+    num_dense: int = 13
+    bottom_mlp: Tuple[int, ...] = (16, 8)
+    top_mlp: Tuple[int, ...] = (16,)
+    batch_size: int = 32
+    max_ids: int = 6
+    dense_lr: float = 0.05
+    emb_lr: float = 1.0
+    seed: int = 0
 
 
-def dlrm_batches(num: int, preset: str = "test", world_size: int = 1, rank: int = 0, **changes: Any) -> List[Any]:
-    """TorchRec ``Batch`` objects for :func:`dlrm` (this rank's slice)."""
-    from swpipe.workloads.dlrm_data import DLRMConfig
-    from swpipe.workloads.torchrec_peer import to_torchrec_batches
+def dlrm(config: DLRMConfig = DLRMConfig(), device: Optional[torch.device] = None) -> Tuple[torch.nn.Module, Any]:
+    """TorchRec's ``DLRMTrain(DLRM(EmbeddingBagCollection))``, sharded table-wise; ``(model, optimizer)``.
 
-    return to_torchrec_batches(DLRMConfig.preset(preset, **changes), num, world_size, rank)
+    Needs an initialised default process group (gloo on CPU). TorchRec's
+    sharding planner places the tables table-wise over the group's ranks;
+    fused exact SGD on the tables, SGD on the dense parameters, combined in one
+    ``CombinedOptimizer``. Built under ``torch.manual_seed(config.seed)`` (the
+    global generator left as it was), so two builds start from the same weights.
+    """
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingType
+    from torchrec.models.dlrm import DLRM, DLRMTrain
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    device = device or torch.device("cpu")
+    c = config
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(c.seed)
+        tables = [EmbeddingBagConfig(name=f"t{t}", embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
+                                     feature_names=[f"t{t}"]) for t in range(c.num_tables)]
+        ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        module = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=c.num_dense,
+                                dense_arch_layer_sizes=[*c.bottom_mlp, c.embedding_dim],
+                                over_arch_layer_sizes=[*c.top_mlp, 1], dense_device=device))
+        sharders = [EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,
+                                                                "learning_rate": c.emb_lr})]
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=dist.get_world_size(), compute_device=device.type),
+            constraints={f"t{t}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
+                         for t in range(c.num_tables)})
+        plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)
+        model = DistributedModelParallel(module=module, device=device, plan=plan, sharders=sharders)
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                  lambda params: torch.optim.SGD(params, lr=c.dense_lr))
+    return model, CombinedOptimizer([model.fused_optimizer, dense])
+
+
+def dlrm_batches(config: DLRMConfig, num: int, rank: int = 0) -> List[Any]:
+    """``num`` TorchRec ``Batch`` objects for :func:`dlrm` from TorchRec's ``RandomRecDataset``, seeded by
+    ``config.seed`` and ``rank`` (each rank its own batches).
+
+    Examples
+    --------
+    Needs TorchRec; ``tests/test_torchrec_dropin.py`` uses them.
+    """
+    from torchrec.datasets.random import RandomRecDataset
+
+    with torch.random.fork_rng(devices=[]):
+        return list(RandomRecDataset(keys=[f"t{t}" for t in range(config.num_tables)], batch_size=config.batch_size,
+                                     hash_size=config.num_embeddings, ids_per_feature=config.max_ids,
+                                     min_ids_per_feature=0, num_dense=config.num_dense,
+                                     manual_seed=config.seed * 1000 + rank, num_batches=num,
+                                     num_generated_batches=num))

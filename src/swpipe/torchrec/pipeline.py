@@ -18,90 +18,38 @@ output. The model's mode when a call begins is that batch's mode
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Type, Union
 
 import torch
 
 from swpipe_core.analysis import format_schedule
-from swpipe_core.distributed import agree_on_end
+from swpipe_core.distributed import agree_on_end, group_timeout
+from swpipe_core.engine.options import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan
 
-from swpipe.torchrec.auto import AutoChoice, AutoOptions, choose_plan, task_graph
+from autosched.search.options import Constraints, SolverOptions
+from autosched.verify.measure import VerifyOptions
+
+from swpipe.torchrec.auto import AutoChoice, auto_options, choose_plan
 from swpipe.torchrec.plans import CLASS_NOTES, TORCHREC_CLASSES, named_plan, runnable
 from swpipe.torchrec.tasks import TorchRecTasks, toolbox_kind
 
-__all__ = ["TrainPipeline", "DropInOptions"]
+__all__ = ["TrainPipeline"]
 
-# TorchRec constructor arguments a one-line switch may still pass: accepted when they ask for what swpipe does
-_TORCHREC_KWARGS = {"execute_all_batches": True, "apply_jit": False, "pipeline_postproc": None,
-                    "dmp_collection_sync_interval_batches": None, "enqueue_batch_after_forward": None,
-                    "enable_inplace_copy_batch": False, "free_features_storage_early": False,
-                    "clear_data_dist_inputs": False, "emb_lookup_stream": None, "start_batch": None,
-                    "stash_gradients": False, "strict": None, "context_type": None}
+# TorchRec constructor arguments the drop-in takes and checks: the value that asks for what swpipe does
+_TORCHREC_FIXED = {"execute_all_batches": True, "apply_jit": False, "enable_inplace_copy_batch": False,
+                   "free_features_storage_early": False, "clear_data_dist_inputs": False, "stash_gradients": False,
+                   "async_inplace_copy": False, "embedding_lookup_after_data_dist": False}
 
 
-@dataclasses.dataclass
-class DropInOptions:
-    """The options of :class:`TrainPipeline` beyond TorchRec's (``TrainPipeline(..., **options)``).
-
-    Parameters
-    ----------
-    order : str, optional
-        The plan's enqueue order (``"torchrec"`` for TorchRec's own submission order).
-    emb_lookup : str, optional
-        ``fused_sparse_dist``: the lookup's stream (``"new"``, ``"data_dist"``, ``"current"``).
-    thread_map : str, optional
-        ``"by_stream"``: one thread per stream (the forward's stays the caller's).
-    hand_off_after : str, optional
-        With ``thread_map``: hand the side threads' tasks off after this task of the caller's.
-    agree_on_end : bool, optional
-        Stop every rank at the same batch (default: on with several ranks); needs ``torch.distributed``.
-    custom_model_fwd : callable, optional
-        TorchRec's: called with the batch instead of the model, returns ``(losses, output)``.
-    progress_timeout, signal_timeout : float
-        The engine's waits (seconds): a hung task is an error naming it, never a hang.
-    """
-
-    order: Optional[str] = None
-    emb_lookup: Optional[str] = None
-    thread_map: Optional[str] = None
-    hand_off_after: Optional[str] = None
-    agree_on_end: Optional[bool] = None
-    custom_model_fwd: Optional[Callable[[Any], Any]] = None
-    progress_timeout: float = 60.0
-    signal_timeout: float = 30.0
-
-
-def _split_options(options: Dict[str, Any]) -> Any:
-    own = {f.name for f in dataclasses.fields(DropInOptions)}
-    auto = set(AutoOptions.fields())
-    unknown = sorted(set(options) - own - auto - set(_TORCHREC_KWARGS))
-    if unknown:
-        raise TypeError(f"swpipe.torchrec.TrainPipeline got unknown option(s) {unknown}; its options: "
-                        f"{', '.join(sorted(own))}; with plan='auto' also {', '.join(AutoOptions.fields())}; "
-                        f"TorchRec's {', '.join(_TORCHREC_KWARGS)} are accepted where they ask for what swpipe does")
-    for name, ok in _TORCHREC_KWARGS.items():
-        if name in options and ok is not None and options[name] != ok:
-            raise ValueError(f"TorchRec's {name}={options[name]!r} is not supported by swpipe.torchrec (it runs as "
+def _check_torchrec_arguments(given: Dict[str, Any]) -> None:
+    """TorchRec's arguments whose other values ask for what the drop-in does not do are errors."""
+    for name, ok in _TORCHREC_FIXED.items():
+        if given[name] != ok:
+            raise ValueError(f"TorchRec's {name}={given[name]!r} is not supported by swpipe.torchrec (it runs as "
                              f"{name}={ok!r}); drop the argument")
-    return (DropInOptions(**{k: v for k, v in options.items() if k in own}),
-            AutoOptions(**{k: v for k, v in options.items() if k in auto}),
-            {k for k in options if k in auto})
-
-
-def _job_timeout() -> Any:
-    """The default group's timeout, for the group the drop-in makes (a new group would wait 30 minutes otherwise)."""
-    import torch.distributed as dist
-
-    from swpipe.workloads.distenv import group_timeout
-
-    try:
-        return group_timeout(dist.group.WORLD)
-    except Exception:  # noqa: BLE001 - a backend that does not say: torch's default
-        return None
 
 
 class _Feed(Iterator[Any]):
@@ -155,11 +103,44 @@ class TrainPipeline:
         ``"auto"`` (:mod:`swpipe.torchrec.auto`: chosen on the first batches
         of the first pass, the model left as it was) or a ``PipelinePlan``
         over the task names of :mod:`swpipe.torchrec.tasks`.
-    **options
-        :class:`DropInOptions`; with ``plan="auto"`` also
-        :class:`~swpipe.torchrec.auto.AutoOptions` (``max_memory_bytes``,
-        ``time_limit_s``, ...); TorchRec's constructor arguments where they
-        ask for what swpipe does (``execute_all_batches=True``, ...).
+    execute_all_batches, apply_jit, context_type, pipeline_postproc, custom_model_fwd, \
+    dmp_collection_sync_interval_batches, enqueue_batch_after_forward, enable_inplace_copy_batch, \
+    free_features_storage_early, clear_data_dist_inputs, async_inplace_copy, strict, emb_lookup_stream, \
+    embedding_lookup_after_data_dist, start_batch, stash_gradients
+        TorchRec's constructor arguments, so the switch is one line.
+        ``custom_model_fwd`` (called with the batch instead of the model,
+        returns ``(losses, output)``) and ``emb_lookup_stream``
+        (``fused_sparse_dist``: the lookup's stream, ``"new"``,
+        ``"data_dist"`` or ``"current"``; default the plan's, ``"new"``) are
+        used as TorchRec uses them; ``context_type``, ``pipeline_postproc``,
+        ``dmp_collection_sync_interval_batches``,
+        ``enqueue_batch_after_forward``, ``strict`` and ``start_batch`` are
+        accepted and change nothing; the others must keep TorchRec's default
+        (a ``ValueError`` names the one that does not).
+    order : str, optional
+        A named plan's enqueue order (``"torchrec"``: TorchRec's own submission order).
+    thread_map : str, optional
+        ``"by_stream"``: one thread per stream (the forward's stays the caller's).
+    hand_off_after : str, optional
+        With ``thread_map``: hand the side threads' tasks off after this task of the caller's.
+    agree_on_end : bool, optional
+        Stop every rank at the same batch (default: on with several ranks); needs ``torch.distributed``.
+    timeouts : Timeouts, optional
+        The engine's waits (``swpipe.Timeouts``, as ``SWPipeline`` takes them): a hung task is an error naming it,
+        never a hang.
+    constraints : Constraints, optional
+        ``plan="auto"``: what the plan may be (``max_depth``: the depths
+        searched, 2 up to it; ``max_threads``; ``max_memory_bytes``: only the
+        candidates whose predicted peak fits are measured; ``streams``,
+        ``frozen`` streams or thread groups, ``globally_ordered``). The device
+        is the pipeline's. Default ``Constraints()``.
+    solver : SolverOptions, optional
+        ``plan="auto"``: how the search runs (``time_limit_s`` is shared by the
+        depths). Default ``SolverOptions(time_limit_s=6)``.
+    verify : VerifyOptions, optional
+        ``plan="auto"``: how the candidates are measured (``rounds``,
+        ``iterations``, ``margin_pct``, ...) and what is profiled first
+        (``profile_batches``, ``calibrate``). Default ``VerifyOptions()``.
 
     Attributes
     ----------
@@ -174,7 +155,8 @@ class TrainPipeline:
     Raises
     ------
     ValueError, TypeError
-        A plan or option the drop-in does not take (the message says which are taken).
+        A plan or option the drop-in does not take (the message says which are taken), or ``constraints=``,
+        ``solver=``, ``verify=`` without ``plan="auto"``.
 
     Examples
     --------
@@ -182,7 +164,7 @@ class TrainPipeline:
     own pipeline):
 
     >>> import torch.distributed as dist
-    >>> from swpipe.torchrec import models
+    >>> from swpipe.torchrec import TrainPipeline, models
     >>> owns = not dist.is_initialized()
     >>> if owns:
     ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -203,30 +185,52 @@ class TrainPipeline:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, device: Union[str, torch.device],
-                 plan: Union[str, PipelinePlan] = "sparse_dist", **options: Any) -> None:
+                 plan: Union[str, PipelinePlan] = "sparse_dist", *,
+                 execute_all_batches: bool = True, apply_jit: bool = False, context_type: Optional[Type[Any]] = None,
+                 pipeline_postproc: Optional[bool] = None,
+                 custom_model_fwd: Optional[Callable[[Any], Any]] = None,
+                 dmp_collection_sync_interval_batches: Optional[int] = 1, enqueue_batch_after_forward: bool = False,
+                 enable_inplace_copy_batch: bool = False, free_features_storage_early: bool = False,
+                 clear_data_dist_inputs: bool = False, async_inplace_copy: bool = False, strict: bool = False,
+                 emb_lookup_stream: Optional[str] = None, embedding_lookup_after_data_dist: bool = False,
+                 start_batch: Optional[int] = None, stash_gradients: bool = False,
+                 order: Optional[str] = None, thread_map: Optional[str] = None, hand_off_after: Optional[str] = None,
+                 agree_on_end: Optional[bool] = None, timeouts: Optional[Timeouts] = None,
+                 constraints: Optional[Constraints] = None, solver: Optional[SolverOptions] = None,
+                 verify: Optional[VerifyOptions] = None) -> None:
         import torch.distributed as dist
 
-        self._opts, self._auto_opts, auto_given = _split_options(options)
+        _check_torchrec_arguments(dict(
+            execute_all_batches=execute_all_batches, apply_jit=apply_jit, stash_gradients=stash_gradients,
+            enable_inplace_copy_batch=enable_inplace_copy_batch, clear_data_dist_inputs=clear_data_dist_inputs,
+            free_features_storage_early=free_features_storage_early, async_inplace_copy=async_inplace_copy,
+            embedding_lookup_after_data_dist=embedding_lookup_after_data_dist))
         self._model, self._optimizer = model, optimizer
         self._device = torch.device(device)
+        self._timeouts = timeouts
         ready = dist.is_available() and dist.is_initialized()
         self._world = dist.get_world_size() if ready else 1
-        self._rank = dist.get_rank() if ready else 0
-        if self._opts.agree_on_end and not ready:
+        if agree_on_end and not ready:
             raise RuntimeError("agree_on_end=True needs torch.distributed: call init_process_group first")
         self._auto = isinstance(plan, str) and plan.strip().lower() == "auto"
-        if auto_given and not self._auto:
-            raise TypeError(f"option(s) {sorted(auto_given)} are for plan='auto' only")
-        named_only = [k for k in ("order", "emb_lookup") + (("thread_map", "hand_off_after") if self._auto else ())
-                      if getattr(self._opts, k) is not None]
+        given = [k for k, v in (("constraints", constraints), ("solver", solver), ("verify", verify)) if v is not None]
+        if given and not self._auto:
+            raise TypeError(f"option(s) {given} are for plan='auto' only")
+        if self._auto:
+            self._options = auto_options(constraints, solver, verify, self._device)
+        shaping = {"order": order, "emb_lookup_stream": emb_lookup_stream}
+        if self._auto:
+            shaping.update(thread_map=thread_map, hand_off_after=hand_off_after)
+        named_only = [k for k, v in shaping.items() if v is not None]
         if named_only and (self._auto or isinstance(plan, PipelinePlan)):
             raise TypeError(f"option(s) {named_only} shape a named plan; plan={'auto' if self._auto else 'a PipelinePlan'} "
                             "takes its schedule as it is")
+        self._agree = self._world > 1 and agree_on_end is not False
         self._group: Any = None
-        if self._world > 1 and (self._opts.agree_on_end is not False or self._auto):
+        if self._world > 1 and (self._agree or self._auto):
             # a gloo group of its own, used only from the caller's thread: the end-of-data exchange, auto's exchanges
             # (a collective: every rank constructs its pipeline at the same point, as with TorchRec's)
-            self._group = dist.new_group(backend="gloo", timeout=_job_timeout())
+            self._group = dist.new_group(backend="gloo", timeout=group_timeout())
         self.plan: Optional[PipelinePlan] = None
         self.report = ""
         self.choice: Optional[AutoChoice] = None
@@ -240,23 +244,21 @@ class TrainPipeline:
         self._ended: Any = None
         self._closed = False
         if self._auto:
-            self._tasks = TorchRecTasks(model, optimizer, self._device, "fused", self._opts.custom_model_fwd)
+            self._tasks = TorchRecTasks(model, optimizer, self._device, "fused", custom_model_fwd)
             self.report = "plan='auto': chosen on the first batches of the first progress() call"
             return
         if isinstance(plan, PipelinePlan):
             base, label = plan, "a PipelinePlan given by the caller"
         elif isinstance(plan, str):
-            factory = {k: v for k, v in (("order", self._opts.order), ("emb_lookup", self._opts.emb_lookup))
-                       if v is not None}
+            factory = {k: v for k, v in (("order", order), ("emb_lookup", emb_lookup_stream)) if v is not None}
             base = named_plan(plan, **factory)
             key = plan.strip().lower().replace("-", "_")
             label = f"plan {key!r}, TorchRec's {TORCHREC_CLASSES[key]}" + (
                 f" ({CLASS_NOTES[key]})" if key in CLASS_NOTES else "")
         else:
             raise TypeError(f"plan must be a plan name, 'auto' or a PipelinePlan, got {type(plan).__name__}")
-        self._tasks = TorchRecTasks(model, optimizer, self._device, toolbox_kind(base.task_names),
-                                    self._opts.custom_model_fwd)
-        self._use(base, label, self._opts.thread_map, self._opts.hand_off_after)
+        self._tasks = TorchRecTasks(model, optimizer, self._device, toolbox_kind(base.task_names), custom_model_fwd)
+        self._use(base, label, thread_map, hand_off_after)
 
     # ------------------------------------------------------------------------------ setup
 
@@ -264,19 +266,18 @@ class TrainPipeline:
              hand_off_after: Optional[str] = None) -> None:
         fns = self._tasks.functions(base.task_names)
         self.plan = runnable(base, fns, self._world, thread_map, hand_off_after)
-        self._engine = SWPipeline(self.plan, device=self._device, state=self._model,
-                                  progress_timeout=self._opts.progress_timeout,
-                                  signal_timeout=self._opts.signal_timeout)
+        self._engine = SWPipeline(self.plan, device=self._device, state=self._model, timeouts=self._timeouts)
         groups = sorted({self.plan.sched(t).thread_group for t in self.plan.task_names})
         extra = f"\n{self.choice}" if self.choice is not None else ""
         self.report = (f"swpipe.torchrec.TrainPipeline: {label}; depth {self.plan.pipeline_depth}, thread group(s) "
                        f"{groups} (the caller runs {self.plan.caller_group!r}), {self._world} rank(s)"
-                       + (", every rank stopping at the same batch" if self._group is not None else "")
+                       + (", every rank stopping at the same batch" if self._agree else "")
                        + f"\n{format_schedule(self.plan, self.plan.pipeline_depth + 1)}{extra}")
 
     def _choose(self, feed: _Feed) -> None:
         """``plan="auto"``: take the first batches, choose on them, put them back in front of the pass."""
-        k = max(2, self._auto_opts.profile_batches)
+        constraints, solver, verify = self._options
+        k = verify.profile_batches
         first = list(itertools.islice(feed.source, k))
         n = len(first)
         if self._world > 1:
@@ -290,8 +291,7 @@ class TrainPipeline:
             fallback = named_plan("fused_sparse_dist")
             self._use(fallback, f"plan 'fused_sparse_dist' (plan='auto' had {n} batch(es) to measure on, fewer than 2)")
         else:
-            self.choice = choose_plan(self._tasks, first[:n], self._device, self._auto_opts, self._world, self._rank,
-                                      self._group)
+            self.choice = choose_plan(self._tasks, first[:n], constraints, solver, verify, self._group)
             self._use(self.choice.plan, f"plan='auto' chose {self.choice.label}")
         feed.front = first
 
@@ -361,7 +361,7 @@ class TrainPipeline:
         if self._auto and self._engine is None:
             self._choose(self._feed)
         data: Iterator[Any] = self._feed
-        if self._group is not None:
+        if self._agree:
             self._agreed = agree_on_end(self._feed, group=self._group)
             data = self._agreed
         self._counted = _Counted(data)

@@ -12,17 +12,17 @@ compared, in its dict form (:func:`swpipe_core.planfile.plan_to_dict`).
 ``all_ranks``              a pass/fail folded over ranks (True only if true everywhere)
 ``from_rank0``             rank 0's object, on every rank (e.g. the searched plan)
 ``check_same_plan``        raise :class:`PlanMismatchError` unless every rank runs that plan
-``combine_slowest``        per task, the largest host and device time of several cost models
-``slowest_rank_costs``     :func:`combine_slowest` over every rank's measured cost model
+``slowest_rank_costs``     per task the slowest rank's measured cost (``autosched.model.costs.combine_slowest``)
 =========================  ================================================================
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List
 
 import torch.distributed as dist
 
+from autosched.model.costs import combine_slowest
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.planfile import plan_to_dict
 
@@ -145,57 +145,8 @@ def check_same_plan(env: DistEnv, plan: PipelinePlan, label: str = "plan") -> No
             {r: _tasks_differing(fields[0], fields[r]) for r in diffs})
 
 
-def combine_slowest(models: Sequence[Any], machine: str = "") -> Any:
-    """One cost model whose every task costs what it costs on the slowest of ``models``.
-
-    In a synchronous data-parallel step every rank waits for the slowest at
-    each collective, so per task the largest host time and the largest
-    device time (taken separately) decide.
-
-    Parameters
-    ----------
-    models : sequence of autosched.model.costs.CostModel
-        One per rank, over the same tasks.
-    machine : str
-        Recorded in the result (default: the first model's, with the rank count).
-
-    Returns
-    -------
-    autosched.model.costs.CostModel
-
-    Raises
-    ------
-    ValueError
-        If ``models`` is empty or the models cover different tasks.
-
-    Examples
-    --------
-    >>> from swpipe import CostModel, TaskCost
-    >>> a = CostModel({"A": TaskCost(0.002), "B": TaskCost(0.001, 0.004)})
-    >>> b = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.001, 0.001)})
-    >>> c = combine_slowest([a, b])
-    >>> c["A"].host_s, c["B"].device_s
-    (0.003, 0.004)
-    """
-    from autosched.model.costs import CostModel, TaskCost
-
-    if not models:
-        raise ValueError("combine_slowest: no cost models given")
-    names = list(models[0])
-    for r, m in enumerate(models):
-        if set(m) != set(names):
-            raise ValueError(f"combine_slowest: cost model {r} covers tasks {sorted(m)}, model 0 covers "
-                             f"{sorted(names)}; measure the same plan on every rank")
-    tasks = {n: TaskCost(max(m[n].host_s for m in models), max(m[n].device_s for m in models),
-                         models[0][n].resources) for n in names}
-    first = models[0]
-    return CostModel(tasks, machine=machine or f"{first.machine} (slowest of {len(models)} rank(s))".strip(),
-                     method=first.method, notes=f"per task the maximum over {len(models)} rank(s); {first.notes}",
-                     pipeline=first.pipeline)
-
-
 def slowest_rank_costs(env: DistEnv, costs: Any) -> Any:
-    """Every rank's measured cost model combined with :func:`combine_slowest`, on every rank.
+    """Every rank's measured cost model combined with :func:`~autosched.model.costs.combine_slowest`, on every rank.
 
     Examples
     --------

@@ -331,20 +331,18 @@ def _verify_on_every_rank(config: DLRMConfig, env: DistEnv, candidates: List[Any
     """Run rank 0's candidates on every rank at once (their collectives pair up); the slowest rank's time counts.
 
     Returns ``(label, plan dict, verdict)`` of the plan chosen
-    (:meth:`~autosched.verify.measure.VerifyTable.choose`: the fastest, or a seed it does not measurably beat), the same
-    on every rank.
+    (:meth:`~autosched.verify.measure.VerifyTable.choose`: the serial plan unless a plan beats it round by round;
+    of those the best, or a seed it does not measurably beat), the same on every rank.
     """
     from autosched.verify.candidates import is_known
-    from autosched.verify.measure import PlanMeasurement, VerifyTable, measure_plans
+    from autosched.verify.measure import VerifyOptions, measure_plans
 
     fns = {t.name: t.fn for t in safe_task_plan(DLRMWorkload(config, env)).tasks}
     plans = [(label, plan_from_dict(fields, source="rank 0's plan").bind(fns)) for label, fields in candidates]
     runs = [batches[i % len(batches)] for i in range(40)]
-    table = measure_plans(plans, runs, rounds, device=str(env.device))  # a warm-up run each, in lockstep
-    every = gather(env, {r.label: r.rounds_s for r in table.rows})
-    folded = VerifyTable([PlanMeasurement(r.label, r.plan, [max(rank[r.label][k] for rank in every)
-                                                            for k in range(len(r.rounds_s))], round_ids=r.round_ids)
-                          for r in table.rows], table.rounds, table.iterations,
-                         known=tuple(label for label, _ in candidates if is_known(label)))
+    # a warm-up run each, then the same rounds on every rank (no racing: the ranks' times differ), in lockstep
+    table = measure_plans(plans, runs, VerifyOptions(rounds=rounds, max_rounds=rounds, device=str(env.device)),
+                          known=[label for label, _ in candidates if is_known(label)], baseline="serial")
+    folded = table.with_slowest(gather(env, {r.label: r.rounds_s for r in table.rows}))
     label = folded.choose().label
     return label, dict(candidates)[label], folded.verdict()

@@ -28,6 +28,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from swpipe_core.distributed import group_timeout
 from swpipe_core.engine.device import as_device, cuda_available, cuda_device_count
 
 __all__ = ["DistEnv", "init_distributed", "launcher_env", "group_timeout", "LAUNCHER_VARS", "CHANNELS",
@@ -122,27 +123,6 @@ class DistEnv:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def group_timeout(group: Any) -> timedelta:
-    """The timeout a process group's collectives wait before failing.
-
-    Parameters
-    ----------
-    group : torch.distributed.ProcessGroup
-
-    Returns
-    -------
-    datetime.timedelta
-
-    Examples
-    --------
-    >>> with init_distributed(timeout=timedelta(seconds=9)) as env:
-    ...     {group_timeout(g) for g in [env.control, *env.groups.values()]}
-    {datetime.timedelta(seconds=9)}
-    """
-    device = torch.device("cuda") if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    return group._get_backend(device).options._timeout
 
 
 def _int_var(environ: Mapping[str, str], name: str) -> int:

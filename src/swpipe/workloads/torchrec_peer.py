@@ -35,7 +35,9 @@ PEERS = {"base": "TrainPipelineBase", "sparse_dist": "TrainPipelineSparseDist",
 
 
 def peer_available() -> bool:
-    """Whether TorchRec and FBGEMM import here (the ``[peer]`` extra is installed).
+    """Whether ``swpipe.torchrec`` imports here: TorchRec and FBGEMM installed and loadable (the ``[peer]`` extra).
+
+    The library's own check (:mod:`swpipe.torchrec` raises ``ModuleNotFoundError`` saying how to install them).
 
     Examples
     --------
@@ -43,10 +45,8 @@ def peer_available() -> bool:
     True
     """
     try:
-        import fbgemm_gpu  # noqa: F401
-        import torchrec  # noqa: F401
-        from torchrec.distributed.train_pipeline import train_pipelines  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure (missing, ABI mismatch) means "not available"
+        import swpipe.torchrec  # noqa: F401
+    except ImportError:
         return False
     return True
 
@@ -63,42 +63,19 @@ class PeerModel:
 def build_model(config: DLRMConfig, device: Optional[torch.device] = None) -> PeerModel:
     """TorchRec's DLRM sized like ``config``, sharded table-wise by ``DistributedModelParallel``.
 
-    Needs an initialised default process group (gloo on CPU). Built under
-    ``torch.manual_seed(config.seed)`` so two builds start from the same weights.
+    :func:`swpipe.torchrec.models.dlrm` at this workload's sizes and learning rates; needs an initialised default
+    process group (gloo on CPU). Two builds start from the same weights.
     """
-    import torch.distributed as dist
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-    from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingType
-    from torchrec.models.dlrm import DLRM, DLRMTrain
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from swpipe.torchrec import models
 
-    device = device or torch.device("cpu")
     c = config
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(c.seed)
-        tables = [EmbeddingBagConfig(name=f"t{t}", embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
-                                     feature_names=[f"t{t}"]) for t in range(c.num_tables)]
-        ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-        module = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=c.num_dense,
-                                dense_arch_layer_sizes=[*c.bottom_mlp, c.embedding_dim],
-                                over_arch_layer_sizes=[*c.top_mlp, 1], dense_device=device))
-        sharders = [EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,
-                                                                "learning_rate": c.emb_lr})]
-        world = dist.get_world_size()
-        planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=world, compute_device=device.type),
-            constraints={f"t{t}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
-                         for t in range(c.num_tables)})
-        plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)
-        model = DistributedModelParallel(module=module, device=device, plan=plan, sharders=sharders)
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                  lambda params: torch.optim.SGD(params, lr=c.dense_lr))
-    return PeerModel(model, CombinedOptimizer([model.fused_optimizer, dense]), device)
+    sizes = models.DLRMConfig(num_tables=c.num_tables, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim,
+                              num_dense=c.num_dense, bottom_mlp=tuple(c.bottom_mlp), top_mlp=tuple(c.top_mlp),
+                              batch_size=c.batch_size, max_ids=c.max_bag, dense_lr=c.dense_lr, emb_lr=c.emb_lr,
+                              seed=c.seed)
+    device = device or torch.device("cpu")
+    model, optimizer = models.dlrm(sizes, device)
+    return PeerModel(model, optimizer, device)
 
 
 def to_torchrec_batches(config: DLRMConfig, num: int, world_size: int = 1, rank: int = 0,

@@ -118,10 +118,10 @@ def record_grads(plan: PipelinePlan, batch: Any, state: Any) -> GradTraffic:
     (True, True)
     """
     from swpipe_core.engine.pipeline import SWPipeline
-    from swpipe_core.engine.state import _parameters  # the engine's own reading of "state's parameters"
+    from swpipe_core.engine.lifetime import state_parameters  # the engine's own reading of "state's parameters"
     from swpipe_core.measure.state import restore_state, snapshot_state
 
-    params = _parameters(state)
+    params = state_parameters(state)
     makers: List[str] = []
     made_by: Dict[int, str] = {}               # id(parameter) -> the task that last made its gradient
     allocated_by: Dict[int, Tuple[str, ...]] = {}  # id(parameter) -> the tasks whose forward ops allocated it

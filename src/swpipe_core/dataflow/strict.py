@@ -3,11 +3,12 @@
 ``SWPipeline(plan, strict=True)`` watches, during pipelined runs, every
 ``ctx`` attribute each task reads, writes or deletes, and every draw from
 torch's default generators (unless the pipeline gives each task its own,
-``rng="per_task"``); ``strict=[model,
-optimizer]`` (any ``state`` the recorder takes) also watches in-place reads
-and writes of those parameters, buffers and optimizer state through the
-dispatcher. Each conflicting pair of accesses (a write and any other access
-of one thing, by two tasks) must be ordered by the plan
+``rng="per_task"``); with the pipeline's ``state=[model, optimizer]`` it
+also watches in-place reads and writes of those parameters, buffers and
+optimizer state through the dispatcher. ``strict=[model, optimizer]`` (any
+``state`` the recorder takes) watches that state instead of ``state=``'s.
+Each conflicting pair of accesses (a write and any other access of one
+thing, by two tasks) must be ordered by the plan
 (:class:`~._happens.PlanOrder`); the first pair that is not raises
 :class:`StrictDataflowError` inside the second task, naming both tasks,
 their iterations, the attribute and the dependency to add. The engine
@@ -23,7 +24,6 @@ from typing import Any, Dict, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 
-from swpipe_core.engine.state import _GuardedContext
 from swpipe_core.plan import IterContext, PipelinePlan
 from swpipe_core.dataflow._happens import PlanOrder
 from swpipe_core.dataflow._names import check_state, named_state, storage_names
@@ -42,45 +42,53 @@ class StrictDataflowError(WatchStop):
         super().__init__(message)
 
 
-class _StrictContext(IterContext):
-    """The class a watched context is switched to: reports attribute accesses to its guard."""
-
-    def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("_") and name not in ("iter_idx", "keep_alive"):
-            object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "read")
-        return object.__getattribute__(self, name)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        guard = object.__getattribute__(self, "_swp_guard")
-        event = getattr(guard._tls, "event", None) or ("?", self.__dict__.get("iter_idx", "?"))
-        raise AttributeError(
-            f"strict mode: {event[0]}({event[1]}) reads ctx.{name}, which no task has written in iteration "
-            f"{event[1]} before it. Add a dependency on the task that sets ctx.{name} "
-            f"(swpipe_core.dataflow.check_dataflow names it with the tuple to add)", name=name, obj=self)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
-        super().__delattr__(name)
-
-    def __repr__(self) -> str:
-        attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx") and not k.startswith("_"))
-        return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
+def _strict_read(self: IterContext, name: str) -> Any:
+    if not name.startswith("_") and name not in ("iter_idx", "keep_alive"):
+        object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "read")
+    return object.__getattribute__(self, name)
 
 
-class _StrictGuardedContext(_StrictContext, _GuardedContext):
-    """A CUDA pipeline's watched context: reports accesses, and keeps what it drops (the graveyard)."""
+def _strict_missing(self: IterContext, name: str) -> Any:
+    if name.startswith("_"):
+        raise AttributeError(name)
+    guard = object.__getattribute__(self, "_swp_guard")
+    event = getattr(guard._tls, "event", None) or ("?", self.__dict__.get("iter_idx", "?"))
+    raise AttributeError(
+        f"strict mode: {event[0]}({event[1]}) reads ctx.{name}, which no task has written in iteration "
+        f"{event[1]} before it. Add a dependency on the task that sets ctx.{name} "
+        f"(swpipe_core.dataflow.check_dataflow names it with the tuple to add)", name=name, obj=self)
 
-    __slots__ = ()
+
+def _strict_repr(self: IterContext) -> str:
+    attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx") and not k.startswith("_"))
+    return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
 
 
-# the class a watched context is switched to, by the class the engine made it with (CPU, CUDA)
-_STRICT_CLASS = {IterContext: _StrictContext, _GuardedContext: _StrictGuardedContext}
+def _strict_class(base: type) -> type:
+    """The class a watched context of class ``base`` is switched to: ``base`` reporting every access to its guard.
+
+    One subclass per context class the engine makes (``IterContext`` on CPU,
+    the CUDA pipeline's context that keeps what it drops), with no state of
+    its own, so the switch keeps the object as it is.
+    """
+    found = _STRICT_CLASSES.get(base)
+    if found is None:
+        def setattr_(self: IterContext, name: str, value: Any) -> None:
+            object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
+            base.__setattr__(self, name, value)
+
+        def delattr_(self: IterContext, name: str) -> None:
+            object.__getattribute__(self, "_swp_guard").access(("ctx", name), f"ctx.{name}", "write")
+            base.__delattr__(self, name)
+
+        found = _STRICT_CLASSES[base] = type(f"Strict{base.__name__}", (base,), {
+            "__slots__": (), "__getattribute__": _strict_read, "__getattr__": _strict_missing,
+            "__setattr__": setattr_, "__delattr__": delattr_, "__repr__": _strict_repr,
+            "__module__": __name__, "__doc__": f"A watched {base.__name__}: reports accesses to its guard."})
+    return found
+
+
+_STRICT_CLASSES: Dict[type, type] = {}
 
 
 class StrictGuard:
@@ -98,6 +106,11 @@ class StrictGuard:
         self._last: Dict[Hashable, Tuple[Optional[Event], List[Event]]] = {}
         self._newest = -1
 
+    @property
+    def watches_state(self) -> bool:
+        """Whether in-place accesses of a model's and optimizer's tensors are checked (not only ``ctx``)."""
+        return self._state is not None
+
     def active(self) -> bool:
         """Whether this thread is inside a watched task."""
         return getattr(self._tls, "event", None) is not None
@@ -105,10 +118,9 @@ class StrictGuard:
     @contextlib.contextmanager
     def watch(self, task: str, ctx: IterContext) -> Iterator[None]:
         """Run a task's body with its accesses checked."""
-        strict_class = _STRICT_CLASS.get(type(ctx))
-        if strict_class is not None:
+        if isinstance(ctx, IterContext) and type(ctx) not in _STRICT_CLASSES.values():  # not watched yet
             object.__setattr__(ctx, "_swp_guard", self)
-            ctx.__class__ = strict_class
+            ctx.__class__ = _strict_class(type(ctx))
         self._tls.event = (task, ctx.iter_idx)
         watched = self._state is not None or self._shared_rng
         mode = (StorageWatch(self._tensor, set(), lambda exc, func: None, self._draw if self._shared_rng else None)
@@ -180,20 +192,32 @@ def _serial_names(plan: PipelinePlan) -> List[str]:
     return [t.name for t in serial_order(plan)]
 
 
-def strict_guard(plan: PipelinePlan, strict: Any, device: Any = "cpu", shared_rng: bool = True) -> Optional[StrictGuard]:
-    """The guard for ``SWPipeline(strict=...)``: ``None`` when off, else a :class:`StrictGuard`.
+def strict_guard(plan: PipelinePlan, strict: Any, device: Any = "cpu", shared_rng: bool = True,
+                 state: Any = None) -> Optional[StrictGuard]:
+    """The guard for ``SWPipeline(strict=..., state=...)``: ``None`` when off, else a :class:`StrictGuard`.
 
-    ``strict`` is ``False``/``None`` (off), ``True`` (ctx attributes, and
-    draws from torch's default generators when ``shared_rng``) or the state to
-    watch as well (a module, an optimizer, a list or a mapping).
+    What each form watches:
+
+    * ``strict=False`` (or ``None``): nothing;
+    * ``strict=True``: every ``ctx`` attribute, every draw from torch's
+      default generators when ``shared_rng``, and, when ``state`` (the
+      pipeline's ``state=``) is given, the parameters, buffers and optimizer
+      state it holds;
+    * ``strict=<modules, optimizers, a list or mapping of them>``: the same,
+      with that state instead of ``state``.
 
     Examples
     --------
+    >>> import torch
     >>> from swpipe_core.plan import TaskSchedule
-    >>> strict_guard(PipelinePlan({"A": TaskSchedule()}), False) is None
+    >>> plan = PipelinePlan({"A": TaskSchedule()})
+    >>> strict_guard(plan, False) is None
     True
+    >>> model = torch.nn.Linear(2, 1)
+    >>> strict_guard(plan, True, state=[model]).watches_state, strict_guard(plan, True).watches_state
+    (True, False)
     """
     if strict is None or strict is False:
         return None
     kind = "cuda" if str(getattr(device, "type", device)).startswith("cuda") else "cpu"
-    return StrictGuard(plan, None if strict is True else strict, kind, shared_rng)
+    return StrictGuard(plan, state if strict is True else strict, kind, shared_rng)

@@ -1,7 +1,7 @@
 """What :class:`~swpipe_core.engine.pipeline.SWPipeline` checks before it builds or runs.
 
-The constructor's arguments (a plan that validates, positive timeouts, a
-device-lag bound, an RNG mode), whether the plan can run (every task bound
+The constructor's arguments (a plan that validates, timeouts, a device-lag
+bound, an RNG mode), whether the plan can run (every task bound
 to a function), and whether the pipeline is idle (no pipelined iteration in
 flight) before a call that needs it: each check raises an error that says
 what to do instead.
@@ -11,22 +11,23 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from swpipe_core.engine.state import _Run
+from swpipe_core.engine.options import OptionError, Timeouts
+from swpipe_core.engine.run import Run
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import PlanError, validate
 
 __all__: List[str] = []
 
 
-def check_arguments(plan: Any, timeouts: dict, max_device_lag: Any, rng: Any) -> None:
+def check_arguments(plan: Any, timeouts: Any, max_device_lag: Any, rng: Any) -> None:
     """Raise on an argument of ``SWPipeline(...)`` it cannot run with (the plan is validated).
 
     Parameters
     ----------
     plan : Any
         Must be a :class:`~swpipe_core.plan.PipelinePlan` that passes :func:`~swpipe_core.validate.validate`.
-    timeouts : dict
-        ``{argument name: seconds}``; each must be a positive number.
+    timeouts : Any
+        ``None`` or a :class:`~swpipe_core.engine.options.Timeouts`.
     max_device_lag : Any
         ``None`` or an integer ``>= 0``.
     rng : Any
@@ -38,36 +39,36 @@ def check_arguments(plan: Any, timeouts: dict, max_device_lag: Any, rng: Any) ->
         ``plan`` is not a plan.
     PlanError
         The plan breaks a validation rule.
-    ValueError
-        A timeout, ``max_device_lag`` or ``rng`` is out of range.
+    OptionError
+        ``timeouts``, ``max_device_lag`` or ``rng`` is out of range (a ``ValueError`` and a ``TypeError``).
 
     Examples
     --------
-    >>> check_arguments(None, {}, None, None)  # doctest: +ELLIPSIS
+    >>> check_arguments(None, None, None, None)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     TypeError: SWPipeline needs a PipelinePlan, got NoneType; build one with PipelinePlan(...)
-    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+    >>> from swpipe import PipelinePlan, PipelineTask, TaskSchedule
     >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: None): TaskSchedule()})
-    >>> check_arguments(plan, {"signal_timeout": 0}, None, None)
+    >>> check_arguments(plan, None, -1, None)
     Traceback (most recent call last):
     ...
-    ValueError: signal_timeout must be a positive number of seconds, got 0
+    swpipe_core.engine.options.OptionError: SWPipeline(max_device_lag=-1): expected None (the pipeline depth) or an integer >= 0
     """
     if not isinstance(plan, PipelinePlan):
         raise TypeError(f"SWPipeline needs a PipelinePlan, got {type(plan).__name__}; build one with "
                         "PipelinePlan(schedule={task: TaskSchedule(...)}, intra_iter_deps=[...])")
     validate(plan)
-    for label, value in timeouts.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
+    if timeouts is not None and not isinstance(timeouts, Timeouts):
+        raise OptionError("SWPipeline", "timeouts", timeouts, expected="None or Timeouts(signal_s=..., ...)")
     if max_device_lag is not None and (not isinstance(max_device_lag, int) or isinstance(max_device_lag, bool)
                                        or max_device_lag < 0):
-        raise ValueError(f"max_device_lag must be None (the pipeline depth) or an integer >= 0, "
-                         f"got {max_device_lag!r}")
+        raise OptionError("SWPipeline", "max_device_lag", max_device_lag,
+                          expected="None (the pipeline depth) or an integer >= 0")
     if rng not in (None, "per_task"):
-        raise ValueError(f"rng={rng!r}: use None (tasks share torch's default generators) or 'per_task' (each "
-                         "task draws from its own generator, seeded from torch.initial_seed())")
+        raise OptionError("SWPipeline", "rng", rng,
+                          expected="None (tasks share torch's default generators) or 'per_task' (each task draws "
+                                   "from its own generator, seeded from torch.initial_seed())")
 
 
 def check_runnable(plan: PipelinePlan) -> None:
@@ -89,7 +90,7 @@ def check_runnable(plan: PipelinePlan) -> None:
         )
 
 
-def check_idle(run: Optional[_Run], what: str) -> None:
+def check_idle(run: Optional[Run], what: str) -> None:
     """Raise if ``run`` still has pipelined iterations in flight (``what`` names the call refused).
 
     Raises
@@ -98,5 +99,5 @@ def check_idle(run: Optional[_Run], what: str) -> None:
         Iterations are in flight: the message says to call ``drain()`` first.
     """
     if run is not None and not (run.finished or run.cancelled):
-        raise RuntimeError(f"{what} while {run.fetched - run.oldest} pipelined iteration(s) are in flight; "
+        raise RuntimeError(f"{what} while {run.in_flight} pipelined iteration(s) are in flight; "
                            "call drain() first")

@@ -1,150 +1,285 @@
-"""The device side of the engine: when a context may be freed, run-ahead, and bounded waits.
+"""Lifetimes on the device: what a CUDA run keeps alive, until when, and how a run ends without freeing too early.
 
-A mixin of :class:`~swpipe_core.engine.pipeline.SWPipeline` (kept apart so each file
-stays one idea). On CUDA, CPU completion is not device completion: a retired
-iteration waits in ``run.device_pending`` until the device events of all its
-tasks have completed, and only then is its context (with everything its
-tasks deleted or replaced, see :class:`~swpipe_core.engine.state._GuardedContext`)
-released. ``max_device_lag`` bounds how many may wait. Every host-side wait
-for the device is a poll with a deadline (:meth:`StreamPool.wait_events
-<swpipe_core.engine.streams.StreamPool.wait_events>`): a kernel that never finishes
-(a collective whose peer died) or a sticky CUDA error must neither hang the
-caller nor free memory a stream may still read; such contexts go to
-``_limbo`` until a later poll finds their fence complete. The end of a
-pipelined run is here too (``_finish`` when the data ran out, ``_teardown``
-on drain, close or failure): it releases the run's contexts the same way.
-On CPU every method here is (nearly) free: there are no events and nothing
-to wait for.
+On CUDA, CPU completion is not device completion (docs/semantics.md,
+"Lifetimes on CUDA"). A CUDA run's contexts are :class:`GuardedContext`
+objects: they keep everything removed from them, and after each task
+(:func:`context_keeper`) the device tensors nested in them and the gradients
+of the pipeline's ``state`` (:func:`state_parameters`). A retired iteration
+waits in ``run.device_pending`` until the device events of all its tasks
+have completed (:func:`prune_device`); only then is its context released.
+``max_device_lag`` bounds how many wait (:func:`bound_device_lag`).
+
+Every host-side wait for the device is a poll with a deadline
+(:meth:`StreamPool.wait_events <swpipe_core.engine.streams.StreamPool.wait_events>`):
+a kernel that never finishes (a collective whose peer died) or a sticky CUDA
+error must neither hang the caller nor free memory a stream may still read.
+The end of a run (:func:`finish` when the data ran out, :func:`stop_run` and
+:func:`end_run` on drain, close or failure) releases the run's contexts the same way
+(:func:`release`); those the device has not finished with go to the
+pipeline's :class:`Limbo` until a later poll finds their fence complete. On
+CPU all of this is (nearly) free: there are no events and nothing to wait for.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import torch
+
+from swpipe_core.engine.device import Device
 from swpipe_core.engine.failure import cancel, fail_now, stop_workers, surface_failure
-from swpipe_core.engine.state import _IterState, _Run
+from swpipe_core.engine.run import IterState, Run
+from swpipe_core.engine.streams import StreamPool
+from swpipe_core.plan import IterContext
 
-__all__: List[str] = []
+__all__ = ["GuardedContext", "TrainState", "state_parameters", "context_keeper", "Limbo"]
 
 _log = logging.getLogger("swpipe_core.engine.pipeline")
 
+#: What tasks train, as ``SWPipeline(state=...)`` and the measurements take it: modules, optimizers,
+#: tensors, or lists, tuples and dicts of them.
+TrainState = Union[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, Sequence[Any], Mapping[Any, Any], None]
 
-class _DeviceLifetime:
-    """Device-side bookkeeping of a pipeline and the end of a run; expects ``_run``, ``_streams``, ``_infos``,
-    ``_recorder``, ``_limbo``, ``_serial_pending``, ``max_device_lag``, ``progress_timeout``, ``_join_timeout``
-    and ``_teardown_timeout``."""
+_MISSING = object()
+_KEEP_WALK_LIMIT = 2000  # objects walked per task for device tensors nested in the context
 
-    def _prune_device(self, run: _Run) -> None:
-        """Release retired contexts (and what their tasks deleted) whose device work has completed.
 
-        The events of a released iteration stay in ``run.device_pending`` while
-        a task still to launch may wait for them (an inter-iteration
-        dependency, up to the plan's largest distance): the device order is
-        kept by those waits (on completed events, free), never by this
-        thread having seen them complete.
-        """
-        completed = self._streams.completed
-        horizon = run.oldest - self._event_horizon()
-        for j in list(run.device_pending):
-            st = run.device_pending[j]
-            if st.ctx is not None:
-                if not completed(st.events):
-                    continue
-                self._release_context(run, st)
-            if j < horizon:
-                del run.device_pending[j]
-                self._free_state(run, st)
+def state_parameters(state: TrainState) -> List[torch.Tensor]:
+    """The parameters of ``state``: modules, optimizers, tensors, or lists/tuples/dicts of them (each once).
 
-    def _event_horizon(self) -> int:
-        """How many iterations back a task may wait for an event: the largest inter-iteration distance (else 0)."""
-        return max((dist for ti in self._infos for _, dist in ti.device_deps), default=0)
+    The one reading of "the parameters of ``state``" (the engine keeps their
+    gradients alive on CUDA; strict mode watches them; the gradient recorder
+    of :mod:`swpipe_core.dataflow.grads` follows them).
 
-    def _release_context(self, run: _Run, st: _IterState) -> None:
-        """An iteration whose device work has completed: read its timing and drop its context; keep its events."""
-        if st.timing:
-            run.device_timing.extend(st.timing)
-            st.timing = []
-            self._collect_device_timeline(run)
-        st.ctx = None
+    Raises
+    ------
+    TypeError
+        Something that is none of these.
 
-    def _free_state(self, run: _Run, st: _IterState) -> None:
-        """An iteration whose device work has completed: its context, timing and events (given back) released."""
-        self._release_context(run, st)
-        self._streams.recycle(st.events)
-        st.events = [None] * len(st.events)
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> len(state_parameters([lin, torch.optim.SGD(lin.parameters(), lr=0.1)])), state_parameters(None)
+    (2, [])
+    """
+    out: Dict[int, torch.Tensor] = {}
+    items: List[Any] = [state]
+    while items:
+        obj = items.pop()
+        if obj is None:
+            continue
+        if isinstance(obj, torch.nn.Module):
+            out.update((id(p), p) for p in obj.parameters())
+        elif isinstance(obj, torch.optim.Optimizer):
+            out.update((id(p), p) for group in obj.param_groups for p in group["params"])
+        elif isinstance(obj, torch.Tensor):
+            out[id(obj)] = obj
+        elif isinstance(obj, dict):
+            items.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            items.extend(obj)
+        else:
+            raise TypeError(f"state: expected modules, optimizers, tensors or lists/dicts of them, got "
+                            f"{type(obj).__name__}")
+    return list(out.values())
 
-    def _bound_device_lag(self, run: _Run, retired: int) -> None:
-        """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
-        st = run.device_pending.get(retired - self.max_device_lag)
-        if st is None or st.ctx is None:  # negative, or already released: its device work completed
-            return
-        if not self._streams.wait_events(st.events, self.progress_timeout, wake=run.stop):
-            if run.cancelled:  # a failure elsewhere ended the wait: report that one
-                surface_failure(run, self._join_timeout)
-            error = RuntimeError(
-                f"progress() waited {self.progress_timeout:g} s for the device work of iteration {st.idx} "
-                f"(max_device_lag={self.max_device_lag}); tasks whose device work has not completed: "
-                f"{[ti.name for ti in self._infos if not self._streams.query(st.events[ti.idx])]}. A kernel is "
-                "hung (a dead peer rank?) or slow (raise progress_timeout); call drain() or fill_pipeline()")
-            fail_now(run, error, f"device-lag timeout on iteration {st.idx}", self._join_timeout)
-        self._release_context(run, st)  # its events stay for later waiters; _prune_device gives them back
 
-    def _device_lag(self) -> int:
-        """Retired iterations whose device work has not completed yet (0 on CPU); for tests."""
-        run = self._run
-        if run is None:
-            return 0
-        return sum(1 for st in list(run.device_pending.values()) if not all(map(self._streams.query, st.events)))
+class GuardedContext(IterContext):
+    """The :class:`~swpipe_core.plan.IterContext` of a CUDA pipeline: keeps what its tasks may still read on the device.
 
-    def _release(self, run: _Run, states: List[_IterState], timeout: float) -> Tuple[bool, Optional[Exception]]:
-        """Drop ``states``' contexts once the device work of the run completed (a bounded poll).
+    On CUDA a task may ``del ctx.x`` (or assign ``ctx.x = new``) while a
+    kernel launched on *another* stream still reads ``x``; dropping the last
+    reference would hand the block back to the caching allocator, which
+    reuses it at once on the stream that allocated it. Every value removed
+    from the context therefore goes to ``_swp_graveyard``, and what the
+    engine collects after each task (:func:`context_keeper`) and what a task
+    passes to :meth:`keep_alive` goes to ``_swp_kept``. Both are slots
+    (invisible to ``vars(ctx)``, so shortcuts and ``repr`` see the same
+    attributes as on CPU) that live as long as the context: the engine
+    releases a context only once the device events of all its iteration's
+    tasks have completed. CPU pipelines use the plain ``IterContext`` and
+    pay nothing.
 
-        Instead of an unconditional ``torch.cuda.synchronize()``, which blocks
-        forever on a kernel that never ends (a collective whose peer died)
-        and raises after a sticky CUDA error: the device is fenced and polled
-        for ``timeout`` s. If it does not finish, or the device fails, the
-        contexts are kept alive in ``_limbo`` (memory a stream may still read
-        is never handed back to the allocator) and freed by a later fill or
-        drain whose poll finds the fence complete. Returns whether the device
-        finished, and the device's error when it failed (never raised here:
-        on a failure path it must not mask the caller's exception).
-        """
-        if not states and not run.device_timing:
-            return True, None  # nothing waits on the device
-        error: Optional[Exception] = None
-        try:
-            events: Optional[List[Any]] = self._streams.fence(run.streams)
-            done = self._streams.wait_events(events, timeout)
-        except Exception as exc:  # a sticky device error
-            _log.warning("could not wait for the device (%s: %s); keeping %d iteration context(s) alive",
-                         type(exc).__name__, exc, len(states))
-            events, done, error = None, False, exc
-        if done:
-            self._streams.recycle(events)
-            for st in states:
-                self._free_state(run, st)
-            self._collect_device_timeline(run)
-            return True, None
-        if events is not None:
-            _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
-                         "it does", timeout, len(states))
-        self._limbo.append((events, states, list(run.streams)))
-        return False, error
+    Examples
+    --------
+    >>> ctx = GuardedContext(batch=None, iter_idx=0)
+    >>> ctx.x = "first"; ctx.x = "second"; del ctx.x
+    >>> ctx.keep_alive("cached")
+    >>> ctx._swp_graveyard, list(ctx._swp_kept.values()), vars(ctx)
+    (['first', 'second'], ['cached'], {'batch': None, 'iter_idx': 0})
+    """
 
-    def _prune_limbo(self) -> None:
-        """Free the contexts of earlier teardowns whose device fence has completed since.
+    __slots__ = ("_swp_graveyard", "_swp_kept")
+
+    def __init__(self, batch: Any, iter_idx: int) -> None:
+        object.__setattr__(self, "_swp_graveyard", [])
+        object.__setattr__(self, "_swp_kept", {})
+        super().__init__(batch, iter_idx)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        old = self.__dict__.get(name, _MISSING)
+        object.__setattr__(self, name, value)
+        if old is not _MISSING and old is not value:
+            self._swp_graveyard.append(old)
+
+    def __delattr__(self, name: str) -> None:
+        old = self.__dict__.get(name, _MISSING)
+        object.__delattr__(self, name)
+        if old is not _MISSING:
+            self._swp_graveyard.append(old)
+
+    def keep_alive(self, *values: Any) -> None:
+        kept = self._swp_kept
+        for value in values:
+            kept[id(value)] = value
+
+
+def context_keeper(dev: Device, params: Sequence[torch.Tensor]) -> Callable[[GuardedContext], None]:
+    """What the engine runs after each task of a CUDA pipeline: keep the context's nested device values alive.
+
+    A device tensor inside a container or object of the context (``ctx.d[k]``,
+    ``ctx.batch.dense``) can be replaced or popped by the next task without
+    the context seeing it; so after every task each device tensor reachable
+    from the context's non-tensor attributes is kept (top-level tensors need
+    nothing: the graveyard catches them when they leave). The gradients of
+    ``params`` (the pipeline's ``state``) are kept too:
+    ``zero_grad(set_to_none=True)`` in the next iteration drops them while the
+    optimizer step may still read them on another stream.
+    """
+    from swpipe_core.engine.reach import reachable_objects
+
+    def keep(ctx: GuardedContext) -> None:
+        kept = ctx._swp_kept
+        roots = [v for v in ctx.__dict__.values() if not isinstance(v, (torch.Tensor, int, float, str))]
+        if roots:
+            for item in reachable_objects(roots, _KEEP_WALK_LIMIT):
+                if dev.memory_of(item) is not None:
+                    kept[id(item)] = item
+        for p in params:
+            g = p.grad
+            if g is not None:
+                kept[id(g)] = g
+
+    return keep
+
+
+# ------------------------------------------------------------------ while the run goes on
+
+def prune_device(run: Run) -> None:
+    """Release retired contexts (and what their tasks deleted) whose device work has completed.
+
+    The events of a released iteration stay in ``run.device_pending`` while
+    a task still to launch may wait for them (an inter-iteration dependency,
+    up to the plan's largest distance: ``CompiledPlan.event_horizon``): the
+    device order is kept by those waits (on completed events, free), never
+    by this thread having seen them complete.
+    """
+    completed = run.pool.completed
+    horizon = run.oldest - run.compiled.event_horizon
+    for j in list(run.device_pending):
+        st = run.device_pending[j]
+        if st.ctx is not None:
+            if not completed(st.events):
+                continue
+            release_context(run, st)
+        if j < horizon:
+            del run.device_pending[j]
+            free_iteration(run, st)
+
+
+def release_context(run: Run, st: IterState) -> None:
+    """An iteration whose device work has completed: read its timing and drop its context; keep its events."""
+    if st.timing:
+        run.device_timing.extend(st.timing)
+        st.timing = []
+        collect_device_timeline(run)
+    st.ctx = None
+
+
+def free_iteration(run: Run, st: IterState) -> None:
+    """An iteration whose device work has completed: its context, timing and events (given back) released."""
+    release_context(run, st)
+    run.pool.recycle(st.events)
+    st.events = [None] * len(st.events)
+
+
+def bound_device_lag(run: Run, retired: int) -> None:
+    """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
+    st = run.device_pending.get(retired - run.max_device_lag)
+    if st is None or st.ctx is None:  # negative, or already released: its device work completed
+        return
+    timeout = run.timeouts.progress_s
+    if not run.pool.wait_events(st.events, timeout, wake=run.stop):
+        if run.cancelled:  # a failure elsewhere ended the wait: report that one
+            surface_failure(run)
+        error = RuntimeError(
+            f"progress() waited {timeout:g} s for the device work of iteration {st.idx} "
+            f"(max_device_lag={run.max_device_lag}); tasks whose device work has not completed: "
+            f"{[ti.name for ti in run.compiled.tasks if not run.pool.query(st.events[ti.idx])]}. A kernel is "
+            "hung (a dead peer rank?) or slow (raise Timeouts(progress_s=...)); call drain() or fill_pipeline()")
+        fail_now(run, error, f"device-lag timeout on iteration {st.idx}")
+    release_context(run, st)  # its events stay for later waiters; prune_device gives them back
+
+
+def device_lag(run: Run) -> int:
+    """Retired iterations of ``run`` whose device work has not completed yet (0 on CPU)."""
+    query = run.pool.query
+    return sum(1 for st in list(run.device_pending.values()) if not all(map(query, st.events)))
+
+
+def collect_device_timeline(run: Run) -> None:
+    """On CUDA with a timeline: turn timing events into ``kind="device"`` events.
+
+    Device times are placed on the host clock by the origin event recorded
+    at fill time (assumed to execute when it was recorded: an idle device).
+    """
+    origin, recorder, pool = run.origin_event, run.recorder, run.pool
+    if not run.device_timing or origin is None or recorder is None or not pool.query(origin):
+        return  # not yet: the origin is read once it completed (at the latest when the run ends)
+    dev, origin_host = pool.dev, recorder.origin
+    for ti, i, start_ev, end_ev in run.device_timing:
+        start = origin_host + dev.elapsed_s(origin, start_ev)
+        end = origin_host + dev.elapsed_s(origin, end_ev)
+        recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
+        pool.recycle((start_ev, end_ev), timing=True)
+    run.device_timing.clear()
+
+
+# ------------------------------------------------------------------ the end of a run
+
+class Limbo:
+    """Iteration contexts of ended runs whose device work had not completed: kept until a fence says it has.
+
+    One per pipeline. Each entry is ``(events, states, streams)``: the fence
+    recorded at the end of the run (``None`` when even that failed, the
+    device being broken), the iterations kept, and the run's streams to
+    fence again once the device works.
+    """
+
+    def __init__(self) -> None:
+        self.entries: List[Tuple[Optional[List[Any]], List[IterState], List[Any]]] = []
+
+    def add(self, events: Optional[List[Any]], states: List[IterState], streams: List[Any]) -> None:
+        self.entries.append((events, states, streams))
+
+    def contexts(self) -> int:
+        """How many iteration contexts are kept."""
+        return sum(1 for _, states, _ in self.entries for st in states if st.ctx is not None)
+
+    def prune(self, pool: StreamPool) -> None:
+        """Free the contexts whose fence has completed since.
 
         An entry whose fence could not even be recorded (the device had
         failed) is fenced now: once the device works again, its contexts go
         as soon as that fence completes.
         """
         kept = []
-        for events, states, streams in self._limbo:
+        for events, states, streams in self.entries:
             try:
                 if events is None:
-                    events = self._streams.fence(streams)
-                done = self._streams.wait_events(events, 0.0)
+                    events = pool.fence(streams)
+                done = pool.wait_events(events, 0.0)
             except Exception:  # the device is still broken
                 done = False
             if done:
@@ -152,80 +287,103 @@ class _DeviceLifetime:
                     st.ctx = None  # the run they belonged to is gone; their events are dropped with them
             else:
                 kept.append((events, states, streams))
-        self._limbo = kept
-
-    def _finish(self, run: _Run) -> None:
-        """The data ran out and every iteration retired: stop the workers, release what waits on the device."""
-        if not run.finished:
-            stop_workers(run, self._join_timeout)
-            pending = list(run.device_pending.values())
-            run.device_pending.clear()
-            run.finished = True
-            done, error = self._release(run, pending, self.progress_timeout)
-            if not done:
-                raise self._device_not_done("progress() at the end of the data", error)
-
-    def _teardown(self, cancelling: bool) -> None:
-        """Stop this run's workers, wait (bounded) for its device work, release every context, forget the run.
-
-        Never raises on a failure path (``cancelling`` or a cancelled run): the
-        caller is usually re-raising a task's exception, which must not be
-        masked, and the pipeline is left usable whatever the device does.
-        """
-        if self._limbo:
-            self._prune_limbo()
-        run = self._run
-        if run is None:
-            return
-        failing = cancelling or run.cancelled
-        if cancelling and not (run.finished or run.cancelled):
-            cancel(run, None, "pipeline closed")
-        stop_workers(run, self._join_timeout)
-        states = list(run.iters.values()) + list(run.device_pending.values())
-        run.iters.clear()
-        run.device_pending.clear()
-        self._run = None
-        timeout = self._teardown_timeout if failing else self.progress_timeout
-        done, error = self._release(run, states, timeout)
-        if not done and not failing:
-            raise self._device_not_done("drain()", error)
+        self.entries = kept
 
 
-    def _device_not_done(self, what: str, error: Optional[Exception]) -> RuntimeError:
-        """The error for device work that did not complete: the device's own failure, chained, or a timeout."""
-        if error is None:
-            return RuntimeError(self._device_hung(what))
-        failure = RuntimeError(
-            f"{what}: the device failed ({type(error).__name__}: {error}). Its iteration contexts are kept alive "
-            "until a later fence completes; a CUDA error is sticky, so the process usually cannot use the device "
-            "again")
-        failure.__cause__ = error
-        return failure
+def release(run: Run, states: List[IterState], timeout: float, limbo: Limbo) -> Tuple[bool, Optional[Exception]]:
+    """Drop ``states``' contexts once the device work of the run completed (a bounded poll).
 
-    def _device_hung(self, what: str) -> str:
-        return (f"{what}: the device work did not complete within {self.progress_timeout:g} s (progress_timeout); a "
-                "kernel is hung (a dead peer rank?) or slow (raise progress_timeout). Its iteration contexts are "
-                "kept alive; the pipeline can be filled again")
+    Instead of an unconditional ``torch.cuda.synchronize()``, which blocks
+    forever on a kernel that never ends (a collective whose peer died)
+    and raises after a sticky CUDA error: the device is fenced and polled
+    for ``timeout`` s. If it does not finish, or the device fails, the
+    contexts are kept alive in ``limbo`` (memory a stream may still read
+    is never handed back to the allocator) and freed by a later fill or
+    drain whose poll finds the fence complete. Returns whether the device
+    finished, and the device's error when it failed (never raised here:
+    on a failure path it must not mask the caller's exception).
+    """
+    if not states and not run.device_timing:
+        return True, None  # nothing waits on the device
+    pool = run.pool
+    error: Optional[Exception] = None
+    try:
+        events: Optional[List[Any]] = pool.fence(run.streams)
+        done = pool.wait_events(events, timeout)
+    except Exception as exc:  # a sticky device error
+        _log.warning("could not wait for the device (%s: %s); keeping %d iteration context(s) alive",
+                     type(exc).__name__, exc, len(states))
+        events, done, error = None, False, exc
+    if done:
+        pool.recycle(events)
+        for st in states:
+            free_iteration(run, st)
+        collect_device_timeline(run)
+        return True, None
+    if events is not None:
+        _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
+                     "it does", timeout, len(states))
+    limbo.add(events, states, list(run.streams))
+    return False, error
 
-    def _sync_device(self, what: str) -> None:
-        """A bounded wait for all work on the pipeline's streams (nothing on CPU)."""
-        if not self._streams.synchronize(self.progress_timeout):
-            raise RuntimeError(self._device_hung(what))
-        self._serial_pending.clear()  # their device work completed
 
-    def _collect_device_timeline(self, run: _Run) -> None:
-        """On CUDA with record_timeline: turn timing events into ``kind="device"`` events.
+def finish(run: Run, limbo: Limbo) -> None:
+    """The data ran out and every iteration retired: stop the workers, release what waits on the device."""
+    if run.finished:
+        return
+    stop_workers(run)
+    pending = list(run.device_pending.values())
+    run.device_pending.clear()
+    run.finished = True
+    done, error = release(run, pending, run.timeouts.progress_s, limbo)
+    if not done:
+        raise device_not_done("progress() at the end of the data", error, run.timeouts.progress_s)
 
-        Device times are placed on the host clock by the origin event recorded
-        at fill time (assumed to execute when it was recorded: an idle device).
-        """
-        origin = run.origin_event
-        if not run.device_timing or origin is None or self._recorder is None or not self._streams.query(origin):
-            return  # not yet: the origin is read once it completed (at the latest when the run ends)
-        dev, origin_host = self._streams.dev, self._recorder.origin
-        for ti, i, start_ev, end_ev in run.device_timing:
-            start = origin_host + dev.elapsed_s(origin, start_ev)
-            end = origin_host + dev.elapsed_s(origin, end_ev)
-            self._recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
-            self._streams.recycle((start_ev, end_ev), timing=True)
-        run.device_timing.clear()
+
+def stop_run(run: Run, cancelling: bool) -> List[IterState]:
+    """Cancel ``run`` when closing it, join its workers, and take every iteration it still holds.
+
+    Never raises for the run's own failure: the caller is usually re-raising
+    a task's exception, which must not be masked.
+    """
+    if cancelling and not (run.finished or run.cancelled):
+        cancel(run, None, "pipeline closed")
+    stop_workers(run)
+    states = list(run.iters.values()) + list(run.device_pending.values())
+    run.iters.clear()
+    run.device_pending.clear()
+    return states
+
+
+def end_run(run: Run, states: List[IterState], cancelling: bool, limbo: Limbo) -> None:
+    """Wait (bounded) for the device work of a stopped run, release ``states``' contexts.
+
+    Raises only when the run ended normally (a drain) and the device did
+    not finish: on a failure path (``cancelling`` or a cancelled run) the
+    pipeline is left usable whatever the device does, and the contexts wait
+    in ``limbo``.
+    """
+    failing = cancelling or run.cancelled
+    timeout = run.timeouts.teardown_s if failing else run.timeouts.progress_s
+    done, error = release(run, states, timeout, limbo)
+    if not done and not failing:
+        raise device_not_done("drain()", error, run.timeouts.progress_s)
+
+
+def device_hung(what: str, timeout: float) -> str:
+    """The message for device work that did not complete within ``timeout`` s."""
+    return (f"{what}: the device work did not complete within {timeout:g} s (Timeouts.progress_s); a kernel is hung "
+            "(a dead peer rank?) or slow (raise Timeouts(progress_s=...)). Its iteration contexts are kept alive; the "
+            "pipeline can be filled again")
+
+
+def device_not_done(what: str, error: Optional[Exception], timeout: float) -> RuntimeError:
+    """The error for device work that did not complete: the device's own failure, chained, or a timeout."""
+    if error is None:
+        return RuntimeError(device_hung(what, timeout))
+    failure = RuntimeError(
+        f"{what}: the device failed ({type(error).__name__}: {error}). Its iteration contexts are kept alive "
+        "until a later fence completes; a CUDA error is sticky, so the process usually cannot use the device "
+        "again")
+    failure.__cause__ = error
+    return failure

@@ -1,125 +1,79 @@
-"""SWPipeline: runs a :class:`~swpipe_core.plan.PipelinePlan` pipelined on threads and streams.
+"""SWPipeline: runs a :class:`~swpipe_core.plan.PipelinePlan` pipelined on threads and streams, or serially.
 
-Execution semantics (the contract :mod:`autosched.model.simulate` models):
+Execution semantics (docs/semantics.md is the contract; :mod:`autosched.model.simulate` models it):
 
 * Period ``p`` runs, for every task ``T``, iteration ``p - stage(T)``.
-  ``fill_pipeline`` enqueues periods ``0 .. depth-1``; each ``progress`` waits
-  until the oldest in-flight iteration completed on the CPU side (all its
-  tasks' CPU signals set), retires it, on CUDA waits until the device work
-  of iteration ``retired - max_device_lag`` completed (bounded run-ahead),
-  enqueues the next period and returns the retired index. Iterations beyond the data are never enqueued.
-* The main thread walks a period's tasks in the plan's enqueue order,
-  putting each onto the FIFO queue of its thread group (one worker thread
-  ``swpipe-<group>`` per group, :mod:`swpipe_core.engine.workers`), and running
-  each task of the caller's group itself when the walk reaches it (below).
-* A worker takes a task and (1) waits the CPU signals of its dependencies:
-  ``dep(i)`` for intra deps and ``dep(i - N)`` for inter deps of distance
-  ``N`` (nothing for ``i - N < 0``); (2) a ``globally_ordered`` task waits its
-  sequence turn (:mod:`swpipe_core.engine.sequencer`); (3) on CUDA its stream waits
-  the device events of dependencies on *other* streams (same-stream order is
-  already given by the stream's FIFO, since the dependency's kernels were
-  launched before its CPU signal was set); (4) it runs ``fn(ctx)`` with its
-  stream current; (5) records its device event, then sets its CPU signal.
-  On CPU, streams are names and events are no-ops.
+  ``fill_pipeline`` runs periods ``0 .. depth-1``; each ``progress`` fetches
+  the next batch, waits until the oldest in-flight iteration completed on the
+  CPU side (all its tasks' CPU signals set), retires it, on CUDA waits until
+  the device work of iteration ``retired - max_device_lag`` completed
+  (bounded run-ahead), runs the next period and returns the retired index.
+  Iterations beyond the data are never enqueued.
+* Running a period is one walk of its tasks in the plan's enqueue order
+  (:class:`~swpipe_core.walk.PeriodWalk`): a task of a worker group is put
+  on its group's FIFO queue (one worker thread ``swpipe-<group>`` per group)
+  when the walk reaches it, a task of the caller's group
+  (``PipelinePlan.caller_group``) runs inline on the caller's thread then
+  (:mod:`~swpipe_core.engine.loop`).
+* A task instance (1) waits the CPU signals of its dependencies, (2) takes
+  its sequence turn if globally ordered, (3) on CUDA makes its stream wait
+  the device events of dependencies on *other* streams, (4) runs ``fn(ctx)``
+  with its stream current through the pipeline's one dispatch point, (5)
+  records its device event, then sets its CPU signal
+  (:mod:`~swpipe_core.engine.tasks`, :mod:`~swpipe_core.engine.dispatch`).
 
-Failures (no thread is ever left hanging): the first exception in any task
-sets the run's cancel flag, aborts the sequencer and wakes every waiter;
-workers skip what is left; the caller's ``progress``/``run`` joins the workers and raises
-:class:`PipelineTaskError` naming task, iteration, thread group and stage,
-chained to the original exception (``__cause__``, with its traceback). A
-dependency or progress wait that times out is reported the same way, naming
-what it waited for. Exceptions from the data iterator propagate unchanged
-and leave the pipeline intact. ``KeyboardInterrupt`` in the caller cancels
-and joins the workers. After any failure ``drain()`` (or a new
-``fill_pipeline``) gives a usable pipeline again.
-
-Caller group (``PipelinePlan.caller_group``, ``"default"`` unless set; ``None``
-= off): that group's tasks run inline on the thread calling
-``fill_pipeline``/``progress``, in enqueue order; a task of another group is
-handed to its worker when the walk reaches it, so one placed after a
-caller's task starts once that task has run (the order policies place every
-other group's task as early as the graph allows: :mod:`swpipe_core.order`).
-No worker thread exists for the caller's group, so a single-group plan
-starts no worker and pays no hand-off; a watchdog thread turns a caller's
-task that blocks past ``signal_timeout`` into its error
-(:mod:`swpipe_core.engine.watchdog`).
-
-Memory: every in-flight iteration has its own :class:`IterContext`; on CPU a
-retired iteration's context is dropped when ``progress`` returns, so at most
-``pipeline_depth`` are alive. On CUDA, CPU completion is not device
-completion, and a task that frees early (``del ctx.x``, ``ctx.x = new``,
-``ctx.d.pop(k)``, ``zero_grad(set_to_none=True)``) may drop the last
-reference to a tensor a kernel on *another* stream has not read yet: the
-caching allocator would hand the block at once to the stream that allocated
-it (e.g. the next H2D copy on ``memcpy``), overwriting the reader's input.
-So on CUDA the context (:class:`~swpipe_core.engine.state._GuardedContext`)
-keeps everything removed from it, every device tensor nested in it at the end
-of each task, the gradients of ``state`` and what tasks pass to
-``ctx.keep_alive``, and a retired context is released only once the device
-events of all its iteration's tasks have completed (checked on each
-``progress``; the device-lag bound, ``max_device_lag``, keeps their number
-bounded). docs/semantics.md ("Lifetimes on CUDA") lists exactly what is kept
-and what the user keeps. We chose this over ``record_stream`` because it is
-stream-agnostic and type-agnostic: it needs no list of consumer streams, so
-it covers a ``KeyedJaggedTensor``, a dataclass of tensors or a loss whose
-autograd graph holds saved tensors, at the cost of freeing at iteration
-granularity rather than per stream. CPU pipelines use the plain context.
-
-Stream identity: "same stream" is the *resolved* stream (device + stream
-id, :meth:`~swpipe_core.engine.streams.StreamPool.key`), so a device wait is
-inserted whenever a dependency's stream differs from the task's;
-``_device_waits`` lists them. ``stream="default"`` is rejected by
-:func:`~swpipe_core.validate.validate` (rule ``stream_name``): use ``None``.
-
-Teardown never calls an unbounded ``torch.cuda.synchronize()``: it fences
-the pipeline's streams and polls with a deadline; a device that does not
-finish (a dead NCCL peer) or a sticky CUDA error leaves the contexts alive
-(never freed under a running kernel), never masks the task's exception, and
-leaves a pipeline that can be filled again.
+What a run is made of lives in :class:`~swpipe_core.engine.run.Run`, which
+``fill_pipeline`` makes and hands to the period loop, the tasks, the device
+bookkeeping (:mod:`~swpipe_core.engine.lifetime`: on CUDA a context lives
+until the device is done with it) and the failure handling
+(:mod:`~swpipe_core.engine.failure`: the first error cancels the run, wakes
+every waiter, and reaches the caller once as a :class:`PipelineTaskError`
+naming task, iteration, thread group and stage). Serial runs are
+:mod:`~swpipe_core.engine.serial`'s. Every wait is bounded
+(:class:`~swpipe_core.engine.options.Timeouts`): no thread is ever left
+hanging, and after any failure ``drain()`` (or a new ``fill_pipeline``)
+gives a usable pipeline again.
 
 Unbound plans (tasks without ``fn``) can be constructed, printed and
-analysed; running one (``fill_pipeline``, ``run``, ``run_serial``,
-``run_one_serial_iter``) raises :class:`~swpipe_core.validate.PlanError`
+analysed; running one raises :class:`~swpipe_core.validate.PlanError`
 (rule ``unbound-task``) naming the tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import threading
 import time
-from collections import deque
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from swpipe_core.plan import PipelinePlan, ref_name
 from swpipe_core.engine.checks import check_arguments, check_idle, check_runnable
-from swpipe_core.engine.device import as_device
-from swpipe_core.engine.failure import abort, cancel, inline_overran, surface_failure
-from swpipe_core.engine.lifetime import _DeviceLifetime
-from swpipe_core.engine.loop import _NO_BATCH, _PeriodLoop
-from swpipe_core.engine.program import Program, compile_tasks, device_waits
-from swpipe_core.engine.serial import _SerialRunner
-from swpipe_core.engine.tasks import _TaskRunner
-from swpipe_core.engine.state import PipelineTaskError, _context_keeper, _GuardedContext, _parameters, _Run, _TaskInfo
-from swpipe_core.engine.sequencer import _SubmissionSequencer
-from swpipe_core.engine.shortcut import _ShortcutState
+from swpipe_core.engine.device import Device, as_device
+from swpipe_core.engine.dispatch import Dispatch, TaskWrapper
+from swpipe_core.engine.failure import PipelineTaskError, abort, surface_failure
+from swpipe_core.engine.lifetime import (GuardedContext, Limbo, TrainState, bound_device_lag, context_keeper,
+                                         device_hung, device_lag, end_run, finish, state_parameters, stop_run)
+from swpipe_core.engine.loop import NO_BATCH, advance, fetch, retire_oldest, start_threads
+from swpipe_core.engine.options import Timeouts, keywords_checked
+from swpipe_core.engine.program import compile_plan
+from swpipe_core.engine.rng import PerTaskRng
+from swpipe_core.engine.run import Run
+from swpipe_core.engine.sequencer import SubmissionSequencer
+from swpipe_core.engine.serial import SerialRunner, serial_order
 from swpipe_core.engine.streams import StreamPool
 from swpipe_core.measure.trace import TimelineEvent, TimelineRecorder
-from swpipe_core.engine.rng import PerTaskRng
-from swpipe_core.walk import PeriodWalk
-from swpipe_core.engine.watchdog import InlineWatchdog
-from swpipe_core.engine.workers import _Workers
+from swpipe_core.plan import PipelinePlan, ref_name
 
 __all__ = ["SWPipeline", "PipelineTaskError"]
 
 _log = logging.getLogger(__name__)
 
+#: What ``SWPipeline(device=...)`` takes.
+DeviceSpec = Union[int, str, torch.device, Device]
 
-class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
+
+class SWPipeline:
     """Software-pipelined execution of a plan: pipelined, serial, or one iteration at a time.
 
     Parameters
@@ -131,30 +85,39 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
         ``"cpu"``/``"cuda:1"`` are taken literally; a
         :class:`~swpipe_core.engine.device.Device` is used as given (e.g. a device of
         ``swpipe.testing.FakeCuda``, which runs the CUDA paths on a CPU).
-    signal_timeout : float
-        Seconds a task waits for one dependency's CPU signal before failing
-        with an error naming the task, the dependency and its iteration.
-    sequencer_timeout : float
-        Seconds a globally ordered task waits for its turn.
-    progress_timeout : float
-        Seconds ``progress`` waits for the oldest iteration before raising
-        ``RuntimeError`` naming the iteration and its unfinished tasks.
+    timeouts : Timeouts, optional
+        How long each wait may last before it is an error naming what it
+        waited for (a dependency's signal, a sequencer turn, the oldest
+        iteration, the device); default ``Timeouts()``.
     record_timeline : bool
         Record a :class:`~swpipe_core.measure.trace.TimelineEvent` per task execution
         (:attr:`timeline`); off by default to keep the hot path lean.
     max_device_lag : int or None
         Bounded run-ahead (CUDA): after retiring iteration ``r``, ``progress``
         waits until the device events of iteration ``r - max_device_lag``
-        (if ``>= 0``) have completed before enqueueing the next period, so
+        (if ``>= 0``) have completed before running the next period, so
         at most that many retired iterations (and their contexts) wait on
         the device. ``None`` is the pipeline depth; ``0`` waits for the
         retired iteration itself. No effect on CPU, where device work
         completes with the host.
     strict : bool, or modules/optimizers
-        Strict mode (off by default): pipelined runs check every ``ctx``
-        attribute access (and, given modules/optimizers, their tensors) against
-        the plan's order and raise on the first unordered one
-        (:mod:`swpipe_core.dataflow.strict`).
+        Strict mode (off by default; :mod:`swpipe_core.dataflow.strict`):
+        pipelined runs check accesses against the plan's order and raise
+        :class:`~swpipe_core.dataflow.strict.StrictDataflowError` (inside the
+        task's :class:`PipelineTaskError`) on the first pair the plan does not
+        order. ``True`` checks every ``ctx`` attribute a task reads, writes or
+        deletes, every draw from torch's default generators (unless
+        ``rng="per_task"``), and, when ``state`` is given, every in-place read
+        and write of its parameters, buffers and optimizer state. Modules or
+        optimizers (``strict=[model, opt]``) check those instead of ``state``.
+        Serial runs are never checked (one task runs at a time).
+    state : module, optimizer, or a list/dict of them, optional
+        What the tasks train. On CUDA the engine keeps its parameters'
+        gradients alive until the device work of the iteration that made
+        them has completed, so ``zero_grad(set_to_none=True)`` on one stream
+        never frees a gradient an optimizer step on another stream still
+        reads (docs/semantics.md, "Lifetimes on CUDA"); ``strict=True``
+        watches it. Nothing else on CPU.
     rng : {None, "per_task"}
         ``"per_task"``: every task draws its random numbers from a generator
         of its own for each iteration, seeded from ``torch.initial_seed()``
@@ -164,25 +127,22 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
         share torch's default generators, and tasks that draw must be
         ordered by the plan to match the serial loop (``check_dataflow``
         names the missing order).
-    state : module, optimizer, or a list/dict of them, optional
-        What the tasks train. On CUDA the engine keeps its parameters'
-        gradients alive until the device work of the iteration that made
-        them has completed, so ``zero_grad(set_to_none=True)`` on one stream
-        never frees a gradient an optimizer step on another stream still
-        reads (docs/semantics.md, "Lifetimes on CUDA"). Nothing on CPU.
 
     Raises
     ------
     TypeError
-        ``plan`` is not a :class:`~swpipe_core.plan.PipelinePlan`.
+        ``plan`` is not a :class:`~swpipe_core.plan.PipelinePlan`, or ``state`` holds something else than
+        modules, optimizers and tensors.
     PlanError
         The plan breaks a validation rule.
-    ValueError
-        A timeout is not positive, or ``max_device_lag`` is not ``None`` or an integer ``>= 0``.
+    OptionError
+        An option out of range, or one that belongs to another call (``signal_timeout=`` is now
+        ``timeouts=Timeouts(signal_s=...)``; ``num_measure=`` is the profiler's): its ``home`` and ``fix`` say
+        where it goes (a ``TypeError`` and a ``ValueError``).
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+    >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
     >>> load = PipelineTask("Load", lambda ctx: setattr(ctx, "x", ctx.batch * 10))
     >>> out = []
     >>> step = PipelineTask("Step", lambda ctx: out.append(ctx.x))
@@ -201,55 +161,41 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
     ([0, 1, 2, 3], [0, 10, 20, 30])
     """
 
-    def __init__(self, plan: PipelinePlan, device: Any = 0, *, signal_timeout: float = 30.0,
-                 sequencer_timeout: float = 30.0, progress_timeout: float = 60.0,
+    @keywords_checked("SWPipeline")
+    def __init__(self, plan: PipelinePlan, device: DeviceSpec = 0, *, timeouts: Optional[Timeouts] = None,
                  record_timeline: bool = False, max_device_lag: Optional[int] = None,
-                 strict: Any = False, state: Any = None, rng: Optional[str] = None) -> None:
-        check_arguments(plan, {"signal_timeout": signal_timeout, "sequencer_timeout": sequencer_timeout,
-                               "progress_timeout": progress_timeout}, max_device_lag, rng)
+                 strict: Union[bool, TrainState] = False, state: TrainState = None,
+                 rng: Optional[str] = None) -> None:
+        from swpipe_core.dataflow.strict import strict_guard  # strict mode (off by default)
+
+        check_arguments(plan, timeouts, max_device_lag, rng)
         self.plan = plan
+        self.timeouts = timeouts if timeouts is not None else Timeouts()
         self.max_device_lag = plan.pipeline_depth if max_device_lag is None else max_device_lag
+        self.record_timeline = bool(record_timeline)
         self._dev = as_device(device)
         self.device = self._dev.torch_device
-        self._state_params = _parameters(state)  # checked now: a bad state is an error at construction
-        self._rng = PerTaskRng(torch.initial_seed()) if rng == "per_task" else None
-        # float("inf") means "no limit"; lock waits accept at most TIMEOUT_MAX
-        self.signal_timeout = min(float(signal_timeout), threading.TIMEOUT_MAX)
-        self.sequencer_timeout = min(float(sequencer_timeout), threading.TIMEOUT_MAX)
-        self.progress_timeout = min(float(progress_timeout), threading.TIMEOUT_MAX)
-        self.record_timeline = bool(record_timeline)
-        self._join_timeout = 5.0  # per worker, after a cancel: a task stuck in user code cannot be interrupted
-        self._teardown_timeout = 5.0  # device work after a failure: a dead NCCL peer never finishes
-        self._streams = StreamPool(self._dev)
-        self._infos = compile_tasks(plan, self._streams)
-        by_name = self._by_name = {ti.name: ti for ti in self._infos}
-        self._walk = PeriodWalk(plan)  # the contract's walk of a period (swpipe_core.walk)
-        self._programs: Dict[Tuple[int, int], Program] = {}  # period shape -> its tasks and segments
-        self._order: List[_TaskInfo] = [by_name[n] for n in self._walk.order]
-        self._serial_order: List[_TaskInfo] = self._topological(plan, by_name)
-        groups = list(dict.fromkeys(ti.group for ti in self._order))
-        # the caller's group runs inline on the thread calling fill_pipeline/progress: no hand-off
-        self._caller_group: Optional[str] = plan.caller_group if plan.caller_group in groups else None
-        self._groups = [g for g in groups if g != self._caller_group]  # one worker thread each
-        self._device_waits = device_waits(self._infos)  # inspectable on CPU too
-        # (events, contexts, streams) a failed teardown could not free; events None: the fence itself failed
-        self._limbo: List[Tuple[Optional[List[Any]], List[Any], List[Any]]] = []
-        self._serial_pending: Deque[Tuple[Any, Any]] = deque()  # CUDA: (event, context) of serial iterations
-        self._shortcut = _ShortcutState()
-        self._wrappers: Tuple[Tuple[object, Any], ...] = ()  # instrument(): (token, wrapper), outermost first
-        self._wrapped: Optional[Any] = None  # ... composed around _call_task; None: none installed
+        self._state_params = state_parameters(state)  # checked now: a bad state is an error at construction
+        self._pool = StreamPool(self._dev)
+        self._compiled = compile_plan(plan, self._pool)
+        rng_per_task = PerTaskRng(torch.initial_seed()) if rng == "per_task" else None
+        self._dispatch = Dispatch(strict_guard(plan, strict, self.device, shared_rng=rng_per_task is None, state=state),
+                                  rng_per_task)
         self._recorder: Optional[TimelineRecorder] = TimelineRecorder() if record_timeline else None
-        self._run: Optional[_Run] = None
-        from swpipe_core.dataflow.strict import strict_guard  # strict mode (off by default): see swpipe_core.dataflow.strict
-        self._strict = strict_guard(plan, strict, self.device, shared_rng=self._rng is None)
+        self._serial = SerialRunner(serial_order(plan, self._compiled.by_name), self._pool, self._dispatch,
+                                    self._recorder, self.timeouts, self.max_device_lag)
+        self._limbo = Limbo()  # contexts of ended runs the device may still read
+        self._run: Optional[Run] = None  # the pipelined run in flight (or finished, failed: until reset)
 
     # --------------------------------------------------------------- pipelined
 
     def fill_pipeline(self, data_iter: Iterable[Any], emit_nvtx: bool = False) -> Iterator[Any]:
         """Start the workers and run the first ``pipeline_depth`` periods.
 
-        For each period: enqueue the tasks of the worker groups, then run the
-        caller group's tasks inline (``PipelinePlan.caller_group``).
+        Each period is one walk of its tasks in the plan's enqueue order: a
+        task of a worker group is handed to its worker when the walk reaches
+        it, a task of the caller's group (``PipelinePlan.caller_group``) runs
+        inline on this thread then (docs/semantics.md, "The main thread").
 
         Parameters
         ----------
@@ -281,7 +227,7 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
 
         Examples
         --------
-        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+        >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
         >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: None): TaskSchedule(stage=1)})
         >>> pipe = SWPipeline(plan, device="cpu")
         >>> it = pipe.fill_pipeline([1, 2, 3])
@@ -297,57 +243,52 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
         check_idle(self._run, "fill_pipeline() called")
         check_runnable(self.plan)
         self._teardown(cancelling=True)
-        self._prune_limbo()
-        iterator = iter(data_iter)
-        run = _Run(data_iter, iterator, _SubmissionSequencer(self.sequencer_timeout))
-        self._run = run
-        if self._recorder is not None:
-            self._recorder.clear()
-        # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
-        # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
-        run.plain = (not self._streams.is_cuda and self._recorder is None and not self._shortcut.tasks
-                     and self._wrapped is None and self._strict is None and self._rng is None)
+        if self._limbo.entries:  # what the teardown just kept: freed now if the device has finished meanwhile
+            self._limbo.prune(self._pool)
+        run = self._run = self._new_run(data_iter, emit_nvtx)
         try:
-            if self._streams.is_cuda:
-                run.streams = [self._streams.resolve(ti.stream_spec) for ti in self._infos]
-                self._streams.follow_caller(run.streams)  # the run starts after what the caller enqueued before it
-                run.nvtx = bool(emit_nvtx)
-                run.ctx_type = _GuardedContext  # early frees stay alive until the device is done
-                run.keep = _context_keeper(self._dev, self._state_params)
-                if self._recorder is not None:
-                    run.origin_event = self._streams.record(self._dev.default_stream(), timing=True)
-                    self._recorder.origin = time.perf_counter()
-            if self._caller_group is not None and self.signal_timeout < threading.TIMEOUT_MAX:
-                run.watchdog = InlineWatchdog(self.signal_timeout, functools.partial(self._inline_overran, run))
-                run.watchdog.start()
-            if self._groups:  # a plan whose only group is the caller's starts no worker thread
-                run.workers = _Workers(self._groups, lambda group, items: self._run_items(run, items),
-                                       setup=self._dev.set_current,
-                                       on_crash=lambda group, exc: cancel(run, exc, f"worker swpipe-{group} crashed"),
-                                       scope=self._worker_scope(run))
-                run.workers.start()
+            start_threads(run)
             for _ in range(self.plan.pipeline_depth):
-                batch = self._fetch(run)
-                self._advance(run, batch)
+                advance(run, fetch(run))
         except BaseException:
             self._teardown(cancelling=True)
             raise
-        return iterator
+        return run.data_iter
 
-    def _inline_overran(self, run: _Run, task: str, iteration: int, interrupts: bool) -> None:
-        """The watchdog saw a caller's-group task run past ``signal_timeout``: :func:`.failure.inline_overran`."""
-        inline_overran(run, self._by_name[task], iteration, interrupts, self.signal_timeout)
+    def _new_run(self, data_iter: Iterable[Any], emit_nvtx: bool) -> Run:
+        """The state of a new pipelined run over ``data_iter``, its CUDA parts made (no thread started yet)."""
+        iterator = iter(data_iter)  # first: data that is not iterable changes nothing
+        if self._recorder is not None:
+            self._recorder.clear()
+        pool, dispatch = self._pool, self._dispatch
+        run = Run(compiled=self._compiled, pool=pool, dispatch=dispatch, timeouts=self.timeouts,
+                  max_device_lag=self.max_device_lag, recorder=self._recorder, data_source=data_iter,
+                  data_iter=iterator, sequencer=SubmissionSequencer(self.timeouts.sequencer_s))
+        # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
+        # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
+        run.plain = not pool.is_cuda and self._recorder is None and dispatch.plain
+        if pool.is_cuda:
+            run.streams = [pool.resolve(ti.stream_spec) for ti in self._compiled.tasks]
+            pool.follow_caller(run.streams)  # the run starts after what the caller enqueued before it
+            run.nvtx = bool(emit_nvtx)
+            run.ctx_type = GuardedContext  # early frees stay alive until the device is done
+            run.keep = context_keeper(self._dev, self._state_params)
+            if self._recorder is not None:
+                run.origin_event = pool.record(self._dev.default_stream(), timing=True)
+                self._recorder.origin = time.perf_counter()
+        return run
 
     def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
         """Retire the oldest in-flight iteration and run the next period.
 
         In order: fetch the next batch; wait until the oldest in-flight
         iteration completed (CPU signals) and retire it; on CUDA wait until
-        iteration ``retired - max_device_lag`` completed on the device;
-        enqueue the next period's tasks of the worker groups; run its
-        caller-group tasks inline, in enqueue order. A failure of a task the
-        caller ran inline is raised by this call; a worker task's failure by
-        the first call that finds it.
+        iteration ``retired - max_device_lag`` completed on the device; run
+        the next period: one walk of its tasks in the enqueue order, handing
+        each worker group's task to its worker and running each of the
+        caller's group inline. A failure of a task the caller ran inline is
+        raised by this call; a worker task's failure by the first call that
+        finds it.
 
         Parameters
         ----------
@@ -374,9 +315,9 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
             cancelled, the workers are joined; :meth:`drain` or
             :meth:`fill_pipeline` starts again.
         RuntimeError
-            The oldest iteration did not complete within ``progress_timeout``
+            The oldest iteration did not complete within ``Timeouts.progress_s``
             (the message names it and its unfinished tasks), or its device
-            work within ``progress_timeout`` of the device-lag wait; called before
+            work within that of the device-lag wait; called before
             :meth:`fill_pipeline`, after a failure, or with a different iterator.
         Exception
             Whatever the data iterator raises, unchanged; the pipeline stays
@@ -387,7 +328,7 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
             raise RuntimeError("progress() called before fill_pipeline(); start with "
                                "data_iter = pipe.fill_pipeline(loader)")
         if run.cancelled:
-            surface_failure(run, self._join_timeout)
+            surface_failure(run)
         if data_iter is not None:
             if data_iter is not run.data_iter and data_iter is not run.data_source:
                 raise RuntimeError("progress() got a different data iterator than fill_pipeline() returned; "
@@ -396,29 +337,29 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
                 raise RuntimeError("the pipeline is draining (progress(None) or drain() was called), so it takes "
                                    "no new data; call drain() and then fill_pipeline(data) to start again")
         if run.oldest >= run.fetched:
-            self._finish(run)
+            finish(run, self._limbo)
             raise StopIteration
         try:
             if data_iter is None:
                 run.draining = run.exhausted = True
-                batch = _NO_BATCH
+                batch = NO_BATCH
             else:
-                batch = self._fetch(run)
+                batch = fetch(run)
         except Exception:
             raise  # the data iterator's own error: nothing changed, the pipeline is intact
         except BaseException:
-            abort(run, "interrupted while fetching a batch", self._join_timeout)
+            abort(run, "interrupted while fetching a batch")
             raise
         try:
-            idx = self._retire_oldest(run)
+            idx = retire_oldest(run)
             if run.device_pending:
-                self._bound_device_lag(run, idx)
-            self._advance(run, batch)
+                bound_device_lag(run, idx)
+            advance(run, batch)
             if run.cancelled:  # a task of this period failed (one the caller ran inline, or a worker's): now
-                surface_failure(run, self._join_timeout)
+                surface_failure(run)
         except BaseException:
             if not run.reported:
-                abort(run, "interrupted in progress()", self._join_timeout)
+                abort(run, "interrupted in progress()")
             raise
         return idx
 
@@ -450,8 +391,8 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
             elif not run.finished:
                 run.draining = run.exhausted = True
                 while run.oldest < run.fetched:
-                    self._retire_oldest(run)
-                    self._advance(run, _NO_BATCH)
+                    retire_oldest(run)
+                    advance(run, NO_BATCH)
         except BaseException:
             self._teardown(cancelling=True)
             raise
@@ -475,6 +416,28 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _teardown(self, cancelling: bool) -> None:
+        """Stop the current run, if any, forget it and release its contexts once the device is done with them.
+
+        Frees first what earlier runs kept for the device and it has finished
+        with. Never raises on a failure path (``cancelling`` or a cancelled
+        run): the caller is usually re-raising a task's exception.
+        """
+        if self._limbo.entries:
+            self._limbo.prune(self._pool)
+        run = self._run
+        if run is None:
+            return
+        states = stop_run(run, cancelling)
+        self._run = None
+        end_run(run, states, cancelling, self._limbo)
+
+    def _sync_device(self, what: str) -> None:
+        """A bounded wait for all work on the pipeline's streams (nothing on CPU)."""
+        if not self._pool.synchronize(self.timeouts.progress_s):
+            raise RuntimeError(device_hung(what, self.timeouts.progress_s))
+        self._serial.device_done()
 
     # ------------------------------------------------------------- run modes
 
@@ -514,7 +477,7 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
 
         Examples
         --------
-        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+        >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
         >>> seen = []
         >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: seen.append(ctx.iter_idx)): TaskSchedule()})
         >>> elapsed = SWPipeline(plan, device="cpu").run(range(3))
@@ -546,14 +509,177 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
                       elapsed * 1e3 / max(n, 1))
         return elapsed
 
-    def _emit_nvtx(self, enabled: bool) -> Any:
-        if enabled and self._streams.is_cuda:
+    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+        """Run every iteration serially on the caller's thread and the default stream; returns wall seconds.
+
+        The baseline a pipelined run is compared with: no workers, no overlap,
+        tasks in a topological order of the intra-iteration dependencies.
+        Ranges are named ``SWP_serial/{Task}/iter{N}`` (``[skip]`` added for
+        shortcut tasks). Timeline events carry thread group ``"serial"``.
+
+        Raises
+        ------
+        PipelineTaskError
+            A task raised (``thread_group`` is the task's configured group).
+        RuntimeError
+            Pipelined iterations are in flight (call :meth:`drain` first).
+
+        Examples
+        --------
+        >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
+        >>> seen = []
+        >>> plan = PipelinePlan({PipelineTask("B", lambda ctx: seen.append(("B", ctx.iter_idx))): TaskSchedule(1),
+        ...                      PipelineTask("A", lambda ctx: seen.append(("A", ctx.iter_idx))): TaskSchedule(0)},
+        ...                     intra_iter_deps=[("B", "A")])
+        >>> _ = SWPipeline(plan, device="cpu").run_serial(range(2))
+        >>> seen
+        [('A', 0), ('B', 0), ('A', 1), ('B', 1)]
+        """
+        check_runnable(self.plan)
+        check_idle(self._run, "run_serial() called")
+        self._teardown(cancelling=False)
+        if self._recorder is not None:
+            self._recorder.clear()
+        t0 = time.perf_counter()
+        n = 0
+        with self._emit_nvtx(emit_nvtx):
+            for i, batch in enumerate(data_iter):
+                self._serial.iteration(batch, i)
+                n += 1
+                if verbose:
+                    _log.info("SWPipeline.run_serial: finished iteration %d at %.3f ms", i,
+                              (time.perf_counter() - t0) * 1e3)
+            self._sync_device("run_serial()")
+        elapsed = time.perf_counter() - t0
+        if verbose:
+            _log.info("SWPipeline.run_serial: %d iteration(s) in %.3f s (%.3f ms/iteration)", n, elapsed,
+                      elapsed * 1e3 / max(n, 1))
+        return elapsed
+
+    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> None:
+        """One serial iteration on the default stream; no workers, no in-flight state.
+
+        Respects shortcuts (a shortcut task replays its cache). Timeline
+        events, when recorded, are appended to the current timeline.
+
+        Parameters
+        ----------
+        batch : Any
+        iter_idx : int
+
+        Raises
+        ------
+        PipelineTaskError
+            A task raised.
+        RuntimeError
+            Pipelined iterations are in flight (call :meth:`drain` first).
+
+        Examples
+        --------
+        >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
+        >>> seen = []
+        >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: seen.append((ctx.batch, ctx.iter_idx))): TaskSchedule()})
+        >>> SWPipeline(plan, device="cpu").run_one_serial_iter("b", iter_idx=7); seen
+        [('b', 7)]
+        """
+        check_runnable(self.plan)
+        check_idle(self._run, "run_one_serial_iter() called")
+        self._serial.iteration(batch, iter_idx)
+
+    def _emit_nvtx(self, enabled: bool) -> ContextManager[Any]:
+        if enabled and self._pool.is_cuda:
             return self._dev.nvtx_mode()
         if enabled:
             _log.debug("emit_nvtx ignored: NVTX needs a CUDA device (running on %s)", self.device)
         return contextlib.nullcontext()
 
-    # ------------------------------------------------------------- shortcuts
+    # -------------------------------------------------------- around each task
+
+    @contextlib.contextmanager
+    def instrument(self, wrapper: TaskWrapper) -> Iterator[TaskWrapper]:
+        """For the ``with`` block, run every task execution as ``wrapper(run_task, task, ctx)``.
+
+        The hook for measurement and tracing around each task: the profiler's
+        per-task timing, memory per task, the calibration and the scheduler
+        statistics all use it. ``run_task(task, ctx)`` runs the task as the
+        engine would have (its shortcut replay when the task is shortcut,
+        strict mode's checks when on); the wrapper should call it once and
+        may do anything before and after. It is called once per task
+        execution in every mode (:meth:`run`, :meth:`fill_pipeline` /
+        :meth:`progress`, :meth:`run_serial`, :meth:`run_one_serial_iter`),
+        on the thread that runs the task (a worker, or the caller's thread
+        for the caller's group and for serial runs), with the task's stream
+        current on CUDA and inside the task's profiler range; with
+        ``record_timeline=True`` the recorded times include it. An exception
+        it raises is the task's failure (:class:`PipelineTaskError` names the
+        task). A pipelined run calls it from several threads at once: guard
+        what it shares (a lock, or state per thread).
+
+        Blocks nest: the wrapper entered first is outermost (called first;
+        its ``run_task`` calls the next one). Each is removed when its block
+        exits, also when the block raises, and then the engine's fast path (a
+        CPU run with nothing around its tasks calls ``fn(ctx)`` directly) is
+        back for the runs that follow. Enter and leave the block between runs
+        (no pipelined iteration in flight), on the thread that drives the
+        pipeline: a pipelined run decides when it starts whether it may skip
+        the dispatch, so a wrapper entered during it would miss tasks.
+
+        Parameters
+        ----------
+        wrapper : callable
+            ``wrapper(run_task, task, ctx)``: ``task`` is the
+            :class:`~swpipe_core.plan.PipelineTask` (``task.name``), ``ctx``
+            the iteration's :class:`~swpipe_core.plan.IterContext`
+            (``ctx.iter_idx``). Its return value is ignored.
+
+        Yields
+        ------
+        callable
+            ``wrapper`` itself (``with pipe.instrument(Counter()) as counter:``).
+
+        Raises
+        ------
+        TypeError
+            ``wrapper`` is not callable.
+        RuntimeError
+            Entered while pipelined iterations are in flight, or the block was
+            left without an exception while iterations are still in flight
+            (the wrapper is removed all the same and the remaining tasks run
+            without it): call :meth:`drain` inside the block.
+
+        Examples
+        --------
+        >>> import time
+        >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
+        >>> plan = PipelinePlan({PipelineTask("Load", lambda ctx: None): TaskSchedule(0, thread_group="io"),
+        ...                      PipelineTask("Step", lambda ctx: None): TaskSchedule(1)},
+        ...                     intra_iter_deps=[("Step", "Load")])
+        >>> seconds = {}
+        >>> def timed(run_task, task, ctx):
+        ...     t0 = time.perf_counter()
+        ...     run_task(task, ctx)
+        ...     seconds.setdefault(task.name, []).append(time.perf_counter() - t0)
+        >>> with SWPipeline(plan, device="cpu") as pipe:
+        ...     with pipe.instrument(timed):
+        ...         _ = pipe.run(range(3))
+        ...     _ = pipe.run(range(3))  # not timed: the wrapper is gone
+        >>> {name: len(v) for name, v in sorted(seconds.items())}
+        {'Load': 3, 'Step': 3}
+        """
+        if not callable(wrapper):
+            raise TypeError(f"instrument() needs a callable wrapper(run_task, task, ctx), got "
+                            f"{type(wrapper).__name__}")
+        check_idle(self._run, "instrument() entered")
+        token = self._dispatch.add(wrapper)
+        try:
+            yield wrapper
+        finally:
+            self._dispatch.remove(token)
+        run = self._run
+        if run is not None and not (run.finished or run.cancelled):
+            raise RuntimeError(f"instrument() block left while {run.in_flight} pipelined iteration(s) "
+                               "are in flight: their remaining tasks run without the wrapper; call drain() (or "
+                               "let run() finish) inside the block")
 
     def enable_shortcut(self, *task_names: str) -> None:
         """Shortcut tasks: the first execution caches, later ones replay (see :mod:`swpipe_core.engine.shortcut`).
@@ -567,7 +693,7 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
         """
         names = self._known(task_names, "enable_shortcut")
         check_idle(self._run, "enable_shortcut() called")
-        self._shortcut.enable(names)
+        self._dispatch.shortcut.enable(names)
 
     def disable_shortcut(self, *task_names: str) -> None:
         """Stop shortcutting tasks and drop their caches.
@@ -581,21 +707,31 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
         """
         names = self._known(task_names, "disable_shortcut")
         check_idle(self._run, "disable_shortcut() called")
-        self._shortcut.disable(names)
+        self._dispatch.shortcut.disable(names)
 
-    def _known(self, task_names: Tuple[Any, ...], what: str) -> List[str]:
+    def _known(self, task_names: Tuple[str, ...], what: str) -> List[str]:
         names = [ref_name(n) for n in task_names]
         unknown = [n for n in names if n not in self.plan.task_names]
         if unknown:
             raise ValueError(f"{what}: unknown task(s) {unknown}; tasks of this plan: {self.plan.task_names}")
         return names
 
+    # ---------------------------------------------------------- observability
+
     @property
     def shortcuts(self) -> List[str]:
         """Names of the tasks currently shortcut, sorted."""
-        return sorted(self._shortcut.tasks)
+        return sorted(self._dispatch.shortcut.tasks)
 
-    # ---------------------------------------------------------- observability
+    @property
+    def cached_shortcuts(self) -> List[str]:
+        """Names of the shortcut tasks whose cache is filled (their next execution replays it), sorted."""
+        return sorted(self._dispatch.shortcut.cached)
+
+    @property
+    def instruments(self) -> Tuple[TaskWrapper, ...]:
+        """The wrappers of the :meth:`instrument` blocks open now, outermost first."""
+        return self._dispatch.wrappers
 
     @property
     def timeline(self) -> List[TimelineEvent]:
@@ -616,13 +752,51 @@ class SWPipeline(_PeriodLoop, _DeviceLifetime, _SerialRunner, _TaskRunner):
     def in_flight(self) -> int:
         """Number of pipelined iterations enqueued and not yet retired."""
         run = self._run
-        return 0 if run is None or run.finished else run.fetched - run.oldest
+        return 0 if run is None else run.in_flight
 
     @property
     def worker_threads(self) -> List[str]:
         """Names of this pipeline's worker threads that are alive."""
         run = self._run
         return [] if run is None or run.workers is None else run.workers.alive()
+
+    @property
+    def streams(self) -> StreamPool:
+        """The pipeline's streams and device events (:class:`~swpipe_core.engine.streams.StreamPool`).
+
+        ``pipe.streams.resolve(plan.sched("Forward").stream)`` is the stream a
+        task runs on (``None`` on CPU); ``pipe.streams.synchronize(timeout)``
+        waits, bounded, for all their work.
+        """
+        return self._pool
+
+    @property
+    def device_waits(self) -> Dict[str, Tuple[Tuple[str, int], ...]]:
+        """The device waits the engine inserts: ``{task: ((dependency, distance), ...)}`` (on CPU too).
+
+        A task's stream waits for a dependency's device event when the two
+        run on different *resolved* streams; same-stream order is the
+        stream's own.
+        """
+        return dict(self._compiled.device_waits)
+
+    @property
+    def device_lag(self) -> int:
+        """Retired iterations whose device work has not completed yet (0 on CPU; at most ``max_device_lag``)."""
+        run = self._run
+        return 0 if run is None else device_lag(run)
+
+    @property
+    def kept_for_device(self) -> int:
+        """Iteration contexts of ended runs kept alive because their device work had not completed.
+
+        A run that fails or is closed while a kernel still runs (a hung
+        collective, a sticky CUDA error) waits at most ``Timeouts.teardown_s``
+        for the device and keeps its contexts past that, so that no stream
+        reads freed memory; the next :meth:`fill_pipeline`, :meth:`run`,
+        :meth:`drain` or :meth:`close` frees those whose work has completed since.
+        """
+        return self._limbo.contexts()
 
     def format_schedule(self, num_iterations: int = 3) -> str:
         """The period x task schedule table (see :func:`swpipe_core.analysis.format_schedule`)."""

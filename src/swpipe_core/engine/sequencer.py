@@ -1,4 +1,4 @@
-"""_SubmissionSequencer: one global order for ``globally_ordered`` tasks (collectives).
+"""SubmissionSequencer: one global order for ``globally_ordered`` tasks (collectives).
 
 Collectives (NCCL/gloo) deadlock when two ranks issue them in different
 orders. With several worker threads per rank, the order in which threads
@@ -11,7 +11,7 @@ runs the task only when the counter reaches its ticket.
 Because tickets follow the enqueue order, which is also the FIFO order of every
 worker queue and a topological order of the dependencies, waiting for a
 ticket never closes a cycle of waits. A failure elsewhere calls
-:meth:`_SubmissionSequencer.abort`, which wakes every waiter with an error,
+:meth:`SubmissionSequencer.abort`, which wakes every waiter with an error,
 so no thread is left waiting for a ticket that will never come (a ticket lock
 with ``abort()``; docs/semantics.md, "Thread groups", step 2).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional, TypeVar
 
-__all__ = ["_SubmissionSequencer", "SequencerAborted", "SequencerTimeout"]
+__all__ = ["SubmissionSequencer", "SequencerAborted", "SequencerTimeout"]
 
 T = TypeVar("T")
 
@@ -71,13 +71,13 @@ class SequencerTimeout(RuntimeError):
             f"globally ordered task {who}with sequence {sequence} waited {timeout_s:g} s for its turn; "
             f"the sequencer is at {next_sequence}, waiting for {waiting_for} to be submitted. "
             "Every rank must enqueue the same globally ordered tasks in the same order; check that "
-            "the task holding that turn is not blocked (raise sequencer_timeout if it is just slow)")
+            "the task holding that turn is not blocked (raise Timeouts(sequencer_s=...) if it is just slow)")
 
     def __reduce__(self):
         return (type(self), (self.sequence, self.task, self.next_sequence, self.waiting_for, self.timeout_s))
 
 
-class _SubmissionSequencer:
+class SubmissionSequencer:
     """Deterministic cross-thread submission order by sequence number.
 
     Parameters
@@ -89,7 +89,7 @@ class _SubmissionSequencer:
 
     Examples
     --------
-    >>> seq = _SubmissionSequencer()
+    >>> seq = SubmissionSequencer()
     >>> a, b = seq.ticket("AllToAll(iter 0)"), seq.ticket("AllReduce(iter 0)")
     >>> a, b
     (0, 1)
@@ -187,7 +187,7 @@ class _SubmissionSequencer:
 
         Examples
         --------
-        >>> seq = _SubmissionSequencer(); seq.abort("task X failed")
+        >>> seq = SubmissionSequencer(); seq.abort("task X failed")
         >>> seq.execute_ordered(0, lambda: None)
         Traceback (most recent call last):
         ...
@@ -203,7 +203,7 @@ class _SubmissionSequencer:
 
         Examples
         --------
-        >>> seq = _SubmissionSequencer(); seq.abort(); seq.reset()
+        >>> seq = SubmissionSequencer(); seq.abort(); seq.reset()
         >>> seq.ticket(), seq.execute_ordered(0, lambda: 7)
         (0, 7)
         """

@@ -1,170 +1,134 @@
-"""The serial path of the engine: every task of an iteration in turn, on the caller's thread.
+"""Serial runs: every task of an iteration in turn, on the caller's thread and the device's default stream.
 
-A mixin of :class:`~swpipe_core.engine.pipeline.SWPipeline` (kept apart so each file
-stays one idea). The serial run is the baseline a pipelined run is compared
-with: no workers, no overlap, no in-flight state; the tasks of an iteration
-run in a topological order of the intra-iteration dependencies (ties broken
-by enqueue order) on the default stream, through the same dispatch point as
-the pipelined run (``_exec_task``: the wrappers of ``instrument``, shortcuts
-and strict mode apply). Also here: :func:`_profiler_active`, which the pipelined
-path uses too.
+The serial run is the baseline a pipelined run is compared with: no workers,
+no overlap, no in-flight state. The tasks of an iteration run in a
+topological order of the intra-iteration dependencies, ties broken by
+enqueue order (:func:`serial_order`), through the pipeline's dispatch point
+(the wrappers of ``instrument``, shortcuts and per-task generators apply;
+strict mode does not, one task running at a time). On CUDA a serial
+iteration's context is kept until its device work has completed
+(:class:`SerialRunner`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
-from typing import Any, Dict, Iterable, Iterator, List
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from swpipe_core.engine.checks import check_idle, check_runnable
-from swpipe_core.engine.state import PipelineTaskError, _GuardedContext, _TaskInfo
+from swpipe_core.engine.dispatch import Dispatch, profiler_active
+from swpipe_core.engine.failure import task_failed
+from swpipe_core.engine.lifetime import GuardedContext, device_hung
+from swpipe_core.engine.options import Timeouts
+from swpipe_core.engine.program import TaskInfo
+from swpipe_core.engine.streams import StreamPool
+from swpipe_core.measure.trace import TimelineRecorder
 from swpipe_core.order import enqueue_order
 from swpipe_core.plan import IterContext, PipelinePlan
 
-__all__: List[str] = []
+__all__ = ["SerialRunner", "serial_order"]
 
-_log = logging.getLogger("swpipe_core.engine.pipeline")
-
-_SERIAL_GROUP = "serial"
-
-
-def _profiler_active() -> bool:
-    """Whether a torch profiler is recording: the thread-local C++ flag, or the
-    module flag torch.profiler sets (also in all-threads mode, where the C++
-    flag reads False)."""
-    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False)) or torch.autograd._profiler_enabled()
+#: The thread group serial runs record their timeline events under.
+SERIAL_GROUP = "serial"
 
 
-class _SerialRunner:
-    """Serial execution of a pipeline's plan; expects ``_streams``, ``_recorder``, ``device``,
-    ``plan``, ``_run``, ``_serial_order`` and the engine's ``_teardown``,
-    ``_exec_task``, ``_range_name``, ``_emit_nvtx`` and ``_sync_device``."""
+def serial_order(plan: PipelinePlan, by_name: Dict[str, TaskInfo]) -> List[TaskInfo]:
+    """The order of a serial iteration: a topological order of the intra deps, ties broken by enqueue order.
 
-    @staticmethod
-    def _topological(plan: PipelinePlan, by_name: Dict[str, _TaskInfo]) -> List[_TaskInfo]:
-        """Serial order: a topological order of the intra deps, ties broken by enqueue order."""
-        import networkx as nx
+    Examples
+    --------
+    >>> from swpipe_core.engine.device import as_device
+    >>> from swpipe_core.engine.program import compile_plan
+    >>> from swpipe import TaskSchedule
+    >>> plan = PipelinePlan({"B": TaskSchedule(1), "A": TaskSchedule(0)}, intra_iter_deps=[("B", "A")])
+    >>> [t.name for t in serial_order(plan, compile_plan(plan, StreamPool(as_device("cpu"))).by_name)]
+    ['A', 'B']
+    """
+    import networkx as nx
 
-        pos = {n: i for i, n in enumerate(enqueue_order(plan))}
-        graph = nx.DiGraph()
-        graph.add_nodes_from(plan.task_names)
-        graph.add_edges_from((d, t) for t, d in plan.intra_edges())
-        return [by_name[n] for n in nx.lexicographical_topological_sort(graph, key=lambda n: pos[n])]
+    pos = {n: i for i, n in enumerate(enqueue_order(plan))}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(plan.task_names)
+    graph.add_edges_from((d, t) for t, d in plan.intra_edges())
+    return [by_name[n] for n in nx.lexicographical_topological_sort(graph, key=lambda n: pos[n])]
 
-    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
-        """Run every iteration serially on the caller's thread and the default stream; returns wall seconds.
 
-        The baseline a pipelined run is compared with: no workers, no overlap,
-        tasks in a topological order of the intra-iteration dependencies.
-        Ranges are named ``SWP_serial/{Task}/iter{N}`` (``[skip]`` added for
-        shortcut tasks). Timeline events carry thread group ``"serial"``.
+class SerialRunner:
+    """Runs a pipeline's plan one iteration at a time (one per pipeline).
+
+    Parameters
+    ----------
+    order : list of TaskInfo
+        The tasks in serial order (:func:`serial_order`).
+    pool : StreamPool
+        The pipeline's streams: the default stream runs every task.
+    dispatch : Dispatch
+        The pipeline's dispatch point.
+    recorder : TimelineRecorder, optional
+        Records a timeline event per task (thread group ``"serial"``).
+    timeouts : Timeouts
+        ``progress_s`` bounds the wait for an old iteration's device work.
+    max_device_lag : int
+        At most ``max_device_lag + 1`` serial iterations wait for their device work (CUDA).
+    """
+
+    def __init__(self, order: List[TaskInfo], pool: StreamPool, dispatch: Dispatch,
+                 recorder: Optional[TimelineRecorder], timeouts: Timeouts, max_device_lag: int) -> None:
+        self.order = order
+        self.pool = pool
+        self.dispatch = dispatch
+        self.recorder = recorder
+        self.timeouts = timeouts
+        self.max_device_lag = max_device_lag
+        self.pending: Deque[Tuple[Any, IterContext]] = deque()  # CUDA: (event, context) of recent iterations
+
+    def iteration(self, batch: Any, i: int) -> None:
+        """Run iteration ``i`` on ``batch``, every task in turn.
 
         Raises
         ------
         PipelineTaskError
             A task raised (``thread_group`` is the task's configured group).
-        RuntimeError
-            Pipelined iterations are in flight (call :meth:`drain` first).
-
-        Examples
-        --------
-        >>> from swpipe_core.engine.pipeline import SWPipeline
-        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-        >>> seen = []
-        >>> plan = PipelinePlan({PipelineTask("B", lambda ctx: seen.append(("B", ctx.iter_idx))): TaskSchedule(1),
-        ...                      PipelineTask("A", lambda ctx: seen.append(("A", ctx.iter_idx))): TaskSchedule(0)},
-        ...                     intra_iter_deps=[("B", "A")])
-        >>> _ = SWPipeline(plan, device="cpu").run_serial(range(2))
-        >>> seen
-        [('A', 0), ('B', 0), ('A', 1), ('B', 1)]
         """
-        check_runnable(self.plan)
-        check_idle(self._run, "run_serial() called")
-        self._teardown(cancelling=False)
-        if self._recorder is not None:
-            self._recorder.clear()
-        t0 = time.perf_counter()
-        n = 0
-        with self._emit_nvtx(emit_nvtx):
-            for i, batch in enumerate(data_iter):
-                self._serial_iteration(batch, i)
-                n += 1
-                if verbose:
-                    _log.info("SWPipeline.run_serial: finished iteration %d at %.3f ms", i,
-                              (time.perf_counter() - t0) * 1e3)
-            self._sync_device("run_serial()")
-        elapsed = time.perf_counter() - t0
-        if verbose:
-            _log.info("SWPipeline.run_serial: %d iteration(s) in %.3f s (%.3f ms/iteration)", n, elapsed,
-                      elapsed * 1e3 / max(n, 1))
-        return elapsed
-
-    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> None:
-        """One serial iteration on the default stream; no workers, no in-flight state.
-
-        Respects shortcuts (a shortcut task replays its cache). Timeline
-        events, when recorded, are appended to the current timeline.
-
-        Parameters
-        ----------
-        batch : Any
-        iter_idx : int
-
-        Raises
-        ------
-        PipelineTaskError
-            A task raised.
-        RuntimeError
-            Pipelined iterations are in flight (call :meth:`drain` first).
-
-        Examples
-        --------
-        >>> from swpipe_core.engine.pipeline import SWPipeline
-        >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-        >>> seen = []
-        >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: seen.append((ctx.batch, ctx.iter_idx))): TaskSchedule()})
-        >>> SWPipeline(plan, device="cpu").run_one_serial_iter("b", iter_idx=7); seen
-        [('b', 7)]
-        """
-        check_runnable(self.plan)
-        check_idle(self._run, "run_one_serial_iter() called")
-        self._serial_iteration(batch, iter_idx)
-
-    def _serial_iteration(self, batch: Any, i: int) -> None:
-        cuda = self._streams.is_cuda
-        ctx = (_GuardedContext if cuda else IterContext)(batch, i)
-        recorder = self._recorder
-        profiling = _profiler_active()
-        dev = self._streams.dev
+        pool = self.pool
+        cuda = pool.is_cuda
+        ctx = (GuardedContext if cuda else IterContext)(batch, i)
+        recorder, call, range_name = self.recorder, self.dispatch.call_serial, self.dispatch.range_name
+        profiling = profiler_active()
+        dev = pool.dev
         stream = dev.default_stream()
         if cuda:  # a batch the iterator made on another current stream is ready before the tasks read it
-            for ready in self._streams.batch_ready(batch):
+            for ready in pool.batch_ready(batch):
                 dev.wait(stream, ready)
-        with self._streams.use(stream), self._serial_held(stream, ctx):
-            for ti in self._serial_order:
+        with pool.use(stream), self._held(stream, ctx):
+            for ti in self.order:
                 t0 = time.perf_counter() if recorder is not None else 0.0
-                name = self._range_name("SWP_serial", ti.name, i) if (cuda or profiling) else ""
+                name = range_name("SWP_serial", ti.name, i) if (cuda or profiling) else ""
                 if cuda:
                     dev.nvtx_push(name)
                 try:
                     if profiling:
                         with torch.autograd.profiler.record_function(name):
-                            self._exec_task(ti.task, ctx)
+                            call(ti.task, ctx)
                     else:
-                        self._exec_task(ti.task, ctx)
+                        call(ti.task, ctx)
                 except Exception as exc:
-                    raise PipelineTaskError(ti.name, i, ti.group, ti.stage, exc) from exc
+                    raise task_failed(ti, i, exc) from exc
                 finally:
                     if cuda:
                         dev.nvtx_pop()
                 if recorder is not None:
-                    recorder.record(ti.name, i, _SERIAL_GROUP, "default", t0, time.perf_counter())
+                    recorder.record(ti.name, i, SERIAL_GROUP, "default", t0, time.perf_counter())
+
+    def device_done(self) -> None:
+        """The device finished every stream's work (a synchronize): nothing waits any more."""
+        self.pending.clear()
 
     @contextlib.contextmanager
-    def _serial_held(self, stream: Any, ctx: IterContext) -> Iterator[None]:
+    def _held(self, stream: Any, ctx: IterContext) -> Iterator[None]:
         """On CUDA, keep a serial iteration's context (its batch too) until its device work has completed.
 
         The batch may come from another stream (the loader's) and a task may
@@ -178,12 +142,12 @@ class _SerialRunner:
         try:
             yield
         finally:
-            if self._streams.is_cuda:
-                streams, pending = self._streams, self._serial_pending
-                pending.append((streams.record(stream), ctx))
-                while pending and streams.completed([pending[0][0]]):
-                    streams.recycle([pending.popleft()[0]])
+            if self.pool.is_cuda:
+                pool, pending = self.pool, self.pending
+                pending.append((pool.record(stream), ctx))
+                while pending and pool.completed([pending[0][0]]):
+                    pool.recycle([pending.popleft()[0]])
                 if len(pending) > self.max_device_lag + 1:
-                    if not streams.wait_events([pending[0][0]], self.progress_timeout):
-                        raise RuntimeError(self._device_hung("a serial iteration"))
-                    streams.recycle([pending.popleft()[0]])
+                    if not pool.wait_events([pending[0][0]], self.timeouts.progress_s):
+                        raise RuntimeError(device_hung("a serial iteration", self.timeouts.progress_s))
+                    pool.recycle([pending.popleft()[0]])

@@ -421,7 +421,7 @@ class _ShortcutState:
 
     Examples
     --------
-    >>> from swpipe_core.plan import IterContext, PipelineTask
+    >>> from swpipe import IterContext, PipelineTask
     >>> calls = []
     >>> def fwd(ctx):
     ...     calls.append(ctx.iter_idx); ctx.y = ctx.batch * 2; del ctx.tmp
@@ -499,7 +499,7 @@ class _ShortcutState:
         for k, v in values.items():
             setattr(ctx, k, v)
         # A CUDA pipeline's context keeps what leaves it until its iteration's device work is done
-        # (engine_state._GuardedContext); the external values a restore replaces go there too, as
+        # (engine.lifetime.GuardedContext); the external values a restore replaces go there too, as
         # capture() returns them (the live objects for the usual capture=lambda: dict(state)).
         graveyard = getattr(ctx, "_swp_graveyard", None)
         for io, snap in zip(task.io, cache.io):

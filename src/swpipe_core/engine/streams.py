@@ -34,7 +34,7 @@ from swpipe_core.engine.device import Device, as_device, resolve_device
 from swpipe_core.plan import StreamSpec, stream_name
 from swpipe_core.engine.reach import reachable_objects
 
-__all__ = ["resolve_device", "StreamPool"]
+__all__ = ["resolve_device", "StreamPool", "devices_holding"]
 
 _NULL = contextlib.nullcontext()
 
@@ -169,7 +169,7 @@ class StreamPool:
         if not self.is_cuda:
             return ()
         events = []
-        for dev in _devices_holding(self.dev, batch):
+        for dev in devices_holding(self.dev, batch):
             if dev is self.dev:
                 events.append(self.record(dev.current_stream()))
             else:  # an event belongs to one device: another device's is made there, and not pooled
@@ -311,7 +311,7 @@ class StreamPool:
 _WALK_LIMIT = 1000  # objects a batch is searched through for a CUDA tensor; past it, assume one
 
 
-def _devices_holding(dev: Device, obj: Any) -> List[Device]:
+def devices_holding(dev: Device, obj: Any) -> List[Device]:
     """The devices whose memory is reachable from ``obj``, ``dev``'s kind only (:meth:`Device.memory_of`).
 
     The walk is :func:`swpipe_core.engine.reach.reachable_objects`; past
@@ -321,7 +321,7 @@ def _devices_holding(dev: Device, obj: Any) -> List[Device]:
     Examples
     --------
     >>> from swpipe_core.engine.device import CpuDevice
-    >>> _devices_holding(CpuDevice(), {"x": [torch.ones(1), (2, "a")]})
+    >>> devices_holding(CpuDevice(), {"x": [torch.ones(1), (2, "a")]})
     []
     """
     found: Dict[int, Device] = {}

@@ -20,7 +20,7 @@ than ``timeout`` and then
   ``on_timeout`` (the engine logs the error and cancels the run; the caller
   raises it when the task returns). Run that group on a worker thread
   (``caller_group=None``) when its tasks may block and the caller is not the
-  main thread: a worker's hang is always reported within ``signal_timeout``.
+  main thread: a worker's hang is always reported within ``Timeouts.signal_s``.
 
 The caller marks each inline task with :meth:`begin`/:meth:`end` (two
 attribute writes); the watchdog looks at the mark four times per ``timeout``
@@ -51,7 +51,7 @@ class InlineWatchdog:
     Parameters
     ----------
     timeout : float
-        Seconds an inline task may run (the pipeline's ``signal_timeout``).
+        Seconds an inline task may run (the pipeline's ``Timeouts.signal_s``).
     on_timeout : callable
         ``on_timeout(task, iteration, can_interrupt)``, called on the
         watchdog's thread when a task overruns.

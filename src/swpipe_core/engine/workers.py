@@ -24,7 +24,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterable, List, Mapping,
 
 from swpipe_core.plan import PipelinePlan, PipelineTask, StreamSpec, ref_name, stream_name
 
-__all__ = ["ScheduledTask", "with_thread_map", "THREAD_MAP_STRATEGIES"]
+__all__ = ["ScheduledTask", "with_thread_map", "THREAD_MAP_STRATEGIES", "Workers"]
 
 _log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def with_thread_map(plan: PipelinePlan, thread_map: ThreadMap) -> PipelinePlan:
 
     Examples
     --------
-    >>> from swpipe_core.plan import PipelinePlan, TaskSchedule
+    >>> from swpipe import PipelinePlan, TaskSchedule, with_thread_map
     >>> plan = PipelinePlan({"H2D": TaskSchedule(0, "memcpy"), "Fwd": TaskSchedule(1), "Bwd": TaskSchedule(1)})
     >>> def groups(p):
     ...     return {n: p.sched(n).thread_group for n in p.task_names}
@@ -137,7 +137,7 @@ def with_thread_map(plan: PipelinePlan, thread_map: ThreadMap) -> PipelinePlan:
     return plan.replace(schedule=schedule, pipeline_depth=plan.pipeline_depth)
 
 
-class _Workers:
+class Workers:
     """One daemon thread ``swpipe-<group>`` per group, each draining a FIFO queue.
 
     ``run_items(group, items)`` is called on the worker thread for every list
@@ -150,7 +150,7 @@ class _Workers:
     Examples
     --------
     >>> seen = []
-    >>> w = _Workers(["io", "compute"], lambda g, items: seen.extend((g, x) for x in items))
+    >>> w = Workers(["io", "compute"], lambda g, items: seen.extend((g, x) for x in items))
     >>> w.start(); w.submit("io", [1, 2]); w.submit("compute", [3])
     >>> w.stop()
     []

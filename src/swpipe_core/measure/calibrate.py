@@ -338,8 +338,7 @@ def measure_cpu(pipe: Any, batch: Any, num_iterations: int = 5) -> Dict[str, flo
     --------
     A task that waits reads near 0:
 
-    >>> from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine.pipeline import SWPipeline
+    >>> from swpipe import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
     >>> waits = PipelinePlan({PipelineTask("Wait", lambda ctx: threading.Event().wait(0.004)): TaskSchedule()})
     >>> measure_cpu(SWPipeline(waits, device="cpu"), 0, num_iterations=3)["Wait"] < 0.5
     True

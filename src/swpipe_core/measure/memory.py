@@ -31,7 +31,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from swpipe_core.engine.reach import reachable_objects
 
@@ -56,7 +56,7 @@ def reachable_storages(*roots: Any) -> Dict[Tuple[str, int], int]:
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core.plan import IterContext
+    >>> from swpipe import IterContext
     >>> x = torch.zeros(256)                       # 1024 bytes
     >>> ctx = IterContext({"x": x, "y": [x[:10], torch.ones(4)]}, 0)
     >>> ctx.view = x.view(16, 16)                  # same storage as x
@@ -81,7 +81,7 @@ def _tensor_children(t: Any) -> Tuple[Any, ...]:
     return ()
 
 
-def _add_storage(t: Any, out: Dict[Tuple[str, int], int]) -> None:
+def _add_storage(t: Any, out: Dict[Tuple[str, int], int], held: Optional[List[Any]] = None) -> None:
     if t.is_sparse or t.layout != _strided():
         return
     try:
@@ -92,6 +92,21 @@ def _add_storage(t: Any, out: Dict[Tuple[str, int], int]) -> None:
     if ptr:
         key = (str(t.device), ptr)
         out[key] = max(out.get(key, 0), st.nbytes())
+        if held is not None:
+            held.append(st)
+
+
+def _held_storages(root: Any) -> Tuple[Dict[Tuple[str, int], int], List[Any]]:
+    """:func:`reachable_storages` of ``root``, and the storages themselves: while they are held, no new storage
+    can take one's address, so an address names one storage from before a task to after it."""
+    import torch
+
+    out: Dict[Tuple[str, int], int] = {}
+    held: List[Any] = []
+    for obj in reachable_objects([root], _MAX_NODES, _tensor_children):
+        if isinstance(obj, torch.Tensor):
+            _add_storage(obj, out, held)
+    return out, held
 
 
 def _strided() -> Any:
@@ -189,8 +204,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     Examples
     --------
     >>> import torch
-    >>> from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine.pipeline import SWPipeline
+    >>> from swpipe import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
     >>> def load(ctx): ctx.x = torch.zeros(100)             # 400 bytes
     >>> def step(ctx): del ctx.x; ctx.y = torch.zeros(10)  # frees 400, adds 40
     >>> plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(), PipelineTask("Step", step): TaskSchedule()},
@@ -202,13 +216,15 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
     """
     if num_iterations < 1:
         raise ValueError(f"num_iterations={num_iterations!r}: measure at least one iteration")
-    streams = getattr(pipe, "_streams", None)
-    device = streams.dev if streams is not None and streams.is_cuda else None
+    streams = pipe.streams
+    device = streams.dev if streams.is_cuda else None
     cuda = device is not None and device.memory_counters() is not None  # a device allocator to read
     samples: Dict[str, List[Tuple[int, int, int, int, int]]] = {}
 
     def measured(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
-        before = reachable_storages(ctx)
+        # held until the task's figures are taken: a storage the task frees keeps its address, which a storage
+        # the task makes would otherwise reuse, and the two would count as one that neither left nor came
+        before, held = _held_storages(ctx)
         if cuda:
             a0, f0 = device.memory_counters()
         high = [0]
@@ -224,6 +240,7 @@ def measure_task_memory(pipe: Any, batch: Any, num_iterations: int = 3, iter_sta
         finally:
             sys.setprofile(previous)
         after = reachable_storages(ctx)
+        del held  # what the task freed goes now, before the device's counters are read
         add = sum(v for k, v in after.items() if k not in before)
         free = sum(v for k, v in before.items() if k not in after)
         if cuda:

@@ -21,10 +21,19 @@ import itertools
 import logging
 import statistics
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from swpipe_core.engine.lifetime import TrainState
+from swpipe_core.engine.options import OptionError, keywords_checked
 from swpipe_core.measure.allocator import minor_faults
 from swpipe_core.measure.result import ProfileResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from swpipe_core.engine.dispatch import RunTask
+    from swpipe_core.engine.pipeline import SWPipeline
+    from swpipe_core.plan import IterContext, PipelineTask
 
 __all__ = ["TaskProfiler"]
 
@@ -39,47 +48,66 @@ class TaskProfiler:
     Shortcuts one task at a time and times serial iterations
     (``pipe.run_one_serial_iter``); ``exposed(T) = max(0, baseline - median
     shortcut time)``. Optionally also times each task's host (CPU) time and,
-    on CUDA, its device time with CUDA events.
+    on CUDA, its device time with CUDA events. How the rounds are taken is
+    the profiler's; what is measured on which batch is :meth:`profile`'s.
 
     Parameters
     ----------
     pipeline : SWPipeline
         A pipeline whose plan is bound to task functions. It must have no
         shortcut enabled when :meth:`profile` starts.
+    num_warmup : int
+        Serial iterations before anything is timed (``>= 0``).
+    num_measure : int
+        Iterations per timed round (``>= 1``); also the iterations that time
+        each task and measure its memory.
+    num_rounds : int
+        Timed rounds of the baseline and of each shortcut task (``>= 1``).
+    interleave : bool
+        Take the rounds interleaved (a baseline round, then one round per
+        task, repeated) rather than phased (all baseline rounds first, then
+        each task's rounds; ``interleave=False``). Slow drift in machine load
+        (other processes, clocks) then shifts baseline and shortcut rounds
+        alike instead of biasing every exposed time; the price is one
+        untimed caching iteration per task per round instead of per task.
+    progress : bool
+        Show a tqdm bar over (1 + tasks) x rounds (the 1 is the baseline).
+
+    Raises
+    ------
+    OptionError
+        A count out of range (a ``ValueError`` and a ``TypeError``), or an option of another call
+        (``strict=`` is the pipeline's): its ``home`` and ``fix`` say where it goes.
 
     Examples
     --------
     >>> import time
-    >>> from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine.pipeline import SWPipeline
+    >>> from swpipe import SWPipeline, TaskProfiler, PipelinePlan, PipelineTask, TaskSchedule
     >>> plan = PipelinePlan(schedule={
     ...     PipelineTask("Load", lambda ctx: setattr(ctx, "x", ctx.batch)): TaskSchedule(),
     ...     PipelineTask("Work", lambda ctx: time.sleep(0.002)): TaskSchedule()},
     ...     intra_iter_deps=[("Work", "Load")])
     >>> with SWPipeline(plan, device="cpu") as pipe:
-    ...     result = TaskProfiler(pipe).profile(1, num_warmup=1, num_measure=2, num_rounds=1)
+    ...     result = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(1)
     >>> sorted(result.exposed_s), result.baseline_s > 0, result.device_s
     (['Load', 'Work'], True, None)
     """
 
-    def __init__(self, pipeline: Any) -> None:
+    @keywords_checked("TaskProfiler")
+    def __init__(self, pipeline: "SWPipeline", *, num_warmup: int = 3, num_measure: int = 10, num_rounds: int = 3,
+                 interleave: bool = True, progress: bool = False) -> None:
+        for name, value, low in (("num_warmup", num_warmup, 0), ("num_measure", num_measure, 1),
+                                 ("num_rounds", num_rounds, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise OptionError("TaskProfiler", name, value, expected=f"an integer >= {low}")
         self.pipe = pipeline
+        self.num_warmup, self.num_measure, self.num_rounds = num_warmup, num_measure, num_rounds
+        self.interleave = bool(interleave)
+        self.progress = bool(progress)
 
-    def profile(
-        self,
-        batch: Any,
-        num_warmup: int = 3,
-        num_measure: int = 10,
-        num_rounds: int = 3,
-        skip_tasks: Optional[Iterable[str]] = None,
-        progress: bool = False,
-        *,
-        task_times: bool = True,
-        interleave: bool = True,
-        memory: Optional[bool] = None,
-        calibrate: bool = False,
-        state: Any = None,
-    ) -> ProfileResult:
+    @keywords_checked("TaskProfiler.profile")
+    def profile(self, batch: Any, skip_tasks: Optional[Iterable[str]] = None, *, task_times: bool = True,
+                memory: Optional[bool] = None, calibrate: bool = False, state: TrainState = None) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
         (1) ``num_warmup`` serial iterations. (2) Baseline: ``num_rounds``
@@ -87,33 +115,22 @@ class TaskProfiler:
         means. (3) For each task not in ``skip_tasks``: shortcut it, run one
         caching iteration (untimed), then time rounds; disable it (dropping
         its cache). (4) ``exposed = max(0, baseline - median)``. By default
-        the rounds of (2) and (3) are interleaved (see ``interleave``).
-        Each round synchronises the device exactly twice on CUDA (before and
-        after its iterations) and never on CPU. With ``task_times``, a last
-        phase wraps each task execution to record host time (and device time
-        with CUDA events on CUDA) over ``num_measure`` iterations.
+        the rounds of (2) and (3) are interleaved (the profiler's
+        ``interleave``). Each round synchronises the device exactly twice on
+        CUDA (before and after its iterations) and never on CPU. With
+        ``task_times``, a last phase wraps each task execution to record host
+        time (and device time with CUDA events on CUDA) over ``num_measure``
+        iterations.
 
         Parameters
         ----------
         batch : Any
             A representative batch; every iteration runs on it.
-        num_warmup, num_measure, num_rounds : int
-            Warmup iterations, iterations per round, rounds.
         skip_tasks : iterable of str, optional
             Tasks not to shortcut (those that cannot be shortcut on their own,
             e.g. a backward whose loss another task consumes).
-        progress : bool
-            Show a tqdm bar over (1 + tasks) x rounds (the 1 is the baseline).
         task_times : bool
             Also record per-task host (and on CUDA device) time.
-        interleave : bool
-            Take the rounds interleaved (a baseline round, then one round per
-            task, repeated) rather than phased (all baseline rounds first, then
-            each task's rounds; ``interleave=False``).
-            Slow drift in machine load (other processes, clocks) then shifts
-            baseline and shortcut rounds alike instead of biasing every
-            exposed time; the price is one untimed caching iteration per task
-            per round instead of per task.
         memory : bool, optional
             Default: as ``task_times``. Also record per-task bytes added to and freed from the context
             (and on CUDA allocated and freed on the device) over
@@ -140,39 +157,35 @@ class TaskProfiler:
         Raises
         ------
         ValueError
-            Unknown task names in ``skip_tasks`` (valid names listed), counts
-            out of range, or shortcuts already enabled on the pipeline.
+            Unknown task names in ``skip_tasks`` (valid names listed), or
+            shortcuts already enabled on the pipeline.
+        OptionError
+            An option of another call (``num_measure=`` is the profiler's: ``TaskProfiler(pipe, num_measure=5)``).
         """
         from swpipe_core.measure.state import measured_on
 
         with measured_on(self.pipe, state, "TaskProfiler.profile") as ran:
-            result = self._profile(batch, num_warmup, num_measure, num_rounds, skip_tasks, progress,
-                                   task_times=task_times, interleave=interleave, memory=memory, calibrate=calibrate)
+            result = self._profile(batch, skip_tasks, task_times=task_times, memory=memory, calibrate=calibrate)
         result.meta["task_runs"] = dict(ran.runs)
         result.meta["state_restored"] = ran.restored
         return result
 
-    def _profile(self, batch: Any, num_warmup: int, num_measure: int, num_rounds: int,
-                 skip_tasks: Optional[Iterable[str]], progress: bool, *, task_times: bool, interleave: bool,
+    def _profile(self, batch: Any, skip_tasks: Optional[Iterable[str]], *, task_times: bool,
                  memory: Optional[bool], calibrate: bool) -> ProfileResult:
-        if num_warmup < 0 or num_measure < 1 or num_rounds < 1:
-            raise ValueError(
-                f"need num_warmup >= 0, num_measure >= 1 and num_rounds >= 1; got "
-                f"num_warmup={num_warmup}, num_measure={num_measure}, num_rounds={num_rounds}"
-            )
         pipe = self.pipe
+        num_warmup, num_measure, num_rounds = self.num_warmup, self.num_measure, self.num_rounds
         import torch
 
         skip, targets = _targets(pipe, skip_tasks)
-        device = torch.device(getattr(pipe, "device", "cpu"))
+        device = torch.device(pipe.device)
         sync = _device_sync(pipe)
         counter = itertools.count()
         wall0 = time.perf_counter()
 
         # (1) warmup, (2) baseline rounds, (3) shortcut rounds per task
         rounds = _Rounds(pipe, batch, num_measure, counter, sync,
-                         _progress_bar((1 + len(targets)) * num_rounds, enabled=progress))
-        baseline_rounds, shortcut_rounds = rounds.measure(targets, num_warmup, num_rounds, interleave)
+                         _progress_bar((1 + len(targets)) * num_rounds, enabled=self.progress))
+        baseline_rounds, shortcut_rounds = rounds.measure(targets, num_warmup, num_rounds, self.interleave)
         baseline = statistics.median(baseline_rounds)
         _log.debug("baseline %.3f ms (rounds %s)", baseline * 1e3, baseline_rounds)
         # (4) exposed time
@@ -186,7 +199,7 @@ class TaskProfiler:
             host_s, device_s = _time_tasks(pipe, batch, num_measure, counter, sync, means=host_mean)
         mem = _task_memory(pipe, batch, num_measure, counter) if (task_times if memory is None else memory) else None
         measured = {"num_warmup": num_warmup, "num_measure": num_measure, "num_rounds": num_rounds,
-                    "interleave": interleave, "skip_tasks": sorted(skip), "baseline_rounds_s": baseline_rounds,
+                    "interleave": self.interleave, "skip_tasks": sorted(skip), "baseline_rounds_s": baseline_rounds,
                     "page_faults_per_iteration": statistics.median(rounds.baseline_faults),
                     "shortcut_s": shortcut_s, "shortcut_rounds_s": shortcut_rounds}
         meta = _meta(pipe, device, measured, host_mean if task_times else None, wall0)
@@ -197,26 +210,17 @@ class TaskProfiler:
         return ProfileResult(baseline_s=baseline, exposed_s=exposed, host_s=host_s, device_s=device_s, meta=meta,
                              memory=mem)
 
-    def profile_many(
-        self,
-        batches: Iterable[Any],
-        num_warmup: int = 3,
-        num_measure: int = 10,
-        num_rounds: int = 3,
-        skip_tasks: Optional[Iterable[str]] = None,
-        progress: bool = False,
-        *,
-        task_times: bool = True,
-        interleave: bool = True,
-        state: Any = None,
-    ) -> List[ProfileResult]:
+    @keywords_checked("TaskProfiler.profile_many")
+    def profile_many(self, batches: Iterable[Any], skip_tasks: Optional[Iterable[str]] = None, *,
+                     task_times: bool = True, memory: Optional[bool] = None,
+                     state: TrainState = None) -> List[ProfileResult]:
         """Profile each batch independently (how exposed time varies with the data).
 
         Parameters
         ----------
         batches : iterable
             One :meth:`profile` per batch, with the same settings.
-        num_warmup, num_measure, num_rounds, skip_tasks, progress, task_times, interleave, state
+        skip_tasks, task_times, memory, state
             As in :meth:`profile` (with ``state``, restored after each batch's profile).
 
         Returns
@@ -232,14 +236,13 @@ class TaskProfiler:
         skip = None if skip_tasks is None else set(skip_tasks)
         results = []
         for i, batch in enumerate(batches):
-            r = self.profile(batch, num_warmup, num_measure, num_rounds, skip, progress,
-                             task_times=task_times, interleave=interleave, state=state)
+            r = self.profile(batch, skip, task_times=task_times, memory=memory, state=state)
             r.meta["batch_index"] = i
             results.append(r)
         return results
 
 
-def _task_memory(pipe: Any, batch: Any, num_measure: int, counter: Any) -> Dict[str, Any]:
+def _task_memory(pipe: "SWPipeline", batch: Any, num_measure: int, counter: Iterator[int]) -> Dict[str, Any]:
     """Per-task bytes over ``num_measure`` serial iterations, which take the next indices of ``counter``."""
     from swpipe_core.measure.memory import measure_task_memory
 
@@ -249,7 +252,7 @@ def _task_memory(pipe: Any, batch: Any, num_measure: int, counter: Any) -> Dict[
     return measure_task_memory(pipe, batch, num_measure, iter_start=start).to_dict()
 
 
-def _meta(pipe: Any, device: Any, measured: Dict[str, Any], host_mean: Optional[Dict[str, float]],
+def _meta(pipe: "SWPipeline", device: "torch.device", measured: Dict[str, Any], host_mean: Optional[Dict[str, float]],
           wall0: float) -> Dict[str, Any]:
     """How the profile was measured: where, the ``measured`` settings and rounds, what each time means.
 
@@ -275,7 +278,7 @@ def _meta(pipe: Any, device: Any, measured: Dict[str, Any], host_mean: Optional[
     }
 
 
-def _machine(pipe: Any) -> str:
+def _machine(pipe: "SWPipeline") -> str:
     """A one-line description of where the profile ran (recorded in cost models)."""
     import os
     import platform
@@ -283,23 +286,23 @@ def _machine(pipe: Any) -> str:
     import torch
 
     host = f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}"
-    streams = getattr(pipe, "_streams", None)
-    if streams is not None and streams.is_cuda:
+    streams = pipe.streams
+    if streams.is_cuda:
         return f"{streams.dev.describe()}; {host}"
     return host
 
 
-def _device_sync(pipe: Any) -> Callable[[], None]:
+def _device_sync(pipe: "SWPipeline") -> Callable[[], None]:
     """A bounded wait for all of ``pipe``'s device work (nothing on CPU); raises if the device does not finish."""
-    streams = getattr(pipe, "_streams", None)
-    if streams is None or not streams.is_cuda:
+    streams = pipe.streams
+    if not streams.is_cuda:
         return lambda: None
-    timeout = getattr(pipe, "progress_timeout", 60.0)
+    timeout = pipe.timeouts.progress_s
 
     def sync() -> None:
         if not streams.synchronize(timeout):
             raise RuntimeError(f"profiling: the device work did not complete within {timeout:g} s "
-                               "(progress_timeout); a kernel is hung or slow")
+                               "(Timeouts.progress_s); a kernel is hung or slow")
     return sync
 
 
@@ -324,14 +327,14 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="profile", unit="round")
 
 
-def _targets(pipe: Any, skip_tasks: Optional[Iterable[str]]) -> Tuple[set, List[str]]:
+def _targets(pipe: "SWPipeline", skip_tasks: Optional[Iterable[str]]) -> Tuple[set, List[str]]:
     """The tasks to skip and the tasks to measure; a clear error for unknown names or shortcuts already on."""
     names = list(pipe.plan.task_names)
     skip = set(skip_tasks or ())
     unknown = sorted(skip - set(names))
     if unknown:
         raise ValueError(f"skip_tasks names unknown tasks {unknown}; valid task names: {names}")
-    active = sorted(getattr(getattr(pipe, "_shortcut", None), "tasks", ()) or ())
+    active = pipe.shortcuts
     if active:
         raise ValueError(
             f"tasks {active} are already shortcut; the profile measures against the full step. "
@@ -343,8 +346,8 @@ def _targets(pipe: Any, skip_tasks: Optional[Iterable[str]]) -> Tuple[set, List[
 class _Rounds:
     """Timed rounds of ``num_measure`` serial iterations: the baseline, and with one task shortcut."""
 
-    def __init__(self, pipe: Any, batch: Any, num_measure: int, counter: Any, sync: Callable[[], None],
-                 bar: Any) -> None:
+    def __init__(self, pipe: "SWPipeline", batch: Any, num_measure: int, counter: Iterator[int],
+                 sync: Callable[[], None], bar: Any) -> None:
         self.pipe, self.batch, self.num_measure, self.counter, self.sync, self.bar = (
             pipe, batch, num_measure, counter, sync, bar)
         self.baseline_faults: List[float] = []  # minor page faults per iteration, per baseline round
@@ -401,7 +404,7 @@ class _Rounds:
         return baseline, per_task
 
 
-def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, sync: Callable[[], None],
+def _time_tasks(pipe: "SWPipeline", batch: Any, n: int, counter: Iterator[int], sync: Callable[[], None],
                 means: Optional[Dict[str, float]] = None):
     """Median host (and on CUDA device) seconds per task over ``n`` serial iterations.
 
@@ -420,17 +423,17 @@ def _time_tasks(pipe: Any, batch: Any, n: int, counter: Any, sync: Callable[[], 
     without it. For such a task the span also holds its host work after
     the wait (the stream idles meanwhile).
     """
-    streams = getattr(pipe, "_streams", None)
-    cuda = streams is not None and streams.is_cuda
+    streams = pipe.streams
+    cuda = streams.is_cuda
     host: Dict[str, List[float]] = {}
     events: List[tuple] = []
 
-    def host_timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
+    def host_timed(original: "RunTask", task: "PipelineTask", ctx: "IterContext") -> None:
         t0 = time.perf_counter()
         original(task, ctx)
         host.setdefault(task.name, []).append(time.perf_counter() - t0)
 
-    def device_timed(original: Callable[[Any, Any], None], task: Any, ctx: Any) -> None:
+    def device_timed(original: "RunTask", task: "PipelineTask", ctx: "IterContext") -> None:
         dev = streams.dev
         stream = dev.current_stream()
         dev.spin(2.0 * host_s.get(task.name, 0.0) + 1e-3)

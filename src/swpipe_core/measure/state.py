@@ -30,9 +30,15 @@ import copy
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
+
+if TYPE_CHECKING:
+    from swpipe_core.engine.dispatch import RunTask
+    from swpipe_core.engine.lifetime import TrainState
+    from swpipe_core.engine.pipeline import SWPipeline
+    from swpipe_core.plan import IterContext, PipelineTask
 
 __all__ = ["StateSnapshot", "snapshot_state", "restore_state", "MeasuredRun", "measured_on"]
 
@@ -397,8 +403,20 @@ class MeasuredRun:
         return f"ran your tasks {times}: they trained your model (pass state=[model, optimizer] to have it restored)"
 
 
+class _Counter:
+    """The wrapper of :func:`measured_on`: counts each task that runs for real (a shortcut's replay aside)."""
+
+    def __init__(self, pipe: "SWPipeline", ran: MeasuredRun) -> None:
+        self.pipe, self.ran = pipe, ran
+
+    def __call__(self, run_task: "RunTask", task: "PipelineTask", ctx: "IterContext") -> None:
+        if task.name not in self.pipe.cached_shortcuts:  # a shortcut task with its cache replays
+            self.ran.runs[task.name] = self.ran.runs.get(task.name, 0) + 1
+        run_task(task, ctx)
+
+
 @contextlib.contextmanager
-def measured_on(pipe: Any, state: Any, what: str) -> Iterator[MeasuredRun]:
+def measured_on(pipe: "SWPipeline", state: "TrainState", what: str) -> Iterator[MeasuredRun]:
     """A measurement that runs ``pipe``'s tasks on the user's model: count what it ran, restore ``state`` after.
 
     Counts how often the block runs each of ``pipe``'s tasks for real (a
@@ -410,8 +428,7 @@ def measured_on(pipe: Any, state: Any, what: str) -> Iterator[MeasuredRun]:
 
     Examples
     --------
-    >>> from swpipe_core import PipelinePlan, PipelineTask, TaskSchedule
-    >>> from swpipe_core.engine.pipeline import SWPipeline
+    >>> from swpipe import SWPipeline, PipelinePlan, PipelineTask, TaskSchedule
     >>> model = torch.nn.Linear(1, 1, bias=False)
     >>> _ = torch.nn.init.zeros_(model.weight)
     >>> def step(ctx):
@@ -425,20 +442,11 @@ def measured_on(pipe: Any, state: Any, what: str) -> Iterator[MeasuredRun]:
     """
     ran = MeasuredRun()
     snapshot = snapshot_state(state) if state is not None else None
-    outer = getattr(pipe, "_swp_measured", 0)  # inside another measurement of this pipeline: it reports
-    shortcut = getattr(pipe, "_shortcut", None)
-
-    def count(run_task: Any, task: Any, ctx: Any) -> None:
-        if shortcut is None or task.name not in shortcut.cached:  # a shortcut task with its cache replays
-            ran.runs[task.name] = ran.runs.get(task.name, 0) + 1
-        run_task(task, ctx)
-
-    pipe._swp_measured = outer + 1
+    outer = any(isinstance(w, _Counter) for w in pipe.instruments)  # inside another measurement: it reports
     try:
-        with pipe.instrument(count):
+        with pipe.instrument(_Counter(pipe, ran)):
             yield ran
     finally:
-        pipe._swp_measured = outer
         if snapshot is not None:
             restore_state(state, snapshot)
             ran.restored = True
