@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.measure.trace import TimelineEvent, to_chrome_trace, write_chrome_trace
@@ -32,6 +32,11 @@ from autosched.model._simcore import Simulator
 from autosched.model._simevents import SimDeadlock, Stall
 from autosched.model._simplan import SimPlan, sim_plan
 from autosched.model.taskmodel import CORES
+
+if TYPE_CHECKING:  # for the annotations only: memory imports this module, pandas is imported in to_dataframe()
+    import pandas
+
+    from autosched.model.memory import MemoryPrediction
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
@@ -162,7 +167,7 @@ class SimResult:
     window: Tuple[int, int]
 
     @property
-    def memory(self) -> Any:
+    def memory(self) -> MemoryPrediction:
         """Predicted live bytes over the run (:func:`autosched.model.memory.predict_memory`; needs the costs' bytes)."""
         from autosched.model.memory import predict_memory
 
@@ -232,7 +237,7 @@ class SimResult:
                 f"{t}{'' if p == 'host' else '@dev'} on {c} {s * 1e3:.3f} ms" for t, p, c, s in top))
         return "\n".join(lines)
 
-    def to_dataframe(self) -> Any:
+    def to_dataframe(self) -> pandas.DataFrame:
         """The events as a pandas DataFrame (pandas imported here)."""
         import pandas as pd
 
