@@ -152,14 +152,14 @@ class MainThread:
         self.caller_left = [0] * periods  # the caller's tasks each period has yet to run
         if plan.caller >= 0:
             for p in range(self.total_periods):
-                self.caller_left[p] = sum(1 for step in plan.walk.shape(p, 0, iterations).steps if step[2])
+                self.caller_left[p] = sum(1 for _, _, inline, _ in plan.walk.shape(p, 0, iterations).steps if inline)
         self.caller_done_t = [0.0] * periods
         self.caller_done_op = [-1] * periods
         self.held: Dict[int, List[int]] = {}  # a caller's task -> the worker tasks handed off once it has run
         self.handoff_pred: Dict[int, int] = {}  # a worker task handed off late -> the caller's task it waited for
         self.period_pred: List[Binding] = [(-1, "barrier")] * periods  # what let each period be enqueued
         self.next_period = 0
-        self.t = 0.0  # when it is next free
+        self.free_t = 0.0  # when it is next free
         self.cut = math.inf  # when the first period short of a batch is enqueued (simulate._window)
 
 
@@ -242,7 +242,7 @@ class Simulator:
         last = max(main.total_periods, n + 1)
         while main.next_period < last:
             p = main.next_period
-            ready, pred = main.t, (-1, "barrier")
+            ready, pred = main.free_t, (-1, "barrier")
             if p >= 1 and plan.caller >= 0:
                 if main.caller_left[p - 1] > 0:
                     return
@@ -265,9 +265,9 @@ class Simulator:
                 main.cut = ready
             main.next_period += 1
             if p < main.total_periods:
-                main.t = ready + plan.period_overhead
+                main.free_t = ready + plan.period_overhead
                 main.period_pred[p] = pred
-                self.push(main.t, ENQUEUE, p)
+                self.push(main.free_t, ENQUEUE, p)
 
     def enqueue(self, period: int, now: float) -> None:
         """Walk ``period``'s tasks in the enqueue order, as the engine's main thread does.
