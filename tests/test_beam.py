@@ -12,7 +12,7 @@ from autosched.search.problem import make_problem
 from autosched.search.beam import beam_search
 from autosched.search.scoring import sim_scorer
 from autosched.search.bounds import recurrence_bound
-from autosched.search.modulo import Candidate, _Pool, _Ring, modulo_schedule
+from autosched.search.modulo import Candidate, modulo_schedule
 from autosched.search.fire_orders import FIRE_POLICIES, fire_order
 from autosched.search.maps import thread_presets
 from autosched.model.costs import CostModel, TaskCost
@@ -46,32 +46,6 @@ def test_beam_period_equals_cpsat(case):
     found = beam_search(problem, time_limit_s=30, seed=0)
     validate(found.plan)
     assert score(found.plan)[0] == pytest.approx(score(exact.plan)[0], rel=1e-9)
-
-
-def test_ring_places_around_the_circle():
-    ring = _Ring(10)
-    ring.add(2, 3)        # busy [2, 5)
-    ring.add(8, 4)        # busy [8, 10) and, wrapped, [0, 2)
-    assert ring.earliest(0, 3) == 5          # [0, 2) and [2, 5) are taken
-    assert ring.earliest(6, 2) == 6          # [6, 8) is free
-    assert ring.earliest(6, 3) == 15         # next turn: [15, 18) = [5, 8) mod 10
-    assert ring.earliest(0, 4) is None       # no 4-long gap anywhere
-    assert ring.earliest(0, 11) is None      # longer than the period
-
-
-def test_pool_places_where_a_core_is_free_around_the_circle():
-    pool = _Pool(10, 2)
-    pool.add(2, 3)        # [2, 5)
-    pool.add(4, 4)        # [4, 8): both cores busy on [4, 5)
-    pool.add(8, 4)        # [8, 10) and, wrapped, [0, 2)
-    assert pool.earliest(0, 4) == 0          # [0, 4) has at most one part running
-    assert pool.earliest(0, 5) == 5          # [4, 5) is full
-    assert pool.earliest(3, 1) == 3 and pool.earliest(4, 1) == 5
-    assert pool.earliest(6, 9) == 15         # [5, 10) + [0, 4) of the next turn
-    assert pool.earliest(0, 11) is None      # longer than the period
-    full = _Pool(10, 1)
-    full.add(0, 10)
-    assert full.earliest(3, 1) is None       # the one core is never free
 
 
 def test_modulo_schedule_keeps_at_most_cores_host_parts_at_once():

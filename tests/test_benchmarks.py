@@ -74,3 +74,12 @@ def test_gpu_overlap_on_a_gpu_is_exact():
                                               "--rounds", "2"])
     assert got["overlap"]["equal"], got["overlap"]["mismatches"]
     assert got["overlap"]["costs"]["Copy"].device_s > 0  # the profiler timed the copy on the device
+
+
+def test_sim_speed_times_every_case(capsys):
+    bench = load_benchmark("sim_speed")
+    assert bench.main(["--calls", "1", "--blocks", "1"]) == 0
+    out = capsys.readouterr().out
+    for case in bench.CASES:
+        ms = word_after(out, *bench.case_label(*case).split(), "this")
+        assert ms is not None and float(ms) > 0, out

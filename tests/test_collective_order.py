@@ -157,13 +157,13 @@ def test_the_plans_searched_for_several_ranks_keep_every_collective_ordered(two_
     from autosched.search.options import Constraints, SolverOptions
     from swpipe import auto_schedule
     from autosched.verify.candidates import serial_plan
-    from swpipe.workloads.autoplan import _auto_seeds, safe_task_plan
+    from swpipe.workloads.autoplan import auto_seeds, safe_task_plan
     from swpipe_core.planfile import plan_from_dict, plan_to_dict
 
     base = safe_task_plan(two_rank_workload)
     assert _ordered(base) == issuers["prefetch"]  # the search's task graph is prefetch's
     costs = CostModel({n: TaskCost(0.001 * (1 + k % 3)) for k, n in enumerate(base.task_names)})
-    seeds = _auto_seeds(two_rank_workload, base)
+    seeds = auto_seeds(two_rank_workload, base)
     found, _ = auto_schedule(base, costs, Constraints(max_depth=3, max_threads=3),
                              solver=SolverOptions(time_limit_s=2.0),
                              seeds=seeds, verify=False)

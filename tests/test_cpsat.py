@@ -118,21 +118,23 @@ def test_cpsat_gives_its_solves_no_more_than_the_budget_left(monkeypatch):
     at the best period takes at most ``max(0.5 s, 20 %)`` more. Checked on a fake clock that each solve
     advances by its whole limit (the worst case): the search's clock never passes the budget plus that."""
     import autosched.search.cpsat as cpsat
+    from ortools.sat.python import cp_model
     from swpipe.testing.plan_space import random_graph
     from conftest import FakeClock
 
     clock = FakeClock()
     limits = []
-    solve = cpsat._solve
+    solve = cp_model.CpSolver.Solve
 
-    def timed_solve(mod, time_limit_s, num_workers, seed):
-        limits.append(time_limit_s)
-        got = solve(mod, time_limit_s, num_workers, seed)
-        clock.advance(time_limit_s)
+    def timed_solve(solver, *args, **kwargs):  # OR-Tools' solver, as every CP-SAT solve calls it
+        limit = solver.parameters.max_time_in_seconds
+        limits.append(limit)
+        got = solve(solver, *args, **kwargs)
+        clock.advance(limit)
         return got
 
     monkeypatch.setattr(cpsat, "time", clock)
-    monkeypatch.setattr(cpsat, "_solve", timed_solve)
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", timed_solve)
     graph, costs = random_graph(7, 40)
     problem = make_problem(graph, costs, Constraints(max_depth=3, max_threads=2))
     res = solve_cpsat(problem, time_limit_s=2.0)

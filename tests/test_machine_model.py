@@ -19,6 +19,7 @@ from autosched.search.options import Constraints, SolverOptions
 from swpipe import auto_schedule
 from autosched.verify.loop import VerifyOptions
 from autosched.verify.predict import predict_periods
+from conftest import measured_by_simulation
 from swpipe_core.measure.calibrate import MachineCalibration
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -58,16 +59,8 @@ def test_the_searched_costs_hold_the_engine_costs_and_the_core_pool_and_nothing_
 
 def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verification(monkeypatch):
     # the machine runs exactly as the model says, so no refit round moves the pool
-    import autosched.verify.measure as verify
-
-    # private: the one seam where a measurement runs the engine (conftest.measured_by_simulation replaces it too)
-    engine_run, folded = verify._one_run, searched_costs(CostModel(TASKS, machine_calibration=CAL))
-
-    def run_as_modelled(plan, batches, device):
-        engine_run(plan, batches, device)
-        return float(simulate_folded(plan, folded, CAL, num_iterations=40).period)
-
-    monkeypatch.setattr(verify, "_one_run", run_as_modelled)
+    folded = searched_costs(CostModel(TASKS, machine_calibration=CAL))
+    measured_by_simulation(monkeypatch, lambda plan: simulate_folded(plan, folded, CAL, num_iterations=40).period)
     # the refit round simulates other pools on purpose, to fit one (tests/test_refit.py)
     monkeypatch.setattr(importlib.import_module("autosched.verify.refit"), "fit_core_pool", lambda *args: None)
     seen = _spy_on_the_simulator(monkeypatch)

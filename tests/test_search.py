@@ -12,7 +12,7 @@ from conftest import word_after
 from swpipe.testing.plan_space import random_graph, random_problem
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
-from autosched.search.options import Constraints, SolverOptions
+from autosched.search.options import Constraints, OptionError, SolverOptions
 from autosched.search.report import SearchReport
 from swpipe import auto_schedule
 from autosched.model.simulate import simulate
@@ -403,8 +403,6 @@ def test_auto_schedule_takes_at_most_eight_parameters_each_named_for_what_it_is(
                                                      ("beam_share", "SolverOptions", "solver"),
                                                      ("rounds", "VerifyOptions", "verify")])
 def test_an_option_given_to_auto_schedule_names_the_class_it_belongs_to(keyword, home, argument):
-    from autosched._fields import OptionError
-
     costs = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
     with pytest.raises(OptionError) as info:
         auto_schedule((["Load", "Step"], [("Step", "Load")]), costs, **{keyword: 2})
@@ -415,8 +413,6 @@ def test_an_option_given_to_auto_schedule_names_the_class_it_belongs_to(keyword,
 
 def test_an_option_given_to_the_wrong_class_or_misspelt_names_its_home_or_none():
     import pickle
-
-    from autosched._fields import OptionError
 
     with pytest.raises(OptionError) as info:
         Constraints(rounds=3)

@@ -389,6 +389,8 @@ def test_the_constructor_takes_every_argument_of_torchrecs_class_with_torchrecs_
 
 
 def test_a_torchrec_without_an_internal_is_a_clear_error(monkeypatch):
+    # private on purpose: the version check is the seam tested. No TorchRec lacking an internal can be installed
+    # here, so the list of internals gets one more and the check, made once per process, is made again
     from swpipe.torchrec import _private
 
     monkeypatch.setattr(_private, "_checked", None)

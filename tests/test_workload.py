@@ -510,24 +510,14 @@ def test_a_searched_rows_prediction_is_compared_with_its_speedup_measured_in_the
     assert table["hand-written"][5] == "-"
 
 
-def test_a_rows_paired_speedup_pairs_each_run_with_the_serial_run_of_its_round():
-    from swpipe.workloads.bench import _paired
-
-    serial = [0.30, 0.60, 0.36]  # the machine ran twice as slow in round 1, for both
-    plan = [0.20, 0.40, 0.18]
-    assert _paired(serial, plan) == pytest.approx(1.5)  # ratios 1.5, 1.5, 2.0
-    assert min(serial) / min(plan) == pytest.approx(0.30 / 0.18)  # fastest over fastest mixes rounds 0 and 2
-    assert _paired(serial, plan[:2]) == pytest.approx(1.5)  # a row not raced: its own rounds only
-
-
 def test_search_costs_leave_out_the_cold_first_iterations():
     """A fresh model's first iterations run slow; the search's costs come from the warm ones."""
-    from swpipe.workloads.autoplan import COST_WARMUP, _serial_costs
+    from swpipe.workloads.autoplan import COST_WARMUP, serial_costs
     from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
     calls = []
     plan = PipelinePlan({PipelineTask("Step", lambda ctx: calls.append(ctx.batch)): TaskSchedule(0)})
-    costs = _serial_costs(plan, list(range(4)), "cpu")
+    costs = serial_costs(plan, list(range(4)), "cpu")
     assert calls[:8] == [0, 1, 2, 3, 0, 1, 2, 3]  # the batches are cycled
     assert COST_WARMUP > 0 and len(calls) > COST_WARMUP
     assert word_after(costs.method, "median", "of") == str(len(calls) - COST_WARMUP)  # only the warm iterations count
@@ -536,7 +526,7 @@ def test_search_costs_leave_out_the_cold_first_iterations():
 
 def test_demo_rounds_turn_the_order_of_the_plans(env):
     """Round r starts r plans further on, so no plan always runs last in a round."""
-    from swpipe.workloads.bench import PlanSpec, _run_rounds
+    from swpipe.workloads.bench import PlanSpec, measure
 
     built = []
 
@@ -547,13 +537,14 @@ def test_demo_rounds_turn_the_order_of_the_plans(env):
         return build
 
     specs = [PlanSpec(label, "base", build=builder(label)) for label in ("a", "b", "c")]
-    _run_rounds(CFG, env, specs, SyntheticData(CFG).batches(3), rounds=range(3), progress=False)
+    m = measure(CFG, env, specs, iters=3, repeats=3, record_best=False)
     assert built == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert m.meta["runs"] == {"a": 3, "b": 3, "c": 3}
 
 
 def test_each_seed_runs_the_schedule_of_the_demo_row_it_is_named_after(env):
     """What lets the demo show a seed the search kept in that row: same stages, threads, streams, order."""
-    from swpipe.workloads.autoplan import AUTO_SEEDS, _auto_seeds, safe_task_plan
+    from swpipe.workloads.autoplan import AUTO_SEEDS, auto_seeds, safe_task_plan
     from swpipe.workloads.bench import PlanSpec
     from swpipe_core.planfile import plan_to_dict
 
@@ -561,7 +552,7 @@ def test_each_seed_runs_the_schedule_of_the_demo_row_it_is_named_after(env):
         return {tuple(d) for d in doc[field]}
 
     wl = DLRMWorkload(CFG, env)
-    for label, seed in _auto_seeds(wl, safe_task_plan(wl)):
+    for label, seed in auto_seeds(wl, safe_task_plan(wl)):
         name, _, thread_map = label.partition("+")
         row = plan_to_dict(PlanSpec(label, name, thread_map or None).plan(wl))
         got = plan_to_dict(seed)

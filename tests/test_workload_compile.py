@@ -36,7 +36,8 @@ def env():
 
 
 def _compiled_run(env, name, **options):
-    from torch._dynamo.utils import counters  # torch's (private) count of graph breaks and recompiles
+    # torch's own count of compiled frames, graph breaks and captures: private to torch, which has no public one
+    from torch._dynamo.utils import counters
 
     counters.clear()
     batches = SyntheticData(CFG).batches(N)

@@ -44,18 +44,24 @@ when it simulates a plan, and :func:`simulate_calibrated` does both.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 from swpipe_core.plan import PipelinePlan
 
 from autosched.model.costs import CostModel, TaskCost  # noqa: F401 - TaskCost: the examples use it
 from autosched.model.taskmodel import NOCORE, core_capacity
 
+if TYPE_CHECKING:  # for the annotations only (the engine's measuring modules are imported where they are used)
+    from swpipe_core.measure.calibrate import MachineCalibration
+    from swpipe_core.measure.result import ProfileResult
+
+    from autosched.model.simulate import SimResult
+
 __all__ = ["calibrated_costs", "searched_costs", "with_handoffs", "simulate_folded", "simulate_calibrated",
            "serial_iteration_s", "parallelism_note", "format_profile"]
 
 
-def _calibration(costs: CostModel, calibration: Any) -> Any:
+def _calibration(costs: CostModel, calibration: Optional[MachineCalibration]) -> MachineCalibration:
     cal = calibration if calibration is not None else getattr(costs, "machine_calibration", None)
     if cal is None:
         raise ValueError("no machine calibration: pass calibration=swpipe_core.measure.calibrate.calibrate(...) or use a "
@@ -73,8 +79,9 @@ def _cross_deps(plan: PipelinePlan) -> Dict[str, int]:
     return out
 
 
-def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None, calibration: Any = None, *,
-                     device: str = "cpu", core_pool: bool = True, cpu_threshold: float = 0.5) -> CostModel:
+def calibrated_costs(costs: CostModel, plan: Optional[PipelinePlan] = None,
+                     calibration: Optional[MachineCalibration] = None, *, device: str = "cpu",
+                     core_pool: bool = True, cpu_threshold: float = 0.5) -> CostModel:
     """The cost model with the machine's engine costs and core pool folded in.
 
     Parameters
@@ -162,8 +169,8 @@ def with_handoffs(costs: CostModel, plan: PipelinePlan, handoff_s: float) -> Cos
     return dataclasses.replace(costs, tasks=tasks)
 
 
-def simulate_folded(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *, num_iterations: int = 50,
-                    device: str = "cpu") -> Any:
+def simulate_folded(plan: PipelinePlan, costs: CostModel, calibration: Optional[MachineCalibration] = None, *,
+                    num_iterations: int = 50, device: str = "cpu") -> SimResult:
     """Simulate a plan under the machine model: ``costs`` folded already (plan-free), ``calibration``'s
     per-hand-off and per-period engine costs added for this plan.
 
@@ -223,8 +230,8 @@ def searched_costs(costs: CostModel, device: str = "cpu") -> CostModel:
     return calibrated_costs(costs, None, device=device)
 
 
-def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any = None, *,
-                        num_iterations: int = 50, device: str = "cpu", core_pool: bool = True) -> Any:
+def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Optional[MachineCalibration] = None, *,
+                        num_iterations: int = 50, device: str = "cpu", core_pool: bool = True) -> SimResult:
     """Simulate a plan with the calibration folded in: per task, per hand-off, per period, the core pool.
 
     The same model as ``auto_schedule``'s for these costs: :func:`simulate_folded`
@@ -270,7 +277,7 @@ def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Any =
     return simulate_folded(plan, folded, cal, num_iterations=num_iterations, device=device)
 
 
-def serial_iteration_s(costs: CostModel, calibration: Any = None) -> float:
+def serial_iteration_s(costs: CostModel, calibration: Optional[MachineCalibration] = None) -> float:
     """The serial iteration the model predicts: the tasks' times plus the engine's serial costs.
 
     This is what the profiler's baseline measures (``run_one_serial_iter``),
@@ -288,7 +295,8 @@ def serial_iteration_s(costs: CostModel, calibration: Any = None) -> float:
     return sum(c.cpu_s for c in costs.tasks.values()) + len(costs.tasks) * cal.serial_task_s + cal.serial_iter_s
 
 
-def parallelism_note(plan: PipelinePlan, costs: CostModel, calibration: Any = None) -> Optional[str]:
+def parallelism_note(plan: PipelinePlan, costs: CostModel,
+                     calibration: Optional[MachineCalibration] = None) -> Optional[str]:
     """One line when the measured free cores cannot run this plan's threads in parallel, else None.
 
     Examples
@@ -308,7 +316,7 @@ def parallelism_note(plan: PipelinePlan, costs: CostModel, calibration: Any = No
     return None
 
 
-def format_profile(result: Any, costs: Optional[CostModel] = None) -> str:
+def format_profile(result: ProfileResult, costs: Optional[CostModel] = None) -> str:
     """The profile as the model sees it: host, device and exposed time per task, and the model's serial sum.
 
     The last lines compare the model's serial iteration (:func:`serial_iteration_s`:

@@ -53,18 +53,23 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import networkx as nx
 
 from autosched.model.costs import CostModel
+
+if TYPE_CHECKING:  # for the annotations only: simulate imports this module, matplotlib is imported in plot()
+    from matplotlib.axes import Axes
+
+    from autosched.model.simulate import SimResult
 
 __all__ = ["MemoryPrediction", "MemoryBound", "predict_memory", "min_memory", "format_bytes"]
 
 _TASK_END, _RELEASE, _ENTRY, _TASK_START = 0, 1, 2, 3  # order of simultaneous changes (module docstring)
 
 
-def format_bytes(n: float) -> str:
+def format_bytes(num_bytes: float) -> str:
     """Bytes in readable units (powers of 1024).
 
     Examples
@@ -73,9 +78,9 @@ def format_bytes(n: float) -> str:
     ('512 B', '3.00 MiB', '1.50 GiB')
     """
     for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
+        if abs(num_bytes) >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes:.0f} B"
 
 
 @dataclass
@@ -105,8 +110,8 @@ class MemoryPrediction:
     curve: List[Tuple[float, float]] = field(repr=False, default_factory=list)
     figures: str = "context"
 
-    def at(self, t: float) -> float:
-        """Live bytes at time ``t`` (after every change at ``t``).
+    def at(self, seconds: float) -> float:
+        """Live bytes at time ``seconds`` (after every change at that time).
 
         Examples
         --------
@@ -114,7 +119,7 @@ class MemoryPrediction:
         10.0
         """
         times = [c[0] for c in self.curve]
-        j = bisect.bisect_right(times, t) - 1
+        j = bisect.bisect_right(times, seconds) - 1
         return self.curve[j][1] if j >= 0 else 0.0
 
     def summary(self) -> str:
@@ -123,7 +128,7 @@ class MemoryPrediction:
                 f"{self.peak_time * 1e3:.3f} ms ({self.iterations_at_peak} context(s) alive), "
                 f"mean {format_bytes(self.mean_bytes)}")
 
-    def plot(self, ax: Any = None, label: Optional[str] = None) -> Any:
+    def plot(self, ax: Optional[Axes] = None, label: Optional[str] = None) -> Axes:
         """The live-bytes step curve on ``ax`` (or a new headless figure's axes); returns the axes.
 
         matplotlib is imported here; no pyplot state is touched.
@@ -149,7 +154,7 @@ def _net(costs: CostModel, name: str, figures: str) -> float:
     return c.add_bytes - c.free_bytes
 
 
-def predict_memory(sim: Any, figures: str = "context") -> MemoryPrediction:
+def predict_memory(sim: SimResult, figures: str = "context") -> MemoryPrediction:
     """Live bytes over the simulated run of a plan, from its cost model's memory figures.
 
     Parameters

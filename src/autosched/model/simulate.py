@@ -21,16 +21,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.measure.trace import TimelineEvent, to_chrome_trace, write_chrome_trace
 from swpipe_core.validate import validate
 
 from autosched.model.costs import CostModel, as_cost_model
-from autosched.model._simcore import _Sim
+from autosched.model._simcore import Simulator
 from autosched.model._simevents import SimDeadlock, Stall
+from autosched.model._simplan import SimPlan, sim_plan
 from autosched.model.taskmodel import CORES
+
+if TYPE_CHECKING:  # for the annotations only: memory imports this module, pandas is imported in to_dataframe()
+    import pandas
+
+    from autosched.model.memory import MemoryPrediction
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
@@ -161,7 +167,7 @@ class SimResult:
     window: Tuple[int, int]
 
     @property
-    def memory(self) -> Any:
+    def memory(self) -> MemoryPrediction:
         """Predicted live bytes over the run (:func:`autosched.model.memory.predict_memory`; needs the costs' bytes)."""
         from autosched.model.memory import predict_memory
 
@@ -237,7 +243,7 @@ class SimResult:
                 f"{t}{'' if p == 'host' else '@dev'} on {c} {s * 1e3:.3f} ms" for t, p, c, s in top))
         return "\n".join(lines)
 
-    def to_dataframe(self) -> Any:
+    def to_dataframe(self) -> pandas.DataFrame:
         """The events as a pandas DataFrame (pandas imported here)."""
         import pandas as pd
 
@@ -267,13 +273,14 @@ def _window(completion: Sequence[float], cut: float, depth: int) -> Tuple[int, i
     return w0, max(w1, w0)
 
 
-def _steady_period(c: Sequence[float], w0: int, w1: int) -> float:
+def _steady_period(completion: Sequence[float], w0: int, w1: int) -> float:
     """Seconds per iteration in steady state: exact when the tail of the window is periodic.
 
     Completion times of a pipeline settle into ``c[i + k] = c[i] + k * period`` for
     some cyclicity ``k``; the smallest ``k`` for which the last half of the window
     fits gives the period exactly, else the window's average is used.
     """
+    c = completion
     span = w1 - w0
     if span <= 0:  # no clean window (cut by the end of the run): the whole run's average
         return (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else c[0]
@@ -286,9 +293,10 @@ def _steady_period(c: Sequence[float], w0: int, w1: int) -> float:
     return (c[w1] - c[w0]) / span
 
 
-def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
+def _critical_cycle(sim: Simulator, start_op: int) -> CriticalCycle:
     """Follow binding predecessors back from ``start_op`` until a (task, part) repeats at an earlier iteration."""
-    n, N = sim.n, sim.T * sim.n
+    ops, names = sim.ops, sim.plan.names
+    n, N = sim.n, sim.plan.tasks * sim.n
     seen: Dict[Tuple[int, int], int] = {}
     path: List[Tuple[int, str]] = []  # (op, kind of wait that let it start)
     op = start_op
@@ -303,19 +311,19 @@ def _critical_cycle(sim: _Sim, start_op: int) -> CriticalCycle:
             i0 = divmod((path[j][0] - N if path[j][0] >= N else path[j][0]), n)[1]
             if i0 > i:
                 seg = path[j:]  # from the later visit back to just before this one
-                end_later = sim.dev_end[path[j][0] - N] if path[j][0] >= N else sim.host_end[path[j][0]]
-                end_earlier = sim.dev_end[inst] if part else sim.host_end[inst]
+                end_later = ops.dev_end[path[j][0] - N] if path[j][0] >= N else ops.host_end[path[j][0]]
+                end_earlier = ops.dev_end[inst] if part else ops.host_end[inst]
                 steps = []
                 # forward in time: this (earlier) op, then seg reversed up to the later op
-                chain = [(op, sim.pred_kind[op])] + list(reversed(seg[1:]))
+                chain = [(op, ops.pred_kind[op])] + list(reversed(seg[1:]))
                 for (o, _), nxt in zip(chain, chain[1:] + [path[j]]):
                     pp = 1 if o >= N else 0
                     kk, ii = divmod(o - N if pp else o, n)
-                    steps.append((sim.names[kk], "device" if pp else "host", ii, sim.pred_kind[nxt[0]]))
+                    steps.append((names[kk], "device" if pp else "host", ii, ops.pred_kind[nxt[0]]))
                 return CriticalCycle(tuple(steps), i0 - i, end_later - end_earlier)
         seen[key] = len(path)
-        path.append((op, sim.pred_kind[op]))
-        op = sim.pred_op[op]
+        path.append((op, ops.pred_kind[op]))
+        op = ops.pred_op[op]
     return CriticalCycle((), 0, 0.0)
 
 
@@ -398,14 +406,15 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     costs = as_cost_model(costs)
     cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag,
                             1 if not lengthen else 2)
-    sim, completion, last_op, (w0, w1), period = _run_until_steady(
-        plan, costs, num_iterations, cuda, float(task_overhead_s), float(period_overhead_s), lag, lengthen)
-    return _read_result(plan, costs, sim, completion, last_op, (w0, w1), period)
+    tables = sim_plan(plan, costs, cuda=cuda, task_overhead_s=float(task_overhead_s),
+                      period_overhead_s=float(period_overhead_s), max_device_lag=lag)
+    sim, completion, last_op, window, period = _run_until_steady(tables, num_iterations, lengthen)
+    return _read_result(plan, costs, sim, completion, last_op, window, period)
 
 
-def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, device: Any, task_overhead_s: Any,
-                period_overhead_s: Any, max_device_lag: Any, least: int = 2) -> Tuple[bool, int]:
-    """Validate the inputs of :func:`simulate`; return (CUDA?, device lag in iterations)."""
+def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: int, device: str, task_overhead_s: float,
+                period_overhead_s: float, max_device_lag: Optional[int], least: int = 2) -> Tuple[bool, int]:
+    """Validate the inputs of :func:`simulate` (a user may pass anything); return (CUDA?, device lag in iterations)."""
     validate(plan)
     costs.check(plan)
     if not isinstance(num_iterations, int) or num_iterations < least:
@@ -424,51 +433,50 @@ def _check_args(plan: PipelinePlan, costs: CostModel, num_iterations: Any, devic
     return dev.startswith("cuda"), max_device_lag
 
 
-def _run_until_steady(plan: PipelinePlan, costs: CostModel, n: int, cuda: bool, task_overhead_s: float,
-                      period_overhead_s: float, lag: int,
-                      lengthen: bool = True) -> Tuple["_Sim", List[float], List[int], Tuple[int, int], float]:
+def _run_until_steady(plan: SimPlan, iterations: int,
+                      lengthen: bool = True) -> Tuple[Simulator, List[float], List[int], Tuple[int, int], float]:
     """Run the simulation, doubling its length until the window shows the steady state (unless not ``lengthen``).
 
     Returns the last run, each iteration's completion time and op, the window and the period.
     """
-    T = max(1, len(plan.schedule))
-    depth = plan.pipeline_depth
+    tasks = max(1, plan.tasks)
     # the window needs depth + lag iterations of lead-in (the device may lag that far) and _MIN_WINDOW more
-    need = min(_MAX_TASK_ITERATIONS // T, depth + (lag if cuda else 0) + 2 * _MIN_WINDOW)
-    if lengthen:
-        n = max(n, min(need, 16 * n))
-    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // T)) if lengthen else n
+    need = min(_MAX_TASK_ITERATIONS // tasks, plan.depth + (plan.max_device_lag if plan.cuda else 0) + 2 * _MIN_WINDOW)
+    n = max(iterations, min(need, 16 * iterations)) if lengthen else iterations
+    cap = max(n, min(16 * n, _MAX_TASK_ITERATIONS // tasks)) if lengthen else n
     while True:
-        sim = _Sim(plan, costs, n, cuda, task_overhead_s, period_overhead_s, lag)
+        sim = Simulator(plan, n)
         sim.run()
         completion, last_op = _completion(sim)
-        w0, w1 = _window(completion, sim.cut, sim.depth)
+        w0, w1 = _window(completion, sim.main.cut, plan.depth)
         period = _steady_period(completion, w0, w1)
         # A queue that grows by a little every iteration binds only after many of them; until then the
         # window shows a faster transient. No steady state beats the busiest resource, so keep going.
-        steady = w1 - w0 >= _MIN_WINDOW and period >= sim.busiest_load() * (1.0 - _LOAD_RTOL)
+        steady = w1 - w0 >= _MIN_WINDOW and period >= plan.busiest_load() * (1.0 - _LOAD_RTOL)
         if steady or n >= cap:
             return sim, completion, last_op, (w0, w1), period
         n = min(cap, 2 * n)
 
 
-def _completion(sim: "_Sim") -> Tuple[List[float], List[int]]:
+def _completion(sim: Simulator) -> Tuple[List[float], List[int]]:
     """Each iteration's completion time (CPU signals, and on CUDA device events) and the op that ended it."""
-    completion = list(sim.cpu_done)
-    last_op = list(sim.retire_op)
-    if sim.cuda:
-        for i, t in enumerate(sim.dev_done_t):
+    its = sim.iterations
+    completion = list(its.cpu_done)
+    last_op = list(its.retire_op)
+    if sim.plan.cuda:
+        for i, t in enumerate(its.dev_done_t):
             if t > completion[i]:
-                completion[i], last_op[i] = t, sim.dev_done_op[i]
+                completion[i], last_op[i] = t, its.dev_done_op[i]
     return completion, last_op
 
 
-def _read_result(plan: PipelinePlan, costs: CostModel, sim: "_Sim", completion: List[float], last_op: List[int],
+def _read_result(plan: PipelinePlan, costs: CostModel, sim: Simulator, completion: List[float], last_op: List[int],
                  window: Tuple[int, int], period: float) -> SimResult:
     """Turn a finished run into a :class:`SimResult`: events, utilisation, critical cycle, binding."""
     w0, w1 = window
     n = sim.n
-    latencies = [completion[i] - sim.entry[i] for i in range(n)]
+    entry = sim.iterations.entry
+    latencies = [completion[i] - entry[i] for i in range(n)]
     win = latencies[w0:w1 + 1]
     events, busy = _events_and_busy(sim, w0, w1)
     # per-iteration busy time over the window / period: independent of where the window's edges fall
@@ -476,61 +484,64 @@ def _read_result(plan: PipelinePlan, costs: CostModel, sim: "_Sim", completion: 
     utilisation = {name: (b / count) / period if period > 0 else 0.0 for name, b in sorted(busy.items())}
     idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
     cycle = _critical_cycle(sim, last_op[w1])
-    return SimResult(plan=plan, costs=costs, device="cuda" if sim.cuda else "cpu", num_iterations=n, period=period,
-                     latency=sum(win) / len(win), latencies=latencies, completion=completion,
-                     entry=list(sim.entry), events=events, utilisation=utilisation, idle=idle, stalls=sim.stalls,
-                     critical_cycle=cycle, binding=_binding(utilisation, cycle, sim), window=(w0, w1))
+    return SimResult(plan=plan, costs=costs, device="cuda" if sim.plan.cuda else "cpu", num_iterations=n,
+                     period=period, latency=sum(win) / len(win), latencies=latencies, completion=completion,
+                     entry=list(entry), events=events, utilisation=utilisation, idle=idle, stalls=sim.ops.stalls,
+                     critical_cycle=cycle, binding=_binding(utilisation, cycle, sim.plan), window=(w0, w1))
 
 
-def _events_and_busy(sim: "_Sim", w0: int, w1: int) -> Tuple[List[TimelineEvent], Dict[str, float]]:
+def _events_and_busy(sim: Simulator, w0: int, w1: int) -> Tuple[List[TimelineEvent], Dict[str, float]]:
     """Every simulated part as a TimelineEvent, and each resource's busy seconds over the window."""
-    n, names, cuda = sim.n, sim.names, sim.cuda
+    plan, n = sim.plan, sim.n
+    names, cuda, pool = plan.names, plan.cuda, plan.pool_size
     events: List[TimelineEvent] = []
-    busy: Dict[str, float] = {f"thread:{g}": 0.0 for g in sim.group_names}
+    busy: Dict[str, float] = {label: 0.0 for label in plan.thread_labels}
     if cuda:
-        busy.update({f"stream:{st}": 0.0 for st in sim.stream_names})
-    busy.update({r: 0.0 for r in sim.res_names})
-    if any(sim.seqd):
+        busy.update({label: 0.0 for label in plan.stream_labels})
+    busy.update({r: 0.0 for r in plan.res_names})
+    if any(plan.ordered):
         busy["sequencer"] = 0.0
-    if sim.cap:  # the core pool: busy per core, so that its utilisation and idle time read like a thread's
+    if pool:  # the core pool: busy per core, so that its utilisation and idle time read like a thread's
         busy[CORES] = 0.0
 
-    def charge(name: str, i: int, seconds: float) -> None:
-        if w0 <= i <= w1:
+    def charge(name: str, iteration: int, seconds: float) -> None:
+        if w0 <= iteration <= w1:
             busy[name] += seconds
 
-    for inst, s, e in sim.events_host:
+    for inst, start, end in sim.ops.host_events:
         k, i = divmod(inst, n)
-        g = sim.group_names[sim.thread[k]]
-        events.append(TimelineEvent(names[k], i, g, sim.stream_names[sim.stream[k]], s, e, "host"))
-        charge(f"thread:{g}", i, e - s)
-        if sim.seqd[k]:
-            charge("sequencer", i, e - s)
-        if sim.cap and sim.takes_core[k]:
-            charge(CORES, i, (e - s) / sim.cap)
+        group = plan.thread[k]
+        events.append(TimelineEvent(names[k], i, plan.group_names[group], plan.stream_names[plan.stream[k]],
+                                    start, end, "host"))
+        charge(plan.thread_labels[group], i, end - start)
+        if plan.ordered[k]:
+            charge("sequencer", i, end - start)
+        if pool and plan.takes_core[k]:
+            charge(CORES, i, (end - start) / pool)
         if not cuda:
-            for r in sim.res[k]:
-                charge(sim.res_names[r], i, e - s)
-    for inst, s, e in sim.events_dev:
+            for r in plan.res[k]:
+                charge(plan.res_names[r], i, end - start)
+    for inst, start, end in sim.ops.device_events:
         k, i = divmod(inst, n)
-        st = sim.stream_names[sim.stream[k]]
-        events.append(TimelineEvent(names[k], i, sim.group_names[sim.thread[k]], st, s, e, "device"))
-        charge(f"stream:{st}", i, e - s)
-        for r in sim.res[k]:
-            charge(sim.res_names[r], i, e - s)
+        stream = plan.stream[k]
+        events.append(TimelineEvent(names[k], i, plan.group_names[plan.thread[k]], plan.stream_names[stream],
+                                    start, end, "device"))
+        charge(plan.stream_labels[stream], i, end - start)
+        for r in plan.res[k]:
+            charge(plan.res_names[r], i, end - start)
     events.sort(key=lambda e: (e.start, e.kind, e.thread_group if e.kind == "host" else e.stream))
     return events, busy
 
 
-def _binding(utilisation: Dict[str, float], cycle: CriticalCycle, sim: "_Sim") -> str:
+def _binding(utilisation: Dict[str, float], cycle: CriticalCycle, plan: SimPlan) -> str:
     """The saturated resource, else a description of the critical cycle."""
     top = max(utilisation.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
     if top[1] >= 1.0 - 1e-6:
         return top[0]
     if "barrier" in cycle.kinds:
-        return f"progress barrier (depth {sim.depth}): {cycle}"
+        return f"progress barrier (depth {plan.depth}): {cycle}"
     if "device-lag" in cycle.kinds:
-        return f"device lag (max_device_lag {sim.lag}): {cycle}"
+        return f"device lag (max_device_lag {plan.max_device_lag}): {cycle}"
     if all(k.startswith(("dep:", "event:", "submit")) for k in cycle.kinds):
         return f"recurrence: {cycle}"
     return f"cycle: {cycle}"

@@ -43,7 +43,9 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 
 import networkx as nx
 
-from swpipe_core.plan import stream_name
+from swpipe_core.plan import PipelinePlan, StreamSpec, stream_name
+
+from autosched.model.costs import CostModel
 
 __all__ = ["TaskParts", "task_parts", "plan_parts", "resource_loads", "core_capacity", "pool_limit",
            "critical_path", "stream_label"]
@@ -125,7 +127,7 @@ def task_parts(host_s: float, device_s: float, resources: Sequence[str], group: 
     return TaskParts(host_s + device_s, 0.0, host_holds + tags, ())
 
 
-def plan_parts(plan: Any, costs: Any, cuda: bool, task_overhead_s: float = 0.0) -> Dict[str, TaskParts]:
+def plan_parts(plan: PipelinePlan, costs: CostModel, cuda: bool, task_overhead_s: float = 0.0) -> Dict[str, TaskParts]:
     """:func:`task_parts` of every task of a plan, by name (``task_overhead_s`` added to each host part).
 
     Examples
@@ -289,7 +291,7 @@ def critical_path(names: Sequence[Hashable], intra: Iterable[Tuple[Hashable, Has
     return best[end][0], path[::-1]
 
 
-def stream_label(spec: Any) -> str:
+def stream_label(spec: StreamSpec) -> str:
     """A stream's normalised name in the models: distinct specs never share a name.
 
     ``None`` (the device's default stream) is ``"default"``; a string ``"default"``

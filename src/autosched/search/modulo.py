@@ -73,7 +73,22 @@ def inline_label(problem: Problem, names: Sequence[str], group: Sequence[str], i
 
 
 class _Ring:
-    """Busy intervals of one resource on a circle of length ``ii`` (integer time units)."""
+    """Busy intervals of one resource on a circle of length ``ii`` (integer time units).
+
+    Examples
+    --------
+    >>> ring = _Ring(10)
+    >>> ring.add(2, 3)        # busy [2, 5)
+    >>> ring.add(8, 4)        # busy [8, 10) and, wrapped, [0, 2)
+    >>> ring.earliest(0, 3)   # [0, 2) and [2, 5) are taken
+    5
+    >>> ring.earliest(6, 2)   # [6, 8) is free
+    6
+    >>> ring.earliest(6, 3)   # next turn: [15, 18) = [5, 8) mod 10
+    15
+    >>> ring.earliest(0, 4) is None, ring.earliest(0, 11) is None   # no 4-long gap anywhere; longer than the period
+    (True, True)
+    """
 
     __slots__ = ("ii", "starts", "ends")
 
@@ -144,7 +159,22 @@ class _Pool:
     >>> pool.add(0, 6); pool.add(2, 6)
     >>> pool.earliest(0, 3), pool.earliest(0, 2), pool.earliest(9, 3)   # [2, 6) has both places taken
     (6, 0, 9)
-    >>> pool.earliest(0, 11) is None
+    >>> pool.earliest(0, 11) is None   # longer than the period
+    True
+
+    A part placed across the end of the circle takes a place at its start too:
+
+    >>> pool = _Pool(10, 2)
+    >>> pool.add(2, 3); pool.add(4, 4); pool.add(8, 4)   # [2, 5), [4, 8), [8, 10) + [0, 2): [4, 5) is full
+    >>> pool.earliest(0, 4), pool.earliest(0, 5)   # [0, 4) has at most one part running
+    (0, 5)
+    >>> pool.earliest(3, 1), pool.earliest(4, 1)
+    (3, 5)
+    >>> pool.earliest(6, 9)   # [5, 10) + [0, 4) of the next turn
+    15
+    >>> full = _Pool(10, 1)
+    >>> full.add(0, 10)
+    >>> full.earliest(3, 1) is None   # the one core is never free
     True
     """
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,7 +27,11 @@ from swpipe.workloads.dlrm import DLRMWorkload, DistEnv
 from swpipe.workloads.dlrm_data import Batch, DLRMConfig, pin_for
 from swpipe.workloads.tasks import plan_for
 
-__all__ = ["auto_spec", "safe_task_plan", "AUTO_SEEDS"]
+if TYPE_CHECKING:  # autosched is imported where it is used, as the rest of this module does
+    from autosched.model.costs import CostModel
+
+__all__ = ["auto_spec", "safe_task_plan", "AUTO_SEEDS", "auto_seeds", "serial_costs", "COST_ITERATIONS",
+           "COST_WARMUP"]
 
 _log = logging.getLogger(__name__)
 
@@ -68,7 +72,7 @@ def safe_task_plan(workload: DLRMWorkload, pipeline: str = "prefetch") -> Pipeli
 AUTO_SEEDS = ("prefetch", "prefetch+by_stream")
 
 
-def _auto_seeds(workload: DLRMWorkload, base: PipelinePlan) -> List[Any]:
+def auto_seeds(workload: DLRMWorkload, base: PipelinePlan) -> List[Tuple[str, PipelinePlan]]:
     """The seeds of :data:`AUTO_SEEDS` over ``base``'s task graph, as ``(label, plan)``."""
     from autosched.search.seeds import with_dependencies_of
     from swpipe_core.engine.workers import with_thread_map
@@ -147,7 +151,7 @@ def auto_spec(config: DLRMConfig, env: DistEnv, batches: Sequence[Batch], max_de
     batches = pin_for(batches, env.device)  # the H2D costs measured and verified are the asynchronous copy's
     wl = DLRMWorkload(config, env)
     base = safe_task_plan(wl)
-    costs = slowest_rank_costs(env, _serial_costs(base, batches, env.device))
+    costs = slowest_rank_costs(env, serial_costs(base, batches, env.device))
     lockstep = env.world_size > 1 and verify_rounds > 0  # every rank measures the candidates together
     shared: Any = None
     if env.rank == 0:
@@ -203,7 +207,7 @@ def _row_of_seed(label: Optional[str]) -> Optional[str]:
 COST_ITERATIONS, COST_WARMUP = 36, 12
 
 
-def _serial_costs(base: PipelinePlan, batches: Sequence[Batch], device: Any) -> Any:
+def serial_costs(base: PipelinePlan, batches: Sequence[Batch], device: Any) -> CostModel:
     """Median time per task over a warm serial run (the batches cycled to :data:`COST_ITERATIONS`).
 
     The first iterations of a fresh model run slower (allocator, caches,
@@ -258,7 +262,7 @@ def _search(wl: DLRMWorkload, base: PipelinePlan, costs: Any, env: DistEnv, max_
     from autosched.verify.loop import VerifyOptions
     from autosched.verify.predict import predicted_speedups
 
-    seeds = _auto_seeds(wl, base)
+    seeds = auto_seeds(wl, base)
     depth = max([max_depth] + [p.pipeline_depth for _, p in seeds])
     threads = max([max_threads] + [len(p.thread_groups) for _, p in seeds])
     verify = not lockstep and verify_rounds > 0

@@ -484,6 +484,14 @@ def _paired(serial_s: Sequence[float], plan_s: Sequence[float]) -> Optional[floa
     1.5
     >>> _paired([], [0.2]) is None
     True
+
+    The machine ran twice as slow in round 1, for both: paired, the rounds agree (the fastest
+    serial run over the fastest plan run, 0.30 / 0.18 = 1.67, would mix rounds 0 and 2); a row not
+    raced pairs its own rounds only:
+
+    >>> serial, plan = [0.30, 0.60, 0.36], [0.20, 0.40, 0.18]
+    >>> round(_paired(serial, plan), 6), round(_paired(serial, plan[:2]), 6)   # ratios 1.5, 1.5, 2.0
+    (1.5, 1.5)
     """
     ratios = [s / p for s, p in zip(serial_s, plan_s) if p > 0]
     return statistics.median(ratios) if ratios else None
