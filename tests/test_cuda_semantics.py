@@ -516,14 +516,14 @@ def test_gradients_accumulate_on_their_stream_and_zero_grad_frees_them_into_its_
         dev.default_stream().wait_stream(fwd)  # backward ran inside fwd: the default stream reads after a wait
         assert torch.equal(k.to_host(lin.weight.grad), ref.weight.grad)  # accumulated: twice one backward's
         assert dev.stream_of(lin.weight.grad) is fwd
-        block = lin.weight.grad._fake.block.id  # private on purpose: which block the allocator hands out next
+        block = dev.block_of(lin.weight.grad)  # the block the allocator hands out next, once the gradient is freed
         with dev.use(fwd):
             lin.zero_grad(set_to_none=True)
         elsewhere = [dev.tensor(torch.zeros(2, 3)) for _ in range(20)]  # the default stream's pool
         with dev.use(fwd):
             here = [dev.tensor(torch.zeros(2, 3)) for _ in range(20)]
         assert lin.weight.grad is None
-        assert block not in {t._fake.block.id for t in elsewhere} and block in {t._fake.block.id for t in here}
+        assert block not in {dev.block_of(t) for t in elsewhere} and block in {dev.block_of(t) for t in here}
         assert fake.races == []
 
 

@@ -68,7 +68,7 @@ def test_guarded_context_keeps_deleted_and_replaced_values_out_of_sight():
     ctx.x = first          # the same object again: nothing leaves the context
     ctx.x = second
     del ctx.x
-    assert [id(v) for v in ctx._swp_graveyard] == [id(first), id(second)]
+    assert [id(v) for v in ctx._swp_graveyard] == [id(first), id(second)]  # the slot (see above)
     assert vars(ctx) == {"batch": 1, "iter_idx": 0} and "_swp_graveyard" not in repr(ctx)
 
 
@@ -89,7 +89,7 @@ def test_shortcut_replay_and_declared_io_restore_keep_what_they_replace():
     x, y_old, w_old = torch.full((2,), 5.0), torch.zeros(2), external["w"]
     replay.x, replay.y = x, y_old
     dispatch.call_serial(task, replay)
-    kept = replay._swp_graveyard
+    kept = replay._swp_graveyard  # the graveyard slot: a context's attribute names are the user's (see above)
     assert any(v is x for v in kept) and any(v is y_old for v in kept)  # deleted and swapped out by the replay
     assert any(isinstance(v, dict) and v["w"] is w_old for v in kept)   # replaced by the DeclaredIO restore
     assert external["w"] is not w_old and torch.equal(external["w"], torch.ones(2))

@@ -185,7 +185,7 @@ def test_nvtx_mode_falls_back_when_torchs_private_profiler_api_changed(monkeypat
     monkeypatch.setattr(device_module, "_NVTX_WARNED", [])
     ran = []
     with pytest.warns(RuntimeWarning, match="_enable_profiler"):  # the call that changed
-        with device_module._nvtx_mode():
+        with device_module._nvtx_mode():  # the seam's NVTX switch, private: what it does when torch's call moved
             ran.append(threading.current_thread().name)
     assert ran == [threading.current_thread().name]
     assert not profiler._is_profiler_enabled  # the half-entered mode was left: a later profile can start

@@ -267,11 +267,19 @@ class FakeCudaDevice(Device):
 
     def stream_of(self, tensor: Any) -> FakeStream:
         """The stream whose pool the memory of ``tensor`` came from (where it was allocated, hence freed to)."""
+        return self._block_of(tensor, "stream_of").stream
+
+    def block_of(self, tensor: Any) -> int:
+        """The caching allocator's block that holds ``tensor`` (its number, as race reports name it ``#n``): two
+        tensors with one number share memory, as a freed block handed out again."""
+        return self._block_of(tensor, "block_of").id
+
+    def _block_of(self, tensor: Any, what: str) -> Any:
         if isinstance(tensor, FakeCudaTensor):
-            return tensor._fake.block.stream
+            return tensor._fake.block
         if isinstance(tensor, FakeTensor):
-            return tensor._block.stream
-        raise TypeError(f"stream_of: {type(tensor).__name__} is not memory of a fake device")
+            return tensor._block
+        raise TypeError(f"{what}: {type(tensor).__name__} is not memory of a fake device")
 
     def memory_counters(self) -> Optional[Tuple[int, int]]:
         return self._allocator.allocated, self._allocator.freed
