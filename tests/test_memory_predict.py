@@ -193,6 +193,13 @@ def test_generous_cap_keeps_the_fastest_plan():
     assert plan.pipeline_depth == 2 and report.period_s == pytest.approx(0.003)
 
 
+def test_cap_searches_only_the_depths_that_frozen_stages_allow():
+    frozen = Constraints(max_depth=2, max_memory_bytes=10_000, frozen={"Step": {"stage": 1}})
+    plan, report = auto_schedule(_GRAPH, _cap_costs(), frozen, solver=SolverOptions(time_limit_s=4))
+    assert plan.stage("Step") == 1  # the frozen stage kept, not refused at depth cap 1
+    assert [p.depth for p in report.tradeoff.points] == [2]
+
+
 def test_impossible_cap_names_the_least_memory_a_plan_needs():
     with pytest.raises(MemoryCapError) as err:
         auto_schedule(_GRAPH, _cap_costs(), Constraints(max_depth=2, max_memory_bytes=500),

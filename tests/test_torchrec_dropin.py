@@ -262,8 +262,10 @@ def test_auto_under_a_memory_cap_verifies_only_the_plans_that_fit_or_says_how_mu
     with TrainPipeline(model, opt, CPU, plan="auto", constraints=loose, **small) as pipeline:
         ours = _drive(pipeline, batches)
     _same(ours, _plain("sparse_nn", batches), "auto under a memory cap vs the non-pipelined loop")
-    assert word_after(pipeline.report, "cap") == "1024.00"  # the cap, and each candidate's predicted peak under it
+    assert word_after(pipeline.report, "memory", "cap") == "1024.00"  # the cap, each candidate's peak under it
     assert "depth 2:" in pipeline.report and "depth 3:" not in pipeline.report  # Constraints.max_depth searched
+    assert word_after(pipeline.report, "depth", "2:") == "simulated"  # the search under the cap found a plan
+    assert "auto:depth2" in pipeline.report  # ... and it is a candidate, measured beside the seeds
 
 
 @pytest.mark.parametrize("name", _plans() if torchrec_usable() else [])

@@ -66,7 +66,8 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
     tasks_or_graph, costs
         As for :func:`autosched.search.autoschedule.auto_schedule`.
     constraints : Constraints
-        Its ``max_memory_bytes`` is the cap; each depth cap ``1 .. constraints.max_depth`` is searched.
+        Its ``max_memory_bytes`` is the cap; each depth cap ``1 .. constraints.max_depth`` is searched (from the
+        least depth its frozen stages allow).
     solver : SolverOptions
         Each depth's search takes an equal share of ``solver.time_limit_s`` (at least a second).
 
@@ -98,7 +99,8 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
             f"{least.value:.0f} bytes ({format_bytes(least.value)}), one iteration's own peak (after "
             f"{least.task or 'its batch'}). Raise the cap to at least that, or make an iteration hold less",
             least.value, cap)
-    depths = range(1, constraints.max_depth + 1)
+    # a task frozen to stage k needs depth k + 1: shallower caps are not plans the constraints allow
+    depths = range(1 + max(problem.frozen_stage.values(), default=0), constraints.max_depth + 1)
     share = dataclasses.replace(solver, time_limit_s=max(1.0, solver.time_limit_s / len(depths)))
     from autosched.search.autoschedule import auto_schedule  # each depth cap is a search of its own
 

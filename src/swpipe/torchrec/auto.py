@@ -258,7 +258,9 @@ def _search(graph: PipelinePlan, costs: Any, constraints: Constraints, solver: S
         frozen = dict(constraints.frozen)
         frozen.update({t: {**dict(frozen.get(t, {})), "stage": d - 1} for t in MODE_TASKS if t in graph.task_names})
         at_depth = dataclasses.replace(constraints, max_depth=d, frozen=frozen)
-        usable = [(label, p) for label, p in known if p.pipeline_depth <= d]
+        # under a memory cap the search ranks by the simulator alone and takes no seeds: the seeds are still
+        # candidates (``_candidates``), each kept only if its predicted peak fits (``_under_cap``)
+        usable = [(label, p) for label, p in known if p.pipeline_depth <= d and constraints.max_memory_bytes is None]
         try:
             plan, report = auto_schedule(graph, costs, at_depth, solver=per_depth, verify=False, seeds=usable or None)
         except Exception as exc:  # noqa: BLE001 - one depth failing leaves the others
