@@ -398,3 +398,27 @@ def test_a_context_attribute_no_task_wrote_gets_the_hint_and_other_errors_do_not
     with pytest.raises(PipelineTaskError) as info:
         SWPipeline(make_plan("Fwd", 1), device="cpu", **NO_TIMEOUTS).run(range(3))
     assert info.value.task == "Fwd" and info.value.hint is None  # a task's own error: no hint
+
+
+class _SlowToFormat(RuntimeError):
+    """A task's error whose message takes a while to build (a workload: a long repr, a traceback walk)."""
+
+    def __str__(self) -> str:
+        time.sleep(0.3)  # workload: keeps the failing thread busy while later turns are woken
+        return "collective timed out"
+
+
+def test_failure_of_an_ordered_task_is_reported_not_the_next_turns_wake_up():
+    """Two globally ordered tasks on two workers: A holds the turn and fails while B waits for the next one.
+    The run's error is A's, whatever the threads' timing (B, woken by the sequencer, used to report itself)."""
+    def a(ctx):
+        if ctx.iter_idx == 3:
+            raise _SlowToFormat()
+
+    plan = PipelinePlan({PipelineTask("A", a): TaskSchedule(0, "s_a", "ga", globally_ordered=True),
+                         PipelineTask("B", lambda ctx: None): TaskSchedule(0, "s_b", "gb", globally_ordered=True)},
+                        enqueue_order=["A", "B"], caller_group=None)
+    with pytest.raises(PipelineTaskError) as info:
+        drive(SWPipeline(plan, device="cpu"), range(8))
+    assert (info.value.task, info.value.iteration, type(info.value.__cause__)) == ("A", 3, _SlowToFormat)
+    assert swpipe_threads() == []

@@ -16,7 +16,7 @@ whose tasks it runs.
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -45,20 +45,27 @@ def run_items(run: Run, items: List[Item], inline: bool = False) -> None:
             return
         try:
             run_task(run, st, ti, seq, watchdog)
-        except InlineTaskTimeout as exc:  # the watchdog interrupted this inline task
-            inline_timed_out(run, st, ti, exc)
-            return
         except (Cancelled, SequencerAborted):
             if run.cancelled:
                 return
             cancel(run, task_failed(ti, st.idx, RuntimeError("woken without cancellation")), "internal")
             return
         except BaseException as exc:
-            if inline and not isinstance(exc, Exception):
-                cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
-                raise
-            cancel(run, task_failed(ti, st.idx, exc), f"task {ti.name} failed on iteration {st.idx}")
+            failed(run, st, ti, exc, inline)
+            if inline and not isinstance(exc, (Exception, InlineTaskTimeout)):
+                raise  # the caller's own interrupt, unchanged
             return
+
+
+def failed(run: Run, st: IterState, ti: TaskInfo, exc: BaseException, inline: bool) -> None:
+    """Cancel ``run`` for what task ``ti`` raised on ``st``'s iteration: its first error, unless ``exc`` is the
+    caller's own ``KeyboardInterrupt``/``SystemExit`` (inline), which cancels and propagates unchanged."""
+    if isinstance(exc, InlineTaskTimeout):  # the watchdog interrupted this inline task
+        inline_timed_out(run, st, ti, exc)
+    elif inline and not isinstance(exc, Exception):
+        cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
+    else:
+        cancel(run, task_failed(ti, st.idx, exc), f"task {ti.name} failed on iteration {st.idx}")
 
 
 def run_solo(run: Run, items: List[Item]) -> None:
@@ -85,15 +92,11 @@ def run_solo(run: Run, items: List[Item]) -> None:
                     watchdog.end()
             else:
                 ti.task.fn(st.ctx)
-        except InlineTaskTimeout as exc:
-            inline_timed_out(run, st, ti, exc)
+        except BaseException as exc:
+            failed(run, st, ti, exc, inline=True)
+            if not isinstance(exc, (Exception, InlineTaskTimeout)):
+                raise  # the caller's own interrupt, unchanged
             return
-        except Exception as exc:
-            cancel(run, task_failed(ti, st.idx, exc), f"task {ti.name} failed on iteration {st.idx}")
-            return
-        except BaseException:
-            cancel(run, None, f"interrupted in task {ti.name} (iteration {st.idx})")
-            raise
         st.done[ti.idx] = True
         st.remaining -= 1  # only this thread exists: nobody can be blocked on st.complete
 
@@ -120,14 +123,15 @@ def run_task(run: Run, st: IterState, ti: TaskInfo, seq: Optional[int],
         if seq is None:
             _watched(run, st, ti, watchdog)
         else:
-            run.sequencer.execute_ordered(seq, lambda: _watched(run, st, ti, watchdog))
+            run.sequencer.execute_ordered(seq, lambda: _in_turn(run, st, ti, lambda: _watched(run, st, ti, watchdog),
+                                                                inline=True))
     elif seq is None:
         if run.bare:  # CPU, no timeline, profiler, NVTX or shortcut: nothing around the call
             ti.task.fn(st.ctx)
         else:
             submit(run, st, ti)
     else:
-        run.sequencer.execute_ordered(seq, lambda: submit(run, st, ti))
+        run.sequencer.execute_ordered(seq, lambda: _in_turn(run, st, ti, lambda: submit(run, st, ti), inline=False))
     with run.lock:
         st.done[ti.idx] = True
         waiter = st.waiters.pop(ti.idx, None) if st.waiters else None
@@ -137,6 +141,17 @@ def run_task(run: Run, st: IterState, ti: TaskInfo, seq: Optional[int],
         waiter.set()
     if complete is not None:
         complete.set()
+
+
+def _in_turn(run: Run, st: IterState, ti: TaskInfo, fn: Callable[[], None], inline: bool) -> None:
+    """``fn`` while holding the task's sequence turn. A failure cancels the run (its error recorded) *before*
+    the sequencer passes the failure on to the tasks waiting for later turns: woken first, one of them could
+    find the run not yet cancelled and report itself, naming the wrong collective."""
+    try:
+        fn()
+    except BaseException as exc:
+        failed(run, st, ti, exc, inline)
+        raise
 
 
 def _watched(run: Run, st: IterState, ti: TaskInfo, watchdog: InlineWatchdog) -> None:
