@@ -47,20 +47,27 @@ def test_threshold_beyond_a_c_int_is_rejected():
         allocator.keep_freed_memory(-1)
 
 
+_PROFILE = """
+from swpipe import PipelinePlan, SWPipeline, TaskProfiler, TaskSchedule
+
+def churn(ctx):  # 64 MiB allocated, touched and freed each step: above glibc's largest own threshold
+    ctx.zeros = bytearray(1 << 26)[:: 1 << 12].count(0)
+
+plan = PipelinePlan({"churn": TaskSchedule(0)}).bind({"churn": churn})
+with SWPipeline(plan, device="cpu") as pipe:
+    result = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(0, task_times=False)
+print(result.meta["page_faults_per_iteration"])
+print(result.format_report())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the threshold it relies on is glibc's")
 def test_the_profile_counts_the_serial_iterations_page_faults():
-    # in this process, whose malloc no test changes (the tests that run the demo or a benchmark in-process pass
-    # --no-keep-freed-memory)
-    from swpipe_core.engine.pipeline import SWPipeline
-    from swpipe_core.plan import PipelinePlan, TaskSchedule
-    from swpipe_core.measure.profiler import TaskProfiler
-
-    def churn(ctx):  # 64 MiB allocated, touched and freed each step: above glibc's largest own threshold
-        ctx.zeros = bytearray(1 << 26)[:: 1 << 12].count(0)
-
-    plan = PipelinePlan({"churn": TaskSchedule(0)}).bind({"churn": churn})
-    with SWPipeline(plan, device="cpu") as pipe:
-        result = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1).profile(0, task_times=False)
-    faults = result.meta["page_faults_per_iteration"]
+    # a fresh process: how many pages a step faults in depends on the process's malloc history, which the tests
+    # run before this one in a shared worker would decide
+    out = subprocess.run([sys.executable, "-c", _PROFILE], capture_output=True, text=True, timeout=120, check=True)
+    first, _, report = out.stdout.partition("\n")
+    faults = float(first)
     assert faults >= 30, faults  # the 64 MiB is mapped afresh each step (4 KiB pages, or 2 MiB ones at least)
-    printed = [line.partition(":")[2].split() for line in result.format_report().splitlines() if "faults" in line]
+    printed = [line.partition(":")[2].split() for line in report.splitlines() if "faults" in line]
     assert [words[0] for words in printed] == [f"{faults:.0f}"]  # the report's one line of page faults
