@@ -87,6 +87,13 @@ class P2PCost:
     A transfer starts when both its send and its receive are posted (gloo and NCCL both
     match a send with its receive) and both complete when it ends.
 
+    ``post_s`` is what each posted send or receive costs the thread that posts it while
+    the ranks compute. On the CPU it is not zero: gloo moves the bytes with the CPU and
+    every transfer wakes gloo's and the waiting rank's threads, which take a core from
+    the computation (on a machine with no core to spare, a time slice). A ping-pong
+    between idle ranks cannot see it; :func:`measure_p2p` measures it by exchanging
+    while both ranks compute.
+
     Examples
     --------
     >>> P2PCost(latency_s=50e-6, seconds_per_byte=1e-9).seconds(1_000_000)
@@ -96,6 +103,7 @@ class P2PCost:
     latency_s: float = 0.0
     seconds_per_byte: float = 0.0
     backend: str = ""
+    post_s: float = 0.0
 
     def seconds(self, nbytes: int) -> float:
         """How long one transfer of ``nbytes`` takes."""
@@ -406,19 +414,57 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
     return tuple(out)
 
 
-def measure_p2p(group: Any = None, sizes: Sequence[int] = (4, 1 << 20), repeats: int = 20) -> P2PCost:
-    """The link's :class:`P2PCost`, measured by ranks 0 and 1 of ``group`` with ping-pongs.
+def _trimmed_mean(values: Sequence[float], cut: float = 0.1) -> float:
+    """The mean without the ``cut`` share of values at each end: a sum's expectation, robust to a stray outlier."""
+    v = sorted(values)
+    k = int(len(v) * cut)
+    v = v[k:len(v) - k] or v
+    return sum(v) / len(v)
 
-    Every rank of the group calls it (the others wait); every rank gets rank 0's fit.
-    One-way time is half a round trip, fitted as ``latency + bytes * seconds_per_byte``
-    over ``sizes`` (medians of ``repeats``).
+
+def _busy_work(rank: int, target_s: float) -> Callable[[], Any]:
+    """A computation of about ``target_s`` on this thread (matmuls, as a stage runs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    w, x = torch.randn(256, 256, generator=g), torch.randn(64, 256, generator=g)
+
+    def chunk(k: int) -> Any:
+        y = x
+        for _ in range(k):
+            y = torch.tanh(y @ w)
+        return y
+
+    chunk(4)
+    t0 = time.perf_counter()
+    chunk(16)
+    per = max(1e-7, (time.perf_counter() - t0) / 16)
+    k = max(1, int(round(target_s / per)))
+    return lambda: chunk(k)
+
+
+def measure_p2p(group: Any = None, sizes: Sequence[int] = (4, 1 << 20), repeats: int = 20,
+                busy_s: float = 1e-3, busy_bytes: int = 1 << 17) -> P2PCost:
+    """The link's :class:`P2PCost`, measured by ranks 0 and 1 of ``group``.
+
+    Every rank of the group calls it (the others wait); every rank gets the same figures.
+
+    * ``latency_s`` and ``seconds_per_byte``: one-way time is half a ping-pong's round
+      trip between otherwise idle ranks, fitted as ``latency + bytes * seconds_per_byte``
+      over ``sizes`` (medians of ``repeats``).
+    * ``post_s``: both ranks compute ``2 * busy_s`` seconds, once alone and once while they
+      exchange ``busy_bytes`` each way (receive posted, ``busy_s`` of compute, send posted,
+      ``busy_s`` of compute, both waited), aligned by a round trip. What the exchange adds,
+      halved (a send and a receive each), is the cost of one post while the ranks compute:
+      a trimmed mean over ``repeats`` and both ranks, since a step adds up every post's.
+      Pass the size of the activations the pipeline sends.
     """
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
-    fit = [0.0, 0.0]
+    fit = [0.0, 0.0, 0.0]
     if world >= 2 and rank in (0, 1):
         peer = dist.get_global_rank(group, 1 - rank) if group is not None else 1 - rank
         one_way = []
@@ -438,7 +484,46 @@ def measure_p2p(group: Any = None, sizes: Sequence[int] = (4, 1 << 20), repeats:
             one_way.append((buf.numel() * 4, statistics.median(times)))
         (b0, t0_), (b1, t1) = one_way[0], one_way[-1]
         per_byte = max(0.0, (t1 - t0_) / (b1 - b0)) if b1 > b0 else 0.0
-        fit = [max(0.0, t0_ - b0 * per_byte), per_byte]
-    fit_t = torch.tensor(fit, dtype=torch.float64)
+        fit = [max(0.0, t0_ - b0 * per_byte), per_byte, _busy_post_s(group, peer, busy_bytes, repeats, busy_s)]
+    post = torch.tensor([fit[2]], dtype=torch.float64)
+    dist.all_reduce(post, group=group)  # ranks 0 and 1 each measured theirs; the others add 0
+    fit_t = torch.tensor(fit[:2], dtype=torch.float64)
     dist.broadcast(fit_t, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return P2PCost(float(fit_t[0]), float(fit_t[1]), dist.get_backend(group))
+    return P2PCost(float(fit_t[0]), float(fit_t[1]), dist.get_backend(group), max(0.0, float(post[0]) / 2))
+
+
+def _busy_post_s(group: Any, peer: int, nbytes: int, repeats: int, busy_s: float) -> float:
+    """:func:`measure_p2p`'s ``post_s`` on this rank (see there)."""
+    import torch
+    import torch.distributed as dist
+
+    work = _busy_work(dist.get_rank(group), busy_s)
+    token = torch.zeros(1)
+
+    def align() -> None:  # a blocking round trip: both ranks leave it within a one-way latency
+        if dist.get_rank(group) == 0:
+            dist.send(token, peer, group=group)
+            dist.recv(token, peer, group=group)
+        else:
+            dist.recv(token, peer, group=group)
+            dist.send(token, peer, group=group)
+
+    added = []
+    out, into = torch.ones(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
+    for i in range(repeats + 2):
+        align()
+        t0 = time.perf_counter()
+        work()
+        work()
+        alone = time.perf_counter() - t0
+        align()
+        t0 = time.perf_counter()
+        recv = dist.irecv(into, peer, group=group)
+        work()
+        send = dist.isend(out, peer, group=group)
+        work()
+        send.wait()
+        recv.wait()
+        if i >= 2:
+            added.append((time.perf_counter() - t0 - alone) / 2)
+    return _trimmed_mean(added)

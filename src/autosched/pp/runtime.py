@@ -9,8 +9,10 @@ with gloo; each rank runs :func:`run_rank`:
 2. every rank measures every stage's costs in its own process at the same time
    (:func:`~autosched.pp.costs.measure_stage_costs`: the cores are as busy as during the
    run), before the runs and after them; the prediction takes each figure's median. The
-   link's cost is measured once on the job's gloo group (:func:`~autosched.pp.costs.measure_p2p`),
-   and the runtime's own cost per action once, by each rank running every stage alone
+   link's cost is measured on the job's gloo group before and after the runs
+   (:func:`~autosched.pp.costs.measure_p2p`: the idle link, and what a post costs while
+   both ranks compute, at the activation's size), and the runtime's own cost per action
+   once, by each rank running every stage alone
    (``ScheduleLoopedBFS`` on a one-rank group) against the model's prediction;
 3. rank 0 searches a schedule with the costs measured before the runs
    (:func:`~autosched.pp.search.pp_search`), written as the compute-only CSV that every
@@ -280,6 +282,22 @@ def _overhead_on_every_rank(cfg: PPRunConfig, n_mb: int, costs: Any, groups: Lis
     return statistics.median(gathered)
 
 
+def _measure_link(cfg: PPRunConfig) -> Any:
+    """The link on the job's group, its busy exchange at the size of the largest activation sent."""
+    from autosched.pp.costs import measure_p2p
+
+    return measure_p2p(busy_bytes=4 * cfg.width * (cfg.batch // min(cfg.microbatches)))
+
+
+def _mean_link(before: Any, after: Any) -> Any:
+    """The link measured before and after the runs: the mean of each figure (the load moves between them)."""
+    from dataclasses import replace
+
+    return replace(before, latency_s=(before.latency_s + after.latency_s) / 2,
+                   seconds_per_byte=(before.seconds_per_byte + after.seconds_per_byte) / 2,
+                   post_s=(before.post_s + after.post_s) / 2)
+
+
 def _noise(values: Sequence[float]) -> float:
     """The interquartile range over the median (the range, under 4 values): the run's own spread."""
     if len(values) < 2:
@@ -316,7 +334,6 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     import torch
     import torch.distributed as dist
 
-    from autosched.pp.costs import measure_p2p
     from autosched.pp.program import builtin_programs, read_csv
     from autosched.pp.simulate import pp_simulate
 
@@ -324,7 +341,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        p2p = measure_p2p()
+        p2p = _measure_link(cfg)
         alone = [dist.new_group([r]) for r in range(world)]  # every rank creates every group, in the same order
         samples = {n: _costs_on_every_rank(cfg, n, world) for n in cfg.microbatches}
         costs = {n: {k: _combine(v, p2p, cfg.batch // n, "before the runs") for k, v in by.items()}
@@ -350,12 +367,13 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                 for t in trainers:
                     t.step(timed=True)
             after = _costs_on_every_rank(cfg, n_mb, world)  # measured again after: the prediction uses both
+            link = _mean_link(p2p, _measure_link(cfg))
             for t in trainers:
                 t.step(memory=True)
             gathered = [t.gather(world) for t in trainers]
             if rank != 0:
                 continue
-            both = {k: _combine(samples[n_mb][k] + after[k], p2p, cfg.batch // n_mb,
+            both = {k: _combine(samples[n_mb][k] + after[k], link, cfg.batch // n_mb,
                                 "before and after the runs").with_action_overhead(overhead[n_mb]) for k in after}
             costs[n_mb] = both
             ref = _reference_losses(cfg, n_mb, cfg.warmup + cfg.steps + 1)
