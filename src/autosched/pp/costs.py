@@ -32,6 +32,10 @@ class StageCost:
         F, B (input and weight gradients at once), I and W, in seconds.
     loss_s : float
         The loss after the last stage's forward (0 for the other stages).
+    reduce_grad_s : float
+        The stage's ``REDUCE_GRAD`` at the end of a step: its weight gradients divided by
+        the micro-batch count (the runtime's ``scale_grads``); a cost per step, not per
+        micro-batch or sample.
     activation_bytes : int
         Bytes a forward leaves alive until its backward (saved tensors, the output the
         stage caches, the last stage's loss).
@@ -63,16 +67,17 @@ class StageCost:
     backward_peak_bytes: int = 0
     backward_input_peak_bytes: int = 0
     backward_weight_peak_bytes: int = 0
+    reduce_grad_s: float = 0.0
 
     def action_s(self, kind: str) -> float:
-        """The time of action ``kind`` (``F``, ``I``, ``W``, ``B``, ``LOSS``; others 0)."""
+        """The time of action ``kind`` (``F``, ``I``, ``W``, ``B``, ``LOSS``, ``REDUCE_GRAD``; others 0)."""
         return {"F": self.forward_s, "B": self.backward_s, "I": self.backward_input_s,
-                "W": self.backward_weight_s, "LOSS": self.loss_s}.get(kind, 0.0)
+                "W": self.backward_weight_s, "LOSS": self.loss_s, "REDUCE_GRAD": self.reduce_grad_s}.get(kind, 0.0)
 
     def scaled(self, time_factor: float = 1.0, bytes_factor: float = 1.0) -> "StageCost":
         """Times multiplied by ``time_factor``, bytes by ``bytes_factor``."""
         times = {k: getattr(self, k) * time_factor for k in
-                 ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "loss_s")}
+                 ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "loss_s", "reduce_grad_s")}
         sizes = {k: int(round(getattr(self, k) * bytes_factor)) for k in
                  ("activation_bytes", "weight_keep_bytes", "output_bytes", "grad_input_bytes", "loss_keep_bytes",
                   "forward_peak_bytes",
@@ -164,16 +169,17 @@ class PPCosts:
     def rescaled(self, samples_per_microbatch: int) -> "PPCosts":
         """The same costs for another micro-batch size, assuming times and bytes linear in it.
 
-        The runtime's ``action_overhead_s`` is kept as it is (a cost per action, not per
-        sample); the rest is a first-order model: a module's own fixed cost per call makes
-        small micro-batches dearer than this says. Measure again where it matters.
+        The runtime's ``action_overhead_s`` and each stage's ``reduce_grad_s`` are kept as
+        they are (costs per action and per step, not per sample); the rest is a first-order
+        model: a module's own fixed cost per call makes small micro-batches dearer than this
+        says. Measure again where it matters.
         """
         if self.samples_per_microbatch <= 0:
             raise PPError("missing_cost", "samples_per_microbatch", self.samples_per_microbatch,
                           detail="costs measured without their micro-batch size cannot be rescaled")
         f = samples_per_microbatch / self.samples_per_microbatch
         base = self.with_action_overhead(0.0)
-        scaled = replace(base, stages=tuple(c.scaled(f, f) for c in base.stages),
+        scaled = replace(base, stages=tuple(replace(c.scaled(f, f), reduce_grad_s=c.reduce_grad_s) for c in base.stages),
                          samples_per_microbatch=samples_per_microbatch)
         return scaled.with_action_overhead(self.action_overhead_s)
 
@@ -351,6 +357,15 @@ def _memory_pass(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     return m
 
 
+def _timed_reduce_grad(stage: Any) -> float:
+    """One ``REDUCE_GRAD``: every weight gradient of ``stage`` divided in place, as the runtime's ``scale_grads`` does."""
+    t0 = time.perf_counter()
+    for p in stage.parameters():
+        if p.grad is not None:
+            p.grad.div_(2)
+    return time.perf_counter() - t0
+
+
 def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any],
                         repeats: int = 5, warmup: int = 1) -> Tuple[StageCost, ...]:
     """Each stage's :class:`StageCost` for one micro-batch, measured in this process.
@@ -373,7 +388,8 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
 
     Notes
     -----
-    Times are wall-clock on this thread with this process's ``torch.get_num_threads()``.
+    Times are wall-clock on this thread with this process's ``torch.get_num_threads()``;
+    ``reduce_grad_s`` divides the gradients the passes made, as the runtime's ``scale_grads``.
     Memory is :class:`~autosched.pp.memory.LiveTensorBytes` over one pass; the weights'
     gradients are made first and zeroed in place, so they are not counted (as in a
     training loop whose ``zero_grad(set_to_none=False)`` keeps them).
@@ -386,6 +402,7 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
             t = _timed_pass(stages, microbatch, target, loss_fn, split=(mode == "split"))
             if i >= warmup:
                 runs[mode].append(t)
+    reduce = [statistics.median(_timed_reduce_grad(st) for _ in range(warmup + repeats)) for st in stages]
     for st in stages:  # the gradients exist (made above): zeroed in place, they stay out of the memory figures
         for p in st.parameters():
             if p.grad is not None:
@@ -406,7 +423,7 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
             output_bytes=mem["out"][s], grad_input_bytes=mem["gin"][s],
             loss_keep_bytes=min(mem["lkeep"][s], mem["act"][s]), forward_peak_bytes=mem["pF"][s],
             backward_peak_bytes=mem["pB"][s], backward_input_peak_bytes=mem["pI"][s],
-            backward_weight_peak_bytes=mem["pW"][s]))
+            backward_weight_peak_bytes=mem["pW"][s], reduce_grad_s=reduce[s]))
     for st in stages:
         for p in st.parameters():
             if p.grad is not None:

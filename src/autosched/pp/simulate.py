@@ -4,7 +4,7 @@
 rank at once, as the runtime does:
 
 * a rank runs its steps one after another on one thread (the runtime's loop);
-* a compute action (F, I, W, B, LOSS) takes its stage's cost (:class:`~autosched.pp.costs.StageCost`);
+* a compute action (F, I, W, B, LOSS, REDUCE_GRAD) takes its stage's cost (:class:`~autosched.pp.costs.StageCost`);
 * posting a send or a receive takes the rank :attr:`P2PCost.post_s <autosched.pp.costs.P2PCost.post_s>`
   (what a transfer costs the computation on the CPU) and does not wait for the peer; a
   transfer starts once both its send and its receive are posted and takes
@@ -174,7 +174,7 @@ class _Rank:
 
 def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
     stage, kind, mb = parse_action(action)
-    if kind in ("REDUCE_GRAD", "UNSHARD", "RESHARD"):
+    if kind in ("UNSHARD", "RESHARD"):  # FSDP's: nothing to do for an unsharded stage
         return
     c = costs.stage(stage)
     dt = c.action_s(kind)
