@@ -174,7 +174,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                           microbatches=tuple(int(v) for v in args.microbatches.split(",")),
                           steps=args.steps, warmup=args.warmup, time_limit_s=args.time_limit)
         report = launch(cfg, args.ranks, timeout_s=1800)
+    posts = {n: next(iter(by.values()))["p2p"].get("post_s", 0.0) for n, by in report.get("costs", {}).items()}
     print(f"link: {report['p2p']['latency_s'] * 1e6:.0f} us + {report['p2p']['seconds_per_byte'] * 1e9:.3f} ns/B; "
+          f"a post while the ranks compute: {', '.join(f'{n} mb {v * 1e3:.2f} ms' for n, v in posts.items())}; "
           f"runtime per action: {', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('action_overhead_s', {}).items())}")
     figures = analyse(report)
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")

@@ -109,6 +109,36 @@ def test_transfers_add_their_latency_to_the_critical_path() -> None:
     assert slow >= free + 2 * 0.25  # at least the first forward's and the last backward's hops
 
 
+def test_each_posted_op_takes_the_posting_rank_post_s() -> None:
+    # GPipe, 1 micro-batch, F 1 and B 2, a free wire: rank 1 posts RECV_F0 at 0, computes F0 and
+    # B0 from 1 to 4, then posts SEND_B0; rank 0 receives it at 4 and runs B0 to 6
+    p = pp_program("GPipe", 2, 1)
+    base = pp_simulate(p, PPCosts((StageCost(1.0, 2.0),) * 2))
+    posting = pp_simulate(p, PPCosts((StageCost(1.0, 2.0),) * 2, P2PCost(post_s=0.1)))
+    assert base.end_s == {0: pytest.approx(6.0), 1: pytest.approx(4.0)}
+    # rank 1's RECV_F0 post ends before F0 can start anyway; its SEND_B0 post comes after B0
+    assert posting.end_s[1] == pytest.approx(4.1)
+    # rank 0 posts SEND_F0 after F0 (1 -> 1.1) and RECV_B0 (-> 1.2), long before B0's gradient comes
+    assert posting.end_s[0] == pytest.approx(6.0)
+    assert posting.busy_s == base.busy_s  # posting is not compute: it counts in the bubble
+    # where every rank posts on its critical path, each post lengthens the step
+    many = pp_program("LoopedBFS", 2, 8)
+    assert pp_simulate(many, _uniform(4, p2p=P2PCost(post_s=0.1))).step_s > pp_simulate(many, _uniform(4)).step_s + 0.1
+
+
+def test_reduce_grad_is_a_cost_per_step() -> None:
+    costs = PPCosts((StageCost(1.0, 2.0, reduce_grad_s=0.5),) * 2, samples_per_microbatch=8)
+    r = pp_simulate(pp_program("GPipe", 2, 4), costs)
+    assert r.step_s == pytest.approx(15.0 + 0.5)  # rank 0's REDUCE_GRAD after its last backward
+    assert r.busy_s[0] == pytest.approx(4 * 3.0 + 0.5)
+    assert costs.stage(0).action_s("REDUCE_GRAD") == 0.5
+    # per step, not per sample: half-size micro-batches keep it; a stage twice as fast halves it
+    assert costs.rescaled(4).stage(0).reduce_grad_s == 0.5
+    assert costs.rescaled(4).stage(0).forward_s == pytest.approx(0.5)
+    assert costs.with_stage_factor({1: 0.5}).stage(1).reduce_grad_s == 0.25
+    assert pp_lower_bounds(costs, 4, (0, 1)).value <= r.step_s
+
+
 def test_input_gradient_lives_until_its_send() -> None:
     costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100, output_bytes=10),
                      StageCost(1.0, 2.0, activation_bytes=100, grad_input_bytes=1000)))
@@ -202,7 +232,7 @@ def test_stage_costs_measure_the_bytes_each_stage_keeps() -> None:
     assert costs[0].activation_bytes >= relu_out  # the output the stage caches for its backward
     assert costs[1].grad_input_bytes == relu_out and costs[0].grad_input_bytes == 0
     assert costs[0].backward_input_s == 0.0  # the runtime skips the first stage's I; its W does it all
-    assert all(c.forward_s > 0 and c.backward_s > 0 for c in costs)
+    assert all(c.forward_s > 0 and c.backward_s > 0 and c.reduce_grad_s > 0 for c in costs)
     assert all(p.grad is not None and not p.grad.any() for st in stages for p in st.parameters())
 
 

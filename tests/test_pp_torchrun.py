@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from autosched.pp import builtin_programs, read_csv
+from autosched.pp import PPCosts, builtin_programs, pp_program, pp_simulate, read_csv
 from swpipe.cli import main
 
 
@@ -48,6 +48,15 @@ def test_measured_beside_predicted_on_every_rank(report) -> None:
         assert set(r["measured_peak_bytes"]) == set(r["predicted_peak_bytes"]) == {"0", "1"}
         assert all(int(v) > 0 for v in r["measured_peak_bytes"].values())
         assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
+    # the prediction is the simulator on the costs the report records, the link's post cost included
+    for r in data["results"]:
+        if "refused" in r or r["schedule"] == "swpipe-searched":
+            continue
+        costs = PPCosts.from_dict(data["costs"][str(r["n_microbatches"])][str(r["n_stages"])])
+        assert costs.p2p.post_s >= 0 and costs.p2p.backend == "gloo"
+        assert all(c.reduce_grad_s > 0 for c in costs.stages)
+        program = pp_program(r["schedule"], 2, r["n_microbatches"])
+        assert pp_simulate(program, costs).step_s == pytest.approx(r["predicted_step_s"])
     assert csv_path.read_text().splitlines() == data["searched"]["csv"].splitlines()
     back = read_csv(str(csv_path), 2, data["searched"]["n_stages"], 4)  # through PyTorch's own loader
     assert back.n_stages == data["searched"]["n_stages"]

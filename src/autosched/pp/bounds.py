@@ -3,7 +3,7 @@
 Three bounds, each true of every schedule of the same stages on the same ranks:
 
 * **rank work**: a rank runs its stages' F, LOSS and backward (B, or I + W) for every
-  micro-batch, one at a time;
+  micro-batch and their REDUCE_GRAD once, one at a time;
 * **fill + work + drain**: a rank cannot start before the first micro-batch's forward
   reaches its first stage (the earlier stages' F and the transfers between ranks), then
   does its work; after its last input gradient the earlier stages' backwards still run,
@@ -107,6 +107,7 @@ def pp_lower_bounds(costs: PPCosts, n_microbatches: int, stage_to_rank: Sequence
     for r in ranks:
         mine = [s for s, rr in enumerate(stage_to_rank) if rr == r]
         work = n * sum(stages[s].forward_s + stages[s].loss_s + _backward_s(stages[s]) for s in mine)
+        work += sum(stages[s].reduce_grad_s for s in mine)
         head = sum(stages[s].forward_s + hop(s) for s in range(min(mine)))
         drain = sum(_chain_backward_s(stages[s], s == 0) + hop(s) for s in range(min(mine)))
         deferrable = n * sum(stages[s].backward_weight_s for s in mine if stages[s].backward_input_s > 0)

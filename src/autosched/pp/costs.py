@@ -32,6 +32,10 @@ class StageCost:
         F, B (input and weight gradients at once), I and W, in seconds.
     loss_s : float
         The loss after the last stage's forward (0 for the other stages).
+    reduce_grad_s : float
+        The stage's ``REDUCE_GRAD`` at the end of a step: its weight gradients divided by
+        the micro-batch count (the runtime's ``scale_grads``); a cost per step, not per
+        micro-batch or sample.
     activation_bytes : int
         Bytes a forward leaves alive until its backward (saved tensors, the output the
         stage caches, the last stage's loss).
@@ -63,16 +67,17 @@ class StageCost:
     backward_peak_bytes: int = 0
     backward_input_peak_bytes: int = 0
     backward_weight_peak_bytes: int = 0
+    reduce_grad_s: float = 0.0
 
     def action_s(self, kind: str) -> float:
-        """The time of action ``kind`` (``F``, ``I``, ``W``, ``B``, ``LOSS``; others 0)."""
+        """The time of action ``kind`` (``F``, ``I``, ``W``, ``B``, ``LOSS``, ``REDUCE_GRAD``; others 0)."""
         return {"F": self.forward_s, "B": self.backward_s, "I": self.backward_input_s,
-                "W": self.backward_weight_s, "LOSS": self.loss_s}.get(kind, 0.0)
+                "W": self.backward_weight_s, "LOSS": self.loss_s, "REDUCE_GRAD": self.reduce_grad_s}.get(kind, 0.0)
 
     def scaled(self, time_factor: float = 1.0, bytes_factor: float = 1.0) -> "StageCost":
         """Times multiplied by ``time_factor``, bytes by ``bytes_factor``."""
         times = {k: getattr(self, k) * time_factor for k in
-                 ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "loss_s")}
+                 ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "loss_s", "reduce_grad_s")}
         sizes = {k: int(round(getattr(self, k) * bytes_factor)) for k in
                  ("activation_bytes", "weight_keep_bytes", "output_bytes", "grad_input_bytes", "loss_keep_bytes",
                   "forward_peak_bytes",
@@ -87,6 +92,13 @@ class P2PCost:
     A transfer starts when both its send and its receive are posted (gloo and NCCL both
     match a send with its receive) and both complete when it ends.
 
+    ``post_s`` is what each posted send or receive costs the thread that posts it while
+    the ranks compute. On the CPU it is not zero: gloo moves the bytes with the CPU and
+    every transfer wakes gloo's and the waiting rank's threads, which take a core from
+    the computation (on a machine with no core to spare, a time slice). A ping-pong
+    between idle ranks cannot see it; :func:`measure_p2p` measures it by exchanging
+    while both ranks compute.
+
     Examples
     --------
     >>> P2PCost(latency_s=50e-6, seconds_per_byte=1e-9).seconds(1_000_000)
@@ -96,6 +108,7 @@ class P2PCost:
     latency_s: float = 0.0
     seconds_per_byte: float = 0.0
     backend: str = ""
+    post_s: float = 0.0
 
     def seconds(self, nbytes: int) -> float:
         """How long one transfer of ``nbytes`` takes."""
@@ -156,16 +169,17 @@ class PPCosts:
     def rescaled(self, samples_per_microbatch: int) -> "PPCosts":
         """The same costs for another micro-batch size, assuming times and bytes linear in it.
 
-        The runtime's ``action_overhead_s`` is kept as it is (a cost per action, not per
-        sample); the rest is a first-order model: a module's own fixed cost per call makes
-        small micro-batches dearer than this says. Measure again where it matters.
+        The runtime's ``action_overhead_s`` and each stage's ``reduce_grad_s`` are kept as
+        they are (costs per action and per step, not per sample); the rest is a first-order
+        model: a module's own fixed cost per call makes small micro-batches dearer than this
+        says. Measure again where it matters.
         """
         if self.samples_per_microbatch <= 0:
             raise PPError("missing_cost", "samples_per_microbatch", self.samples_per_microbatch,
                           detail="costs measured without their micro-batch size cannot be rescaled")
         f = samples_per_microbatch / self.samples_per_microbatch
         base = self.with_action_overhead(0.0)
-        scaled = replace(base, stages=tuple(c.scaled(f, f) for c in base.stages),
+        scaled = replace(base, stages=tuple(replace(c.scaled(f, f), reduce_grad_s=c.reduce_grad_s) for c in base.stages),
                          samples_per_microbatch=samples_per_microbatch)
         return scaled.with_action_overhead(self.action_overhead_s)
 
@@ -343,6 +357,15 @@ def _memory_pass(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     return m
 
 
+def _timed_reduce_grad(stage: Any) -> float:
+    """One ``REDUCE_GRAD``: every weight gradient of ``stage`` divided in place, as the runtime's ``scale_grads`` does."""
+    t0 = time.perf_counter()
+    for p in stage.parameters():
+        if p.grad is not None:
+            p.grad.div_(2)
+    return time.perf_counter() - t0
+
+
 def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any],
                         repeats: int = 5, warmup: int = 1) -> Tuple[StageCost, ...]:
     """Each stage's :class:`StageCost` for one micro-batch, measured in this process.
@@ -365,7 +388,8 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
 
     Notes
     -----
-    Times are wall-clock on this thread with this process's ``torch.get_num_threads()``.
+    Times are wall-clock on this thread with this process's ``torch.get_num_threads()``;
+    ``reduce_grad_s`` divides the gradients the passes made, as the runtime's ``scale_grads``.
     Memory is :class:`~autosched.pp.memory.LiveTensorBytes` over one pass; the weights'
     gradients are made first and zeroed in place, so they are not counted (as in a
     training loop whose ``zero_grad(set_to_none=False)`` keeps them).
@@ -378,6 +402,7 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
             t = _timed_pass(stages, microbatch, target, loss_fn, split=(mode == "split"))
             if i >= warmup:
                 runs[mode].append(t)
+    reduce = [statistics.median(_timed_reduce_grad(st) for _ in range(warmup + repeats)) for st in stages]
     for st in stages:  # the gradients exist (made above): zeroed in place, they stay out of the memory figures
         for p in st.parameters():
             if p.grad is not None:
@@ -398,7 +423,7 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
             output_bytes=mem["out"][s], grad_input_bytes=mem["gin"][s],
             loss_keep_bytes=min(mem["lkeep"][s], mem["act"][s]), forward_peak_bytes=mem["pF"][s],
             backward_peak_bytes=mem["pB"][s], backward_input_peak_bytes=mem["pI"][s],
-            backward_weight_peak_bytes=mem["pW"][s]))
+            backward_weight_peak_bytes=mem["pW"][s], reduce_grad_s=reduce[s]))
     for st in stages:
         for p in st.parameters():
             if p.grad is not None:
@@ -406,19 +431,57 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
     return tuple(out)
 
 
-def measure_p2p(group: Any = None, sizes: Sequence[int] = (4, 1 << 20), repeats: int = 20) -> P2PCost:
-    """The link's :class:`P2PCost`, measured by ranks 0 and 1 of ``group`` with ping-pongs.
+def _trimmed_mean(values: Sequence[float], cut: float = 0.1) -> float:
+    """The mean without the ``cut`` share of values at each end: a sum's expectation, robust to a stray outlier."""
+    v = sorted(values)
+    k = int(len(v) * cut)
+    v = v[k:len(v) - k] or v
+    return sum(v) / len(v)
 
-    Every rank of the group calls it (the others wait); every rank gets rank 0's fit.
-    One-way time is half a round trip, fitted as ``latency + bytes * seconds_per_byte``
-    over ``sizes`` (medians of ``repeats``).
+
+def _busy_work(rank: int, target_s: float) -> Callable[[], Any]:
+    """A computation of about ``target_s`` on this thread (matmuls, as a stage runs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    w, x = torch.randn(256, 256, generator=g), torch.randn(64, 256, generator=g)
+
+    def chunk(k: int) -> Any:
+        y = x
+        for _ in range(k):
+            y = torch.tanh(y @ w)
+        return y
+
+    chunk(4)
+    t0 = time.perf_counter()
+    chunk(16)
+    per = max(1e-7, (time.perf_counter() - t0) / 16)
+    k = max(1, int(round(target_s / per)))
+    return lambda: chunk(k)
+
+
+def measure_p2p(group: Any = None, sizes: Sequence[int] = (4, 1 << 20), repeats: int = 20,
+                busy_s: float = 1e-3, busy_bytes: int = 1 << 17) -> P2PCost:
+    """The link's :class:`P2PCost`, measured by ranks 0 and 1 of ``group``.
+
+    Every rank of the group calls it (the others wait); every rank gets the same figures.
+
+    * ``latency_s`` and ``seconds_per_byte``: one-way time is half a ping-pong's round
+      trip between otherwise idle ranks, fitted as ``latency + bytes * seconds_per_byte``
+      over ``sizes`` (medians of ``repeats``).
+    * ``post_s``: both ranks compute ``2 * busy_s`` seconds, once alone and once while they
+      exchange ``busy_bytes`` each way (receive posted, ``busy_s`` of compute, send posted,
+      ``busy_s`` of compute, both waited), aligned by a round trip. What the exchange adds,
+      halved (a send and a receive each), is the cost of one post while the ranks compute:
+      a trimmed mean over ``repeats`` and both ranks, since a step adds up every post's.
+      Pass the size of the activations the pipeline sends.
     """
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
-    fit = [0.0, 0.0]
+    fit = [0.0, 0.0, 0.0]
     if world >= 2 and rank in (0, 1):
         peer = dist.get_global_rank(group, 1 - rank) if group is not None else 1 - rank
         one_way = []
@@ -438,7 +501,46 @@ def measure_p2p(group: Any = None, sizes: Sequence[int] = (4, 1 << 20), repeats:
             one_way.append((buf.numel() * 4, statistics.median(times)))
         (b0, t0_), (b1, t1) = one_way[0], one_way[-1]
         per_byte = max(0.0, (t1 - t0_) / (b1 - b0)) if b1 > b0 else 0.0
-        fit = [max(0.0, t0_ - b0 * per_byte), per_byte]
-    fit_t = torch.tensor(fit, dtype=torch.float64)
+        fit = [max(0.0, t0_ - b0 * per_byte), per_byte, _busy_post_s(group, peer, busy_bytes, repeats, busy_s)]
+    post = torch.tensor([fit[2]], dtype=torch.float64)
+    dist.all_reduce(post, group=group)  # ranks 0 and 1 each measured theirs; the others add 0
+    fit_t = torch.tensor(fit[:2], dtype=torch.float64)
     dist.broadcast(fit_t, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return P2PCost(float(fit_t[0]), float(fit_t[1]), dist.get_backend(group))
+    return P2PCost(float(fit_t[0]), float(fit_t[1]), dist.get_backend(group), max(0.0, float(post[0]) / 2))
+
+
+def _busy_post_s(group: Any, peer: int, nbytes: int, repeats: int, busy_s: float) -> float:
+    """:func:`measure_p2p`'s ``post_s`` on this rank (see there)."""
+    import torch
+    import torch.distributed as dist
+
+    work = _busy_work(dist.get_rank(group), busy_s)
+    token = torch.zeros(1)
+
+    def align() -> None:  # a blocking round trip: both ranks leave it within a one-way latency
+        if dist.get_rank(group) == 0:
+            dist.send(token, peer, group=group)
+            dist.recv(token, peer, group=group)
+        else:
+            dist.recv(token, peer, group=group)
+            dist.send(token, peer, group=group)
+
+    added = []
+    out, into = torch.ones(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
+    for i in range(repeats + 2):
+        align()
+        t0 = time.perf_counter()
+        work()
+        work()
+        alone = time.perf_counter() - t0
+        align()
+        t0 = time.perf_counter()
+        recv = dist.irecv(into, peer, group=group)
+        work()
+        send = dist.isend(out, peer, group=group)
+        work()
+        send.wait()
+        recv.wait()
+        if i >= 2:
+            added.append((time.perf_counter() - t0 - alone) / 2)
+    return _trimmed_mean(added)

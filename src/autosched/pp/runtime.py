@@ -8,10 +8,12 @@ with gloo; each rank runs :func:`run_rank`:
    stages wrapped in ``torch.distributed.pipelining.PipelineStage``;
 2. every rank measures every stage's costs in its own process at the same time
    (:func:`~autosched.pp.costs.measure_stage_costs`: the cores are as busy as during the
-   run), before the runs and after them; the prediction takes each figure's median. The
-   link's cost is measured once on the job's gloo group (:func:`~autosched.pp.costs.measure_p2p`),
-   and the runtime's own cost per action once, by each rank running every stage alone
-   (``ScheduleLoopedBFS`` on a one-rank group) against the model's prediction;
+   run), the link on the job's gloo group (:func:`~autosched.pp.costs.measure_p2p`: the
+   idle link, and what a post costs while both ranks compute, at the activation's size),
+   and the runtime's own cost per action, by each rank running every stage alone
+   (``ScheduleLoopedBFS`` on a one-rank group) against the model's prediction: before
+   the runs, once in every round of them and after them (a shared machine's load moves
+   within seconds); the prediction takes each figure's median;
 3. rank 0 searches a schedule with the costs measured before the runs
    (:func:`~autosched.pp.search.pp_search`), written as the compute-only CSV that every
    rank loads into ``_PipelineScheduleRuntime``;
@@ -132,20 +134,21 @@ def _stage_modules(cfg: PPRunConfig, n_stages: int) -> List[Any]:
     return split_module(list(make_model(cfg)), n_stages)
 
 
-def _measure_costs(cfg: PPRunConfig, n_stages: int, n_mb: int) -> Tuple[Any, ...]:
+def _measure_costs(cfg: PPRunConfig, n_stages: int, n_mb: int, repeats: int, warmup: int) -> Tuple[Any, ...]:
     from autosched.pp.costs import measure_stage_costs
 
     stages = _stage_modules(cfg, n_stages)
     x, y = _data(cfg, 0)
     mb = cfg.batch // n_mb
-    return measure_stage_costs(stages, x[:mb], y[:mb], _loss, repeats=cfg.cost_repeats)
+    return measure_stage_costs(stages, x[:mb], y[:mb], _loss, repeats=repeats, warmup=warmup)
 
 
-def _costs_on_every_rank(cfg: PPRunConfig, n_mb: int, world: int) -> Dict[int, List[Any]]:
+def _costs_on_every_rank(cfg: PPRunConfig, n_mb: int, world: int, repeats: Optional[int] = None,
+                         warmup: int = 1) -> Dict[int, List[Any]]:
     """Every rank measures every stage at once (the cores as busy as in the run); all ranks' figures."""
     import torch.distributed as dist
 
-    mine = {k: _measure_costs(cfg, k, n_mb) for k in (world, 2 * world)}
+    mine = {k: _measure_costs(cfg, k, n_mb, repeats or cfg.cost_repeats, warmup) for k in (world, 2 * world)}
     gathered: List[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
     return {k: [g[k] for g in gathered] for k in mine}
@@ -239,45 +242,103 @@ class _Trainer:
                 "losses": loss_rows[0] if loss_rows else []}
 
 
-def _action_overhead(cfg: PPRunConfig, n_mb: int, costs: Any, group: Any) -> float:
-    """What the runtime adds per compute action: every stage run on this rank alone, measured against the model.
+class _AloneProbe:
+    """Every stage of a split on this rank alone: what the runtime adds per compute action, against the model.
 
-    ``ScheduleLoopedBFS`` over all of ``costs``' stages on a one-rank group (no transfers):
-    ``(measured step - simulated step) / compute actions``, at least 0.
+    ``ScheduleLoopedBFS`` over all the split's stages on a one-rank group (no transfers);
+    :meth:`overhead_s` is ``(median measured step - simulated step) / compute actions``,
+    at least 0.
     """
-    import torch
-    from torch.distributed.pipelining import PipelineStage
 
-    from autosched.pp import _torch
-    from autosched.pp.program import pp_program
-    from autosched.pp.simulate import pp_simulate
+    def __init__(self, cfg: PPRunConfig, n_mb: int, n_stages: int, group: Any) -> None:
+        import torch
+        from torch.distributed.pipelining import PipelineStage
 
-    n_stages = costs.n_stages
-    modules = _stage_modules(cfg, n_stages)
-    stages = [PipelineStage(modules[s], s, n_stages, torch.device("cpu"), group=group) for s in range(n_stages)]
-    schedule = _torch.schedule_class("LoopedBFS")(stages, n_mb, loss_fn=_loss)
-    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.05)
-    times = []
-    for step in range(cfg.warmup + max(3, cfg.cost_repeats)):
-        x, y = _data(cfg, step)
-        opt.zero_grad(set_to_none=False)
+        from autosched.pp import _torch
+        from autosched.pp.program import pp_program
+
+        self.cfg, self.n_mb = cfg, n_mb
+        self.modules = _stage_modules(cfg, n_stages)
+        stages = [PipelineStage(self.modules[s], s, n_stages, torch.device("cpu"), group=group)
+                  for s in range(n_stages)]
+        self.schedule = _torch.schedule_class("LoopedBFS")(stages, n_mb, loss_fn=_loss)
+        self.opt = torch.optim.SGD([p for m in self.modules for p in m.parameters()], lr=0.05)
+        self.program = pp_program("LoopedBFS", 1, n_mb, stages_per_rank=n_stages)
+        self.times: List[float] = []
+        self.step_no = 0
+        for _ in range(cfg.warmup):
+            self.step(timed=False)
+
+    def step(self, timed: bool = True) -> None:
+        x, y = _data(self.cfg, self.step_no)
+        self.opt.zero_grad(set_to_none=False)
         t0 = time.perf_counter()
-        schedule.step(x, target=y, losses=[], return_outputs=False)
-        if step >= cfg.warmup:
-            times.append(time.perf_counter() - t0)
-        opt.step()
-    program = pp_program("LoopedBFS", 1, n_mb, stages_per_rank=n_stages)
-    predicted = pp_simulate(program, costs.with_action_overhead(0.0)).step_s
-    return max(0.0, (statistics.median(times) - predicted) / len(program.compute[0]))
+        self.schedule.step(x, target=y, losses=[], return_outputs=False)
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+        self.opt.step()
+        self.step_no += 1
+
+    def overhead_s(self, costs: Any) -> float:
+        from autosched.pp.simulate import pp_simulate
+
+        predicted = pp_simulate(self.program, costs.with_action_overhead(0.0)).step_s
+        return max(0.0, (statistics.median(self.times) - predicted) / len(self.program.compute[0]))
 
 
-def _overhead_on_every_rank(cfg: PPRunConfig, n_mb: int, costs: Any, groups: List[Any]) -> float:
+def _median_on_every_rank(mine: float) -> float:
     import torch.distributed as dist
 
-    mine = _action_overhead(cfg, n_mb, costs, groups[dist.get_rank()])
     gathered: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return statistics.median(gathered)
+
+
+def _measure_link(cfg: PPRunConfig, repeats: int = 20) -> Any:
+    """The link on the job's group, its busy exchange at the size of the largest activation sent."""
+    from autosched.pp.costs import measure_p2p
+
+    return measure_p2p(repeats=repeats, busy_bytes=4 * cfg.width * (cfg.batch // min(cfg.microbatches)))
+
+
+def _median_link(links: List[Any]) -> Any:
+    """Each figure's median over links measured at several times (the load moves between them)."""
+    from dataclasses import replace
+
+    return replace(links[0], latency_s=statistics.median(k.latency_s for k in links),
+                   seconds_per_byte=statistics.median(k.seconds_per_byte for k in links),
+                   post_s=statistics.median(k.post_s for k in links))
+
+
+class _Calibration:
+    """The costs measured again in every round of the runs, so that they share the runs' load.
+
+    On a shared machine the load moves within seconds; figures measured only before the
+    runs predict another machine. Each round every rank measures its stages once, runs
+    the :class:`_AloneProbe` once and the link once; the prediction takes each figure's
+    median over the rounds and the measurements before and after them.
+    """
+
+    def __init__(self, cfg: PPRunConfig, n_mb: int, world: int, probe: _AloneProbe) -> None:
+        self.cfg, self.n_mb, self.world = cfg, n_mb, world
+        self.probe = probe
+        probe.times.clear()  # its steps from now on, in the rounds
+        self.samples: Dict[int, List[Any]] = {k: [] for k in (world, 2 * world)}
+        self.links: List[Any] = []
+
+    def round(self) -> None:
+        for k, v in _costs_on_every_rank(self.cfg, self.n_mb, self.world, repeats=2, warmup=0).items():
+            self.samples[k].extend(v)
+        self.probe.step()
+        self.links.append(_measure_link(self.cfg, repeats=4))
+
+    def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]) -> Tuple[Dict[int, Any], float]:
+        """Every split's costs (the runtime's overhead per action included) and that overhead; every rank calls it."""
+        link = _median_link(links + self.links)
+        costs = {k: _combine(before[k] + self.samples[k] + after[k], link, self.cfg.batch // self.n_mb,
+                             "before, during and after the runs") for k in before}
+        overhead = _median_on_every_rank(self.probe.overhead_s(costs[2 * self.world]))
+        return {k: c.with_action_overhead(overhead) for k, c in costs.items()}, overhead
 
 
 def _noise(values: Sequence[float]) -> float:
@@ -316,7 +377,6 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     import torch
     import torch.distributed as dist
 
-    from autosched.pp.costs import measure_p2p
     from autosched.pp.program import builtin_programs, read_csv
     from autosched.pp.simulate import pp_simulate
 
@@ -324,12 +384,16 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        p2p = measure_p2p()
+        p2p = _measure_link(cfg)
         alone = [dist.new_group([r]) for r in range(world)]  # every rank creates every group, in the same order
         samples = {n: _costs_on_every_rank(cfg, n, world) for n in cfg.microbatches}
         costs = {n: {k: _combine(v, p2p, cfg.batch // n, "before the runs") for k, v in by.items()}
                  for n, by in samples.items()}
-        overhead = {n: _overhead_on_every_rank(cfg, n, costs[n][2 * world], alone) for n in cfg.microbatches}
+        probes = {n: _AloneProbe(cfg, n, 2 * world, alone[rank]) for n in cfg.microbatches}
+        for n, probe in probes.items():
+            for _ in range(max(3, cfg.cost_repeats)):
+                probe.step()
+        overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][2 * world])) for n in cfg.microbatches}
         costs = {n: {k: c.with_action_overhead(overhead[n]) for k, c in by.items()} for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
         results: List[Dict[str, Any]] = []
@@ -346,17 +410,18 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             for t in trainers:
                 for _ in range(cfg.warmup):
                     t.step()
+            calibration = _Calibration(cfg, n_mb, world, probes[n_mb])
             for _ in range(cfg.steps):  # rounds: every schedule once per round, so they share the load's swings
                 for t in trainers:
                     t.step(timed=True)
-            after = _costs_on_every_rank(cfg, n_mb, world)  # measured again after: the prediction uses both
+                calibration.round()  # and the costs too
+            after = _costs_on_every_rank(cfg, n_mb, world)
+            both, overhead[n_mb] = calibration.costs(samples[n_mb], after, [p2p, _measure_link(cfg)])
             for t in trainers:
                 t.step(memory=True)
             gathered = [t.gather(world) for t in trainers]
             if rank != 0:
                 continue
-            both = {k: _combine(samples[n_mb][k] + after[k], p2p, cfg.batch // n_mb,
-                                "before and after the runs").with_action_overhead(overhead[n_mb]) for k in after}
             costs[n_mb] = both
             ref = _reference_losses(cfg, n_mb, cfg.warmup + cfg.steps + 1)
             for t, measured in zip(trainers, gathered):

@@ -4,10 +4,12 @@
 rank at once, as the runtime does:
 
 * a rank runs its steps one after another on one thread (the runtime's loop);
-* a compute action (F, I, W, B, LOSS) takes its stage's cost (:class:`~autosched.pp.costs.StageCost`);
-* a posted send or receive does not block; a transfer starts once both its send and its
-  receive are posted and takes :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>`
-  of the bytes; a ``wait`` blocks the rank until the transfers it names have ended;
+* a compute action (F, I, W, B, LOSS, REDUCE_GRAD) takes its stage's cost (:class:`~autosched.pp.costs.StageCost`);
+* posting a send or a receive takes the rank :attr:`P2PCost.post_s <autosched.pp.costs.P2PCost.post_s>`
+  (what a transfer costs the computation on the CPU) and does not wait for the peer; a
+  transfer starts once both its send and its receive are posted and takes
+  :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>` of the bytes; a ``wait``
+  blocks the rank until the transfers it names have ended;
 * a step ends when every rank has run its last step.
 
 Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; an I frees
@@ -52,7 +54,7 @@ class PPSimResult:
     step_s : float
         The step time: from the first action to the last rank's end.
     busy_s, bubble_s : dict
-        Per rank: seconds of compute, and the rest of the step (idle or waiting).
+        Per rank: seconds of compute, and the rest of the step (idle, waiting or posting).
     peak_bytes : dict
         Per rank: the most bytes alive above the step's start (activations, input
         gradients awaiting their send, the running action's transient).
@@ -172,7 +174,7 @@ class _Rank:
 
 def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
     stage, kind, mb = parse_action(action)
-    if kind in ("REDUCE_GRAD", "UNSHARD", "RESHARD"):
+    if kind in ("UNSHARD", "RESHARD"):  # FSDP's: nothing to do for an unsharded stage
         return
     c = costs.stage(stage)
     dt = c.action_s(kind)
@@ -208,8 +210,9 @@ def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[Tim
     while r.pos < len(r.steps):
         kind, actions = r.steps[r.pos]
         if kind == "post":
-            for a in actions:
+            for a in actions:  # each posted op takes the posting thread ``post_s`` (gloo's CPU, the wake-ups)
                 transfers.post(a, r.rank, r.t)
+                r.t += costs.p2p.post_s
         elif kind == "wait":
             ends = [transfers.end(_transfer_key(a)) for a in actions]
             if any(e is None for e in ends):

@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(format_table(report))
     p2p = report["p2p"]
-    print(f"link (gloo, measured): {p2p['latency_s'] * 1e6:.0f} us + {p2p['seconds_per_byte'] * 1e9:.3f} ns/byte; "
+    print(f"link (gloo, measured): {p2p['latency_s'] * 1e6:.0f} us + {p2p['seconds_per_byte'] * 1e9:.3f} ns/byte, "
+          f"{p2p.get('post_s', 0.0) * 1e3:.2f} ms per post while the ranks compute; "
           f"load {report['load'][0]:.1f} at the end")
     print("step: median of the slowest rank's schedule.step(); peak: live tensor bytes above the step's start "
           "(autosched.pp.memory.LiveTensorBytes); bubble: predicted idle share of the busiest rank's step")
