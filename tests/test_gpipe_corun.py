@@ -90,8 +90,9 @@ def test_a_checkpointed_backward_costs_its_forward_again(checkpoint, recomputed)
     assert p.costs["B0"].host_s == pytest.approx(backward + recomputed / 4 * forward)
 
 
-def test_co_run_slowdown_is_together_over_alone_at_least_one():
-    corun = CoRun({"F0": 2.0, "B0": 4.0, "F1": 0.0}, {"F0": 3.0, "B0": 3.0, "F1": 1.0}, batch=4)
+def test_co_run_slowdown_is_the_median_round_s_together_over_alone_at_least_one():
+    corun = CoRun({"F0": [2.0, 1.0, 4.0], "B0": [4.0], "F1": [0.0]}, {"F0": [3.0, 3.0, 4.0], "B0": [3.0], "F1": [1.0]},
+                  batch=4)
     assert corun.slowdown == {"F0": 1.5, "B0": 1.0, "F1": 1.0}
 
 
@@ -105,7 +106,7 @@ def test_profile_corun_times_every_task_and_leaves_the_module_as_it_was():
     before = [p.detach().clone() for p in model.parameters()]
     corun = profile_corun(model, [4, 4], torch.randn(8, 16), timeout=0.0, rounds=2)
     assert sorted(corun.alone_s) == sorted(corun.together_s) == ["B0", "B1", "F0", "F1"]
-    assert all(v > 0 for v in [*corun.alone_s.values(), *corun.together_s.values()])
+    assert all(len(v) == 2 and min(v) > 0 for v in [*corun.alone_s.values(), *corun.together_s.values()])
     assert corun.batch == 8 and all(s >= 1.0 for s in corun.slowdown.values())
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

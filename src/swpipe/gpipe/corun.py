@@ -53,7 +53,8 @@ class CoRun:
     Attributes
     ----------
     alone_s : dict
-        ``{task: seconds}`` for ``F<j>`` and ``B<j>``, one partition at a time (medians).
+        ``{task: [seconds per round]}`` for ``F<j>`` and ``B<j>``, one partition
+        at a time (each round's median).
     together_s : dict
         The same with every partition on its own thread at once.
     batch : int
@@ -61,18 +62,24 @@ class CoRun:
 
     Examples
     --------
-    >>> CoRun({"F0": 0.002, "B0": 0.004}, {"F0": 0.003, "B0": 0.0036}, batch=32).slowdown
-    {'F0': 1.5, 'B0': 1.0}
+    >>> CoRun({"F0": [0.002, 0.004], "B0": [0.004]}, {"F0": [0.003, 0.004], "B0": [0.0036]}, batch=32).slowdown
+    {'F0': 1.25, 'B0': 1.0}
     """
 
-    alone_s: Dict[str, float]
-    together_s: Dict[str, float]
+    alone_s: Dict[str, List[float]]
+    together_s: Dict[str, List[float]]
     batch: int
 
     @property
     def slowdown(self) -> Dict[str, float]:
-        """``{task: together / alone}``, at least 1 (a task never runs faster beside another; less is noise)."""
-        return {t: max(1.0, self.together_s[t] / a) if a > 0 else 1.0 for t, a in self.alone_s.items()}
+        """``{task: together / alone}``: the median over the rounds of each round's ratio (a round's two
+        arrangements run back to back, so a change of load between rounds cancels), at least 1 (a task never
+        runs faster beside another: less is noise)."""
+        out = {}
+        for task, alone in self.alone_s.items():
+            ratios = [b / a for a, b in zip(alone, self.together_s[task]) if a > 0]
+            out[task] = max(1.0, statistics.median(ratios)) if ratios else 1.0
+        return out
 
 
 def _detached(value: Any) -> Any:
@@ -126,17 +133,17 @@ def _plan(partitions: Sequence[nn.Sequential], inputs: Sequence[Any], together: 
     return PipelinePlan(schedule, deps, caller_group=None)
 
 
-def _task_medians(pipe: SWPipeline, iterations: int) -> Dict[str, List[float]]:
+def _task_medians(pipe: SWPipeline, iterations: int) -> Dict[str, float]:
     pipe.run(range(iterations))
     out: Dict[str, List[float]] = {}
     for e in pipe.timeline:
         if e.kind == "host":
             out.setdefault(e.task, []).append(e.end - e.start)
-    return out
+    return {task: statistics.median(values) for task, values in out.items()}
 
 
 def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors, *, timeout: float = 1.0,
-                  rounds: int = 3) -> CoRun:
+                  rounds: int = 5) -> CoRun:
     """Measure each CPU partition's forward and backward on ``sample``, alone and with all partitions at once.
 
     Parameters
@@ -151,7 +158,7 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     timeout : float
         About how many seconds the measurement takes (more iterations, less noise).
     rounds : int
-        Interleaved rounds of each arrangement (medians over all their iterations).
+        Interleaved rounds of the two arrangements (:attr:`CoRun.slowdown`: the median of the rounds' ratios).
 
     Returns
     -------
@@ -193,10 +200,8 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     samples: Dict[str, Dict[str, List[float]]] = {"alone": {}, "together": {}}
     for _ in range(rounds):
         for kind, pipe in pipes.items():
-            for task, values in _task_medians(pipe, iterations).items():
-                samples[kind].setdefault(task, []).extend(values)
+            for task, seconds in _task_medians(pipe, iterations).items():
+                samples[kind].setdefault(task, []).append(seconds)
     for pipe in pipes.values():
         pipe.close()
-    alone = {t: statistics.median(v) for t, v in samples["alone"].items()}
-    together = {t: statistics.median(v) for t, v in samples["together"].items()}
-    return CoRun(alone, together, batch_size(sample))
+    return CoRun(samples["alone"], samples["together"], batch_size(sample))
