@@ -16,10 +16,12 @@
     each balance's costliest partition (by our profile) and its measured step.
 (c) Predicted against measured, per checkpoint mode and for 1F1B: step time,
     bubble and peak activation bytes (``swpipe.gpipe.predict``), with the median
-    absolute error of each. The prediction takes the layers' profile and the
-    partitions' co-run slowdown (``swpipe.gpipe.corun.profile_corun``: how much
-    the two partitions slow each other when run at once, on this machine now),
-    measured beside each configuration; ``alone_err`` is the prediction without it.
+    absolute error of each. The prediction takes the layers' profile at the
+    step's micro-batch and the partitions' co-run slowdown
+    (``swpipe.gpipe.corun.profile_corun``: how much the two partitions slow each
+    other when run at once, on this machine now), both measured beside each
+    configuration; ``alone_err`` is the prediction without the slowdown. The
+    measured bubble is the median of the timed steps' own.
 
 Goals (issue 39): ahead of torchgpipe on the CPU; predicted step time within
 10 % (median) of the measured one; predicted bubble within 5 % (points) of the
@@ -173,17 +175,17 @@ def part_c(args: argparse.Namespace) -> List[Dict[str, Any]]:
     x, target = torch.randn(args.batch, args.width), torch.randn(args.batch, args.width)
     half = args.layers
     model = mlp(args.width, args.layers)
-    # profiles at two micro-batch sizes: time is affine in the micro-batch (a fixed cost per call)
-    layers = LayerModel.fit([profile_layers(model, x[:args.batch // 4], timeout=args.timeout),
-                             profile_layers(model, x[:args.batch // 8], timeout=args.timeout)])
     rows = []
     configs = [("gpipe", ck, c) for c in (4, 8) for ck in ("never", "except_last", "always")]
     configs += [("1f1b", ck, c) for c in (4, 8) for ck in ("never", "always")]
     for sched, ck, chunks in configs:
         g = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                   checkpoint=ck, schedule=sched)
-        # how much the partitions slow each other on this machine now (free cores, caches), beside the measurement
-        corun = profile_corun(model, [half, half], x[:args.batch // chunks], timeout=args.timeout)
+        # the inputs of the prediction taken beside the measurement (a shared machine's speed drifts within
+        # a minute): the layers at the step's micro-batch, and how much the partitions slow each other now
+        sample = x[:args.batch // chunks]
+        layers = LayerModel.fit([profile_layers(model, sample, timeout=args.timeout)])
+        corun = profile_corun(model, [half, half], sample, timeout=args.timeout)
         p = predict_step(layers, [half, half], args.batch, chunks, ck, sched, slowdown=corun.slowdown)
         alone = predict_step(layers, [half, half], args.batch, chunks, ck, sched)
         m = measure_step(g, x, target, nn.functional.mse_loss, repeats=args.rounds)

@@ -137,3 +137,18 @@ def test_profile_corun_refuses_bad_arguments(balance, rounds, argument):
     with pytest.raises(GPipeArgumentError) as err:
         profile_corun(net(), balance, torch.randn(8, 16), timeout=0.0, rounds=rounds)
     assert err.value.argument == argument
+
+
+def test_the_measured_bubble_is_the_median_timed_step_s_and_its_timeline_is_kept():
+    from swpipe.gpipe import GPipe
+    from swpipe.gpipe.measure import measure_step, step_bubble
+
+    x = torch.randn(16, 16)
+    gpipe = GPipe(net(), [4, 4], devices=["cpu", "cpu"], chunks=4, checkpoint="never")
+    measured = measure_step(gpipe, x, x, nn.functional.mse_loss, repeats=3, warmup=0)
+    assert len(measured.steps_s) == 3 and gpipe.record_timeline is False  # left as it was
+    assert measured.bubble == pytest.approx(step_bubble(measured.events, 2))
+    assert sorted({e.iteration for e in measured.events}) == [0, 1, 2, 3]
+    with pytest.raises(GPipeArgumentError) as err:
+        measure_step(gpipe, x, x, nn.functional.mse_loss, repeats=0)
+    assert err.value.argument == "repeats"
