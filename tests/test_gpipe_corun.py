@@ -152,3 +152,11 @@ def test_the_measured_bubble_is_the_median_timed_step_s_and_its_timeline_is_kept
     with pytest.raises(GPipeArgumentError) as err:
         measure_step(gpipe, x, x, nn.functional.mse_loss, repeats=0)
     assert err.value.argument == "repeats"
+
+
+def test_choose_predicts_every_candidate_with_the_slowdown():
+    from swpipe.gpipe.predict import choose
+
+    best, candidates = choose(uniform(), 2, batch=8, chunks=(2, 4), checkpoints=("never",), schedules=("gpipe",),
+                              slowdown=EVERY)
+    assert best is candidates[0] and all(c.slowdown == EVERY for c in candidates)

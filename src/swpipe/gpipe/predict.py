@@ -407,12 +407,14 @@ def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str
 
 def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
            chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
-           schedules: Iterable[str] = SCHEDULES) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
+           schedules: Iterable[str] = SCHEDULES, slowdown: Optional[Mapping[str, float]] = None
+           ) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
     """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
 
     The balance for each chunk count is the optimum of the layers' time at
     that micro-batch size (:func:`~swpipe.gpipe.balance.optimal_balance`);
-    every combination is predicted.
+    every combination is predicted (with the co-run ``slowdown``, if given, as
+    :func:`predict_step` takes it).
 
     Returns
     -------
@@ -425,7 +427,7 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
         balance = optimal_balance([f + b for f, b in zip(at["forward"], at["backward"])], partitions)
         for ck in checkpoints:
             for sched in schedules:
-                candidates.append(predict_step(layers, balance, batch, c, ck, sched))
+                candidates.append(predict_step(layers, balance, batch, c, ck, sched, slowdown=slowdown))
     candidates.sort(key=lambda p: (p.step_s, p.activation_bytes))
     fits = [p for p in candidates if max_activation_bytes is None or p.activation_bytes <= max_activation_bytes]
     return (fits[0] if fits else None), candidates
