@@ -19,9 +19,10 @@
     absolute error of each. The prediction takes the layers' profile at the
     step's micro-batch and the partitions' co-run slowdown
     (``swpipe.gpipe.corun.profile_corun``: how much the two partitions slow each
-    other when run at once, on this machine now), both measured beside each
-    configuration; ``alone_err`` is the prediction without the slowdown. The
-    measured bubble is the median of the timed steps' own.
+    other when run at once, on this machine now); ``alone_err`` is the
+    prediction without the slowdown. Each configuration runs ``--rounds``
+    rounds, each taking the prediction's inputs and one measured step back to
+    back (in turn first); medians over the rounds.
 
 Goals (issue 39): ahead of torchgpipe on the CPU; predicted step time within
 10 % (median) of the measured one; predicted bubble within 5 % (points) of the
@@ -181,18 +182,32 @@ def part_c(args: argparse.Namespace) -> List[Dict[str, Any]]:
     for sched, ck, chunks in configs:
         g = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                   checkpoint=ck, schedule=sched)
-        # the inputs of the prediction taken beside the measurement (a shared machine's speed drifts within
-        # a minute): the layers at the step's micro-batch, and how much the partitions slow each other now
+        g.step(x, target, nn.functional.mse_loss)  # warm-up
         sample = x[:args.batch // chunks]
-        layers = LayerModel.fit([profile_layers(model, sample, timeout=args.timeout)])
-        corun = profile_corun(model, [half, half], sample, timeout=args.timeout)
-        p = predict_step(layers, [half, half], args.batch, chunks, ck, sched, slowdown=corun.slowdown)
-        alone = predict_step(layers, [half, half], args.batch, chunks, ck, sched)
-        m = measure_step(g, x, target, nn.functional.mse_loss, repeats=args.rounds)
+        got: Dict[str, List[Any]] = {"pred": [], "alone": [], "meas": [], "slowdown": []}
+        # rounds, each predicting and measuring back to back (in turn first), medians over the rounds: a shared
+        # machine's speed drifts within a minute, so the prediction's inputs (the layers at the step's
+        # micro-batch, how much the partitions slow each other now) are taken beside the step they predict
+        for r in range(args.rounds):
+            if r % 2:
+                got["meas"].append(measure_step(g, x, target, nn.functional.mse_loss, repeats=1, warmup=0))
+            layers = LayerModel.fit([profile_layers(model, sample, timeout=args.timeout / args.rounds,
+                                                    num_rounds=1)])
+            corun = profile_corun(model, [half, half], sample, timeout=args.timeout / args.rounds, rounds=1)
+            got["pred"].append(predict_step(layers, [half, half], args.batch, chunks, ck, sched,
+                                            slowdown=corun.slowdown))
+            got["alone"].append(predict_step(layers, [half, half], args.batch, chunks, ck, sched))
+            got["slowdown"].append(statistics.fmean(corun.slowdown.values()))
+            if not r % 2:
+                got["meas"].append(measure_step(g, x, target, nn.functional.mse_loss, repeats=1, warmup=0))
+        pred, alone = (statistics.median(q.step_s for q in got[k]) for k in ("pred", "alone"))
+        meas = statistics.median(m.step_s for m in got["meas"])
+        p, m = got["pred"][0], got["meas"][0]  # the bytes kept do not depend on timing
         rows.append({"schedule": sched, "checkpoint": ck, "chunks": chunks,
-                     "slowdown": statistics.fmean(corun.slowdown.values()), "pred_ms": p.step_s * 1e3,
-                     "meas_ms": m.step_s * 1e3, "time_err": p.step_s / m.step_s - 1,
-                     "alone_err": alone.step_s / m.step_s - 1, "pred_bubble": p.bubble, "meas_bubble": m.bubble,
+                     "slowdown": statistics.median(got["slowdown"]), "pred_ms": pred * 1e3, "meas_ms": meas * 1e3,
+                     "time_err": pred / meas - 1, "alone_err": alone / meas - 1,
+                     "pred_bubble": statistics.median(q.bubble for q in got["pred"]),
+                     "meas_bubble": statistics.median(q.bubble for q in got["meas"]),
                      "pred_MB": p.activation_bytes / 1e6, "meas_MB": m.activation_bytes / 1e6,
                      "mem_err": p.activation_bytes / m.activation_bytes - 1 if m.activation_bytes else 0.0})
     return rows
