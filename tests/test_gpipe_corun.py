@@ -91,9 +91,22 @@ def test_a_checkpointed_backward_costs_its_forward_again(checkpoint, recomputed)
 
 
 def test_co_run_slowdown_is_the_median_round_s_together_over_alone_at_least_one():
+    full = {"F0": [1.0, 1.0, 1.0], "B0": [1.0], "F1": [1.0]}
     corun = CoRun({"F0": [2.0, 1.0, 4.0], "B0": [4.0], "F1": [0.0]}, {"F0": [3.0, 3.0, 4.0], "B0": [3.0], "F1": [1.0]},
-                  batch=4)
+                  full, batch=4)
     assert corun.slowdown == {"F0": 1.5, "B0": 1.0, "F1": 1.0}
+
+
+def test_co_run_slowdown_inverts_the_stretch_the_prediction_applies():
+    from autosched.model.costs import CostModel, TaskCost
+
+    # measured together: 3 s where alone took 2 s, a quarter of it beside the other partition
+    corun = CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.25]}, batch=4)
+    assert corun.slowdown == {"F0": pytest.approx(3.0)}
+    events = [event("F0", "p0", 0.0, 4.0), event("F1", "p1", 0.0, 1.0)]  # F0 a quarter beside F1
+    stretched = corun_costs(CostModel({"F0": TaskCost(2.0)}), events, corun.slowdown)
+    assert stretched["F0"].host_s == pytest.approx(3.0)
+    assert CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.0]}, batch=4).slowdown == {"F0": 1.0}  # never beside
 
 
 def net():
@@ -107,6 +120,7 @@ def test_profile_corun_times_every_task_and_leaves_the_module_as_it_was():
     corun = profile_corun(model, [4, 4], torch.randn(8, 16), timeout=0.0, rounds=2)
     assert sorted(corun.alone_s) == sorted(corun.together_s) == ["B0", "B1", "F0", "F1"]
     assert all(len(v) == 2 and min(v) > 0 for v in [*corun.alone_s.values(), *corun.together_s.values()])
+    assert all(len(v) == 2 and all(0.0 <= s <= 1.0 for s in v) for v in corun.beside.values())
     assert corun.batch == 8 and all(s >= 1.0 for s in corun.slowdown.values())
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -29,7 +29,7 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -57,28 +57,39 @@ class CoRun:
         at a time (each round's median).
     together_s : dict
         The same with every partition on its own thread at once.
+    beside : dict
+        ``{task: [share per round]}``: the share of the task's time, all together,
+        that another partition ran beside it (:func:`~swpipe.gpipe.predict.overlap_shares`;
+        a partition that finishes first leaves the other alone for a while).
     batch : int
         Samples in the micro-batch.
 
     Examples
     --------
-    >>> CoRun({"F0": [0.002, 0.004], "B0": [0.004]}, {"F0": [0.003, 0.004], "B0": [0.0036]}, batch=32).slowdown
+    >>> CoRun({"F0": [0.002, 0.004], "B0": [0.004]}, {"F0": [0.003, 0.004], "B0": [0.0036]},
+    ...       {"F0": [1.0, 1.0], "B0": [0.5]}, batch=32).slowdown
     {'F0': 1.25, 'B0': 1.0}
+    >>> CoRun({"F0": [0.002]}, {"F0": [0.003]}, {"F0": [0.5]}, batch=32).slowdown  # half of it beside: 1 + 0.5 / 0.5
+    {'F0': 2.0}
     """
 
     alone_s: Dict[str, List[float]]
     together_s: Dict[str, List[float]]
+    beside: Dict[str, List[float]]
     batch: int
 
     @property
     def slowdown(self) -> Dict[str, float]:
-        """``{task: together / alone}``: the median over the rounds of each round's ratio (a round's two
-        arrangements run back to back, so a change of load between rounds cancels), at least 1 (a task never
-        runs faster beside another: less is noise)."""
+        """``{task: slowdown beside another partition}``, the inverse of
+        :func:`~swpipe.gpipe.predict.corun_costs`'s stretch: ``together = alone x (1 + beside x (s - 1))``
+        solved for ``s`` in each round, the median over the rounds (a round's two arrangements run back to
+        back, so a change of load between rounds cancels), at least 1 (a task never runs faster beside
+        another: less is noise)."""
         out = {}
         for task, alone in self.alone_s.items():
-            ratios = [b / a for a, b in zip(alone, self.together_s[task]) if a > 0]
-            out[task] = max(1.0, statistics.median(ratios)) if ratios else 1.0
+            got = [1.0 + (b / a - 1.0) / share for a, b, share in zip(alone, self.together_s[task], self.beside[task])
+                   if a > 0 and share > 0]
+            out[task] = max(1.0, statistics.median(got)) if got else 1.0
         return out
 
 
@@ -133,13 +144,16 @@ def _plan(partitions: Sequence[nn.Sequential], inputs: Sequence[Any], together: 
     return PipelinePlan(schedule, deps, caller_group=None)
 
 
-def _task_medians(pipe: SWPipeline, iterations: int) -> Dict[str, float]:
+def _run(pipe: SWPipeline, iterations: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Each task's median seconds over ``iterations`` pipelined iterations, and its share run beside another."""
+    from swpipe.gpipe.predict import overlap_shares
+
     pipe.run(range(iterations))
     out: Dict[str, List[float]] = {}
     for e in pipe.timeline:
         if e.kind == "host":
             out.setdefault(e.task, []).append(e.end - e.start)
-    return {task: statistics.median(values) for task, values in out.items()}
+    return {task: statistics.median(values) for task, values in out.items()}, overlap_shares(pipe.timeline)
 
 
 def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors, *, timeout: float = 1.0,
@@ -194,14 +208,17 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     pipes = {kind: SWPipeline(_plan(partitions, inputs, kind == "together"), device="cpu", record_timeline=True)
              for kind in ("alone", "together")}
     t0 = time.perf_counter()
-    _task_medians(pipes["alone"], 1)  # warm-up: first calls, gradients allocated
+    _run(pipes["alone"], 1)  # warm-up: first calls, gradients allocated
     once = time.perf_counter() - t0
     iterations = max(2, min(50, int(timeout / max(once, 1e-6) / (2 * rounds))))
-    samples: Dict[str, Dict[str, List[float]]] = {"alone": {}, "together": {}}
+    samples: Dict[str, Dict[str, List[float]]] = {"alone": {}, "together": {}, "beside": {}}
     for _ in range(rounds):
         for kind, pipe in pipes.items():
-            for task, seconds in _task_medians(pipe, iterations).items():
-                samples[kind].setdefault(task, []).append(seconds)
+            seconds, shares = _run(pipe, iterations)
+            for task in seconds:
+                samples[kind].setdefault(task, []).append(seconds[task])
+                if kind == "together":
+                    samples["beside"].setdefault(task, []).append(shares.get(task, 0.0))
     for pipe in pipes.values():
         pipe.close()
-    return CoRun(samples["alone"], samples["together"], batch_size(sample))
+    return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
