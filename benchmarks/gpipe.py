@@ -202,7 +202,9 @@ def part_c(args: argparse.Namespace) -> List[Dict[str, Any]]:
                 got["meas"].append(measure_step(g, x, target, nn.functional.mse_loss, repeats=1, warmup=0))
         pred, alone = (statistics.median(q.step_s for q in got[k]) for k in ("pred", "alone"))
         meas = statistics.median(m.step_s for m in got["meas"])
-        p, m = got["pred"][0], got["meas"][0]  # the bytes kept do not depend on timing
+        # the peak bytes kept: the largest of the rounds' steps (which micro-batch's backward ends before which
+        # forward starts on the other thread may vary from step to step)
+        p, m = got["pred"][0], max(got["meas"], key=lambda q: q.activation_bytes)
         rows.append({"schedule": sched, "checkpoint": ck, "chunks": chunks,
                      "slowdown": statistics.median(got["slowdown"]), "pred_ms": pred * 1e3, "meas_ms": meas * 1e3,
                      "time_err": pred / meas - 1, "alone_err": alone / meas - 1,
