@@ -316,7 +316,7 @@ def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batc
 
 
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
-                 checkpoint: str = "except_last", schedule: str = "gpipe",
+                 checkpoint: str = "except_last", schedule: str = "gpipe", *,
                  places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None,
                  slowdown: Optional[Mapping[str, float]] = None) -> StepPrediction:
     """Predict one training step: its time, bubble and activation memory.
@@ -407,7 +407,7 @@ def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str
 
 def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
            chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
-           schedules: Iterable[str] = SCHEDULES, slowdown: Optional[Mapping[str, float]] = None
+           schedules: Iterable[str] = SCHEDULES, *, slowdown: Optional[Mapping[str, float]] = None
            ) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
     """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
 
