@@ -207,7 +207,8 @@ def corun_costs(costs: Any, events: Iterable[Any], slowdown: Mapping[str, float]
     costs : CostModel
     events : iterable of TimelineEvent
     slowdown : mapping
-        ``{task: together / alone}`` (:attr:`swpipe.gpipe.corun.CoRun.slowdown`); a task not in it keeps its time.
+        ``{task: slowdown beside another partition}`` (:attr:`swpipe.gpipe.corun.CoRun.slowdown`); a task not in
+        it keeps its time.
 
     Returns
     -------
@@ -251,7 +252,8 @@ class StepPrediction:
     activation_by : list of float
         The peak of each partition alone.
     plan, costs, sim
-        The plan, its cost model (co-run slowdown included) and the simulation (``sim.events`` for :func:`swpipe.gantt`).
+        The plan, its cost model (co-run slowdown included) and the simulation (``sim.events`` for
+        :func:`swpipe.gantt`).
     slowdown : dict, optional
         The co-run slowdown per task the prediction took (:func:`corun_costs`).
     """
@@ -336,6 +338,11 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     cores : int, optional
         Cores free for the partitions' threads (``swpipe_core.measure.calibrate.measure_cores``); ``None``: a
         core per thread.
+    slowdown : mapping, optional
+        ``{task: slowdown beside another partition}`` of CPU partitions run at once
+        (:attr:`swpipe.gpipe.corun.CoRun.slowdown`): each task is stretched by it for the share of it that
+        runs beside another partition (:func:`corun_costs`) and the step simulated again. ``None``:
+        partitions run at once as fast as alone.
 
     Returns
     -------
