@@ -16,9 +16,13 @@
     each balance's costliest partition (by our profile) and its measured step.
 (c) Predicted against measured, per checkpoint mode and for 1F1B: step time,
     bubble and peak activation bytes (``swpipe.gpipe.predict``), with the median
-    absolute error of each; the step time also rescaled by the module run whole,
-    serially, measured beside each configuration against its prediction from the
-    same profile (how fast the shared machine is at that moment).
+    absolute error of each. The prediction takes the layers' profile at the
+    step's micro-batch and the partitions' co-run slowdown
+    (``swpipe.gpipe.corun.profile_corun``: how much the two partitions slow each
+    other when run at once, on this machine now); ``alone_err`` is the
+    prediction without the slowdown. Each configuration runs ``--rounds``
+    rounds, each taking the prediction's inputs and one measured step back to
+    back (in turn first); medians over the rounds.
 
 Goals (issue 39): ahead of torchgpipe on the CPU; predicted step time within
 10 % (median) of the measured one; predicted bubble within 5 % (points) of the
@@ -40,10 +44,9 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch import nn
 
-from swpipe_core.measure.calibrate import measure_cores
-
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import balance_by_time, balance_cost, profile_layers
+from swpipe.gpipe.corun import profile_corun
 from swpipe.gpipe.measure import measure_step
 from swpipe.gpipe.predict import LayerModel, format_table, predict_step
 
@@ -173,35 +176,40 @@ def part_c(args: argparse.Namespace) -> List[Dict[str, Any]]:
     x, target = torch.randn(args.batch, args.width), torch.randn(args.batch, args.width)
     half = args.layers
     model = mlp(args.width, args.layers)
-    # profiles at two micro-batch sizes: time is affine in the micro-batch (a fixed cost per call)
-    layers = LayerModel.fit([profile_layers(model, x[:args.batch // 4], timeout=args.timeout),
-                             profile_layers(model, x[:args.batch // 8], timeout=args.timeout)])
     rows = []
     configs = [("gpipe", ck, c) for c in (4, 8) for ck in ("never", "except_last", "always")]
     configs += [("1f1b", ck, c) for c in (4, 8) for ck in ("never", "always")]
-    at = layers.at(args.batch)
-    whole_predicted = sum(at["forward"]) + sum(at["backward"])
-
-    def whole_step() -> None:
-        for q in model.parameters():
-            q.grad = None
-        nn.functional.mse_loss(model(x), target).backward()
-
     for sched, ck, chunks in configs:
-        p = predict_step(layers, [half, half], args.batch, chunks, ck, sched)
         g = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                   checkpoint=ck, schedule=sched)
-        # the module run whole, serially, beside each measurement: how fast the machine is now against the profile;
-        # and the cores free now, for a prediction with the simulator's core pool
-        speed = timed(whole_step, args.rounds) / whole_predicted
-        free = max(1, round(measure_cores()[0]))
-        pooled = predict_step(layers, [half, half], args.batch, chunks, ck, sched, cores=free)
-        m = measure_step(g, x, target, nn.functional.mse_loss, repeats=args.rounds)
-        rows.append({"schedule": sched, "checkpoint": ck, "chunks": chunks, "pred_ms": p.step_s * 1e3,
-                     "meas_ms": m.step_s * 1e3, "time_err": p.step_s / m.step_s - 1,
-                     "rescaled_err": p.step_s * speed / m.step_s - 1, "cores_free": free,
-                     "pooled_err": pooled.step_s * speed / m.step_s - 1,
-                     "pred_bubble": p.bubble, "meas_bubble": m.bubble,
+        g.step(x, target, nn.functional.mse_loss)  # warm-up
+        sample = x[:args.batch // chunks]
+        got: Dict[str, List[Any]] = {"pred": [], "alone": [], "meas": [], "slowdown": []}
+        # rounds, each predicting and measuring back to back (in turn first), medians over the rounds: a shared
+        # machine's speed drifts within a minute, so the prediction's inputs (the layers at the step's
+        # micro-batch, how much the partitions slow each other now) are taken beside the step they predict
+        for r in range(args.rounds):
+            if r % 2:
+                got["meas"].append(measure_step(g, x, target, nn.functional.mse_loss, repeats=1, warmup=0))
+            layers = LayerModel.fit([profile_layers(model, sample, timeout=args.timeout / args.rounds,
+                                                    num_rounds=1)])
+            corun = profile_corun(model, [half, half], sample, timeout=args.timeout / args.rounds, rounds=1)
+            got["pred"].append(predict_step(layers, [half, half], args.batch, chunks, ck, sched,
+                                            slowdown=corun.slowdown))
+            got["alone"].append(predict_step(layers, [half, half], args.batch, chunks, ck, sched))
+            got["slowdown"].append(statistics.fmean(corun.slowdown.values()))
+            if not r % 2:
+                got["meas"].append(measure_step(g, x, target, nn.functional.mse_loss, repeats=1, warmup=0))
+        pred, alone = (statistics.median(q.step_s for q in got[k]) for k in ("pred", "alone"))
+        meas = statistics.median(m.step_s for m in got["meas"])
+        # the peak bytes kept: the largest of the rounds' steps (which micro-batch's backward ends before which
+        # forward starts on the other thread may vary from step to step)
+        p, m = got["pred"][0], max(got["meas"], key=lambda q: q.activation_bytes)
+        rows.append({"schedule": sched, "checkpoint": ck, "chunks": chunks,
+                     "slowdown": statistics.median(got["slowdown"]), "pred_ms": pred * 1e3, "meas_ms": meas * 1e3,
+                     "time_err": pred / meas - 1, "alone_err": alone / meas - 1,
+                     "pred_bubble": statistics.median(q.bubble for q in got["pred"]),
+                     "meas_bubble": statistics.median(q.bubble for q in got["meas"]),
                      "pred_MB": p.activation_bytes / 1e6, "meas_MB": m.activation_bytes / 1e6,
                      "mem_err": p.activation_bytes / m.activation_bytes - 1 if m.activation_bytes else 0.0})
     return rows
@@ -235,9 +243,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     print(format_table(out["c"]))
     c = out["c"]
     summary = {"median |time error|": statistics.median(abs(r["time_err"]) for r in c),
-               "median |time error| rescaled by the serial step": statistics.median(abs(r["rescaled_err"])
-                                                                                 for r in c),
-               "... and with the free cores measured": statistics.median(abs(r["pooled_err"]) for r in c),
+               "... without the co-run slowdown": statistics.median(abs(r["alone_err"]) for r in c),
                "median |bubble error| (points)": statistics.median(abs(r["pred_bubble"] - r["meas_bubble"])
                                                                    for r in c),
                "median |memory error|": statistics.median(abs(r["mem_err"]) for r in c)}

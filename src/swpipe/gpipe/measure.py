@@ -9,13 +9,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Sequence
 
 import torch
 
+from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.memory import ActivationMeter
 
-__all__ = ["MeasuredStep", "measure_step"]
+__all__ = ["MeasuredStep", "measure_step", "step_bubble"]
 
 
 @dataclass
@@ -29,10 +30,11 @@ class MeasuredStep:
     activation_bytes, activation_by : float, list of float
         Peak bytes autograd kept, all partitions and each.
     bubble : float
-        From one more step's timeline: ``1 - busy / (partitions x span)``, the
-        tasks' busy time over the span from the first task's start to the last one's end.
+        The median over the timed steps of each step's ``1 - busy / (partitions x span)``
+        (:func:`step_bubble`): the partitions' idle share, as
+        :attr:`swpipe.gpipe.predict.StepPrediction.bubble` predicts it.
     events : list
-        That step's timeline (``swpipe.gantt(events)``).
+        The timeline of the timed step whose bubble is the median (``swpipe.gantt(events)``).
     """
 
     step_s: float
@@ -43,22 +45,53 @@ class MeasuredStep:
     events: List[Any] = field(default_factory=list, repr=False)
 
 
+def step_bubble(events: Sequence[Any], partitions: int) -> float:
+    """The partitions' idle share of a step's timeline: ``1 - busy / (partitions x span)``.
+
+    ``busy`` is the forward and backward tasks' time, ``span`` from the first
+    one's start to the last one's end: the window and the idle time the
+    prediction's bubble has (its makespan, its tasks' costs).
+
+    Examples
+    --------
+    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> step_bubble([TimelineEvent("F0", 0, "p0", "default", 0.0, 1.0),
+    ...              TimelineEvent("F1", 0, "p1", "default", 1.0, 2.0)], partitions=2)
+    0.5
+    """
+    work = [e for e in events if e.task[0] in "FB"]
+    if not work:
+        return 0.0
+    span = max(e.end for e in work) - min(e.start for e in work)
+    return 1.0 - sum(e.end - e.start for e in work) / (partitions * span) if span > 0 else 0.0
+
+
 def measure_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., torch.Tensor], repeats: int = 5,
                  warmup: int = 1) -> MeasuredStep:
-    """Run ``gpipe.step`` ``warmup + repeats`` times; the median wall time and the activation bytes it kept.
+    """Run ``gpipe.step`` ``warmup + repeats`` times; the median wall time, bubble and the activation bytes it kept.
 
-    The parameters' gradients are set to ``None`` before each step; the
+    The timed steps record their timelines (the bubble of each); the
+    parameters' gradients are set to ``None`` before each step; the
     activation meter runs in one more step, apart from the timed ones.
     """
-    times = []
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise GPipeArgumentError("repeats", repeats, "not an integer >= 1", "time one step or more")
+    times, timelines = [], []
     params = list(gpipe.parameters())
-    for k in range(warmup + repeats):
-        for p in params:
-            p.grad = None
-        t0 = time.perf_counter()
-        gpipe.step(input, target, loss_fn)
-        if k >= warmup:
-            times.append(time.perf_counter() - t0)
+    n = len(gpipe.partitions)
+    recording = gpipe.record_timeline
+    gpipe.record_timeline = True
+    try:
+        for k in range(warmup + repeats):
+            for p in params:
+                p.grad = None
+            t0 = time.perf_counter()
+            gpipe.step(input, target, loss_fn)
+            if k >= warmup:
+                times.append(time.perf_counter() - t0)
+                timelines.append(list(gpipe.timeline))
+    finally:
+        gpipe.record_timeline = recording
     for p in params:
         p.grad = None
     given = [t for v in (input, target) for t in (v if isinstance(v, tuple) else (v,))]
@@ -66,20 +99,10 @@ def measure_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., tor
     gpipe.step(input, target, loss_fn, meter=meter)
     for p in params:
         p.grad = None
-    recording = gpipe.record_timeline
-    gpipe.record_timeline = True
-    try:
-        gpipe.step(input, target, loss_fn)
-        events = list(gpipe.timeline)
-    finally:
-        gpipe.record_timeline = recording
-    for p in params:
-        p.grad = None
-    n = len(gpipe.partitions)
-    work = [e for e in events if e.task[0] in "FB"]
-    span = max(e.end for e in work) - min(e.start for e in work)
-    bubble = 1.0 - sum(e.end - e.start for e in work) / (n * span) if span > 0 else 0.0
+    bubbles = [step_bubble(events, n) for events in timelines]
+    middle = sorted(range(len(bubbles)), key=bubbles.__getitem__)[(len(bubbles) - 1) // 2]
     return MeasuredStep(statistics.median(times), times, float(meter.peak),
-                        [float(meter.peak_by.get(j, 0)) for j in range(n)], bubble, events)
+                        [float(meter.peak_by.get(j, 0)) for j in range(n)], statistics.median(bubbles),
+                        timelines[middle])
 
 

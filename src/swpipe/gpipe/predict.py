@@ -22,7 +22,12 @@ The model: a layer's time and bytes grow linearly with the micro-batch
 (affine when profiles at two or more sizes are given); a partition's forward
 is its layers' forwards, its backward their backwards plus, when
 checkpointed, their forwards again (the share of checkpointed micro-batches
-of it: one cost per task); copies cost nothing. A partition keeps, per
+of it: one cost per task); copies cost nothing. On the CPU, partitions that
+run at once slow each other (free cores, caches, memory bandwidth): given
+the measured co-run slowdown of each task (:func:`swpipe.gpipe.corun.profile_corun`),
+a task's time stretches by it for the share of the task that runs beside
+another partition in the simulated step (:func:`corun_costs`), and the step
+is simulated again with the stretched times. A partition keeps, per
 micro-batch in flight, the activations its layers save (each storage counted
 for the first partition that saves it, as the meter counts), or only its
 input when checkpointed (until the previous partition's backward, which
@@ -33,9 +38,10 @@ counted (nor measured).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from swpipe.gpipe.balance.partition import optimal_balance
 from swpipe.gpipe.balance.profile import LayerProfile
@@ -43,7 +49,8 @@ from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.partition import CHECKPOINT_MODES
 from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
 
-__all__ = ["LayerModel", "StepPrediction", "step_costs", "predict_step", "what_if", "choose", "format_table"]
+__all__ = ["LayerModel", "StepPrediction", "step_costs", "overlap_shares", "corun_costs", "predict_step", "what_if",
+           "choose", "format_table"]
 
 
 @dataclass
@@ -148,6 +155,83 @@ def step_costs(layers: LayerModel, balance: Sequence[int], batch: int, chunks: i
                      cores=cores)
 
 
+def overlap_shares(events: Iterable[Any]) -> Dict[str, float]:
+    """Per task, the share of its host time during which another thread group runs a task.
+
+    Parameters
+    ----------
+    events : iterable of TimelineEvent
+        A simulated (``SimResult.events``) or measured (``GPipe.timeline``) step.
+
+    Returns
+    -------
+    dict
+        ``{task: share in 0..1}`` over all its iterations.
+
+    Examples
+    --------
+    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> overlap_shares([TimelineEvent("F0", 0, "p0", "default", 0.0, 2.0),
+    ...                 TimelineEvent("F1", 0, "p1", "default", 1.0, 2.0)])
+    {'F0': 0.5, 'F1': 1.0}
+    """
+    host = [e for e in events if e.kind == "host" and e.end > e.start]
+    groups = {e.thread_group for e in host}
+    others = {}  # per group: the merged busy intervals of every other group
+    for g in groups:
+        merged: List[List[float]] = []
+        for e in sorted((e for e in host if e.thread_group != g), key=lambda e: e.start):
+            if merged and e.start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e.end)
+            else:
+                merged.append([e.start, e.end])
+        others[g] = merged
+    busy: Dict[str, float] = {}
+    beside: Dict[str, float] = {}
+    for e in host:
+        busy[e.task] = busy.get(e.task, 0.0) + e.end - e.start
+        beside[e.task] = beside.get(e.task, 0.0) + sum(max(0.0, min(e.end, b) - max(e.start, a))
+                                                       for a, b in others[e.thread_group])
+    return {t: beside[t] / busy[t] for t in busy}
+
+
+def corun_costs(costs: Any, events: Iterable[Any], slowdown: Mapping[str, float]) -> Any:
+    """``costs`` with each task's host time stretched by its co-run slowdown, for the share of it run beside another.
+
+    ``host_s x (1 + share x (slowdown - 1))``, the share from
+    :func:`overlap_shares` of ``events`` (the step simulated with ``costs``).
+    The one place the co-run slowdown enters a cost.
+
+    Parameters
+    ----------
+    costs : CostModel
+    events : iterable of TimelineEvent
+    slowdown : mapping
+        ``{task: slowdown beside another partition}`` (:attr:`swpipe.gpipe.corun.CoRun.slowdown`); a task not in
+        it keeps its time.
+
+    Returns
+    -------
+    CostModel
+
+    Examples
+    --------
+    >>> from autosched.model.costs import CostModel, TaskCost
+    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> costs = CostModel({"F0": TaskCost(2.0), "F1": TaskCost(1.0)})
+    >>> events = [TimelineEvent("F0", 0, "p0", "default", 0.0, 2.0), TimelineEvent("F1", 0, "p1", "default", 1.0, 2.0)]
+    >>> got = corun_costs(costs, events, {"F0": 2.0, "F1": 1.5})
+    >>> got["F0"].host_s, got["F1"].host_s
+    (3.0, 1.5)
+    """
+    shares = overlap_shares(events)
+    tasks = {}
+    for name, c in costs.tasks.items():
+        factor = 1.0 + shares.get(name, 0.0) * (max(1.0, slowdown.get(name, 1.0)) - 1.0)
+        tasks[name] = dataclasses.replace(c, host_s=c.host_s * factor) if factor != 1.0 else c
+    return dataclasses.replace(costs, tasks=tasks)
+
+
 @dataclass
 class StepPrediction:
     """A predicted training step.
@@ -168,7 +252,10 @@ class StepPrediction:
     activation_by : list of float
         The peak of each partition alone.
     plan, costs, sim
-        The plan, its cost model and the simulation (``sim.events`` for :func:`swpipe.gantt`).
+        The plan, its cost model (co-run slowdown included) and the simulation (``sim.events`` for
+        :func:`swpipe.gantt`).
+    slowdown : dict, optional
+        The co-run slowdown per task the prediction took (:func:`corun_costs`).
     """
 
     schedule: str
@@ -184,6 +271,7 @@ class StepPrediction:
     plan: Any = field(repr=False, default=None)
     costs: Any = field(repr=False, default=None)
     sim: Any = field(repr=False, default=None)
+    slowdown: Optional[Dict[str, float]] = field(repr=False, default=None)
 
     def row(self) -> Dict[str, Any]:
         """The figures as one table row."""
@@ -230,8 +318,9 @@ def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batc
 
 
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
-                 checkpoint: str = "except_last", schedule: str = "gpipe",
-                 places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None) -> StepPrediction:
+                 checkpoint: str = "except_last", schedule: str = "gpipe", *,
+                 places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None,
+                 slowdown: Optional[Mapping[str, float]] = None) -> StepPrediction:
     """Predict one training step: its time, bubble and activation memory.
 
     Parameters
@@ -249,6 +338,11 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     cores : int, optional
         Cores free for the partitions' threads (``swpipe_core.measure.calibrate.measure_cores``); ``None``: a
         core per thread.
+    slowdown : mapping, optional
+        ``{task: slowdown beside another partition}`` of CPU partitions run at once
+        (:attr:`swpipe.gpipe.corun.CoRun.slowdown`): each task is stretched by it for the share of it that
+        runs beside another partition (:func:`corun_costs`) and the step simulated again. ``None``:
+        partitions run at once as fast as alone.
 
     Returns
     -------
@@ -282,6 +376,9 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     costs = step_costs(layers, balance, batch, m, checkpoint, plan, cores)
     device = "cuda" if layers.device.startswith("cuda") else "cpu"
     sim = simulate(plan, costs, num_iterations=m, device=device, lengthen=False)
+    if slowdown and device == "cpu":
+        costs = corun_costs(costs, sim.events, slowdown)
+        sim = simulate(plan, costs, num_iterations=m, device=device, lengthen=False)
     work = [costs[f"F{j}"].cpu_s + costs[f"B{j}"].cpu_s for j in range(len(balance))]
     step = sim.makespan
     one = sum(work)
@@ -289,11 +386,13 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     peak, peak_by = _activation_curve(sim, layers, balance, batch, m, checkpoint)
     bubble = 1.0 - m * sum(work) / (len(balance) * step) if step > 0 else 0.0
     return StepPrediction(schedule, list(balance), chunks, checkpoint, batch, step, bound, bubble, peak, peak_by,
-                          plan=plan, costs=costs, sim=sim)
+                          plan=plan, costs=costs, sim=sim, slowdown=dict(slowdown) if slowdown else None)
 
 
 def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str, Any]]) -> List[StepPrediction]:
     """``base`` predicted again with each change (``{"chunks": 8}``, ``{"balance": [3, 1]}``, ...).
+
+    The co-run slowdown ``base`` took, if any, is taken again.
 
     Returns
     -------
@@ -309,18 +408,20 @@ def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str
         cfg = {"balance": base.balance, "chunks": base.chunks, "checkpoint": base.checkpoint,
                "schedule": base.schedule, "batch": base.batch, **change}
         out.append(predict_step(layers, cfg["balance"], cfg["batch"], cfg["chunks"], cfg["checkpoint"],
-                                cfg["schedule"]))
+                                cfg["schedule"], slowdown=base.slowdown))
     return out
 
 
 def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
            chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
-           schedules: Iterable[str] = SCHEDULES) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
+           schedules: Iterable[str] = SCHEDULES, *, slowdown: Optional[Mapping[str, float]] = None
+           ) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
     """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
 
     The balance for each chunk count is the optimum of the layers' time at
     that micro-batch size (:func:`~swpipe.gpipe.balance.optimal_balance`);
-    every combination is predicted.
+    every combination is predicted (with the co-run ``slowdown``, if given, as
+    :func:`predict_step` takes it).
 
     Returns
     -------
@@ -333,7 +434,7 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
         balance = optimal_balance([f + b for f, b in zip(at["forward"], at["backward"])], partitions)
         for ck in checkpoints:
             for sched in schedules:
-                candidates.append(predict_step(layers, balance, batch, c, ck, sched))
+                candidates.append(predict_step(layers, balance, batch, c, ck, sched, slowdown=slowdown))
     candidates.sort(key=lambda p: (p.step_s, p.activation_bytes))
     fits = [p for p in candidates if max_activation_bytes is None or p.activation_bytes <= max_activation_bytes]
     return (fits[0] if fits else None), candidates

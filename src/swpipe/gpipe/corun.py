@@ -1,0 +1,224 @@
+"""How much CPU partitions slow each other when they run at once, measured with swpipe's engine.
+
+A layer profile (:func:`~swpipe.gpipe.balance.profile_layers`) times the
+layers one at a time, on one thread. In a pipelined step the partitions'
+threads run at once and share what the machine has: its free cores (other
+processes take some) and its caches and memory bandwidth. On a shared or
+small machine a partition's forward or backward then takes longer than its
+profile says, and a prediction from the profile alone is too low by about
+that much.
+
+:func:`profile_corun` measures it: each partition's forward (``F<j>``) and
+backward (``B<j>``) on one micro-batch, run by the engine once one partition
+at a time (every task on one thread) and once all partitions at once (a
+thread per partition, as :class:`~swpipe.gpipe.GPipe` runs them on the CPU),
+in interleaved rounds (a burst of load hits both alike). Its
+:attr:`CoRun.slowdown` (together over alone, per task) is what
+:func:`swpipe.gpipe.predict.predict_step` takes as ``slowdown``: a task's time
+stretches by it for the share of the task that runs beside another
+partition (:func:`swpipe.gpipe.predict.corun_costs`).
+
+The measurement is the machine *now*, like
+:func:`swpipe_core.measure.calibrate.measure_cores`: take it beside the run it
+predicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+from swpipe.gpipe.balance.profile import _sum_loss
+from swpipe.gpipe.errors import GPipeArgumentError
+from swpipe.gpipe.microbatch import Tensors, batch_size, check
+from swpipe.gpipe.partition import check_balance
+from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
+
+__all__ = ["CoRun", "profile_corun"]
+
+
+@dataclass
+class CoRun:
+    """Each partition's forward and backward on one micro-batch, alone and with every partition at once.
+
+    Attributes
+    ----------
+    alone_s : dict
+        ``{task: [seconds per round]}`` for ``F<j>`` and ``B<j>``, one partition
+        at a time (each round's median).
+    together_s : dict
+        The same with every partition on its own thread at once.
+    beside : dict
+        ``{task: [share per round]}``: the share of the task's time, all together,
+        that another partition ran beside it (:func:`~swpipe.gpipe.predict.overlap_shares`;
+        a partition that finishes first leaves the other alone for a while).
+    batch : int
+        Samples in the micro-batch.
+
+    Examples
+    --------
+    >>> CoRun({"F0": [0.002, 0.004], "B0": [0.004]}, {"F0": [0.003, 0.004], "B0": [0.0036]},
+    ...       {"F0": [1.0, 1.0], "B0": [0.5]}, batch=32).slowdown
+    {'F0': 1.25, 'B0': 1.0}
+    >>> CoRun({"F0": [0.002]}, {"F0": [0.003]}, {"F0": [0.5]}, batch=32).slowdown  # half of it beside: 1 + 0.5 / 0.5
+    {'F0': 2.0}
+    """
+
+    alone_s: Dict[str, List[float]]
+    together_s: Dict[str, List[float]]
+    beside: Dict[str, List[float]]
+    batch: int
+
+    @property
+    def slowdown(self) -> Dict[str, float]:
+        """``{task: slowdown beside another partition}``, the inverse of
+        :func:`~swpipe.gpipe.predict.corun_costs`'s stretch: ``together = alone x (1 + beside x (s - 1))``
+        solved for ``s`` in each round, the median over the rounds (a round's two arrangements run back to
+        back, so a change of load between rounds cancels), at least 1 (a task never runs faster beside
+        another: less is noise)."""
+        out = {}
+        for task, alone in self.alone_s.items():
+            got = [1.0 + (b / a - 1.0) / share for a, b, share in zip(alone, self.together_s[task], self.beside[task])
+                   if a > 0 and share > 0]
+            out[task] = max(1.0, statistics.median(got)) if got else 1.0
+        return out
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple):
+        return tuple(_detached(v) for v in value)
+    return value
+
+
+def _leaf(value: Tensors) -> Tensors:
+    def one(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().requires_grad_(t.is_floating_point())
+    return one(value) if isinstance(value, torch.Tensor) else tuple(one(t) for t in value)
+
+
+def _partition_inputs(partitions: Sequence[nn.Sequential], sample: Tensors) -> List[Any]:
+    """Per partition: its input and the skips it may pop, from one pass of the whole module without autograd."""
+    inputs = []
+    tracker = SkipTracker()
+    x: Any = sample
+    with torch.no_grad(), use_tracker(tracker):
+        for part in partitions:
+            inputs.append((_detached(x), {k: _detached(v) for k, v in tracker.values.items()}))
+            x = part(x)
+    return inputs
+
+
+def _plan(partitions: Sequence[nn.Sequential], inputs: Sequence[Any], together: bool) -> PipelinePlan:
+    """``F<j>``, ``B<j>`` per partition: on a thread each (``together``) or all on one thread."""
+    def forward(j: int):
+        def run(ctx: Any) -> None:
+            main, pops = inputs[j]
+            with torch.enable_grad(), use_tracker(SkipTracker(dict(pops))):
+                setattr(ctx, f"loss{j}", _sum_loss(partitions[j](_leaf(main)), None))
+        return run
+
+    def backward(j: int):
+        def run(ctx: Any) -> None:
+            with torch.enable_grad():
+                getattr(ctx, f"loss{j}").backward()
+            delattr(ctx, f"loss{j}")
+        return run
+
+    schedule, deps = {}, []
+    for j in range(len(partitions)):
+        group = f"p{j}" if together else "p0"
+        f, b = PipelineTask(f"F{j}", forward(j)), PipelineTask(f"B{j}", backward(j))
+        schedule[f], schedule[b] = TaskSchedule(0, thread_group=group), TaskSchedule(0, thread_group=group)
+        deps.append((b, f))
+    return PipelinePlan(schedule, deps, caller_group=None)
+
+
+def _run(pipe: SWPipeline, iterations: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Each task's median seconds over ``iterations`` pipelined iterations, and its share run beside another."""
+    from swpipe.gpipe.predict import overlap_shares
+
+    pipe.run(range(iterations))
+    out: Dict[str, List[float]] = {}
+    for e in pipe.timeline:
+        if e.kind == "host":
+            out.setdefault(e.task, []).append(e.end - e.start)
+    return {task: statistics.median(values) for task, values in out.items()}, overlap_shares(pipe.timeline)
+
+
+def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors, *, timeout: float = 1.0,
+                  rounds: int = 5) -> CoRun:
+    """Measure each CPU partition's forward and backward on ``sample``, alone and with all partitions at once.
+
+    Parameters
+    ----------
+    module : nn.Sequential
+        Its layers, on the CPU; a copy runs (the module, its gradients and
+        batch norm statistics stay as they were).
+    balance : sequence of int
+        Layers per partition.
+    sample : tensor or tuple of tensors
+        One micro-batch.
+    timeout : float
+        About how many seconds the measurement takes (more iterations, less noise).
+    rounds : int
+        Interleaved rounds of the two arrangements (:attr:`CoRun.slowdown`: the median of the rounds' ratios).
+
+    Returns
+    -------
+    CoRun
+
+    Raises
+    ------
+    GPipeArgumentError
+        A balance that does not fit the module, ``rounds < 1``, or a module not on the CPU.
+
+    Examples
+    --------
+    >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    >>> corun = profile_corun(model, [2, 2], torch.randn(4, 8), timeout=0.05, rounds=1)
+    >>> sorted(corun.slowdown), all(s >= 1.0 for s in corun.slowdown.values())
+    (['B0', 'B1', 'F0', 'F1'], True)
+    """
+    check(sample, "sample")
+    balance = check_balance(module, balance)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise GPipeArgumentError("rounds", rounds, "not an integer >= 1", "give 1 or more rounds")
+    if any(p.device.type != "cpu" for p in module.parameters()):
+        raise GPipeArgumentError("module", "parameters off the CPU", "co-run slowdown is measured for CPU partitions "
+                                 "(CUDA partitions run on devices of their own)", "measure a CPU copy of the module")
+    sandbox = copy.deepcopy(module).train()
+    for p in sandbox.parameters():
+        p.grad = None
+    layers, start, partitions = list(sandbox), 0, []
+    for count in balance:
+        partitions.append(nn.Sequential(*layers[start:start + count]))
+        start += count
+    inputs = _partition_inputs(partitions, sample)
+    pipes = {kind: SWPipeline(_plan(partitions, inputs, kind == "together"), device="cpu", record_timeline=True)
+             for kind in ("alone", "together")}
+    t0 = time.perf_counter()
+    _run(pipes["alone"], 1)  # warm-up: first calls, gradients allocated
+    once = time.perf_counter() - t0
+    iterations = max(2, min(50, int(timeout / max(once, 1e-6) / (2 * rounds))))
+    samples: Dict[str, Dict[str, List[float]]] = {"alone": {}, "together": {}, "beside": {}}
+    for _ in range(rounds):
+        for kind, pipe in pipes.items():
+            seconds, shares = _run(pipe, iterations)
+            for task in seconds:
+                samples[kind].setdefault(task, []).append(seconds[task])
+                if kind == "together":
+                    samples["beside"].setdefault(task, []).append(shares.get(task, 0.0))
+    for pipe in pipes.values():
+        pipe.close()
+    return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
