@@ -19,6 +19,7 @@ verification's engine runs, :class:`FakeClock` for a module's clock.
 from __future__ import annotations
 
 import importlib.util
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -321,3 +322,15 @@ def key_values(text: str) -> dict:
         if sep and value.split():
             out["_".join(key.lower().split())] = value.split()[0]
     return out
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises ``KeyboardInterrupt`` on the main thread during the test, as in an interactive Python.
+
+    A process started with SIGINT ignored (a background job of a script, ``nohup``) inherits ``SIG_IGN`` and
+    Python keeps it: a test of the Ctrl-C path would then see nothing (or, at ``SIG_DFL``, its worker killed).
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -534,7 +534,7 @@ def _mark(fault: CudaFault) -> Any:
     return pytest.param(fault, id=fault.name, marks=marks)
 
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("ctrl_c")]  # Ctrl-C faults: SIGINT as interactive
 
 
 @pytest.mark.timeout(GUARD_S)

@@ -25,7 +25,7 @@ from swpipe_core.validate import PlanError, validate
 import swpipe_core.engine.checks as engine_checks
 from conftest import drive, progress_until_end, swpipe_threads
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("ctrl_c")]  # Ctrl-C tests: SIGINT as interactive
 
 # the engine's waits made longer than the test's timeout: an error that reached the caller only when a
 # wait timed out would fail the test (pytest-timeout) instead of passing late

@@ -34,6 +34,8 @@ from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import DeclaredIO, PipelinePlan, PipelineTask, TaskSchedule
 from conftest import drive, swpipe_threads
 
+pytestmark = pytest.mark.usefixtures("ctrl_c")  # Ctrl-C faults: SIGINT as interactive
+
 # name: (stage, stream, thread group, globally ordered)
 LAYOUT = {
     "Load": (0, None, "io", False),

@@ -13,7 +13,7 @@ from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("ctrl_c")]  # Ctrl-C tests: SIGINT as interactive
 
 
 def _plan(step) -> PipelinePlan:

@@ -15,6 +15,7 @@ import textwrap
 _CHILD = textwrap.dedent(
     """
     import os, signal, threading
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive Python, however pytest was started
     from autosched.model.costs import CostModel, TaskCost
     from autosched.search.options import Constraints, SolverOptions
     from swpipe import auto_schedule
