@@ -334,3 +334,23 @@ def ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+def hang_after_kernel_plan(k: Any, numel: int, dtype: Any) -> Any:
+    """``Load`` makes ``ctx.x`` on stream ``memcpy``; ``Step`` (stream ``compute``, the caller's group ``main``)
+    adds it, and on iteration 2 enqueues a kernel that never completes (a collective whose peer died), then raises.
+    ``k`` is the fake device's :func:`swpipe.testing.kernels`."""
+    from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+
+    def load(ctx):
+        ctx.x = k.full(numel, ctx.iter_idx, dtype)
+
+    def step(ctx):
+        k.add_(k.full(numel, 0, dtype), ctx.x)
+        if ctx.iter_idx == 2:
+            k.hang()
+            raise ValueError("failed after enqueuing a kernel that never completes")
+
+    return PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, "memcpy", "io"),
+                         PipelineTask("Step", step): TaskSchedule(1, "compute", "main")},
+                        intra_iter_deps=[("Step", "Load")], caller_group="main")

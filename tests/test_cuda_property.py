@@ -36,7 +36,7 @@ from swpipe import Timeouts
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import validate
-from conftest import retirements
+from conftest import hang_after_kernel_plan, retirements
 
 GROUPS = ("g0", "g1", "g2")
 STREAMS = (None, "s1", "s2", "s3")
@@ -520,18 +520,7 @@ def check_teardown_hang(hang_timeout_s: float = 1.0) -> Tuple[Optional[BaseExcep
             dev = fake.device(0)
             k = kernels(dev)
 
-            def load(ctx):
-                ctx.x = k.full(NUMEL, ctx.iter_idx, DTYPE)
-
-            def step(ctx):
-                k.add_(k.full(NUMEL, 0, DTYPE), ctx.x)
-                if ctx.iter_idx == 2:
-                    k.hang()  # a collective whose peer died
-                    raise ValueError("failed after enqueuing a kernel that never completes")
-
-            plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, "memcpy", "io"),
-                                 PipelineTask("Step", step): TaskSchedule(1, "compute", "main")},
-                                intra_iter_deps=[("Step", "Load")], caller_group="main")
+            plan = hang_after_kernel_plan(k, NUMEL, DTYPE)
             # the bounded poll gives up quickly (teardown_s): the kernel never ends
             pipe = SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20, teardown_s=0.2))
             error: Optional[BaseException] = None

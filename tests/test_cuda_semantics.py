@@ -32,6 +32,7 @@ from swpipe.testing import FakeCuda, kernels
 from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.engine.streams import StreamPool
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
+from conftest import hang_after_kernel_plan
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
 
@@ -67,10 +68,34 @@ def _exact(got: Dict[int, float], want: Callable[[int], float], task: str) -> Li
     return [f"{task}({i}): got {v}, expected {want(i)}" for i, v in sorted(got.items()) if v != want(i)]
 
 
+def _sums_exact(k: Any, sums: Dict[int, Any], task: str) -> List[str]:
+    """Each iteration's sum of ``NUMEL`` copies of its index, read back exactly."""
+    return _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, task)
+
+
+def _observe(fake: Any, plan: PipelinePlan, dev: Any, data: Any, check: Callable[[], List[str]]) -> Seen:
+    """Run ``plan`` over ``data``; what ``check`` finds not exact afterwards, or what the run raised; the races."""
+    seen = Seen()
+    try:
+        SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(data)
+        seen.wrong = check()
+    except Exception as exc:
+        seen.error = exc
+    seen.races = fake.races
+    return seen
+
+
+def _sum_then_tail(k: Any, sums: Dict[int, Any], tail: Callable[[Any], None], tail_stream: str) -> PipelinePlan:
+    """``Sum`` sums the batch on ``s1``; ``Tail`` follows it a stage later on ``tail_stream``."""
+    return PipelinePlan({PipelineTask("Sum", lambda ctx: sums.__setitem__(ctx.iter_idx, k.sum(ctx.batch))):
+                         TaskSchedule(0, "s1", "io"),
+                         PipelineTask("Tail", tail): TaskSchedule(1, tail_stream, "io")},
+                        intra_iter_deps=[("Tail", "Sum")])
+
+
 def pageable_loader(n_iters: int = 16, seed: int = 0) -> Seen:
     """A loader copies each batch from pageable memory (non-blocking) on the caller's busy stream; ``Sum`` reads it
     on stream ``s1``. Only the engine's batch-ready wait orders the read after the copy."""
-    seen = Seen()
     with FakeCuda(num_devices=1, seed=seed, max_delay_s=0.0005) as fake:
         dev = fake.device(0)
         k = kernels(dev)
@@ -81,23 +106,13 @@ def pageable_loader(n_iters: int = 16, seed: int = 0) -> Seen:
                 k.spin(0.001)  # the caller's stream is busy: the copy lands late
                 yield k.to_device(torch.full((NUMEL,), i, dtype=DTYPE))  # pageable: staged, still in flight
 
-        plan = PipelinePlan({PipelineTask("Sum", lambda ctx: sums.__setitem__(ctx.iter_idx, k.sum(ctx.batch))):
-                             TaskSchedule(0, "s1", "io"),
-                             PipelineTask("Tail", lambda ctx: None): TaskSchedule(1, "s1", "io")},
-                            intra_iter_deps=[("Tail", "Sum")])
-        try:
-            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(batches())
-            seen.wrong = _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, "Sum")
-        except Exception as exc:
-            seen.error = exc
-        seen.races = fake.races
-    return seen
+        plan = _sum_then_tail(k, sums, lambda ctx: None, "s1")
+        return _observe(fake, plan, dev, batches(), lambda: _sums_exact(k, sums, "Sum"))
 
 
 def host_read(n_iters: int = 16, seed: int = 0) -> Seen:
     """``Produce`` writes ``ctx.x`` on ``s1``; ``Consume`` reads it on the host (``item``) on the default stream,
     from another thread. Only the engine's device wait orders that read after the write."""
-    seen = Seen()
     with FakeCuda(num_devices=1, seed=seed, max_delay_s=0.0) as fake:
         dev = fake.device(0)
         k = kernels(dev)
@@ -109,20 +124,13 @@ def host_read(n_iters: int = 16, seed: int = 0) -> Seen:
         plan = PipelinePlan({PipelineTask("Produce", produce): TaskSchedule(0, "s1", "io"),
                              PipelineTask("Consume", lambda ctx: values.__setitem__(ctx.iter_idx, k.item(ctx.x))):
                              TaskSchedule(1, None, "main")}, intra_iter_deps=[("Consume", "Produce")])
-        try:
-            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(range(n_iters))
-            seen.wrong = _exact(values, lambda i: float(i + 1), "Consume")
-        except Exception as exc:
-            seen.error = exc
-        seen.races = fake.races
-    return seen
+        return _observe(fake, plan, dev, range(n_iters), lambda: _exact(values, lambda i: float(i + 1), "Consume"))
 
 
 def another_threads_sync(n_iters: int = 8, seed: int = 0, host_work_s: float = 0.03) -> Seen:
     """``P`` writes ``ctx.x`` on ``s1``; ``W`` (default stream, its own thread) waits for it on the device and reads
     it with ``item``, synchronising its own thread; ``C`` (``s3``, a third thread) reads it with a kernel after some
     host work. ``C`` is ordered after ``P`` by its own device wait alone, whatever ``W`` synchronised."""
-    seen = Seen()
     with FakeCuda(num_devices=1, seed=seed, max_delay_s=0.0) as fake:
         dev = fake.device(0)
         k = kernels(dev)
@@ -143,19 +151,12 @@ def another_threads_sync(n_iters: int = 8, seed: int = 0, host_work_s: float = 0
                              PipelineTask("W", w): TaskSchedule(0, None, "w"),
                              PipelineTask("C", c): TaskSchedule(1, "s3", "c")},
                             intra_iter_deps=[("W", "P"), ("C", "P")], caller_group=None)
-        try:
-            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(range(n_iters))
-            seen.wrong = _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, "C")
-        except Exception as exc:
-            seen.error = exc
-        seen.races = fake.races
-    return seen
+        return _observe(fake, plan, dev, range(n_iters), lambda: _sums_exact(k, sums, "C"))
 
 
 def batch_on_another_device(n_iters: int = 24, seed: int = 0) -> Seen:
     """The loader makes each batch on device 1; the pipeline runs on device 0. The batch's ready event must be an
     event of device 1 (an event belongs to the device of its first record)."""
-    seen = Seen()
     with FakeCuda(num_devices=2, seed=seed, max_delay_s=0.0005) as fake:
         dev, other = fake.device(0), fake.device(1)
         k, k1 = kernels(dev), kernels(other)
@@ -166,17 +167,8 @@ def batch_on_another_device(n_iters: int = 24, seed: int = 0) -> Seen:
                 k1.spin(0.0005)
                 yield k1.full(NUMEL, i, DTYPE)
 
-        plan = PipelinePlan({PipelineTask("Sum", lambda ctx: sums.__setitem__(ctx.iter_idx, k.sum(ctx.batch))):
-                             TaskSchedule(0, "s1", "io"),
-                             PipelineTask("Tail", lambda ctx: k.spin(0.0002)): TaskSchedule(1, "s2", "io")},
-                            intra_iter_deps=[("Tail", "Sum")])
-        try:
-            SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20)).run(batches())
-            seen.wrong = _exact({i: k.item(s) for i, s in sums.items()}, lambda i: NUMEL * i, "Sum")
-        except Exception as exc:
-            seen.error = exc
-        seen.races = fake.races
-    return seen
+        plan = _sum_then_tail(k, sums, lambda ctx: k.spin(0.0002), "s2")
+        return _observe(fake, plan, dev, batches(), lambda: _sums_exact(k, sums, "Sum"))
 
 
 def shared_stream_hang(hang_timeout_s: float = 1.0, teardown_timeout_s: float = 0.2) -> Seen:
@@ -193,18 +185,7 @@ def shared_stream_hang(hang_timeout_s: float = 1.0, teardown_timeout_s: float = 
         for n in range(31):
             dev.new_stream(f"nccl{n}")  # the rest of PyTorch's 32 streams, drawn by other code
 
-        def load(ctx):
-            ctx.x = k.full(NUMEL, ctx.iter_idx, DTYPE)
-
-        def step(ctx):
-            k.add_(k.full(NUMEL, 0, DTYPE), ctx.x)
-            if ctx.iter_idx == 2:
-                k.hang()  # a collective whose peer died
-                raise ValueError("failed after enqueuing a kernel that never completes")
-
-        plan = PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, "memcpy", "io"),
-                             PipelineTask("Step", step): TaskSchedule(1, "compute", "main")},
-                            intra_iter_deps=[("Step", "Load")], caller_group="main")
+        plan = hang_after_kernel_plan(k, NUMEL, DTYPE)
         # the bounded poll gives up quickly (teardown_s)
         pipe = SWPipeline(plan, device=dev, timeouts=Timeouts(progress_s=20, teardown_s=teardown_timeout_s))
         try:
