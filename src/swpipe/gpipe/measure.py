@@ -73,6 +73,16 @@ def measure_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., tor
     The timed steps record their timelines (the bubble of each); the
     parameters' gradients are set to ``None`` before each step; the
     activation meter runs in one more step, apart from the timed ones.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from swpipe.gpipe import GPipe
+    >>> model = GPipe(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
+    ...               balance=[2, 1], devices=["cpu", "cpu"], chunks=2)
+    >>> m = measure_step(model, torch.randn(8, 8), torch.randn(8, 2), torch.nn.functional.mse_loss, repeats=2)
+    >>> len(m.steps_s), m.step_s > 0, m.activation_bytes > 0, 0.0 <= m.bubble < 1.0
+    (2, True, True, True)
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise GPipeArgumentError("repeats", repeats, "not an integer >= 1", "time one step or more")
