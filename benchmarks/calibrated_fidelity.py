@@ -12,7 +12,7 @@ For each plan, in one run:
 3. the plan runs on the engine (``autosched.verify.measure.measure_plans``: interleaved
    rounds, median, no timeline recording), and is simulated two ways:
    ``tasks`` (the serial means alone) and ``+engine``, the machine model
-   ``auto_schedule`` uses (``simulate_calibrated``: the engine's cost per
+   ``auto_schedule`` uses (``simulate`` of the calibrated costs: the engine's cost per
    task, per hand-off and per period, and the core pool, ``cores_free``
    rounded; ``--no-core-pool``: without it), against the measured period;
    with the pool on, ``-pool`` is ``+engine`` without it, from the same
@@ -66,9 +66,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from autosched.model.machine import simulate_calibrated  # noqa: E402
+from autosched.model.machine import calibrated_costs  # noqa: E402
 from autosched.model.costs import CostModel, TaskCost  # noqa: E402
-from autosched.model.simulate import simulate  # noqa: E402
+from autosched.model.simulate import simulate, simulate_folded  # noqa: E402
 from autosched.model.taskmodel import core_capacity  # noqa: E402
 from autosched.verify.candidates import serial_plan  # noqa: E402
 from autosched.verify.measure import measure_plans, turned  # noqa: E402
@@ -121,12 +121,14 @@ def serial_means(plan: PipelinePlan, batches: Sequence[Any], n: int) -> Dict[str
 def engine_prediction(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
                       core_pool: bool = True) -> float:
     """The ``+engine`` prediction: ``auto_schedule``'s machine model (task costs, the engine's own, the core pool)."""
-    return simulate_calibrated(plan, costs, cal, num_iterations=iters, core_pool=core_pool).period
+    folded = calibrated_costs(costs, None, cal, core_pool=core_pool)  # core_pool=False: the fold without the pool
+    return simulate_folded(plan, folded, cal, num_iterations=iters).period_s
 
 
 def predictions(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration, iters: int,
                 core_pool: bool = True) -> Dict[str, float]:
-    out = {"tasks": simulate(plan, costs, num_iterations=iters).period,
+    bare = dataclasses.replace(costs, machine_calibration=None)  # the tasks' costs alone: simulate folds a calibration
+    out = {"tasks": simulate(plan, bare, num_iterations=iters).period_s,
            "+engine": engine_prediction(plan, costs, cal, iters, core_pool)}
     if core_pool:
         out["-pool"] = engine_prediction(plan, costs, cal, iters, core_pool=False)

@@ -196,8 +196,8 @@ def measure_overlap(dev: Any, mib: int, spins: int, iters: int, rounds: int) -> 
     serial = serial_plan(plan)
     serial = serial.replace(schedule={t: TaskSchedule(0, None, s.thread_group, s.globally_ordered)
                                       for t, s in serial.schedule.items()})
-    predicted = {"pipelined": float(simulate(plan, costs, num_iterations=iters, device=sim_device).period),
-                 "serial": float(simulate(serial, costs, num_iterations=iters, device=sim_device).period)}
+    predicted = {"pipelined": float(simulate(plan, costs, num_iterations=iters, device=sim_device).period_s),
+                 "serial": float(simulate(serial, costs, num_iterations=iters, device=sim_device).period_s)}
     fake = getattr(dev, "fake", None)
     return dict(spin_s=spin_s, copy_s=copy_s, sum_s=sum_s, elements=elems, times=times, predicted=predicted,
                 costs=costs, mismatches=mismatches, races=None if fake is None else [str(r) for r in fake.races],

@@ -118,12 +118,12 @@ def measure_plan(spec: Any, config: DLRMConfig, env: Any, batches: List[Any], sk
         events = [e for e in pipe.timeline if e.iteration >= skip]
     costs = CostModel.from_timeline(events).with_memory(figures)
     sim = simulate(plan, costs, num_iterations=len(batches), device=env.device)
-    least = min_memory(plan.task_names, plan.intra_edges(), costs, period_s=sim.period, device=env.device)
+    least = min_memory(plan.task_names, plan.intra_edges(), costs, period_s=sim.period_s, device=env.device)
     return {"plan": spec.label, "depth": plan.pipeline_depth, "measured": sampler.peak,
             "contexts": sampler.peak_contexts, "predicted": sim.memory.peak_bytes,
             "predicted_contexts": sim.memory.iterations_at_peak, "mean": sim.memory.mean_bytes,
             "least": least.value, "rss": sampler.rss_peak - sampler.rss0, "samples": sampler.samples,
-            "period_ms": sim.period * 1e3}
+            "period_ms": sim.period_s * 1e3}
 
 
 def format_rows(rows: List[Dict[str, Any]]) -> Tuple[str, List[str]]:

@@ -69,7 +69,7 @@ def torchrec_part(names: Sequence[str], time_limit: float, max_threads: int) -> 
             continue
         costs = CostModel.load(path)
         hand = pipelines.get(name)
-        hand_period = simulate(hand, costs, 60, device="cuda").period
+        hand_period = simulate(hand, costs, 60, device="cuda").period_s
         frozen = {n: {"stream": None} for n in hand.task_names if n in COMPUTE and hand.sched(n).stream is None}
         c = Constraints(device="cuda", max_depth=max(3, hand.pipeline_depth), max_threads=max_threads, frozen=frozen)
         t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def dlrm_part(time_limit: float, max_threads: int, measure_runs: bool, iters: in
             costs = CostModel.from_timeline(events, machine=f"{platform.machine()}, 1 intra-op thread")
             unbound = hand.replace(schedule={t.name: s for t, s in hand.schedule.items()},
                                    pipeline_depth=hand.pipeline_depth)
-            hand_period = simulate(unbound, costs, 60).period
+            hand_period = simulate(unbound, costs, 60).period_s
             c = Constraints(max_depth=max(3, hand.pipeline_depth), max_threads=max_threads)
             plan, rep = auto_schedule(unbound, costs, c, solver=SolverOptions(time_limit_s=time_limit))
         except Exception as exc:  # one plan failing must not hide the others

@@ -58,8 +58,8 @@ def run(iterations: int = 20) -> List[Dict[str, object]]:
             plan, costs, analytic = make(ratio)
             t0 = time.perf_counter()
             r = simulate(plan, costs, num_iterations=iterations, device="cuda")
-            rows.append({"plan": label, "host:device": ratio, "simulated_s": r.period, "analytic_s": analytic,
-                         "ratio": r.period / analytic, "binding": r.binding, "iterations": r.num_iterations,
+            rows.append({"plan": label, "host:device": ratio, "simulated_s": r.period_s, "analytic_s": analytic,
+                         "ratio": r.period_s / analytic, "binding": r.binding, "iterations": r.num_iterations,
                          "sim_ms": (time.perf_counter() - t0) * 1e3})
     return rows
 

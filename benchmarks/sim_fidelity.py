@@ -132,7 +132,7 @@ def fit_overhead(plan: PipelinePlan, costs: CostModel, measured: float, iters: i
     lo, hi = 0.0, 2 * MS
     for _ in range(30):
         mid = (lo + hi) / 2
-        if simulate(plan, costs, num_iterations=iters, task_overhead_s=mid).period < measured:
+        if simulate(plan, costs, num_iterations=iters, task_overhead_s=mid).period_s < measured:
             lo = mid
         else:
             hi = mid
@@ -184,9 +184,9 @@ def run_sleep(args: argparse.Namespace) -> Tuple[List[dict], float]:
         }
         row = dict(k=k, tasks=len(secs), threads=len({s.thread_group for s in plan.schedule.values()}),
                    depth=plan.pipeline_depth, measured=measured, binding=sims["nominal"].binding,
-                   **{key: r.period for key, r in sims.items()})
+                   **{key: r.period_s for key, r in sims.items()})
         rows.append(row)
-        cells = " | ".join(f"{r.period * 1e3:>7.3f}m {_err(r.period, measured):>+6.1%}" for r in sims.values())
+        cells = " | ".join(f"{r.period_s * 1e3:>7.3f}m {_err(r.period_s, measured):>+6.1%}" for r in sims.values())
         print(f"{k:>3} {row['tasks']:>5} {row['threads']:>3} {row['depth']:>3} {measured * 1e3:>8.3f}m | {cells} | "
               f"{row['binding'][:44]}")
     for key in ("nominal", "nominal+overhead", "timeline", "timeline+overhead"):
@@ -276,11 +276,11 @@ def run_dlrm(args: argparse.Namespace, o_timeline: float) -> Optional[List[dict]
                 costs.save(os.path.join(args.save_costs, f"{stem}.json"))
             sim = simulate(plan, costs, num_iterations=args.iters)
             sim_o = simulate(plan, costs, num_iterations=args.iters, task_overhead_s=o_timeline)
-            rows.append(dict(plan=label, measured=measured, timeline=sim.period, overhead=sim_o.period,
+            rows.append(dict(plan=label, measured=measured, timeline=sim.period_s, overhead=sim_o.period_s,
                              binding=sim.binding))
-            print(f"{label:<30} {measured * 1e3:>8.3f}m | {sim.period * 1e3:>7.3f}m "
-                  f"{_err(sim.period, measured):>+6.1%} | {sim_o.period * 1e3:>7.3f}m "
-                  f"{_err(sim_o.period, measured):>+6.1%} | {sim.binding[:40]}")
+            print(f"{label:<30} {measured * 1e3:>8.3f}m | {sim.period_s * 1e3:>7.3f}m "
+                  f"{_err(sim.period_s, measured):>+6.1%} | {sim_o.period_s * 1e3:>7.3f}m "
+                  f"{_err(sim_o.period_s, measured):>+6.1%} | {sim.binding[:40]}")
     for key in ("timeline", "overhead"):
         if rows:
             errs = [abs(_err(r[key], r["measured"])) for r in rows]

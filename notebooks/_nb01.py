@@ -114,7 +114,7 @@ Before searching, check the model: the simulator, fed the serial plan and these 
 the serial period just measured (it models the engine's semantics, not the machine's noise)."""),
     ("code", """\
 sim_serial = simulate(serial, costs)
-print(f"serial: simulated {sim_serial.period * 1e3:.2f} ms/it, measured {serial_s * 1e3:.2f} ms/it")"""),
+print(f"serial: simulated {sim_serial.period_s * 1e3:.2f} ms/it, measured {serial_s * 1e3:.2f} ms/it")"""),
     ("md", """\
 ## 3. Auto-generate a plan
 
@@ -171,7 +171,7 @@ losses_match = all(torch.equal(a, b) for a, b in zip(runs[0]["losses"], runs[1][
     and len(runs[0]["losses"]) == len(runs[1]["losses"]) == len(batches)
 auto_measured_s = runs[1]["ms/it"] / 1e3
 pd.DataFrame([{"plan": r["plan"], "measured ms/it": round(r["ms/it"], 2),
-               "simulated ms/it": round(s.period * 1e3, 2)} for r, s in zip(runs, (sim_serial, sim_auto))]
+               "simulated ms/it": round(s.period_s * 1e3, 2)} for r, s in zip(runs, (sim_serial, sim_auto))]
              ).assign(**{"losses equal serial": [True, losses_match]})"""),
     ("md", """\
 The measured timeline and the simulated one, aligned at the start of iteration 10, on the same tracks (one per
@@ -188,7 +188,7 @@ def from_iteration(events, i, span):
     return [dataclasses.replace(e, start=e.start - t0, end=e.end - t0) for e in events
             if e.start >= t0 and e.end <= t0 + span]
 
-span = 4 * max(sim_auto.period, auto_measured_s)
+span = 4 * max(sim_auto.period_s, auto_measured_s)
 fig = compare_gantt(from_iteration(runs[1]["events"], 10, span), from_iteration(sim_auto.events, 10, span),
                     window=(0.0, span), titles=("measured (auto plan)", "simulated (auto plan)"))
 trace_path = write_chrome_trace(runs[1]["events"], workdir / "auto_plan.trace.json", name="auto plan")

@@ -104,7 +104,7 @@ def sweep_tasks(plan, costs, tasks, factors):
     for f in factors:
         r = simulate(plan, apply_changes(costs, {t: f for t in tasks}))
         rows.append({"factor": f, "task_cost_s": sum(costs[t].host_s for t in tasks) * f,
-                     "period_s": r.period, "latency_s": r.latency, "binding": short(r.binding)})
+                     "period_s": r.period_s, "latency_s": r.latency, "binding": short(r.binding)})
     table = pd.DataFrame(rows)
     table.attrs["task"] = " + ".join(tasks)
     return table
@@ -168,7 +168,7 @@ measured_costs = CostModel.from_timeline([e for e in events if e.iteration >= 2]
 sim = simulate(two, measured_costs)
 measured_period = seconds / len(batches)
 print(f"measured {measured_period * 1e3:.2f} ms/it (whole run, fill and drain included); "
-      f"simulated {sim.period * 1e3:.2f} ms/it (steady state)")
+      f"simulated {sim.period_s * 1e3:.2f} ms/it (steady state)")
 print(sim.summary())"""),
     ("code", """\
 def from_iteration(events, i, span):
@@ -176,7 +176,7 @@ def from_iteration(events, i, span):
     return [dataclasses.replace(e, start=e.start - t0, end=e.end - t0) for e in events
             if e.start >= t0 and e.end <= t0 + span]
 
-span = 4 * max(sim.period, measured_period)
+span = 4 * max(sim.period_s, measured_period)
 compare_gantt(from_iteration(events, 10, span), from_iteration(sim.events, 10, span), window=(0.0, span),
               titles=("measured: two-thread plan, DLRM on CPU", "simulated: same plan, costs from the run"))"""),
     ("md", """\
@@ -190,9 +190,9 @@ what the streams buy, and the Gantt shows where the device is busy."""),
 cuda_costs = CostModel.load(REPO / "cost_models" / "fused_sparse_dist.json")
 on_gpu = simulate(torchrec, cuda_costs, device="cuda")
 no_overlap = simulate(torchrec, cuda_costs, device="cpu")
-overlap = no_overlap.period / on_gpu.period
+overlap = no_overlap.period_s / on_gpu.period_s
 print(f"{cuda_costs.machine}")
-print(f"no overlap: {no_overlap.period * 1e3:.2f} ms/it; with streams: {on_gpu.period * 1e3:.2f} ms/it "
+print(f"no overlap: {no_overlap.period_s * 1e3:.2f} ms/it; with streams: {on_gpu.period_s * 1e3:.2f} ms/it "
       f"-> {overlap:.2f}x from overlap")
 print(on_gpu.summary())
 gpu_what_if = what_if(torchrec, cuda_costs, {"EmbLookup": 2.0}, device="cuda")
@@ -201,7 +201,7 @@ in_ms(gpu_what_if)[["change", "period_ms", "latency_ms", "speedup", "binding"]]"
     ("code", """\
 t0 = min(e.start for e in on_gpu.events if e.iteration == 20)
 gantt([dataclasses.replace(e, start=e.start - t0, end=e.end - t0) for e in on_gpu.events
-       if t0 <= e.start and e.end <= t0 + 3 * on_gpu.period],
+       if t0 <= e.start and e.end <= t0 + 3 * on_gpu.period_s],
       title="simulated CUDA timeline (FusedSparseDist, hand-written A100 costs)")"""),
     ("code", """\
 env.close()

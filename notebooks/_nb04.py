@@ -138,7 +138,7 @@ for depth_name in ("base", "sparse_dist_lite", "sparse_dist", "semi_sync"):
     if sorted(p.task_names) != sorted(plan.task_names):
         continue  # a different task graph: these figures do not cover it
     sim = simulate(p, costs, num_iterations=40)
-    rows.append({"plan": depth_name, "depth": p.pipeline_depth, "period ms": round(sim.period * 1e3, 3),
+    rows.append({"plan": depth_name, "depth": p.pipeline_depth, "period ms": round(sim.period_s * 1e3, 3),
                  "peak bytes": sim.memory.peak_bytes, "peak": format_bytes(sim.memory.peak_bytes),
                  "mean": format_bytes(sim.memory.mean_bytes), "contexts at peak": sim.memory.iterations_at_peak})
 by_depth = pd.DataFrame(rows).set_index("plan")

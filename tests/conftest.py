@@ -153,7 +153,7 @@ def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callab
 
     ``autosched.verify.measure`` measures a plan by one engine run per round. Patched here, each run still
     runs the plan on the engine (its tasks, its failures), but the period it reports is
-    ``simulate(plan, truth).period`` (times ``factor(plan)`` when given): the machine, made
+    ``simulate(plan, truth).period_s`` (times ``factor(plan)`` when given): the machine, made
     deterministic, so which plan is measured fastest no longer depends on the load. ``truth`` is the
     cost model of what the tasks really do (a sleep's length, one core for tasks that hold the GIL), or a
     function giving a plan's period (e.g. the machine model's simulation of it).
@@ -172,7 +172,7 @@ def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callab
     def run(plan: Any, batches: Sequence[Any], device: Any) -> float:
         engine_run(plan, batches, device)
         runs.append((plan, len(batches)))
-        period = float(truth(plan) if callable(truth) else simulate(plan, truth, num_iterations=40).period)
+        period = float(truth(plan) if callable(truth) else simulate(plan, truth, num_iterations=40).period_s)
         return period * (factor(plan) if factor is not None else 1.0)
 
     monkeypatch.setattr(verify, "_one_run", run)

@@ -77,7 +77,7 @@ def _pipelined() -> PipelinePlan:
 def test_a_dict_of_floats_is_seconds_of_host_time_everywhere():
     plan, seconds = _pipelined(), {"Load": 0.002, "Step": 0.003}
     model = CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})
-    assert simulate(plan, seconds).period == pytest.approx(simulate(plan, model).period)
+    assert simulate(plan, seconds).period_s == pytest.approx(simulate(plan, model).period_s)
     assert lower_bounds(plan, seconds).value == pytest.approx(lower_bounds(plan, model).value)
     table = what_if(plan, seconds, {"Step": 2.0})
     assert table["period_s"].iloc[1] == pytest.approx(0.006)

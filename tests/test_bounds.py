@@ -101,7 +101,7 @@ def test_plan_bound_names_the_busiest_thread():
                          "C": TaskSchedule(1, thread_group="a")}, intra_iter_deps=[("B", "A")])
     b = lower_bounds(plan, COSTS)
     assert b.res_mii == pytest.approx(2 * MS) and b.binding == "thread:b"
-    assert b.value == pytest.approx(simulate(plan, COSTS).period)
+    assert b.value == pytest.approx(simulate(plan, COSTS).period_s)
 
 
 def test_recurrence_bound_names_its_cycle():
@@ -130,7 +130,7 @@ def test_core_pool_bounds_plans_and_graphs_by_host_work_per_core():
     b = lower_bounds(plan, one)
     assert b.res_mii == pytest.approx(3.5 * MS) and b.binding == "cores"
     assert "1 core(s)" in b.summary()
-    assert b.value == pytest.approx(simulate(plan, one).period)
+    assert b.value == pytest.approx(simulate(plan, one).period_s)
     two = CostModel(COSTS.tasks, cores=2)
     assert lower_bounds(plan, two).binding == "thread:b"   # 1.75 ms per core < the 2 ms task
     g = task_graph(["A", "B", "C"])
@@ -161,7 +161,7 @@ def test_schedule_cycle_chains_a_thread_fifo_with_a_dependency():
     assert max(b.res_mii, b.rec_mii, b.critical_path) < 2 * MS
     assert b.schedule_cycle == pytest.approx(3 * MS)
     assert b.binding.split()[0] == "schedule" and "thread:b" in b.binding and "barrier" in b.binding
-    assert simulate(plan, costs).period == pytest.approx(3 * MS)
+    assert simulate(plan, costs).period_s == pytest.approx(3 * MS)
 
 
 def test_event_graph_holds_thread_fifo_sequencer_and_barrier_edges():
@@ -215,7 +215,7 @@ def plans_and_costs(draw):
 @given(plans_and_costs(), st.sampled_from(["cpu", "cuda"]))
 def test_bounds_never_exceed_the_simulated_period(pc, device):
     plan, costs = pc
-    period = simulate(plan, costs, num_iterations=40, device=device).period
+    period = simulate(plan, costs, num_iterations=40, device=device).period_s
     b = lower_bounds(plan, costs, device=device)
     assert b.value <= period * (1 + 1e-9) + 1e-12, (b.summary(), period)
     groups = len({s.thread_group for s in plan.schedule.values()})
@@ -228,7 +228,7 @@ def test_bounds_never_exceed_the_simulated_period(pc, device):
 def test_bounds_with_a_core_pool_never_exceed_the_simulated_period(pc, device, cores):
     plan, costs = pc
     pooled = CostModel(costs.tasks, cores=cores)
-    period = simulate(plan, pooled, num_iterations=40, device=device).period
+    period = simulate(plan, pooled, num_iterations=40, device=device).period_s
     b = lower_bounds(plan, pooled, device=device)
     assert b.value <= period * (1 + 1e-9) + 1e-12, (b.summary(), period)
     # the pool runs every host part of an iteration on at most `cores` cores at once

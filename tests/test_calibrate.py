@@ -6,14 +6,14 @@ folds are checked on hand-made calibrations.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 
 import pytest
 
-from autosched.model.machine import calibrated_costs, format_profile, parallelism_note, serial_iteration_s, \
-    simulate_calibrated
+from autosched.model.machine import calibrated_costs, format_profile, parallelism_note, serial_iteration_s
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.simulate import simulate
 from swpipe_core.measure.calibrate import MachineCalibration
@@ -27,6 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _cal(**kw) -> MachineCalibration:
     return MachineCalibration(**{"task_s": 1e-5, "dep_s": 2e-5, "period_s": 3e-5, **kw})
+
+
+def simulate_calibrated(plan: PipelinePlan, costs: CostModel, cal: MachineCalibration):
+    """``simulate`` of the costs with ``cal`` as their machine calibration (folded in by simulate)."""
+    return simulate(plan, dataclasses.replace(costs, machine_calibration=cal))
 
 
 def test_cost_model_keeps_machine_calibration_through_json(tmp_path):
@@ -95,9 +100,10 @@ def test_one_free_core_serialises_calibrated_threads_and_the_flag_turns_it_off()
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
     costs = CostModel({"A": TaskCost(2 * MS), "B": TaskCost(2 * MS)})
     one = MachineCalibration(cores_free=1.1, cpu_count=2)
-    assert simulate_calibrated(plan, costs, one).period == pytest.approx(4 * MS, rel=1e-6)
-    assert simulate_calibrated(plan, costs, one, core_pool=False).period == pytest.approx(2 * MS, rel=1e-6)
-    assert simulate_calibrated(plan, costs, MachineCalibration(cores_free=1.9, cpu_count=2)).period == \
+    assert simulate_calibrated(plan, costs, one).period_s == pytest.approx(4 * MS, rel=1e-6)
+    # core_pool=False: the fold leaves the pool as it is (none), the two threads overlap
+    assert simulate(plan, calibrated_costs(costs, plan, one, core_pool=False)).period_s == pytest.approx(2 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, MachineCalibration(cores_free=1.9, cpu_count=2)).period_s == \
         pytest.approx(2 * MS, rel=1e-6)
 
 
@@ -109,9 +115,9 @@ def test_task_measured_off_the_cpu_takes_no_core():
     assert got["Sleep"].resources == ("nocore",) and got["Spin"].resources == () and got.cores == 1
     assert "1 task(s)" in got.notes  # the note counts the tasks taken off the CPU
     # the sleeping task leaves the one core to the spinning one: they overlap
-    assert simulate_calibrated(plan, costs, cal).period == pytest.approx(2 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, cal).period_s == pytest.approx(2 * MS, rel=1e-6)
     both = MachineCalibration(cores_free=1.0, cpu_count=2, cpu={"Sleep": 0.9, "Spin": 0.98})
-    assert simulate_calibrated(plan, costs, both).period == pytest.approx(4 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, both).period_s == pytest.approx(4 * MS, rel=1e-6)
     assert calibrated_costs(costs, plan, cal, core_pool=False)["Sleep"].resources == ()
 
 
@@ -165,17 +171,17 @@ def test_the_fold_tags_no_task_gil_and_a_tag_given_by_hand_still_holds_the_lock(
     for device in ("cpu", "cuda"):
         assert all("gil" not in c.resources for c in calibrated_costs(costs, plan, two_cores, device=device)
                    .tasks.values())
-    assert simulate_calibrated(plan, costs, two_cores).period == pytest.approx(2 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, costs, two_cores).period_s == pytest.approx(2 * MS, rel=1e-6)
     tagged = CostModel({n: TaskCost(2 * MS, resources=("gil",)) for n in "AB"})
     assert calibrated_costs(tagged, plan, two_cores)["A"].resources == ("gil",)
-    assert simulate_calibrated(plan, tagged, two_cores).period == pytest.approx(4 * MS, rel=1e-6)
+    assert simulate_calibrated(plan, tagged, two_cores).period_s == pytest.approx(4 * MS, rel=1e-6)
 
 
 def test_period_cost_is_main_thread_time_per_period():
     plan = PipelinePlan({"A": TaskSchedule(0)})
     costs = CostModel({"A": TaskCost(MS)})
-    plain = simulate(plan, costs).period
-    cal = simulate_calibrated(plan, costs, MachineCalibration(period_s=4e-4)).period
+    plain = simulate(plan, costs).period_s
+    cal = simulate_calibrated(plan, costs, MachineCalibration(period_s=4e-4)).period_s
     assert cal == pytest.approx(plain + 4e-4, rel=1e-6)
 
 

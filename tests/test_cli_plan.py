@@ -36,7 +36,7 @@ def test_plan_command_prints_report_and_writes_a_runnable_plan(files, tmp_path, 
     assert rc == 0
     plan = load_plan(out)
     validate(plan)
-    period = simulate(plan, costs).period
+    period = simulate(plan, costs).period_s
     assert word_after(text, "period") == f"{period * 1e3:.3f}"  # the report's period is the plan's
     assert word_after(text, "lower", "bound") == "7.000" and "Fwd" in schedule_rows(text)[1]
     assert text.strip().splitlines()[-1].split()[-1] == str(out)  # where the plan was written

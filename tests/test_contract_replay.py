@@ -125,7 +125,7 @@ def fit_task_overhead(iters: int = ITERS, repeats: int = 1) -> float:
     lo, hi = 0.0, 2e-3
     for _ in range(25):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if simulate(plan, costs, iters, task_overhead_s=mid).period < measured else (lo, mid)
+        lo, hi = (mid, hi) if simulate(plan, costs, iters, task_overhead_s=mid).period_s < measured else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -140,9 +140,9 @@ def replay(plan: PipelinePlan, sleeps: Dict[str, float], task_overhead_s: float 
     depth = plan.pipeline_depth
     steady = (max(depth, ITERS // 4), ITERS - depth - 1)
     measured = measured_period(events, ITERS, depth)
-    bare = simulate(sim_plan, CostModel.from_timeline(events), num_iterations=ITERS).period if task_overhead_s else sim.period
-    return {"inline": inline, "measured": measured, "simulated": sim.period, "simulated_bare": bare,
-            "error": sim.period / measured - 1.0,
+    bare = simulate(sim_plan, CostModel.from_timeline(events), num_iterations=ITERS).period_s if task_overhead_s else sim.period_s
+    return {"inline": inline, "measured": measured, "simulated": sim.period_s, "simulated_bare": bare,
+            "error": sim.period_s / measured - 1.0,
             "engine_order": group_orders(plan, events, *steady), "sim_order": group_orders(plan, sim.events, *steady)}
 
 

@@ -13,8 +13,9 @@ import importlib
 
 import pytest
 
-from autosched.model.machine import searched_costs, simulate_folded
+from autosched.model.machine import searched_costs
 from autosched.model.costs import CostModel, TaskCost
+from autosched.model.simulate import simulate_folded
 from autosched.search.options import Constraints, SolverOptions
 from swpipe import auto_schedule
 from autosched.verify.loop import VerifyOptions
@@ -31,16 +32,17 @@ GRAPH = (list(TASKS), [("Fwd", "Load"), ("Bwd", "Fwd"), ("Wait", "Load")])
 
 
 def _spy_on_the_simulator(monkeypatch):
-    """Record the cost model and engine times of every simulation run from now on."""
+    """Record the cost model and the main thread's engine time per period of every simulation run from now on
+    (every simulation, whoever asks, builds its tables with ``sim_plan``)."""
     simulate_mod = importlib.import_module("autosched.model.simulate")  # the module (autosched.model.simulate is the function)
     seen = []
-    real = simulate_mod.simulate
+    real = simulate_mod.sim_plan
 
     def spy(plan, costs, *args, **kw):
-        seen.append((costs, kw.get("period_overhead_s", 0.0), kw.get("wake_overhead_s", 0.0)))
+        seen.append((costs, kw.get("period_overhead_s", 0.0)))
         return real(plan, costs, *args, **kw)
 
-    monkeypatch.setattr(simulate_mod, "simulate", spy)
+    monkeypatch.setattr(simulate_mod, "sim_plan", spy)
     return seen
 
 
@@ -60,7 +62,7 @@ def test_the_searched_costs_hold_the_engine_costs_and_the_core_pool_and_nothing_
 def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verification(monkeypatch):
     # the machine runs exactly as the model says, so no refit round moves the pool
     folded = searched_costs(CostModel(TASKS, machine_calibration=CAL))
-    measured_by_simulation(monkeypatch, lambda plan: simulate_folded(plan, folded, CAL, num_iterations=40).period)
+    measured_by_simulation(monkeypatch, lambda plan: simulate_folded(plan, folded, CAL, num_iterations=40).period_s)
     # the refit round simulates other pools on purpose, to fit one (tests/test_refit.py)
     monkeypatch.setattr(importlib.import_module("autosched.verify.refit"), "fit_core_pool", lambda *args: None)
     seen = _spy_on_the_simulator(monkeypatch)
@@ -71,14 +73,14 @@ def test_every_simulation_of_a_call_is_of_one_model_search_report_and_verificati
                                  solver=SolverOptions(time_limit_s=3),
                                  verify=VerifyOptions(rounds=1, max_rounds=1, iterations=8), batches=list(range(8)))
     assert seen, "the call simulated nothing"
-    for model, period_s, wake_s in seen:  # the searchers, the depth check, the what-ifs, the report, the predictions
-        assert period_s == CAL.period_s and wake_s == 0.0
+    for model, period_s in seen:  # the searchers, the depth check, the what-ifs, the report, the predictions
+        assert period_s == CAL.period_s
         assert model.cores == 2 and model.tasks["Wait"].resources == ("nocore",)
         assert not any("gil" in c.resources for c in model.tasks.values())
     folded = searched_costs(costs)
     table = report.verify
     for row in table.rows:  # each prediction is the model's, and predict_periods gives the same from the costs
-        assert row.predicted_s == pytest.approx(simulate_folded(row.plan, folded, CAL, num_iterations=60).period)
+        assert row.predicted_s == pytest.approx(simulate_folded(row.plan, folded, CAL, num_iterations=60).period_s)
         assert row.predicted_s == pytest.approx(predict_periods([(row.label, row.plan)], costs)[row.label])
     chosen = table.choose()
     assert report.period_s == pytest.approx(chosen.predicted_s)  # the report's period is the chosen row's prediction
@@ -97,9 +99,9 @@ def test_a_hand_off_costs_the_waiting_task_the_calibrated_wake_up_in_the_search_
     problem.calibration = cal
     split = build_plan(problem, {"A": 0, "B": 1}, {"A": "x", "B": "y"})
     together = build_plan(problem, {"A": 0, "B": 0}, {"A": "x", "B": "x"})
-    assert problem.simulate(split).period == pytest.approx(2.5 * MS)  # B waits A across threads: 0.5 ms more
-    assert problem.simulate(together).period == pytest.approx(4 * MS)  # one thread: no hand-off
-    assert problem.simulate(split).period == pytest.approx(predict_periods([("s", split)], costs)["s"])
+    assert problem.simulate(split).period_s == pytest.approx(2.5 * MS)  # B waits A across threads: 0.5 ms more
+    assert problem.simulate(together).period_s == pytest.approx(4 * MS)  # one thread: no hand-off
+    assert problem.simulate(split).period_s == pytest.approx(predict_periods([("s", split)], costs)["s"])
 
 
 def test_a_cost_model_without_its_calibration_is_simulated_as_given(monkeypatch):
@@ -107,7 +109,30 @@ def test_a_cost_model_without_its_calibration_is_simulated_as_given(monkeypatch)
     costs = dataclasses.replace(CostModel(TASKS, machine_calibration=CAL), machine_calibration=None)
     _, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2),
                               solver=SolverOptions(time_limit_s=2))
-    assert all(period_s == 0.0 and model.cores is None for model, period_s, _ in seen)
+    assert seen and all(period_s == 0.0 and model.cores is None for model, period_s in seen)
     assert not any("folded" in n.split() for n in report.notes)
     one = PipelinePlan({"A": TaskSchedule(0)})
     assert predict_periods([("one", one)], CostModel({"A": TaskCost(MS)})) == {"one": pytest.approx(MS)}
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_simulate_of_a_calibrated_cost_model_is_the_model_the_search_reported(device):
+    """One simulate (issue 46.3): the public simulate folds the costs' calibration in, as the search does, so the
+    plan auto_schedule returns simulates at the report's period, to the bit."""
+    from autosched.model.simulate import simulate
+
+    costs = CostModel(TASKS, machine_calibration=CAL)
+    plan, report = auto_schedule(GRAPH, costs, Constraints(max_depth=2, max_threads=2, device=device),
+                                 solver=SolverOptions(time_limit_s=3))
+    assert len(plan.thread_groups) > 1  # hand-offs across threads: the per-hand-off cost is in the figure
+    assert report.period_s == simulate(plan, costs, device=device).period_s
+    bare = simulate(plan, dataclasses.replace(costs, machine_calibration=None), device=device).period_s
+    assert report.period_s > bare  # the calibration is what the two agree on, not something both leave out
+
+
+def test_the_old_name_of_the_simulated_period_warns_and_reads_period_s():
+    from autosched.model.simulate import simulate
+
+    result = simulate(PipelinePlan({"A": TaskSchedule(0)}), CostModel({"A": TaskCost(MS)}))
+    with pytest.warns(FutureWarning, match=r"period_s"):
+        assert result.period == result.period_s == pytest.approx(MS)

@@ -41,7 +41,7 @@ def test_live_bytes_match_hand_computed_timeline():
     plan, costs = _two_stage()
     sim = simulate(plan, costs, num_iterations=30)
     m = sim.memory
-    assert sim.period == pytest.approx(0.002)
+    assert sim.period_s == pytest.approx(0.002)
     expected = {0.0005: 200, 0.0015: 1200, 0.0025: 2200, 0.0035: 1200, 0.0045: 2200, 0.0055: 1200}
     assert {t: m.at(t) for t in expected} == pytest.approx(expected)
     assert m.peak_bytes == pytest.approx(2200) and m.peak_time == pytest.approx(0.002)
@@ -114,7 +114,7 @@ def test_no_simulated_plan_beats_the_memory_bound(name, nbytes, batch):
         tasks[t] = TaskCost(base.host_s, base.device_s, add_bytes=add, free_bytes=free)
     costs = CostModel(tasks, batch_bytes=batch)
     sim = simulate(plan, costs, num_iterations=20)
-    bound = min_memory(plan.task_names, plan.intra_edges(), costs, period_s=sim.period)
+    bound = min_memory(plan.task_names, plan.intra_edges(), costs, period_s=sim.period_s)
     assert sim.memory.peak_bytes >= bound.single_iteration - 1e-6
     assert sim.memory.mean_bytes >= bound.littles_law * (1 - 1e-6) - 1e-6
 

@@ -44,9 +44,9 @@ print("PROBE " + json.dumps({
     "inter": sorted(map(list, auto.inter_edges())),
     "serial_inter": sorted(map(list, serial.inter_edges())),
     "predicted_s": report.period_s,
-    "resimulated_s": again.period,
+    "resimulated_s": again.period_s,
     "lower_bound_s": report.lower_bound_s,
-    "serial_simulated_s": sim_serial.period,
+    "serial_simulated_s": sim_serial.period_s,
     "measured_s": [r["ms/it"] / 1e3 for r in runs],
     "losses": [len(r["losses"]) for r in runs],
     "losses_match": bool(losses_match),
@@ -88,11 +88,11 @@ a2a_at = float(first_change(a2a_sweep)["factor"])
 before = float(a2a_sweep[a2a_sweep["factor"] < a2a_at]["factor"].max())
 scaled = lambda f: apply_changes(costs, {"InputDistStart": f, "InputDistWait": f})
 print("PROBE " + json.dumps({
-    "periods": {k: simulate(p, costs).period for k, p in plans.items()},
+    "periods": {k: simulate(p, costs).period_s for k, p in plans.items()},
     "table_periods": {k: float(v) for k, v in compared["period_s"].items()},
     "bindings_around_change": [simulate(two, scaled(before)).binding, simulate(two, scaled(a2a_at)).binding],
     "h2d_rows": len(h2d_sweep),
-    "gpu_periods": [simulate(torchrec, cuda_costs, device="cuda").period, simulate(torchrec, cuda_costs).period],
+    "gpu_periods": [simulate(torchrec, cuda_costs, device="cuda").period_s, simulate(torchrec, cuda_costs).period_s],
     "shown_overlap": overlap,
     "measured_tasks": sorted({e.task for e in events}),
     "plan_tasks": sorted(two.task_names),

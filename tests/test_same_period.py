@@ -60,8 +60,8 @@ def test_the_simulator_serialises_the_two_tasks_of_a_period():
     costs = CostModel({"Prefetch": TaskCost(0.001), "Backward": TaskCost(0.001)})
     free = simulate(_plan().replace(same_period_deps=[]), costs, num_iterations=20)
     tied = simulate(_plan(), costs, num_iterations=20)
-    assert free.period == pytest.approx(0.001)  # two threads, one task each per period
-    assert tied.period == pytest.approx(0.002)  # Backward(i) starts after Prefetch(i+1) ends
+    assert free.period_s == pytest.approx(0.001)  # two threads, one task each per period
+    assert tied.period_s == pytest.approx(0.002)  # Backward(i) starts after Prefetch(i+1) ends
     ends = {(e.task, e.iteration): (e.start, e.end) for e in tied.events if e.kind == "host"}
     for i in range(19):
         assert ends[("Backward", i)][0] >= ends[("Prefetch", i + 1)][1] - 1e-12

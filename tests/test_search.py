@@ -69,7 +69,7 @@ def test_returned_plan_validates_and_runs_on_the_engine(seed, method):
     validate(plan)
     rec = _run_on_engine(plan)
     _assert_dependencies_held(plan, rec, 8)
-    assert report.period_s == pytest.approx(simulate(plan, costs, num_iterations=240).period, rel=1e-9)
+    assert report.period_s == pytest.approx(simulate(plan, costs, num_iterations=240).period_s, rel=1e-9)
 
 
 def test_larger_graph_plan_runs_on_the_engine():
@@ -120,7 +120,7 @@ def test_never_worse_than_the_given_plan():
                          intra_iter_deps=[("Fwd", "Load"), ("Bwd", "Fwd"), ("Opt", "Bwd")])
     plan, report = auto_schedule(given, costs, Constraints(max_depth=2, max_threads=2),
                                  solver=SolverOptions(time_limit_s=10))
-    base = simulate(given, costs).period
+    base = simulate(given, costs).period_s
     assert report.baseline_period_s == pytest.approx(base)
     assert report.period_s <= base * (1 + 1e-9)
     assert report.period_s == pytest.approx(0.005)  # 10 ms of work split evenly: Load+Fwd | Bwd+Opt
@@ -137,7 +137,7 @@ def test_search_with_one_free_core_cannot_beat_total_host_work(method):
     # one core runs all 10 ms in turn, whatever the plan; the report's bound says so
     assert one.period_s == pytest.approx(0.010) and one.lower_bound_s == pytest.approx(0.010)
     assert one.why.bound_binding == "cores" and one.gap_pct == pytest.approx(0.0, abs=1e-6)
-    assert simulate(plan, CostModel(tasks, cores=1)).period == pytest.approx(one.period_s)
+    assert simulate(plan, CostModel(tasks, cores=1)).period_s == pytest.approx(one.period_s)
 
 
 @pytest.mark.parametrize("method", ["cpsat", "beam"])
@@ -225,7 +225,7 @@ def test_cuda_semantics_search_streams():
     plan, report = auto_schedule((tasks, intra, inter), costs, c, solver=SolverOptions(time_limit_s=6))
     validate(plan)
     assert {plan.sched(n).stream for n in plan.task_names} <= {None, "side"}
-    assert report.period_s == pytest.approx(simulate(plan, costs, 240, device="cuda").period, rel=1e-9)
+    assert report.period_s == pytest.approx(simulate(plan, costs, 240, device="cuda").period_s, rel=1e-9)
     assert report.period_s <= report.serial_period_s
     assert report.device == "cuda"
 
@@ -337,7 +337,7 @@ def test_the_search_hands_off_late_where_a_lock_makes_that_faster():
                                  solver=SolverOptions(time_limit_s=5))
     assert plan.caller_group == "default" and plan.enqueue_order == ["Fwd", "Load", "Bwd"]
     assert report.period_s == pytest.approx(0.006)
-    assert simulate(plan.replace(enqueue_order=["Load", "Fwd", "Bwd"]), costs).period == pytest.approx(0.008)
+    assert simulate(plan.replace(enqueue_order=["Load", "Fwd", "Bwd"]), costs).period_s == pytest.approx(0.008)
 
 
 def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group():
@@ -354,7 +354,7 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
     res = solve_cpsat(problem, time_limit_s=10)
     assert res.status == "OPTIMAL" and res.model_period == pytest.approx(0.003)
     assert res.plan.caller_group == "default" and res.plan.sched("Step").thread_group != "default"
-    assert problem.simulate(res.plan).period == pytest.approx(0.003)
+    assert problem.simulate(res.plan).period_s == pytest.approx(0.003)
     plan, report = auto_schedule(graph, costs, Constraints(max_depth=3, max_threads=2),
                                  solver=SolverOptions(time_limit_s=5))
     assert report.period_s == pytest.approx(0.003)
@@ -362,7 +362,7 @@ def test_the_main_threads_engine_time_shares_its_window_with_the_callers_group()
     # Step inline instead: the main thread's 3 + 1 ms a period are a floor
     busy = plan.replace(schedule={n: TaskSchedule(plan.stage(n), thread_group="default" if n == "Step" else "io")
                                   for n in plan.task_names}, enqueue_order=None, pipeline_depth=plan.pipeline_depth)
-    assert problem.simulate(busy).period >= 0.004 - 1e-9
+    assert problem.simulate(busy).period_s >= 0.004 - 1e-9
 
 
 # ------------------------------------------------------------ what the report's status means (issue 42, item 5)

@@ -56,7 +56,7 @@ def test_with_batches_and_state_the_model_is_restored_and_the_report_counts_the_
     chosen = report.verify.choose()
     # the measured period is the chosen plan's row of the verification table; period_s stays the model's
     assert report.measured is chosen and report.measured_period_s == chosen.period_s
-    assert report.period_s == pytest.approx(simulate(report.plan, costs).period)  # the chosen plan's, modelled
+    assert report.period_s == pytest.approx(simulate(report.plan, costs).period_s)  # the chosen plan's, modelled
     first = report.summary().splitlines()[0]
     assert first.split()[:2] == ["auto_schedule", f"({report.method},"]
     assert word_after(first, "measured", "period") == f"{chosen.period_s * 1e3:.3f}"  # leads with the measured period

@@ -39,7 +39,7 @@ def test_two_tasks_on_two_threads_period_is_the_longer():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
                         intra_iter_deps=[("B", "A")])
     r = simulate(plan, TWO)
-    assert ms(r.period) == 2.0
+    assert ms(r.period_s) == 2.0
     assert r.binding == "thread:b"
     assert r.utilisation["thread:b"] == pytest.approx(1.0) and r.utilisation["thread:a"] == pytest.approx(0.5)
     assert ms(r.idle["thread:a"]) == 1.0
@@ -51,7 +51,7 @@ def test_two_tasks_on_two_threads_period_is_the_longer():
 def test_the_same_tasks_on_one_thread_add_up():
     plan = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
     r = simulate(plan, TWO)
-    assert ms(r.period) == 3.0
+    assert ms(r.period_s) == 3.0
     assert r.binding == "thread:default"
 
 
@@ -60,7 +60,7 @@ def test_depth_one_on_two_threads_is_held_by_the_progress_barrier():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")},
                         intra_iter_deps=[("B", "A")])
     r = simulate(plan, TWO)
-    assert ms(r.period) == 3.0
+    assert ms(r.period_s) == 3.0
     assert r.binding.split()[:2] == ["progress", "barrier"] and "(depth 1)" in r.binding
     assert "barrier" in r.critical_cycle.kinds
     assert ms(lower_bounds(plan, TWO).critical_path) == 3.0
@@ -68,7 +68,7 @@ def test_depth_one_on_two_threads_is_held_by_the_progress_barrier():
 
 def test_independent_tasks_at_depth_one_overlap_up_to_the_longer():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")})
-    assert ms(simulate(plan, TWO).period) == 2.0
+    assert ms(simulate(plan, TWO).period_s) == 2.0
 
 
 def test_recurrence_bound_period_equals_rec_mii():
@@ -81,7 +81,7 @@ def test_recurrence_bound_period_equals_rec_mii():
     r = simulate(plan, costs)
     b = lower_bounds(plan, costs)
     assert ms(b.rec_mii) == 3.0 and ms(b.res_mii) == 2.0
-    assert ms(r.period) == ms(b.rec_mii)
+    assert ms(r.period_s) == ms(b.rec_mii)
     assert r.binding.startswith("recurrence:")
     assert {s[0] for s in r.critical_cycle.steps} == {"A", "B"} and r.critical_cycle.iterations == 1
     assert ms(r.critical_cycle.ratio) == 3.0
@@ -94,7 +94,7 @@ def test_device_recurrence_of_fused_sparse_dist_binds_on_cuda():
     r = simulate(plan, costs, device="cuda")
     b = lower_bounds(plan, costs, device="cuda")
     expected = costs["Backward"].device_s + costs["EmbLookup"].device_s + costs["Forward"].device_s
-    assert r.period == pytest.approx(expected, rel=1e-9)
+    assert r.period_s == pytest.approx(expected, rel=1e-9)
     assert b.rec_mii == pytest.approx(expected, rel=1e-9)
     assert r.binding.startswith("recurrence:") and "EmbLookup" in r.binding
 
@@ -129,7 +129,7 @@ def test_pqra_ready_first_has_lower_latency_than_stage_descending_on_cuda():
         plan = PipelinePlan(s, intra_iter_deps=[("Q", "P")], inter_iter_deps=[("A", "Q"), ("R", "Q")],
                             enqueue_policy=policy, caller_group=None)
         result[policy] = simulate(plan, costs, device="cuda")
-        assert ms(result[policy].period) == 1.3
+        assert ms(result[policy].period_s) == 1.3
         assert abs(result[policy].latency_growth) < 1e-9  # host-bound: latency is steady
     assert enqueue_order(result["ready_first"].plan) == ["P", "Q", "A", "R"]
     assert enqueue_order(result["stage_descending"].plan) == ["Q", "P", "A", "R"]
@@ -142,7 +142,7 @@ def test_cuda_cpu_completion_is_not_device_completion():
     plan = PipelinePlan({"A": TaskSchedule(0, "s1"), "B": TaskSchedule(1, "s2")}, intra_iter_deps=[("B", "A")])
     costs = costs_ms(A=(0.1, 2.0), B=(0.1, 1.0))
     r = simulate(plan, costs, device="cuda")
-    assert ms(r.period) == 2.0 and r.binding == "stream:s1"
+    assert ms(r.period_s) == 2.0 and r.binding == "stream:s1"
     assert r.latency_growth > 0  # progress() waits CPU signals only
     b = [e for e in r.events if e.task == "B" and e.iteration == 5]
     host, dev = (b[0], b[1]) if b[0].kind == "host" else (b[1], b[0])
@@ -154,29 +154,29 @@ def test_cpu_mode_charges_device_time_to_the_thread():
     plan = PipelinePlan({"A": TaskSchedule(0, "s1"), "B": TaskSchedule(0, "s2")})
     costs = costs_ms(A=(0.1, 2.0), B=(0.1, 1.0))
     r = simulate(plan, costs, device="cpu")
-    assert ms(r.period) == 3.2
+    assert ms(r.period_s) == 3.2
     assert all(e.kind == "host" for e in r.events)
 
 
 def test_same_stream_serialises_device_work_from_two_threads():
     plan = PipelinePlan({"A": TaskSchedule(0, "s", "a"), "B": TaskSchedule(0, "s", "b")})
     r = simulate(plan, costs_ms(A=(0.1, 1.0), B=(0.1, 1.5)), device="cuda")
-    assert ms(r.period) == 2.5 and r.binding == "stream:s"
+    assert ms(r.period_s) == 2.5 and r.binding == "stream:s"
 
 
 def test_one_communicator_serialises_collectives_on_different_streams():
     tags = ("comm:nccl",)
     plan = PipelinePlan({"A": TaskSchedule(0, "s1", "a"), "B": TaskSchedule(0, "s2", "b")})
     r = simulate(plan, costs_ms(A=(0.1, 1.0, tags), B=(0.1, 1.5, tags)), device="cuda")
-    assert ms(r.period) == 2.5 and r.binding == "comm:nccl"
+    assert ms(r.period_s) == 2.5 and r.binding == "comm:nccl"
     free = simulate(plan, costs_ms(A=(0.1, 1.0), B=(0.1, 1.5)), device="cuda")
-    assert ms(free.period) == 1.5
+    assert ms(free.period_s) == 1.5
 
 
 def test_pcie_copies_contend_on_the_host_too():
     plan = PipelinePlan({"A": TaskSchedule(0, "s1", "a"), "B": TaskSchedule(0, "s2", "b")})
     r = simulate(plan, costs_ms(A=(1.0, 0, ("pcie",)), B=(1.5, 0, ("pcie",))), device="cpu")
-    assert ms(r.period) == 2.5 and r.binding == "pcie"
+    assert ms(r.period_s) == 2.5 and r.binding == "pcie"
     assert any(s.cause == "pcie" for s in r.stalls)
 
 
@@ -186,10 +186,10 @@ def test_sequencer_turns_serialise_globally_ordered_tasks_across_threads():
     plan = PipelinePlan(s)
     costs = costs_ms(A=2.5, B=2.0)
     r = simulate(plan, costs)
-    assert ms(r.period) == 4.5 and r.binding == "sequencer"
+    assert ms(r.period_s) == 4.5 and r.binding == "sequencer"
     assert ms(lower_bounds(plan, costs).value) == 4.5
     unordered = PipelinePlan({k: TaskSchedule(v.stage, thread_group=v.thread_group) for k, v in s.items()})
-    assert ms(simulate(unordered, costs).period) == 2.5
+    assert ms(simulate(unordered, costs).period_s) == 2.5
 
 
 def _pooled(costs: CostModel, cores) -> CostModel:
@@ -199,9 +199,9 @@ def _pooled(costs: CostModel, cores) -> CostModel:
 def test_one_free_core_serialises_independent_threads_and_two_do_not():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")})
     costs = costs_ms(A=1.0, B=2.0)
-    assert ms(simulate(plan, costs).period) == 2.0
+    assert ms(simulate(plan, costs).period_s) == 2.0
     one = simulate(plan, _pooled(costs, 1))
-    assert ms(one.period) == 3.0 and one.binding == "cores"
+    assert ms(one.period_s) == 3.0 and one.binding == "cores"
     assert one.utilisation["cores"] == pytest.approx(1.0)
     assert any(cause == "cores" and part == "host" for _, part, cause, _ in one.stall_summary())
     assert "cores" in one.critical_cycle.kinds
@@ -209,7 +209,7 @@ def test_one_free_core_serialises_independent_threads_and_two_do_not():
     host = sorted((e.start, e.end) for e in one.events if e.kind == "host")
     assert all(b[0] >= a[1] - 1e-12 for a, b in zip(host, host[1:]))
     two = simulate(plan, _pooled(costs, 2))
-    assert ms(two.period) == 2.0 and two.binding == "thread:b"
+    assert ms(two.period_s) == 2.0 and two.binding == "thread:b"
     assert "cores" not in two.utilisation and not any(c == "cores" for _, _, c, _ in two.stall_summary())
 
 
@@ -217,7 +217,7 @@ def test_a_nocore_task_leaves_the_pool_to_the_others():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")})
     blocking = CostModel({"A": TaskCost(1 * MS, 0.0, ("nocore",)), "B": TaskCost(2 * MS)}, cores=1)
     r = simulate(plan, blocking)
-    assert ms(r.period) == 2.0 and r.utilisation["cores"] == pytest.approx(1.0)
+    assert ms(r.period_s) == 2.0 and r.utilisation["cores"] == pytest.approx(1.0)
     assert not any(c == "cores" for _, _, c, _ in r.stall_summary())
     assert ms(lower_bounds(plan, blocking).value) == 2.0
 
@@ -226,9 +226,9 @@ def test_core_pool_counts_the_caller_groups_main_thread():
     plan = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(0, thread_group="b")},
                         caller_group="a")
     costs = costs_ms(A=1.0, B=2.0)
-    assert ms(simulate(plan, costs).period) == 2.0
+    assert ms(simulate(plan, costs).period_s) == 2.0
     r = simulate(plan, _pooled(costs, 1))
-    assert ms(r.period) == 3.0 and r.binding == "cores"
+    assert ms(r.period_s) == 3.0 and r.binding == "cores"
 
 
 def test_a_worker_task_placed_after_a_callers_task_waits_for_it():
@@ -236,10 +236,10 @@ def test_a_worker_task_placed_after_a_callers_task_waits_for_it():
     plan = PipelinePlan({"C": TaskSchedule(0), "W": TaskSchedule(0, thread_group="io")})
     costs = costs_ms(C=3.0, W=1.0)
     late = simulate(plan.replace(enqueue_order=["C", "W"]), costs)
-    assert ms(late.period) == 4.0  # W after C, then the next period after W retires the iteration
+    assert ms(late.period_s) == 4.0  # W after C, then the next period after W retires the iteration
     assert any(step[0] == "C" and step[3] == "thread:default" for step in late.critical_cycle.steps)
-    assert ms(simulate(plan.replace(enqueue_order=["W", "C"]), costs).period) == 3.0
-    assert ms(simulate(plan, costs).period) == 3.0  # the policy hands W off first
+    assert ms(simulate(plan.replace(enqueue_order=["W", "C"]), costs).period_s) == 3.0
+    assert ms(simulate(plan, costs).period_s) == 3.0  # the policy hands W off first
 
 
 def test_core_pool_of_two_for_three_threads_bounds_and_binds():
@@ -248,19 +248,19 @@ def test_core_pool_of_two_for_three_threads_bounds_and_binds():
     costs = _pooled(costs_ms(A=1.0, B=1.0, C=1.0), 2)
     r = simulate(plan, costs)
     # two of the three 1 ms parts run at once; the third waits for a core
-    assert ms(r.period) == 2.0 and r.utilisation["cores"] == pytest.approx(0.75)
+    assert ms(r.period_s) == 2.0 and r.utilisation["cores"] == pytest.approx(0.75)
     assert {c for _, _, c, _ in r.stall_summary() if c == "cores"} == {"cores"}
-    assert ms(lower_bounds(plan, costs).value) == 1.5 <= ms(r.period)
+    assert ms(lower_bounds(plan, costs).value) == 1.5 <= ms(r.period_s)
 
 
 def test_core_pool_holds_host_parts_only_on_cuda():
     plan = PipelinePlan({"A": TaskSchedule(0, "s1", thread_group="a"), "B": TaskSchedule(0, "s2", thread_group="b")})
     device_bound = costs_ms(A=(1.0, 5.0), B=(1.0, 5.0))
-    assert ms(simulate(plan, _pooled(device_bound, 1), device="cuda").period) == 5.0
+    assert ms(simulate(plan, _pooled(device_bound, 1), device="cuda").period_s) == 5.0
     host_bound = costs_ms(A=(3.0, 1.0), B=(3.0, 1.0))
-    assert ms(simulate(plan, host_bound, device="cuda").period) == 3.0
+    assert ms(simulate(plan, host_bound, device="cuda").period_s) == 3.0
     r = simulate(plan, _pooled(host_bound, 1), device="cuda")
-    assert ms(r.period) == 6.0 and r.binding == "cores"
+    assert ms(r.period_s) == 6.0 and r.binding == "cores"
 
 
 def test_stalls_name_the_dependency_and_the_fifo():
@@ -280,9 +280,9 @@ def test_stalls_name_the_dependency_and_the_fifo():
 def test_main_thread_overhead_adds_to_a_barrier_bound_period():
     plan = PipelinePlan({"A": TaskSchedule(0)})
     r = simulate(plan, costs_ms(A=1.0), period_overhead_s=0.25 * MS)
-    assert ms(r.period) == 1.25
+    assert ms(r.period_s) == 1.25
     r = simulate(plan, costs_ms(A=1.0), task_overhead_s=0.1 * MS)
-    assert ms(r.period) == 1.1
+    assert ms(r.period_s) == 1.1
 
 
 def test_every_task_iteration_appears_once_on_its_tracks():
@@ -329,7 +329,7 @@ def test_simulation_is_deterministic():
     costs = CostModel.load(os.path.join(ROOT, "cost_models", "semi_sync.json"))
     a = simulate(plan, costs, num_iterations=30, device="cuda")
     b = simulate(plan, costs, num_iterations=30, device="cuda")
-    assert a.events == b.events and a.period == b.period and a.stalls == b.stalls
+    assert a.events == b.events and a.period_s == b.period_s and a.stalls == b.stalls
 
 
 def test_simulate_validates_plan_and_arguments():
@@ -365,7 +365,7 @@ def test_a_twenty_task_plan_simulates_ten_thousand_task_iterations_to_a_steady_p
         assert r.num_iterations * len(names) >= 10_000
         host = [e for e in r.events if e.kind == "host"]
         assert len(host) == r.num_iterations * len(names)  # every task of every iteration ran once
-        assert r.period >= lower_bounds(plan, costs, device=device).value * (1 - 1e-9)
+        assert r.period_s >= lower_bounds(plan, costs, device=device).value * (1 - 1e-9)
 
 
 def _slow_queue(kind: str):
@@ -404,12 +404,12 @@ def test_a_slowly_growing_queue_is_simulated_until_it_binds(kind):
     plan, costs, device = _slow_queue(kind)
     load = 1.01 * MS  # the busiest resource's work per iteration
     long_run = simulate(plan, costs, num_iterations=2000, device=device)
-    assert long_run.period == pytest.approx(load, rel=1e-9)
+    assert long_run.period_s == pytest.approx(load, rel=1e-9)
     for n in (50, 60, 120):
         r = simulate(plan, costs, num_iterations=n, device=device)
         # 50 iterations alone show the chain's transient 1.000 ms/iter; the run must go on until X's queue binds
-        assert r.period >= load * (1 - 1e-9), (n, r.num_iterations, r.period)
-        assert r.period == pytest.approx(long_run.period, rel=1e-9)
+        assert r.period_s >= load * (1 - 1e-9), (n, r.num_iterations, r.period_s)
+        assert r.period_s == pytest.approx(long_run.period_s, rel=1e-9)
         assert r.num_iterations > 200
         assert max(r.utilisation.values()) <= 1 + 1e-6
 
@@ -427,9 +427,9 @@ def test_the_best_beam_plan_of_a_random_graph_is_simulated_to_its_resource_bound
     problem = make_problem(graph, costs, Constraints())
     plan = beam_search(problem, seed=0, time_limit_s=300).plan  # rounds and patience end it, not the clock
     bound = plan_resource_bound(problem, plan)
-    long_run = simulate(plan, costs, num_iterations=960).period
+    long_run = simulate(plan, costs, num_iterations=960).period_s
     assert long_run >= bound * (1 - 1e-9)
     for n in (40, 60, 120):
-        period = simulate(plan, costs, num_iterations=n).period
+        period = simulate(plan, costs, num_iterations=n).period_s
         assert period >= bound * (1 - 1e-9)
         assert period == pytest.approx(long_run, rel=1e-9)

@@ -33,7 +33,7 @@ def test_light_host_chain_period_is_the_stream_load_for_any_run_length(n):
     """The case that read 31.9 s / 79.9 s / 319.9 s (the whole run) before the window was fixed."""
     costs = CostModel({k: TaskCost(1e-6, v * 1e-3) for k, v in DEVICE_MS.items()})
     r = simulate(_chain(), costs, num_iterations=n, device="cuda")
-    assert r.period == pytest.approx(0.100, rel=1e-9)
+    assert r.period_s == pytest.approx(0.100, rel=1e-9)
     assert r.binding == "stream:default"
     assert r.utilisation["stream:default"] == pytest.approx(1.0, rel=1e-6)
     assert r.utilisation["thread:default"] == pytest.approx(3e-6 / 0.1, rel=1e-6)
@@ -47,7 +47,7 @@ def test_chain_period_is_the_busier_of_thread_and_stream_for_any_host_device_rat
     costs = _chain_costs(ratio)
     host, device = ratio * 0.1, 0.1
     r = simulate(_chain(caller_group=caller_group), costs, num_iterations=30, device="cuda")
-    assert r.period == pytest.approx(max(host, device), rel=1e-9)
+    assert r.period_s == pytest.approx(max(host, device), rel=1e-9)
     busy = "thread:default" if host > device else "stream:default"
     assert r.binding == busy
     assert r.utilisation[busy] == pytest.approx(1.0, rel=1e-6)
@@ -56,8 +56,8 @@ def test_chain_period_is_the_busier_of_thread_and_stream_for_any_host_device_rat
 
 def test_balanced_chain_period_is_not_below_either_load():
     r = simulate(_chain(), _chain_costs(1.0), num_iterations=30, device="cuda")
-    assert r.period >= 0.1 * (1 - 1e-9)
-    assert r.period <= 0.2 + 1e-9  # never worse than fully serial
+    assert r.period_s >= 0.1 * (1 - 1e-9)
+    assert r.period_s <= 0.2 + 1e-9  # never worse than fully serial
 
 
 @pytest.mark.parametrize("lag", [0, 1, 3, None])
@@ -75,7 +75,7 @@ def test_host_waits_for_the_device_of_iteration_r_minus_max_device_lag(lag):
         assert r.completion[j] <= r.entry[p] + 1e-12
         tight += abs(r.completion[j] - r.entry[p]) < 1e-9
     assert tight > 0  # the bound is what holds the host back (it is light)
-    assert r.period == pytest.approx(0.1, rel=1e-9)
+    assert r.period_s == pytest.approx(0.1, rel=1e-9)
     assert abs(r.latency_growth) < 1e-9  # bounded run-ahead: latency does not grow
 
 
@@ -117,7 +117,7 @@ def test_caller_group_inline_enqueues_the_next_period_after_its_own_tasks():
     assert all(inline.entry[p] >= _caller_end(inline, p - 1) - 1e-12 for p in range(1, 20))
     # on workers, fill_pipeline enqueues every period of the fill at once, before A(0) ends
     assert any(workers.entry[p] < _caller_end(workers, p - 1) - 1e-9 for p in range(1, 20))
-    assert inline.period == pytest.approx(0.003) and workers.period == pytest.approx(0.003)
+    assert inline.period_s == pytest.approx(0.003) and workers.period_s == pytest.approx(0.003)
 
 
 def test_caller_group_main_thread_overhead_adds_to_its_load():
@@ -125,8 +125,8 @@ def test_caller_group_main_thread_overhead_adds_to_its_load():
     costs = CostModel({"A": TaskCost(0.003), "B": TaskCost(0.001)})
     inline = simulate(_caller_plan("default"), costs, num_iterations=20, period_overhead_s=0.001)
     workers = simulate(_caller_plan(None), costs, num_iterations=20, period_overhead_s=0.001)
-    assert inline.period == pytest.approx(0.004)
-    assert workers.period == pytest.approx(0.003)
+    assert inline.period_s == pytest.approx(0.004)
+    assert workers.period_s == pytest.approx(0.003)
 
 
 def test_a_caller_group_with_no_tasks_changes_nothing():
@@ -150,7 +150,7 @@ def test_default_stream_and_a_stream_named_default_are_never_merged():
         return
     streams = {e.stream for e in r.events if e.kind == "device"}
     assert len(streams) == 2
-    assert r.period == pytest.approx(0.01, rel=1e-6)  # merged, they would add up to 20 ms
+    assert r.period_s == pytest.approx(0.01, rel=1e-6)  # merged, they would add up to 20 ms
 
 
 def test_auto_schedule_on_cuda_reports_sane_figures_for_a_device_bound_model():

@@ -339,7 +339,8 @@ def test_verification_predicts_every_candidate_with_the_simulator():
 def test_a_calibrated_search_predicts_each_candidate_with_the_model_it_searched_with(monkeypatch):
     """The verification's predictions are the search's model: the engine's cost per task, per hand-off and per
     period folded in, the same figures predict_periods gives from the costs, and no run spent on anything else."""
-    from autosched.model.machine import searched_costs, simulate_folded
+    from autosched.model.machine import searched_costs
+    from autosched.model.simulate import simulate_folded
     from swpipe_core.measure.calibrate import MachineCalibration
 
     runs = measured_by_simulation(monkeypatch, _sleeps(2 * MS, "AB"))
@@ -353,7 +354,7 @@ def test_a_calibrated_search_predicts_each_candidate_with_the_model_it_searched_
     rows = [r for r in table.rows if r.plan is not None]
     outside = predict_periods([(r.label, r.plan) for r in rows], costs)
     for r in rows:
-        model = simulate_folded(r.plan, searched_costs(costs), cal, num_iterations=60).period
+        model = simulate_folded(r.plan, searched_costs(costs), cal, num_iterations=60).period_s
         assert r.predicted_s == pytest.approx(model) == pytest.approx(outside[r.label])
     multi = [r for r in rows if len(r.plan.thread_groups) > 1]
     assert multi and all(r.predicted_s >= 2 * MS + 2e-4 for r in multi)  # B's hand-off from A is charged

@@ -36,9 +36,11 @@ machine model"). A task tagged ``"gil"`` by hand still holds the
 simulator's GIL resource.
 
 Without a plan (the search scores many plans with one cost model),
-:func:`calibrated_costs` folds the per-task cost and the core pool;
-:func:`simulate_folded` adds the plan's hand-offs and the per-period time
-when it simulates a plan, and :func:`simulate_calibrated` does both.
+:func:`calibrated_costs` folds the per-task cost and the core pool
+(:func:`searched_costs`); :func:`autosched.model.simulate.simulate` adds the
+plan's hand-offs (:func:`with_handoffs`) and the per-period time when it
+simulates a plan: one model, whoever simulates. This module holds the fold
+and imports no simulator (the simulator imports it).
 """
 
 from __future__ import annotations
@@ -55,10 +57,9 @@ if TYPE_CHECKING:  # for the annotations only (the engine's measuring modules ar
     from swpipe_core.measure.calibrate import MachineCalibration
     from swpipe_core.measure.result import ProfileResult
 
-    from autosched.model.simulate import SimResult
 
-__all__ = ["calibrated_costs", "searched_costs", "with_handoffs", "simulate_folded", "simulate_calibrated",
-           "serial_iteration_s", "parallelism_note", "format_profile"]
+__all__ = ["calibrated_costs", "searched_costs", "with_handoffs", "serial_iteration_s", "parallelism_note",
+           "format_profile"]
 
 
 def _calibration(costs: CostModel, calibration: Optional[MachineCalibration]) -> MachineCalibration:
@@ -169,47 +170,6 @@ def with_handoffs(costs: CostModel, plan: PipelinePlan, handoff_s: float) -> Cos
     return dataclasses.replace(costs, tasks=tasks)
 
 
-def simulate_folded(plan: PipelinePlan, costs: CostModel, calibration: Optional[MachineCalibration] = None, *,
-                    num_iterations: int = 50, device: str = "cpu") -> SimResult:
-    """Simulate a plan under the machine model: ``costs`` folded already (plan-free), ``calibration``'s
-    per-hand-off and per-period engine costs added for this plan.
-
-    This is the one model of an ``auto_schedule`` call: the search scores
-    every plan with it (:meth:`autosched.search.problem.Problem.simulate`), the
-    report's figures and the verification's predictions come from it.
-
-    Parameters
-    ----------
-    plan : PipelinePlan
-    costs : CostModel
-        :func:`searched_costs` of the tasks' costs (or any model: without a
-        calibration it is simulated as it is).
-    calibration : MachineCalibration, optional
-        Its ``dep_s`` per cross-thread dependency and ``period_s`` per period; None adds nothing.
-    num_iterations : int
-    device : {"cpu", "cuda"}
-
-    Returns
-    -------
-    SimResult
-
-    Examples
-    --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
-    >>> from swpipe import TaskSchedule
-    >>> plan = PipelinePlan({"A": TaskSchedule(0)})
-    >>> round(simulate_folded(plan, CostModel({"A": TaskCost(1e-3)}), MachineCalibration(period_s=5e-4)).period
-    ...       * 1e3, 6)
-    1.5
-    """
-    from autosched.model.simulate import simulate
-
-    if calibration is None:
-        return simulate(plan, costs, num_iterations=num_iterations, device=device)
-    return simulate(plan, with_handoffs(costs, plan, calibration.dep_s), num_iterations=num_iterations,
-                    device=device, period_overhead_s=calibration.period_s)
-
-
 def searched_costs(costs: CostModel, device: str = "cpu") -> CostModel:
     """The costs ``auto_schedule(..., calibrated=True)`` searches with: the calibration folded in, plan-free.
 
@@ -228,53 +188,6 @@ def searched_costs(costs: CostModel, device: str = "cpu") -> CostModel:
     if costs.machine_calibration is None:
         return costs
     return calibrated_costs(costs, None, device=device)
-
-
-def simulate_calibrated(plan: PipelinePlan, costs: CostModel, calibration: Optional[MachineCalibration] = None, *,
-                        num_iterations: int = 50, device: str = "cpu", core_pool: bool = True) -> SimResult:
-    """Simulate a plan with the calibration folded in: per task, per hand-off, per period, the core pool.
-
-    The same model as ``auto_schedule``'s for these costs: :func:`simulate_folded`
-    of :func:`calibrated_costs`.
-
-    Parameters
-    ----------
-    plan : PipelinePlan
-    costs : CostModel
-        The tasks' own costs (without engine costs: they are added here).
-    calibration : MachineCalibration, optional
-        The costs' own when omitted.
-    num_iterations : int
-    device : {"cpu", "cuda"}
-    core_pool : bool
-        As in :func:`calibrated_costs`.
-
-    Returns
-    -------
-    SimResult
-
-    Examples
-    --------
-    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
-    >>> from swpipe import TaskSchedule
-    >>> cal = MachineCalibration(task_s=1e-4, period_s=5e-4)
-    >>> plan = PipelinePlan({"A": TaskSchedule(0)})
-    >>> round(simulate_calibrated(plan, CostModel({"A": TaskCost(1e-3)}), cal).period * 1e3, 6)
-    1.6
-
-    Two CPU-bound 1 ms tasks on two threads share the one core measured free:
-
-    >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="x"), "B": TaskSchedule(0, thread_group="y")})
-    >>> one_core = MachineCalibration(cores_free=1.1, cpu_count=2)
-    >>> costs = CostModel({"A": TaskCost(1e-3), "B": TaskCost(1e-3)})
-    >>> round(simulate_calibrated(two, costs, one_core).period * 1e3, 6)
-    2.0
-    >>> round(simulate_calibrated(two, costs, one_core, core_pool=False).period * 1e3, 6)
-    1.0
-    """
-    cal = _calibration(costs, calibration)
-    folded = calibrated_costs(costs, None, cal, device=device, core_pool=core_pool)
-    return simulate_folded(plan, folded, cal, num_iterations=num_iterations, device=device)
 
 
 def serial_iteration_s(costs: CostModel, calibration: Optional[MachineCalibration] = None) -> float:

@@ -20,6 +20,7 @@ steady state beats.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -28,6 +29,7 @@ from swpipe_core.measure.trace import TimelineEvent, to_chrome_trace, write_chro
 from swpipe_core.validate import validate
 
 from autosched.model.costs import CostModel, as_cost_model
+from autosched.model.machine import searched_costs, with_handoffs
 from autosched.model._simcore import Simulator
 from autosched.model._simevents import SimDeadlock, Stall
 from autosched.model._simplan import SimPlan, sim_plan
@@ -35,6 +37,8 @@ from autosched.model.taskmodel import CORES
 
 if TYPE_CHECKING:  # for the annotations only: memory imports this module, pandas is imported in to_dataframe()
     import pandas
+
+    from swpipe_core.measure.calibrate import MachineCalibration
 
     from autosched.model.memory import MemoryPrediction
 
@@ -93,8 +97,8 @@ class SimResult:
 
     Attributes
     ----------
-    period : float
-        Steady-state seconds per iteration.
+    period_s : float
+        Steady-state seconds per iteration (``period``, the name before, still reads it and warns).
     latency : float
         Mean steady-state seconds from an iteration's batch entering the pipeline
         (its first period enqueued) to its completion (CPU signals, and on CUDA
@@ -153,7 +157,7 @@ class SimResult:
     costs: CostModel
     device: str
     num_iterations: int
-    period: float
+    period_s: float
     latency: float
     latencies: List[float]
     completion: List[float]
@@ -165,6 +169,13 @@ class SimResult:
     critical_cycle: CriticalCycle
     binding: str
     window: Tuple[int, int]
+
+    @property
+    def period(self) -> float:
+        """Deprecated: :attr:`period_s` (times are named ``*_s``); warns with ``FutureWarning``."""
+        warnings.warn("SimResult.period is renamed SimResult.period_s (times are named *_s); read .period_s",
+                      FutureWarning, stacklevel=2)
+        return self.period_s
 
     @property
     def memory(self) -> MemoryPrediction:
@@ -229,9 +240,9 @@ class SimResult:
         """A few readable lines: period, latency, binding, utilisation, top stalls."""
         growth = self.latency_growth
         ahead = (f" (host runs ahead of the device: latency grows {growth * 1e3:.3f} ms per iteration)"
-                 if growth > 1e-6 * max(self.period, 1e-12) else "")
+                 if growth > 1e-6 * max(self.period_s, 1e-12) else "")
         lines = [
-            f"simulated {self.num_iterations} iterations on {self.device}: period {self.period * 1e3:.3f} ms/iter, "
+            f"simulated {self.num_iterations} iterations on {self.device}: period {self.period_s * 1e3:.3f} ms/iter, "
             f"latency {self.latency * 1e3:.3f} ms{ahead}",
             f"binding: {self.binding}",
             "utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in
@@ -332,6 +343,13 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
              max_device_lag: Optional[int] = None, lengthen: bool = True) -> SimResult:
     """Simulate a plan with a cost model under the engine's execution semantics.
 
+    This is the model ``auto_schedule`` searches with: for the plan it returns, ``report.period_s ==
+    simulate(plan, costs).period_s``. A cost model that carries a machine calibration
+    (``CostModel.machine_calibration``: ``TaskProfiler.profile(calibrate=True)``) is simulated with it folded
+    in (docs/semantics.md, "The machine model"): the engine's cost per task and per hand-off across threads,
+    its time per period, and the free cores as the core pool. To simulate the costs as given, pass a model
+    without it (``dataclasses.replace(costs, machine_calibration=None)``).
+
     Parameters
     ----------
     plan : PipelinePlan
@@ -339,7 +357,7 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     costs : CostModel
         Must cost every task of the plan. Its ``cores`` (the core pool,
         :mod:`autosched.model.taskmodel`) caps how many host parts run at once; ``None``
-        is unlimited.
+        is unlimited. Its ``machine_calibration``, when set, is folded in (see above).
     num_iterations : int
         Iterations to run (>= 2). The period is measured on the iterations that
         complete before the run stops admitting full periods, after a warm-up
@@ -352,9 +370,9 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
         ``"cpu"``: all of a task's cost is host time. ``"cuda"``: ``host_s`` on the
         thread, ``device_s`` on the stream.
     task_overhead_s : float
-        Engine overhead added to every task's host part (queue hand-off, signals).
+        Engine overhead added to every task's host part (queue hand-off, signals), on top of the calibration's.
     period_overhead_s : float
-        Main-thread time per enqueued period.
+        Main-thread time per enqueued period, on top of the calibration's.
     max_device_lag : int, optional
         CUDA: after retiring iteration ``r`` the main thread waits for the device
         work of iteration ``r - max_device_lag`` before enqueueing the next period,
@@ -368,6 +386,7 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     Returns
     -------
     SimResult
+        Its ``costs`` are the costs simulated (the calibration folded in, when there was one).
 
     Raises
     ------
@@ -391,21 +410,74 @@ def simulate(plan: PipelinePlan, costs: CostModel, num_iterations: int = 50, dev
     >>> two = PipelinePlan({"A": TaskSchedule(0, thread_group="a"), "B": TaskSchedule(1, thread_group="b")},
     ...                    intra_iter_deps=[("B", "A")])
     >>> r = simulate(two, costs)
-    >>> round(r.period * 1e3, 6), r.binding
+    >>> round(r.period_s * 1e3, 6), r.binding
     (2.0, 'thread:b')
     >>> one = PipelinePlan({"A": TaskSchedule(0), "B": TaskSchedule(1)}, intra_iter_deps=[("B", "A")])
-    >>> round(simulate(one, costs).period * 1e3, 6)
+    >>> round(simulate(one, costs).period_s * 1e3, 6)
     3.0
 
     With one free core (``CostModel.cores``) the two threads take turns on it:
 
     >>> r = simulate(two, CostModel(costs.tasks, cores=1))
-    >>> round(r.period * 1e3, 6), r.binding
+    >>> round(r.period_s * 1e3, 6), r.binding
     (3.0, 'cores')
+
+    A machine calibration in the costs is folded in: here 0.1 ms of engine time per task and 0.5 ms per period
+    (``MachineCalibration`` is the engine's measurement of the machine, not a name of ``swpipe``):
+
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+    >>> calibrated = CostModel({"A": TaskCost(0.001)}, machine_calibration=MachineCalibration(task_s=1e-4, period_s=5e-4))
+    >>> round(simulate(PipelinePlan({"A": TaskSchedule(0)}), calibrated).period_s * 1e3, 6)
+    1.6
+    """
+    costs = as_cost_model(costs)
+    calibration = costs.machine_calibration
+    if calibration is not None:
+        costs = searched_costs(costs, device)
+    return simulate_folded(plan, costs, calibration, num_iterations, device, task_overhead_s=task_overhead_s,
+                           period_overhead_s=period_overhead_s, max_device_lag=max_device_lag, lengthen=lengthen)
+
+
+def simulate_folded(plan: PipelinePlan, costs: CostModel, calibration: Optional[MachineCalibration],
+                    num_iterations: int = 50, device: str = "cpu", *, task_overhead_s: float = 0.0,
+                    period_overhead_s: float = 0.0, max_device_lag: Optional[int] = None,
+                    lengthen: bool = True) -> SimResult:
+    """The one simulation behind :func:`simulate`: ``costs`` with the calibration folded in already (plan-free,
+    :func:`autosched.model.machine.searched_costs`), the calibration's per-hand-off and per-period engine time
+    added here for this plan.
+
+    A search folds its costs once and simulates many plans with them
+    (:meth:`autosched.search.problem.Problem.simulate`); :func:`simulate` folds
+    a calibrated cost model and comes here, so both are one model.
+
+    Parameters
+    ----------
+    plan, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag, lengthen
+        As for :func:`simulate`.
+    costs : CostModel
+        Folded already (its own ``machine_calibration`` is not read).
+    calibration : MachineCalibration or None
+        Its ``dep_s`` per cross-thread dependency and ``period_s`` per period; None adds nothing.
+
+    Returns
+    -------
+    SimResult
+
+    Examples
+    --------
+    >>> from swpipe import CostModel, PipelinePlan, TaskCost, TaskSchedule
+    >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
+    >>> plan = PipelinePlan({"A": TaskSchedule(0)})
+    >>> round(simulate_folded(plan, CostModel({"A": TaskCost(1e-3)}), MachineCalibration(period_s=5e-4)).period_s
+    ...       * 1e3, 6)
+    1.5
     """
     costs = as_cost_model(costs)
     cuda, lag = _check_args(plan, costs, num_iterations, device, task_overhead_s, period_overhead_s, max_device_lag,
                             1 if not lengthen else 2)
+    if calibration is not None:
+        costs = with_handoffs(costs, plan, calibration.dep_s)
+        period_overhead_s = period_overhead_s + calibration.period_s
     tables = sim_plan(plan, costs, cuda=cuda, task_overhead_s=float(task_overhead_s),
                       period_overhead_s=float(period_overhead_s), max_device_lag=lag)
     sim, completion, last_op, window, period = _run_until_steady(tables, num_iterations, lengthen)
@@ -485,7 +557,7 @@ def _read_result(plan: PipelinePlan, costs: CostModel, sim: Simulator, completio
     idle = {name: max(0.0, period - b / count) for name, b in sorted(busy.items())}
     cycle = _critical_cycle(sim, last_op[w1])
     return SimResult(plan=plan, costs=costs, device="cuda" if sim.plan.cuda else "cpu", num_iterations=n,
-                     period=period, latency=sum(win) / len(win), latencies=latencies, completion=completion,
+                     period_s=period, latency=sum(win) / len(win), latencies=latencies, completion=completion,
                      entry=list(entry), events=events, utilisation=utilisation, idle=idle, stalls=sim.ops.stalls,
                      critical_cycle=cycle, binding=_binding(utilisation, cycle, sim.plan), window=(w0, w1))
 

@@ -111,7 +111,7 @@ def _describe(changes: Changes) -> str:
 def _row(plan: PipelinePlan, costs: CostModel, num_iterations: int, device: str) -> Dict[str, Any]:
     sim = simulate(plan, costs, num_iterations=num_iterations, device=device)
     b = lower_bounds(plan, costs, device=device)
-    row = {"period_s": sim.period, "latency_s": sim.latency, "binding": sim.binding,
+    row = {"period_s": sim.period_s, "latency_s": sim.latency, "binding": sim.binding,
            "lower_bound_s": b.value, "bound_binding": b.binding}
     if costs.has_bytes:  # memory columns only when the model carries bytes
         row.update(peak_bytes=sim.memory.peak_bytes, mean_bytes=sim.memory.mean_bytes,

@@ -19,9 +19,8 @@ from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import validate
 
 from autosched.model.graph import task_graph
-from autosched.model.machine import simulate_folded
 from autosched.model.memory import min_memory
-from autosched.model.simulate import SimResult
+from autosched.model.simulate import SimResult, simulate_folded
 from autosched.model.taskmodel import TaskParts
 from autosched.search.beam import beam_search
 from autosched.search.bounds import lower_bounds
@@ -42,7 +41,7 @@ def _serial_period(problem: Problem, plan: PipelinePlan) -> float:
     from autosched.verify.candidates import serial_plan
 
     try:
-        return float(problem.simulate(serial_plan(plan)).period)
+        return float(problem.simulate(serial_plan(plan)).period_s)
     except Exception:  # noqa: BLE001 - a plan outside the simulator's rules: the sum of the tasks
         return sum(problem.host[n] + problem.dev[n] for n in problem.names)
 
@@ -71,12 +70,12 @@ def _what_ifs(problem: Problem, plan: PipelinePlan, sim: SimResult, num_iteratio
         return []
     task = max(on, key=lambda n: (problem.host[n] + problem.dev[n], n))
     try:
-        res = simulate_folded(plan, problem.costs.scaled(task, 0.5), problem.calibration,
-                              num_iterations=num_iterations, device=problem.device)
+        res = simulate_folded(plan, problem.costs.scaled(task, 0.5), problem.calibration, num_iterations,
+                              problem.device)
     except Exception as exc:  # what-if is advice, never a failure of the search
         log.debug("what-if failed: %s", exc)
         return []
-    return [(f"halving {task} ({where})", float(res.period))]
+    return [(f"halving {task} ({where})", float(res.period_s))]
 
 
 def _lower_bound(problem: Problem, model_lb_s: float, proven_s: Optional[float]) -> Tuple[float, str]:
@@ -133,7 +132,7 @@ def assess(problem: Problem, solver: SolverOptions, found: Found, started: float
     plan = found.plan
     validate(plan)
     sim = problem.simulate(plan, solver.num_iterations)
-    period, latency = float(sim.period), float(sim.latency)
+    period, latency = float(sim.period_s), float(sim.latency)
     bound, bound_why = _lower_bound(problem, model_lower_bound(problem) * problem.unit_s, found.bound)
     unit = problem.unit_s
     status = "OPTIMAL" if round(period / unit, 3) <= round(bound / unit, 3) else found.status
@@ -184,5 +183,5 @@ def rejudge(report: SearchReport, plan: PipelinePlan, problem: Problem, num_iter
     sim = problem.simulate(plan, num_iterations)
     why = dataclasses.replace(report.why, depth_reason="chosen by measurement on the engine (verify), not by the "
                               "simulator", utilisation=dict(sim.utilisation), what_if=[])
-    return dataclasses.replace(report, plan=plan, period_s=float(sim.period), latency_s=float(sim.latency),
+    return dataclasses.replace(report, plan=plan, period_s=float(sim.period_s), latency_s=float(sim.latency),
                                binding=str(sim.binding), method=f"{report.method}+verify", why=why)

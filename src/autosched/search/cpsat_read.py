@@ -71,7 +71,7 @@ def plan_of(problem: Problem, sols: Sequence[dict], ii: int,
     """
     def simulated(p: PipelinePlan) -> Tuple[float, float]:
         res = problem.simulate(p)
-        return float(res.period), float(res.latency)
+        return float(res.period_s), float(res.latency)
 
     def readings(sol: dict) -> List[Tuple[Any, PipelinePlan]]:
         def plan(inline: Any) -> PipelinePlan:

@@ -181,8 +181,9 @@ class Problem:
 
     def simulate(self, plan: PipelinePlan, num_iterations: int = 40) -> "SimResult":
         """The simulator's result for a plan of this problem: the machine model of the call
-        (:func:`autosched.model.machine.simulate_folded`: its costs, device, and the calibration's engine time per
-        hand-off and per period).
+        (:func:`autosched.model.simulate.simulate_folded`: its costs, device, and the calibration's engine time per
+        hand-off and per period), which is what :func:`autosched.model.simulate.simulate` gives for the costs
+        the search was given.
 
         Examples
         --------
@@ -192,15 +193,15 @@ class Problem:
         >>> from autosched.search.plans import build_plan   # the searchers' plan builder, not public
         >>> p = make_problem((["A"], []), CostModel({"A": TaskCost(0.001)}), Constraints(max_depth=1))
         >>> plan = build_plan(p, {"A": 0}, {"A": "g"}, inline="g")
-        >>> round(p.simulate(plan).period * 1e3, 6)
+        >>> round(p.simulate(plan).period_s * 1e3, 6)
         1.0
         >>> p.calibration = MachineCalibration(period_s=2e-4)
-        >>> round(p.simulate(plan).period * 1e3, 6)   # the main thread runs A and the engine's 0.2 ms per period
+        >>> round(p.simulate(plan).period_s * 1e3, 6)   # the main thread runs A and the engine's 0.2 ms per period
         1.2
         """
-        from autosched.model.machine import simulate_folded
+        from autosched.model.simulate import simulate_folded
 
-        return simulate_folded(plan, self.costs, self.calibration, num_iterations=num_iterations, device=self.device)
+        return simulate_folded(plan, self.costs, self.calibration, num_iterations, self.device)
 
     def remade(self, costs: Optional[CostModel] = None, **constraints: Any) -> "Problem":
         """The same input made a problem again, with other costs or other constraints, in the same machine model.

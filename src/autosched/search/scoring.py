@@ -103,7 +103,7 @@ def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
     """
     def score(plan: PipelinePlan) -> Tuple[float, float]:
         res = problem.simulate(plan, num_iterations)
-        return float(res.period), float(res.latency)
+        return float(res.period_s), float(res.latency)
 
     return score
 

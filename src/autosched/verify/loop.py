@@ -156,7 +156,7 @@ def _measure(cands: List[Tuple[str, PipelinePlan]], problem: Any, batches: Seque
     predicted: Dict[str, float] = {}
     for label, plan in cands:
         try:
-            predicted[label] = float(problem.simulate(plan, num_iterations).period)
+            predicted[label] = float(problem.simulate(plan, num_iterations).period_s)
         except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
             pass
     return measure_plans(cands, runs, opts, predicted=predicted, known=known, baseline="serial")

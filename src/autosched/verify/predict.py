@@ -22,10 +22,10 @@ def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_i
                     device: str = "cpu") -> Dict[str, float]:
     """The simulated steady period of each labelled plan: what the verification calls its prediction.
 
-    The same model as ``auto_schedule``'s for these costs: a cost model that
-    carries a ``machine_calibration`` is simulated with it folded in
-    (:func:`~autosched.model.machine.simulate_calibrated`: engine costs per task,
-    per hand-off and per period, the free cores), any other as it is.
+    The same model as ``auto_schedule``'s for these costs
+    (:func:`~autosched.model.simulate.simulate`): a cost model that carries a
+    ``machine_calibration`` is simulated with it folded in (engine costs per
+    task, per hand-off and per period, the free cores), any other as it is.
 
     Parameters
     ----------
@@ -61,18 +61,12 @@ def predict_periods(plans: Sequence[Tuple[str, PipelinePlan]], costs: Any, num_i
     >>> {label: round(s * 1e3, 6) for label, s in got.items()}
     {'two': 1.06, 'serial': 2.02}
     """
-    from autosched.model.machine import simulate_calibrated
     from autosched.model.simulate import simulate
 
-    cal = getattr(costs, "machine_calibration", None)
     predicted: Dict[str, float] = {}
     for label, plan in plans:
         try:
-            if cal is None:
-                sim = simulate(plan, costs, num_iterations=num_iterations, device=device)
-            else:
-                sim = simulate_calibrated(plan, costs, cal, num_iterations=num_iterations, device=device)
-            predicted[label] = float(sim.period)
+            predicted[label] = float(simulate(plan, costs, num_iterations=num_iterations, device=device).period_s)
         except Exception:  # noqa: BLE001 - a plan the simulator rejects is still measured
             pass
     return predicted

@@ -144,10 +144,10 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     >>> fit.cores, fit.was, {k: round(v) for k, v in fit.errors_pct.items()}
     (1, 2, {1: 0, 2: 50})
     """
-    from autosched.model.machine import simulate_folded
+    from autosched.model.simulate import simulate_folded
 
     def simulate(plan: Any, model: Any, num_iterations: int, device: str) -> Any:
-        return simulate_folded(plan, model, calibration, num_iterations=num_iterations, device=device)
+        return simulate_folded(plan, model, calibration, num_iterations, device)
 
     if "serial" not in table or table["serial"].plan is None or table["serial"].period_s <= 0:
         return None
@@ -162,11 +162,11 @@ def fit_core_pool(table: Any, costs: Any, num_iterations: int = 60, device: str 
     errors: Dict[Optional[int], float] = {}
     for k in sizes:
         model = dataclasses.replace(costs, cores=k)
-        serial_pred = float(simulate(table["serial"].plan, model, num_iterations=num_iterations, device=device).period)
+        serial_pred = float(simulate(table["serial"].plan, model, num_iterations=num_iterations, device=device).period_s)
         if serial_pred <= 0:
             return None
         scale = table["serial"].period_s / serial_pred
-        errs = [abs(scale * float(simulate(r.plan, model, num_iterations=num_iterations, device=device).period)
+        errs = [abs(scale * float(simulate(r.plan, model, num_iterations=num_iterations, device=device).period_s)
                     - r.period_s) / r.period_s * 100.0 for r in multi]
         errors[k] = statistics.median(errs)
     best = min(errors, key=lambda k: (errors[k], k != was))
