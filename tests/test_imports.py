@@ -48,25 +48,34 @@ LIBRARY = ["swpipe_core", "autosched", "swpipe/torchrec", "swpipe/gpipe"]  # wha
 DEMO = ("swpipe.workloads", "examples")  # the DLRM demo and the example scripts: they may import the library
 
 
-def imported_modules(source: str, module: str) -> list:
-    """Every module ``source`` (the text of ``module``) imports, at any depth (lazy imports in functions too), as
-    absolute dotted names: ``import a.b``, ``from a import b`` (both ``a`` and ``a.b``), relative imports
-    resolved, and ``importlib.import_module("a.b")`` with a literal name."""
+def import_statements(source: str, module: str) -> list:
+    """Every import in ``source`` (the text of ``module``, ``pkg.__init__`` for a package), at any depth (lazy
+    imports in functions and ``if TYPE_CHECKING:`` blocks too), as ``(base, names)``: ``import a.b`` is
+    ``("a.b", [])``, ``from a import b, c`` is ``("a", ["b", "c"])`` with a relative ``a`` resolved, and
+    ``importlib.import_module("a.b")`` with a literal name is ``("a.b", [])``."""
     package = module.rsplit(".", 1)[0]
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            out += [alias.name for alias in node.names]
+            out += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parent + ([base] if base else []))
-            out += [base] + [f"{base}.{alias.name}" for alias in node.names]
+            out.append((base, [alias.name for alias in node.names]))
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            out.append(node.args[0].value)
+            out.append((node.args[0].value, []))
     return out
+
+
+def imported_modules(source: str, module: str) -> list:
+    """Every module ``source`` (the text of ``module``) imports, at any depth (lazy imports in functions too), as
+    absolute dotted names: ``import a.b``, ``from a import b`` (both ``a`` and ``a.b``), relative imports
+    resolved, and ``importlib.import_module("a.b")`` with a literal name (:func:`import_statements`)."""
+    return [name for base, names in import_statements(source, module)
+            for name in [base] + [f"{base}.{n}" for n in names]]
 
 
 def demo_imports(source: str, module: str) -> list:
