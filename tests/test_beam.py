@@ -12,7 +12,8 @@ from autosched.search.problem import make_problem
 from autosched.search.beam import beam_search
 from autosched.search.scoring import sim_scorer
 from autosched.search.bounds import recurrence_bound
-from autosched.search.modulo import Candidate, modulo_schedule
+from autosched.search.found import Candidate
+from autosched.search.modulo import modulo_schedule
 from autosched.search.fire_orders import FIRE_POLICIES, fire_order
 from autosched.search.maps import thread_presets
 from autosched.model.costs import CostModel, TaskCost

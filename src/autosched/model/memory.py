@@ -53,18 +53,35 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import networkx as nx
 
+from swpipe_core.measure.trace import TimelineEvent
+from swpipe_core.plan import PipelinePlan
+
 from autosched.model.costs import CostModel
 
-if TYPE_CHECKING:  # for the annotations only: simulate imports this module, matplotlib is imported in plot()
+if TYPE_CHECKING:  # for the annotations only: matplotlib is imported in plot()
     from matplotlib.axes import Axes
 
-    from autosched.model.simulate import SimResult
+__all__ = ["MemoryPrediction", "MemoryBound", "SimulatedRun", "predict_memory", "min_memory", "format_bytes"]
 
-__all__ = ["MemoryPrediction", "MemoryBound", "predict_memory", "min_memory", "format_bytes"]
+
+class SimulatedRun(Protocol):
+    """What :func:`predict_memory` reads of a simulated run: a :class:`~autosched.model.simulate.SimResult` has it.
+
+    The memory model reads a timeline and its cost model; it needs no simulator (the simulator's result offers
+    ``.memory`` through this module, so this module names no simulator type).
+    """
+
+    plan: PipelinePlan
+    costs: CostModel
+    device: str
+    entry: List[float]        # per iteration: when its first period was enqueued
+    completion: List[float]   # per iteration: when it completed
+    events: List[TimelineEvent]
+    window: Tuple[int, int]   # the steady-state iterations
 
 _TASK_END, _RELEASE, _ENTRY, _TASK_START = 0, 1, 2, 3  # order of simultaneous changes (module docstring)
 
@@ -154,13 +171,14 @@ def _net(costs: CostModel, name: str, figures: str) -> float:
     return c.add_bytes - c.free_bytes
 
 
-def predict_memory(sim: SimResult, figures: str = "context") -> MemoryPrediction:
+def predict_memory(sim: SimulatedRun, figures: str = "context") -> MemoryPrediction:
     """Live bytes over the simulated run of a plan, from its cost model's memory figures.
 
     Parameters
     ----------
     sim : SimResult
-        A result of :func:`autosched.model.simulate.simulate`; its ``costs`` carry the bytes.
+        A result of :func:`autosched.model.simulate.simulate` (any :class:`SimulatedRun`); its ``costs`` carry
+        the bytes.
     figures : {"context", "device"}
         Per-task ``add_bytes``/``free_bytes`` (tensors reachable from the
         context) or ``device_alloc_bytes``/``device_free_bytes`` (CUDA allocator).

@@ -30,17 +30,16 @@ from swpipe_core.validate import validate
 
 from autosched.model.costs import CostModel, as_cost_model
 from autosched.model.machine import searched_costs, with_handoffs
+from autosched.model.memory import MemoryPrediction, predict_memory
 from autosched.model._simcore import Simulator
 from autosched.model._simevents import SimDeadlock, Stall
 from autosched.model._simplan import SimPlan, sim_plan
 from autosched.model.taskmodel import CORES
 
-if TYPE_CHECKING:  # for the annotations only: memory imports this module, pandas is imported in to_dataframe()
+if TYPE_CHECKING:  # for the annotations only: pandas is imported in to_dataframe()
     import pandas
 
     from swpipe_core.measure.calibrate import MachineCalibration
-
-    from autosched.model.memory import MemoryPrediction
 
 __all__ = ["simulate", "SimResult", "Stall", "CriticalCycle", "SimDeadlock"]
 
@@ -180,8 +179,6 @@ class SimResult:
     @property
     def memory(self) -> MemoryPrediction:
         """Predicted live bytes over the run (:func:`autosched.model.memory.predict_memory`; needs the costs' bytes)."""
-        from autosched.model.memory import predict_memory
-
         return predict_memory(self)
 
     @property

@@ -153,9 +153,11 @@ def auto_schedule(tasks_or_graph: Union[GraphInput, "InferredDeps"], costs: Cost
     costs = as_cost_model(costs)
     graph, inferred = _graph_of(tasks_or_graph)
     if constraints.max_memory_bytes is not None:  # one search per depth cap, the fastest plan that fits
-        from autosched.search.memcap import schedule_under_cap
+        from autosched.search.memcap import cap_search, fastest_under_cap
 
-        return _finished(schedule_under_cap(graph, costs, constraints, solver), inferred, 0, False)
+        under = cap_search(graph, costs, constraints, solver)
+        searched = [auto_schedule(graph, costs, under.constraints_at(d), under.solver) for d in under.depths]
+        return _finished(fastest_under_cap(under, searched, costs, solver.num_iterations), inferred, 0, False)
     started = time.perf_counter()
     with _restoring(state, batches) as restored:
         # 1. the problem: tasks, dependencies, what may be chosen, the costs with the machine model folded in

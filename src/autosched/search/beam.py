@@ -53,13 +53,13 @@ import time
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from autosched.search.bounds import recurrence_bound
-from autosched.search.found import Found
-from autosched.search.modulo import Candidate, inline_label
 from autosched.search.fire_orders import fire_order
+from autosched.search.found import Candidate, Found, Scored, Scorer
 from autosched.search.maps import busiest_anchor, canonical_groups, inline_anchor, inline_choices, thread_presets
+from autosched.search.modulo import inline_label
 from autosched.search.neighbours import initial_candidates, mutations
 from autosched.search.problem import Problem, stage_assignments
-from autosched.search.scoring import Evaluator, Scored, Scorer, prune, sim_scorer
+from autosched.search.scoring import Evaluator, prune, sim_scorer
 
 if TYPE_CHECKING:  # the progress bar is imported on demand
     from tqdm.auto import tqdm

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from swpipe_core.plan import stream_name
 
@@ -29,11 +29,8 @@ from autosched.model.taskmodel import resource_loads
 from autosched.search.bounds import critical_path_units, recurrence_bound
 from autosched.search.cpsat_model import CpsatModel, build_model, hint_from
 from autosched.search.cpsat_read import plan_of, solution_values
-from autosched.search.found import Found, Scorer, Timetable
+from autosched.search.found import Found, Scored, Scorer, Timetable
 from autosched.search.problem import Problem
-
-if TYPE_CHECKING:  # the beam's candidate, a hint
-    from autosched.search.scoring import Scored
 
 __all__ = ["solve_cpsat", "model_lower_bound"]
 

@@ -53,15 +53,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from swpipe_core.plan import stream_name
 
 from autosched.model.taskmodel import pool_limit
+from autosched.search.found import Scored
 from autosched.search.problem import Problem
-
-if TYPE_CHECKING:  # the beam's candidate, a hint (scoring imports nothing from here)
-    from autosched.search.scoring import Scored
 
 __all__ = ["CpsatModel", "ModelBuilder", "build_model", "hint_from"]
 
@@ -329,7 +327,7 @@ def build_model(problem: Problem, ii: int, hint: Optional[dict], optimise: bool)
     return b.built()
 
 
-def hint_from(problem: Problem, hint: Optional["Scored"], ii: int) -> Optional[dict]:
+def hint_from(problem: Problem, hint: Optional[Scored], ii: int) -> Optional[dict]:
     """A CP-SAT hint from a beam-search candidate (``Found.candidate``), rescaled to ``ii``.
 
     Parameters

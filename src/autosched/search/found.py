@@ -2,7 +2,9 @@
 
 :class:`Found` holds the plan, the simulator's figures for it and how it was found (the searcher's status,
 CP-SAT's model period and proof, what was tried, the candidates for verification); :class:`Timetable` is a
-searcher's model of one period in integer time units, from which the plan's stages were read.
+searcher's model of one period in integer time units, from which the plan's stages were read;
+:class:`Candidate` is one point of the beam's search space and :class:`Scored` that candidate with its derived
+stages and scores (the beam's best is CP-SAT's hint). The searchers' modules all build on these types.
 :func:`autosched.search.searchers.run_searchers` keeps the best of them and
 :func:`autosched.search.assess.assess` turns it into the :class:`~autosched.search.report.SearchReport`.
 """
@@ -11,14 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from swpipe_core.plan import PipelinePlan
+from swpipe_core.plan import PipelinePlan, stream_name
 
-if TYPE_CHECKING:  # the beam's candidate type; imported for the annotation only (scoring imports this module)
-    from autosched.search.scoring import Scored
-
-__all__ = ["Found", "Timetable", "Scorer"]
+__all__ = ["Found", "Timetable", "Scorer", "Candidate", "Scored"]
 
 #: ``plan -> (period_s, latency_s)``: how a searcher's plans are scored (the simulator, :func:`sim_scorer`)
 Scorer = Callable[[PipelinePlan], Tuple[float, float]]
@@ -36,6 +35,72 @@ class Timetable:
     start: Dict[str, int]
     stage: Dict[str, int]
     offset: Dict[str, int]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space (stages are derived, not searched)."""
+
+    group: Tuple[str, ...]      # thread-group label per task, in problem.names order
+    stream: Tuple[Any, ...]     # stream per task, in problem.names order
+    priority: Tuple[str, ...]   # fire order: a topological order of the intra DAG
+    origin: str = field(default="", compare=False)
+    near: Optional[int] = field(default=None, compare=False)   # the parent's period, a bisection hint
+    # the caller's thread runs this task's group (its first task in problem.names order; None: every group has a
+    # worker), and hands the other groups' tasks off after ``handoff`` (None: where the timetable starts them)
+    inline: Optional[str] = None
+    handoff: Optional[str] = None
+
+    def key(self) -> tuple:
+        return (self.group, tuple(stream_name(s) for s in self.stream), self.priority, self.inline, self.handoff)
+
+
+@dataclass
+class Scored:
+    """A candidate with its derived stages and its scores.
+
+    ``ii``/``span`` (time units) come from the modulo timetable and rank
+    candidates cheaply; ``period``/``latency`` (seconds) are the simulator's
+    and are set once the candidate is simulated (``plan`` is built then).
+    """
+
+    cand: Candidate
+    ii: int                      # period of the modulo timetable, in time units (0: stages not derived)
+    stage: Dict[str, int]
+    offset: Dict[str, int]
+    span: int = 0                # one iteration's length in the timetable, time units
+    plan: Optional[PipelinePlan] = None
+    period: float = math.inf     # simulated steady-state period, seconds
+    latency: float = math.inf
+
+    @property
+    def simulated(self) -> bool:
+        return math.isfinite(self.period)
+
+    @property
+    def depth(self) -> int:
+        return max(self.stage.values()) + 1 if self.stage else 1
+
+    @property
+    def threads(self) -> int:
+        """Worker threads the plan starts: its groups, less the one on the caller's thread."""
+        return len(set(self.cand.group)) - (self.cand.inline is not None)
+
+    def rank(self, unit: float) -> tuple:
+        """Simulated rank: period, then depth (memory), latency, worker threads, a late hand-off last."""
+        return (round(self.period / unit, 3), self.depth, round(self.latency / unit, 3), self.threads,
+                self.cand.handoff is not None)
+
+    def proxy_rank(self) -> tuple:
+        """Timetable rank, before simulation (a late hand-off, which the timetable does not see, last)."""
+        return (self.ii, self.depth, self.span, self.threads, self.cand.handoff is not None)
+
+    def timetable(self) -> Optional[Timetable]:
+        """The modulo timetable the stages were read from (None for stages given, not derived)."""
+        if not self.ii:
+            return None
+        start = {t: self.ii * s + self.offset[t] for t, s in self.stage.items()}
+        return Timetable(self.ii, start, dict(self.stage), dict(self.offset))
 
 
 @dataclass
@@ -99,4 +164,4 @@ class Found:
     tried: Dict[str, int] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     pool: List[Tuple[str, PipelinePlan]] = field(default_factory=list)
-    candidate: Optional["Scored"] = None
+    candidate: Optional[Scored] = None

@@ -9,7 +9,8 @@ fastest plan that fits (ties: less memory). The cap is refused up front when
 it is below the least memory any plan needs
 (:func:`autosched.model.memory.min_memory`, one iteration's own high-water mark),
 and after the search when no plan found fits; both errors name the minimum.
-Each depth cap's search is an ``auto_schedule`` of its own (the cap removed). The report carries the trade-off
+Each depth cap's search is an ``auto_schedule`` of its own (the cap removed): :func:`cap_search` says which
+before ``auto_schedule`` runs them, :func:`fastest_under_cap` picks among them after. The report carries the trade-off
 (``SearchReport.tradeoff``: the cap and a :class:`autosched.search.tradeoff.TradeoffPoint` per depth cap) as a
 table and a Pareto-front plot (:mod:`autosched.search.tradeoff`).
 """
@@ -17,19 +18,20 @@ table and a Pareto-front plot (:mod:`autosched.search.tradeoff`).
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 
 from autosched.model.costs import CostModel
-from autosched.model.memory import MemoryPrediction, format_bytes, min_memory
+from autosched.model.memory import MemoryBound, MemoryPrediction, format_bytes, min_memory, predict_memory
 from autosched.model.simulate import simulate
 from autosched.search.options import Constraints, SolverOptions
 from autosched.search.problem import GraphInput, make_problem
 from autosched.search.report import SearchReport
 from autosched.search.tradeoff import MemoryTradeoff, TradeoffPoint, tradeoff_table
 
-__all__ = ["MemoryCapError", "schedule_under_cap"]
+__all__ = ["MemoryCapError", "CapSearch", "cap_search", "fastest_under_cap"]
 
 
 class MemoryCapError(ValueError):
@@ -57,9 +59,28 @@ class MemoryCapError(ValueError):
         self.min_bytes, self.cap_bytes, self.leanest_bytes = min_bytes, cap_bytes, leanest_bytes
 
 
-def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints: Constraints,
-                       solver: SolverOptions) -> Tuple[PipelinePlan, SearchReport]:
-    """``auto_schedule`` under ``constraints.max_memory_bytes`` (see the module docstring).
+@dataclass
+class CapSearch:
+    """The search under a memory cap, before it searches: the cap, the depth caps to search (each an
+    ``auto_schedule`` of its own, :meth:`constraints_at`, with :attr:`solver`'s share of the budget) and the least
+    memory any plan needs."""
+
+    cap: float
+    depths: range
+    least: MemoryBound
+    figures: str                # "context" (bytes reachable from ctx) or "device" (the CUDA allocator's)
+    device: str
+    constraints: Constraints    # as given, the cap included
+    solver: SolverOptions       # one depth cap's share of the time budget
+
+    def constraints_at(self, depth: int) -> Constraints:
+        """The constraints of the search at one depth cap: that depth, the cap removed."""
+        return dataclasses.replace(self.constraints, max_depth=depth, max_memory_bytes=None)
+
+
+def cap_search(tasks_or_graph: GraphInput, costs: CostModel, constraints: Constraints,
+               solver: SolverOptions) -> CapSearch:
+    """``auto_schedule`` under ``constraints.max_memory_bytes``, before it searches (see the module docstring).
 
     Parameters
     ----------
@@ -73,15 +94,14 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
 
     Returns
     -------
-    (PipelinePlan, SearchReport)
-        The fastest plan that fits, its report carrying the trade-off.
+    CapSearch
 
     Raises
     ------
     ValueError
         If the cost model has no memory figures.
     MemoryCapError
-        If the cap is below the least memory any plan needs, or no plan found fits.
+        If the cap is below the least memory any plan needs.
     """
     cap = float(constraints.max_memory_bytes)
     if not getattr(costs, "has_bytes", False):
@@ -102,14 +122,33 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
     # a task frozen to stage k needs depth k + 1: shallower caps are not plans the constraints allow
     depths = range(1 + max(problem.frozen_stage.values(), default=0), constraints.max_depth + 1)
     share = dataclasses.replace(solver, time_limit_s=max(1.0, solver.time_limit_s / len(depths)))
-    from autosched.search.autoschedule import auto_schedule  # each depth cap is a search of its own
+    return CapSearch(cap, depths, least, figures, problem.device, constraints, share)
 
+
+def fastest_under_cap(under: CapSearch, searched: Sequence[Tuple[PipelinePlan, SearchReport]], costs: CostModel,
+                      num_iterations: int) -> Tuple[PipelinePlan, SearchReport]:
+    """The fastest plan that fits the cap (ties: less memory), its report carrying the trade-off.
+
+    Parameters
+    ----------
+    under : CapSearch
+    searched : sequence of (PipelinePlan, SearchReport)
+        Each depth cap's search, in the order of ``under.depths``.
+    costs : CostModel
+        Its memory figures give each plan's predicted peak bytes.
+    num_iterations : int
+        Iterations simulated per plan.
+
+    Raises
+    ------
+    MemoryCapError
+        If no plan found fits.
+    """
+    cap, least = under.cap, under.least
     found: List[Tuple[TradeoffPoint, PipelinePlan, SearchReport]] = []
-    for d in depths:
-        plan, report = auto_schedule(tasks_or_graph, costs,
-                                     dataclasses.replace(constraints, max_depth=d, max_memory_bytes=None), share)
-        mem = simulate(plan, costs, num_iterations=solver.num_iterations, device=problem.device).memory \
-            if figures == "context" else _device_memory(plan, costs, solver.num_iterations, problem.device)
+    for d, (plan, report) in zip(under.depths, searched):
+        mem = simulate(plan, costs, num_iterations=num_iterations, device=under.device).memory \
+            if under.figures == "context" else _device_memory(plan, costs, num_iterations, under.device)
         point = TradeoffPoint(d, plan.pipeline_depth, report.period_s, mem.peak_bytes, mem.mean_bytes,
                               mem.peak_bytes <= cap)
         found.append((point, plan, report))
@@ -124,7 +163,7 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
             f"{format_bytes(lean.peak_bytes)}.\n{tradeoff_table(points, cap)}", max(least.value, 0.0), cap,
             lean.peak_bytes)
     point, plan, report = min(fitting, key=lambda f: (round(f[0].period_s, 12), f[0].peak_bytes))
-    why = dataclasses.replace(report.why, max_depth=constraints.max_depth)
+    why = dataclasses.replace(report.why, max_depth=under.constraints.max_depth)
     report = dataclasses.replace(report, tradeoff=MemoryTradeoff(cap, points), peak_bytes=point.peak_bytes,
                                  min_memory_bytes=least.value, why=why)
     faster = [p for p in points if p.period_s < point.period_s * (1 - 1e-9)]
@@ -138,7 +177,5 @@ def schedule_under_cap(tasks_or_graph: GraphInput, costs: CostModel, constraints
 
 
 def _device_memory(plan: PipelinePlan, costs: CostModel, num_iterations: int, device: str) -> MemoryPrediction:
-    from autosched.model.memory import predict_memory
-
     return predict_memory(simulate(plan, costs, num_iterations=num_iterations, device=device),
                           figures="device")

@@ -33,35 +33,14 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
-
-from swpipe_core.plan import stream_name
 
 from autosched.model.taskmodel import CORES, pool_limit, resource_loads
 from autosched.search.bounds import critical_path_units
-from autosched.search.found import Timetable
+from autosched.search.found import Candidate, Timetable
 from autosched.search.problem import Problem
 
-__all__ = ["Candidate", "modulo_schedule", "derive_timetable", "inline_label"]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the search space (stages are derived, not searched)."""
-
-    group: Tuple[str, ...]      # thread-group label per task, in problem.names order
-    stream: Tuple[Any, ...]     # stream per task, in problem.names order
-    priority: Tuple[str, ...]   # fire order: a topological order of the intra DAG
-    origin: str = field(default="", compare=False)
-    near: Optional[int] = field(default=None, compare=False)   # the parent's period, a bisection hint
-    # the caller's thread runs this task's group (its first task in problem.names order; None: every group has a
-    # worker), and hands the other groups' tasks off after ``handoff`` (None: where the timetable starts them)
-    inline: Optional[str] = None
-    handoff: Optional[str] = None
-
-    def key(self) -> tuple:
-        return (self.group, tuple(stream_name(s) for s in self.stream), self.priority, self.inline, self.handoff)
+__all__ = ["modulo_schedule", "derive_timetable", "inline_label"]
 
 
 def inline_label(problem: Problem, names: Sequence[str], group: Sequence[str], inline: Optional[str]) -> Optional[str]:

@@ -16,8 +16,8 @@ import networkx as nx
 
 from swpipe_core.plan import stream_name
 
-from autosched.search.modulo import Candidate
 from autosched.search.fire_orders import FIRE_POLICIES, adjacent_swaps, fire_order
+from autosched.search.found import Candidate
 from autosched.search.maps import canonical_groups, cap_groups, stream_presets, thread_presets
 from autosched.search.problem import Problem
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from autosched._fields import (OptionError, check_fields, flag, fraction, integer, mapping, names, number, one_of,
                                optional)
+from autosched.verify.measure import VerifyOptions  # the third options class (the step after the search)
 
 __all__ = ["Constraints", "SolverOptions", "OptionError", "misplaced_option", "naming_homes"]
 
@@ -168,8 +169,6 @@ _WHAT = {"Constraints": ("plan constraint", "constraints"), "SolverOptions": ("s
 
 
 def _option_classes() -> List[type]:
-    from autosched.verify.loop import VerifyOptions  # imported here: verify is the step after the search
-
     return [Constraints, SolverOptions, VerifyOptions]
 
 

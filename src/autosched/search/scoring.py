@@ -1,8 +1,9 @@
 """How the searchers score: a plan by the simulator, a candidate by its timetable then its simulation.
 
 :func:`sim_scorer` scores a plan (simulated period and latency, the call's machine model);
-:class:`Scored` is a beam candidate with the stages its modulo timetable derives and, once
-simulated, its plan and figures; :class:`Evaluator` derives, simulates and caches (counting what was
+:class:`Evaluator` turns a :class:`~autosched.search.found.Candidate` into a
+:class:`~autosched.search.found.Scored` (the stages its modulo timetable derives and, once
+simulated, its plan and figures): derives, simulates and caches (counting what was
 tried); :func:`prune` keeps the best fire order per thread map, stream map and stages, ranked by
 :func:`rank_key` (simulated candidates first, by period, depth, latency, worker threads).
 """
@@ -11,67 +12,18 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from swpipe_core.plan import PipelinePlan, ref_name, stream_name
 
-from autosched.search.found import Scorer, Timetable
-from autosched.search.modulo import Candidate, derive_timetable, inline_label
+from autosched.search.found import Candidate, Scored, Scorer
+from autosched.search.modulo import derive_timetable, inline_label
 from autosched.search.plans import build_plan
 from autosched.search.problem import Problem
 
-__all__ = ["Scorer", "Scored", "Evaluator", "sim_scorer", "prune", "rank_key"]
+__all__ = ["Evaluator", "sim_scorer", "prune", "rank_key"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Scored:
-    """A candidate with its derived stages and its scores.
-
-    ``ii``/``span`` (time units) come from the modulo timetable and rank
-    candidates cheaply; ``period``/``latency`` (seconds) are the simulator's
-    and are set once the candidate is simulated (``plan`` is built then).
-    """
-
-    cand: Candidate
-    ii: int                      # period of the modulo timetable, in time units (0: stages not derived)
-    stage: Dict[str, int]
-    offset: Dict[str, int]
-    span: int = 0                # one iteration's length in the timetable, time units
-    plan: Optional[PipelinePlan] = None
-    period: float = math.inf     # simulated steady-state period, seconds
-    latency: float = math.inf
-
-    @property
-    def simulated(self) -> bool:
-        return math.isfinite(self.period)
-
-    @property
-    def depth(self) -> int:
-        return max(self.stage.values()) + 1 if self.stage else 1
-
-    @property
-    def threads(self) -> int:
-        """Worker threads the plan starts: its groups, less the one on the caller's thread."""
-        return len(set(self.cand.group)) - (self.cand.inline is not None)
-
-    def rank(self, unit: float) -> tuple:
-        """Simulated rank: period, then depth (memory), latency, worker threads, a late hand-off last."""
-        return (round(self.period / unit, 3), self.depth, round(self.latency / unit, 3), self.threads,
-                self.cand.handoff is not None)
-
-    def proxy_rank(self) -> tuple:
-        """Timetable rank, before simulation (a late hand-off, which the timetable does not see, last)."""
-        return (self.ii, self.depth, self.span, self.threads, self.cand.handoff is not None)
-
-    def timetable(self) -> Optional[Timetable]:
-        """The modulo timetable the stages were read from (None for stages given, not derived)."""
-        if not self.ii:
-            return None
-        start = {t: self.ii * s + self.offset[t] for t, s in self.stage.items()}
-        return Timetable(self.ii, start, dict(self.stage), dict(self.offset))
 
 
 def sim_scorer(problem: Problem, num_iterations: int = 40) -> Scorer:
