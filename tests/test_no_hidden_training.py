@@ -11,7 +11,7 @@ from swpipe_core.measure.calibrate import calibrate
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.measure.profiler import TaskProfiler
-from swpipe_core.measure.state import MeasuredRun
+from swpipe_core.measure.measured import MeasuredRun
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -382,7 +382,7 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
         Serial iterations for :func:`measure_cpu`.
     state : modules, optimizers, or a list of them, optional
         What ``pipe``'s tasks train: restored exactly after the measurement
-        runs them (:func:`swpipe_core.measure.state.measured_on`); without it a
+        runs them (:func:`swpipe_core.measure.measured.measured_on`); without it a
         ``RuntimeWarning`` says how many steps ran on the model.
 
     Returns
@@ -401,7 +401,7 @@ def calibrate(pipe: Any = None, batch: Any = None, *, iterations: int = 200, rep
     free, cpus = measure_cores()
     cpu: Dict[str, float] = {}
     if pipe is not None:
-        from swpipe_core.measure.state import measured_on
+        from swpipe_core.measure.measured import measured_on
 
         with measured_on(pipe, state, "calibrate"):
             cpu = measure_cpu(pipe, batch, cpu_iterations)

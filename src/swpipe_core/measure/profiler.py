@@ -145,7 +145,7 @@ class TaskProfiler:
             What the tasks train. The profile runs the training step many
             times on ``batch``; with ``state`` the model, its gradients, the
             optimizer's state and torch's random generators are restored
-            exactly afterwards (:func:`swpipe_core.measure.state.measured_on`).
+            exactly afterwards (:func:`swpipe_core.measure.measured.measured_on`).
             Without it the model keeps those steps and a ``RuntimeWarning``
             says how many; ``meta["task_runs"]`` (how often each task ran) and
             the report say it either way.
@@ -162,7 +162,7 @@ class TaskProfiler:
         OptionError
             An option of another call (``num_measure=`` is the profiler's: ``TaskProfiler(pipe, num_measure=5)``).
         """
-        from swpipe_core.measure.state import measured_on
+        from swpipe_core.measure.measured import measured_on
 
         with measured_on(self.pipe, state, "TaskProfiler.profile") as ran:
             result = self._profile(batch, skip_tasks, task_times=task_times, memory=memory, calibrate=calibrate)

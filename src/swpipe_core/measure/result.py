@@ -123,7 +123,7 @@ class ProfileResult:
         """
         lines = [f"Baseline serial iteration: {self.baseline_s * 1e3:.3f} ms"]
         if self.meta.get("task_runs") is not None:
-            from swpipe_core.measure.state import MeasuredRun
+            from swpipe_core.measure.measured import MeasuredRun
 
             ran = MeasuredRun(dict(self.meta["task_runs"]), bool(self.meta.get("state_restored")))
             lines.append(f"The profile {ran.describe()}")
