@@ -4,6 +4,9 @@
 
     swpipe simulate --plan PLAN.json --costs COSTS.json [--iterations 50 --device cpu --trace TRACE.json]
     swpipe simulate --pipeline sparse_dist --costs cost_models/sparse_dist.json --device cuda
+
+A cost model with a machine calibration is simulated with it folded in, as ``swpipe plan`` searches with it
+(:func:`autosched.model.simulate.simulate`).
 """
 
 from __future__ import annotations
