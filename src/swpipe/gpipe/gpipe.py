@@ -250,7 +250,10 @@ class GPipe(nn.Module):
         Returns the output of the last partition, on its device, for the
         whole batch. A partition's exception is raised here as it was raised
         (a note names the partition and micro-batch); no micro-batch starts
-        after it.
+        after it, and the module's batch norm statistics are as before the
+        call (:mod:`swpipe.gpipe.state`). With more than one micro-batch, an
+        output whose dimension 0 is not the micro-batch's size raises
+        :class:`~swpipe.gpipe.errors.BatchDimensionError`.
         """
         check(input)
         if not self.partitions:
@@ -287,6 +290,27 @@ class GPipe(nn.Module):
         -------
         torch.Tensor
             The loss of the whole batch (detached), on the last device.
+
+        Raises
+        ------
+        StepModeError
+            (``RuntimeError``) called under ``torch.no_grad()`` or
+            ``torch.inference_mode()``, or with the GPipe in ``eval()`` mode:
+            a step computes gradients, so it is refused there (for a loss
+            without gradients, ``loss_fn(gpipe(input), target)`` under
+            ``torch.no_grad()``; to train with some layers in eval mode, call
+            ``.eval()`` on those layers).
+        LossFunctionError
+            (``ValueError``) ``loss_fn`` returned no scalar tensor that
+            depends on the output (a float, an unreduced tensor, a detached one).
+
+        Notes
+        -----
+        A step that fails (a layer's exception, :class:`~swpipe.gpipe.errors.PartitionTimeoutError`)
+        leaves the module as before it: the gradients and the batch norm
+        statistics (:mod:`swpipe.gpipe.state`). While the step runs, the
+        gradients accumulate from ``None`` and the ones from before are
+        added when it succeeds.
         """
         if torch.is_inference_mode_enabled():
             raise StepModeError("inference_mode")
