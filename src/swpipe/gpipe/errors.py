@@ -250,8 +250,8 @@ class PartitionTimeoutError(RuntimeError):
         self.timeout_s = timeout_s
         super().__init__(f"the {task} of partition {partition} ({device}) on micro-batch {microbatch} did not finish "
                          f"within timeout_s={timeout_s:g} s: a layer is blocked or slow; the run was stopped (its "
-                         f"thread ends when the layer returns). If it is just slow, build the GPipe with a larger "
-                         f"timeout_s=")
+                         "thread ends when the layer returns). If it is just slow, give it more seconds: "
+                         "GPipe(..., timeout_s=...) or gpipe.timeout_s = ...")
 
 
 class SkipDeclarationError(RuntimeError):

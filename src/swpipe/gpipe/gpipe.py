@@ -20,7 +20,7 @@ from swpipe.gpipe.runtime import Call, MicroBatch, TorchOps
 from swpipe.gpipe.schedule import (SCHEDULES, TASK_KINDS, GPipePlan, bind, forward_plan, placements, step_plan,
                                    task_partition)
 from swpipe.gpipe.skip.layout import skip_routes, verify_skippables
-from swpipe.gpipe.state import RunState
+from swpipe.gpipe.state import ModuleState
 
 __all__ = ["GPipe"]
 
@@ -69,7 +69,8 @@ class GPipe(nn.Module):
         :class:`~swpipe.gpipe.errors.PartitionTimeoutError` naming the
         partition and micro-batch, never hangs. (A partition's last
         micro-batch is watched by the wait for the whole micro-batch, which
-        allows ``2 * (clock cycles + 1) * timeout_s``.)
+        allows ``2 * (clock cycles + 1) * timeout_s``.) The attribute
+        ``timeout_s`` may be changed between runs.
 
     Raises
     ------
@@ -125,6 +126,7 @@ class GPipe(nn.Module):
         self._ops = TorchOps(self.partitions, seam, self._places, self._routes,
                              [not d.is_async and cpu_threads > 1 for d in seam])
         self._pipes: Dict[Tuple[str, int, bool, float], SWPipeline] = {}
+        self._state = ModuleState(self.partitions)
         self._last: Optional[SWPipeline] = None
         #: Record a timeline of each task (``timeline``) in the next runs; off by default (the hot path stays lean).
         self.record_timeline = False
@@ -216,7 +218,7 @@ class GPipe(nn.Module):
     def _run(self, pipe: SWPipeline, call: Call) -> None:
         """Run ``call`` on ``pipe``; a failure puts the module's state back (:mod:`swpipe.gpipe.state`) first."""
         self._last = pipe
-        saved = RunState(self.partitions, gradients=call.step)
+        saved = self._state.save(gradients=call.step)
         try:
             pipe.run(MicroBatch(call, i) for i in range(len(call.microbatches)))
         except BaseException as err:
