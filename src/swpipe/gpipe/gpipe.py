@@ -67,10 +67,11 @@ class GPipe(nn.Module):
         Seconds a partition may take over one micro-batch (its forward, its
         backward, a copy) and wait for another's; past it the run stops with
         :class:`~swpipe.gpipe.errors.PartitionTimeoutError` naming the
-        partition and micro-batch, never hangs. (A partition's last
-        micro-batch is watched by the wait for the whole micro-batch, which
-        allows ``2 * (clock cycles + 1) * timeout_s``.) The attribute
-        ``timeout_s`` may be changed between runs.
+        partition and micro-batch, never hangs. (A task no other task waits
+        for, the last partition's forward or the first's backward, is
+        watched by the wait for its whole micro-batch, which allows
+        ``2 * (clock cycles + 1) * timeout_s``.) The attribute ``timeout_s``
+        may be changed between runs.
 
     Raises
     ------
