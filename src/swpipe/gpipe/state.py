@@ -35,7 +35,7 @@ __all__ = ["ModuleState", "SavedState"]
 
 
 class SavedState:
-    """The state one run may change, saved when it started: :meth:`keep` after success, :meth:`restore` after failure."""
+    """The state one run may change, saved when it started: keep() after success, restore() after failure."""
 
     def __init__(self, deferred: List[DeferredBatchNorm], stats: List[torch.Tensor],
                  params: List[nn.Parameter], gradients: bool) -> None:
