@@ -11,6 +11,7 @@ from torch import nn
 
 from conftest import swpipe_threads
 from swpipe.gpipe import GPipe, is_checkpointing, is_recomputing
+from swpipe_core.engine import device as device_seam
 from swpipe.gpipe.errors import (GPipeArgumentError, InputTypeError, ModuleStructureError, ModuleTypeError,
                                  OutputTypeError, TooFewDevicesError)
 
@@ -281,3 +282,45 @@ def test_the_module_is_moved_to_the_partition_devices_and_not_copied():
     gpipe = GPipe(model, [4, 4], devices=["cpu", "cpu"])
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert gpipe[0] is model[0]
+
+
+def test_integer_devices_fall_back_to_the_cpu_without_cuda(monkeypatch):
+    monkeypatch.setattr(device_seam, "cuda_available", lambda: False)
+    model = mlp()
+    gpipe = GPipe(model, [4, 4], devices=[0, 1], chunks=2)
+    assert gpipe.devices == [torch.device("cpu")] * 2
+    x = torch.randn(4, 6, dtype=torch.float64)
+    torch.testing.assert_close(gpipe(x), model(x), rtol=0, atol=0)
+
+
+def dropout_mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2)).double()
+
+
+@pytest.mark.parametrize("chunks, batch", [(1, 8), (4, 1)])  # one micro-batch either way
+@pytest.mark.parametrize("checkpoint", ["always", "never"])
+@pytest.mark.parametrize("run", ["forward", "step"])
+def test_one_micro_batch_draws_the_random_numbers_of_the_module_run_whole(chunks, batch, checkpoint, run):
+    model = dropout_mlp()
+    x = torch.randn(batch, 8, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(batch, 2, dtype=torch.float64)
+
+    def train(fn):
+        torch.manual_seed(7)
+        if run == "step" and isinstance(fn, GPipe):
+            out = fn.step(x, target, nn.functional.mse_loss)
+        else:
+            out = fn(x)
+            loss = nn.functional.mse_loss(out, target)
+            loss.backward()
+            out = loss if run == "step" else out
+        got = (out.detach(), torch.get_rng_state(), x.grad.clone(), grads(fn))
+        fn.zero_grad(set_to_none=True)
+        x.grad = None
+        return got
+
+    want = train(model)
+    got = train(GPipe(model, [2, 3], devices=["cpu", "cpu"], chunks=chunks, checkpoint=checkpoint))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert all(torch.equal(a, b) for a, b in zip(got[3], want[3]))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
 
 from swpipe import validate
 from swpipe.gpipe import GPipe
-from swpipe.gpipe.errors import GPipeArgumentError
+from swpipe.gpipe.errors import GPipeArgumentError, LossFunctionError, StepModeError
 from swpipe.gpipe.schedule import Placement, forward_plan, step_plan
 from swpipe.gpipe.skip import pop, skippable, stash
 
@@ -157,3 +159,31 @@ def test_the_plan_prints_its_clock_cycles():
     assert lines[-2].split() == ["F0", "p0", "default", "|", "i0", "i1", "i2"]
     assert lines[-1].split() == ["F1", "p1", "default", "|", "i0", "i1", "i2"]
     assert gpipe.training_plan(schedule="1f1b").kind == "1f1b"
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "eval"])
+def test_step_is_refused_where_no_gradient_is_wanted(mode):
+    gpipe = GPipe(model(), [3, 3], devices=["cpu", "cpu"], chunks=2)
+    modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval": contextlib.nullcontext}
+    if mode == "eval":
+        gpipe.eval()
+    x, target = torch.ones(4, 5, dtype=torch.float64), torch.ones(4, 2, dtype=torch.float64)
+    with modes[mode](), pytest.raises(StepModeError) as info:
+        gpipe.step(x, target, loss_fn)
+    assert info.value.mode == mode and isinstance(info.value, RuntimeError)
+    assert all(p.grad is None for p in gpipe.parameters())
+
+
+@pytest.mark.parametrize("returned, problem", [
+    (lambda out, t: 0.5, "not_tensor"),
+    (lambda out, t: (out - t).square(), "not_scalar"),
+    (lambda out, t: torch.tensor(0.5, dtype=torch.float64), "no_grad"),
+])
+def test_a_loss_fn_that_returns_no_scalar_loss_is_named(returned, problem):
+    gpipe = GPipe(model(), [3, 3], devices=["cpu", "cpu"], chunks=2)
+    with pytest.raises(LossFunctionError) as info:
+        gpipe.step(torch.ones(4, 5, dtype=torch.float64), torch.ones(4, 2, dtype=torch.float64), returned)
+    err = info.value
+    assert (err.argument, err.problem, err.microbatch) == ("loss_fn", problem, 0)
+    assert isinstance(err, GPipeArgumentError) and err.fix
+    assert all(p.grad is None for p in gpipe.parameters())

@@ -4,10 +4,14 @@ Batch norm in training normalises each micro-batch with that micro-batch's
 statistics (as torchgpipe does), but a plain ``BatchNorm`` would also update
 its running mean and variance once per *micro-batch*, from small samples.
 :class:`DeferredBatchNorm` instead sums each micro-batch's moments and
-updates the running statistics once, when the last micro-batch of the
-mini-batch has passed, with the statistics of the whole mini-batch: the
-running statistics end as those of the module run whole. A recomputation
-(checkpointing) counts nothing twice.
+updates the running statistics once per mini-batch, with the statistics of
+the whole mini-batch: the running statistics end as those of the module run
+whole. A recomputation (checkpointing) counts nothing twice.
+
+Inside :class:`~swpipe.gpipe.GPipe` the update is made when the run (a
+``forward``, or a whole ``step``) has succeeded: GPipe calls :meth:`~DeferredBatchNorm.commit`;
+a run that fails calls :meth:`~DeferredBatchNorm.discard` instead, so a failed
+step leaves the statistics as they were and mixes nothing into the next.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ M = TypeVar("M", bound=nn.Module)
 class DeferredBatchNorm(_BatchNorm):
     """A batch norm layer whose running statistics are updated once per mini-batch of ``chunks`` micro-batches.
 
-    Inside :class:`~swpipe.gpipe.GPipe` the mini-batch's own number of
-    micro-batches is used (a small batch may give fewer than ``chunks``);
-    alone, the statistics are committed after every ``chunks`` calls.
+    Inside :class:`~swpipe.gpipe.GPipe` the statistics of the mini-batch's
+    micro-batches (a small batch may give fewer than ``chunks``) are
+    committed once the run succeeded, and discarded if it failed; alone,
+    they are committed after every ``chunks`` calls.
 
     Parameters
     ----------
@@ -77,7 +82,18 @@ class DeferredBatchNorm(_BatchNorm):
         self.counter += input.numel() // input.shape[1]
         self.tracked += 1
 
-    def _commit(self) -> None:
+    def commit(self) -> None:
+        """Update the running statistics with the moments tracked since the last commit (if any), then forget them.
+
+        Examples
+        --------
+        >>> dbn = DeferredBatchNorm(1, momentum=None, chunks=4)
+        >>> _ = dbn(torch.tensor([[1.0], [3.0]]))
+        >>> int(dbn.num_batches_tracked), dbn.commit(), dbn.running_mean.tolist(), int(dbn.num_batches_tracked)
+        (0, None, [2.0], 1)
+        """
+        if self.tracked == 0:
+            return
         with torch.no_grad():
             mean = self.sum / self.counter
             var = self.sum_squares / self.counter - mean * mean
@@ -86,6 +102,19 @@ class DeferredBatchNorm(_BatchNorm):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
             self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean.dtype), alpha=factor)
             self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)
+        self.discard()
+
+    def discard(self) -> None:
+        """Forget the moments tracked since the last commit: the running statistics stay as they are.
+
+        Examples
+        --------
+        >>> dbn = DeferredBatchNorm(1, chunks=4)
+        >>> _ = dbn(torch.tensor([[1.0], [3.0]]))
+        >>> dbn.tracked, dbn.discard(), dbn.tracked, dbn.running_mean.tolist()
+        (1, None, 0, [0.0])
+        """
+        with torch.no_grad():
             self.sum.zero_()
             self.sum_squares.zero_()
         self.counter = 0
@@ -98,9 +127,8 @@ class DeferredBatchNorm(_BatchNorm):
                                 False, 0.0, self.eps)
         if not is_recomputing():
             self._track(input)
-            mb = current()
-            if self.tracked >= (mb.count if mb is not None else self.chunks):
-                self._commit()
+            if current() is None and self.tracked >= self.chunks:  # inside GPipe, GPipe commits after the run
+                self.commit()
         return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
     @classmethod

@@ -12,18 +12,17 @@ from swpipe_core.engine.pipeline import PipelineTaskError, SWPipeline
 from swpipe_core.engine.options import Timeouts
 
 from swpipe.gpipe.batchnorm import DeferredBatchNorm
-from swpipe.gpipe.errors import GPipeArgumentError
+from swpipe.gpipe.errors import GPipeArgumentError, PartitionTimeoutError, StepModeError
 from swpipe.gpipe.microbatch import Tensors, batch_size, check, gather, scatter
-from swpipe.gpipe.partition import (check_balance, check_checkpoint, check_chunks, resolve_devices, split_module,
-                                    verify_module)
+from swpipe.gpipe.partition import (check_balance, check_checkpoint, check_chunks, check_timeout, resolve_devices,
+                                    split_module, verify_module)
 from swpipe.gpipe.runtime import Call, MicroBatch, TorchOps
-from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, bind, forward_plan, placements, step_plan, task_partition
+from swpipe.gpipe.schedule import (SCHEDULES, TASK_KINDS, GPipePlan, bind, forward_plan, placements, step_plan,
+                                   task_partition)
 from swpipe.gpipe.skip.layout import skip_routes, verify_skippables
+from swpipe.gpipe.state import ModuleState
 
 __all__ = ["GPipe"]
-
-#: Seconds a task waits for another, and ``progress`` for a micro-batch, before the run fails (never hangs).
-_TIMEOUT_S = 300.0
 
 
 class GPipe(nn.Module):
@@ -48,7 +47,9 @@ class GPipe(nn.Module):
         :func:`swpipe.gpipe.balance.balance_by_time`.
     devices : sequence of devices, optional
         One per partition (``"cpu"``, ``"cuda:1"``, ``torch.device``, an int for
-        a CUDA device). Default: every CUDA device. Extra devices are ignored.
+        a CUDA device, or for the CPU on a machine without CUDA, as
+        ``SWPipeline``'s ``device=``). Default: every CUDA device. Extra devices
+        are ignored.
         (The schedule's plans also run on ``swpipe.testing.FakeCuda`` devices,
         with kernels of the fake: :func:`swpipe.gpipe.schedule.placements`.)
     chunks : int
@@ -62,12 +63,22 @@ class GPipe(nn.Module):
         (running statistics over the whole mini-batch).
     schedule : {"gpipe", "1f1b"}
         The schedule of :meth:`step`.
+    timeout_s : float
+        Seconds a partition may take over one micro-batch (its forward, its
+        backward, a copy) and wait for another's; past it the run stops with
+        :class:`~swpipe.gpipe.errors.PartitionTimeoutError` naming the
+        partition and micro-batch, never hangs. (A task no other task waits
+        for, the last partition's forward or the first's backward, is
+        watched by the wait for its whole micro-batch, which allows
+        ``2 * (clock cycles + 1) * timeout_s``.) The attribute ``timeout_s``
+        may be changed between runs.
 
     Raises
     ------
     GPipeArgumentError
         (``ValueError``) ``balance`` missing, of the wrong sum or with a value < 1;
-        ``chunks`` < 1; an unknown ``checkpoint`` or ``schedule``.
+        ``chunks`` < 1; an unknown ``checkpoint`` or ``schedule``; ``timeout_s``
+        not a positive number.
     ModuleTypeError
         (``TypeError``) ``module`` is not an ``nn.Sequential``.
     ModuleStructureError, SkipLayoutError
@@ -87,12 +98,13 @@ class GPipe(nn.Module):
 
     def __init__(self, module: nn.Sequential, balance: Optional[Iterable[int]] = None, *,
                  devices: Optional[Iterable[Any]] = None, chunks: int = 1, checkpoint: str = "except_last",
-                 deferred_batch_norm: bool = False, schedule: str = "gpipe") -> None:
+                 deferred_batch_norm: bool = False, schedule: str = "gpipe", timeout_s: float = 300.0) -> None:
         super().__init__()
         if balance is None:
             check_balance(module if isinstance(module, nn.Sequential) else nn.Sequential(), None)
         chunks = check_chunks(chunks)
         checkpoint = check_checkpoint(checkpoint)
+        timeout_s = check_timeout(timeout_s)
         if schedule not in SCHEDULES:
             raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}", "give 'gpipe' or '1f1b'")
         verify_module(module)
@@ -107,13 +119,15 @@ class GPipe(nn.Module):
         self.chunks: int = chunks
         self.checkpoint: str = checkpoint
         self.schedule: str = schedule
+        self.timeout_s: float = timeout_s
         self._seam = seam
         self._places = placements(seam)
         self._routes = skip_routes(self.partitions)
         cpu_threads = sum(1 for d in seam if not d.is_async)
         self._ops = TorchOps(self.partitions, seam, self._places, self._routes,
                              [not d.is_async and cpu_threads > 1 for d in seam])
-        self._pipes: Dict[Tuple[str, int, bool], SWPipeline] = {}
+        self._pipes: Dict[Tuple[str, int, bool, float], SWPipeline] = {}
+        self._state = ModuleState(self.partitions)
         self._last: Optional[SWPipeline] = None
         #: Record a timeline of each task (``timeline``) in the next runs; off by default (the hot path stays lean).
         self.record_timeline = False
@@ -161,16 +175,26 @@ class GPipe(nn.Module):
         return step_plan(self._places, schedule or self.schedule, microbatches or self.chunks, self._routes)
 
     def _pipe(self, kind: str, microbatches: int) -> SWPipeline:
-        key = (kind, microbatches if kind == "gpipe" else 0, bool(self.record_timeline))
+        timeout_s = check_timeout(self.timeout_s)
+        key = (kind, microbatches if kind == "gpipe" else 0, bool(self.record_timeline), timeout_s)
         pipe = self._pipes.get(key)
         if pipe is None:
             plan = (forward_plan(self._places, self._routes, microbatches) if kind == "forward"
                     else step_plan(self._places, kind, microbatches, self._routes))
             device = next((d for d in self._seam if d.is_async), self._seam[0])
             pipe = self._pipes[key] = SWPipeline(bind(plan, self._ops.ops()), device=device,
-                                                 timeouts=Timeouts(signal_s=_TIMEOUT_S, progress_s=_TIMEOUT_S),
+                                                 timeouts=self._timeouts(plan, timeout_s),
                                                  record_timeline=bool(self.record_timeline))
         return pipe
+
+    @staticmethod
+    def _timeouts(plan: GPipePlan, timeout_s: float) -> Timeouts:
+        # A task waits timeout_s for one it depends on; the caller waits for the oldest micro-batch, which on a
+        # partition's thread follows at most two tasks (a forward, a backward) per clock cycle of the plan. A
+        # failed run waits for a blocked thread no longer than it waited for the task.
+        cycles = int(plan.pipeline_depth or 1)
+        return Timeouts(signal_s=timeout_s, progress_s=2 * (cycles + 1) * timeout_s,
+                        join_s=min(timeout_s, Timeouts().join_s))
 
     @property
     def timeline(self) -> List[Any]:
@@ -193,21 +217,33 @@ class GPipe(nn.Module):
         return {"always": m, "except_last": m - 1, "never": 0}[self.checkpoint]
 
     def _run(self, pipe: SWPipeline, call: Call) -> None:
+        """Run ``call`` on ``pipe``; a failure puts the module's state back (:mod:`swpipe.gpipe.state`) first."""
         self._last = pipe
+        saved = self._state.save(gradients=call.step)
         try:
             pipe.run(MicroBatch(call, i) for i in range(len(call.microbatches)))
-        except PipelineTaskError as err:
-            cause = err.__cause__
-            if cause is None:
-                raise
-            kind, j = task_partition(err.task)
-            what = {"F": "forward", "B": "backward", "C": "copy to", "G": "gradient copy to"}[kind]
-            cause.add_note(f"swpipe.gpipe: raised by the {what} of partition {j} ({self.devices[j]}) on micro-batch "
-                           f"{err.iteration}; the run stopped there (no clock cycle started after it)")
-            raise cause.with_traceback(cause.__traceback__) from None
+        except BaseException as err:
+            saved.restore()
+            if isinstance(err, Exception):
+                self._raise(err, call)
+            raise
+        saved.keep()
 
-    @staticmethod
-    def _seed() -> int:
+    def _raise(self, err: Exception, call: Call) -> None:
+        """Raise what a partition raised (a note names where), or name the partition the run stopped waiting for."""
+        cause = err.__cause__ if isinstance(err, PipelineTaskError) else None
+        if cause is not None and any(cause is raised for raised in call.raised):
+            kind, j = task_partition(err.task)
+            cause.add_note(f"swpipe.gpipe: raised by the {TASK_KINDS[kind]} of partition {j} ({self.devices[j]}) on "
+                           f"micro-batch {err.iteration}; the run stopped there (no clock cycle started after it)")
+            raise cause.with_traceback(cause.__traceback__) from None
+        if call.active:  # the engine's wait timed out: a task still inside a partition's code is what it waited for
+            kind, j, i = next(iter(call.active))
+            raise PartitionTimeoutError(j, i, TASK_KINDS[kind], self.devices[j], self.timeout_s) from None
+
+    def _seed(self, microbatches: int) -> int:
+        if not any(self._ops.own_draws(j, microbatches) for j in range(len(self.partitions))):
+            return 0  # nothing draws from it: the caller's generator advances as the module run whole would
         # drawn from the caller's generator: each call draws anew, torch.manual_seed makes runs repeat
         return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item())
 
@@ -217,7 +253,10 @@ class GPipe(nn.Module):
         Returns the output of the last partition, on its device, for the
         whole batch. A partition's exception is raised here as it was raised
         (a note names the partition and micro-batch); no micro-batch starts
-        after it.
+        after it, and the module's batch norm statistics are as before the
+        call (:mod:`swpipe.gpipe.state`). With more than one micro-batch, an
+        output whose dimension 0 is not the micro-batch's size raises
+        :class:`~swpipe.gpipe.errors.BatchDimensionError`.
         """
         check(input)
         if not self.partitions:
@@ -225,7 +264,7 @@ class GPipe(nn.Module):
         microbatches = scatter(input, self.chunks)
         m = len(microbatches)
         call = Call(microbatches, grad=torch.is_grad_enabled(), inference=torch.is_inference_mode_enabled(),
-                    checkpoint_stop=self._checkpoint_stop(m), seed=self._seed())
+                    checkpoint_stop=self._checkpoint_stop(m), seed=self._seed(m))
         self._run(self._pipe("forward", m), call)
         return gather(call.outputs)
 
@@ -254,7 +293,34 @@ class GPipe(nn.Module):
         -------
         torch.Tensor
             The loss of the whole batch (detached), on the last device.
+
+        Raises
+        ------
+        StepModeError
+            (``RuntimeError``) called under ``torch.no_grad()`` or
+            ``torch.inference_mode()``, or with the GPipe in ``eval()`` mode:
+            a step computes gradients, so it is refused there (for a loss
+            without gradients, ``loss_fn(gpipe(input), target)`` under
+            ``torch.no_grad()``; to train with some layers in eval mode, call
+            ``.eval()`` on those layers).
+        LossFunctionError
+            (``ValueError``) ``loss_fn`` returned no scalar tensor that
+            depends on the output (a float, an unreduced tensor, a detached one).
+
+        Notes
+        -----
+        A step that fails (a layer's exception, :class:`~swpipe.gpipe.errors.PartitionTimeoutError`)
+        leaves the module as before it: the gradients and the batch norm
+        statistics (:mod:`swpipe.gpipe.state`). While the step runs, the
+        gradients accumulate from ``None`` and the ones from before are
+        added when it succeeds.
         """
+        if torch.is_inference_mode_enabled():
+            raise StepModeError("inference_mode")
+        if not torch.is_grad_enabled():
+            raise StepModeError("no_grad")
+        if not self.training:
+            raise StepModeError("eval")
         check(input)
         check(target, "target")
         if reduction not in ("mean", "sum"):
@@ -270,9 +336,8 @@ class GPipe(nn.Module):
         total = batch_size(input)
         weights = [batch_size(mb) / total if reduction == "mean" else 1.0 for mb in microbatches]
         m = len(microbatches)
-        stop = {"always": m, "except_last": m - 1, "never": 0}[self.checkpoint] if self.training else 0
-        call = Call(microbatches, grad=True, inference=False, checkpoint_stop=stop, seed=self._seed(), step=True,
-                    targets=targets, loss_fn=loss_fn, weights=weights, meter=meter)
+        call = Call(microbatches, grad=True, inference=False, checkpoint_stop=self._checkpoint_stop(m),
+                    seed=self._seed(m), step=True, targets=targets, loss_fn=loss_fn, weights=weights, meter=meter)
         self._run(self._pipe(self.schedule, m), call)
         losses = call.losses
         return torch.stack(losses).sum() if len(losses) > 1 else losses[0]

@@ -7,8 +7,8 @@ single tensor in every micro-batch, so the first layer receives what it would
 receive without GPipe; a tuple stays a tuple.
 
 While a partition runs on a micro-batch, :func:`current` says which one and
-how many the mini-batch has (deferred batch norm commits its statistics on
-the last one).
+how many the mini-batch has (deferred batch norm knows by it that GPipe
+commits its statistics after the run).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Partitions: an ``nn.Sequential`` checked, and split by ``balance`` into one ``nn.Sequential`` per device.
 
 Also the checks of GPipe's other arguments (``balance``, ``chunks``,
-``checkpoint``, ``devices``), each raising an error that names the argument
+``checkpoint``, ``devices``, ``timeout_s``), each raising an error that names the argument
 (:mod:`swpipe.gpipe.errors`), in torchgpipe's order and with its exception types.
 """
 
@@ -17,7 +17,7 @@ from torch import nn
 from swpipe_core.engine.device import CpuDevice, CudaDevice, Device, as_device, cuda_device_count
 from swpipe.gpipe.errors import GPipeArgumentError, ModuleStructureError, ModuleTypeError, TooFewDevicesError
 
-__all__ = ["CHECKPOINT_MODES", "verify_module", "check_chunks", "check_checkpoint", "check_balance",
+__all__ = ["CHECKPOINT_MODES", "verify_module", "check_chunks", "check_checkpoint", "check_timeout", "check_balance",
            "as_partition_device", "movable", "resolve_devices", "split_module"]
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
@@ -86,6 +86,25 @@ def check_checkpoint(checkpoint: Any) -> str:
     return mode
 
 
+def check_timeout(timeout_s: Any) -> float:
+    """``timeout_s`` as a ``float``; :class:`GPipeArgumentError` unless a number of seconds > 0.
+
+    Examples
+    --------
+    >>> check_timeout(2)
+    2.0
+    >>> try:
+    ...     check_timeout(0)
+    ... except GPipeArgumentError as err:
+    ...     err.argument, err.value
+    ('timeout_s', 0)
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+        raise GPipeArgumentError("timeout_s", timeout_s, "not a positive number of seconds",
+                                 "give the seconds a partition may take over one micro-batch, e.g. timeout_s=300")
+    return float(timeout_s)
+
+
 def check_balance(module: nn.Sequential, balance: Optional[Iterable[Any]]) -> List[int]:
     """``balance`` as a list of ints that sums to ``len(module)``, each >= 1."""
     hint = ("find one with swpipe.gpipe.balance.balance_by_time(partitions, module, sample) or "
@@ -110,11 +129,21 @@ def check_balance(module: nn.Sequential, balance: Optional[Iterable[Any]]) -> Li
 
 
 def as_partition_device(d: Any) -> Device:
-    """The device seam's :class:`Device` for one entry of ``devices`` (an int is a CUDA device, as in torchgpipe)."""
+    """The device seam's :class:`Device` for one entry of ``devices``.
+
+    An int is a CUDA device, or the CPU on a machine without CUDA: the
+    engine's rule (:func:`swpipe_core.engine.device.resolve_device`), so code
+    written for GPUs runs on a CPU-only machine (torchgpipe refuses it there).
+
+    Examples
+    --------
+    >>> as_partition_device("cpu")
+    CpuDevice(cpu)
+    """
     if isinstance(d, Device):
         return d
     if isinstance(d, numbers.Integral) and not isinstance(d, bool):
-        d = torch.device("cuda", int(d))  # as torchgpipe: an integer is a CUDA device, never the CPU
+        return as_device(int(d))
     return as_device(torch.device(d) if isinstance(d, str) else d)
 
 

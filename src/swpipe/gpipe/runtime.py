@@ -38,9 +38,9 @@ from swpipe_core.engine.device import Device
 from swpipe_core.engine.rng import PerTaskRng
 
 from swpipe.gpipe.checkpoint import Draws, OwnDraws, SavedDraws, checkpointed
-from swpipe.gpipe.errors import OutputTypeError
+from swpipe.gpipe.errors import BatchDimensionError, LossFunctionError, OutputTypeError
 from swpipe.gpipe.memory import ActivationMeter
-from swpipe.gpipe.microbatch import MicroBatchIndex, Tensors, running
+from swpipe.gpipe.microbatch import MicroBatchIndex, Tensors, batch_size, running
 from swpipe.gpipe.schedule import Placement
 from swpipe.gpipe.skip.layout import SkipRoutes
 from swpipe.gpipe.skip.tracker import SkipKey, SkipTracker, use_tracker
@@ -69,6 +69,11 @@ class Call:
         self.outputs = [None] * len(self.microbatches)
         self.losses = [None] * len(self.microbatches)
         self.rng = PerTaskRng(self.seed)
+        #: (kind, partition, micro-batch) of the tasks inside the partitions' code now, oldest first: a task the run
+        #: stopped waiting for is still here (swpipe.gpipe.GPipe names it)
+        self.active: Dict[Tuple[str, int, int], None] = {}
+        #: what the partitions' code raised (the engine's own errors, its timeouts, are not here)
+        self.raised: List[BaseException] = []
 
     @contextlib.contextmanager
     def modes(self, grad: Optional[bool] = None, partition: Optional[int] = None) -> Iterator[None]:
@@ -134,11 +139,20 @@ class TorchOps:
         self.outgoing = [routes.outgoing(j) for j in range(self.n)]
 
     def ops(self) -> Dict[str, Callable[[int, Any], None]]:
-        return {"F": self.forward, "C": self.copy, "B": self.backward, "G": self.grad_copy}
+        return {kind: _tracked(kind, op) for kind, op in
+                (("F", self.forward), ("C", self.copy), ("B", self.backward), ("G", self.grad_copy))}
 
     # -- forward --------------------------------------------------------------------------------------------
+    def own_draws(self, j: int, microbatches: int) -> bool:
+        """Whether partition ``j`` draws from a generator of its own per micro-batch (else its device's).
+
+        With one micro-batch the partitions run one after the other, so they
+        draw from the device's generator in the order of the module run whole.
+        """
+        return self.shared[j] and microbatches > 1
+
     def draws(self, call: Call, j: int, i: int) -> Draws:
-        if self.shared[j]:
+        if self.own_draws(j, len(call.microbatches)):
             return OwnDraws(call.rng, f"F{j}", i)
         dev = self.devices[j]
         return SavedDraws([dev.default_generator()])
@@ -172,6 +186,7 @@ class TorchOps:
         call, i = mb.call, mb.index
         if j == 0:
             ctx.inp, ctx.skip, ctx.outs, ctx.leaves, ctx.grads, ctx.out_grads = {}, {}, {}, {}, {}, {}
+            ctx.batch_changed = None  # (partition, rows): the first partition whose output changed dimension 0
             main: Tensors = mb.values
         else:
             main = ctx.inp.pop(j)
@@ -192,6 +207,8 @@ class TorchOps:
                 with draws.first():
                     flat_out = fn(*flat_in)
         outs = flat_out[:shape.n_out]
+        if len(call.microbatches) > 1:
+            self._check_batch(j, ctx, outs, batch_size(mb.values), i)
         out: Tensors = outs[0] if shape.out_atomic else tuple(outs)
         stashed = dict(zip([k for k, _ in self.outgoing[j] if k not in shape.stashed_other], flat_out[shape.n_out:]))
         stashed.update(shape.stashed_other)
@@ -204,10 +221,24 @@ class TorchOps:
         elif call.step:
             with call.modes():  # the loss's own saved tensors are not the partitions' activations
                 loss = call.loss_fn(out, call.targets[i])
+                _check_loss(loss, outs, i)
                 ctx.loss = loss * call.weights[i] if call.weights[i] != 1 else loss
             call.losses[i] = ctx.loss.detach()
         else:
             call.outputs[i] = out
+
+    def _check_batch(self, j: int, ctx: Any, outs: Sequence[torch.Tensor], size: int, i: int) -> None:
+        """Raise at the last partition if its output lost the micro-batch's size in dimension 0 (naming who changed it).
+
+        An inner partition may change dimension 0 if a later one restores it
+        (torchgpipe's contract): only what is joined must keep it.
+        """
+        rows = next((t.shape[0] if t.dim() else -1 for t in outs if t.dim() == 0 or t.shape[0] != size), None)
+        if rows is not None and ctx.batch_changed is None:
+            ctx.batch_changed = (j, rows)
+        if rows is not None and j == self.n - 1:
+            first, first_rows = ctx.batch_changed
+            raise BatchDimensionError(first, i, size, first_rows)
 
     # -- copies ---------------------------------------------------------------------------------------------
     def _move(self, value: Any, src: int, dst: int) -> Any:
@@ -279,6 +310,32 @@ class TorchOps:
         leaves, n_main, in_keys = entry
         for k, leaf in enumerate(leaves):
             ctx.grads[(j, k if k < n_main else in_keys[k - n_main])] = leaf.grad
+
+
+def _tracked(kind: str, op: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """``op`` recording, in its micro-batch's :class:`Call`, that it runs and what it raised."""
+    def run(j: int, ctx: Any) -> None:
+        mb: MicroBatch = ctx.batch
+        key = (kind, j, mb.index)
+        mb.call.active[key] = None
+        try:
+            op(j, ctx)
+        except BaseException as exc:
+            mb.call.raised.append(exc)
+            raise
+        finally:
+            del mb.call.active[key]
+    return run
+
+
+def _check_loss(loss: Any, outs: Sequence[torch.Tensor], i: int) -> None:
+    """Raise :class:`LossFunctionError` unless ``loss`` is a scalar tensor backward can start from."""
+    if not isinstance(loss, torch.Tensor):
+        raise LossFunctionError("not_tensor", loss, i)
+    if loss.numel() != 1:
+        raise LossFunctionError("not_scalar", loss, i)
+    if not loss.requires_grad and any(t.requires_grad for t in outs):
+        raise LossFunctionError("no_grad", loss, i)
 
 
 def _check_output(out: Any, j: int) -> None:

@@ -37,10 +37,14 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 from swpipe.gpipe.skip.layout import SkipRoutes
 
-__all__ = ["SCHEDULES", "Placement", "placements", "GPipePlan", "forward_plan", "step_plan", "task_partition", "bind"]
+__all__ = ["SCHEDULES", "TASK_KINDS", "Placement", "placements", "GPipePlan", "forward_plan", "step_plan",
+           "task_partition", "bind"]
 
 #: The training-step schedules.
 SCHEDULES = ("gpipe", "1f1b")
+
+#: What each kind of task does to its partition, in words (errors name it).
+TASK_KINDS = {"F": "forward", "B": "backward", "C": "copy", "G": "gradient copy"}
 
 
 @dataclass(frozen=True)
