@@ -292,7 +292,8 @@ def test_bad_timeout_rejected(bad):
     ("progress_s", "Timeouts", "SWPipeline(plan, timeouts=Timeouts(progress_s=5))"),
     ("emit_nvtx", "SWPipeline.run", "pipe.run(data, emit_nvtx=5)"),
     ("num_measure", "TaskProfiler", "TaskProfiler(pipe, num_measure=5)"),
-    ("calibrate", "TaskProfiler.profile", "TaskProfiler(pipe).profile(batch, calibrate=5)"),
+    ("calibrate", "TaskProfiler", "TaskProfiler(pipe, calibrate=5)"),
+    ("skip_tasks", "TaskProfiler.profile", "TaskProfiler(pipe).profile(batch, skip_tasks=5)"),
     ("strikt", None, "did you mean strict=5?"),
 ])
 def test_a_keyword_swpipeline_does_not_take_names_its_home(keyword, home, fix):
