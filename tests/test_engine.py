@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import re
 import threading
 import time
 import weakref
@@ -221,6 +222,53 @@ def test_run_returns_wall_seconds_and_logs_when_verbose(caplog):
     assert len(retired) == 4
     assert any("4 iteration(s)" in r.getMessage() for r in caplog.records)
     assert swpipe_threads() == []
+
+
+def _verbose_lines(err, mode):
+    """The iteration numbers of ``mode``'s per-iteration lines and the count its summary line gives."""
+    found = [int(i) for i in re.findall(rf"^SWPipeline\.{mode}: (?:retired|finished) iteration (\d+) at [\d.]+ ms$",
+                                         err, re.M)]
+    summary = re.findall(rf"^SWPipeline\.{mode}: (\d+) iteration\(s\) in [\d.]+ s", err, re.M)
+    return found, [int(n) for n in summary]
+
+
+@pytest.mark.parametrize("mode", ["run", "run_serial"])
+def test_verbose_lines_reach_stderr_where_logging_is_not_configured(capsys, monkeypatch, mode):
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)  # Python's default: INFO is shown nowhere
+    logger = logging.getLogger("swpipe_core.engine.pipeline")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    getattr(pipe, mode)(range(4), verbose=True)
+    assert _verbose_lines(capsys.readouterr().err, mode) == ([0, 1, 2, 3], [4])  # a line per iteration, a summary
+    assert (list(logger.handlers), logger.level, logger.propagate) == before  # for that run only
+    getattr(pipe, mode)(range(2))
+    assert _verbose_lines(capsys.readouterr().err, mode) == ([], [])  # not asked: nothing
+
+
+def test_verbose_output_goes_to_the_users_logging_alone_where_it_shows_info(caplog, capsys):
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    with caplog.at_level(logging.INFO, logger="swpipe_core.engine.pipeline"):
+        pipe.run(range(3), verbose=True)
+    assert [r.args[0] for r in caplog.records if r.getMessage().startswith("SWPipeline.run: retired")] == [0, 1, 2]
+    assert _verbose_lines(capsys.readouterr().err, "run") == ([], [])  # no second copy on stderr
+
+
+def test_verbose_handler_is_removed_after_a_failed_run(capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
+    logger = logging.getLogger("swpipe_core.engine.pipeline")
+    before = list(logger.handlers)
+
+    def fail(ctx):
+        if ctx.iter_idx == 2:
+            raise ValueError("bad batch")
+
+    pipe = SWPipeline(PipelinePlan({PipelineTask("A", fail): TaskSchedule(1)}), device="cpu")
+    with pytest.raises(PipelineTaskError) as info:
+        pipe.run(range(5), verbose=True)
+    assert (info.value.task, info.value.iteration) == ("A", 2)
+    assert list(logger.handlers) == before
+    retired, _ = _verbose_lines(capsys.readouterr().err, "run")
+    assert retired == list(range(len(retired))) and len(retired) <= 2  # the ones before the failure, in order
 
 
 def test_run_serial_runs_topologically_on_the_caller_thread():
