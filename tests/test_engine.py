@@ -244,31 +244,28 @@ def test_verbose_lines_reach_stderr_where_logging_is_not_configured(capsys, monk
     getattr(pipe, mode)(range(2))
     assert _verbose_lines(capsys.readouterr().err, mode) == ([], [])  # not asked: nothing
 
-
-def test_verbose_output_goes_to_the_users_logging_alone_where_it_shows_info(caplog, capsys):
-    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
-    with caplog.at_level(logging.INFO, logger="swpipe_core.engine.pipeline"):
-        pipe.run(range(3), verbose=True)
-    assert [r.args[0] for r in caplog.records if r.getMessage().startswith("SWPipeline.run: retired")] == [0, 1, 2]
-    assert _verbose_lines(capsys.readouterr().err, "run") == ([], [])  # no second copy on stderr
-
-
-def test_verbose_handler_is_removed_after_a_failed_run(capsys, monkeypatch):
-    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
-    logger = logging.getLogger("swpipe_core.engine.pipeline")
-    before = list(logger.handlers)
-
     def fail(ctx):
         if ctx.iter_idx == 2:
             raise ValueError("bad batch")
 
-    pipe = SWPipeline(PipelinePlan({PipelineTask("A", fail): TaskSchedule(1)}), device="cpu")
+    failing = SWPipeline(PipelinePlan({PipelineTask("A", fail): TaskSchedule(1)}), device="cpu")
     with pytest.raises(PipelineTaskError) as info:
-        pipe.run(range(5), verbose=True)
+        getattr(failing, mode)(range(5), verbose=True)
     assert (info.value.task, info.value.iteration) == ("A", 2)
-    assert list(logger.handlers) == before
-    retired, _ = _verbose_lines(capsys.readouterr().err, "run")
-    assert retired == list(range(len(retired))) and len(retired) <= 2  # the ones before the failure, in order
+    assert (list(logger.handlers), logger.level, logger.propagate) == before  # a failed run removes it too
+    done, _ = _verbose_lines(capsys.readouterr().err, mode)
+    assert done == list(range(len(done))) and 0 < len(done) <= 2  # the iterations before the failure, in order
+
+
+def test_verbose_output_goes_to_the_users_logging_alone_where_it_shows_info(caplog, capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    pipe.run(range(3), verbose=True)
+    assert _verbose_lines(capsys.readouterr().err, "run") == ([0, 1, 2], [3])  # logging shows no INFO: stderr
+    with caplog.at_level(logging.INFO, logger="swpipe_core.engine.pipeline"):
+        pipe.run(range(3), verbose=True)
+    assert [r.args[0] for r in caplog.records if r.getMessage().startswith("SWPipeline.run: retired")] == [0, 1, 2]
+    assert _verbose_lines(capsys.readouterr().err, "run") == ([], [])  # no second copy on stderr
 
 
 def test_run_serial_runs_topologically_on_the_caller_thread():
