@@ -261,6 +261,7 @@ def test_a_bad_count_given_to_a_call_is_refused_before_any_iteration(method, kw)
         getattr(TaskProfiler(pipe), method)(None if method == "profile" else [None], **kw)
     (option, value), = kw.items()
     assert (info.value.given_to, info.value.field, info.value.value) == (f"TaskProfiler.{method}", option, value)
+    # the range the count takes is a field, the one the constructor's error gives: the same check for both
     assert info.value.expected == f"an integer >= {0 if option == 'num_warmup' else 1}" and pipe.iterations == 0
 
 

@@ -6,6 +6,7 @@ A file whose header says ``# needs: ...`` is skipped where that is missing, with
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import runpy
@@ -47,8 +48,10 @@ def test_every_example_has_the_three_parts_and_says_what_it_is():
     assert len(FILES) >= 20, "the reference's examples are missing from tests/spec_examples"
     for path in FILES:
         text = path.read_text(encoding="utf-8")
-        assert text.startswith('"""The API reference\'s'), f"{path.name}: the first line says which example it is"
-        assert "# -- as written" in text and "# -- checked --" in text, path.name
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        assert doc.split()[:3] == ["The", "API", "reference's"], path.name  # says which example it is
+        parts = [m.split()[0] for m in re.findall(r"^# -- (.+) --$", text, re.M)]  # 'as' (written), 'checked'
+        assert parts[0] == "as" and "checked" in parts[1:], path.name
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
