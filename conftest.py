@@ -3,7 +3,8 @@
 ``swpipe.torchrec`` needs TorchRec (the ``[peer]`` extra): without it, importing
 the package raises an ImportError that says how to install it, so its modules'
 doctests are not collected; ``tests/test_torchrec_optional.py`` checks that
-message instead.
+message instead. ``tests/spec_examples/`` holds the API reference's examples as
+scripts: ``tests/test_spec_examples.py`` runs them, nothing collects them as modules.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def _torchrec_importable() -> bool:
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool:
     parts = collection_path.parts
+    if "spec_examples" in parts and parts[parts.index("spec_examples") - 1] == "tests":
+        return True  # the API reference's examples run as scripts in tests/test_spec_examples.py, not as modules
     if "torchrec" in parts and "swpipe" in parts and parts.index("torchrec") == parts.index("swpipe") + 1:
         return not _torchrec_importable() or None
     return None

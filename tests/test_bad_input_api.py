@@ -1,6 +1,6 @@
 """Bad input at the API fails where it is written, with a message naming what is wrong and the fix.
 
-Duplicate task names, a non-callable task function, a plain dict as costs,
+Duplicate task names (one task), a non-callable task function, a plain dict as costs,
 nonsensical command-line numbers; and the profile report shows the host and
 device time a cost model is built from, next to exposed time.
 """
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from swpipe import (PipelinePlan, PipelineTask, PlanError, SWPipeline, TaskSchedule, auto_schedule, lower_bounds,
+from swpipe import (PipelinePlan, PipelineTask, SWPipeline, TaskSchedule, auto_schedule, lower_bounds,
                     simulate, validate, what_if)
 from swpipe.cli import main
 from autosched.model.costs import CostModel, CostModelError, TaskCost
@@ -27,24 +27,12 @@ def step(ctx):
     ctx.y = ctx.x
 
 
-def _two_tasks_one_name() -> PipelinePlan:
-    return PipelinePlan({PipelineTask("A", load): TaskSchedule(0), PipelineTask("A", step): TaskSchedule(1)})
-
-
-def test_two_tasks_with_one_name_do_not_merge_and_validate_names_both():
-    plan = _two_tasks_one_name()
-    assert len(plan.schedule) == 2, "the second task silently replaced the first one's schedule"
-    with pytest.raises(PlanError) as info:
-        validate(plan)
-    msg = str(info.value)
-    assert (info.value.rule, info.value.tasks, info.value.field) == ("unique-names", ["A"], "schedule")
-    assert "PipelineTask('A', load)" in msg and "PipelineTask('A', step)" in msg  # both tasks, told apart
-
-
-def test_swpipeline_rejects_two_tasks_with_one_name_before_running():
-    with pytest.raises(PlanError) as info:
-        SWPipeline(_two_tasks_one_name(), device="cpu")
-    assert (info.value.rule, info.value.tasks) == ("unique-names", ["A"])
+def test_two_tasks_with_one_name_are_one_task_and_run_as_the_first_keys_function():
+    """The name is a task's identity (the API reference): as keys of one dict two tasks of one name merge, as any
+    two equal keys do; the plan holds one task, the first key's function with the last value's schedule."""
+    plan = PipelinePlan({PipelineTask("A", load): TaskSchedule(0), PipelineTask("A", step): TaskSchedule(1)})
+    assert plan.task_names == ["A"] and plan.task("A").fn is load and plan.sched("A") == TaskSchedule(1)
+    validate(plan)
 
 
 def test_one_task_object_reused_or_rebound_still_equals_itself():

@@ -192,7 +192,7 @@ def test_profile_with_calibration_counts_the_engines_serial_costs_in_the_model_s
     tasks[PipelineTask("Sleep1", lambda ctx: time.sleep(0.002))] = TaskSchedule()
     plan = PipelinePlan(tasks)
     with SWPipeline(plan, device="cpu") as pipe:
-        result = TaskProfiler(pipe, num_warmup=2, num_measure=8, num_rounds=3).profile(0, calibrate=True)
+        result = TaskProfiler(pipe, num_warmup=2, num_measure=8, num_rounds=3, calibrate=True).profile(0)
     costs = CostModel.from_profile(result)
     assert isinstance(costs.machine_calibration, MachineCalibration)
     assert set(costs.machine_calibration.cpu) == set(plan.task_names)

@@ -63,3 +63,28 @@ def test_as_device_keeps_one_cuda_device_per_index_and_takes_devices_as_given(mo
     assert a is b and isinstance(a, CudaDevice) and a.index == 1
     cpu = CpuDevice()
     assert as_device(cpu) is cpu and as_device("cpu").torch_device == torch.device("cpu")
+
+
+# -- an integer device where CUDA is not available (issue 45) ------------------------------------------------------
+
+def _one_task_plan():
+    from swpipe import PipelinePlan, PipelineTask, TaskSchedule
+
+    return PipelinePlan({PipelineTask("A", lambda ctx: None): TaskSchedule()})
+
+
+@pytest.mark.parametrize("device", [0, 1])
+def test_an_integer_device_without_cuda_warns_where_the_pipeline_is_made(monkeypatch, device):
+    from swpipe import SWPipeline
+    from swpipe_core.engine.device import CpuFallbackWarning
+
+    monkeypatch.setattr(device_module, "cuda_available", lambda: False)
+    with pytest.warns(CpuFallbackWarning) as caught:
+        pipe = SWPipeline(_one_task_plan(), device=device)
+    (warning,) = [w for w in caught if w.category is CpuFallbackWarning]
+    assert warning.message.requested == device and warning.filename == __file__  # the user's line, not ours
+    assert pipe.device == torch.device("cpu") and isinstance(warning.message, RuntimeWarning)
+    for cpu in ("cpu", torch.device("cpu"), CpuDevice()):  # asking for the CPU warns nothing
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert SWPipeline(_one_task_plan(), device=cpu).device == torch.device("cpu")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import re
 import threading
 import time
 import weakref
@@ -223,6 +224,50 @@ def test_run_returns_wall_seconds_and_logs_when_verbose(caplog):
     assert swpipe_threads() == []
 
 
+def _verbose_lines(err, mode):
+    """The iteration numbers of ``mode``'s per-iteration lines and the count its summary line gives."""
+    found = [int(i) for i in re.findall(rf"^SWPipeline\.{mode}: (?:retired|finished) iteration (\d+) at [\d.]+ ms$",
+                                         err, re.M)]
+    summary = re.findall(rf"^SWPipeline\.{mode}: (\d+) iteration\(s\) in [\d.]+ s", err, re.M)
+    return found, [int(n) for n in summary]
+
+
+@pytest.mark.parametrize("mode", ["run", "run_serial"])
+def test_verbose_lines_reach_stderr_where_logging_is_not_configured(capsys, monkeypatch, mode):
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)  # Python's default: INFO is shown nowhere
+    logger = logging.getLogger("swpipe_core.engine.pipeline")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    getattr(pipe, mode)(range(4), verbose=True)
+    assert _verbose_lines(capsys.readouterr().err, mode) == ([0, 1, 2, 3], [4])  # a line per iteration, a summary
+    assert (list(logger.handlers), logger.level, logger.propagate) == before  # for that run only
+    getattr(pipe, mode)(range(2))
+    assert _verbose_lines(capsys.readouterr().err, mode) == ([], [])  # not asked: nothing
+
+    def fail(ctx):
+        if ctx.iter_idx == 2:
+            raise ValueError("bad batch")
+
+    failing = SWPipeline(PipelinePlan({PipelineTask("A", fail): TaskSchedule(1)}), device="cpu")
+    with pytest.raises(PipelineTaskError) as info:
+        getattr(failing, mode)(range(5), verbose=True)
+    assert (info.value.task, info.value.iteration) == ("A", 2)
+    assert (list(logger.handlers), logger.level, logger.propagate) == before  # a failed run removes it too
+    done, _ = _verbose_lines(capsys.readouterr().err, mode)
+    assert done == list(range(len(done))) and 0 < len(done) <= 2  # the iterations before the failure, in order
+
+
+def test_verbose_output_goes_to_the_users_logging_alone_where_it_shows_info(caplog, capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
+    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+    pipe.run(range(3), verbose=True)
+    assert _verbose_lines(capsys.readouterr().err, "run") == ([0, 1, 2], [3])  # logging shows no INFO: stderr
+    with caplog.at_level(logging.INFO, logger="swpipe_core.engine.pipeline"):
+        pipe.run(range(3), verbose=True)
+    assert [r.args[0] for r in caplog.records if r.getMessage().startswith("SWPipeline.run: retired")] == [0, 1, 2]
+    assert _verbose_lines(capsys.readouterr().err, "run") == ([], [])  # no second copy on stderr
+
+
 def test_run_serial_runs_topologically_on_the_caller_thread():
     log = Log()
     pipe = SWPipeline(three_stage_plan(log), device="cpu")
@@ -292,7 +337,8 @@ def test_bad_timeout_rejected(bad):
     ("progress_s", "Timeouts", "SWPipeline(plan, timeouts=Timeouts(progress_s=5))"),
     ("emit_nvtx", "SWPipeline.run", "pipe.run(data, emit_nvtx=5)"),
     ("num_measure", "TaskProfiler", "TaskProfiler(pipe, num_measure=5)"),
-    ("calibrate", "TaskProfiler.profile", "TaskProfiler(pipe).profile(batch, calibrate=5)"),
+    ("calibrate", "TaskProfiler", "TaskProfiler(pipe, calibrate=5)"),
+    ("skip_tasks", "TaskProfiler.profile", "TaskProfiler(pipe).profile(batch, skip_tasks=5)"),
     ("strikt", None, "did you mean strict=5?"),
 ])
 def test_a_keyword_swpipeline_does_not_take_names_its_home(keyword, home, fix):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import autosched
+import sw_pipeline
 import swpipe
 import swpipe_core
 from swpipe.cli import main
@@ -57,7 +58,7 @@ def test_py_typed_marker_ships_as_package_data():
     assert _setup_cfg()["options.package_data"]["swpipe"].strip() == "py.typed"
 
 
-@pytest.mark.parametrize("module", [swpipe, swpipe_core, autosched], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [swpipe, swpipe_core, autosched, sw_pipeline], ids=lambda m: m.__name__)
 def test_dir_lists_every_lazy_public_name(module):
     listed = set(dir(module))
     missing = sorted(set(module.__all__) - listed)
@@ -74,6 +75,28 @@ def test_dir_of_the_face_package_is_its_public_api_and_help_names_the_users_entr
     text = pydoc.render_doc(swpipe, renderer=pydoc.plaintext)
     for name in ("SWPipeline", "auto_schedule", "CostModel", "simulate"):
         assert name in text, f"help(swpipe) does not list {name}"
+
+
+def test_the_api_references_import_gives_swpipes_own_objects_and_ships_with_the_package():
+    from setuptools import find_packages
+
+    from sw_pipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule  # the reference's first line
+
+    assert (PipelinePlan, PipelineTask, SWPipeline, TaskSchedule) == (
+        swpipe.PipelinePlan, swpipe.PipelineTask, swpipe.SWPipeline, swpipe.TaskSchedule)
+    assert all(getattr(sw_pipeline, name) is getattr(swpipe, name) for name in sw_pipeline.__all__)
+    assert dir(sw_pipeline) == sw_pipeline.__all__ and set(sw_pipeline.__all__) <= set(swpipe.__all__)
+    include = _setup_cfg()["options.packages.find"]["include"].split()
+    assert "sw_pipeline" in find_packages(where=str(ROOT / "src"), include=include)  # what an install ships
+
+
+def test_task_ref_the_references_type_of_a_task_reference_is_public():
+    import typing
+
+    from swpipe_core.plan import TaskRef
+
+    assert "TaskRef" in swpipe.__all__ and swpipe.TaskRef is TaskRef
+    assert set(typing.get_args(swpipe.TaskRef)) == {str, swpipe.PipelineTask}
 
 
 def test_torch_requirement_is_a_range_the_cpu_and_cuda_builds_of_the_tested_version_satisfy():

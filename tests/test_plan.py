@@ -29,10 +29,22 @@ def test_task_equality_and_hash_by_name():
     assert {a1: 1}["A"] == 1 and hash(a1) == hash("A")
 
 
-def test_bound_tasks_with_one_name_and_different_functions_stay_distinct():
+def test_tasks_of_one_name_are_equal_whatever_their_functions_as_the_reference_defines():
     a1, a2 = PipelineTask("A", _fn), PipelineTask("A", print)
-    assert a1 != a2 and a1 == "A" and a2 == "A"
-    assert len({a1: 1, a2: 2}) == 2  # no silent merge; validate's unique-names rule names both
+    assert a1 == a2 and hash(a1) == hash(a2) and a1 != PipelineTask("B", _fn)
+    plan = PipelinePlan({a1: TaskSchedule(1), "B": TaskSchedule(0)}, intra_iter_deps=[(a1, "B")])
+    assert plan.schedule[a2] == TaskSchedule(1) and a2 in plan.schedule  # a lookup by a same-named task finds it
+    assert plan.sched(a2).stage == 1 and plan.task(a2).fn is _fn  # the scheduled task's own function
+
+
+def test_a_dependency_on_a_same_named_task_with_another_function_is_still_refused():
+    from swpipe_core.validate import PlanError
+
+    plan = PipelinePlan({PipelineTask("A", _fn): TaskSchedule(0), "B": TaskSchedule(0)},
+                        intra_iter_deps=[("B", PipelineTask("A", print))])
+    with pytest.raises(PlanError) as info:
+        validate(plan)
+    assert (info.value.rule, info.value.tasks, info.value.field) == ("foreign-task", ["A"], "intra_iter_deps")
 
 
 def test_task_schedule_defaults_stage0_default_stream_and_group():

@@ -199,7 +199,8 @@ def test_bad_counts_raise_naming_the_count(kw):
 
 
 @pytest.mark.parametrize("keyword, home, fix", [
-    ("num_measure", "TaskProfiler", "TaskProfiler(pipe, num_measure=2)"),
+    ("calibrate", "TaskProfiler", "TaskProfiler(pipe, calibrate=2)"),
+    ("interleave", "TaskProfiler", "TaskProfiler(pipe, interleave=2)"),
     ("strict", "SWPipeline", "SWPipeline(plan, strict=2)"),
     ("progress_timeout", "Timeouts", "SWPipeline(plan, timeouts=Timeouts(progress_s=2))"),
     ("skip_task", None, "did you mean skip_tasks=2?"),
@@ -211,6 +212,57 @@ def test_a_keyword_profile_does_not_take_names_its_home(keyword, home, fix):
         TaskProfiler(FakePipe(_serial_plan({"A": 0.0}))).profile(None, **{keyword: 2})
     assert (info.value.given_to, info.value.field, info.value.home, info.value.fix) == (
         "TaskProfiler.profile", keyword, home, fix)
+
+
+def _iterations(warmup, measure, rounds, tasks):
+    """Serial iterations of an interleaved profile without task times: warmup, the timed rounds of the baseline and
+    of each task, and one untimed caching iteration per task per round."""
+    return warmup + rounds * (1 + tasks) * measure + rounds * tasks
+
+
+@pytest.mark.parametrize("call", [
+    lambda prof: prof.profile(None, num_warmup=5, num_measure=20, num_rounds=5, task_times=False),  # the reference's
+    lambda prof: prof.profile(None, 5, 20, 5, None, task_times=False),  # its positional form
+])
+def test_the_counts_a_profile_call_gives_override_the_profilers_for_that_call_only(call):
+    pipe = FakePipe(_serial_plan({"A": 0.0, "B": 0.0}))
+    profiler = TaskProfiler(pipe, num_warmup=1, num_measure=2, num_rounds=1)
+    r = call(profiler)
+    assert pipe.iterations == _iterations(5, 20, 5, tasks=2)
+    assert (r.meta["num_warmup"], r.meta["num_measure"], r.meta["num_rounds"]) == (5, 20, 5)
+    assert len(r.meta["baseline_rounds_s"]) == 5 and {n: len(v) for n, v in r.meta["shortcut_rounds_s"].items()} == {
+        "A": 5, "B": 5}
+    pipe.iterations = 0
+    r = profiler.profile(None, num_measure=3, task_times=False)  # one count given: the others are the profiler's
+    assert pipe.iterations == _iterations(1, 3, 1, tasks=2)
+    assert (r.meta["num_warmup"], r.meta["num_measure"], r.meta["num_rounds"]) == (1, 3, 1)
+
+
+def test_the_reference_positional_form_takes_skip_tasks_fifth():
+    r = TaskProfiler(FakePipe(_serial_plan({"A": 0.0, "Loss": 0.0}))).profile(None, 0, 1, 1, {"Loss"})
+    assert list(r.exposed_s) == ["A"] and r.meta["skip_tasks"] == ["Loss"]
+
+
+def test_profile_many_takes_the_reference_counts_for_every_batch():
+    pipe = FakePipe(_serial_plan({"A": 0.0}))
+    results = TaskProfiler(pipe).profile_many([1, 2, 3], num_warmup=0, num_measure=2, num_rounds=2, task_times=False)
+    assert [r.meta["batch_index"] for r in results] == [0, 1, 2]
+    assert {(r.meta["num_warmup"], r.meta["num_measure"], r.meta["num_rounds"]) for r in results} == {(0, 2, 2)}
+    assert pipe.iterations == 3 * _iterations(0, 2, 2, tasks=1)
+
+
+@pytest.mark.parametrize("method", ["profile", "profile_many"])
+@pytest.mark.parametrize("kw", [{"num_measure": 0}, {"num_rounds": 1.5}, {"num_warmup": -1}])
+def test_a_bad_count_given_to_a_call_is_refused_before_any_iteration(method, kw):
+    from swpipe_core.engine.options import OptionError
+
+    pipe = FakePipe(_serial_plan({"A": 0.0}))
+    with pytest.raises(OptionError) as info:
+        getattr(TaskProfiler(pipe), method)(None if method == "profile" else [None], **kw)
+    (option, value), = kw.items()
+    assert (info.value.given_to, info.value.field, info.value.value) == (f"TaskProfiler.{method}", option, value)
+    # the range the count takes is a field, the one the constructor's error gives: the same check for both
+    assert info.value.expected == f"an integer >= {0 if option == 'num_warmup' else 1}" and pipe.iterations == 0
 
 
 def test_refuses_when_a_shortcut_is_already_enabled():

@@ -2,8 +2,8 @@
 
 ``import swpipe`` gives what the workflow needs, and nothing else:
 
-* the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``,
-  ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
+* the plan: ``PipelineTask``, ``TaskSchedule``, ``PipelinePlan``, ``IterContext``, ``DeclaredIO``, ``TaskRef``
+  (a task's name or its ``PipelineTask``: what a plan's fields take), ``validate``, ``PlanError``, the ``pipelines`` registry of TorchRec's pipelines, ``with_thread_map``,
   ``save_plan``/``load_plan``;
 * running it: ``SWPipeline``, its ``Timeouts``, ``PipelineTaskError``; ``agree_on_end`` (ranks whose data ends
   unevenly stop together), ``keep_freed_memory`` (a CPU process keeps freed host memory: no page faults each step);
@@ -13,13 +13,14 @@
 * searching a better one: ``auto_schedule``, its options ``Constraints`` (what the plan may be), ``SolverOptions``
   (how the search runs) and ``VerifyOptions`` (how its answer is measured), ``SearchReport``.
 
-Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``): the few advanced
+The API reference's own import, ``from sw_pipeline import ...``, gives the same objects (the ``sw_pipeline``
+package). Everything else stays in its module (``swpipe_core.*``, ``autosched.*``, ``swpipe.testing``): the few advanced
 helpers the guide and the notebooks use are listed, with their module, at the end of the API reference.
 
 Examples
 --------
 >>> import swpipe
->>> len(swpipe.__all__) <= 32 and "SWPipeline" in swpipe.__all__
+>>> len(swpipe.__all__) <= 33 and "SWPipeline" in swpipe.__all__
 True
 >>> dir(swpipe) == swpipe.__all__
 True
@@ -37,6 +38,7 @@ _PUBLIC = {
     "PipelinePlan": "swpipe_core.plan",
     "IterContext": "swpipe_core.plan",
     "DeclaredIO": "swpipe_core.plan",
+    "TaskRef": "swpipe_core.plan",
     "validate": "swpipe_core.validate",
     "PlanError": "swpipe_core.validate",
     "pipelines": "swpipe_core.pipelines",

@@ -110,9 +110,11 @@ class PipelineTask:
     """One schedulable unit of computation: a name, a function and its side effects.
 
     The task only says *what* runs; *how* (stage, stream, thread group) is in
-    :class:`PipelinePlan`. Equality and hashing use the name, and a task
-    compares equal to its name string, so ``plan.schedule["Forward"]`` finds
-    the entry keyed by the ``PipelineTask("Forward", ...)`` object.
+    :class:`PipelinePlan`. The name is the task's identity (the API
+    reference: a globally unique identifier): equality and hashing use the
+    name alone, and a task compares equal to its name string, so
+    ``plan.schedule["Forward"]`` and ``plan.schedule[PipelineTask("Forward",
+    other_fn)]`` both find the entry keyed by ``PipelineTask("Forward", ...)``.
 
     ``fn`` may be ``None`` for an analysis-only (unbound) task: such a plan
     can be printed, validated and simulated, but running it raises an error
@@ -127,11 +129,14 @@ class PipelineTask:
     >>> PipelineTask("Backward")
     PipelineTask('Backward', unbound)
 
-    Two bound tasks with one name and different functions are different tasks
-    (a plan holding both fails ``validate``), and ``fn`` must be callable:
+    Two tasks with one name are one task, whatever their functions: as keys
+    of one ``schedule`` dict they merge (Python keeps the first key and the
+    last value), so give every task its own name. ``fn`` must be callable:
 
     >>> PipelineTask("Forward", print) == PipelineTask("Forward", len)
-    False
+    True
+    >>> len({PipelineTask("Forward", print): 0, PipelineTask("Forward", len): 1})
+    1
     >>> PipelineTask("Z", 3)
     Traceback (most recent call last):
     ...
@@ -153,13 +158,10 @@ class PipelineTask:
                             f"or None for an analysis-only task")
 
     def __eq__(self, other: object) -> bool:
+        # by name alone, as the API reference defines it: equal objects hash alike (the name), so a lookup by any
+        # task of that name, or by the name, finds the entry; a dependency written with a same-named object whose
+        # function is not the scheduled one is validate's foreign-task rule, not an inequality here
         if isinstance(other, PipelineTask):
-            # Two bound tasks with one name but different functions are different
-            # tasks: they must not merge as dict keys (validate's unique-names rule
-            # then names both) - the first one's function would run with the
-            # second one's schedule.
-            if self.fn is not None and other.fn is not None and self.fn != other.fn:
-                return False
             return self.name == other.name
         if isinstance(other, str):
             return self.name == other
@@ -406,8 +408,9 @@ class PipelinePlan:
         return plan_from_text(text, fns, source=source)
 
     def __eq__(self, other: object) -> bool:
-        """Equal plans run alike: the same tasks in the same order (a bound task equals its unbound self), the
-        same schedules, the same dependencies (in any order), depth, enqueue order, policy and caller group."""
+        """Equal plans schedule alike: the same task names in the same order (functions are not compared: a task
+        equals any task of its name, bound or not), the same schedules, the same dependencies (in any order),
+        depth, enqueue order, policy and caller group."""
         if not isinstance(other, PipelinePlan):
             return NotImplemented
         return list(self.schedule) == list(other.schedule) and self._fields() == other._fields()

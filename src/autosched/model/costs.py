@@ -282,7 +282,7 @@ class CostModel:
         the mean per task, ``meta["host_mean_s"]``, when recorded, so the tasks' times
         add up to the measured serial iteration; else the median); otherwise a
         task's exposed time becomes its ``host_s`` (on CPU all time is host time). A
-        ``meta["machine_calibration"]`` (``TaskProfiler.profile(calibrate=True)``)
+        ``meta["machine_calibration"]`` (``TaskProfiler(pipe, calibrate=True).profile(batch)``)
         becomes the model's ``machine_calibration``.
 
         Parameters

@@ -65,8 +65,9 @@ __all__ = ["calibrated_costs", "searched_costs", "with_handoffs", "serial_iterat
 def _calibration(costs: CostModel, calibration: Optional[MachineCalibration]) -> MachineCalibration:
     cal = calibration if calibration is not None else getattr(costs, "machine_calibration", None)
     if cal is None:
-        raise ValueError("no machine calibration: pass calibration=swpipe_core.measure.calibrate.calibrate(...) or use a "
-                         "cost model with a machine_calibration section (TaskProfiler.profile(..., calibrate=True))")
+        raise ValueError("no machine calibration: pass calibration=swpipe_core.measure.calibrate.calibrate(...) or "
+                         "use a cost model with a machine_calibration section "
+                         "(TaskProfiler(pipe, calibrate=True).profile(batch))")
     return cal
 
 

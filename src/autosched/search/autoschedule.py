@@ -70,7 +70,7 @@ def auto_schedule(tasks_or_graph: Union[GraphInput, "InferredDeps"], costs: Cost
         keep their functions, so the returned plan runs as is.
     costs : CostModel
         A cost for every task (``host_s``, ``device_s``, ``comm:``/``pcie`` tags). When it carries a machine
-        calibration (``TaskProfiler.profile(calibrate=True)``, or ``machine_calibration=``), the search folds it
+        calibration (``TaskProfiler(pipe, calibrate=True)``, or ``machine_calibration=``), the search folds it
         in (docs/semantics.md, "The machine model"): the engine's cost per task, per hand-off and per period,
         and the free cores as a core pool. It is one model for the whole call: the searchers' scores, the
         report's figures and the verification's predictions. To search with the costs as given, pass a model
@@ -133,7 +133,7 @@ def auto_schedule(tasks_or_graph: Union[GraphInput, "InferredDeps"], costs: Cost
 
     A machine measured with one free core runs the two tasks one after the other, whatever the plan
     (``MachineCalibration`` is the engine's measurement of the machine, ``swpipe_core.measure.calibrate``:
-    ``TaskProfiler.profile(calibrate=True)`` makes one; not a name of ``swpipe``):
+    ``TaskProfiler(pipe, calibrate=True)`` makes one; not a name of ``swpipe``):
 
     >>> from swpipe_core.measure.calibrate import MachineCalibration   # the measured machine: advanced, not public
     >>> one_core = CostModel(costs.tasks, machine_calibration=MachineCalibration(cores_free=1.0, cpu_count=2))

@@ -30,8 +30,8 @@ from typing import Any, ContextManager, Dict, Hashable, Iterator, Optional, Sequ
 
 import torch
 
-__all__ = ["Device", "CpuDevice", "CudaDevice", "SharedStreamWarning", "warn_shared_stream", "as_device",
-           "resolve_device", "cuda_available", "cuda_device_count"]
+__all__ = ["Device", "CpuDevice", "CudaDevice", "SharedStreamWarning", "warn_shared_stream", "CpuFallbackWarning",
+           "falls_back_to_cpu", "as_device", "resolve_device", "cuda_available", "cuda_device_count"]
 
 _NULL = contextlib.nullcontext()
 
@@ -304,6 +304,44 @@ def warn_shared_stream(name: str, device: str, other: str) -> None:
     warnings.warn(SharedStreamWarning(name, device, other), stacklevel=4)
 
 
+class CpuFallbackWarning(RuntimeWarning):
+    """``SWPipeline(plan, device=N)``, an integer, was made where CUDA is not available: it runs on the CPU.
+
+    Code written for a GPU then runs unchanged on a CPU-only machine, as long as its tasks name no CUDA device
+    themselves; a task that does (``.to("cuda")``) fails inside the pipeline. The warning says so when the pipeline
+    is made, before any task runs. ``device="cpu"`` asks for the CPU and warns nothing.
+
+    Attributes
+    ----------
+    requested : int
+        The device index given.
+
+    Examples
+    --------
+    >>> str(CpuFallbackWarning(0)).split(";")[0]
+    'SWPipeline(device=0): CUDA is not available, so the pipeline runs on the CPU'
+    """
+
+    def __init__(self, requested: int) -> None:
+        self.requested = requested
+        super().__init__(
+            f"SWPipeline(device={requested}): CUDA is not available, so the pipeline runs on the CPU; a task that "
+            f"moves tensors to 'cuda' will fail inside it (torch {torch.__version__}, built "
+            f"{'with CUDA ' + torch.version.cuda if torch.version.cuda else 'without CUDA'}). Pass device='cpu' to run "
+            "on the CPU without this warning, or run where torch sees a GPU (torch.cuda.is_available())")
+
+
+def falls_back_to_cpu(device: Any) -> bool:
+    """Whether ``device`` is an integer (a CUDA device) that runs on the CPU because CUDA is not available.
+
+    Examples
+    --------
+    >>> falls_back_to_cpu("cpu"), falls_back_to_cpu(0) == (not cuda_available())
+    (False, True)
+    """
+    return isinstance(device, int) and not isinstance(device, bool) and not cuda_available()
+
+
 @contextlib.contextmanager
 def _nvtx_mode() -> Iterator[None]:
     """``torch.autograd.profiler.emit_nvtx()`` on the calling thread, without its device synchronisation.
@@ -412,11 +450,10 @@ def resolve_device(device: Union[int, str, torch.device, None]) -> torch.device:
         return device.torch_device
     if device is None:
         device = 0
+    if falls_back_to_cpu(device):
+        return torch.device("cpu")
     if isinstance(device, int) and not isinstance(device, bool):
-        if cuda_available():
-            dev = torch.device("cuda", device)
-        else:
-            return torch.device("cpu")
+        dev = torch.device("cuda", device)
     else:
         try:
             dev = torch.device(device)

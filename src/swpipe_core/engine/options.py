@@ -111,7 +111,8 @@ class Timeouts:
     Examples
     --------
     >>> from swpipe import SWPipeline, PipelinePlan, TaskSchedule
-    >>> pipe = SWPipeline(PipelinePlan({"A": TaskSchedule()}), timeouts=Timeouts(signal_s=5, progress_s=20))
+    >>> pipe = SWPipeline(PipelinePlan({"A": TaskSchedule()}), device="cpu",
+    ...                   timeouts=Timeouts(signal_s=5, progress_s=20))
     >>> pipe.timeouts.signal_s, pipe.timeouts.sequencer_s
     (5.0, 30.0)
     >>> Timeouts(progress_s=0)

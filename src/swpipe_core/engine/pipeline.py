@@ -43,13 +43,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
+import warnings
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 
 from swpipe_core.engine.checks import check_arguments, check_idle, check_runnable
-from swpipe_core.engine.device import Device, as_device
+from swpipe_core.engine.device import CpuFallbackWarning, Device, as_device, falls_back_to_cpu
 from swpipe_core.engine.dispatch import Dispatch, TaskWrapper
 from swpipe_core.engine.failure import PipelineTaskError, abort, surface_failure
 from swpipe_core.engine.lifetime import (GuardedContext, Limbo, TrainState, bound_device_lag, context_keeper,
@@ -73,6 +75,34 @@ _log = logging.getLogger(__name__)
 DeviceSpec = Union[int, str, torch.device, Device]
 
 
+@contextlib.contextmanager
+def _verbose_output(enabled: bool) -> Iterator[None]:
+    """While a run asked for ``verbose`` output, its INFO lines reach the user.
+
+    Python's logging shows INFO records only where the user configured it (by
+    default nothing below WARNING, which ``verbose=True`` would then print
+    nothing). Where this logger's INFO records already reach a handler, nothing
+    changes; otherwise a handler writing the bare message to ``sys.stderr``
+    is attached for the run, and the records stop at it (no second copy from
+    a handler above that the user set for warnings).
+    """
+    if not enabled or (_log.isEnabledFor(logging.INFO) and _log.hasHandlers()):
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)  # sys.stderr now, not at import: a redirected stderr is honoured
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, propagate = _log.level, _log.propagate
+    _log.addHandler(handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False
+    try:
+        yield
+    finally:
+        _log.removeHandler(handler)
+        _log.setLevel(level)
+        _log.propagate = propagate
+
+
 class SWPipeline:
     """Software-pipelined execution of a plan: pipelined, serial, or one iteration at a time.
 
@@ -81,7 +111,9 @@ class SWPipeline:
     plan : PipelinePlan
         Validated at construction (:func:`~swpipe_core.validate.validate`).
     device : int, str, torch.device or swpipe_core.engine.device.Device
-        An integer is that CUDA device when CUDA is available, else the CPU;
+        An integer is that CUDA device when CUDA is available, else the CPU,
+        with a :class:`~swpipe_core.engine.device.CpuFallbackWarning` saying
+        so (``SWPipeline(plan, device=0)`` on a machine without CUDA);
         ``"cpu"``/``"cuda:1"`` are taken literally; a
         :class:`~swpipe_core.engine.device.Device` is used as given (e.g. a device of
         ``swpipe.testing.FakeCuda``, which runs the CUDA paths on a CPU).
@@ -175,6 +207,8 @@ class SWPipeline:
         self.record_timeline = bool(record_timeline)
         self._dev = as_device(device)
         self.device = self._dev.torch_device
+        if falls_back_to_cpu(device):  # said where the pipeline is made, not at the first task that names "cuda"
+            warnings.warn(CpuFallbackWarning(device), stacklevel=3)  # 3: the caller of keywords_checked's wrapper
         self._state_params = state_parameters(state)  # checked now: a bad state is an error at construction
         self._pool = StreamPool(self._dev)
         self._compiled = compile_plan(plan, self._pool)
@@ -454,8 +488,12 @@ class SWPipeline:
         ----------
         data_iter : iterable
         verbose : bool
-            Log each retired iteration and a summary (``logging``, INFO, logger
-            ``swpipe_core.engine.pipeline``).
+            A line per retired iteration (``SWPipeline.run: retired iteration 3
+            at 1.234 ms``) and a summary, on stderr. They are ``logging``
+            records (INFO, logger ``swpipe_core.engine.pipeline``): where
+            logging already shows that logger's INFO records they go there
+            alone; otherwise a handler writing to ``sys.stderr`` is attached
+            for this run only.
         emit_nvtx : bool
             On CUDA, wrap the run in ``torch.autograd.profiler.emit_nvtx()`` on
             the caller's thread *and every worker thread* (the profiler's NVTX
@@ -484,6 +522,10 @@ class SWPipeline:
         >>> seen, elapsed > 0
         ([0, 1, 2], True)
         """
+        with _verbose_output(verbose):
+            return self._run_pipelined(data_iter, verbose, emit_nvtx)
+
+    def _run_pipelined(self, data_iter: Iterable[Any], verbose: bool, emit_nvtx: bool) -> float:
         t0 = time.perf_counter()
         n = 0
         with self._emit_nvtx(emit_nvtx):
@@ -516,6 +558,9 @@ class SWPipeline:
         tasks in a topological order of the intra-iteration dependencies.
         Ranges are named ``SWP_serial/{Task}/iter{N}`` (``[skip]`` added for
         shortcut tasks). Timeline events carry thread group ``"serial"``.
+        ``verbose`` and ``emit_nvtx`` are as in :meth:`run` (a line per
+        finished iteration: ``SWPipeline.run_serial: finished iteration 3 at
+        1.234 ms``).
 
         Raises
         ------
@@ -540,6 +585,10 @@ class SWPipeline:
         self._teardown(cancelling=False)
         if self._recorder is not None:
             self._recorder.clear()
+        with _verbose_output(verbose):
+            return self._run_serial(data_iter, verbose, emit_nvtx)
+
+    def _run_serial(self, data_iter: Iterable[Any], verbose: bool, emit_nvtx: bool) -> float:
         t0 = time.perf_counter()
         n = 0
         with self._emit_nvtx(emit_nvtx):

@@ -48,8 +48,10 @@ class TaskProfiler:
     Shortcuts one task at a time and times serial iterations
     (``pipe.run_one_serial_iter``); ``exposed(T) = max(0, baseline - median
     shortcut time)``. Optionally also times each task's host (CPU) time and,
-    on CUDA, its device time with CUDA events. How the rounds are taken is
-    the profiler's; what is measured on which batch is :meth:`profile`'s.
+    on CUDA, its device time with CUDA events. The profiler holds how the
+    rounds are taken by default; a :meth:`profile` call may give its own
+    counts (``profile(batch, num_warmup=5, num_measure=20, num_rounds=5)``),
+    which override the profiler's for that call.
 
     Parameters
     ----------
@@ -57,12 +59,14 @@ class TaskProfiler:
         A pipeline whose plan is bound to task functions. It must have no
         shortcut enabled when :meth:`profile` starts.
     num_warmup : int
-        Serial iterations before anything is timed (``>= 0``).
+        Serial iterations before anything is timed (``>= 0``), unless a call
+        gives its own.
     num_measure : int
         Iterations per timed round (``>= 1``); also the iterations that time
-        each task and measure its memory.
+        each task and measure its memory. A call may give its own.
     num_rounds : int
-        Timed rounds of the baseline and of each shortcut task (``>= 1``).
+        Timed rounds of the baseline and of each shortcut task (``>= 1``). A
+        call may give its own.
     interleave : bool
         Take the rounds interleaved (a baseline round, then one round per
         task, repeated) rather than phased (all baseline rounds first, then
@@ -72,6 +76,11 @@ class TaskProfiler:
         untimed caching iteration per task per round instead of per task.
     progress : bool
         Show a tqdm bar over (1 + tasks) x rounds (the 1 is the baseline).
+    calibrate : bool
+        Each profile also measures the machine
+        (:func:`swpipe_core.measure.calibrate.calibrate`: engine costs, cores
+        free, each task's CPU share) into ``meta["machine_calibration"]``;
+        ``CostModel.from_profile`` keeps it.
 
     Raises
     ------
@@ -95,19 +104,27 @@ class TaskProfiler:
 
     @keywords_checked("TaskProfiler")
     def __init__(self, pipeline: "SWPipeline", *, num_warmup: int = 3, num_measure: int = 10, num_rounds: int = 3,
-                 interleave: bool = True, progress: bool = False) -> None:
-        for name, value, low in (("num_warmup", num_warmup, 0), ("num_measure", num_measure, 1),
-                                 ("num_rounds", num_rounds, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise OptionError("TaskProfiler", name, value, expected=f"an integer >= {low}")
+                 interleave: bool = True, progress: bool = False, calibrate: bool = False) -> None:
+        _check_counts("TaskProfiler", num_warmup=num_warmup, num_measure=num_measure, num_rounds=num_rounds)
         self.pipe = pipeline
         self.num_warmup, self.num_measure, self.num_rounds = num_warmup, num_measure, num_rounds
         self.interleave = bool(interleave)
         self.progress = bool(progress)
+        self.calibrate = bool(calibrate)
+
+    def _counts(self, given_to: str, num_warmup: Optional[int], num_measure: Optional[int],
+                num_rounds: Optional[int]) -> Tuple[int, int, int]:
+        """The counts of one call: each one given to the call, else the profiler's (checked like the profiler's)."""
+        counts = {"num_warmup": self.num_warmup if num_warmup is None else num_warmup,
+                  "num_measure": self.num_measure if num_measure is None else num_measure,
+                  "num_rounds": self.num_rounds if num_rounds is None else num_rounds}
+        _check_counts(given_to, **counts)
+        return counts["num_warmup"], counts["num_measure"], counts["num_rounds"]
 
     @keywords_checked("TaskProfiler.profile")
-    def profile(self, batch: Any, skip_tasks: Optional[Iterable[str]] = None, *, task_times: bool = True,
-                memory: Optional[bool] = None, calibrate: bool = False, state: TrainState = None) -> ProfileResult:
+    def profile(self, batch: Any, num_warmup: Optional[int] = None, num_measure: Optional[int] = None,
+                num_rounds: Optional[int] = None, skip_tasks: Optional[Iterable[str]] = None, *,
+                task_times: bool = True, memory: Optional[bool] = None, state: TrainState = None) -> ProfileResult:
         """Four phases: warmup, baseline, per-task shortcut, exposed time.
 
         (1) ``num_warmup`` serial iterations. (2) Baseline: ``num_rounds``
@@ -120,12 +137,17 @@ class TaskProfiler:
         CUDA (before and after its iterations) and never on CPU. With
         ``task_times``, a last phase wraps each task execution to record host
         time (and device time with CUDA events on CUDA) over ``num_measure``
-        iterations.
+        iterations. With the profiler's ``calibrate``, the machine is measured
+        last.
 
         Parameters
         ----------
         batch : Any
             A representative batch; every iteration runs on it.
+        num_warmup, num_measure, num_rounds : int, optional
+            The counts of this call (the API reference's ``profile(batch, num_warmup=5, num_measure=20,
+            num_rounds=5)``, positional too); each one not given is the profiler's (``TaskProfiler(pipe,
+            num_measure=...)``, by default 3, 10 and 3). ``meta`` records the counts used.
         skip_tasks : iterable of str, optional
             Tasks not to shortcut (those that cannot be shortcut on their own,
             e.g. a backward whose loss another task consumes).
@@ -137,10 +159,6 @@ class TaskProfiler:
             ``num_measure`` serial iterations
             (:func:`swpipe_core.measure.memory.measure_task_memory`), in
             :attr:`ProfileResult.memory`.
-        calibrate : bool
-            Also measure the machine (:func:`swpipe_core.measure.calibrate.calibrate`:
-            engine costs, cores free, each task's CPU share) into
-            ``meta["machine_calibration"]``; ``CostModel.from_profile`` keeps it.
         state : modules, optimizers, or a list of them, optional
             What the tasks train. The profile runs the training step many
             times on ``batch``; with ``state`` the model, its gradients, the
@@ -160,20 +178,35 @@ class TaskProfiler:
             Unknown task names in ``skip_tasks`` (valid names listed), or
             shortcuts already enabled on the pipeline.
         OptionError
-            An option of another call (``num_measure=`` is the profiler's: ``TaskProfiler(pipe, num_measure=5)``).
+            A count out of range (``given_to`` is ``"TaskProfiler.profile"``), or an option of another call
+            (``calibrate=`` is the profiler's: ``TaskProfiler(pipe, calibrate=True)``).
+
+        Examples
+        --------
+        >>> from swpipe import SWPipeline, TaskProfiler, PipelinePlan, PipelineTask, TaskSchedule
+        >>> plan = PipelinePlan({PipelineTask("Work", lambda ctx: sum(range(100))): TaskSchedule()})
+        >>> with SWPipeline(plan, device="cpu") as pipe:
+        ...     profiler = TaskProfiler(pipe)
+        ...     result = profiler.profile(0, num_warmup=0, num_measure=2, num_rounds=1)
+        ...     positional = profiler.profile(0, 1, 3, 2, None, task_times=False)
+        >>> [result.meta[k] for k in ("num_warmup", "num_measure", "num_rounds")]
+        [0, 2, 1]
+        >>> [positional.meta[k] for k in ("num_warmup", "num_measure", "num_rounds")]
+        [1, 3, 2]
         """
         from swpipe_core.measure.measured import measured_on
 
+        counts = self._counts("TaskProfiler.profile", num_warmup, num_measure, num_rounds)
         with measured_on(self.pipe, state, "TaskProfiler.profile") as ran:
-            result = self._profile(batch, skip_tasks, task_times=task_times, memory=memory, calibrate=calibrate)
+            result = self._profile(batch, skip_tasks, counts, task_times=task_times, memory=memory)
         result.meta["task_runs"] = dict(ran.runs)
         result.meta["state_restored"] = ran.restored
         return result
 
-    def _profile(self, batch: Any, skip_tasks: Optional[Iterable[str]], *, task_times: bool,
-                 memory: Optional[bool], calibrate: bool) -> ProfileResult:
+    def _profile(self, batch: Any, skip_tasks: Optional[Iterable[str]], counts: Tuple[int, int, int], *,
+                 task_times: bool, memory: Optional[bool]) -> ProfileResult:
         pipe = self.pipe
-        num_warmup, num_measure, num_rounds = self.num_warmup, self.num_measure, self.num_rounds
+        num_warmup, num_measure, num_rounds = counts
         import torch
 
         skip, targets = _targets(pipe, skip_tasks)
@@ -203,7 +236,7 @@ class TaskProfiler:
                     "page_faults_per_iteration": statistics.median(rounds.baseline_faults),
                     "shortcut_s": shortcut_s, "shortcut_rounds_s": shortcut_rounds}
         meta = _meta(pipe, device, measured, host_mean if task_times else None, wall0)
-        if calibrate:
+        if self.calibrate:
             from swpipe_core.measure.calibrate import calibrate as _calibrate
 
             meta["machine_calibration"] = _calibrate(pipe, batch).to_dict()
@@ -211,7 +244,8 @@ class TaskProfiler:
                              memory=mem)
 
     @keywords_checked("TaskProfiler.profile_many")
-    def profile_many(self, batches: Iterable[Any], skip_tasks: Optional[Iterable[str]] = None, *,
+    def profile_many(self, batches: Iterable[Any], num_warmup: Optional[int] = None, num_measure: Optional[int] = None,
+                     num_rounds: Optional[int] = None, skip_tasks: Optional[Iterable[str]] = None, *,
                      task_times: bool = True, memory: Optional[bool] = None,
                      state: TrainState = None) -> List[ProfileResult]:
         """Profile each batch independently (how exposed time varies with the data).
@@ -220,7 +254,7 @@ class TaskProfiler:
         ----------
         batches : iterable
             One :meth:`profile` per batch, with the same settings.
-        skip_tasks, task_times, memory, state
+        num_warmup, num_measure, num_rounds, skip_tasks, task_times, memory, state
             As in :meth:`profile` (with ``state``, restored after each batch's profile).
 
         Returns
@@ -232,14 +266,34 @@ class TaskProfiler:
         ------
         ValueError
             As :meth:`profile`.
+        OptionError
+            As :meth:`profile` (``given_to`` is ``"TaskProfiler.profile_many"``), before any batch is profiled.
+
+        Examples
+        --------
+        >>> from swpipe import SWPipeline, TaskProfiler, PipelinePlan, PipelineTask, TaskSchedule
+        >>> plan = PipelinePlan({PipelineTask("Work", lambda ctx: sum(range(ctx.batch))): TaskSchedule()})
+        >>> with SWPipeline(plan, device="cpu") as pipe:
+        ...     results = TaskProfiler(pipe).profile_many([10, 1000], num_warmup=0, num_measure=2, num_rounds=1)
+        >>> [(r.meta["batch_index"], r.meta["num_measure"]) for r in results]
+        [(0, 2), (1, 2)]
         """
+        counts = self._counts("TaskProfiler.profile_many", num_warmup, num_measure, num_rounds)
         skip = None if skip_tasks is None else set(skip_tasks)
         results = []
         for i, batch in enumerate(batches):
-            r = self.profile(batch, skip, task_times=task_times, memory=memory, state=state)
+            r = self.profile(batch, *counts, skip, task_times=task_times, memory=memory, state=state)
             r.meta["batch_index"] = i
             results.append(r)
         return results
+
+
+def _check_counts(given_to: str, **counts: Any) -> None:
+    """Raise :class:`OptionError` for a count of rounds out of range (``num_warmup >= 0``, the others ``>= 1``)."""
+    for name, value in counts.items():
+        low = 0 if name == "num_warmup" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise OptionError(given_to, name, value, expected=f"an integer >= {low}")
 
 
 def _task_memory(pipe: "SWPipeline", batch: Any, num_measure: int, counter: Iterator[int]) -> Dict[str, Any]:
