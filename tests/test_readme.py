@@ -285,3 +285,18 @@ def test_readme_links_to_files_that_exist():
     for target in local:
         assert not target.startswith(("/", "..")), f"README.md links outside the repository: {target}"
         assert (ROOT / target).exists(), f"README.md links to {target}, which is not in the repository"
+
+
+README_MAX_LINES = 180
+
+
+def test_the_readme_speaks_to_each_user_within_its_length():
+    """Three users (TorchRec, torchgpipe, PyTorch's pipelining) each find their one-line switch, and the README
+    stays short enough to read (issue 46: within 180 lines)."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    for user in ("TorchRec users", "torchgpipe users", "PyTorch pipelining users"):
+        assert user in headings
+    for switch in ("swpipe.torchrec.TrainPipeline", "from swpipe.gpipe import GPipe", "swpipe pp"):
+        assert switch in text
