@@ -397,21 +397,24 @@ class _Deadline:
     def __init__(self, limit_s: float, clock: Callable[[], float]) -> None:
         self.clock, self.limit_s = clock, limit_s
         self.start = clock()
+        self.end = self.start + limit_s
         self.longest: Dict[str, float] = {}
 
-    def left(self) -> float:
-        return self.start + self.limit_s - self.clock()
-
-    def check(self, stage: str, expect_s: float = 0.0) -> None:
-        if self.left() <= expect_s:
+    def check(self, stage: str, expect_s: float = 0.0) -> float:
+        """The clock's time now; :class:`_Cut` when less than ``expect_s`` is left."""
+        now = self.clock()
+        if self.end - now <= expect_s:
             raise _Cut(stage)
+        return now
 
     def checker(self, stage: str) -> Callable[[], None]:
-        return lambda: self.check(stage)
+        """A stage's check, for its loop to call."""
+        def check() -> None:
+            self.check(stage)
+        return check
 
     def atomic(self, kind: str, stage: str, run: Callable[[], _T]) -> _T:
-        self.check(stage, self.longest.get(kind, 0.0))
-        t0 = self.clock()
+        t0 = self.check(stage, self.longest.get(kind, 0.0))
         out = run()
         self.longest[kind] = max(self.longest.get(kind, 0.0), self.clock() - t0)
         return out
@@ -514,7 +517,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         c = costs_n[n][len(stage_to_rank)]
         best = best_orders.get((n, layout), (0.0, None))[1]
         hint = best if best and _order_is(best, split) else None
-        budget_s = deadline.left() / share  # what is left, shared by the CP-SAT problems still to run
+        budget_s = (deadline.end - deadline.check("cpsat")) / share  # what is left, shared by those still to run
         order, status = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, budget_s, hint)
         statuses.append(f"{layout} n={n} {'IW' if split else 'B'}: {status}")
         cand = None if order is None else _try(f"cpsat({'IW' if split else 'B'}) {layout}", order, n, stage_to_rank,
