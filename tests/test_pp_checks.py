@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from autosched._fields import byte_cap, optional, time_limit
 from autosched.pp import (P2PCost, PPCosts, PPError, PPProgram, PPScheduleError, StageCost, builtin_programs,
                           pp_compare, pp_program, pp_search, pp_simulate, pp_what_if, program_from_order, read_csv,
                           validate_program)
@@ -131,8 +130,9 @@ def test_compare_takes_one_split_and_says_what_it_left_out() -> None:
     assert set(found.skipped) == {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
                                   "DualPipeV"}
     assert "4 stages" in found.skipped["ZBVZeroBubble"]
-    assert "PyTorch refuses" in found.skipped["DualPipeV"]  # 2 micro-batches for 4 stages
-    assert all(f"{name:<22} left out" in found.summary() for name in found.skipped)
+    refused = builtin_programs(2, 2)[1]  # PyTorch refuses DualPipeV 2 micro-batches for 4 stages: its reason is kept
+    assert found.skipped["DualPipeV"].endswith(refused["DualPipeV"])
+    assert all(name in found.summary() for name in found.skipped)
     by_split = pp_compare({2: _costs(2), 4: _costs(4)}, 2, 4)
     assert by_split.skipped == {} and len(by_split) == 7
 
@@ -145,23 +145,22 @@ def test_compare_says_what_costs_it_expects() -> None:
 
 # --- time limits and caps: one rule everywhere --------------------------------------------------------------------
 
-def _cap() -> tuple:
-    return optional(byte_cap())  # a cap is optional wherever it is taken (None: no cap)
-
-
-@pytest.mark.parametrize("call, field, rule", [
-    (lambda v: pp_search(_costs(2), 2, 2, time_limit_s=v, use_cpsat=False), "time_limit_s", time_limit),
-    (lambda v: SolverOptions(time_limit_s=v), "time_limit_s", time_limit),
-    (lambda v: pp_search(_costs(2), 2, 2, memory_cap_bytes=v, use_cpsat=False), "memory_cap_bytes", _cap),
-    (lambda v: pp_what_if(pp_program("GPipe", 2, 2), _costs(2), memory_cap_bytes=v), "memory_cap_bytes", _cap),
-    (lambda v: pp_compare(_costs(2), 2, 2, memory_cap_bytes=v), "memory_cap_bytes", _cap),
-    (lambda v: Constraints(max_memory_bytes=v), "max_memory_bytes", _cap),
-])
-@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf")])
-def test_time_limits_and_caps_are_refused_the_same_way_everywhere(call, field: str, rule, value: float) -> None:
+def _refusal(call, value: float) -> tuple:
     with pytest.raises(OptionError) as e:
         call(value)
-    assert (e.value.field, e.value.expected) == (field, rule()[1])
+    return e.value.field, e.value.expected
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf")])
+def test_time_limits_and_caps_are_refused_the_same_way_everywhere(value: float) -> None:
+    # the plan search's options classes refuse them; every pipeline-parallel entry refuses them as they do
+    limit = _refusal(lambda v: SolverOptions(time_limit_s=v), value)
+    cap = _refusal(lambda v: Constraints(max_memory_bytes=v), value)
+    assert _refusal(lambda v: pp_search(_costs(2), 2, 2, time_limit_s=v, use_cpsat=False), value) == limit
+    for call in (lambda v: pp_search(_costs(2), 2, 2, memory_cap_bytes=v, use_cpsat=False),
+                 lambda v: pp_what_if(pp_program("GPipe", 2, 2), _costs(2), memory_cap_bytes=v),
+                 lambda v: pp_compare(_costs(2), 2, 2, memory_cap_bytes=v)):
+        assert _refusal(call, value) == ("memory_cap_bytes", cap[1])
 
 
 class _FakeClock:
@@ -188,7 +187,7 @@ def test_the_time_limit_bounds_every_stage_of_the_search() -> None:
         # the first check after the deadline stops the search: at most one read in between, one to say how long
         assert found.elapsed_s == clock.now <= limit + 2
         assert found.cut and found.not_tried and found.time_limit_s == limit
-        assert f"passed in {found.cut}" in found.summary()
+        assert found.cut in found.summary() and found.not_tried[0] in found.summary()
         assert found.best.result.step_s <= min(c.result.step_s for c in found.candidates)
         stages.add(found.cut)
     # PyTorch's schedules, the list scheduler, CP-SAT and the simulator's loop all read the same deadline
