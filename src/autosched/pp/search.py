@@ -465,8 +465,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split;
         ``rule="time_limit"`` when the limit passed before any schedule was scored.
     OptionError
-        ``time_limit_s`` or ``memory_cap_bytes`` not a finite number > 0 (the rule every
-        search's options take: :func:`autosched._fields.time_limit`, :func:`~autosched._fields.byte_cap`).
+        ``time_limit_s`` or ``memory_cap_bytes`` not a finite number > 0 (the same rule as
+        ``SolverOptions.time_limit_s`` and ``Constraints.max_memory_bytes``).
 
     Examples
     --------
