@@ -478,7 +478,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     """
     check_arguments("pp_search", {"time_limit_s": (time_limit_s, time_limit()),
                                   "memory_cap_bytes": (memory_cap_bytes, optional(byte_cap())),
-                                  "n_ranks": (n_ranks, integer(1)), "cpsat_max_actions": (cpsat_max_actions, integer(0))})
+                                  "n_ranks": (n_ranks, integer(1)),
+                                  "cpsat_max_actions": (cpsat_max_actions, integer(0))})
     deadline = _Deadline(time_limit_s, clock)
     by_stages = {costs.n_stages: costs} if isinstance(costs, PPCosts) else dict(costs)
     counts = [n_microbatches] if isinstance(n_microbatches, int) else list(n_microbatches)
@@ -490,7 +491,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     costs_n = {n: _costs_for(by_stages, counts, n, costs_for_microbatches) for n in counts}
     candidates: List[PPCandidate] = []
     statuses: List[str] = []
-    best_orders: Dict[Tuple[int, str], Tuple[float, Dict[int, List[str]]]] = {}
+    best_orders: Dict[Tuple[int, str], Tuple[float, Dict[int, List[str]]]] = {}  # the hint CP-SAT starts from
     work: List[Tuple[str, str, Callable[[], None]]] = []  # (stage, what, run): cheap first, CP-SAT last
 
     def seed(n: int, name: str) -> None:
@@ -510,12 +511,12 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         cand = None if order is None else _try(f"{policy.name()} {layout}", order, n, stage_to_rank, c, deadline)
         if cand is not None:
             candidates.append(cand)
-            if cand.result.step_s < best_orders.get((n, layout), (float("inf"), {}))[0]:
-                best_orders[n, layout] = (cand.result.step_s, order)  # type: ignore[assignment]
+            if (n, layout) not in best_orders or cand.result.step_s < best_orders[n, layout][0]:
+                best_orders[n, layout] = (cand.result.step_s, order)
 
     def exact(n: int, layout: str, stage_to_rank: Tuple[int, ...], split: bool, share: int) -> None:
         c = costs_n[n][len(stage_to_rank)]
-        best = best_orders.get((n, layout), (0.0, None))[1]
+        best = best_orders[n, layout][1] if (n, layout) in best_orders else None
         hint = best if best and _order_is(best, split) else None
         budget_s = (deadline.end - deadline.check("cpsat")) / share  # what is left, shared by those still to run
         order, status = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, budget_s, hint)
@@ -528,14 +529,13 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     for n in counts:
         work += [("seeds", f"PyTorch {name} n={n}", functools.partial(seed, n, name))
                  for name in _torch.available_schedules()]
+    exact_problems = []
     for n, (layout, stage_to_rank) in itertools.product(counts, layouts):
         split_ok = all(x.backward_weight_s > 0 for x in costs_n[n][len(stage_to_rank)].stages)
-        work += [("list", f"{policy.name()} {layout} n={n}", functools.partial(listed, n, layout, stage_to_rank, policy))
-                 for policy in _policies(split_ok)]
-    exact_problems = [(n, layout, stage_to_rank, split) for n, (layout, stage_to_rank) in itertools.product(counts, layouts)
-                      for split in ((False, True) if all(x.backward_weight_s > 0
-                                                         for x in costs_n[n][len(stage_to_rank)].stages) else (False,))
-                      if use_cpsat and len(stage_to_rank) * n * 3 <= cpsat_max_actions]
+        work += [("list", f"{policy.name()} {layout} n={n}",
+                  functools.partial(listed, n, layout, stage_to_rank, policy)) for policy in _policies(split_ok)]
+        if use_cpsat and len(stage_to_rank) * n * 3 <= cpsat_max_actions:
+            exact_problems += [(n, layout, stage_to_rank, split) for split in ((False, True) if split_ok else (False,))]
     work += [("cpsat", f"cpsat({'IW' if split else 'B'}) {layout} n={n}",
               functools.partial(exact, n, layout, stage_to_rank, split, len(exact_problems) - i))
              for i, (n, layout, stage_to_rank, split) in enumerate(exact_problems)]
