@@ -450,7 +450,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         schedules first, then the list scheduler's policies, then CP-SAT (which shares what
         is left); every stage reads the same deadline and the search stops once it has
         passed, returning the best found so far (``.cut`` says where it stopped,
-        ``.not_tried`` what it left out).
+        ``.not_tried`` what it left out). The clock starts once torch's pipelining package is
+        imported (a one-off cost of a process's first call).
     cpsat_max_actions : int
         CP-SAT runs when a problem has at most this many compute actions; beyond, the
         list scheduler alone.
@@ -480,7 +481,6 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
                                   "memory_cap_bytes": (memory_cap_bytes, optional(byte_cap())),
                                   "n_ranks": (n_ranks, integer(1)),
                                   "cpsat_max_actions": (cpsat_max_actions, integer(0))})
-    deadline = _Deadline(time_limit_s, clock)
     by_stages = {costs.n_stages: costs} if isinstance(costs, PPCosts) else dict(costs)
     counts = [n_microbatches] if isinstance(n_microbatches, int) else list(n_microbatches)
     if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
@@ -539,6 +539,9 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     work += [("cpsat", f"cpsat({'IW' if split else 'B'}) {layout} n={n}",
               functools.partial(exact, n, layout, stage_to_rank, split, len(exact_problems) - i))
              for i, (n, layout, stage_to_rank, split) in enumerate(exact_problems)]
+    # the clock starts here: after the one-off import of torch's pipelining package (seconds on a busy
+    # machine, paid once per process) that listing PyTorch's schedules above may have done
+    deadline = _Deadline(time_limit_s, clock)
     cut, not_tried = "", ()
     for i, (stage, what, run) in enumerate(work):
         try:
