@@ -44,9 +44,9 @@ class Constraints:
     device : {"cpu", "cuda"}
         Which semantics the simulator (and the models) use.
     max_memory_bytes : float, optional
-        Cap on the predicted peak bytes in flight (needs memory figures in the
-        cost model): the search returns the fastest plan whose peak fits,
-        trying every depth up to ``max_depth``, or raises
+        Cap on the predicted peak bytes in flight, a finite number > 0 (the rule every
+        memory cap takes; needs memory figures in the cost model): the search returns
+        the fastest plan whose peak fits, trying every depth up to ``max_depth``, or raises
         :class:`autosched.search.memcap.MemoryCapError` naming the least memory a
         plan needs (:mod:`autosched.search.memcap`).
 
@@ -94,7 +94,8 @@ class SolverOptions:
     Parameters
     ----------
     time_limit_s : float
-        Wall-clock budget of the whole search.
+        Wall-clock budget of the whole search: a finite number > 0, the rule every search's time limit
+        takes (``pp_search`` too).
     seed : int
         Makes the beam's sampling and CP-SAT's search reproducible.
     method : {"auto", "cpsat", "beam"}
