@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from autosched.pp import (LiveTensorBytes, P2PCost, PPCosts, PPError, PPProgram, StageCost, builtin_programs,
-                          measure_stage_costs, pp_compare, pp_lower_bounds, pp_program, pp_simulate, pp_what_if,
-                          program_from_order, split_module)
+from autosched.pp import (LiveTensorBytes, P2PCost, PPCosts, PPError, PPProgram, PPScheduleError, StageCost,
+                          builtin_programs, measure_stage_costs, pp_compare, pp_lower_bounds, pp_program, pp_simulate,
+                          pp_what_if, program_from_order, split_module)
 from autosched.pp.program import parse_action
 
 SIZES = [(2, 4), (2, 8), (4, 8)]
@@ -147,11 +147,14 @@ def test_input_gradient_lives_until_its_send() -> None:
 
 
 def test_a_receive_no_rank_sends_is_a_deadlock() -> None:
-    steps = {0: (("post", ("0RECV_B0",)), ("wait", ("0RECV_B0",))), 1: (("compute", ("1F0",)),)}
-    p = PPProgram("broken", 2, 2, 1, (0, 1), {0: (), 1: ("1F0",)}, steps)
-    with pytest.raises(PPError) as e:
+    gpipe = pp_program("GPipe", 2, 1)
+    # rank 0 waits for the gradient before it sends the forward that rank 1 waits for
+    steps = {0: (("compute", ("0F0",)), ("post", ("0RECV_B0",)), ("wait", ("0RECV_B0",)), ("post", ("0SEND_F0",)),
+                 ("wait", ("0SEND_F0",)), ("compute", ("0B0",))), 1: gpipe.steps[1]}
+    p = PPProgram("broken", 2, 2, 1, (0, 1), gpipe.compute, steps)
+    with pytest.raises(PPScheduleError) as e:
         pp_simulate(p, _uniform(2))
-    assert e.value.rule == "deadlock" and 0 in e.value.value
+    assert (e.value.rule, e.value.rank, e.value.action, e.value.step) == ("deadlock", 0, "0RECV_B0", 2)
 
 
 def test_bounds_never_exceed_the_simulated_step() -> None:

@@ -7,13 +7,14 @@ a raw ``TypeError``. Each options dataclass calls :func:`check_fields` from
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from swpipe_core.engine.options import OptionError
 
-__all__ = ["OptionError", "check_fields", "integer", "number", "fraction", "one_of", "flag", "optional", "names",
-           "mapping"]
+__all__ = ["OptionError", "check_fields", "check_arguments", "integer", "number", "fraction", "one_of", "flag",
+           "optional", "names", "mapping", "time_limit", "byte_cap"]
 
 Rule = Tuple[Callable[[Any], bool], str]
 
@@ -33,11 +34,24 @@ def check_fields(owner: Any, rules: Dict[str, Rule]) -> None:
     ...
     swpipe_core.engine.options.OptionError: Opts(depth='3'): expected an integer >= 1
     """
-    for name, (ok, expected) in rules.items():
-        value = getattr(owner, name)
+    check_arguments(type(owner).__name__, {name: (getattr(owner, name), rule) for name, rule in rules.items()})
+
+
+def check_arguments(given_to: str, rules: Dict[str, Tuple[Any, Rule]]) -> None:
+    """Raise :class:`OptionError` for the first ``name: (value, rule)`` whose rule rejects its value.
+
+    The same check as :func:`check_fields`, for a function's arguments: ``given_to`` names the function.
+
+    Examples
+    --------
+    >>> check_arguments("pp_search", {"time_limit_s": (0, time_limit())})
+    Traceback (most recent call last):
+    ...
+    swpipe_core.engine.options.OptionError: pp_search(time_limit_s=0): expected a finite number > 0 (seconds)
+    """
+    for name, (value, (ok, expected)) in rules.items():
         if not ok(value):
-            cls = type(owner).__name__
-            raise OptionError(cls, name, value, home=cls, expected=expected)
+            raise OptionError(given_to, name, value, home=given_to, expected=expected)
 
 
 def integer(low: int) -> Rule:
@@ -46,12 +60,24 @@ def integer(low: int) -> Rule:
             f"an integer >= {low}")
 
 
-def number(low: float, strict: bool = False) -> Rule:
-    """A real number ``>= low`` (``> low`` when ``strict``), not a bool."""
+def number(low: float, strict: bool = False, finite: bool = False) -> Rule:
+    """A real number ``>= low`` (``> low`` when ``strict``; not infinite when ``finite``), not a bool; never NaN."""
     def ok(v: Any) -> bool:
         return (isinstance(v, numbers.Real) and not isinstance(v, bool)
-                and (v > low if strict else v >= low))
-    return ok, f"a number {'>' if strict else '>='} {low:g}"
+                and (v > low if strict else v >= low) and (not finite or math.isfinite(v)))
+    return ok, f"a {'finite ' if finite else ''}number {'>' if strict else '>='} {low:g}"
+
+
+def time_limit() -> Rule:
+    """A time budget in seconds: a finite number ``> 0``. The one rule of every ``time_limit_s`` a search takes."""
+    ok, expected = number(0, strict=True, finite=True)
+    return ok, f"{expected} (seconds)"
+
+
+def byte_cap() -> Rule:
+    """A memory cap in bytes: a finite number ``> 0``. The one rule of every memory cap a search takes."""
+    ok, expected = number(0, strict=True, finite=True)
+    return ok, f"{expected} (bytes)"
 
 
 def fraction() -> Rule:

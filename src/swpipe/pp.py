@@ -6,15 +6,18 @@ adds what its dry run lacks (time, transfers, memory):
 * the schedule: :func:`pp_program` (one of PyTorch's, for some ranks and micro-batches),
   :class:`PPProgram` (per-rank actions; ``.grid()`` prints the step x rank table as PyTorch
   does; ``.to_csv()`` writes the compute-only CSV ``_PipelineScheduleRuntime`` loads),
-  :func:`builtin_programs`, :func:`program_from_order`, :func:`read_csv`;
+  :func:`builtin_programs`, :func:`program_from_order`, :func:`read_csv`, :func:`validate_program`
+  (the rules every schedule keeps: each action once, dependencies in order, no deadlock);
 * the costs: :func:`measure_stage_costs` (F, I, W, B and bytes per stage, one process),
   :func:`measure_p2p` (the link, with ``torch.distributed``), :class:`StageCost`,
   :class:`P2PCost`, :class:`PPCosts`, :func:`split_module`, :class:`LiveTensorBytes`;
 * the prediction: :func:`pp_simulate` (step, bubble and peak memory per rank),
-  :func:`pp_lower_bounds`, :func:`pp_what_if`, :func:`pp_compare`;
+  :func:`pp_lower_bounds`, :func:`pp_what_if`, :func:`pp_compare` (a :class:`PPComparison`);
 * the search: :func:`pp_search` (CP-SAT and list scheduling, seeded with PyTorch's schedules);
-* errors: :class:`PPError` (``.rule``, ``.field``, ``.value``, ``.schedule``) and
-  :class:`PPTorchError` (a torch without the helpers read).
+* errors: :class:`PPError` (``.rule``, ``.field``, ``.value``, ``.schedule``),
+  :class:`PPScheduleError` (a schedule the runtime would not run through: ``.rule``, ``.rank``,
+  ``.action``, ``.step``, ``.fix``), :class:`PPTorchError` (a torch without the helpers read); a
+  cost, time limit or cap out of range is an ``OptionError`` naming the field.
 
 ``swpipe pp`` runs every schedule and a searched one under ``torchrun`` and prints the
 prediction beside the measurement.
@@ -30,12 +33,14 @@ Examples
 
 from __future__ import annotations
 
-from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPCosts, PPError, PPProgram, PPRow,
-                          PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, StageCost, builtin_programs,
-                          measure_p2p, measure_stage_costs, pp_compare, pp_lower_bounds, pp_program, pp_search,
-                          pp_simulate, pp_what_if, program_from_order, read_csv, split_module)
+from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPError, PPProgram,
+                          PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, StageCost,
+                          builtin_programs, measure_p2p, measure_stage_costs, pp_compare, pp_lower_bounds, pp_program,
+                          pp_search, pp_simulate, pp_what_if, program_from_order, read_csv, split_module,
+                          validate_program)
 
-__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPCosts", "PPError", "PPProgram", "PPRow",
-           "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost", "builtin_programs",
-           "measure_p2p", "measure_stage_costs", "pp_compare", "pp_lower_bounds", "pp_program", "pp_search",
-           "pp_simulate", "pp_what_if", "program_from_order", "read_csv", "split_module"]
+__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPError", "PPProgram",
+           "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
+           "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_compare", "pp_lower_bounds", "pp_program",
+           "pp_search", "pp_simulate", "pp_what_if", "program_from_order", "read_csv", "split_module",
+           "validate_program"]

@@ -14,6 +14,8 @@ from typing import Any
 
 _LAZY = {
     "PPError": "program",
+    "PPScheduleError": "program",
+    "validate_program": "program",
     "PPProgram": "program",
     "pp_program": "program",
     "builtin_programs": "program",
@@ -32,6 +34,7 @@ _LAZY = {
     "PPWhatIf": "whatif",
     "pp_what_if": "whatif",
     "PPRow": "whatif",
+    "PPComparison": "whatif",
     "pp_compare": "whatif",
     "PPSearchResult": "search",
     "PPCandidate": "search",

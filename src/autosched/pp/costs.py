@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from autosched._fields import check_fields, integer, number
 from autosched.pp.program import PPError
 
 __all__ = ["StageCost", "P2PCost", "PPCosts", "measure_stage_costs", "measure_p2p", "split_module"]
@@ -52,6 +53,12 @@ class StageCost:
     forward_peak_bytes, backward_peak_bytes, backward_input_peak_bytes, backward_weight_peak_bytes : int
         The most each action has alive above what was alive when it started.
 
+    Raises
+    ------
+    OptionError
+        A time that is not a finite number >= 0 (NaN, infinite, negative) or a byte count
+        that is not an integer >= 0, naming the field (``.field``, ``.value``).
+
     Examples
     --------
     >>> cost = StageCost(forward_s=0.002, backward_s=0.004, reduce_grad_s=0.0005)
@@ -74,6 +81,10 @@ class StageCost:
     backward_input_peak_bytes: int = 0
     backward_weight_peak_bytes: int = 0
     reduce_grad_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_fields(self, {f.name: (number(0, finite=True) if f.name.endswith("_s") else integer(0))
+                            for f in fields(self)})
 
     def action_s(self, kind: str) -> float:
         """The time of action ``kind`` (``F``, ``I``, ``W``, ``B``, ``LOSS``, ``REDUCE_GRAD``; others 0)."""
@@ -116,6 +127,11 @@ class P2PCost:
     backend: str = ""
     post_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        time = number(0, finite=True)
+        check_fields(self, {"latency_s": time, "seconds_per_byte": time, "post_s": time,
+                            "backend": (lambda v: isinstance(v, str), "a string")})
+
     def seconds(self, nbytes: int) -> float:
         """How long one transfer of ``nbytes`` takes."""
         return self.latency_s + max(0, nbytes) * self.seconds_per_byte
@@ -138,6 +154,13 @@ class PPCosts:
         What the runtime adds to each compute action (its Python around the stage's
         module: receive buffers, caches, validation, the profiler range), already
         included in ``stages``' times (:meth:`with_action_overhead`); 0 if not measured.
+
+    Raises
+    ------
+    OptionError
+        ``stages`` not a non-empty sequence of :class:`StageCost`, ``p2p`` not a
+        :class:`P2PCost`, or a field out of range (``action_overhead_s`` a finite number
+        >= 0, ``samples_per_microbatch`` an integer >= 0).
     """
 
     stages: Tuple[StageCost, ...]
@@ -145,6 +168,14 @@ class PPCosts:
     samples_per_microbatch: int = 0
     machine: str = ""
     action_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "stages": (lambda v: isinstance(v, (tuple, list)) and len(v) > 0
+                       and all(isinstance(c, StageCost) for c in v), "a non-empty tuple of StageCost, one per stage"),
+            "p2p": (lambda v: isinstance(v, P2PCost), "a P2PCost"),
+            "samples_per_microbatch": integer(0), "machine": (lambda v: isinstance(v, str), "a string"),
+            "action_overhead_s": number(0, finite=True)})
 
     def with_action_overhead(self, overhead_s: float) -> "PPCosts":
         """Every F, I, W and B made ``overhead_s`` longer (replacing an overhead added before)."""

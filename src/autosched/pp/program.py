@@ -28,8 +28,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from autosched.pp import _torch
 
-__all__ = ["PPError", "PPProgram", "parse_action", "pp_program", "builtin_programs", "program_from_order",
-           "read_csv", "default_stages_per_rank"]
+__all__ = ["PPError", "PPScheduleError", "PPProgram", "parse_action", "pp_program", "builtin_programs",
+           "program_from_order", "read_csv", "default_stages_per_rank", "validate_program", "transfer_key",
+           "builtin_program"]
 
 Step = Tuple[str, Tuple[str, ...]]
 _ACTION = re.compile(r"^(\d+)(F|I|B|W|LOSS|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD)(\d*)$")
@@ -44,7 +45,8 @@ class PPError(ValueError):
     ----------
     rule : str
         What is wrong (``"unknown_schedule"``, ``"torch_rejects"``, ``"bad_action"``,
-        ``"bad_order"``, ``"deadlock"``, ``"missing_cost"``, ``"memory_cap"``, ``"bad_value"``).
+        ``"bad_order"``, ``"missing_cost"``, ``"memory_cap"``, ``"bad_value"``, ``"time_limit"``;
+        a broken schedule's rules are :class:`PPScheduleError`'s).
     field : str
         The argument or field at fault.
     value : object
@@ -80,6 +82,291 @@ def parse_action(text: str) -> Tuple[int, str, Optional[int]]:
                       "[micro-batch], e.g. 2F0")
     stage, kind, mb = m.groups()
     return int(stage), kind, (int(mb) if mb else None)
+
+
+@dataclass
+class PPScheduleError(PPError):
+    """A schedule PyTorch's runtime would not run through: :func:`validate_program`'s one error.
+
+    Attributes
+    ----------
+    rule : str
+        The rule broken: ``"bad_action"`` (not a compute action of the program's stages and
+        micro-batches), ``"wrong_rank"`` (a stage on a rank that does not hold it),
+        ``"duplicate_action"`` (an action twice, or a micro-batch's B beside its I or W),
+        ``"missing_action"``, ``"dependency"`` (an action before what it needs, on its own
+        rank), ``"deadlock"`` (ranks that wait for each other), ``"steps_differ"`` (the
+        runtime's steps do not run the compute order), ``"duplicate_transfer"``,
+        ``"unmatched_transfer"`` (a send or receive no peer matches).
+    rank : int or None
+        The rank at fault.
+    action : str
+        The action at fault (``"0F1"``).
+    step : int or None
+        Its position in the rank's compute order (``compute[rank]``; for the transfer rules,
+        in ``steps[rank]``); None for an action that is missing.
+    fix : str
+        What to change.
+    """
+
+    rank: Optional[int] = None
+    action: str = ""
+    step: Optional[int] = None
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"{self.schedule}: " if self.schedule else ""
+        at = f"step {self.step}" if self.step is not None else "nowhere"
+        ValueError.__init__(self, f"{where}rank {self.rank}, {self.action} at {at}: {self.rule}: {self.detail}; "
+                                  f"fix: {self.fix}")
+
+
+def transfer_key(action: str) -> Tuple[str, int, int]:
+    """A send and the receive it matches share a key: (direction, sending stage, micro-batch).
+
+    Examples
+    --------
+    >>> transfer_key("0SEND_F3") == transfer_key("1RECV_F3")
+    True
+    """
+    stage, kind, mb = parse_action(action)
+    if mb is None or kind not in ("SEND_F", "SEND_B", "RECV_F", "RECV_B"):
+        raise PPError("bad_action", "action", action, detail="a transfer is [stage][SEND_F|RECV_F|SEND_B|RECV_B]"
+                      "[micro-batch], e.g. 0SEND_F0")
+    if kind == "SEND_F":
+        return ("F", stage, mb)
+    if kind == "SEND_B":
+        return ("B", stage, mb)
+    if kind == "RECV_F":
+        return ("F", stage - 1, mb)
+    return ("B", stage + 1, mb)
+
+
+Key = Tuple[int, str, int]  # (stage, kind, micro-batch) of a compute action
+
+
+def validate_program(program: "PPProgram") -> "PPProgram":
+    """``program`` if PyTorch's runtime runs it through; else the first rule it breaks.
+
+    The rules every schedule keeps, whoever made it (PyTorch, the search, a CSV file, a hand):
+
+    * every rank's compute order holds compute actions (F, I, W, B) of the stages it holds,
+      for micro-batches ``0 .. n_microbatches - 1``;
+    * every action exactly once: each micro-batch's F on every stage, and its backward, B
+      or I and W;
+    * every dependency respected: F after the previous stage's F, a backward after the
+      stage's F and the next stage's backward, W after I; on one rank in that order, across
+      ranks with no cycle of waits (a deadlock);
+    * the runtime's ``steps`` run that compute order, post every send and receive once,
+      matched by a peer, wait each input before the action that reads it, and reach their
+      end (no rank waits for a transfer no rank posts).
+
+    :func:`read_csv` and :func:`program_from_order` call it on what they build,
+    :meth:`PPProgram.csv_text` (and so :meth:`PPProgram.to_csv`) before writing, and
+    :func:`~autosched.pp.simulate.pp_simulate` before predicting.
+
+    Parameters
+    ----------
+    program : PPProgram
+
+    Returns
+    -------
+    PPProgram
+        ``program`` itself.
+
+    Raises
+    ------
+    PPScheduleError
+        The first rule broken: ``.rule``, ``.rank``, ``.action``, ``.step`` and ``.fix``.
+
+    Examples
+    --------
+    >>> p = pp_program("1F1B", n_ranks=2, n_microbatches=2)
+    >>> validate_program(p) is p
+    True
+    >>> twice = {0: ("0F0", "0F1", "0F1", "0B0", "0B1"), 1: p.compute[1]}
+    >>> try:
+    ...     validate_program(PPProgram("custom", 2, 2, 2, (0, 1), twice, p.steps))
+    ... except PPScheduleError as e:
+    ...     print(e.rule, e.rank, e.action, e.step)
+    duplicate_action 0 0F1 2
+    """
+    seen = _check_actions(program)
+    _check_dependencies(program, seen)
+    _check_steps(program)
+    return program
+
+
+def _fail(program: "PPProgram", rule: str, rank: Optional[int], action: str, step: Optional[int], detail: str,
+          fix: str) -> PPScheduleError:
+    return PPScheduleError(rule, "program", action, program.schedule, detail, rank=rank, action=action, step=step,
+                           fix=fix)
+
+
+def _check_actions(program: "PPProgram") -> Dict[Key, Tuple[int, int]]:
+    """Each action once, on its stage's rank; each micro-batch's F and backward there. Where each one is."""
+    n_stages, n_mb, where = program.n_stages, program.n_microbatches, program.stage_to_rank
+    seen: Dict[Key, Tuple[int, int]] = {}
+    for r in range(program.n_ranks):
+        for i, a in enumerate(program.compute.get(r, ())):
+            try:
+                s, kind, mb = parse_action(str(a))
+            except PPError:
+                s, kind, mb = 0, "", None
+            if kind not in _COMPUTE or mb is None or not 0 <= s < n_stages or not 0 <= mb < n_mb:
+                raise _fail(program, "bad_action", r, str(a), i, "not a compute action of this program",
+                            f"write [stage 0..{n_stages - 1}][F|I|W|B][micro-batch 0..{n_mb - 1}], e.g. 0F0")
+            if where[s] != r:
+                raise _fail(program, "wrong_rank", r, a, i, f"stage {s} is on rank {where[s]}",
+                            f"move {a} to rank {where[s]}'s order")
+            if (s, kind, mb) in seen:
+                r0, i0 = seen[s, kind, mb]
+                raise _fail(program, "duplicate_action", r, a, i, f"{a} already runs at rank {r0} step {i0}",
+                            f"remove one {a}")
+            seen[s, kind, mb] = (r, i)
+    for s in range(n_stages):
+        for mb in range(n_mb):
+            if (s, "F", mb) not in seen:
+                raise _fail(program, "missing_action", where[s], f"{s}F{mb}", None, "no rank runs it",
+                            f"add {s}F{mb} to rank {where[s]}'s order")
+            has = {k for k in ("B", "I", "W") if (s, k, mb) in seen}
+            if "B" in has and has & {"I", "W"}:
+                other = min(has - {"B"})
+                r0, i0 = seen[s, other, mb]
+                raise _fail(program, "duplicate_action", r0, f"{s}{other}{mb}", i0,
+                            f"{s}B{mb} already runs the whole backward", f"keep {s}B{mb} or {s}I{mb} and {s}W{mb}")
+            if not has:
+                raise _fail(program, "missing_action", where[s], f"{s}B{mb}", None, "no backward of it runs",
+                            f"add {s}B{mb} (or {s}I{mb} then {s}W{mb}) to rank {where[s]}'s order")
+            if has in ({"I"}, {"W"}):
+                lacking = "W" if has == {"I"} else "I"
+                raise _fail(program, "missing_action", where[s], f"{s}{lacking}{mb}", None,
+                            f"{s}{min(has)}{mb} runs without it", f"add {s}{lacking}{mb} to rank {where[s]}'s order")
+    return seen
+
+
+def _needs(key: Key, seen: Mapping[Key, Tuple[int, int]], n_stages: int) -> List[Key]:
+    """What a compute action needs done before it (the data it reads)."""
+    s, kind, mb = key
+    if kind == "F":
+        return [(s - 1, "F", mb)] if s > 0 else []
+    if kind == "W":
+        return [(s, "I", mb)]
+    later = [(s + 1, "B" if (s + 1, "B", mb) in seen else "I", mb)] if s + 1 < n_stages else []
+    return [(s, "F", mb)] + later
+
+
+def _key(action: str) -> Key:
+    """A compute action's key (only for an action :func:`_check_actions` accepted: it has a micro-batch)."""
+    s, kind, mb = parse_action(action)
+    return s, kind, -1 if mb is None else mb
+
+
+def _text(key: Key) -> str:
+    return f"{key[0]}{key[1]}{key[2]}"
+
+
+def _check_dependencies(program: "PPProgram", seen: Mapping[Key, Tuple[int, int]]) -> None:
+    """Each action after what it needs: on its own rank in order; across ranks with no cycle of waits."""
+    orders = {r: [_key(a) for a in program.compute.get(r, ())] for r in range(program.n_ranks)}
+    for r, acts in orders.items():
+        for i, key in enumerate(acts):
+            for need in _needs(key, seen, program.n_stages):
+                r0, i0 = seen[need]
+                if r0 == r and i0 > i:
+                    raise _fail(program, "dependency", r, _text(key), i,
+                                f"it needs {_text(need)}, which runs later (step {i0})",
+                                f"move {_text(key)} after {_text(need)}")
+    done: set = set()
+    pos = {r: 0 for r in orders}
+    moved = True
+    while moved:
+        moved = False
+        for r, acts in orders.items():
+            while pos[r] < len(acts) and all(n in done for n in _needs(acts[pos[r]], seen, program.n_stages)):
+                done.add(acts[pos[r]])
+                pos[r] += 1
+                moved = True
+    blocked = {r: acts[pos[r]] for r, acts in orders.items() if pos[r] < len(acts)}
+    if blocked:
+        r = min(blocked)
+        key = blocked[r]
+        need = next(n for n in _needs(key, seen, program.n_stages) if n not in done)
+        chain = ", ".join(f"rank {b} waits at {_text(k)}" for b, k in sorted(blocked.items()))
+        raise _fail(program, "deadlock", r, _text(key), pos[r],
+                    f"it needs {_text(need)} from rank {seen[need][0]}, which never gets there ({chain})",
+                    f"order rank {seen[need][0]} so that {_text(need)} runs before what waits for {_text(key)}")
+
+
+def _check_steps(program: "PPProgram") -> None:
+    """The runtime's steps: the compute order, every transfer posted once and matched, inputs waited, an end."""
+    for r in range(program.n_ranks):
+        ran = [a for kind, acts in program.steps.get(r, ()) if kind == "compute" for a in acts
+               if parse_action(a)[1] in _COMPUTE]
+        order = list(program.compute.get(r, ()))
+        if ran != order:
+            i = next((j for j, (x, y) in enumerate(zip(ran, order)) if x != y), min(len(ran), len(order)))
+            got = ran[i] if i < len(ran) else "the end"
+            want = order[i] if i < len(order) else "the end"
+            raise _fail(program, "steps_differ", r, want, i, f"the runtime's steps run {got} there",
+                        "rebuild the program (program_from_order) so that its steps come from its compute order")
+    posted: Dict[Tuple[str, Tuple[str, int, int]], Tuple[int, int, str]] = {}
+    waited: Dict[int, set] = {r: set() for r in range(program.n_ranks)}
+    steps = {r: tuple(program.steps.get(r, ())) for r in range(program.n_ranks)}
+    pos = {r: 0 for r in steps}
+
+    def both(key: Tuple[str, int, int]) -> bool:
+        return ("SEND", key) in posted and ("RECV", key) in posted
+
+    moved = True
+    while moved:
+        moved = False
+        for r, mine in steps.items():
+            while pos[r] < len(mine):
+                kind, acts = mine[pos[r]]
+                if kind == "wait" and not all(both(transfer_key(a)) for a in acts):
+                    break
+                for a in acts:
+                    if kind == "post":
+                        side = ("SEND" if "SEND" in a else "RECV", transfer_key(a))
+                        if side in posted:
+                            raise _fail(program, "duplicate_transfer", r, a, pos[r],
+                                        f"posted before, by rank {posted[side][0]} at step {posted[side][1]}",
+                                        f"post {a} once")
+                        posted[side] = (r, pos[r], a)
+                    elif kind == "wait":
+                        waited[r].add(transfer_key(a))
+                    else:
+                        _check_input_waited(program, r, a, pos[r], waited[r])
+                pos[r] += 1
+                moved = True
+    blocked = {r: mine[pos[r]] for r, mine in steps.items() if pos[r] < len(mine)}
+    if blocked:
+        r = min(blocked)
+        a = next(a for a in blocked[r][1] if not both(transfer_key(a)))
+        chain = ", ".join(f"rank {b} at step {pos[b]} ({';'.join(st[1])})" for b, st in sorted(blocked.items()))
+        raise _fail(program, "deadlock", r, a, pos[r], f"no rank posts its peer ({chain} wait)",
+                    f"post the matching {'receive' if 'SEND' in a else 'send'} on the peer rank before it waits")
+    for (side, key), (r, i, a) in sorted(posted.items(), key=lambda kv: kv[1]):
+        other = "RECV" if side == "SEND" else "SEND"
+        if (other, key) not in posted:
+            raise _fail(program, "unmatched_transfer", r, a, i, f"no rank posts the {other.lower()} it pairs with",
+                        f"post the {other.lower()} on the peer rank, or drop this one")
+
+
+def _check_input_waited(program: "PPProgram", rank: int, action: str, step: int, waited: set) -> None:
+    """A compute action reads its input from another rank only after waiting for it."""
+    s, kind, mb = parse_action(action)
+    where = program.stage_to_rank
+    if kind == "F" and s > 0 and where[s - 1] != rank:
+        key, recv = ("F", s - 1, mb), f"{s}RECV_F{mb}"
+    elif kind in ("B", "I") and s + 1 < program.n_stages and where[s + 1] != rank:
+        key, recv = ("B", s + 1, mb), f"{s}RECV_B{mb}"
+    else:
+        return
+    if key not in waited:
+        raise _fail(program, "dependency", rank, action, step, f"it runs before its input arrives ({recv})",
+                    f"post and wait {recv} before {action}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +413,15 @@ class PPProgram:
         return _torch.format_grid(shown)
 
     def csv_text(self) -> str:
-        """The compute-only CSV ``_PipelineScheduleRuntime._load_csv`` reads: one row per rank."""
+        """The compute-only CSV ``_PipelineScheduleRuntime._load_csv`` reads: one row per rank.
+
+        Raises
+        ------
+        PPScheduleError
+            When the program breaks a rule of :func:`validate_program`: nothing is written
+            that the runtime would not run through.
+        """
+        validate_program(self)
         buf = io.StringIO()
         writer = csv.writer(buf)
         for r in range(self.n_ranks):
@@ -134,9 +429,10 @@ class PPProgram:
         return buf.getvalue()
 
     def to_csv(self, path: str) -> str:
-        """Write :meth:`csv_text` to ``path``; returns the path."""
+        """Write :meth:`csv_text` to ``path`` (checked first: :func:`validate_program`); returns the path."""
+        text = self.csv_text()
         with open(path, "w", newline="") as f:
-            f.write(self.csv_text())
+            f.write(text)
         return path
 
 
@@ -220,12 +516,22 @@ def builtin_programs(n_ranks: int, n_microbatches: int, stages_per_rank: Optiona
     programs: Dict[str, PPProgram] = {}
     refused: Dict[str, str] = {}
     for name in _torch.available_schedules():
-        per_rank = default_stages_per_rank(name) if stages_per_rank is None else stages_per_rank
-        try:
-            programs[name] = pp_program(name, n_ranks, n_microbatches, per_rank)
-        except PPError as exc:
-            refused[name] = exc.detail
+        program, why = builtin_program(name, n_ranks, n_microbatches, stages_per_rank)
+        if program is None:
+            refused[name] = why
+        else:
+            programs[name] = program
     return programs, refused
+
+
+def builtin_program(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: Optional[int] = None
+                    ) -> Tuple[Optional[PPProgram], str]:
+    """One of :func:`builtin_programs`: ``(program, "")``, or ``(None, PyTorch's reason)``."""
+    per_rank = default_stages_per_rank(name) if stages_per_rank is None else stages_per_rank
+    try:
+        return pp_program(name, n_ranks, n_microbatches, per_rank), ""
+    except PPError as exc:
+        return None, exc.detail
 
 
 def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatches: int,
@@ -236,6 +542,9 @@ def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatc
     ------
     PPError
         ``rule="bad_order"`` when PyTorch's validator or lowering refuses the order.
+    PPScheduleError
+        When the order breaks a rule of :func:`validate_program` PyTorch does not check (an
+        action twice, ...).
     """
     n_ranks = len(order)
     clean = {r: tuple(a for a in order[r] if a) for r in range(n_ranks)}
@@ -248,21 +557,25 @@ def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatc
     except (ValueError, AssertionError) as exc:
         raise PPError("bad_order", "order", None, schedule, str(exc).splitlines()[0]) from exc
     steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
-    return PPProgram(schedule, n_ranks, len(stage_to_rank), n_microbatches, tuple(stage_to_rank), clean,
-                     {r: tuple(v) for r, v in steps.items()}, {r: tuple(v) for r, v in lowered.items()},
-                     {r: tuple(v) for r, v in clean.items()}, source=source)
+    return validate_program(PPProgram(schedule, n_ranks, len(stage_to_rank), n_microbatches, tuple(stage_to_rank),
+                                      clean, {r: tuple(v) for r, v in steps.items()},
+                                      {r: tuple(v) for r, v in lowered.items()}, {r: tuple(v) for r, v in clean.items()},
+                                      source=source))
 
 
 def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedule: str = "custom") -> PPProgram:
     """A compute-only CSV (one row per rank) read by PyTorch's own loader, ``_PipelineScheduleRuntime._load_csv``.
 
     What PyTorch reads, validates (inferring which rank holds each stage) and lowers is
-    what the program holds, so a CSV this returns a program for is one the runtime runs.
+    what the program holds, and :func:`validate_program` checks it, so a CSV this returns a
+    program for is one the runtime runs through.
 
     Raises
     ------
     PPError
         ``rule="bad_order"`` when PyTorch's loader refuses the file (``detail`` says why).
+    PPScheduleError
+        When the file breaks a rule PyTorch's loader does not check (an action twice, ...).
     """
     for name, value in (("n_ranks", n_ranks), ("n_stages", n_stages), ("n_microbatches", n_microbatches)):
         _check_positive(name, value)
@@ -271,7 +584,7 @@ def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedu
     except (ValueError, AssertionError, RuntimeError, KeyError) as exc:
         raise PPError("bad_order", "path", path, schedule, str(exc).splitlines()[0]) from exc
     steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
-    return PPProgram(schedule, n_ranks, n_stages, n_microbatches, stage_to_rank,
-                     {r: tuple(v) for r, v in compute.items()}, {r: tuple(v) for r, v in steps.items()},
-                     {r: tuple(v) for r, v in lowered.items()}, {r: tuple(v) for r, v in compute.items()},
-                     source="csv")
+    return validate_program(PPProgram(schedule, n_ranks, n_stages, n_microbatches, stage_to_rank,
+                                      {r: tuple(v) for r, v in compute.items()}, {r: tuple(v) for r, v in steps.items()},
+                                      {r: tuple(v) for r, v in lowered.items()},
+                                      {r: tuple(v) for r, v in compute.items()}, source="csv"))

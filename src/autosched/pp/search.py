@@ -21,16 +21,21 @@ than the best seed that fits.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
+from autosched._fields import byte_cap, check_arguments, integer, optional, time_limit
 from autosched.pp import _torch
 from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
-from autosched.pp.program import PPError, PPProgram, builtin_programs, program_from_order
-from autosched.pp.simulate import PPSimResult, pp_simulate
+from autosched.pp.program import PPError, PPProgram, builtin_program, program_from_order
+from autosched.pp.simulate import PPSimResult, simulate_checked
+
+_T = TypeVar("_T")
 
 __all__ = ["PPCandidate", "PPSearchResult", "pp_search", "list_schedule"]
 
@@ -65,6 +70,15 @@ class PPSearchResult:
     memory_cap_bytes : int or None
     cpsat_status : str
         CP-SAT's status per problem it solved ("" when none was small enough).
+    cut : str
+        ``""`` when the search tried everything; else the stage in which its time limit
+        passed (``"seeds"``: building PyTorch's schedules, ``"list"``: the list scheduler,
+        ``"cpsat"``, ``"simulate"`` or ``"score"``: scoring a candidate) and where it stopped.
+    not_tried : tuple of str
+        What the cut left out (``"PyTorch DualPipeV n=64"``, ``"list(B,...) loop2 n=64"``,
+        ``"cpsat(IW) v2 n=4"``), the one it stopped in first.
+    elapsed_s, time_limit_s : float
+        How long the search ran, and its limit.
     """
 
     best: PPCandidate
@@ -74,6 +88,10 @@ class PPSearchResult:
     candidates: Tuple[PPCandidate, ...] = field(repr=False)
     memory_cap_bytes: Optional[int] = None
     cpsat_status: str = ""
+    cut: str = ""
+    not_tried: Tuple[str, ...] = ()
+    elapsed_s: float = 0.0
+    time_limit_s: float = 0.0
 
     @property
     def gain_over_seed(self) -> float:
@@ -96,6 +114,11 @@ class PPSearchResult:
                          f"{self.exported.result.step_s * 1e3:.3f} ms")
         if self.cpsat_status:
             lines.append(f"CP-SAT: {self.cpsat_status}")
+        if self.cut:
+            shown = ", ".join(self.not_tried[:3]) + (f" and {len(self.not_tried) - 3} more" if len(self.not_tried) > 3
+                                                      else "")
+            lines.append(f"cut: the {self.time_limit_s:g} s time limit passed in {self.cut} after "
+                         f"{self.elapsed_s:.1f} s; not tried: {shown}")
         return "\n".join(lines)
 
 
@@ -122,8 +145,12 @@ def _hop(costs: PPCosts, stage_to_rank: Sequence[int], s: int) -> float:
 
 
 def list_schedule(costs: PPCosts, stage_to_rank: Sequence[int], n_microbatches: int, policy: _Policy,
-                  memory_cap_bytes: Optional[int] = None) -> Optional[Dict[int, List[str]]]:
-    """A compute order per rank by greedy list scheduling in time; None when the cap blocks it."""
+                  memory_cap_bytes: Optional[int] = None, check: Optional[Callable[[], None]] = None
+                  ) -> Optional[Dict[int, List[str]]]:
+    """A compute order per rank by greedy list scheduling in time; None when the cap blocks it.
+
+    ``check()`` is called once per action placed (a search's deadline: it raises to stop).
+    """
     n_stages, n = len(stage_to_rank), n_microbatches
     ranks = sorted(set(stage_to_rank))
     depth = {s: n_stages - s for s in range(n_stages)}
@@ -140,6 +167,8 @@ def list_schedule(costs: PPCosts, stage_to_rank: Sequence[int], n_microbatches: 
     heapq.heapify(events)
     tick = itertools.count(len(ranks))
     while done < total:
+        if check is not None:
+            check()
         if not events:
             return None  # nothing can start: the cap (or the in-flight rule) starves a rank
         t, _, r = heapq.heappop(events)
@@ -349,14 +378,57 @@ def _layouts(n_ranks: int, costs_by_stages: Mapping[int, PPCosts]) -> List[Tuple
     return out
 
 
-def _score(origin: str, program: PPProgram, costs: PPCosts) -> PPCandidate:
-    return PPCandidate(origin, program, pp_simulate(program, costs), costs)
+class _Cut(Exception):
+    """The search's deadline passed in ``stage``."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(stage)
+        self.stage = stage
+
+
+class _Deadline:
+    """The whole search's time limit, on one clock that every stage reads.
+
+    A stage calls :meth:`checker`'s function in its loop; a step it cannot interrupt (PyTorch
+    building a schedule or lowering an order) is started only when the longest such step so
+    far still fits (:meth:`atomic`), so that the search ends near the limit, not one step past it.
+    """
+
+    def __init__(self, limit_s: float, clock: Callable[[], float]) -> None:
+        self.clock, self.limit_s = clock, limit_s
+        self.start = clock()
+        self.end = self.start + limit_s
+        self.longest: Dict[str, float] = {}
+
+    def check(self, stage: str, expect_s: float = 0.0) -> float:
+        """The clock's time now; :class:`_Cut` when less than ``expect_s`` is left."""
+        now = self.clock()
+        if self.end - now <= expect_s:
+            raise _Cut(stage)
+        return now
+
+    def checker(self, stage: str) -> Callable[[], None]:
+        """A stage's check, for its loop to call."""
+        def check() -> None:
+            self.check(stage)
+        return check
+
+    def atomic(self, kind: str, stage: str, run: Callable[[], _T]) -> _T:
+        t0 = self.check(stage, self.longest.get(kind, 0.0))
+        out = run()
+        self.longest[kind] = max(self.longest.get(kind, 0.0), self.clock() - t0)
+        return out
+
+
+def _score(origin: str, program: PPProgram, costs: PPCosts, deadline: _Deadline) -> PPCandidate:
+    return PPCandidate(origin, program, simulate_checked(program, costs, deadline.checker("simulate")), costs)
 
 
 def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
               n_microbatches: Union[int, Sequence[int]], *, memory_cap_bytes: Optional[int] = None,
               costs_for_microbatches: Optional[Mapping[int, Mapping[int, PPCosts]]] = None,
-              time_limit_s: float = 10.0, cpsat_max_actions: int = 64, use_cpsat: bool = True) -> PPSearchResult:
+              time_limit_s: float = 10.0, cpsat_max_actions: int = 64, use_cpsat: bool = True,
+              clock: Callable[[], float] = time.monotonic) -> PPSearchResult:
     """The fastest action order per rank (and micro-batch count) within a memory cap per rank.
 
     Parameters
@@ -374,26 +446,41 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     costs_for_microbatches : dict, optional
         ``{n_microbatches: {n_stages: PPCosts}}`` measured for each count.
     time_limit_s : float
-        CP-SAT's limit per problem.
+        The whole search's limit, in seconds of ``clock``. The search tries PyTorch's
+        schedules first, then the list scheduler's policies, then CP-SAT (which shares what
+        is left); every stage reads the same deadline and the search stops once it has
+        passed, returning the best found so far (``.cut`` says where it stopped,
+        ``.not_tried`` what it left out). The clock starts once torch's pipelining package is
+        imported (a one-off cost of a process's first call).
     cpsat_max_actions : int
         CP-SAT runs when a problem has at most this many compute actions; beyond, the
         list scheduler alone.
     use_cpsat : bool
+    clock : callable
+        Seconds, monotonic: what the time limit is read on (tests pass a fake clock).
 
     Raises
     ------
     PPError
         ``rule="memory_cap"`` when no candidate fits the cap (``detail`` gives the least
-        peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split.
+        peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split;
+        ``rule="time_limit"`` when the limit passed before any schedule was scored.
+    OptionError
+        ``time_limit_s`` or ``memory_cap_bytes`` not a finite number > 0 (the same rule as
+        ``SolverOptions.time_limit_s`` and ``Constraints.max_memory_bytes``).
 
     Examples
     --------
     >>> from swpipe.pp import PPCosts, StageCost
     >>> costs = PPCosts((StageCost(1.0, 2.0, 1.0, 1.0),) * 2)
     >>> found = pp_search(costs, 2, 4, use_cpsat=False)
-    >>> found.best.result.step_s <= found.best_seed.result.step_s
-    True
+    >>> found.best.result.step_s <= found.best_seed.result.step_s, found.cut
+    (True, '')
     """
+    check_arguments("pp_search", {"time_limit_s": (time_limit_s, time_limit()),
+                                  "memory_cap_bytes": (memory_cap_bytes, optional(byte_cap())),
+                                  "n_ranks": (n_ranks, integer(1)),
+                                  "cpsat_max_actions": (cpsat_max_actions, integer(0))})
     by_stages = {costs.n_stages: costs} if isinstance(costs, PPCosts) else dict(costs)
     counts = [n_microbatches] if isinstance(n_microbatches, int) else list(n_microbatches)
     if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
@@ -401,43 +488,73 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     layouts = _layouts(n_ranks, by_stages)
     if not layouts:
         raise PPError("missing_cost", "costs", sorted(by_stages), detail=f"costs for {n_ranks} or {2 * n_ranks} stages")
+    costs_n = {n: _costs_for(by_stages, counts, n, costs_for_microbatches) for n in counts}
     candidates: List[PPCandidate] = []
-    statuses = []
+    statuses: List[str] = []
+    best_orders: Dict[Tuple[int, str], Tuple[float, Dict[int, List[str]]]] = {}  # the hint CP-SAT starts from
+    work: List[Tuple[str, str, Callable[[], None]]] = []  # (stage, what, run): cheap first, CP-SAT last
+
+    def seed(n: int, name: str) -> None:
+        p, _ = deadline.atomic("build", "seeds", lambda: builtin_program(name, n_ranks, n))
+        c = costs_n[n].get(p.n_stages) if p is not None else None
+        if p is None or c is None:
+            return
+        candidates.append(_score(f"PyTorch {name}", p, c, deadline))
+        if p.lowered is None:  # its compute order through _PipelineScheduleRuntime, as a CSV runs it
+            cand = _try(f"{name} order as CSV", p.compute, n, p.stage_to_rank, c, deadline, f"{name}-csv")
+            if cand is not None:
+                candidates.append(cand)
+
+    def listed(n: int, layout: str, stage_to_rank: Tuple[int, ...], policy: _Policy) -> None:
+        c = costs_n[n][len(stage_to_rank)]
+        order = list_schedule(c, stage_to_rank, n, policy, memory_cap_bytes, check=deadline.checker("list"))
+        cand = None if order is None else _try(f"{policy.name()} {layout}", order, n, stage_to_rank, c, deadline)
+        if cand is not None:
+            candidates.append(cand)
+            if (n, layout) not in best_orders or cand.result.step_s < best_orders[n, layout][0]:
+                best_orders[n, layout] = (cand.result.step_s, order)
+
+    def exact(n: int, layout: str, stage_to_rank: Tuple[int, ...], split: bool, share: int) -> None:
+        c = costs_n[n][len(stage_to_rank)]
+        best = best_orders[n, layout][1] if (n, layout) in best_orders else None
+        hint = best if best and _order_is(best, split) else None
+        budget_s = (deadline.end - deadline.check("cpsat")) / share  # what is left, shared by those still to run
+        order, status = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, budget_s, hint)
+        statuses.append(f"{layout} n={n} {'IW' if split else 'B'}: {status}")
+        cand = None if order is None else _try(f"cpsat({'IW' if split else 'B'}) {layout}", order, n, stage_to_rank,
+                                                  c, deadline)
+        if cand is not None:
+            candidates.append(cand)
+
     for n in counts:
-        costs_n = _costs_for(by_stages, counts, n, costs_for_microbatches)
-        seeds, _ = builtin_programs(n_ranks, n)
-        for name, p in seeds.items():
-            c = costs_n.get(p.n_stages)
-            if c is None:
-                continue
-            candidates.append(_score(f"PyTorch {name}", p, c))
-            if p.lowered is None:  # its compute order through _PipelineScheduleRuntime, as a CSV runs it
-                candidates.append(_score(f"{name} order as CSV", program_from_order(
-                    p.compute, n, p.stage_to_rank, f"{name}-csv", source="swpipe"), c))
-        for layout, stage_to_rank in layouts:
-            c = costs_n[len(stage_to_rank)]
-            split_ok = all(x.backward_weight_s > 0 for x in c.stages)
-            best_order, best_step = None, float("inf")
-            for policy in _policies(split_ok):
-                order = list_schedule(c, stage_to_rank, n, policy, memory_cap_bytes)
-                if order is None:
-                    continue
-                cand = _try(f"{policy.name()} {layout}", order, n, stage_to_rank, c)
-                if cand is not None:
-                    candidates.append(cand)
-                    if cand.result.step_s < best_step:
-                        best_order, best_step = order, cand.result.step_s
-            n_actions = len(stage_to_rank) * n * 3
-            if use_cpsat and n_actions <= cpsat_max_actions:
-                for split in ((False, True) if split_ok else (False,)):
-                    hint = best_order if best_order and _order_is(best_order, split) else None
-                    order, status = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, time_limit_s, hint)
-                    statuses.append(f"{layout} n={n} {'IW' if split else 'B'}: {status}")
-                    if order is not None:
-                        cand = _try(f"cpsat({'IW' if split else 'B'}) {layout}", order, n, stage_to_rank, c)
-                        if cand is not None:
-                            candidates.append(cand)
-    return _choose(candidates, memory_cap_bytes, by_stages, counts, n_ranks, "; ".join(statuses))
+        work += [("seeds", f"PyTorch {name} n={n}", functools.partial(seed, n, name))
+                 for name in _torch.available_schedules()]
+    exact_problems = []
+    for n, (layout, stage_to_rank) in itertools.product(counts, layouts):
+        split_ok = all(x.backward_weight_s > 0 for x in costs_n[n][len(stage_to_rank)].stages)
+        work += [("list", f"{policy.name()} {layout} n={n}",
+                  functools.partial(listed, n, layout, stage_to_rank, policy)) for policy in _policies(split_ok)]
+        if use_cpsat and len(stage_to_rank) * n * 3 <= cpsat_max_actions:
+            exact_problems += [(n, layout, stage_to_rank, split) for split in ((False, True) if split_ok else (False,))]
+    work += [("cpsat", f"cpsat({'IW' if split else 'B'}) {layout} n={n}",
+              functools.partial(exact, n, layout, stage_to_rank, split, len(exact_problems) - i))
+             for i, (n, layout, stage_to_rank, split) in enumerate(exact_problems)]
+    # the clock starts here: after the one-off import of torch's pipelining package (seconds on a busy
+    # machine, paid once per process) that listing PyTorch's schedules above may have done
+    deadline = _Deadline(time_limit_s, clock)
+    cut, not_tried = "", ()
+    for i, (stage, what, run) in enumerate(work):
+        try:
+            deadline.check(stage)
+            run()
+        except _Cut as stop:
+            cut, not_tried = stop.stage, tuple(w for _, w, _ in work[i:])
+            break
+    if not candidates:
+        raise PPError("time_limit", "time_limit_s", time_limit_s,
+                      detail=f"no schedule was scored within it (cut in {cut}): give the search more time")
+    return _choose(candidates, memory_cap_bytes, "; ".join(statuses),
+                   _Ended(cut, not_tried, deadline.clock() - deadline.start, time_limit_s))
 
 
 def _order_is(order: Dict[int, List[str]], split: bool) -> bool:
@@ -464,17 +581,27 @@ def _costs_for(by_stages: Mapping[int, PPCosts], counts: Sequence[int], n: int,
     return out
 
 
-def _try(origin: str, order: Dict[int, List[str]], n: int, stage_to_rank: Sequence[int], costs: PPCosts
-         ) -> Optional[PPCandidate]:
+def _try(origin: str, order: Mapping[int, Sequence[str]], n: int, stage_to_rank: Sequence[int], costs: PPCosts,
+         deadline: _Deadline, schedule: str = "swpipe-searched") -> Optional[PPCandidate]:
     try:
-        program = program_from_order(order, n, stage_to_rank, "swpipe-searched", source="swpipe")
-        return _score(origin, program, costs)
+        program = deadline.atomic("lower", "score", lambda: program_from_order(order, n, stage_to_rank, schedule,
+                                                                               source="swpipe"))
     except PPError:
         return None  # PyTorch's lowering refuses this order (it cannot place its sends and receives)
+    return _score(origin, program, costs, deadline)
 
 
-def _choose(candidates: List[PPCandidate], cap: Optional[int], by_stages: Mapping[int, PPCosts],
-            counts: Sequence[int], n_ranks: int, statuses: str) -> PPSearchResult:
+@dataclass(frozen=True)
+class _Ended:
+    """How the search ended: cut by its time limit (in which stage, leaving what) or not."""
+
+    cut: str
+    not_tried: Tuple[str, ...]
+    elapsed_s: float
+    time_limit_s: float
+
+
+def _choose(candidates: List[PPCandidate], cap: Optional[int], statuses: str, ended: _Ended) -> PPSearchResult:
     def fits(c: PPCandidate) -> bool:
         return cap is None or c.result.max_peak_bytes <= cap
 
@@ -492,4 +619,4 @@ def _choose(candidates: List[PPCandidate], cap: Optional[int], by_stages: Mappin
     best_seed = min(seeds, key=key) if seeds else None
     bound = pp_lower_bounds(best.costs, best.program.n_microbatches, best.program.stage_to_rank).value
     return PPSearchResult(best, best_seed, min(exported, key=key) if exported else best, bound, tuple(candidates),
-                          cap, statuses)
+                          cap, statuses, ended.cut, ended.not_tried, ended.elapsed_s, ended.time_limit_s)

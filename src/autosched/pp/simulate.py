@@ -26,12 +26,12 @@ one, transfers take none and no memory is counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from autosched.pp.costs import PPCosts
-from autosched.pp.program import PPError, PPProgram, parse_action
+from autosched.pp.program import PPError, PPProgram, parse_action, transfer_key, validate_program
 
-__all__ = ["PPSimResult", "pp_simulate", "TimelineEntry"]
+__all__ = ["PPSimResult", "pp_simulate", "simulate_checked", "TimelineEntry"]
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,6 @@ class PPSimResult:
         return "\n".join(lines)
 
 
-def _transfer_key(action: str) -> Tuple[str, int, int]:
-    """A send and the receive it matches share a key: (direction, sending stage, micro-batch)."""
-    stage, kind, mb = parse_action(action)
-    assert mb is not None
-    if kind == "SEND_F":
-        return ("F", stage, mb)
-    if kind == "SEND_B":
-        return ("B", stage, mb)
-    if kind == "RECV_F":
-        return ("F", stage - 1, mb)
-    return ("B", stage + 1, mb)
-
-
 class _Transfers:
     """Posted sends and receives, matched by key; a transfer's end once both sides are posted."""
 
@@ -112,7 +99,7 @@ class _Transfers:
         self.sender: Dict[Tuple[str, int, int], int] = {}
 
     def post(self, action: str, rank: int, t: float) -> None:
-        key = _transfer_key(action)
+        key = transfer_key(action)
         if "SEND" in action:
             self.send_post[key] = t
             self.sender[key] = rank
@@ -214,7 +201,7 @@ def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[Tim
                 transfers.post(a, r.rank, r.t)
                 r.t += costs.p2p.post_s
         elif kind == "wait":
-            ends = [transfers.end(_transfer_key(a)) for a in actions]
+            ends = [transfers.end(transfer_key(a)) for a in actions]
             if any(e is None for e in ends):
                 return moved
             r.t = max([r.t] + ends)  # type: ignore[arg-type]
@@ -239,9 +226,11 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
     Raises
     ------
     PPError
-        ``rule="missing_cost"`` when the costs do not cover the program's stages;
-        ``rule="deadlock"`` when ranks wait for transfers no rank posts (``value`` names
-        each blocked rank's step).
+        ``rule="missing_cost"`` when the costs do not cover the program's stages.
+    PPScheduleError
+        When the program breaks a rule of :func:`~autosched.pp.program.validate_program`
+        (an action twice or missing, a dependency out of order, ranks that deadlock): the
+        runtime would not run it through, so nothing is predicted.
 
     Examples
     --------
@@ -251,21 +240,26 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
     >>> gpipe.step_s, gpipe.bubble_s[0]
     (15.0, 3.0)
     """
+    return simulate_checked(program, costs)
+
+
+def simulate_checked(program: PPProgram, costs: PPCosts, check: Optional[Callable[[], None]] = None) -> PPSimResult:
+    """:func:`pp_simulate`, calling ``check()`` once per round of the ranks (a search's deadline: it raises to stop)."""
     if costs.n_stages != program.n_stages:
         raise PPError("missing_cost", "costs.stages", costs.n_stages, program.schedule,
                       f"the program has {program.n_stages} stages: measure costs for that split")
+    validate_program(program)
     transfers = _Transfers(program, costs)
     ranks = [_Rank(r, tuple(program.steps[r])) for r in range(program.n_ranks)]
     timeline: List[TimelineEntry] = []
     while any(r.pos < len(r.steps) for r in ranks):
+        if check is not None:
+            check()
         moved = False
         for r in ranks:
             moved = _advance(r, transfers, costs, timeline, program.n_stages) or moved
-        if not moved:
-            blocked = {r.rank: f"step {r.pos}: {r.steps[r.pos][0]} {';'.join(r.steps[r.pos][1])}"
-                       for r in ranks if r.pos < len(r.steps)}
-            raise PPError("deadlock", "program", blocked, program.schedule,
-                          "these ranks wait for transfers no rank posts")
+        if not moved:  # validate_program replays the same waits: a program it passed reaches its end
+            raise RuntimeError(f"{program.schedule}: validate_program passed a program whose ranks deadlock")
     for key, send_t in transfers.send_post.items():
         end = transfers.end(key)
         if end is not None:

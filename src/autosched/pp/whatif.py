@@ -8,15 +8,16 @@ cap and which is fastest among those.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
+from autosched._fields import byte_cap, check_arguments, optional
 from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, builtin_programs, pp_program
 from autosched.pp.simulate import PPSimResult, pp_simulate
 
-__all__ = ["PPWhatIf", "pp_what_if", "PPRow", "pp_compare"]
+__all__ = ["PPWhatIf", "pp_what_if", "PPRow", "PPComparison", "pp_compare"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
         costs by :meth:`PPCosts.rescaled <autosched.pp.costs.PPCosts.rescaled>` (needs
         ``costs.samples_per_microbatch``); ``False`` keeps the micro-batch (a larger batch).
 
+    Raises
+    ------
+    OptionError
+        ``memory_cap_bytes`` not a finite number > 0 (the rule of every search's cap).
+
     Examples
     --------
     >>> from swpipe.pp import PPCosts, StageCost
@@ -98,6 +104,7 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
     >>> round(w.after.step_s, 3), w.after.peak_bytes[0], w.fits_cap
     (13.5, 400, False)
     """
+    check_arguments("pp_what_if", {"memory_cap_bytes": (memory_cap_bytes, optional(byte_cap()))})
     changes = []
     after_costs = costs
     after_program = program
@@ -120,8 +127,6 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
         else:
             changes.append(f"{n_microbatches} micro-batches instead of {program.n_microbatches} (a larger batch)")
     if memory_cap_bytes is not None:
-        if memory_cap_bytes <= 0:
-            raise PPError("bad_value", "memory_cap_bytes", memory_cap_bytes, detail="a number of bytes > 0")
         changes.append(f"cap {memory_cap_bytes} bytes per rank")
     before = pp_simulate(program, costs)
     after = pp_simulate(after_program, after_costs)
@@ -146,34 +151,108 @@ class PPRow:
     best: bool
 
 
-def pp_compare(costs_by_stages: Mapping[int, PPCosts], n_ranks: int, n_microbatches: int,
-               memory_cap_bytes: Optional[int] = None, programs: Sequence[PPProgram] = ()) -> List[PPRow]:
+@dataclass(frozen=True)
+class PPComparison:
+    """:func:`pp_compare`'s answer: one row per schedule predicted, and what was left out and why.
+
+    Iterating over it gives the rows (``for row in pp_compare(...)``).
+
+    Attributes
+    ----------
+    rows : tuple of PPRow
+    skipped : dict
+        ``{schedule: why}`` for each schedule not predicted: PyTorch refused these sizes, or
+        no costs were given for its stage split.
+    """
+
+    rows: Tuple[PPRow, ...]
+    skipped: Dict[str, str] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[PPRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> PPRow:
+        return self.rows[index]
+
+    @property
+    def best(self) -> Optional[PPRow]:
+        """The fastest row within the cap (None when none fits)."""
+        return next((r for r in self.rows if r.best), None)
+
+    def summary(self) -> str:
+        """One line per row, then one per schedule left out."""
+        lines = [f"{r.schedule:<22} {r.n_stages:>2} stages {r.step_s * 1e3:9.3f} ms (bound {r.bound_s * 1e3:.3f}), "
+                 f"peak {r.peak_bytes / 2**20:.2f} MiB{'' if r.fits_cap else ', over the cap'}"
+                 f"{'  <- best' if r.best else ''}" for r in self.rows]
+        lines += [f"{name:<22} left out: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_microbatches: int,
+               memory_cap_bytes: Optional[int] = None, programs: Sequence[PPProgram] = ()) -> PPComparison:
     """Every PyTorch schedule (and ``programs``) predicted on the same model; the best that fits marked.
 
     Parameters
     ----------
-    costs_by_stages : dict
-        ``{n_stages: PPCosts}``: the model's costs for each stage split measured (GPipe and
-        1F1B run ``n_ranks`` stages, the others ``2 * n_ranks``). Schedules whose split has
-        no costs are left out.
+    costs : PPCosts or dict
+        The model's costs for one stage split (a :class:`~autosched.pp.costs.PPCosts`: the
+        schedules of that many stages are predicted), or ``{n_stages: PPCosts}`` for each
+        split measured (GPipe and 1F1B run ``n_ranks`` stages, the others ``2 * n_ranks``).
+        A schedule whose split has no costs is left out, and ``.skipped`` says so.
     n_ranks, n_microbatches : int
     memory_cap_bytes : int, optional
     programs : sequence of PPProgram
         More programs (e.g. searched) to rank beside them.
+
+    Returns
+    -------
+    PPComparison
+        The rows (iterate over it), and ``.skipped``: ``{schedule: why}``.
+
+    Raises
+    ------
+    PPError
+        ``rule="bad_value"``, ``field="costs"`` for costs neither a PPCosts nor a dict of them.
+    OptionError
+        ``memory_cap_bytes`` not a finite number > 0.
+
+    Examples
+    --------
+    >>> from swpipe.pp import PPCosts, StageCost
+    >>> found = pp_compare(PPCosts((StageCost(1.0, 2.0),) * 2), n_ranks=2, n_microbatches=4)
+    >>> [(r.schedule, r.step_s) for r in found]
+    [('GPipe', 15.0), ('1F1B', 15.0)]
+    >>> found.skipped["ZBVZeroBubble"]
+    'no costs for its 4 stages (costs given for 2)'
     """
-    candidates = list(builtin_programs(n_ranks, n_microbatches)[0].values()) + list(programs)
+    check_arguments("pp_compare", {"memory_cap_bytes": (memory_cap_bytes, optional(byte_cap()))})
+    if isinstance(costs, PPCosts):
+        by_stages: Dict[int, PPCosts] = {costs.n_stages: costs}
+    elif isinstance(costs, Mapping) and all(isinstance(c, PPCosts) for c in costs.values()):
+        by_stages = dict(costs)
+    else:
+        raise PPError("bad_value", "costs", type(costs).__name__,
+                      detail="a PPCosts (one stage split) or {n_stages: PPCosts}")
+    built, refused = builtin_programs(n_ranks, n_microbatches)
+    skipped = {name: f"PyTorch refuses {n_ranks} ranks x {n_microbatches} micro-batches: {why}"
+               for name, why in refused.items()}
+    given = ", ".join(str(k) for k in sorted(by_stages))
     rows = []
-    for p in candidates:
-        costs = costs_by_stages.get(p.n_stages)
-        if costs is None:
+    for p in list(built.values()) + list(programs):
+        c = by_stages.get(p.n_stages)
+        if c is None:
+            skipped[p.schedule] = f"no costs for its {p.n_stages} stages (costs given for {given})"
             continue
-        res = pp_simulate(p, costs)
+        res = pp_simulate(p, c)
         fits = memory_cap_bytes is None or res.max_peak_bytes <= memory_cap_bytes
         rows.append(PPRow(p.schedule, p.n_microbatches, p.n_stages, res.step_s,
-                          pp_lower_bounds(costs, p.n_microbatches, p.stage_to_rank).value,
+                          pp_lower_bounds(c, p.n_microbatches, p.stage_to_rank).value,
                           max(res.bubble_fraction.values()), res.max_peak_bytes, fits, False))
     fitting = [r for r in rows if r.fits_cap]
     if fitting:
         best = min(fitting, key=lambda r: (r.step_s, r.peak_bytes))
         rows = [PPRow(**{**r.__dict__, "best": r is best}) for r in rows]
-    return rows
+    return PPComparison(tuple(rows), skipped)

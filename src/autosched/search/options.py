@@ -13,8 +13,8 @@ import functools
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
-from autosched._fields import (OptionError, check_fields, flag, fraction, integer, mapping, names, number, one_of,
-                               optional)
+from autosched._fields import (OptionError, byte_cap, check_fields, flag, fraction, integer, mapping, names, number,
+                               one_of, optional, time_limit)
 from autosched.verify.measure import VerifyOptions  # the third options class (the step after the search)
 
 __all__ = ["Constraints", "SolverOptions", "OptionError", "misplaced_option", "naming_homes"]
@@ -45,9 +45,9 @@ class Constraints:
     device : {"cpu", "cuda"}
         Which semantics the simulator (and the models) use.
     max_memory_bytes : float, optional
-        Cap on the predicted peak bytes in flight (needs memory figures in the
-        cost model): the search returns the fastest plan whose peak fits,
-        trying every depth up to ``max_depth``, or raises
+        Cap on the predicted peak bytes in flight, a finite number > 0 (the rule every
+        memory cap takes; needs memory figures in the cost model): the search returns
+        the fastest plan whose peak fits, trying every depth up to ``max_depth``, or raises
         :class:`autosched.search.memcap.MemoryCapError` naming the least memory a
         plan needs (:mod:`autosched.search.memcap`).
 
@@ -82,7 +82,7 @@ class Constraints:
             "max_depth": integer(1), "max_threads": integer(1), "streams": optional(names(allow_none=True)),
             "frozen": mapping(expected="a dict {task: {'stage'|'stream'|'thread_group': value}} or {task: TaskSchedule}"),
             "globally_ordered": optional(names()), "device": one_of(("cpu", "cuda")),
-            "max_memory_bytes": optional(number(0, strict=True)),
+            "max_memory_bytes": optional(byte_cap()),
         })
 
 
@@ -95,7 +95,8 @@ class SolverOptions:
     Parameters
     ----------
     time_limit_s : float
-        Wall-clock budget of the whole search.
+        Wall-clock budget of the whole search: a finite number > 0, the rule every search's time limit
+        takes (``pp_search`` too).
     seed : int
         Makes the beam's sampling and CP-SAT's search reproducible.
     method : {"auto", "cpsat", "beam"}
@@ -156,7 +157,7 @@ class SolverOptions:
 
     def __post_init__(self) -> None:
         check_fields(self, {
-            "time_limit_s": number(0, strict=True), "seed": integer(0), "method": one_of(("auto", "cpsat", "beam")),
+            "time_limit_s": time_limit(), "seed": integer(0), "method": one_of(("auto", "cpsat", "beam")),
             "cpsat_max_tasks": integer(0), "beam_width": integer(1), "beam_rounds": integer(1),
             "num_workers": integer(1), "num_iterations": integer(2), "time_unit_s": optional(number(0, strict=True)),
             "progress": flag(), "beam_share": fraction(), "beam_only_share": fraction(), "cpsat_share": fraction(),
