@@ -182,7 +182,7 @@ def test_a_signal_to_the_command_stops_torchrun_and_both_ranks(ctrl_c, tmp_path,
         ranks = command.ranks()
         running = _marked(command.mark)
         assert set(ranks.values()) | {command.proc.pid} <= set(running)
-        assert any("torch.distributed.run" in c for c in running.values())
+        assert any(c.split()[1:3] == ["-m", "torch.distributed.run"] for c in running.values())
         command.proc.send_signal(sig)
         rc, err = command.ends()
         assert rc == status
@@ -198,7 +198,8 @@ def test_torchrun_killed_the_command_stops_the_ranks_it_left(tmp_path) -> None:
     command = _Command(tmp_path)
     try:
         command.ranks()
-        (torchrun,) = [pid for pid, c in _marked(command.mark).items() if "torch.distributed.run" in c]
+        (torchrun,) = [pid for pid, c in _marked(command.mark).items()
+                       if c.split()[1:3] == ["-m", "torch.distributed.run"]]
         os.kill(torchrun, signal.SIGKILL)
         rc, err = command.ends()
         assert rc == 1
