@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Callable
 
-__all__ = ["int_at_least", "positive_float", "add_keep_freed_memory", "apply_keep_freed_memory"]
+__all__ = ["int_at_least", "positive_number", "positive_float", "add_keep_freed_memory", "apply_keep_freed_memory"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -43,38 +43,60 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse ``type`` for a finite number of seconds ``> 0``.
+def positive_number(unit: str, noun: str, example: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number ``> 0`` of ``unit``; its errors name the unit.
 
     Parameters
     ----------
-    text : str
+    unit : str
+        What the number counts (``"seconds"``, ``"MiB"``).
+    noun : str
+        What the number is (``"time"``, ``"size"``).
+    example : str
+        A value to suggest.
 
     Returns
     -------
-    float
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        Naming the value and what to give instead.
+    callable
+        ``str -> float``; raises ``argparse.ArgumentTypeError`` naming the value, the unit and an example.
 
     Examples
     --------
-    >>> positive_float("2.5")
-    2.5
-    >>> positive_float("-5")
+    >>> mib = positive_number("MiB", "size", "512")
+    >>> mib("1.5")
+    1.5
+    >>> mib("-5")
     Traceback (most recent call last):
     ...
-    argparse.ArgumentTypeError: -5.0 is not a positive number of seconds: give a time > 0, e.g. 30
+    argparse.ArgumentTypeError: -5.0 is not a positive number of MiB: give a size > 0, e.g. 512
     """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a time in seconds > 0, e.g. 30") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds: give a time > 0, e.g. 30")
-    return value
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a {noun} in {unit} > 0, "
+                                             f"e.g. {example}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{value} is not a positive number of {unit}: give a {noun} > 0, "
+                                             f"e.g. {example}")
+        return value
+
+    parse.__name__ = f"number of {unit} > 0"  # argparse names the type in its messages
+    return parse
+
+
+positive_float = positive_number("seconds", "time", "30")
+positive_float.__doc__ = """An argparse ``type`` for a finite number of seconds ``> 0``.
+
+Examples
+--------
+>>> positive_float("2.5")
+2.5
+>>> positive_float("-5")
+Traceback (most recent call last):
+...
+argparse.ArgumentTypeError: -5.0 is not a positive number of seconds: give a time > 0, e.g. 30
+"""
 
 
 def add_keep_freed_memory(parser: argparse.ArgumentParser) -> None:
