@@ -88,7 +88,8 @@ def test_comms_is_refused_without_grid_and_adds_the_sends_to_it(launched, capsys
     assert "0SEND_F0" in capsys.readouterr().out and launched == []
 
 
-@pytest.mark.parametrize("reason, status", [("interrupted", 130), ("terminated", 143), ("timeout", 124),
+@pytest.mark.parametrize("reason, status", [("interrupted", 130), ("terminated", 143), ("hangup", 129),
+                                            ("timeout", 124),
                                             ("torchrun_died", 1), ("failed", 1)])
 def test_each_end_of_the_job_has_its_exit_status_and_one_line(monkeypatch, capsys, reason, status) -> None:
     def stopped(*args, **kwargs):
@@ -177,7 +178,8 @@ class _Command:
 @pytest.mark.slow
 @_needs_proc
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+@pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM"),
+                                                  (signal.SIGHUP, 129, "SIGHUP")])
 def test_a_signal_to_the_command_stops_torchrun_and_both_ranks(ctrl_c, tmp_path, sig, status, said) -> None:
     command = _Command(tmp_path)
     try:

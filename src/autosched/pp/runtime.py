@@ -481,6 +481,7 @@ def _free_port() -> int:
 
 
 _JOB_VAR = "SWPIPE_PP_JOB"  # in the environment of every process a launch starts: how its stop finds them
+_SIGNAL_REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
 _POLL_S = 0.05  # how often a wait looks again at torchrun, the signals and /proc
 
 
@@ -490,7 +491,7 @@ class PPJobError(RuntimeError):
     Attributes
     ----------
     reason : str
-        ``"interrupted"`` (SIGINT, Ctrl-C), ``"terminated"`` (SIGTERM), ``"timeout"`` (past
+        ``"interrupted"`` (SIGINT, Ctrl-C), ``"terminated"`` (SIGTERM), ``"hangup"`` (SIGHUP), ``"timeout"`` (past
         ``timeout_s``), ``"torchrun_died"`` (torchrun killed by a signal), ``"failed"``
         (torchrun exited non-zero: a rank failed), ``"no_report"`` (it exited 0 without one).
     line : str
@@ -573,7 +574,7 @@ def _stop_job(proc: "subprocess.Popen[bytes]", token: str, grace_s: float) -> in
 
 
 class _Signals:
-    """While the job runs, SIGINT and SIGTERM are recorded (the wait looks at them) instead of raising or killing
+    """While the job runs, SIGINT, SIGTERM and SIGHUP (the terminal closed) are recorded (the wait looks at them) instead of raising or killing
     this process at once, so that the job is stopped first. Only on the main thread, and only where the handler
     is Python's default (a caller's own handler stays)."""
 
@@ -583,7 +584,8 @@ class _Signals:
 
     def __enter__(self) -> "_Signals":
         if threading.current_thread() is threading.main_thread():
-            for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
+                                 (signal.SIGHUP, signal.SIG_DFL)):
                 if signal.getsignal(sig) == default:
                     self._previous[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
         return self
@@ -651,7 +653,7 @@ def launch(cfg: PPRunConfig, nproc: int = 2, out_path: Optional[str] = None, tim
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None:
                 if signals.received:
-                    reason = "interrupted" if signals.received[0] == signal.SIGINT else "terminated"
+                    reason = _SIGNAL_REASONS[signals.received[0]]
                     break
                 if time.monotonic() >= deadline:
                     reason = "timeout"
@@ -668,6 +670,7 @@ def launch(cfg: PPRunConfig, nproc: int = 2, out_path: Optional[str] = None, tim
         stopped = _stop_job(proc, token, grace_s)  # a rank torchrun left running, too
     if reason is not None:
         what = {"interrupted": "interrupted (SIGINT, Ctrl-C)", "terminated": "terminated (SIGTERM)",
+                "hangup": "the terminal closed (SIGHUP)",
                 "timeout": f"the job ran past its timeout of {timeout_s:g} s"}[reason]
         raise PPJobError(reason, f"{what}: stopped {stopped} process(es) of the job (torchrun and its ranks); "
                                  f"{where}", None, stopped, log_path)

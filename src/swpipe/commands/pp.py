@@ -79,7 +79,7 @@ def _grid(args: argparse.Namespace) -> int:
 
 
 # the command's exit status when the job is stopped (PPJobError.reason), as shells count them; 1 otherwise
-_EXIT_STATUS = {"interrupted": 130, "terminated": 143, "timeout": 124}
+_EXIT_STATUS = {"interrupted": 130, "terminated": 143, "hangup": 129, "timeout": 124}
 
 
 def _unwritable(option: str, path: str) -> Optional[str]:
@@ -131,7 +131,7 @@ def _schedules(args: argparse.Namespace) -> Tuple[Tuple[str, ...], List[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the job and print the table; 2 on bad input, 1 when the job fails, 130/143/124 when it is stopped."""
+    """Run the job and print the table; 2 on bad input, 1 when the job fails, 130/143/129/124 when it is stopped."""
     try:
         return _run(args)
     except KeyboardInterrupt:  # before or after the job: nothing of ours is running
