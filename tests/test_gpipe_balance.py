@@ -200,3 +200,21 @@ def test_rounds_default_to_what_the_timeout_allows_within_bounds():
         with pytest.raises(GPipeArgumentError) as info:
             profile_layers(model, x, num_rounds=bad)
         assert info.value.argument == "num_rounds"
+
+
+def test_the_default_timer_reads_the_thread_s_cpu_time_with_one_intra_op_thread(monkeypatch):
+    import swpipe.gpipe.balance.profile as profile_module
+
+    cpu, wall = iter(range(0, 1000, 1)), iter(range(0, 100000, 100))
+    monkeypatch.setattr(profile_module.time, "thread_time", lambda: next(cpu))
+    monkeypatch.setattr(profile_module.time, "perf_counter", lambda: next(wall))
+    threads = torch.get_num_threads()
+    ran = []
+    try:
+        torch.set_num_threads(1)
+        assert profile_module.default_timer("cpu")(lambda: ran.append(1), "F0", 0) == 1  # the thread's CPU time
+        torch.set_num_threads(2)
+        assert profile_module.default_timer("cpu")(lambda: ran.append(2), "F0", 0) == 100  # wall time
+    finally:
+        torch.set_num_threads(threads)
+    assert ran == [1, 2]

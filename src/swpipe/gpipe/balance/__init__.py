@@ -25,11 +25,12 @@ from typing import Any, List, Optional
 from torch import nn
 
 from swpipe.gpipe.balance.partition import balance_cost, optimal_balance
-from swpipe.gpipe.balance.profile import LayerProfile, RobustTimes, TaskTimer, profile_layers, robust_times
+from swpipe.gpipe.balance.profile import (LayerProfile, RobustTimes, TaskTimer, default_timer, profile_layers,
+                                         robust_times)
 from swpipe.gpipe.microbatch import Tensors, scatter
 
 __all__ = ["balance_by_time", "balance_by_size", "optimal_balance", "balance_cost", "profile_layers",
-           "LayerProfile", "robust_times", "RobustTimes", "TaskTimer"]
+           "LayerProfile", "robust_times", "RobustTimes", "TaskTimer", "default_timer"]
 
 
 def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, timeout: float = 1.0,
@@ -56,7 +57,7 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, 
         How many rounds to time; default as many as ``timeout`` allows, at
         least :data:`~swpipe.gpipe.balance.profile.MIN_ROUNDS`.
     timer : callable, optional
-        How each task is timed (:data:`TaskTimer`); default wall time.
+        How each task is timed (:data:`TaskTimer`); default :func:`default_timer`.
 
     Returns
     -------

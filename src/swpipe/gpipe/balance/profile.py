@@ -39,7 +39,7 @@ from swpipe.gpipe.schedule import Placement, bind, step_plan
 from swpipe.gpipe.skip.layout import skip_routes
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["LayerProfile", "RobustTimes", "profile_layers", "robust_times", "TaskTimer", "SPIKE", "MIN_ROUNDS",
+__all__ = ["LayerProfile", "RobustTimes", "profile_layers", "robust_times", "default_timer", "TaskTimer", "SPIKE", "MIN_ROUNDS",
            "MAX_ROUNDS"]
 
 #: A layer's sample more than this many times its median (after the round's normalisation) is a spike.
@@ -292,7 +292,7 @@ def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1
     sample : tensor or tuple of tensors
     timeout : float
         About how many seconds the rounds take, when ``num_rounds`` is not
-        given: as many rounds as fit (by the warm-up step's time), at least
+        given: rounds start until ``timeout`` has passed, at least
         :data:`MIN_ROUNDS` and at most :data:`MAX_ROUNDS`.
     device : device, optional
         Where the layers run; default the module's (its first parameter's), else the CPU.
@@ -302,8 +302,9 @@ def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1
         A layer's time more than ``spike`` times its median in a round is dropped (:func:`robust_times`).
     timer : callable, optional
         ``timer(run, task, round) -> seconds`` (:data:`TaskTimer`), to time
-        each task another way. Default: ``time.perf_counter`` around ``run()``,
-        after and before a device synchronisation on CUDA.
+        each task another way. Default (:func:`default_timer`): on the CPU
+        with one intra-op thread, the thread's CPU time; else wall time, on
+        CUDA between two device synchronisations.
 
     Returns
     -------
@@ -352,17 +353,13 @@ def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1
                 loss_fn=_sum_loss, weights=[1.0], meter=meter)
     batch = MicroBatch(call, 0)
     n = len(layers)
-    timer = timer if timer is not None else _default_timer(dev)
+    timer = timer if timer is not None else default_timer(dev)
     forward = []
     backward = []
     with SWPipeline(plan, device=dev) as pipe:
         pipe.run_one_serial_iter(batch)  # the meter's run: every layer saves once
         call.meter = None
-        t0 = time.perf_counter()
-        pipe.run_one_serial_iter(batch)  # warm-up, and how long a round takes
-        once = time.perf_counter() - t0
-        rounds = num_rounds if num_rounds is not None else (
-            max(MIN_ROUNDS, min(MAX_ROUNDS, int(timeout / max(once, 1e-6)))))
+        pipe.run_one_serial_iter(batch)  # warm-up
         current = {"round": 0, "row": {}}
 
         def timed(run_task: Any, task: Any, ctx: Any) -> None:
@@ -372,13 +369,17 @@ def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1
             else:
                 run_task(task, ctx)
 
+        deadline = time.perf_counter() + timeout
         with pipe.instrument(timed):
-            for r in range(rounds):
+            r = 0
+            while r < (num_rounds or MAX_ROUNDS) and (
+                    num_rounds is not None or r < MIN_ROUNDS or time.perf_counter() < deadline):
                 current["round"], current["row"] = r, {}
                 pipe.run_one_serial_iter(batch)
                 row = current["row"]
                 forward.append([row[f"F{j}"] for j in range(n)])
                 backward.append([row[f"B{j}"] for j in range(n)])
+                r += 1
         for p in sandbox.parameters():
             p.grad = None
     stats = robust_times(forward, backward, spike=spike)
@@ -393,17 +394,40 @@ def profile_layers(module: nn.Sequential, sample: Tensors, *, timeout: float = 1
                         round_time_s=[[f + b for f, b in zip(rf, rb)] for rf, rb in zip(forward, backward)])
 
 
-def _default_timer(dev: Device) -> TaskTimer:
-    """``perf_counter`` around the task; on CUDA between two synchronisations, so the device's work is inside."""
-    sync: Callable[[], None] = (lambda: torch.cuda.synchronize(dev.torch_device)) if dev.type == "cuda" else (
-        lambda: None)
+def default_timer(device: Any = "cpu") -> TaskTimer:
+    """How :func:`profile_layers` times a task on ``device`` unless given a ``timer``.
+
+    On the CPU with one intra-op thread (``torch.get_num_threads() == 1``)
+    the task runs on the calling thread alone, and its CPU time
+    (``time.thread_time``) is the work it does without the time it waited
+    for a core: on a busy machine that wait is most of the noise, and a
+    pipeline's threads wait in proportion to their work, so the ratios the
+    balance needs are those of the CPU times. With more intra-op threads,
+    wall time (``time.perf_counter``): other threads do part of the work. On
+    CUDA, wall time between two device synchronisations, so the device's
+    work is inside.
+
+    Examples
+    --------
+    >>> timer = default_timer("cpu")
+    >>> timer(lambda: sum(range(1000)), "F0", 0) >= 0
+    True
+    """
+    dev = as_partition_device(device)
+    if dev.type == "cuda":
+        def synchronised(run: Callable[[], None], task: str, round: int) -> float:
+            torch.cuda.synchronize(dev.torch_device)
+            t0 = time.perf_counter()
+            run()
+            torch.cuda.synchronize(dev.torch_device)
+            return time.perf_counter() - t0
+        return synchronised
+    clock = time.thread_time if dev.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
 
     def timer(run: Callable[[], None], task: str, round: int) -> float:
-        sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         run()
-        sync()
-        return time.perf_counter() - t0
+        return clock() - t0
     return timer
 
 
