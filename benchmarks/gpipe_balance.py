@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from swpipe.gpipe import GPipe
-from swpipe.gpipe.balance import optimal_balance, profile_layers
+from swpipe.gpipe.balance import balance_cost, optimal_balance, profile_layers
 from swpipe.gpipe.measure import measure_step
 from swpipe.gpipe.skip import pop, skippable, stash
 
@@ -107,9 +107,10 @@ def find_balances(args: argparse.Namespace, sample: torch.Tensor) -> List[Tuple[
         balance = optimal_balance(profile.time_s, args.partitions)  # = balance_by_time(...)
         took = time.perf_counter() - t0
         found.append((balance, profile, took))
-        print(f"run {run}: {balance}  {len(profile.round_scale)} rounds in {took:.1f} s, round scale "
-              f"{min(profile.round_scale):.2f}-{max(profile.round_scale):.2f}, spikes {sum(profile.spikes)}, "
-              f"median spread {statistics.median(profile.spread) * 100:.1f} %, {load_average()}", flush=True)
+        scale, spikes = getattr(profile, "round_scale", []), getattr(profile, "spikes", [])  # also older profiles
+        stats = (f"{len(scale)} rounds, round scale {min(scale):.2f}-{max(scale):.2f}, spikes {sum(spikes)}, "
+                 f"median spread {statistics.median(profile.spread) * 100:.1f} %, " if scale else "")
+        print(f"run {run}: {balance}  {took:.1f} s, {stats}{load_average()}", flush=True)
     return found
 
 
@@ -156,7 +157,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     ap.add_argument("--base", type=int, default=8, help="channels at the top level")
     ap.add_argument("--depth", type=int, default=3, help="levels")
     ap.add_argument("--window", type=int, default=2, help="cuts around each found one, measured as candidates")
-    ap.add_argument("--rounds", type=int, default=7, help="measured steps per candidate")
+    ap.add_argument("--rounds", type=int, default=15, help="measured steps per candidate")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # the partitions' threads are what uses the cores
     layers = len(unet(args.base, args.depth))
@@ -174,14 +175,19 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     finally:
         stop_load(procs)
     best = min(steps, key=steps.get)
+    # what the profiles say of each candidate: its costliest partition over the least, median over the runs
+    predicted = {b: statistics.median(balance_cost(p.time_s, list(b)) / min(balance_cost(p.time_s, list(c))
+                                                                            for c in steps) for _, p, _ in found)
+                 for b in steps}
     print(f"best contiguous balance (of {len(steps)} measured side by side): {list(best)} "
           f"{steps[best] * 1e3:.1f} ms")
     for b, n in counts.most_common():
         print(f"found {list(b)} x{n}: step {steps[b] * 1e3:.1f} ms, x{steps[b] / steps[best]:.3f} of the best")
     for b, s in sorted(steps.items()):
-        print(f"  candidate {list(b)}: {s * 1e3:.1f} ms")
+        print(f"  candidate {list(b)}: {s * 1e3:.1f} ms measured (x{s / steps[best]:.3f}), costliest partition "
+              f"x{predicted[b]:.3f} of the least by the profiles")
     print(f"took {time.perf_counter() - t0:.0f} s; end: {load_average()}")
-    return {"balances": balances, "counts": dict(counts), "steps_s": steps, "best": list(best)}
+    return {"balances": balances, "counts": dict(counts), "steps_s": steps, "best": list(best), "predicted": predicted}
 
 
 if __name__ == "__main__":
