@@ -1,9 +1,12 @@
 """Balance: how many layers each partition gets, the optimum by time or by memory.
 
-:func:`balance_by_time` and :func:`balance_by_size` measure each layer with
-swpipe's profiler (:func:`profile_layers`) and cut the layers into contiguous
+:func:`balance_by_time` and :func:`balance_by_size` measure each layer
+(:func:`profile_layers`: timed rounds of the training step, made robust to
+bursts of load by :func:`robust_times`) and cut the layers into contiguous
 partitions that minimise the costliest one (:func:`optimal_balance`, exact,
-by dynamic programming: not a greedy split).
+by dynamic programming: not a greedy split). ``balance_by_time`` is
+``optimal_balance(profile_layers(...).time_s, partitions)``: call the two to
+see the profile's spread (:meth:`LayerProfile.report`).
 
 Examples
 --------
@@ -17,21 +20,28 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 from torch import nn
 
 from swpipe.gpipe.balance.partition import balance_cost, optimal_balance
-from swpipe.gpipe.balance.profile import LayerProfile, profile_layers
+from swpipe.gpipe.balance.profile import (LayerProfile, RobustTimes, TaskTimer, default_timer, profile_layers,
+                                         robust_times)
 from swpipe.gpipe.microbatch import Tensors, scatter
 
 __all__ = ["balance_by_time", "balance_by_size", "optimal_balance", "balance_cost", "profile_layers",
-           "LayerProfile"]
+           "LayerProfile", "robust_times", "RobustTimes", "TaskTimer", "default_timer"]
 
 
 def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, timeout: float = 1.0,
-                    device: Any = None) -> List[int]:
+                    device: Any = None, num_rounds: Optional[int] = None,
+                    timer: Optional[TaskTimer] = None) -> List[int]:
     """The balance whose slowest partition (forward + backward time on ``sample``) is fastest.
+
+    Each layer's time is :func:`profile_layers`' robust statistic over
+    paired rounds (:func:`robust_times`: rounds normalised by their total,
+    spikes dropped, medians), so a burst of load on the machine while it
+    measures moves no layer's share.
 
     Parameters
     ----------
@@ -40,9 +50,14 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, 
     sample : tensor or tuple of tensors
         One micro-batch.
     timeout : float
-        About how long to measure, seconds.
+        About how long to measure, seconds (when ``num_rounds`` is not given).
     device : device, optional
         Where to measure; default the module's.
+    num_rounds : int, optional
+        How many rounds to time; default as many as ``timeout`` allows, at
+        least :data:`~swpipe.gpipe.balance.profile.MIN_ROUNDS`.
+    timer : callable, optional
+        How each task is timed (:data:`TaskTimer`); default :func:`default_timer`.
 
     Returns
     -------
@@ -55,7 +70,7 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, 
     GPipeArgumentError
         More partitions than layers.
     """
-    profile = profile_layers(module, sample, timeout=timeout, device=device)
+    profile = profile_layers(module, sample, timeout=timeout, device=device, num_rounds=num_rounds, timer=timer)
     return optimal_balance(profile.time_s, partitions)
 
 
