@@ -21,6 +21,15 @@ partition (:func:`swpipe.gpipe.predict.corun_costs`).
 The measurement is the machine *now*, like
 :func:`swpipe_core.measure.calibrate.measure_cores`: take it beside the run it
 predicts.
+
+Measuring the slowdown does not show that it brings a prediction closer to a
+real step: on a U-Net (issue 47) it made predictions worse. So it is checked:
+:func:`check_slowdown` predicts measured steps (held out: they did not fit
+the slowdown) without and with it, per micro-batch size, and its
+:class:`CheckedSlowdown` applies the slowdown only at the sizes where it
+predicted them better (:func:`autosched.model.corrections.decide_corrections`);
+``predict_step(..., slowdown=checked)``, :func:`~swpipe.gpipe.predict.what_if`
+and :func:`~swpipe.gpipe.predict.choose` honour its decisions.
 """
 
 from __future__ import annotations
@@ -29,11 +38,12 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
+from autosched.model.corrections import CorrectionDecision, HeldOutStep, decide_corrections, decisions_line
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -43,7 +53,10 @@ from swpipe.gpipe.microbatch import Tensors, batch_size, check
 from swpipe.gpipe.partition import check_balance
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["CoRun", "profile_corun"]
+__all__ = ["CoRun", "profile_corun", "CheckedSlowdown", "check_slowdown", "CORUN"]
+
+#: The co-run slowdown's name in its decisions (:class:`~autosched.model.corrections.CorrectionDecision`).
+CORUN = "co-run slowdown"
 
 
 @dataclass
@@ -222,3 +235,119 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     for pipe in pipes.values():
         pipe.close()
     return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
+
+
+@dataclass
+class CheckedSlowdown:
+    """The co-run slowdown per micro-batch size, and where held-out measured steps say to apply it.
+
+    Attributes
+    ----------
+    slowdown : dict
+        ``{micro-batch size: {task: slowdown}}``: what would be applied at each size (:attr:`CoRun.slowdown`).
+    decisions : dict
+        ``{micro-batch size: CorrectionDecision}`` (:func:`~autosched.model.corrections.decide_corrections`).
+
+    Examples
+    --------
+    >>> from autosched.model.corrections import CorrectionDecision
+    >>> checked = CheckedSlowdown({8: {"F0": 1.5}, 16: {"F0": 2.0}},
+    ...                           {8: CorrectionDecision(CORUN, 8, True, "closer", 0.2, 0.05, 2),
+    ...                            16: CorrectionDecision(CORUN, 16, False, "farther", 0.05, 0.3, 2)})
+    >>> checked.at(8), checked.at(16), checked.at(4), checked.decision(4).reason
+    ({'F0': 1.5}, None, None, 'no held-out steps')
+    """
+
+    slowdown: Dict[float, Dict[str, float]]
+    decisions: Dict[float, CorrectionDecision]
+
+    def decision(self, micro_batch: float) -> CorrectionDecision:
+        """The decision at ``micro_batch`` samples; a size nothing decided is not applied ("no held-out steps")."""
+        got = self.decisions.get(micro_batch)
+        return got if got is not None else CorrectionDecision(CORUN, micro_batch, False, "no held-out steps")
+
+    def at(self, micro_batch: float) -> Optional[Dict[str, float]]:
+        """The slowdown to apply at ``micro_batch`` samples, or ``None`` where the decision is not to."""
+        return dict(self.slowdown[micro_batch]) if self.decision(micro_batch).applied else None
+
+    def summary(self) -> str:
+        """The decisions as one line, by micro-batch size (:func:`~autosched.model.corrections.decisions_line`)."""
+        return decisions_line(self.decisions[k] for k in sorted(self.decisions))
+
+
+def _nearest(coruns: Sequence[CoRun], micro_batch: float) -> CoRun:
+    """The measurement at the micro-batch size nearest ``micro_batch`` (the smaller of two as near)."""
+    return min(coruns, key=lambda c: (abs(c.batch - micro_batch), c.batch))
+
+
+def check_slowdown(layers: Any, coruns: Union[CoRun, Sequence[CoRun]],
+                   steps: Iterable[Tuple[Mapping[str, Any], Any]], *, cores: Optional[int] = None) -> CheckedSlowdown:
+    """Check the co-run slowdown against measured steps: applied per micro-batch size only where it predicts better.
+
+    Each step is predicted (:func:`~swpipe.gpipe.predict.predict_step`)
+    without and with the slowdown measured at the micro-batch size nearest
+    the step's, and :func:`~autosched.model.corrections.decide_corrections`
+    decides per micro-batch size. The steps must be held out: measured apart
+    from ``coruns`` (the slowdown is fitted from those only) and, to judge
+    what the decision is worth, apart from the steps it is then used to
+    predict.
+
+    Parameters
+    ----------
+    layers : LayerModel
+        The layers' costs the predictions take.
+    coruns : CoRun or sequence of CoRun
+        The slowdown measured at one or more micro-batch sizes (:func:`profile_corun`).
+    steps : iterable of (dict, float or MeasuredStep)
+        Each a configuration (``balance``, ``batch``, ``chunks``; ``checkpoint`` and ``schedule`` optional, as
+        :func:`~swpipe.gpipe.predict.predict_step` takes them) and its measured step: seconds, or a
+        :class:`~swpipe.gpipe.measure.MeasuredStep` (each timed repeat a held-out step).
+    cores : int, optional
+        As :func:`~swpipe.gpipe.predict.predict_step` takes it.
+
+    Returns
+    -------
+    CheckedSlowdown
+        A decision per micro-batch size of the steps and of ``coruns`` (those without a step: not applied).
+
+    Raises
+    ------
+    GPipeArgumentError
+        No ``coruns``, or a configuration with a field ``predict_step`` does not take or without ``balance``,
+        ``batch`` or ``chunks``.
+
+    Examples
+    --------
+    A slowdown of 3 on every task, where the measured step was as fast as the plain prediction: not applied.
+
+    >>> from swpipe.gpipe.predict import LayerModel, predict_step
+    >>> layers = LayerModel([(0.0, 0.001)] * 2, [(0.0, 0.002)] * 2, [0.0] * 2, [0.0] * 2)
+    >>> corun = CoRun({t: [1.0] for t in ("F0", "F1", "B0", "B1")}, {t: [3.0] for t in ("F0", "F1", "B0", "B1")},
+    ...               {t: [1.0] for t in ("F0", "F1", "B0", "B1")}, batch=2)
+    >>> config = {"balance": [1, 1], "batch": 8, "chunks": 4, "checkpoint": "never"}
+    >>> plain = predict_step(layers, **config).step_s
+    >>> checked = check_slowdown(layers, corun, [(config, plain)])
+    >>> checked.decision(2).applied, checked.decision(2).reason, checked.at(2)
+    (False, 'farther', None)
+    """
+    from swpipe.gpipe.predict import micro_batch, predict_step
+
+    coruns = [coruns] if isinstance(coruns, CoRun) else list(coruns)
+    if not coruns:
+        raise GPipeArgumentError("coruns", [], "no co-run measurement", "measure one with profile_corun")
+    held, slowdown = [], {}
+    for config, measured in steps:
+        missing = {"balance", "batch", "chunks"} - set(config)
+        unknown = set(config) - {"balance", "batch", "chunks", "checkpoint", "schedule"}
+        if missing or unknown:
+            raise GPipeArgumentError("steps", dict(config), f"missing {sorted(missing)}, unknown {sorted(unknown)}",
+                                     "give balance, batch, chunks and optionally checkpoint, schedule")
+        key = micro_batch(config["batch"], config["chunks"])
+        slowdown.setdefault(key, _nearest(coruns, key).slowdown)
+        without = predict_step(layers, cores=cores, **config).step_s
+        with_ = predict_step(layers, cores=cores, slowdown=slowdown[key], **config).step_s
+        seconds = measured.steps_s if hasattr(measured, "steps_s") else [measured]
+        held += [HeldOutStep(key, without, with_, float(s)) for s in seconds]
+    for c in coruns:
+        slowdown.setdefault(c.batch, c.slowdown)
+    return CheckedSlowdown(slowdown, decide_corrections(CORUN, held, keys=slowdown))
