@@ -30,7 +30,7 @@ __all__ = ["HeldOutStep", "CorrectionDecision", "CorrectionCheckError", "REASONS
 
 #: Why a correction was or was not applied on a key: its error on the held-out steps was smaller ("closer"), larger
 #: ("farther") or the same ("tie": the plain prediction is kept), or no held-out step had the key.
-REASONS = ("closer", "farther", "tie", "no held-out steps")
+REASONS = ("closer", "farther", "tie", "no-held-out-steps")
 
 
 class CorrectionCheckError(ValueError):
@@ -111,8 +111,8 @@ class CorrectionDecision:
         --------
         >>> CorrectionDecision("co-run slowdown", 8, True, "closer", 0.2, 0.05, 3).describe()
         'co-run slowdown at 8: applied (error 20.0% -> 5.0% on 3 held-out steps)'
-        >>> CorrectionDecision("co-run slowdown", 16, False, "no held-out steps").describe()
-        'co-run slowdown at 16: not applied (no held-out steps)'
+        >>> CorrectionDecision("co-run slowdown", 16, False, "no-held-out-steps").describe()
+        'co-run slowdown at 16: not applied (no-held-out-steps)'
         """
         return f"{self.correction} at {self.key}: {'applied' if self.applied else 'not applied'} {self.detail}"
 
@@ -132,13 +132,14 @@ def decide_corrections(correction: str, steps: Iterable[HeldOutStep], keys: Iter
     steps : iterable of HeldOutStep
         Measured steps that did not fit the correction, each with its predictions without and with it.
     keys : iterable of hashable
-        Keys to decide even where no step has them (decided "not applied", reason ``"no held-out steps"``).
+        Keys to decide even where no step has them (decided "not applied", reason ``"no-held-out-steps"``).
 
     Returns
     -------
     dict
         ``{key: CorrectionDecision}`` for every key of ``steps`` and ``keys``. Applied exactly where the median
-        error with the correction is smaller than without it; a tie keeps the plain prediction.
+        error with the correction is smaller than without it; a tie (equal up to rounding) keeps the plain
+        prediction.
 
     Examples
     --------
@@ -147,7 +148,7 @@ def decide_corrections(correction: str, steps: Iterable[HeldOutStep], keys: Iter
     >>> steps = [HeldOutStep(8, 0.10, 0.118, 0.12), HeldOutStep(16, 0.20, 0.30, 0.19)]
     >>> got = decide_corrections("co-run slowdown", steps, keys=[32])
     >>> [(k, d.applied, d.reason) for k, d in got.items()]
-    [(8, True, 'closer'), (16, False, 'farther'), (32, False, 'no held-out steps')]
+    [(8, True, 'closer'), (16, False, 'farther'), (32, False, 'no-held-out-steps')]
     """
     by: Dict[Hashable, List[HeldOutStep]] = {}
     for step in steps:
@@ -159,12 +160,14 @@ def decide_corrections(correction: str, steps: Iterable[HeldOutStep], keys: Iter
     out = {}
     for key, held in by.items():
         if not held:
-            out[key] = CorrectionDecision(correction, key, False, "no held-out steps")
+            out[key] = CorrectionDecision(correction, key, False, "no-held-out-steps")
             continue
         measured = [s.measured_s for s in held]
         without = _error([s.without_s for s in held], measured)
         with_ = _error([s.with_s for s in held], measured)
-        reason = "closer" if with_ < without else "farther" if with_ > without else "tie"
+        # equal up to rounding (0.9 and 1.1 s of a 1.0 s step) is a tie: the plain prediction is kept
+        reason = "tie" if math.isclose(with_, without, rel_tol=1e-9, abs_tol=1e-12) \
+            else "closer" if with_ < without else "farther"
         out[key] = CorrectionDecision(correction, key, reason == "closer", reason, without, with_, len(held))
     return out
 
@@ -175,9 +178,10 @@ def decisions_line(decisions: Iterable[CorrectionDecision]) -> str:
     Examples
     --------
     >>> d = decide_corrections("co-run slowdown", [HeldOutStep(4, 1.0, 1.1, 1.1), HeldOutStep(2, 1.0, 1.5, 1.0)])
-    >>> decisions_line(d.values()).split("; ")
-    ['co-run slowdown applied at 4 (error 9.1% -> 0.0% on 1 held-out steps)',
-     'not applied at 2 (farther: error 0.0% -> 50.0% on 1 held-out steps)']
+    >>> for part in decisions_line(d.values()).split("; "):
+    ...     print(part)
+    co-run slowdown applied at 4 (error 9.1% -> 0.0% on 1 held-out steps)
+    not applied at 2 (farther: error 0.0% -> 50.0% on 1 held-out steps)
     """
     decisions = list(decisions)
     parts = []

@@ -255,16 +255,16 @@ class CheckedSlowdown:
     ...                           {8: CorrectionDecision(CORUN, 8, True, "closer", 0.2, 0.05, 2),
     ...                            16: CorrectionDecision(CORUN, 16, False, "farther", 0.05, 0.3, 2)})
     >>> checked.at(8), checked.at(16), checked.at(4), checked.decision(4).reason
-    ({'F0': 1.5}, None, None, 'no held-out steps')
+    ({'F0': 1.5}, None, None, 'no-held-out-steps')
     """
 
     slowdown: Dict[float, Dict[str, float]]
     decisions: Dict[float, CorrectionDecision]
 
     def decision(self, micro_batch: float) -> CorrectionDecision:
-        """The decision at ``micro_batch`` samples; a size nothing decided is not applied ("no held-out steps")."""
+        """The decision at ``micro_batch`` samples; a size nothing decided is not applied ("no-held-out-steps")."""
         got = self.decisions.get(micro_batch)
-        return got if got is not None else CorrectionDecision(CORUN, micro_batch, False, "no held-out steps")
+        return got if got is not None else CorrectionDecision(CORUN, micro_batch, False, "no-held-out-steps")
 
     def at(self, micro_batch: float) -> Optional[Dict[str, float]]:
         """The slowdown to apply at ``micro_batch`` samples, or ``None`` where the decision is not to."""

@@ -54,8 +54,8 @@ from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.partition import CHECKPOINT_MODES
 from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
 
-__all__ = ["LayerModel", "StepPrediction", "micro_batch", "step_costs", "overlap_shares", "corun_costs", "predict_step", "what_if",
-           "choose", "format_table"]
+__all__ = ["LayerModel", "StepPrediction", "micro_batch", "step_costs", "overlap_shares", "corun_costs", "predict_step",
+           "what_if", "choose", "format_table"]
 
 
 @dataclass
