@@ -100,13 +100,23 @@ def test_co_run_slowdown_is_the_median_round_s_together_over_alone_at_least_one(
 def test_co_run_slowdown_inverts_the_stretch_the_prediction_applies():
     from autosched.model.costs import CostModel, TaskCost
 
-    # measured together: 3 s where alone took 2 s, a quarter of it beside the other partition
-    corun = CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.25]}, batch=4)
-    assert corun.slowdown == {"F0": pytest.approx(3.0)}
-    events = [event("F0", "p0", 0.0, 4.0), event("F1", "p1", 0.0, 1.0)]  # F0 a quarter beside F1
+    # measured together: 3 s where alone took 2 s, half of it beside the other partition
+    corun = CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.5]}, batch=4)
+    assert corun.slowdown == {"F0": pytest.approx(2.0)}
+    events = [event("F0", "p0", 0.0, 4.0), event("F1", "p1", 0.0, 2.0)]  # F0 half beside F1
     stretched = corun_costs(CostModel({"F0": TaskCost(2.0)}), events, corun.slowdown)
     assert stretched["F0"].host_s == pytest.approx(3.0)
     assert CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.0]}, batch=4).slowdown == {"F0": 1.0}  # never beside
+
+
+def test_a_round_with_the_task_little_beside_another_does_not_measure_its_slowdown():
+    from swpipe.gpipe.corun import MIN_BESIDE
+
+    # round 2: 0.6 s more together, but only a tenth of the task ran beside the other: 1 + 0.6 / 0.1 = 7 if counted
+    corun = CoRun({"F0": [1.0, 1.0, 1.0]}, {"F0": [1.2, 1.6, 1.2]}, {"F0": [1.0, 0.1, MIN_BESIDE]}, batch=4)
+    assert corun.slowdown == {"F0": pytest.approx(1.3)}  # the median of 1.2 and 1.4
+    assert corun.slowdown_from(0.0) == {"F0": pytest.approx(1.4)}  # 1.2, 7, 1.4
+    assert CoRun({"F0": [1.0]}, {"F0": [1.6]}, {"F0": [0.1]}, batch=4).slowdown == {"F0": 1.0}  # no round measures it
 
 
 def net():

@@ -53,7 +53,11 @@ from swpipe.gpipe.microbatch import Tensors, batch_size, check
 from swpipe.gpipe.partition import check_balance
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["CoRun", "profile_corun", "CheckedSlowdown", "check_slowdown", "CORUN"]
+__all__ = ["CoRun", "profile_corun", "CheckedSlowdown", "check_slowdown", "CORUN", "MIN_BESIDE"]
+
+#: The least share of a task's time beside another partition from which a round measures its slowdown
+#: (:meth:`CoRun.slowdown_from`).
+MIN_BESIDE = 0.5
 
 #: The co-run slowdown's name in its decisions (:class:`~autosched.model.corrections.CorrectionDecision`).
 CORUN = "co-run slowdown"
@@ -93,15 +97,33 @@ class CoRun:
 
     @property
     def slowdown(self) -> Dict[str, float]:
-        """``{task: slowdown beside another partition}``, the inverse of
-        :func:`~swpipe.gpipe.predict.corun_costs`'s stretch: ``together = alone x (1 + beside x (s - 1))``
-        solved for ``s`` in each round, the median over the rounds (a round's two arrangements run back to
-        back, so a change of load between rounds cancels), at least 1 (a task never runs faster beside
-        another: less is noise)."""
+        """``{task: slowdown beside another partition}``: :meth:`slowdown_from` rounds where the task ran beside
+        another partition for at least :data:`MIN_BESIDE` of its time."""
+        return self.slowdown_from(MIN_BESIDE)
+
+    def slowdown_from(self, min_beside: float) -> Dict[str, float]:
+        """``{task: slowdown}`` from the rounds where the task ran beside another partition for at least
+        ``min_beside`` of its time (1 where none did).
+
+        The inverse of :func:`~swpipe.gpipe.predict.corun_costs`'s stretch: ``together = alone x (1 + beside x
+        (s - 1))`` solved for ``s`` in each round, the median over the rounds (a round's two arrangements run back
+        to back, so a change of load between rounds cancels), at least 1 (a task never runs faster beside
+        another: less is noise). Solving divides the round's noise by its share beside: a round where a task
+        ran beside another for 0.1 % of its time turned 2 ms of noise into a slowdown of 500 (issue 47), which
+        the prediction then applied to the half of the task it predicts beside another.
+
+        Examples
+        --------
+        A round with the task beside another all the time, and one where 0.1 of it was:
+
+        >>> corun = CoRun({"F0": [1.0, 1.0]}, {"F0": [1.5, 1.5]}, {"F0": [1.0, 0.1]}, batch=8)
+        >>> corun.slowdown, corun.slowdown_from(0.0)
+        ({'F0': 1.5}, {'F0': 3.75})
+        """
         out = {}
         for task, alone in self.alone_s.items():
             got = [1.0 + (b / a - 1.0) / share for a, b, share in zip(alone, self.together_s[task], self.beside[task])
-                   if a > 0 and share > 0]
+                   if a > 0 and share > 0 and share >= min_beside]
             out[task] = max(1.0, statistics.median(got)) if got else 1.0
         return out
 
