@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from swpipe.gpipe.corun import CheckedSlowdown, CoRun, check_slowdown, profile_corun
+from swpipe.gpipe.corun import CoRun, check_slowdown, profile_corun
 from swpipe.gpipe.errors import GPipeArgumentError
-from swpipe.gpipe.predict import LayerModel, choose, corun_costs, overlap_shares, predict_step, what_if
+from swpipe.gpipe.predict import (CheckedSlowdown, LayerModel, choose, corun_costs, overlap_shares, predict_step,
+                                  what_if)
 from swpipe.gpipe.skip import pop, skippable, stash
 from swpipe_core.measure.trace import TimelineEvent
 

@@ -26,7 +26,7 @@ Measuring the slowdown does not show that it brings a prediction closer to a
 real step: on a U-Net (issue 47) it made predictions worse. So it is checked:
 :func:`check_slowdown` predicts measured steps (held out: they did not fit
 the slowdown) without and with it, per micro-batch size, and its
-:class:`CheckedSlowdown` applies the slowdown only at the sizes where it
+:class:`~swpipe.gpipe.predict.CheckedSlowdown` applies the slowdown only at the sizes where it
 predicted them better (:func:`autosched.model.corrections.decide_corrections`);
 ``predict_step(..., slowdown=checked)``, :func:`~swpipe.gpipe.predict.what_if`
 and :func:`~swpipe.gpipe.predict.choose` honour its decisions.
@@ -43,7 +43,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from autosched.model.corrections import CorrectionDecision, HeldOutStep, decide_corrections, decisions_line
+from autosched.model.corrections import HeldOutStep, decide_corrections
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -51,16 +51,15 @@ from swpipe.gpipe.balance.profile import _sum_loss
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.microbatch import Tensors, batch_size, check
 from swpipe.gpipe.partition import check_balance
+from swpipe.gpipe.predict import CORUN, CheckedSlowdown, micro_batch, overlap_shares, predict_step
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["CoRun", "profile_corun", "CheckedSlowdown", "check_slowdown", "CORUN", "MIN_BESIDE"]
+__all__ = ["CoRun", "profile_corun", "check_slowdown", "MIN_BESIDE"]
 
 #: The least share of a task's time beside another partition from which a round measures its slowdown
 #: (:meth:`CoRun.slowdown_from`).
 MIN_BESIDE = 0.5
 
-#: The co-run slowdown's name in its decisions (:class:`~autosched.model.corrections.CorrectionDecision`).
-CORUN = "co-run slowdown"
 
 
 @dataclass
@@ -181,8 +180,6 @@ def _plan(partitions: Sequence[nn.Sequential], inputs: Sequence[Any], together: 
 
 def _run(pipe: SWPipeline, iterations: int) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Each task's median seconds over ``iterations`` pipelined iterations, and its share run beside another."""
-    from swpipe.gpipe.predict import overlap_shares
-
     pipe.run(range(iterations))
     out: Dict[str, List[float]] = {}
     for e in pipe.timeline:
@@ -259,44 +256,6 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
 
 
-@dataclass
-class CheckedSlowdown:
-    """The co-run slowdown per micro-batch size, and where held-out measured steps say to apply it.
-
-    Attributes
-    ----------
-    slowdown : dict
-        ``{micro-batch size: {task: slowdown}}``: what would be applied at each size (:attr:`CoRun.slowdown`).
-    decisions : dict
-        ``{micro-batch size: CorrectionDecision}`` (:func:`~autosched.model.corrections.decide_corrections`).
-
-    Examples
-    --------
-    >>> from autosched.model.corrections import CorrectionDecision
-    >>> checked = CheckedSlowdown({8: {"F0": 1.5}, 16: {"F0": 2.0}},
-    ...                           {8: CorrectionDecision(CORUN, 8, True, "closer", 0.2, 0.05, 2),
-    ...                            16: CorrectionDecision(CORUN, 16, False, "farther", 0.05, 0.3, 2)})
-    >>> checked.at(8), checked.at(16), checked.at(4), checked.decision(4).reason
-    ({'F0': 1.5}, None, None, 'no-held-out-steps')
-    """
-
-    slowdown: Dict[float, Dict[str, float]]
-    decisions: Dict[float, CorrectionDecision]
-
-    def decision(self, micro_batch: float) -> CorrectionDecision:
-        """The decision at ``micro_batch`` samples; a size nothing decided is not applied ("no-held-out-steps")."""
-        got = self.decisions.get(micro_batch)
-        return got if got is not None else CorrectionDecision(CORUN, micro_batch, False, "no-held-out-steps")
-
-    def at(self, micro_batch: float) -> Optional[Dict[str, float]]:
-        """The slowdown to apply at ``micro_batch`` samples, or ``None`` where the decision is not to."""
-        return dict(self.slowdown[micro_batch]) if self.decision(micro_batch).applied else None
-
-    def summary(self) -> str:
-        """The decisions as one line, by micro-batch size (:func:`~autosched.model.corrections.decisions_line`)."""
-        return decisions_line(self.decisions[k] for k in sorted(self.decisions))
-
-
 def _nearest(coruns: Sequence[CoRun], micro_batch: float) -> CoRun:
     """The measurement at the micro-batch size nearest ``micro_batch`` (the smaller of two as near)."""
     return min(coruns, key=lambda c: (abs(c.batch - micro_batch), c.batch))
@@ -329,7 +288,7 @@ def check_slowdown(layers: Any, coruns: Union[CoRun, Sequence[CoRun]],
 
     Returns
     -------
-    CheckedSlowdown
+    swpipe.gpipe.predict.CheckedSlowdown
         A decision per micro-batch size of the steps and of ``coruns`` (those without a step: not applied).
 
     Raises
@@ -352,8 +311,6 @@ def check_slowdown(layers: Any, coruns: Union[CoRun, Sequence[CoRun]],
     >>> checked.decision(2).applied, checked.decision(2).reason, checked.at(2)
     (False, 'farther', None)
     """
-    from swpipe.gpipe.predict import micro_batch, predict_step
-
     coruns = [coruns] if isinstance(coruns, CoRun) else list(coruns)
     if not coruns:
         raise GPipeArgumentError("coruns", [], "no co-run measurement", "measure one with profile_corun")

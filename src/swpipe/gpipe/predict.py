@@ -28,7 +28,7 @@ the measured co-run slowdown of each task (:func:`swpipe.gpipe.corun.profile_cor
 a task's time stretches by it for the share of the task that runs beside
 another partition in the simulated step (:func:`corun_costs`), and the step
 is simulated again with the stretched times. Given as a
-:class:`~swpipe.gpipe.corun.CheckedSlowdown` (:func:`~swpipe.gpipe.corun.check_slowdown`),
+:class:`CheckedSlowdown` (:func:`~swpipe.gpipe.corun.check_slowdown`),
 the slowdown is applied only at the micro-batch sizes where it predicted
 held-out measured steps better, and each prediction carries its decision. A partition keeps, per
 micro-batch in flight, the activations its layers save (each storage counted
@@ -46,16 +46,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from autosched.model.corrections import CorrectionDecision
+from autosched.model.corrections import CorrectionDecision, decisions_line
 from swpipe.gpipe.balance.partition import optimal_balance
 from swpipe.gpipe.balance.profile import LayerProfile
-from swpipe.gpipe.corun import CheckedSlowdown
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.partition import CHECKPOINT_MODES
 from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
 
-__all__ = ["LayerModel", "StepPrediction", "micro_batch", "step_costs", "overlap_shares", "corun_costs", "predict_step",
-           "what_if", "choose", "format_table"]
+__all__ = ["LayerModel", "StepPrediction", "CheckedSlowdown", "CORUN", "micro_batch", "step_costs", "overlap_shares",
+           "corun_costs", "predict_step", "what_if", "choose", "format_table"]
 
 
 @dataclass
@@ -118,7 +117,7 @@ class LayerModel:
 def micro_batch(batch: int, chunks: int) -> float:
     """Samples per micro-batch as the prediction takes it: ``batch / min(chunks, batch)`` (an int where whole).
 
-    The key a :class:`~swpipe.gpipe.corun.CheckedSlowdown` decides by.
+    The key a :class:`CheckedSlowdown` decides by.
 
     Examples
     --------
@@ -127,6 +126,48 @@ def micro_batch(batch: int, chunks: int) -> float:
     """
     m = min(chunks, batch)
     return batch // m if batch % m == 0 else batch / m
+
+
+#: The co-run slowdown's name in its decisions (:class:`~autosched.model.corrections.CorrectionDecision`).
+CORUN = "co-run slowdown"
+
+
+@dataclass
+class CheckedSlowdown:
+    """The co-run slowdown per micro-batch size, and where held-out measured steps say to apply it.
+
+    Attributes
+    ----------
+    slowdown : dict
+        ``{micro-batch size: {task: slowdown}}``: what would be applied at each size
+        (:attr:`swpipe.gpipe.corun.CoRun.slowdown`).
+    decisions : dict
+        ``{micro-batch size: CorrectionDecision}`` (:func:`~autosched.model.corrections.decide_corrections`).
+
+    Examples
+    --------
+    >>> checked = CheckedSlowdown({8: {"F0": 1.5}, 16: {"F0": 2.0}},
+    ...                           {8: CorrectionDecision(CORUN, 8, True, "closer", 0.2, 0.05, 2),
+    ...                            16: CorrectionDecision(CORUN, 16, False, "farther", 0.05, 0.3, 2)})
+    >>> checked.at(8), checked.at(16), checked.at(4), checked.decision(4).reason
+    ({'F0': 1.5}, None, None, 'no-held-out-steps')
+    """
+
+    slowdown: Dict[float, Dict[str, float]]
+    decisions: Dict[float, CorrectionDecision]
+
+    def decision(self, micro_batch: float) -> CorrectionDecision:
+        """The decision at ``micro_batch`` samples; a size nothing decided is not applied ("no-held-out-steps")."""
+        got = self.decisions.get(micro_batch)
+        return got if got is not None else CorrectionDecision(CORUN, micro_batch, False, "no-held-out-steps")
+
+    def at(self, micro_batch: float) -> Optional[Dict[str, float]]:
+        """The slowdown to apply at ``micro_batch`` samples, or ``None`` where the decision is not to."""
+        return dict(self.slowdown[micro_batch]) if self.decision(micro_batch).applied else None
+
+    def summary(self) -> str:
+        """The decisions as one line, by micro-batch size (:func:`~autosched.model.corrections.decisions_line`)."""
+        return decisions_line(self.decisions[k] for k in sorted(self.decisions))
 
 
 def _checkpointed(checkpoint: str, m: int) -> int:
@@ -368,7 +409,7 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
         ``{task: slowdown beside another partition}`` of CPU partitions run at once
         (:attr:`swpipe.gpipe.corun.CoRun.slowdown`): each task is stretched by it for the share of it that
         runs beside another partition (:func:`corun_costs`) and the step simulated again. A mapping is
-        applied as given, unchecked; a :class:`~swpipe.gpipe.corun.CheckedSlowdown` only where its decision
+        applied as given, unchecked; a :class:`CheckedSlowdown` only where its decision
         at this step's micro-batch size (:func:`micro_batch`) says so (the prediction's ``decision``).
         ``None``: partitions run at once as fast as alone.
 
