@@ -20,3 +20,14 @@ def test_the_gpipe_benchmark_runs_and_its_memory_predictions_are_measured(capsys
     # GPipe without checkpointing: every activation is alive when the last forward ends, whatever the timing
     never = [row for row in out["c"] if row["checkpoint"] == "never" and row["schedule"] == "gpipe"]
     assert never and all(row["pred_MB"] == pytest.approx(row["meas_MB"]) for row in never)
+
+
+@pytest.mark.slow
+def test_the_unet_benchmark_prints_each_chunks_with_its_decision(capsys):
+    out = load_benchmark("gpipe_unet").main(["--quick"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [row["chunks"] for row in out["rows"]] == [2, 4, 8]
+    # the decided prediction is the corrected one where the slowdown is applied, else the plain one
+    for row in out["rows"]:
+        assert row["decided_err"] == pytest.approx(row["corr_err"] if row["applied"] else row["plain_err"])
+    assert sorted(out["checked"].decisions) == [2, 4, 8] and out["checked"].summary() in lines

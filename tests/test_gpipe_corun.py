@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from swpipe.gpipe.corun import CoRun, profile_corun
+from swpipe.gpipe.corun import CoRun, check_slowdown, profile_corun
 from swpipe.gpipe.errors import GPipeArgumentError
-from swpipe.gpipe.predict import LayerModel, corun_costs, overlap_shares, predict_step, what_if
+from swpipe.gpipe.predict import (CheckedSlowdown, LayerModel, choose, corun_costs, overlap_shares, predict_step,
+                                  what_if)
 from swpipe.gpipe.skip import pop, skippable, stash
 from swpipe_core.measure.trace import TimelineEvent
 
@@ -100,13 +101,23 @@ def test_co_run_slowdown_is_the_median_round_s_together_over_alone_at_least_one(
 def test_co_run_slowdown_inverts_the_stretch_the_prediction_applies():
     from autosched.model.costs import CostModel, TaskCost
 
-    # measured together: 3 s where alone took 2 s, a quarter of it beside the other partition
-    corun = CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.25]}, batch=4)
-    assert corun.slowdown == {"F0": pytest.approx(3.0)}
-    events = [event("F0", "p0", 0.0, 4.0), event("F1", "p1", 0.0, 1.0)]  # F0 a quarter beside F1
+    # measured together: 3 s where alone took 2 s, half of it beside the other partition
+    corun = CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.5]}, batch=4)
+    assert corun.slowdown == {"F0": pytest.approx(2.0)}
+    events = [event("F0", "p0", 0.0, 4.0), event("F1", "p1", 0.0, 2.0)]  # F0 half beside F1
     stretched = corun_costs(CostModel({"F0": TaskCost(2.0)}), events, corun.slowdown)
     assert stretched["F0"].host_s == pytest.approx(3.0)
     assert CoRun({"F0": [2.0]}, {"F0": [3.0]}, {"F0": [0.0]}, batch=4).slowdown == {"F0": 1.0}  # never beside
+
+
+def test_a_round_with_the_task_little_beside_another_does_not_measure_its_slowdown():
+    from swpipe.gpipe.corun import MIN_BESIDE
+
+    # round 2: 0.6 s more together, but only a tenth of the task ran beside the other: 1 + 0.6 / 0.1 = 7 if counted
+    corun = CoRun({"F0": [1.0, 1.0, 1.0]}, {"F0": [1.2, 1.6, 1.2]}, {"F0": [1.0, 0.1, MIN_BESIDE]}, batch=4)
+    assert corun.slowdown == {"F0": pytest.approx(1.3)}  # the median of 1.2 and 1.4
+    assert corun.slowdown_from(0.0) == {"F0": pytest.approx(1.4)}  # 1.2, 7, 1.4
+    assert CoRun({"F0": [1.0]}, {"F0": [1.6]}, {"F0": [0.1]}, batch=4).slowdown == {"F0": 1.0}  # no round measures it
 
 
 def net():
@@ -174,3 +185,85 @@ def test_choose_predicts_every_candidate_with_the_slowdown():
     best, candidates = choose(uniform(), 2, batch=8, chunks=(2, 4), checkpoints=("never",), schedules=("gpipe",),
                               slowdown=EVERY)
     assert best is candidates[0] and all(c.slowdown == EVERY for c in candidates)
+
+
+# Checked slowdown (issue 47): applied per micro-batch size only where it predicts held-out measured steps better.
+
+def scripted(slowdown, batch):
+    """A CoRun whose slowdown is ``slowdown`` on every task (each task beside the other partition all the time)."""
+    tasks = ("F0", "F1", "B0", "B1")
+    return CoRun({t: [1.0] for t in tasks}, {t: [slowdown] for t in tasks}, {t: [1.0] for t in tasks}, batch=batch)
+
+
+def config(chunks):
+    return {"balance": [2, 2], "batch": 16, "chunks": chunks, "checkpoint": "never"}
+
+
+def test_a_slowdown_that_hurts_is_not_applied_and_one_that_helps_is():
+    plain, slow = (predict_step(uniform(), **config(4), slowdown=s).step_s for s in (None, EVERY))
+    hurts = check_slowdown(uniform(), scripted(2.0, 4), [(config(4), plain)])  # measured as the plain prediction
+    helps = check_slowdown(uniform(), scripted(2.0, 4), [(config(4), slow)])   # measured as the corrected one
+    assert (hurts.decision(4).applied, hurts.decision(4).reason) == (False, "farther")
+    assert (helps.decision(4).applied, helps.decision(4).reason) == (True, "closer")
+    got_hurts = predict_step(uniform(), **config(4), slowdown=hurts)
+    got_helps = predict_step(uniform(), **config(4), slowdown=helps)
+    assert got_hurts.step_s == pytest.approx(plain) and got_hurts.slowdown is None
+    assert got_helps.step_s == pytest.approx(slow) and got_helps.slowdown == EVERY
+    assert got_hurts.decision is hurts.decision(4) and got_helps.checked is helps
+    assert hurts.decision(4).error_without == 0.0 and hurts.decision(4).error_with > 0.0
+
+
+def test_decisions_are_per_micro_batch_size_and_choose_and_what_if_honour_them():
+    # measured: chunks 2 (micro-batch 8) as the plain prediction, chunks 8 (micro-batch 2) as the corrected one
+    measured = [(config(2), predict_step(uniform(), **config(2)).step_s),
+                (config(8), predict_step(uniform(), **config(8), slowdown=EVERY).step_s)]
+    checked = check_slowdown(uniform(), [scripted(2.0, 8), scripted(2.0, 2)], measured)
+    assert {k: d.applied for k, d in checked.decisions.items()} == {8: False, 2: True}
+    _, candidates = choose(uniform(), 2, batch=16, chunks=(2, 4, 8), checkpoints=("never",), schedules=("gpipe",),
+                           slowdown=checked)
+    by_chunks = {c.chunks: c for c in candidates}
+    assert {c: (p.slowdown is not None, p.decision.reason) for c, p in by_chunks.items()} == {
+        2: (False, "farther"), 4: (False, "no-held-out-steps"), 8: (True, "closer")}
+    assert by_chunks[2].step_s == pytest.approx(measured[0][1]) and by_chunks[8].step_s == pytest.approx(measured[1][1])
+    base = predict_step(uniform(), **config(2), slowdown=checked)
+    rows = what_if(base, uniform(), [{"chunks": 8}, {"chunks": 4}])
+    assert [r.slowdown is not None for r in rows] == [False, True, False]
+    assert all(r.checked is checked for r in rows)
+
+
+def test_a_micro_batch_size_with_no_measured_step_keeps_the_plain_prediction():
+    checked = check_slowdown(uniform(), scripted(3.0, 4), [])
+    assert (checked.decision(4).applied, checked.decision(4).reason, checked.decision(4).steps) == (
+        False, "no-held-out-steps", 0)
+    assert checked.slowdown == {4: EVERY | {t: 3.0 for t in EVERY}}
+    got = predict_step(uniform(), **config(4), slowdown=checked)
+    assert got.step_s == pytest.approx(predict_step(uniform(), **config(4)).step_s) and got.slowdown is None
+
+
+def test_each_micro_batch_size_takes_the_slowdown_measured_nearest_it_and_every_timed_repeat_judges():
+    from swpipe.gpipe.measure import MeasuredStep
+
+    plain = predict_step(uniform(), **config(4)).step_s  # micro-batch 4: measured at 2 and 8, 2 is as near
+    step = MeasuredStep(plain, [plain, plain, 9.0], 0.0, [0.0, 0.0])
+    checked = check_slowdown(uniform(), [scripted(1.5, 8), scripted(2.0, 2)], [(config(4), step)])
+    assert checked.slowdown[4] == {t: 2.0 for t in EVERY}
+    assert (checked.decision(4).steps, checked.decision(4).applied) == (3, False)
+    assert sorted(checked.decisions) == [2, 4, 8]
+
+
+@pytest.mark.parametrize("coruns, steps, argument", [
+    ([], [], "coruns"),
+    (None, [({"balance": [2, 2], "batch": 16}, 1.0)], "steps"),
+    (None, [({**config(4), "chunk": 4}, 1.0)], "steps")])
+def test_check_slowdown_refuses_what_it_cannot_predict(coruns, steps, argument):
+    with pytest.raises(GPipeArgumentError) as err:
+        check_slowdown(uniform(), scripted(2.0, 4) if coruns is None else coruns, steps)
+    assert err.value.argument == argument
+
+
+def test_a_checked_slowdown_s_summary_names_each_decided_size():
+    checked = CheckedSlowdown({2: EVERY, 8: EVERY}, {})
+    assert checked.at(2) is None and checked.decision(8).reason == "no-held-out-steps"
+    measured = [(config(2), predict_step(uniform(), **config(2)).step_s)]
+    line = check_slowdown(uniform(), [scripted(2.0, 8), scripted(2.0, 2)], measured).summary()
+    assert [line.count(f" {k} (") for k in (2, 8)] == [1, 1]

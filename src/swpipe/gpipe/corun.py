@@ -21,6 +21,15 @@ partition (:func:`swpipe.gpipe.predict.corun_costs`).
 The measurement is the machine *now*, like
 :func:`swpipe_core.measure.calibrate.measure_cores`: take it beside the run it
 predicts.
+
+Measuring the slowdown does not show that it brings a prediction closer to a
+real step: on a U-Net (issue 47) it made predictions worse. So it is checked:
+:func:`check_slowdown` predicts measured steps (held out: they did not fit
+the slowdown) without and with it, per micro-batch size, and its
+:class:`~swpipe.gpipe.predict.CheckedSlowdown` applies the slowdown only at the sizes where it
+predicted them better (:func:`autosched.model.corrections.decide_corrections`);
+``predict_step(..., slowdown=checked)``, :func:`~swpipe.gpipe.predict.what_if`
+and :func:`~swpipe.gpipe.predict.choose` honour its decisions.
 """
 
 from __future__ import annotations
@@ -29,11 +38,12 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
+from autosched.model.corrections import HeldOutStep, decide_corrections
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 
@@ -41,9 +51,15 @@ from swpipe.gpipe.balance.profile import _sum_loss
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.microbatch import Tensors, batch_size, check
 from swpipe.gpipe.partition import check_balance
+from swpipe.gpipe.predict import CORUN, CheckedSlowdown, micro_batch, overlap_shares, predict_step
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["CoRun", "profile_corun"]
+__all__ = ["CoRun", "profile_corun", "check_slowdown", "MIN_BESIDE"]
+
+#: The least share of a task's time beside another partition from which a round measures its slowdown
+#: (:meth:`CoRun.slowdown_from`).
+MIN_BESIDE = 0.5
+
 
 
 @dataclass
@@ -80,15 +96,33 @@ class CoRun:
 
     @property
     def slowdown(self) -> Dict[str, float]:
-        """``{task: slowdown beside another partition}``, the inverse of
-        :func:`~swpipe.gpipe.predict.corun_costs`'s stretch: ``together = alone x (1 + beside x (s - 1))``
-        solved for ``s`` in each round, the median over the rounds (a round's two arrangements run back to
-        back, so a change of load between rounds cancels), at least 1 (a task never runs faster beside
-        another: less is noise)."""
+        """``{task: slowdown beside another partition}``: :meth:`slowdown_from` rounds where the task ran beside
+        another partition for at least :data:`MIN_BESIDE` of its time."""
+        return self.slowdown_from(MIN_BESIDE)
+
+    def slowdown_from(self, min_beside: float) -> Dict[str, float]:
+        """``{task: slowdown}`` from the rounds where the task ran beside another partition for at least
+        ``min_beside`` of its time (1 where none did).
+
+        The inverse of :func:`~swpipe.gpipe.predict.corun_costs`'s stretch: ``together = alone x (1 + beside x
+        (s - 1))`` solved for ``s`` in each round, the median over the rounds (a round's two arrangements run back
+        to back, so a change of load between rounds cancels), at least 1 (a task never runs faster beside
+        another: less is noise). Solving divides the round's noise by its share beside: a round where a task
+        ran beside another for 0.1 % of its time turned 2 ms of noise into a slowdown of 500 (issue 47), which
+        the prediction then applied to the half of the task it predicts beside another.
+
+        Examples
+        --------
+        A round with the task beside another all the time, and one where 0.1 of it was:
+
+        >>> corun = CoRun({"F0": [1.0, 1.0]}, {"F0": [1.5, 1.5]}, {"F0": [1.0, 0.1]}, batch=8)
+        >>> corun.slowdown, corun.slowdown_from(0.0)
+        ({'F0': 1.5}, {'F0': 3.75})
+        """
         out = {}
         for task, alone in self.alone_s.items():
             got = [1.0 + (b / a - 1.0) / share for a, b, share in zip(alone, self.together_s[task], self.beside[task])
-                   if a > 0 and share > 0]
+                   if a > 0 and share > 0 and share >= min_beside]
             out[task] = max(1.0, statistics.median(got)) if got else 1.0
         return out
 
@@ -146,8 +180,6 @@ def _plan(partitions: Sequence[nn.Sequential], inputs: Sequence[Any], together: 
 
 def _run(pipe: SWPipeline, iterations: int) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Each task's median seconds over ``iterations`` pipelined iterations, and its share run beside another."""
-    from swpipe.gpipe.predict import overlap_shares
-
     pipe.run(range(iterations))
     out: Dict[str, List[float]] = {}
     for e in pipe.timeline:
@@ -222,3 +254,79 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     for pipe in pipes.values():
         pipe.close()
     return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
+
+
+def _nearest(coruns: Sequence[CoRun], micro_batch: float) -> CoRun:
+    """The measurement at the micro-batch size nearest ``micro_batch`` (the smaller of two as near)."""
+    return min(coruns, key=lambda c: (abs(c.batch - micro_batch), c.batch))
+
+
+def check_slowdown(layers: Any, coruns: Union[CoRun, Sequence[CoRun]],
+                   steps: Iterable[Tuple[Mapping[str, Any], Any]], *, cores: Optional[int] = None) -> CheckedSlowdown:
+    """Check the co-run slowdown against measured steps: applied per micro-batch size only where it predicts better.
+
+    Each step is predicted (:func:`~swpipe.gpipe.predict.predict_step`)
+    without and with the slowdown measured at the micro-batch size nearest
+    the step's, and :func:`~autosched.model.corrections.decide_corrections`
+    decides per micro-batch size. The steps must be held out: measured apart
+    from ``coruns`` (the slowdown is fitted from those only) and, to judge
+    what the decision is worth, apart from the steps it is then used to
+    predict.
+
+    Parameters
+    ----------
+    layers : LayerModel
+        The layers' costs the predictions take.
+    coruns : CoRun or sequence of CoRun
+        The slowdown measured at one or more micro-batch sizes (:func:`profile_corun`).
+    steps : iterable of (dict, float or MeasuredStep)
+        Each a configuration (``balance``, ``batch``, ``chunks``; ``checkpoint`` and ``schedule`` optional, as
+        :func:`~swpipe.gpipe.predict.predict_step` takes them) and its measured step: seconds, or a
+        :class:`~swpipe.gpipe.measure.MeasuredStep` (each timed repeat a held-out step).
+    cores : int, optional
+        As :func:`~swpipe.gpipe.predict.predict_step` takes it.
+
+    Returns
+    -------
+    swpipe.gpipe.predict.CheckedSlowdown
+        A decision per micro-batch size of the steps and of ``coruns`` (those without a step: not applied).
+
+    Raises
+    ------
+    GPipeArgumentError
+        No ``coruns``, or a configuration with a field ``predict_step`` does not take or without ``balance``,
+        ``batch`` or ``chunks``.
+
+    Examples
+    --------
+    A slowdown of 3 on every task, where the measured step was as fast as the plain prediction: not applied.
+
+    >>> from swpipe.gpipe.predict import LayerModel, predict_step
+    >>> layers = LayerModel([(0.0, 0.001)] * 2, [(0.0, 0.002)] * 2, [0.0] * 2, [0.0] * 2)
+    >>> corun = CoRun({t: [1.0] for t in ("F0", "F1", "B0", "B1")}, {t: [3.0] for t in ("F0", "F1", "B0", "B1")},
+    ...               {t: [1.0] for t in ("F0", "F1", "B0", "B1")}, batch=2)
+    >>> config = {"balance": [1, 1], "batch": 8, "chunks": 4, "checkpoint": "never"}
+    >>> plain = predict_step(layers, **config).step_s
+    >>> checked = check_slowdown(layers, corun, [(config, plain)])
+    >>> checked.decision(2).applied, checked.decision(2).reason, checked.at(2)
+    (False, 'farther', None)
+    """
+    coruns = [coruns] if isinstance(coruns, CoRun) else list(coruns)
+    if not coruns:
+        raise GPipeArgumentError("coruns", [], "no co-run measurement", "measure one with profile_corun")
+    held, slowdown = [], {}
+    for config, measured in steps:
+        missing = {"balance", "batch", "chunks"} - set(config)
+        unknown = set(config) - {"balance", "batch", "chunks", "checkpoint", "schedule"}
+        if missing or unknown:
+            raise GPipeArgumentError("steps", dict(config), f"missing {sorted(missing)}, unknown {sorted(unknown)}",
+                                     "give balance, batch, chunks and optionally checkpoint, schedule")
+        key = micro_batch(config["batch"], config["chunks"])
+        slowdown.setdefault(key, _nearest(coruns, key).slowdown)
+        without = predict_step(layers, cores=cores, **config).step_s
+        with_ = predict_step(layers, cores=cores, slowdown=slowdown[key], **config).step_s
+        seconds = measured.steps_s if hasattr(measured, "steps_s") else [measured]
+        held += [HeldOutStep(key, without, with_, float(s)) for s in seconds]
+    for c in coruns:
+        slowdown.setdefault(c.batch, c.slowdown)
+    return CheckedSlowdown(slowdown, decide_corrections(CORUN, held, keys=slowdown))

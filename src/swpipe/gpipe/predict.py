@@ -27,7 +27,10 @@ run at once slow each other (free cores, caches, memory bandwidth): given
 the measured co-run slowdown of each task (:func:`swpipe.gpipe.corun.profile_corun`),
 a task's time stretches by it for the share of the task that runs beside
 another partition in the simulated step (:func:`corun_costs`), and the step
-is simulated again with the stretched times. A partition keeps, per
+is simulated again with the stretched times. Given as a
+:class:`CheckedSlowdown` (:func:`~swpipe.gpipe.corun.check_slowdown`),
+the slowdown is applied only at the micro-batch sizes where it predicted
+held-out measured steps better, and each prediction carries its decision. A partition keeps, per
 micro-batch in flight, the activations its layers save (each storage counted
 for the first partition that saves it, as the meter counts), or only its
 input when checkpointed (until the previous partition's backward, which
@@ -41,16 +44,17 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from autosched.model.corrections import CorrectionDecision, decisions_line
 from swpipe.gpipe.balance.partition import optimal_balance
 from swpipe.gpipe.balance.profile import LayerProfile
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.partition import CHECKPOINT_MODES
 from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
 
-__all__ = ["LayerModel", "StepPrediction", "step_costs", "overlap_shares", "corun_costs", "predict_step", "what_if",
-           "choose", "format_table"]
+__all__ = ["LayerModel", "StepPrediction", "CheckedSlowdown", "CORUN", "micro_batch", "step_costs", "overlap_shares",
+           "corun_costs", "predict_step", "what_if", "choose", "format_table"]
 
 
 @dataclass
@@ -110,6 +114,62 @@ class LayerModel:
                 "output": [s * batch for s in self.output_per_sample]}
 
 
+def micro_batch(batch: int, chunks: int) -> float:
+    """Samples per micro-batch as the prediction takes it: ``batch / min(chunks, batch)`` (an int where whole).
+
+    The key a :class:`CheckedSlowdown` decides by.
+
+    Examples
+    --------
+    >>> micro_batch(32, 4), micro_batch(10, 4), micro_batch(2, 8)
+    (8, 2.5, 1)
+    """
+    m = min(chunks, batch)
+    return batch // m if batch % m == 0 else batch / m
+
+
+#: The co-run slowdown's name in its decisions (:class:`~autosched.model.corrections.CorrectionDecision`).
+CORUN = "co-run slowdown"
+
+
+@dataclass
+class CheckedSlowdown:
+    """The co-run slowdown per micro-batch size, and where held-out measured steps say to apply it.
+
+    Attributes
+    ----------
+    slowdown : dict
+        ``{micro-batch size: {task: slowdown}}``: what would be applied at each size
+        (:attr:`swpipe.gpipe.corun.CoRun.slowdown`).
+    decisions : dict
+        ``{micro-batch size: CorrectionDecision}`` (:func:`~autosched.model.corrections.decide_corrections`).
+
+    Examples
+    --------
+    >>> checked = CheckedSlowdown({8: {"F0": 1.5}, 16: {"F0": 2.0}},
+    ...                           {8: CorrectionDecision(CORUN, 8, True, "closer", 0.2, 0.05, 2),
+    ...                            16: CorrectionDecision(CORUN, 16, False, "farther", 0.05, 0.3, 2)})
+    >>> checked.at(8), checked.at(16), checked.at(4), checked.decision(4).reason
+    ({'F0': 1.5}, None, None, 'no-held-out-steps')
+    """
+
+    slowdown: Dict[float, Dict[str, float]]
+    decisions: Dict[float, CorrectionDecision]
+
+    def decision(self, micro_batch: float) -> CorrectionDecision:
+        """The decision at ``micro_batch`` samples; a size nothing decided is not applied ("no-held-out-steps")."""
+        got = self.decisions.get(micro_batch)
+        return got if got is not None else CorrectionDecision(CORUN, micro_batch, False, "no-held-out-steps")
+
+    def at(self, micro_batch: float) -> Optional[Dict[str, float]]:
+        """The slowdown to apply at ``micro_batch`` samples, or ``None`` where the decision is not to."""
+        return dict(self.slowdown[micro_batch]) if self.decision(micro_batch).applied else None
+
+    def summary(self) -> str:
+        """The decisions as one line, by micro-batch size (:func:`~autosched.model.corrections.decisions_line`)."""
+        return decisions_line(self.decisions[k] for k in sorted(self.decisions))
+
+
 def _checkpointed(checkpoint: str, m: int) -> int:
     return {"always": m, "except_last": m - 1, "never": 0}[checkpoint]
 
@@ -142,7 +202,7 @@ def step_costs(layers: LayerModel, balance: Sequence[int], batch: int, chunks: i
     from autosched.model.costs import CostModel, TaskCost
 
     m = min(chunks, batch)
-    at = layers.at(batch / m)
+    at = layers.at(micro_batch(batch, m))
     fwd, bwd = _partition_sums(at["forward"], balance), _partition_sums(at["backward"], balance)
     share = _checkpointed(checkpoint, m) / m
     cuda = layers.device.startswith("cuda")
@@ -255,7 +315,12 @@ class StepPrediction:
         The plan, its cost model (co-run slowdown included) and the simulation (``sim.events`` for
         :func:`swpipe.gantt`).
     slowdown : dict, optional
-        The co-run slowdown per task the prediction took (:func:`corun_costs`).
+        The co-run slowdown per task the prediction took (:func:`corun_costs`); ``None`` where none was
+        applied.
+    checked : CheckedSlowdown, optional
+        The checked slowdown given (:func:`what_if` takes it again).
+    decision : CorrectionDecision, optional
+        Whether ``checked`` applied its slowdown at this micro-batch size, and why.
     """
 
     schedule: str
@@ -272,6 +337,8 @@ class StepPrediction:
     costs: Any = field(repr=False, default=None)
     sim: Any = field(repr=False, default=None)
     slowdown: Optional[Dict[str, float]] = field(repr=False, default=None)
+    checked: Optional[CheckedSlowdown] = field(repr=False, default=None)
+    decision: Optional[CorrectionDecision] = field(repr=False, default=None)
 
     def row(self) -> Dict[str, Any]:
         """The figures as one table row."""
@@ -283,7 +350,7 @@ class StepPrediction:
 def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batch: float, m: int,
                       checkpoint: str) -> Tuple[float, List[float]]:
     """Peak activation bytes over the simulated step, total and per partition."""
-    at = layers.at(batch / m)
+    at = layers.at(micro_batch(batch, m))
     saved = _partition_sums(at["saved"], balance)
     ends = [sum(balance[:j + 1]) - 1 for j in range(len(balance))]
     inputs = [0.0] + [at["output"][ends[j - 1]] for j in range(1, len(balance))]  # the caller's input is not counted
@@ -320,7 +387,7 @@ def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batc
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
                  checkpoint: str = "except_last", schedule: str = "gpipe", *,
                  places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None,
-                 slowdown: Optional[Mapping[str, float]] = None) -> StepPrediction:
+                 slowdown: Union[Mapping[str, float], CheckedSlowdown, None] = None) -> StepPrediction:
     """Predict one training step: its time, bubble and activation memory.
 
     Parameters
@@ -338,11 +405,13 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     cores : int, optional
         Cores free for the partitions' threads (``swpipe_core.measure.calibrate.measure_cores``); ``None``: a
         core per thread.
-    slowdown : mapping, optional
+    slowdown : mapping or CheckedSlowdown, optional
         ``{task: slowdown beside another partition}`` of CPU partitions run at once
         (:attr:`swpipe.gpipe.corun.CoRun.slowdown`): each task is stretched by it for the share of it that
-        runs beside another partition (:func:`corun_costs`) and the step simulated again. ``None``:
-        partitions run at once as fast as alone.
+        runs beside another partition (:func:`corun_costs`) and the step simulated again. A mapping is
+        applied as given, unchecked; a :class:`CheckedSlowdown` only where its decision
+        at this step's micro-batch size (:func:`micro_batch`) says so (the prediction's ``decision``).
+        ``None``: partitions run at once as fast as alone.
 
     Returns
     -------
@@ -371,6 +440,10 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     if schedule not in SCHEDULES:
         raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}")
     m = min(chunks, batch)
+    checked, decision = (slowdown, slowdown.decision(micro_batch(batch, m))) \
+        if isinstance(slowdown, CheckedSlowdown) else (None, None)
+    if checked is not None:
+        slowdown = checked.at(micro_batch(batch, m))
     places = list(places) if places is not None else [Placement("cpu", f"p{j}") for j in range(len(balance))]
     plan = step_plan(places, schedule, m)
     costs = step_costs(layers, balance, batch, m, checkpoint, plan, cores)
@@ -386,13 +459,15 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     peak, peak_by = _activation_curve(sim, layers, balance, batch, m, checkpoint)
     bubble = 1.0 - m * sum(work) / (len(balance) * step) if step > 0 else 0.0
     return StepPrediction(schedule, list(balance), chunks, checkpoint, batch, step, bound, bubble, peak, peak_by,
-                          plan=plan, costs=costs, sim=sim, slowdown=dict(slowdown) if slowdown else None)
+                          plan=plan, costs=costs, sim=sim, slowdown=dict(slowdown) if slowdown else None,
+                          checked=checked, decision=decision)
 
 
 def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str, Any]]) -> List[StepPrediction]:
     """``base`` predicted again with each change (``{"chunks": 8}``, ``{"balance": [3, 1]}``, ...).
 
-    The co-run slowdown ``base`` took, if any, is taken again.
+    The co-run slowdown ``base`` took, if any, is taken again (a checked one decides again at each change's
+    micro-batch size).
 
     Returns
     -------
@@ -408,20 +483,23 @@ def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str
         cfg = {"balance": base.balance, "chunks": base.chunks, "checkpoint": base.checkpoint,
                "schedule": base.schedule, "batch": base.batch, **change}
         out.append(predict_step(layers, cfg["balance"], cfg["batch"], cfg["chunks"], cfg["checkpoint"],
-                                cfg["schedule"], slowdown=base.slowdown))
+                                cfg["schedule"], slowdown=base.checked if base.checked is not None
+                                else base.slowdown))
     return out
 
 
 def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
            chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
-           schedules: Iterable[str] = SCHEDULES, *, slowdown: Optional[Mapping[str, float]] = None
+           schedules: Iterable[str] = SCHEDULES, *,
+           slowdown: Union[Mapping[str, float], CheckedSlowdown, None] = None
            ) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
     """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
 
     The balance for each chunk count is the optimum of the layers' time at
     that micro-batch size (:func:`~swpipe.gpipe.balance.optimal_balance`);
     every combination is predicted (with the co-run ``slowdown``, if given, as
-    :func:`predict_step` takes it).
+    :func:`predict_step` takes it: a checked one only at the micro-batch sizes
+    its decisions apply it, each candidate's ``decision`` says).
 
     Returns
     -------
@@ -430,7 +508,7 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
     """
     candidates = []
     for c in sorted(set(min(int(k), batch) for k in chunks)):
-        at = layers.at(batch / c)
+        at = layers.at(micro_batch(batch, c))
         balance = optimal_balance([f + b for f, b in zip(at["forward"], at["backward"])], partitions)
         for ck in checkpoints:
             for sched in schedules:
