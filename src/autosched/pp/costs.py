@@ -38,7 +38,8 @@ class StageCost:
         micro-batch or sample.
     activation_bytes : int
         Bytes a forward leaves alive until its backward (saved tensors, the output the
-        stage caches, the last stage's loss).
+        stage caches, the last stage's loss): the runtime caches every stage's output,
+        the last stage's logits too, which cross-entropy does not save.
     weight_keep_bytes : int
         What is alive between I and W: what W still needs of the activations, and the
         gradients of the intermediate tensors I keeps for W (the runtime's
