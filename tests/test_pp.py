@@ -273,10 +273,10 @@ class _Embed(torch.nn.Module):
 
 
 def _lm_stages() -> list:
-    """A tiny language model in 3 stages: embedding + attention block | attention block | LayerNorm + head."""
+    """A tiny language model in 3 stages: embedding + attention block | attention block + LayerNorm | head."""
     torch.manual_seed(0)
-    block = lambda: torch.nn.TransformerEncoderLayer(_WIDTH, 2, 2 * _WIDTH, dropout=0.0, batch_first=True)  # noqa: E731
-    return split_module([_Embed(), block(), block(), torch.nn.LayerNorm(_WIDTH), torch.nn.Linear(_WIDTH, _VOCAB)], 3)
+    blocks = [torch.nn.TransformerEncoderLayer(_WIDTH, 2, 2 * _WIDTH, dropout=0.0, batch_first=True) for _ in range(2)]
+    return split_module([_Embed(), *blocks, torch.nn.LayerNorm(_WIDTH), torch.nn.Linear(_WIDTH, _VOCAB)], 3)
 
 
 def _lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
