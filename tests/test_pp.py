@@ -259,3 +259,107 @@ def test_the_last_stage_keeps_what_its_loss_holds_to_the_end_of_the_step() -> No
     res = pp_simulate(pp_program("1F1B", 2, 4), costs)
     # the last rank holds one micro-batch at a time, plus what each finished micro-batch's loss keeps
     assert res.peak_bytes[1] == 100 + 3 * 30
+
+
+# ----------------------------------------------------------------------------- memory on a transformer
+
+_VOCAB, _WIDTH, _SEQ, _MB, _N_MB = 64, 32, 16, 2, 4
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(_VOCAB, _WIDTH)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens)
+
+
+def _lm_stages() -> list:
+    """A tiny language model in 3 stages: embedding + attention block | attention block + LayerNorm | head."""
+    torch.manual_seed(0)
+    blocks = [torch.nn.TransformerEncoderLayer(_WIDTH, 2, 2 * _WIDTH, dropout=0.0, batch_first=True) for _ in range(2)]
+    return split_module([_Embed(), *blocks, torch.nn.LayerNorm(_WIDTH), torch.nn.Linear(_WIDTH, _VOCAB)], 3)
+
+
+def _lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _lm_batch() -> tuple:
+    g = torch.Generator().manual_seed(0)
+    shape = (_MB * _N_MB, _SEQ)
+    return torch.randint(0, _VOCAB, shape, generator=g), torch.randint(0, _VOCAB, shape, generator=g)
+
+
+@pytest.fixture(scope="module")
+def lm_costs() -> PPCosts:
+    x, y = _lm_batch()
+    return PPCosts(measure_stage_costs(_lm_stages(), x[:_MB], y[:_MB], _lm_loss, repeats=1, warmup=0), P2PCost())
+
+
+def test_a_stage_keeps_what_autograd_saves_and_what_the_runtime_caches(lm_costs: PPCosts) -> None:
+    # what each stage's forward leaves alive, counted apart from the meter: the storages autograd saves
+    # (softmax's output, LayerNorm's mean and rstd, cross-entropy's log_softmax...), the stage's output
+    # (the runtime's fwd_cache holds it to the backward, though cross-entropy does not save the logits)
+    # and the loss; less the weights, the input and the target, made elsewhere
+    x, y = _lm_batch()
+    stages = _lm_stages()
+    inp = x[:_MB]
+    expected = []
+    for s, stage in enumerate(stages):
+        saved: dict = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = stage(inp)
+            loss = _lm_loss(out, y[:_MB]) if s == len(stages) - 1 else None
+        alive = dict(saved)
+        for t in (out, loss):
+            if t is not None:
+                alive[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        for t in [*stage.parameters(), inp, y]:
+            alive.pop(t.untyped_storage().data_ptr(), None)
+        expected.append(sum(alive.values()))
+        inp = out.detach().requires_grad_(True)
+    assert [c.activation_bytes for c in lm_costs.stages] == expected
+    logits = _MB * _SEQ * _VOCAB * 4
+    assert lm_costs.stages[-1].activation_bytes > logits  # the logits are among them
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_predicted_peak_is_the_runtime_step_metered(lm_costs: PPCosts, one_rank_group, split: bool, tmp_path) -> None:
+    """PyTorch's runtime runs the 3 stages on one rank (every forward, then every backward); its step, metered by
+    LiveTensorBytes, peaks where the simulator says: with I and W, when every I has left what W needs."""
+    from torch.distributed.pipelining import PipelineStage
+
+    from autosched.pp import _torch
+
+    n = 3
+    back = [f"{s}{k}{m}" for k in (("I", "W") if split else ("B",)) for s in reversed(range(n)) for m in range(_N_MB)]
+    program = program_from_order({0: [f"{s}F{m}" for s in range(n) for m in range(_N_MB)] + back}, _N_MB, (0,) * n)
+    modules = _lm_stages()
+    stages = [PipelineStage(modules[s], s, n, torch.device("cpu")) for s in range(n)]
+    schedule = _torch.runtime_from_csv(stages, _N_MB, _lm_loss, program.to_csv(str(tmp_path / "order.csv")), n)
+    x, y = _lm_batch()
+    for p in (p for m in modules for p in m.parameters()):
+        p.grad = torch.zeros_like(p)  # gradients exist before the metered step, as in training
+    schedule.step(x, target=y, losses=[], return_outputs=False)  # the first step allocates the receive buffers
+    with LiveTensorBytes() as mem:
+        schedule.step(x, target=y, losses=[], return_outputs=False)
+    predicted = pp_simulate(program, lm_costs).peak_bytes[0]
+    assert predicted == pytest.approx(mem.peak_bytes, rel=0.01)

@@ -39,9 +39,13 @@ class StageCost:
         micro-batch or sample.
     activation_bytes : int
         Bytes a forward leaves alive until its backward (saved tensors, the output the
-        stage caches, the last stage's loss).
+        stage caches, the last stage's loss): the runtime caches every stage's output,
+        the last stage's logits too, which cross-entropy does not save.
     weight_keep_bytes : int
-        Of those, what is still alive between I and W.
+        What is alive between I and W: what W still needs of the activations, and the
+        gradients of the intermediate tensors I keeps for W (the runtime's
+        ``stage_backward_input`` keeps them in its parameter groups). It can exceed
+        ``activation_bytes``.
     output_bytes : int
         The activation sent to the next stage (its gradient comes back the same size).
     grad_input_bytes : int
@@ -265,12 +269,20 @@ def _nbytes(t: Any) -> int:
 
 
 class _Chain:
-    """One micro-batch through every stage, with the runtime's own backward functions."""
+    """One micro-batch through every stage, with the runtime's own backward functions.
+
+    It holds what the runtime holds: each stage's input and output from its forward
+    (``PipelineStage.fwd_cache``), and the last stage's loss apart from its output. The
+    last stage's output is let go after its B or I (the runtime pops ``fwd_cache`` there
+    and keeps only the loss for W); until then it is alive even when the loss does not
+    save it (cross-entropy saves its ``log_softmax``, not the logits).
+    """
 
     def __init__(self, stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any]) -> None:
         self.stages, self.microbatch, self.target, self.loss_fn = list(stages), microbatch, target, loss_fn
         self.inputs: List[Any] = []
         self.outputs: List[Any] = []
+        self.loss_value: Any = None
 
     def forward(self, s: int) -> float:
         x = self.microbatch if s == 0 else self.outputs[s - 1].detach().requires_grad_(True)
@@ -283,14 +295,19 @@ class _Chain:
 
     def loss(self) -> float:
         t0 = time.perf_counter()
-        self.outputs[-1] = self.loss_fn(self.outputs[-1], self.target)
+        self.loss_value = self.loss_fn(self.outputs[-1], self.target)
         return time.perf_counter() - t0
 
     def _args(self, s: int, grad: Any) -> Tuple[Any, Any, List[Any]]:
         """What the runtime passes its backward: the loss (last stage) or the outputs and their gradients."""
         if s == len(self.stages) - 1:
-            return self.outputs[s], None, [self.inputs[s]]
+            return self.loss_value, None, [self.inputs[s]]
         return (self.outputs[s],), (grad,), [self.inputs[s]]
+
+    def _let_go_of_output(self, s: int) -> None:
+        """After the last stage's B or I: the runtime has popped its ``fwd_cache`` and keeps only the loss."""
+        if s == len(self.stages) - 1:
+            self.outputs[s] = None
 
     def backward(self, s: int, grad: Any) -> Tuple[float, Any]:
         from autosched.pp import _torch
@@ -298,7 +315,9 @@ class _Chain:
         outs, grads, inputs = self._args(s, grad)
         t0 = time.perf_counter()
         g = _torch.backward_full(outs, grads, inputs)
-        return time.perf_counter() - t0, (g[0] if s > 0 else None)
+        dt = time.perf_counter() - t0
+        self._let_go_of_output(s)
+        return dt, (g[0] if s > 0 else None)
 
     def backward_input(self, s: int, grad: Any) -> Tuple[float, Any, Any]:
         from autosched.pp import _torch
@@ -309,7 +328,9 @@ class _Chain:
         t0 = time.perf_counter()
         outs = (outs,) if s == len(self.stages) - 1 else outs
         g, groups = _torch.backward_input(outs, grads, inputs, self.stages[s].parameters())
-        return time.perf_counter() - t0, g[0], groups
+        dt = time.perf_counter() - t0
+        self._let_go_of_output(s)
+        return dt, g[0], groups
 
     def backward_weight(self, s: int, groups: Any, grad: Any) -> float:
         from autosched.pp import _torch
@@ -376,8 +397,11 @@ def _memory_pass(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
                     grads_in[s] = grad
                     m["pI"][s] = mem.peak_bytes - before
                     gin = _nbytes(g) if g is not None else 0
-                    # alive after I, less the input gradient (counted apart): what W still needs
-                    m["keep"][s] = max(0, m["act"][s] + (mem.live_bytes - before) - gin)
+                    # alive after I: what W still needs, with the intermediates' gradients I keeps for it (not
+                    # capped at the activations: they can exceed them); less what the simulator holds apart for
+                    # as long as the runtime holds it: the input gradient, the output sent on, the loss
+                    held_apart = gin + m["out"][s] + m["lkeep"][s]
+                    m["keep"][s] = max(0, m["act"][s] + (mem.live_bytes - before) - held_apart)
                 else:
                     _, g = chain.backward(s, grad)
                     m["pB"][s] = mem.peak_bytes - before
@@ -465,7 +489,7 @@ def measure_stage_costs(stages: Sequence[Any], microbatch: Any, target: Any, los
         out.append(StageCost(
             forward_s=med("full", "F", s), backward_s=med("full", "B", s), backward_input_s=med("split", "I", s),
             backward_weight_s=med("split", "W", s), loss_s=med("full", "LOSS", 0) if last else 0.0,
-            activation_bytes=mem["act"][s], weight_keep_bytes=min(mem["keep"][s], mem["act"][s]),
+            activation_bytes=mem["act"][s], weight_keep_bytes=mem["keep"][s],
             output_bytes=mem["out"][s], grad_input_bytes=mem["gin"][s],
             loss_keep_bytes=min(mem["lkeep"][s], mem["act"][s]), forward_peak_bytes=mem["pF"][s],
             backward_peak_bytes=mem["pB"][s], backward_input_peak_bytes=mem["pI"][s],

@@ -12,9 +12,10 @@ rank at once, as the runtime does:
   blocks the rank until the transfers it names have ended;
 * a step ends when every rank has run its last step.
 
-Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; an I frees
-all but ``weight_keep_bytes``, a W the rest, a B everything; while an action runs, its
-``*_peak_bytes`` come on top. A tensor handed to a send (a forward's output, a backward's
+Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; an I leaves
+``weight_keep_bytes`` of them (what W needs, with the intermediates' gradients I keeps for
+it: more than the forward left, at times), a W frees those, a B everything; while an action
+runs, its ``*_peak_bytes`` come on top. A tensor handed to a send (a forward's output, a backward's
 input gradient) lives until the runtime lets go of the send
 (:attr:`PPProgram.send_retention <autosched.pp.program.PPProgram.send_retention>`). The
 peak is the most of that over the step, above what was alive when it started.
