@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from autosched.model.memcurve import MemoryChanges
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, parse_action, transfer_key, validate_program
 
@@ -140,23 +141,18 @@ class _Rank:
         self.pos = 0
         self.t = 0.0
         self.busy = 0.0
-        # (time, order, delta bytes, transient bytes on top while an action runs)
-        self.memory: List[Tuple[float, int, int, int]] = []
+        # its bytes: at one instant the changes apply in the order the rank made them
+        self.memory = MemoryChanges()
         # bytes a send may still hold once the compute that made them is done: (the send's key, bytes, when known)
         self.held: List[Tuple[Tuple[str, int, int], int, float]] = []
 
     def mem(self, t: float, delta: int = 0, transient: int = 0) -> None:
-        self.memory.append((t, len(self.memory), delta, transient))
+        self.memory.add(t, delta, transient=transient)
 
     def peak(self, transfers: _Transfers, retention: str) -> int:
         for key, nbytes, made in self.held:
             self.mem(max(made, transfers.released(key, retention, self.t)), -nbytes)
-        live = peak = 0
-        for _, _, delta, transient in sorted(self.memory):
-            peak = max(peak, live + transient)
-            live += delta
-            peak = max(peak, live)
-        return peak
+        return int(self.memory.peak().bytes)
 
 
 def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
