@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from autosched.search.bounds import lower_bounds
 from autosched.model.costs import CostModel, CostModelError, TaskCost
 from autosched.model.graph import task_graph
+from autosched.model.memcurve import MemoryChanges
 from autosched.model.memory import min_memory, predict_memory
 from autosched.search.memcap import MemoryCapError
 from autosched.search.tradeoff import pareto_front
@@ -235,3 +236,43 @@ def test_transient_bytes_sit_above_what_a_growing_task_adds():
     assert m.at(0.0025) == pytest.approx(1100 + 800 + 1100)  # Load(1) ended at 2 ms
     b = min_memory(["Load", "Step"], [("Step", "Load")], costs)
     assert b.single_iteration == pytest.approx(100 + 1000 + 300 + 500)
+
+
+# -- the one memory change list (autosched.model.memcurve) --------------------------------------------------------
+
+
+def test_changes_at_one_instant_apply_in_order_then_as_added() -> None:
+    frees_first = MemoryChanges()
+    frees_first.add(0.0, 100)
+    frees_first.add(1.0, 50, order=1)  # added first, but an add: after the free at the same instant
+    frees_first.add(1.0, -100, order=0)
+    assert frees_first.peak().bytes == 100 and frees_first.curve() == [(0.0, 100), (1.0, 50)]
+    as_added = MemoryChanges()
+    as_added.add(0.0, 100)
+    as_added.add(1.0, 50)
+    as_added.add(1.0, -100)
+    assert as_added.peak().bytes == 150 and as_added.peak().time == 1.0
+
+
+def test_a_clipped_owner_frees_only_what_it_holds_and_a_release_frees_all() -> None:
+    mem = MemoryChanges(clip=True)
+    mem.add(0.0, 10, owner="ctx0")
+    mem.add(0.0, 30, owner="ctx1")
+    mem.add(1.0, -25, owner="ctx0")  # holds 10: frees 10, ctx1's bytes untouched
+    mem.release(2.0, "ctx1")
+    assert mem.curve() == [(0.0, 40), (1.0, 30), (2.0, 0)]
+    unclipped = MemoryChanges()
+    unclipped.add(0.0, 10, owner="ctx0")
+    unclipped.add(1.0, -25, owner="ctx0")
+    assert unclipped.curve()[-1] == (1.0, -15)
+
+
+def test_a_transient_counts_at_its_instant_on_top_of_the_level_and_per_owner() -> None:
+    mem = MemoryChanges()
+    mem.add(0.0, 100, owner=0)
+    mem.add(1.0, 200, owner=1)
+    mem.add(2.0, -100, transient=500, owner=0)  # the running action's 500 on top of 300 before it frees 100
+    peak = mem.peak()
+    assert (peak.bytes, peak.time, peak.applied) == (800, 2.0, 2)
+    assert mem.peak(0).bytes == 600 and mem.peak(1).bytes == 200
+    assert mem.owners() == [0, 1]

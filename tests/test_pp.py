@@ -363,3 +363,42 @@ def test_predicted_peak_is_the_runtime_step_metered(lm_costs: PPCosts, one_rank_
         schedule.step(x, target=y, losses=[], return_outputs=False)
     predicted = pp_simulate(program, lm_costs).peak_bytes[0]
     assert predicted == pytest.approx(mem.peak_bytes, rel=0.01)
+
+# -- the step on the plan simulator's event core (ranks as thread groups, transfers as tasks, a core pool) ----------
+
+
+def _varied(n_stages: int, seed: int, p2p: P2PCost) -> PPCosts:
+    rng = random.Random(seed)
+    return PPCosts(tuple(StageCost(rng.choice([1.0, 2.0]), rng.choice([2.0, 3.0]), rng.choice([1.0, 1.5]),
+                                   rng.choice([0.5, 1.0]), loss_s=0.1, reduce_grad_s=0.2, activation_bytes=1000,
+                                   weight_keep_bytes=300, output_bytes=rng.choice([0, 100]),
+                                   grad_input_bytes=rng.choice([0, 50]), loss_keep_bytes=10,
+                                   forward_peak_bytes=rng.choice([0, 70]), backward_peak_bytes=90)
+                         for _ in range(n_stages)), p2p)
+
+
+@pytest.mark.parametrize("n_ranks,n_mb", [(2, 4), (3, 6), (4, 8)])
+def test_every_schedule_on_the_event_core_predicts_what_the_rank_loop_predicts(n_ranks: int, n_mb: int) -> None:
+    from autosched.pp.simulate import simulate_checked, simulate_on_core
+
+    programs, _ = builtin_programs(n_ranks, n_mb)
+    for k, (name, program) in enumerate(sorted(programs.items())):
+        for p2p in (P2PCost(), P2PCost(latency_s=0.3, seconds_per_byte=0.001, post_s=0.05)):
+            costs = _varied(program.n_stages, k, p2p)
+            loop, core = simulate_checked(program, costs), simulate_on_core(program, costs)
+            assert (core.step_s, core.peak_bytes, core.busy_s, core.end_s) == \
+                (loop.step_s, loop.peak_bytes, loop.busy_s, loop.end_s), name
+            assert core.timeline == loop.timeline, name
+            # a core per rank (or more) is no pool at all
+            assert pp_simulate(program, costs, cores=n_ranks).step_s == loop.step_s, name
+
+
+def test_ranks_that_share_cores_take_turns_on_them() -> None:
+    costs = PPCosts((StageCost(1.0, 2.0),) * 2)
+    gpipe = pp_program("GPipe", 2, 4)
+    alone = pp_simulate(gpipe, costs)
+    shared = pp_simulate(gpipe, costs, cores=1)
+    assert (alone.step_s, shared.step_s) == (15.0, 24.0)  # one core: every action of both ranks one after another
+    assert shared.busy_s == alone.busy_s  # the work is the same; the wait for the core is bubble
+    three = pp_simulate(pp_program("GPipe", 3, 6), PPCosts((StageCost(1.0, 2.0),) * 3), cores=2)
+    assert pp_simulate(pp_program("GPipe", 3, 6), PPCosts((StageCost(1.0, 2.0),) * 3)).step_s < three.step_s < 54.0

@@ -52,6 +52,7 @@ as a minimum cut (networkx).
 from __future__ import annotations
 
 import bisect
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -61,6 +62,7 @@ from swpipe_core.measure.trace import TimelineEvent
 from swpipe_core.plan import PipelinePlan
 
 from autosched.model.costs import CostModel
+from autosched.model.memcurve import MemoryChanges
 
 if TYPE_CHECKING:  # for the annotations only: matplotlib is imported in plot()
     from matplotlib.axes import Axes
@@ -215,7 +217,8 @@ def predict_memory(sim: SimulatedRun, figures: str = "context") -> MemoryPredict
     net = {name: _net(costs, name, figures) for name in sim.plan.task_names}
     batch = float(costs.batch_bytes)
     cpu_done = [0.0] * n
-    changes: List[Tuple[float, int, float, int]] = []  # (time, order, net bytes, iteration)
+    # each context is an owner; at one instant (kind, bytes) orders the changes (module docstring: frees first)
+    mem = MemoryChanges(clip=True)
     extra = {name: costs[name].transient_bytes if figures == "context" else 0.0 for name in net}
     for e in sim.events:
         if e.kind != "host":
@@ -223,34 +226,23 @@ def predict_memory(sim: SimulatedRun, figures: str = "context") -> MemoryPredict
         cpu_done[e.iteration] = max(cpu_done[e.iteration], e.end)
         if extra[e.task]:  # transient is measured above both ends: the adds are held from the start too
             early = extra[e.task] + max(0.0, net[e.task])
-            changes.append((e.start, _TASK_START, early, e.iteration))
-            changes.append((e.end, _TASK_END, net[e.task] - early, e.iteration))
+            mem.add(e.start, early, order=(_TASK_START, early), owner=e.iteration)
+            mem.add(e.end, net[e.task] - early, order=(_TASK_END, net[e.task] - early), owner=e.iteration)
         elif net[e.task]:
-            changes.append((e.end, _TASK_END, net[e.task], e.iteration))
+            mem.add(e.end, net[e.task], order=(_TASK_END, net[e.task]), owner=e.iteration)
     retired = 0.0
     cuda = sim.device == "cuda"
     for i in range(n):
         retired = max(retired, cpu_done[i])  # progress() retires in order
         release = max(retired, sim.completion[i]) if cuda else retired
-        changes.append((sim.entry[i], _ENTRY, batch, i))
-        changes.append((release, _RELEASE, 0.0, i))
-    # at one instant: task ends, then releases, then new contexts; frees before adds among task ends
-    changes.sort(key=lambda c: (c[0], c[1], c[2]))
-    held = [0.0] * n  # per context: never below 0 (a task cannot free what its context does not hold)
-    level, alive = 0.0, 0
-    peak, peak_t, peak_alive = 0.0, 0.0, 0
-    curve: List[Tuple[float, float]] = []
-    for t, kind, delta, i in changes:
-        new = 0.0 if kind == _RELEASE else max(0.0, held[i] + delta)
-        level += new - held[i]
-        held[i] = new
-        alive += 1 if kind == _ENTRY else -1 if kind == _RELEASE else 0
-        if curve and curve[-1][0] == t:
-            curve[-1] = (t, level)
-        else:
-            curve.append((t, level))
-        if level > peak + 1e-9:
-            peak, peak_t, peak_alive = level, t, alive
+        mem.add(sim.entry[i], batch, order=(_ENTRY, batch), owner=i)
+        mem.release(release, i, order=(_RELEASE, 0.0))
+    top = mem.peak()
+    alive = 0  # contexts alive when the peak was reached
+    for c, _, _ in islice(mem.walk(), top.applied):
+        alive += 1 if c.order[0] == _ENTRY else -1 if c.release else 0
+    curve = [(t, float(level)) for t, level in mem.curve()]
+    peak, peak_t, peak_alive = float(top.bytes), top.time, alive
     w0, w1 = sim.window
     t0, t1 = sim.completion[w0], sim.completion[w1]
     mean = _time_mean(curve, t0, t1) if t1 > t0 else (curve[-1][1] if curve else 0.0)

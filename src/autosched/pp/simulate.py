@@ -27,12 +27,13 @@ one, transfers take none and no memory is counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from autosched.model.memcurve import MemoryChanges
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, parse_action, transfer_key, validate_program
 
-__all__ = ["PPSimResult", "pp_simulate", "simulate_checked", "TimelineEntry"]
+__all__ = ["PPSimResult", "pp_simulate", "simulate_checked", "simulate_on_core", "TimelineEntry"]
 
 
 @dataclass(frozen=True)
@@ -141,23 +142,18 @@ class _Rank:
         self.pos = 0
         self.t = 0.0
         self.busy = 0.0
-        # (time, order, delta bytes, transient bytes on top while an action runs)
-        self.memory: List[Tuple[float, int, int, int]] = []
+        # its bytes: at one instant the changes apply in the order the rank made them
+        self.memory = MemoryChanges()
         # bytes a send may still hold once the compute that made them is done: (the send's key, bytes, when known)
         self.held: List[Tuple[Tuple[str, int, int], int, float]] = []
 
     def mem(self, t: float, delta: int = 0, transient: int = 0) -> None:
-        self.memory.append((t, len(self.memory), delta, transient))
+        self.memory.add(t, delta, transient=transient)
 
     def peak(self, transfers: _Transfers, retention: str) -> int:
         for key, nbytes, made in self.held:
             self.mem(max(made, transfers.released(key, retention, self.t)), -nbytes)
-        live = peak = 0
-        for _, _, delta, transient in sorted(self.memory):
-            peak = max(peak, live + transient)
-            live += delta
-            peak = max(peak, live)
-        return peak
+        return int(self.memory.peak().bytes)
 
 
 def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
@@ -214,7 +210,7 @@ def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[Tim
     return moved
 
 
-def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
+def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = None) -> PPSimResult:
     """The predicted step of ``program`` on ``costs``: step time, bubble and peak memory per rank.
 
     Parameters
@@ -223,6 +219,11 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
         E.g. :func:`~autosched.pp.program.pp_program`.
     costs : PPCosts
         One :class:`~autosched.pp.costs.StageCost` per stage of the program.
+    cores : int, optional
+        Cores the ranks share (ranks on one CPU machine, as under ``torchrun`` on one host): a compute
+        action or a post's CPU time takes one while it runs, and a rank that finds none free waits for
+        one, oldest first (the plan simulator's core pool, docs/semantics.md). ``None``: a core per
+        rank. The step is then run on the plan simulator's event core (:func:`simulate_on_core`).
 
     Raises
     ------
@@ -240,7 +241,11 @@ def pp_simulate(program: PPProgram, costs: PPCosts) -> PPSimResult:
     >>> gpipe = pp_simulate(pp_program("GPipe", 2, 4), costs)
     >>> gpipe.step_s, gpipe.bubble_s[0]
     (15.0, 3.0)
+    >>> pp_simulate(pp_program("GPipe", 2, 4), costs, cores=1).step_s  # one core: the ranks take turns
+    24.0
     """
+    if cores is not None:
+        return simulate_on_core(program, costs, cores)
     return simulate_checked(program, costs)
 
 
@@ -268,4 +273,131 @@ def simulate_checked(program: PPProgram, costs: PPCosts, check: Optional[Callabl
     step = max((r.t for r in ranks), default=0.0)
     return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
                        {r.rank: step - r.busy for r in ranks}, {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
+                       {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))
+
+
+def _core_plan(program: PPProgram, costs: PPCosts) -> Tuple[Any, Any, Dict[str, Tuple[str, ...]]]:
+    """``program`` as one iteration of a plan: a rank is a thread group, every step a task on it, a transfer a task.
+
+    A compute action is a task of its cost on its rank's thread; a posted send or receive is a
+    marker (no time, the instant it is posted) followed by its ``post_s`` of CPU; a transfer is a
+    task of :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>` on a link of its own
+    (transfers do not queue behind each other, as in :func:`simulate_checked`) after both its
+    markers; a wait is a task of no time after the transfers it names. Markers, waits and
+    transfers hold no core (``nocore``): a blocked rank does not compute. Returns the plan, its cost
+    model (without a core pool) and each rank's tasks in order.
+    """
+    import networkx as nx
+
+    from autosched.model.costs import CostModel, TaskCost
+    from autosched.model.taskmodel import NOCORE
+    from swpipe_core.plan import PipelinePlan, TaskSchedule
+
+    schedule: Dict[str, Any] = {}
+    task_costs: Dict[str, Any] = {}
+    deps: List[Tuple[str, str]] = []
+    order: List[str] = []
+    by_rank: Dict[str, Tuple[str, ...]] = {}
+    posted: Dict[Tuple[str, int, int], List[str]] = {}
+
+    def add(name: str, group: str, seconds: float, core: bool) -> None:
+        schedule[name] = TaskSchedule(0, thread_group=group)
+        task_costs[name] = TaskCost(seconds, resources=() if core and seconds > 0 else (NOCORE,))
+        order.append(name)
+
+    transfers = _Transfers(program, costs)
+    for rank in range(program.n_ranks):
+        group, mine = f"rank{rank}", []
+        for pos, (kind, actions) in enumerate(program.steps[rank]):
+            for a in actions:
+                if kind == "compute":
+                    stage, what, _ = parse_action(a)
+                    seconds = 0.0 if what in ("UNSHARD", "RESHARD") else costs.stage(stage).action_s(what)
+                    add(a, group, seconds, True)
+                    mine.append(a)
+                elif kind == "post":
+                    add(f"post {a}", group, 0.0, False)
+                    posted.setdefault(transfer_key(a), []).append(f"post {a}")
+                    mine.append(f"post {a}")
+                    if costs.p2p.post_s:
+                        add(f"post_s {a}", group, costs.p2p.post_s, True)
+                        mine.append(f"post_s {a}")
+            if kind == "wait":
+                name = f"wait {rank}.{pos}"
+                add(name, group, 0.0, False)
+                deps += [(name, f"link {_key_text(transfer_key(a))}") for a in actions]
+                mine.append(name)
+        by_rank[group] = tuple(mine)
+    for key, markers in posted.items():
+        name = f"link {_key_text(key)}"
+        add(name, name, costs.p2p.seconds(transfers.nbytes(key)), False)
+        deps += [(name, m) for m in markers]
+    # the main thread hands tasks out in a topological order: each rank's steps in order, a task after what it waits
+    graph = nx.DiGraph(deps and [(d, t) for t, d in deps])
+    graph.add_nodes_from(order)
+    graph.add_edges_from(pair for mine in by_rank.values() for pair in zip(mine, mine[1:]))
+    place = {name: k for k, name in enumerate(order)}
+    order = list(nx.lexicographical_topological_sort(graph, key=place.__getitem__))
+    plan = PipelinePlan(schedule, intra_iter_deps=list(dict.fromkeys(deps)), enqueue_order=order, caller_group=None)
+    return plan, CostModel(task_costs), by_rank
+
+
+def _key_text(key: Tuple[str, int, int]) -> str:
+    return f"{key[1]}{key[0]}{key[2]}"
+
+
+def simulate_on_core(program: PPProgram, costs: PPCosts, cores: Optional[int] = None) -> PPSimResult:
+    """:func:`pp_simulate` run on the plan simulator's event core (:class:`autosched.model._simcore.Simulator`).
+
+    The program becomes one iteration of a plan (:func:`_core_plan`); the plan simulator runs it, with
+    ``cores`` as its core pool, and the step, busy time, timeline and memory are read back from its
+    timeline by the same rules as :func:`simulate_checked`, which it equals when no core is short.
+
+    Examples
+    --------
+    >>> from swpipe.pp import pp_program, PPCosts, StageCost
+    >>> costs = PPCosts((StageCost(1.0, 2.0),) * 2)
+    >>> simulate_on_core(pp_program("GPipe", 2, 4), costs).step_s, simulate_on_core(pp_program("GPipe", 2, 4), costs, 1).step_s
+    (15.0, 24.0)
+    """
+    import dataclasses
+
+    from autosched.model._simcore import Simulator
+    from autosched.model._simplan import sim_plan
+    from swpipe_core.validate import validate
+
+    if costs.n_stages != program.n_stages:
+        raise PPError("missing_cost", "costs.stages", costs.n_stages, program.schedule,
+                      f"the program has {program.n_stages} stages: measure costs for that split")
+    validate_program(program)
+    plan, model, by_rank = _core_plan(program, costs)
+    validate(plan)
+    sim = Simulator(sim_plan(plan, dataclasses.replace(model, cores=cores), cuda=False, task_overhead_s=0.0,
+                             period_overhead_s=0.0, max_device_lag=1), iterations=1)
+    sim.run()
+    names = sim.plan.names
+    start = {names[inst]: s for inst, s, _ in sim.ops.host_events}
+    end = {names[inst]: e for inst, _, e in sim.ops.host_events}
+    transfers = _Transfers(program, costs)
+    timeline: List[TimelineEntry] = []
+    ranks = []
+    for rank in range(program.n_ranks):
+        r = _Rank(rank, tuple(program.steps[rank]))
+        for kind, actions in r.steps:
+            for a in actions:
+                if kind == "post":
+                    transfers.post(a, rank, start[f"post {a}"])
+                elif kind == "compute":
+                    r.t = start[a]
+                    _compute(r, a, costs, timeline, program.n_stages)
+        r.t = max((end[name] for name in by_rank[f"rank{rank}"]), default=0.0)
+        ranks.append(r)
+    for key, send_t in transfers.send_post.items():
+        link = end.get(f"link {_key_text(key)}")
+        if link is not None:
+            timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t, link))
+    step = max((r.t for r in ranks), default=0.0)
+    return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
+                       {r.rank: step - r.busy for r in ranks},
+                       {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
                        {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))

@@ -54,7 +54,7 @@ from swpipe.gpipe.partition import CHECKPOINT_MODES
 from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
 
 __all__ = ["LayerModel", "StepPrediction", "CheckedSlowdown", "CORUN", "micro_batch", "step_costs", "overlap_shares",
-           "corun_costs", "predict_step", "what_if", "choose", "format_table"]
+           "corun_costs", "predict_step", "what_if", "choose", "format_table", "activation_peaks"]
 
 
 @dataclass
@@ -354,34 +354,70 @@ def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batc
     saved = _partition_sums(at["saved"], balance)
     ends = [sum(balance[:j + 1]) - 1 for j in range(len(balance))]
     inputs = [0.0] + [at["output"][ends[j - 1]] for j in range(1, len(balance))]  # the caller's input is not counted
-    ck = _checkpointed(checkpoint, m)
-    parts = [e for e in sim.events if e.kind == "host" or layers.device.startswith("cuda")]
+    return activation_peaks(sim.events, saved, inputs, _checkpointed(checkpoint, m), layers.device.startswith("cuda"))
+
+
+def activation_peaks(events: Iterable[Any], saved: Sequence[float], inputs: Optional[Sequence[float]] = None,
+                     checkpointed: int = 0, cuda: bool = False) -> Tuple[float, List[float]]:
+    """Peak activation bytes of a simulated step, all partitions together and each alone.
+
+    A forward ``F<j>`` keeps ``saved[j]`` from its end to the end of its backward ``B<j>``. The first
+    ``checkpointed`` micro-batches are checkpointed: their forward keeps only its input ``inputs[j]``
+    (also the previous partition's output: alive until the later backward, the previous partition's),
+    and their backward holds ``saved[j]`` again, recomputed, while it runs. At one instant frees
+    come before adds. The changes are one :class:`~autosched.model.memcurve.MemoryChanges`, a
+    partition each.
+
+    Parameters
+    ----------
+    events : iterable of TimelineEvent
+        The step's simulated timeline (``SimResult.events``): host parts on the CPU, device parts too on CUDA.
+    saved : sequence of float
+        Per partition: bytes a micro-batch's forward keeps for its backward.
+    inputs : sequence of float, optional
+        Per partition: bytes of its input (what a checkpointed forward keeps); needed with ``checkpointed``.
+    checkpointed : int
+        How many micro-batches (the first ones) are checkpointed.
+    cuda : bool
+        Whether device parts are read too (a CUDA step's work is on its streams).
+
+    Returns
+    -------
+    (float, list of float)
+        The peak of all partitions together, and each partition's own.
+
+    Examples
+    --------
+    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> step = [TimelineEvent("F0", 0, "p0", "default", 0.0, 1.0), TimelineEvent("F0", 1, "p0", "default", 1.0, 2.0),
+    ...         TimelineEvent("B0", 0, "p0", "default", 2.0, 4.0), TimelineEvent("B0", 1, "p0", "default", 4.0, 6.0)]
+    >>> activation_peaks(step, [100.0])
+    (200.0, [200.0])
+    """
+    from autosched.model.memcurve import MemoryChanges
+
+    parts = [e for e in events if e.kind == "host" or cuda]
     backward_end = {task_partition(e.task)[1:] + (e.iteration,): e.end for e in parts if e.task.startswith("B")}
-    changes = []  # (time, order, partition, delta): frees before adds at one instant
+    mem = MemoryChanges()  # order 0: frees, 1: adds
     for e in parts:
         kind, j = task_partition(e.task)
         i = e.iteration
-        if kind == "F" and i < ck:
+        if kind == "F" and i < checkpointed:
+            if inputs is None:
+                raise GPipeArgumentError("inputs", None, f"{checkpointed} micro-batch(es) checkpointed",
+                                         "give each partition's input bytes")
             # a checkpointed partition keeps its input, which is also the previous partition's output:
             # alive until the later of the two backwards, the previous partition's
-            changes.append((e.end, 1, j, inputs[j]))
-            changes.append((backward_end.get((j - 1, i), backward_end[(j, i)]), 0, j, -inputs[j]))
+            mem.add(e.end, inputs[j], order=1, owner=j)
+            mem.add(backward_end.get((j - 1, i), backward_end[(j, i)]), -inputs[j], order=0, owner=j)
         elif kind == "F":
-            changes.append((e.end, 1, j, saved[j]))
-        elif kind == "B" and i < ck:
-            changes.append((e.start, 1, j, saved[j]))  # the recomputed activations, while backward runs
-            changes.append((e.end, 0, j, -saved[j]))
+            mem.add(e.end, saved[j], order=1, owner=j)
+        elif kind == "B" and i < checkpointed:
+            mem.add(e.start, saved[j], order=1, owner=j)  # the recomputed activations, while backward runs
+            mem.add(e.end, -saved[j], order=0, owner=j)
         elif kind == "B":
-            changes.append((e.end, 0, j, -saved[j]))
-    changes.sort(key=lambda c: (c[0], c[1]))
-    level, peak = 0.0, 0.0
-    by = [0.0] * len(balance)
-    peak_by = [0.0] * len(balance)
-    for _, _, j, delta in changes:
-        level += delta
-        by[j] += delta
-        peak, peak_by[j] = max(peak, level), max(peak_by[j], by[j])
-    return peak, peak_by
+            mem.add(e.end, -saved[j], order=0, owner=j)
+    return float(mem.peak().bytes), [float(mem.peak(j).bytes) for j in range(len(saved))]
 
 
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
