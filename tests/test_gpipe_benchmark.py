@@ -18,5 +18,5 @@ def test_the_gpipe_benchmark_runs_and_its_memory_predictions_are_measured(capsys
                                                     "swpipe GPipe.step 1f1b"}
     assert all(sum(row["balance"]) == 12 for row in out["b"])
     # GPipe without checkpointing: every activation is alive when the last forward ends, whatever the timing
-    never = [row for row in out["c"] if row["checkpoint"] == "never" and row["schedule"] == "gpipe"]
+    never = [row for row in out["c"] if row["checkpoint"] == "never" and row["schedule"] == "GPipe"]
     assert never and all(row["pred_MB"] == pytest.approx(row["meas_MB"]) for row in never)

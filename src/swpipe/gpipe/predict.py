@@ -47,7 +47,7 @@ from swpipe.gpipe.balance.partition import optimal_balance
 from swpipe.gpipe.balance.profile import LayerProfile
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.partition import CHECKPOINT_MODES
-from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
+from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, check_schedule, step_plan, task_partition
 
 __all__ = ["LayerModel", "StepPrediction", "step_costs", "overlap_shares", "corun_costs", "predict_step", "what_if",
            "choose", "format_table"]
@@ -318,7 +318,7 @@ def _activation_curve(sim: Any, layers: LayerModel, balance: Sequence[int], batc
 
 
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
-                 checkpoint: str = "except_last", schedule: str = "gpipe", *,
+                 checkpoint: str = "except_last", schedule: str = "GPipe", *,
                  places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None,
                  slowdown: Optional[Mapping[str, float]] = None) -> StepPrediction:
     """Predict one training step: its time, bubble and activation memory.
@@ -332,7 +332,8 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
         Samples per mini-batch.
     chunks : int
     checkpoint : {"always", "except_last", "never"}
-    schedule : {"gpipe", "1f1b"}
+    schedule : {"GPipe", "1F1B"}
+        PyTorch's spelling, any case.
     places : sequence of Placement, optional
         The partitions' placements (default: a thread per partition on the CPU).
     cores : int, optional
@@ -357,7 +358,7 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     >>> p = predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never")
     >>> round(p.step_s, 6), round(p.bubble, 3), p.activation_by
     (0.015, 0.2, [400.0, 400.0])
-    >>> predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never", schedule="1f1b").activation_by
+    >>> predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never", schedule="1F1B").activation_by
     [200.0, 100.0]
     """
     from autosched.model.simulate import simulate
@@ -368,8 +369,7 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
                                  "layers", "give layers per partition")
     if checkpoint not in CHECKPOINT_MODES:
         raise GPipeArgumentError("checkpoint", checkpoint, f"not one of {CHECKPOINT_MODES}")
-    if schedule not in SCHEDULES:
-        raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}")
+    schedule = check_schedule(schedule)
     m = min(chunks, batch)
     places = list(places) if places is not None else [Placement("cpu", f"p{j}") for j in range(len(balance))]
     plan = step_plan(places, schedule, m)
