@@ -273,6 +273,29 @@ class StepPrediction:
     sim: Any = field(repr=False, default=None)
     slowdown: Optional[Dict[str, float]] = field(repr=False, default=None)
 
+    @property
+    def period_s(self) -> float:
+        """:attr:`step_s`: a step repeats once per step (the verbs' common name, :mod:`autosched.results`)."""
+        return self.step_s
+
+    @property
+    def peak_bytes_by(self) -> Any:
+        """:attr:`activation_by` as the verbs' one memory type (:class:`autosched.results.PeakBytes`, per partition)."""
+        from autosched.results import PeakBytes
+
+        return PeakBytes(dict(enumerate(self.activation_by)), "partition")
+
+    @property
+    def events(self) -> List[Any]:
+        """The simulated step's timeline (``sim.events``), a track per partition's thread: what ``gantt`` draws."""
+        return list(self.sim.events) if self.sim is not None else []
+
+    def summary(self) -> str:
+        """One line: the step, its bound, bubble and activation bytes."""
+        return (f"{self.schedule} step, balance {list(self.balance)}, {self.chunks} chunks, checkpoint "
+                f"{self.checkpoint}: {self.step_s * 1e3:.3f} ms (bound {self.bound_s * 1e3:.3f}), bubble "
+                f"{self.bubble:.0%}, activations {self.activation_bytes / 2**20:.2f} MiB")
+
     def row(self) -> Dict[str, Any]:
         """The figures as one table row."""
         return {"schedule": self.schedule, "balance": list(self.balance), "chunks": self.chunks,
@@ -412,11 +435,14 @@ def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str
     return out
 
 
-def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
+def choose(layers: LayerModel, partitions: int, batch: int, max_memory_bytes: Optional[float] = None,
            chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
-           schedules: Iterable[str] = SCHEDULES, *, slowdown: Optional[Mapping[str, float]] = None
-           ) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
-    """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
+           schedules: Iterable[str] = SCHEDULES, *, slowdown: Optional[Mapping[str, float]] = None,
+           max_activation_bytes: Optional[float] = None) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
+    """The fastest predicted step whose activations fit ``max_memory_bytes``: balance, chunks, checkpoint, schedule.
+
+    ``max_memory_bytes`` caps the step's peak activation bytes, all partitions together
+    (``max_activation_bytes``, its old name, is taken for one release with a ``FutureWarning``).
 
     The balance for each chunk count is the optimum of the layers' time at
     that micro-batch size (:func:`~swpipe.gpipe.balance.optimal_balance`);
@@ -428,6 +454,9 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
     (StepPrediction or None, list of StepPrediction)
         The choice (``None`` if nothing fits the cap) and every candidate, fastest first.
     """
+    from autosched._fields import memory_cap
+
+    max_memory_bytes = memory_cap("choose", max_memory_bytes, "max_activation_bytes", max_activation_bytes)
     candidates = []
     for c in sorted(set(min(int(k), batch) for k in chunks)):
         at = layers.at(batch / c)
@@ -436,7 +465,7 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
             for sched in schedules:
                 candidates.append(predict_step(layers, balance, batch, c, ck, sched, slowdown=slowdown))
     candidates.sort(key=lambda p: (p.step_s, p.activation_bytes))
-    fits = [p for p in candidates if max_activation_bytes is None or p.activation_bytes <= max_activation_bytes]
+    fits = [p for p in candidates if max_memory_bytes is None or p.activation_bytes <= max_memory_bytes]
     return (fits[0] if fits else None), candidates
 
 
