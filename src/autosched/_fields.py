@@ -132,7 +132,8 @@ def renamed(given_to: str, old: str, new: str, value: Any) -> Any:
     return value
 
 
-def memory_cap(given_to: str, max_memory_bytes: Optional[float], old: str, old_value: Optional[float]) -> Optional[float]:
+def memory_cap(given_to: str, max_memory_bytes: Optional[float], old: str,
+               old_value: Optional[float]) -> Optional[float]:
     """The one memory cap, ``max_memory_bytes``, checked by :func:`byte_cap`'s rule; an old keyword's value warns.
 
     Both given is an :class:`OptionError` (which one wins would be a guess).
@@ -163,7 +164,7 @@ def schedule_name(name: Any, known: Sequence[str]) -> Optional[str]:
 
     Examples
     --------
-    >>> schedule_name("1f1b", ("GPipe", "1F1B")), schedule_name("gpipe", ("GPipe", "1F1B")), schedule_name("x", ("GPipe",))
-    ('1F1B', 'GPipe', None)
+    >>> [schedule_name(name, ("GPipe", "1F1B")) for name in ("1f1b", "gpipe", "x")]
+    ['1F1B', 'GPipe', None]
     """
     return {k.lower(): k for k in known}.get(str(name).lower())

@@ -37,8 +37,8 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 from swpipe.gpipe.skip.layout import SkipRoutes
 
-__all__ = ["SCHEDULES", "check_schedule", "TASK_KINDS", "Placement", "placements", "GPipePlan", "forward_plan", "step_plan",
-           "task_partition", "bind"]
+__all__ = ["SCHEDULES", "check_schedule", "TASK_KINDS", "Placement", "placements", "GPipePlan", "forward_plan",
+           "step_plan", "task_partition", "bind"]
 
 #: The training-step schedules, spelt as PyTorch's (``torch.distributed.pipelining``); any case is taken.
 SCHEDULES = ("GPipe", "1F1B")
