@@ -79,12 +79,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the job and print the table; 2 on bad input, 1 when the job fails."""
     if args.grid:
         return _grid(args)
+    from autosched._fields import schedule_name
     from autosched.pp.program import builtin_programs
     from autosched.pp.runtime import PPRunConfig, format_table, launch
 
     known = builtin_programs(args.ranks, max(args.microbatches))[0].keys() | builtin_programs(
         args.ranks, min(args.microbatches))[0].keys()
-    names = tuple(n.strip() for n in args.schedules.split(",") if n.strip())
+    # PyTorch's names in any case, spelt as PyTorch spells them (the one rule of a schedule's name)
+    names = tuple(schedule_name(n.strip(), sorted(known)) or n.strip() for n in args.schedules.split(",") if n.strip())
     unknown = [n for n in names if n not in known]
     if unknown:
         print(f"swpipe pp: --schedules: unknown or refused for these sizes: {', '.join(unknown)} "
