@@ -57,10 +57,10 @@ def test_choose_takes_the_fastest_step_under_the_cap():
     assert free is candidates[0]
     cap = sorted(c.activation_bytes for c in candidates)[len(candidates) // 3]
     assert free.activation_bytes > cap
-    chosen, _ = choose(layers, 2, batch=16, max_activation_bytes=cap)
+    chosen, _ = choose(layers, 2, batch=16, max_memory_bytes=cap)
     assert chosen.activation_bytes <= cap
     assert all(c.step_s >= chosen.step_s for c in candidates if c.activation_bytes <= cap)
-    assert choose(layers, 2, batch=16, max_activation_bytes=1.0)[0] is None
+    assert choose(layers, 2, batch=16, max_memory_bytes=1.0)[0] is None
 
 
 def test_a_fit_over_two_sizes_is_affine():

@@ -115,7 +115,7 @@ def mapping(value_ok: Optional[Callable[[Any], bool]] = None, expected: str = "a
     return (lambda v: isinstance(v, dict) and (value_ok is None or all(map(value_ok, v.values())))), expected
 
 
-def renamed(given_to: str, old: str, new: str, value: Any) -> Any:
+def renamed(given_to: str, old: str, new: str, value: Any, stacklevel: int = 3) -> Any:
     """``value`` of a keyword renamed ``new``, with a ``FutureWarning`` naming the new one (kept one release).
 
     Examples
@@ -128,7 +128,8 @@ def renamed(given_to: str, old: str, new: str, value: Any) -> Any:
     >>> seen[0].category.__name__, str(seen[0].message)
     ('FutureWarning', 'pp_what_if(memory_cap_bytes=...) is renamed max_memory_bytes=: pass max_memory_bytes=300')
     """
-    warnings.warn(f"{given_to}({old}=...) is renamed {new}=: pass {new}={value!r}", FutureWarning, stacklevel=3)
+    warnings.warn(f"{given_to}({old}=...) is renamed {new}=: pass {new}={value!r}", FutureWarning,
+                  stacklevel=stacklevel)  # the caller of the function that took the old keyword
     return value
 
 
@@ -152,7 +153,7 @@ def memory_cap(given_to: str, max_memory_bytes: Optional[float], old: str,
             raise OptionError(given_to, old, old_value,
                               message=f"{given_to}({old}={old_value!r}): give max_memory_bytes only ({old} is its "
                                       "old name)")
-        max_memory_bytes = renamed(given_to, old, "max_memory_bytes", old_value)
+        max_memory_bytes = renamed(given_to, old, "max_memory_bytes", old_value, stacklevel=4)
     check_arguments(given_to, {"max_memory_bytes": (max_memory_bytes, optional(byte_cap()))})
     return max_memory_bytes
 
