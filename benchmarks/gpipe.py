@@ -116,7 +116,7 @@ def part_a(args: argparse.Namespace, tg: Optional[Any]) -> List[Dict[str, Any]]:
         ours = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                      checkpoint="never")
         variants["swpipe GPipe fwd+bwd"] = backward_of(ours)
-        for sched in ("gpipe", "1f1b"):
+        for sched in ("GPipe", "1F1B"):
             g = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                       checkpoint="never", schedule=sched)
             variants[f"swpipe GPipe.step {sched}"] = (lambda g=g: (clear(g), g.step(x, target, loss_fn)))
@@ -177,8 +177,8 @@ def part_c(args: argparse.Namespace) -> List[Dict[str, Any]]:
     half = args.layers
     model = mlp(args.width, args.layers)
     rows = []
-    configs = [("gpipe", ck, c) for c in (4, 8) for ck in ("never", "except_last", "always")]
-    configs += [("1f1b", ck, c) for c in (4, 8) for ck in ("never", "always")]
+    configs = [("GPipe", ck, c) for c in (4, 8) for ck in ("never", "except_last", "always")]
+    configs += [("1F1B", ck, c) for c in (4, 8) for ck in ("never", "always")]
     for sched, ck, chunks in configs:
         g = GPipe(mlp(args.width, args.layers), [half, half], devices=["cpu", "cpu"], chunks=chunks,
                   checkpoint=ck, schedule=sched)

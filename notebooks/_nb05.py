@@ -54,7 +54,7 @@ costs the sum of its layers; with checkpointing its backward also recomputes its
 its input. The simulator runs the step's plan with those costs."""),
     ("code", """\
 layers = LayerModel.fit([profile_layers(model(), x[:32], timeout=0.3), profile_layers(model(), x[:16], timeout=0.3)])
-configs = [("gpipe", "never"), ("gpipe", "always"), ("1f1b", "never"), ("1f1b", "always")]
+configs = [("GPipe", "never"), ("GPipe", "always"), ("1F1B", "never"), ("1F1B", "always")]
 predicted = {c: predict_step(layers, balance, len(x), chunks, checkpoint=c[1], schedule=c[0]) for c in configs}
 pd.DataFrame([p.row() for p in predicted.values()]).round(3)"""),
     ("md", """\
@@ -64,7 +64,7 @@ One row per partition's thread; `F<j>` is partition `j`'s forward of a micro-bat
 The bubble is the white space: the first partition waits for the last one's backward at the end of the
 step, the last one for the first one's forward at its start."""),
     ("code", """\
-never, always = predicted[("gpipe", "never")], predicted[("gpipe", "always")]
+never, always = predicted[("GPipe", "never")], predicted[("GPipe", "always")]
 compare_gantt(never.sim.events, always.sim.events,
               titles=(f"GPipe, no checkpointing: {never.step_s * 1e3:.1f} ms, bubble {never.bubble:.0%}, "
                       f"{never.activation_bytes / 1e6:.2f} MB of activations",
@@ -76,8 +76,8 @@ compare_gantt(never.sim.events, always.sim.events,
 Eight micro-batches shrink the bubble (and each micro-batch's fixed costs add up); a lopsided balance makes
 one partition the bottleneck; 1F1B keeps fewer micro-batches' activations at the same step time."""),
     ("code", """\
-rows = what_if(never, layers, [{"chunks": 8}, {"balance": [6, 2]}, {"schedule": "1f1b"},
-                               {"schedule": "1f1b", "chunks": 8}])
+rows = what_if(never, layers, [{"chunks": 8}, {"balance": [6, 2]}, {"schedule": "1F1B"},
+                               {"schedule": "1F1B", "chunks": 8}])
 pd.DataFrame([r.row() for r in rows]).round(3)"""),
     ("md", """\
 ## Measured beside the prediction
@@ -97,7 +97,7 @@ table = pd.DataFrame([{"schedule": s, "checkpoint": ck,
                        "measured_MB": measured[(s, ck)].activation_bytes / 1e6} for s, ck in configs])
 table.round(3)"""),
     ("code", """\
-m = measured[("gpipe", "never")]
+m = measured[("GPipe", "never")]
 start = min(e.start for e in m.events)
 shifted = [e.__class__(e.task, e.iteration, e.thread_group, e.stream, e.start - start, e.end - start, e.kind)
            for e in m.events]

@@ -48,7 +48,7 @@ def test_a_slowdown_of_one_predicts_as_none():
     assert base.slowdown is None and same.slowdown == {t: 1.0 for t in EVERY}
 
 
-@pytest.mark.parametrize("schedule, checkpoint", [("gpipe", "never"), ("gpipe", "always"), ("1f1b", "never")])
+@pytest.mark.parametrize("schedule, checkpoint", [("GPipe", "never"), ("GPipe", "always"), ("1F1B", "never")])
 def test_the_co_run_slowdown_enters_the_costs_the_step_and_the_bubble(schedule, checkpoint):
     base = predict_step(uniform(), [2, 2], batch=8, chunks=8, checkpoint=checkpoint, schedule=schedule)
     slow = predict_step(uniform(), [2, 2], batch=8, chunks=8, checkpoint=checkpoint, schedule=schedule,
@@ -182,7 +182,7 @@ def test_the_measured_bubble_is_the_median_timed_step_s_and_its_timeline_is_kept
 def test_choose_predicts_every_candidate_with_the_slowdown():
     from swpipe.gpipe.predict import choose
 
-    best, candidates = choose(uniform(), 2, batch=8, chunks=(2, 4), checkpoints=("never",), schedules=("gpipe",),
+    best, candidates = choose(uniform(), 2, batch=8, chunks=(2, 4), checkpoints=("never",), schedules=("GPipe",),
                               slowdown=EVERY)
     assert best is candidates[0] and all(c.slowdown == EVERY for c in candidates)
 

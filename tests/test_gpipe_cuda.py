@@ -94,7 +94,7 @@ def test_forward_across_two_devices_copies_on_copy_streams_without_a_race(fake_c
     assert streams["C1"] == {"gpipe-copy"} and streams["F0"] == streams["F1"] == {"default"}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 def test_a_training_step_runs_backward_in_order_across_devices(fake_cuda, schedule):
     plan, results = run(fake_cuda, lambda places: step_plan(places, schedule, 6))
     assert plan.task_names == ["F0", "C1", "F1", "B1", "G0", "B0"]

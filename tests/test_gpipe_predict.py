@@ -28,7 +28,7 @@ def test_equal_partitions_have_gpipe_s_bubble(chunks):
 
 
 def test_the_step_plan_is_read_by_simulate_bounds_and_gantt():
-    p = predict_step(uniform(), [3, 1], batch=8, chunks=4, checkpoint="always", schedule="1f1b")
+    p = predict_step(uniform(), [3, 1], batch=8, chunks=4, checkpoint="always", schedule="1F1B")
     assert simulate(p.plan, p.costs, num_iterations=4, lengthen=False).makespan == pytest.approx(p.step_s)
     # partition 0's thread per micro-batch of 2 samples: 3 layers x (forward + backward + recomputed forward)
     assert lower_bounds(p.plan, p.costs).value == pytest.approx(3 * 2 * (0.001 + 0.002 + 0.001))
@@ -41,7 +41,7 @@ def test_the_step_plan_is_read_by_simulate_bounds_and_gantt():
 def test_what_if_chunks_balance_and_checkpoint():
     base = predict_step(uniform(), [2, 2], batch=8, chunks=2, checkpoint="never")
     rows = what_if(base, uniform(), [{"chunks": 8}, {"balance": [3, 1]}, {"checkpoint": "always"},
-                                     {"schedule": "1f1b", "chunks": 8}])
+                                     {"schedule": "1F1B", "chunks": 8}])
     assert [r.chunks for r in rows] == [2, 8, 2, 2, 8] and rows[2].balance == [3, 1]
     assert rows[1].bubble < rows[0].bubble and rows[2].step_s > rows[0].step_s
     assert rows[3].activation_bytes < rows[0].activation_bytes and rows[3].step_s > rows[0].step_s
@@ -57,10 +57,10 @@ def test_choose_takes_the_fastest_step_under_the_cap():
     assert free is candidates[0]
     cap = sorted(c.activation_bytes for c in candidates)[len(candidates) // 3]
     assert free.activation_bytes > cap
-    chosen, _ = choose(layers, 2, batch=16, max_activation_bytes=cap)
+    chosen, _ = choose(layers, 2, batch=16, max_memory_bytes=cap)
     assert chosen.activation_bytes <= cap
     assert all(c.step_s >= chosen.step_s for c in candidates if c.activation_bytes <= cap)
-    assert choose(layers, 2, batch=16, max_activation_bytes=1.0)[0] is None
+    assert choose(layers, 2, batch=16, max_memory_bytes=1.0)[0] is None
 
 
 def test_a_fit_over_two_sizes_is_affine():
@@ -76,7 +76,7 @@ def net():
     return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(16, 16), nn.ReLU())])
 
 
-@pytest.mark.parametrize("schedule, checkpoint", [("gpipe", "never"), ("1f1b", "never"), ("gpipe", "always")])
+@pytest.mark.parametrize("schedule, checkpoint", [("GPipe", "never"), ("1F1B", "never"), ("GPipe", "always")])
 def test_predicted_activation_memory_per_partition_is_measured(schedule, checkpoint):
     x, target = torch.randn(32, 16), torch.randn(32, 16)
     layers = LayerModel.fit([profile_layers(net(), x[:8], timeout=0.0, num_rounds=1)])

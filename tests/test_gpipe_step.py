@@ -38,7 +38,7 @@ def loss_fn(out, target):
     return nn.functional.mse_loss(out, target)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 @pytest.mark.parametrize("checkpoint", ["always", "except_last", "never"])
 @pytest.mark.parametrize("balance", [[2, 4], [1, 2, 3]])
 def test_step_gives_the_gradients_and_loss_of_forward_and_backward(schedule, checkpoint, balance):
@@ -66,7 +66,7 @@ def test_summed_losses_and_uneven_micro_batches():
         return (out - t).square().sum()
 
     summed(reference(x), target).backward()
-    gpipe = GPipe(model(), [3, 3], devices=["cpu", "cpu"], chunks=3, schedule="1f1b")
+    gpipe = GPipe(model(), [3, 3], devices=["cpu", "cpu"], chunks=3, schedule="1F1B")
     gpipe.step(x, target, summed, reduction="sum")
     for got, want in zip(gpipe.parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=1e-12)
@@ -100,12 +100,12 @@ def test_a_failing_backward_is_raised_and_nothing_hangs():
             return BadGrad.apply(x)
 
     gpipe = GPipe(nn.Sequential(nn.Linear(2, 2), Layer(), nn.Linear(2, 1)), [1, 2], devices=["cpu", "cpu"],
-                  chunks=4, schedule="1f1b")
+                  chunks=4, schedule="1F1B")
     with pytest.raises(Boom):
         gpipe.step(torch.ones(8, 2), torch.ones(8, 1), loss_fn)
 
 
-@pytest.mark.parametrize("schedule, most", [("gpipe", 6), ("1f1b", 2)])
+@pytest.mark.parametrize("schedule, most", [("GPipe", 6), ("1F1B", 2)])
 def test_1f1b_holds_fewer_micro_batches_in_flight(schedule, most):
     alive = []
 
@@ -133,7 +133,7 @@ def test_1f1b_holds_fewer_micro_batches_in_flight(schedule, most):
 
 def test_plans_validate_and_have_the_schedules_stages():
     places = [Placement("cpu", f"p{j}") for j in range(3)]
-    fwd, fill, one = forward_plan(places, microbatches=4), step_plan(places, "gpipe", 4), step_plan(places, "1f1b", 4)
+    fwd, fill, one = forward_plan(places, microbatches=4), step_plan(places, "GPipe", 4), step_plan(places, "1F1B", 4)
     for plan in (fwd, fill, one):
         validate(plan)
     assert [fwd.stage(f"F{j}") for j in range(3)] == [0, 1, 2]
@@ -145,7 +145,7 @@ def test_plans_validate_and_have_the_schedules_stages():
 def test_a_device_boundary_gets_copy_tasks_on_copy_streams():
     places = [Placement("cuda:0", "cuda0", "compute0", "copy0"), Placement("cuda:0", "cuda0", "compute0", "copy0"),
               Placement("cuda:1", "cuda1", "compute1", "copy1")]
-    plan = step_plan(places, "1f1b", 2)
+    plan = step_plan(places, "1F1B", 2)
     assert plan.task_names == ["F0", "F1", "C2", "F2", "B2", "G1", "B1", "B0"]
     assert plan.sched("C2").stream == "copy1" and plan.sched("G1").stream == "copy0"
     assert ("C2", "F1") in plan.intra_iter_deps and ("F2", "C2") in plan.intra_iter_deps
@@ -158,7 +158,7 @@ def test_the_plan_prints_its_clock_cycles():
     lines = str(gpipe.plan).splitlines()
     assert lines[-2].split() == ["F0", "p0", "default", "|", "i0", "i1", "i2"]
     assert lines[-1].split() == ["F1", "p1", "default", "|", "i0", "i1", "i2"]
-    assert gpipe.training_plan(schedule="1f1b").kind == "1f1b"
+    assert gpipe.training_plan(schedule="1F1B").kind == "1F1B"
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "eval"])

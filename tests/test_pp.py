@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from autosched.pp import (LiveTensorBytes, P2PCost, PPCosts, PPError, PPProgram, PPScheduleError, StageCost,
-                          builtin_programs, measure_stage_costs, pp_compare, pp_lower_bounds, pp_program, pp_simulate,
-                          pp_what_if, program_from_order, split_module)
+                          builtin_programs, measure_stage_costs, pp_program, program_from_order, split_module)
+from autosched.pp.bounds import pp_lower_bounds
+from autosched.pp.simulate import pp_simulate
+from autosched.pp.whatif import pp_compare, pp_what_if
 from autosched.pp.program import parse_action
 
 SIZES = [(2, 4), (2, 8), (4, 8)]
@@ -197,14 +199,14 @@ def test_what_if_more_microbatches_same_batch() -> None:
 
 def test_what_if_stage_twice_as_fast_and_cap() -> None:
     costs = _uniform(2, f=1.0, b=2.0, act=100)
-    w = pp_what_if(pp_program("1F1B", 2, 4), costs, stage_factors={1: 0.5}, memory_cap_bytes=150)
+    w = pp_what_if(pp_program("1F1B", 2, 4), costs, stage_factors={1: 0.5}, max_memory_bytes=150)
     assert w.after.step_s < w.before.step_s
     assert w.after.busy_s[1] == pytest.approx(w.before.busy_s[1] / 2)
     assert w.over_cap_ranks == {0: 200} and not w.fits_cap
 
 
 def test_compare_marks_the_fastest_schedule_within_the_cap() -> None:
-    rows = pp_compare({2: _uniform(2), 4: _uniform(4, f=0.5, b=1.0, act=50)}, 2, 4, memory_cap_bytes=250)
+    rows = pp_compare({2: _uniform(2), 4: _uniform(4, f=0.5, b=1.0, act=50)}, 2, 4, max_memory_bytes=250)
     assert {r.schedule for r in rows} >= {"GPipe", "1F1B", "ZBVZeroBubble"}
     best = [r for r in rows if r.best]
     assert len(best) == 1 and best[0].fits_cap

@@ -9,8 +9,10 @@ import math
 import pytest
 
 from autosched.pp import (P2PCost, PPCosts, PPError, PPProgram, PPScheduleError, StageCost, builtin_programs,
-                          pp_compare, pp_program, pp_search, pp_simulate, pp_what_if, program_from_order, read_csv,
-                          validate_program)
+                          pp_program, program_from_order, read_csv, validate_program)
+from autosched.pp.search import pp_search
+from autosched.pp.simulate import pp_simulate
+from autosched.pp.whatif import pp_compare, pp_what_if
 from autosched.search.options import Constraints, SolverOptions
 from swpipe_core.engine.options import OptionError
 
@@ -156,11 +158,13 @@ def test_time_limits_and_caps_are_refused_the_same_way_everywhere(value: float) 
     # the plan search's options classes refuse them; every pipeline-parallel entry refuses them as they do
     limit = _refusal(lambda v: SolverOptions(time_limit_s=v), value)
     cap = _refusal(lambda v: Constraints(max_memory_bytes=v), value)
-    assert _refusal(lambda v: pp_search(_costs(2), 2, 2, time_limit_s=v, use_cpsat=False), value) == limit
-    for call in (lambda v: pp_search(_costs(2), 2, 2, memory_cap_bytes=v, use_cpsat=False),
-                 lambda v: pp_what_if(pp_program("GPipe", 2, 2), _costs(2), memory_cap_bytes=v),
-                 lambda v: pp_compare(_costs(2), 2, 2, memory_cap_bytes=v)):
-        assert _refusal(call, value) == ("memory_cap_bytes", cap[1])
+    # pp_search takes the plan search's options: a bad limit or cap is refused where the options are built
+    assert _refusal(lambda v: pp_search(_costs(2), 2, 2, solver=SolverOptions(time_limit_s=v, method="beam")),
+                    value) == limit
+    for call in (lambda v: pp_search(_costs(2), 2, 2, constraints=Constraints(max_memory_bytes=v)),
+                 lambda v: pp_what_if(pp_program("GPipe", 2, 2), _costs(2), max_memory_bytes=v),
+                 lambda v: pp_compare(_costs(2), 2, 2, max_memory_bytes=v)):
+        assert _refusal(call, value) == ("max_memory_bytes", cap[1])
 
 
 class _FakeClock:
@@ -177,13 +181,13 @@ class _FakeClock:
 def test_the_time_limit_bounds_every_stage_of_the_search() -> None:
     costs = _costs(2)
     whole = _FakeClock()
-    uncut = pp_search(costs, 2, 2, time_limit_s=1e9, clock=whole)
+    uncut = pp_search(costs, 2, 2, solver=SolverOptions(time_limit_s=1e9, cpsat_max_tasks=64), clock=whole)
     assert (uncut.cut, uncut.not_tried) == ("", ())
     reads = int(whole.now)
     stages = set()
     for limit in list(range(6, 16)) + [reads // 2] + list(range(reads - 16, reads - 2)):
         clock = _FakeClock()
-        found = pp_search(costs, 2, 2, time_limit_s=limit, clock=clock)
+        found = pp_search(costs, 2, 2, solver=SolverOptions(time_limit_s=limit, cpsat_max_tasks=64), clock=clock)
         # the first check after the deadline stops the search: at most one read in between, one to say how long
         assert found.elapsed_s == clock.now <= limit + 2
         assert found.cut and found.not_tried and found.time_limit_s == limit
@@ -196,5 +200,5 @@ def test_the_time_limit_bounds_every_stage_of_the_search() -> None:
 
 def test_a_limit_that_passes_before_any_schedule_is_scored_says_so() -> None:
     with pytest.raises(PPError) as e:
-        pp_search(_costs(2), 2, 2, time_limit_s=1, clock=_FakeClock())
+        pp_search(_costs(2), 2, 2, solver=SolverOptions(time_limit_s=1, cpsat_max_tasks=64), clock=_FakeClock())
     assert (e.value.rule, e.value.field, e.value.value) == ("time_limit", "time_limit_s", 1)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autosched.pp import (P2PCost, PPCosts, PPError, StageCost, pp_lower_bounds, pp_search, pp_simulate, read_csv)
+from autosched.pp import (P2PCost, PPCosts, PPError, StageCost, read_csv)
+from autosched.pp.bounds import pp_lower_bounds
+from autosched.pp.search import pp_search
+from autosched.pp.simulate import pp_simulate
 from autosched.pp.program import parse_action
+from autosched.search.options import Constraints, SolverOptions
 
 
 def _costs(n_stages: int, scale: float, skew: float = 1.0) -> PPCosts:
@@ -24,7 +28,7 @@ SKEWED = {2: _costs(2, 1.0, skew=1.6), 4: _costs(4, 0.5, skew=1.6)}
 @pytest.mark.parametrize("costs", [BY_STAGES, SKEWED], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("n_mb", [4, 8])
 def test_search_is_never_predicted_slower_than_pytorchs_best(costs: dict, n_mb: int) -> None:
-    found = pp_search(costs, 2, n_mb, use_cpsat=False)
+    found = pp_search(costs, 2, n_mb, solver=SolverOptions(method="beam"))
     assert found.best_seed is not None
     assert found.best.result.step_s <= found.best_seed.result.step_s + 1e-12
     assert found.bound_s <= found.best.result.step_s + 1e-9
@@ -35,30 +39,31 @@ def test_search_is_never_predicted_slower_than_pytorchs_best(costs: dict, n_mb: 
 
 def test_search_respects_the_memory_cap() -> None:
     cap = 150  # below every PyTorch schedule's predicted peak for these costs
-    found = pp_search(BY_STAGES, 2, 4, memory_cap_bytes=cap, use_cpsat=False)
+    found = pp_search(BY_STAGES, 2, 4, constraints=Constraints(max_memory_bytes=cap),
+                      solver=SolverOptions(method="beam"))
     assert found.best.result.max_peak_bytes <= cap
     assert found.best_seed is None or found.best_seed.result.max_peak_bytes <= cap
     with pytest.raises(PPError) as e:
-        pp_search(BY_STAGES, 2, 4, memory_cap_bytes=10, use_cpsat=False)
-    assert (e.value.rule, e.value.field, e.value.value) == ("memory_cap", "memory_cap_bytes", 10)
+        pp_search(BY_STAGES, 2, 4, constraints=Constraints(max_memory_bytes=10), solver=SolverOptions(method="beam"))
+    assert (e.value.rule, e.value.field, e.value.value) == ("memory_cap", "max_memory_bytes", 10)
 
 
 def test_search_chooses_the_microbatch_count() -> None:
-    found = pp_search(BY_STAGES, 2, [4, 8], use_cpsat=False)
+    found = pp_search(BY_STAGES, 2, [4, 8], solver=SolverOptions(method="beam"))
     counts = {c.program.n_microbatches for c in found.candidates}
     assert counts == {4, 8}
     assert all(found.best.result.step_s <= c.result.step_s + 1e-12 for c in found.candidates)
 
 
 def test_cpsat_candidates_are_scored_beside_the_seeds() -> None:
-    found = pp_search({2: _costs(2, 1.0)}, 2, 2, time_limit_s=5)
+    found = pp_search({2: _costs(2, 1.0)}, 2, 2, solver=SolverOptions(time_limit_s=5, cpsat_max_tasks=64))
     assert "OPTIMAL" in found.cpsat_status or "FEASIBLE" in found.cpsat_status
     assert any(c.origin.startswith("cpsat") for c in found.candidates)
     assert found.best.result.step_s <= found.best_seed.result.step_s + 1e-12
 
 
 def test_exported_csv_reads_back_through_pytorchs_loader(tmp_path) -> None:
-    found = pp_search(BY_STAGES, 2, 4, use_cpsat=False)
+    found = pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"))
     exported = found.exported.program
     path = exported.to_csv(str(tmp_path / "schedule.csv"))
     back = read_csv(path, exported.n_ranks, exported.n_stages, exported.n_microbatches)
@@ -81,6 +86,6 @@ def test_pytorchs_loader_refusal_is_a_field_error(tmp_path) -> None:
 
 
 def test_bound_of_the_found_schedule() -> None:
-    found = pp_search(BY_STAGES, 2, 4, use_cpsat=False)
+    found = pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"))
     p = found.best.program
     assert found.bound_s == pytest.approx(pp_lower_bounds(BY_STAGES[p.n_stages], 4, p.stage_to_rank).value)

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from autosched.pp import PPCosts, builtin_programs, pp_program, pp_simulate, read_csv
+from autosched.pp import PPCosts, builtin_programs, pp_program, read_csv
+from autosched.pp.simulate import pp_simulate
 from swpipe.cli import main
 
 

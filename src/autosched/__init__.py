@@ -1,5 +1,8 @@
 """autosched: what-if and search over PipelinePlans (cost models, graphs, simulator, bounds, CP-SAT, beam).
 
+``simulate``, ``lower_bounds``, ``what_if``, ``compare`` and ``search`` take a plan, a GPipe or a
+pipeline-parallel program alike (:mod:`autosched.verbs`).
+
 Submodules import networkx / numpy / pandas / matplotlib / ortools lazily.
 """
 
@@ -20,14 +23,15 @@ _LAZY = {
     "load_plan": "model.graph",
     "save_task_graph": "model.graph",
     "load_task_graph": "model.graph",
-    "simulate": "model.simulate",
+    "simulate": "verbs",
     "SimResult": "model.simulate",
-    "lower_bounds": "search.bounds",
+    "lower_bounds": "verbs",
     "Bounds": "search.bounds",
     "max_cycle_ratio": "search.bounds",
-    "what_if": "model.whatif",
+    "what_if": "verbs",
+    "compare": "verbs",
+    "search": "verbs",
     "sweep": "model.whatif",
-    "compare_plans": "model.whatif",
     "gantt": "plots",
     "compare_gantt": "plots",
     "sweep_plot": "plots",
@@ -40,7 +44,18 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
+#: names kept one release for what replaced them: old name -> (module, name there, the new name to use)
+_RENAMED = {"compare_plans": ("model.whatif", "compare_plans", "compare")}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        import warnings
+
+        module, there, new = _RENAMED[name]
+        warnings.warn(f"autosched.{name} is renamed autosched.{new} (one verb for a plan, a GPipe and a "
+                      f"pipeline-parallel program); use {new}", FutureWarning, stacklevel=2)
+        return getattr(importlib.import_module(f".{module}", __name__), there)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'autosched' has no attribute {name!r}")

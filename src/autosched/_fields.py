@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from swpipe_core.engine.options import OptionError
 
 __all__ = ["OptionError", "check_fields", "check_arguments", "integer", "number", "fraction", "one_of", "flag",
-           "optional", "names", "mapping", "time_limit", "byte_cap"]
+           "optional", "names", "mapping", "time_limit", "byte_cap", "memory_cap", "renamed", "schedule_name"]
 
 Rule = Tuple[Callable[[Any], bool], str]
 
@@ -112,3 +113,59 @@ def optional(rule: Rule) -> Rule:
 def mapping(value_ok: Optional[Callable[[Any], bool]] = None, expected: str = "a dict") -> Rule:
     """A dict (each value accepted by ``value_ok``)."""
     return (lambda v: isinstance(v, dict) and (value_ok is None or all(map(value_ok, v.values())))), expected
+
+
+def renamed(given_to: str, old: str, new: str, value: Any, stacklevel: int = 3) -> Any:
+    """``value`` of a keyword renamed ``new``, with a ``FutureWarning`` naming the new one (kept one release).
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     renamed("pp_what_if", "memory_cap_bytes", "max_memory_bytes", 300)
+    300
+    >>> seen[0].category.__name__, str(seen[0].message)
+    ('FutureWarning', 'pp_what_if(memory_cap_bytes=...) is renamed max_memory_bytes=: pass max_memory_bytes=300')
+    """
+    warnings.warn(f"{given_to}({old}=...) is renamed {new}=: pass {new}={value!r}", FutureWarning,
+                  stacklevel=stacklevel)  # the caller of the function that took the old keyword
+    return value
+
+
+def memory_cap(given_to: str, max_memory_bytes: Optional[float], old: str,
+               old_value: Optional[float]) -> Optional[float]:
+    """The one memory cap, ``max_memory_bytes``, checked by :func:`byte_cap`'s rule; an old keyword's value warns.
+
+    Both given is an :class:`OptionError` (which one wins would be a guess).
+
+    Examples
+    --------
+    >>> memory_cap("pp_compare", 2e9, "memory_cap_bytes", None)
+    2000000000.0
+    >>> memory_cap("pp_compare", 2e9, "memory_cap_bytes", 1e9)
+    Traceback (most recent call last):
+    ...
+    swpipe_core.engine.options.OptionError: pp_compare(memory_cap_bytes=1000000000.0): give max_memory_bytes only (memory_cap_bytes is its old name)
+    """
+    if old_value is not None:
+        if max_memory_bytes is not None:
+            raise OptionError(given_to, old, old_value,
+                              message=f"{given_to}({old}={old_value!r}): give max_memory_bytes only ({old} is its "
+                                      "old name)")
+        max_memory_bytes = renamed(given_to, old, "max_memory_bytes", old_value, stacklevel=4)
+    check_arguments(given_to, {"max_memory_bytes": (max_memory_bytes, optional(byte_cap()))})
+    return max_memory_bytes
+
+
+def schedule_name(name: Any, known: Sequence[str]) -> Optional[str]:
+    """``name`` spelt as in ``known`` (PyTorch's spelling: ``"GPipe"``, ``"1F1B"``, ...), case-insensitive; None when
+    it is none of them. The one rule of a schedule's name: ``pp_program``, ``GPipe(schedule=)`` and ``swpipe pp``
+    read names through it.
+
+    Examples
+    --------
+    >>> [schedule_name(name, ("GPipe", "1F1B")) for name in ("1f1b", "gpipe", "x")]
+    ['1F1B', 'GPipe', None]
+    """
+    return {k.lower(): k for k in known}.get(str(name).lower())

@@ -8,7 +8,9 @@ figure and writes it to ``path`` when one is given.
 
 Tracks are one per thread group (host time) and one per stream (device time,
 CUDA), as in the Chrome/Perfetto traces of :mod:`swpipe_core.measure.trace`; a task
-keeps its colour across tracks and across the measured and simulated panels.
+keeps its colour across tracks and across the measured and simulated panels. A
+pipeline-parallel step's timeline has a track per rank (``"rank 0"``) and one per
+rank's sends; a GPipe step's, a track per partition's thread.
 """
 
 from __future__ import annotations
@@ -61,12 +63,24 @@ def _draw(ax: Any, events: Sequence[Any], window: Optional[Tuple[float, float]],
         if w > 0.06 * span * 1e3:
             ax.text(x0 + w / 2, y, f"{e.task}/{e.iteration}", ha="center", va="center", fontsize=6, clip_on=True)
     ax.set_yticks(range(len(tracks)))
-    ax.set_yticklabels([f"{'thread' if k == 'host' else 'stream'} {n}" for k, n in tracks], fontsize=8)
+    ax.set_yticklabels([_track_label(k, n) for k, n in tracks], fontsize=8)
     ax.set_ylim(len(tracks) - 0.5, -0.5)
     ax.set_xlim(lo * 1e3, hi * 1e3)
     ax.set_xlabel("time (ms)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
+
+
+def _track_label(kind: str, name: str) -> str:
+    # a rank's track is named for the rank ("rank 0", "rank 0 sends"), not for a thread or a stream it is not
+    if name.startswith("rank "):
+        return name
+    return f"{'thread' if kind == 'host' else 'stream'} {name}"
+
+
+def _events(timeline: Any) -> List[Any]:
+    """The events of a timeline, or of a result that has one (``.events``: what every ``simulate`` returns)."""
+    return list(getattr(timeline, "events", timeline))
 
 
 def _legend(fig: Any, events: Sequence[Any]) -> None:
@@ -88,12 +102,13 @@ def _save(fig: Any, path: Optional[str]) -> Any:
 
 def gantt(events: Iterable[Any], window: Optional[Tuple[float, float]] = None, title: str = "timeline",
           path: Optional[str] = None) -> Any:
-    """A Gantt chart of timeline events: one row per thread group and per stream.
+    """A Gantt chart of timeline events: one row per thread group and per stream (per rank for a PP step).
 
     Parameters
     ----------
-    events : iterable of TimelineEvent
-        E.g. ``SimResult.events`` or ``SWPipeline(..., record_timeline=True).timeline``.
+    events : iterable of TimelineEvent, or a result with ``.events``
+        E.g. what ``simulate`` returns for a plan, a GPipe or a pipeline-parallel program (``SimResult``,
+        ``StepPrediction``, ``PPSimResult``), its ``.events``, or ``SWPipeline(..., record_timeline=True).timeline``.
     window : (float, float), optional
         Seconds to show; everything by default.
     title : str
@@ -112,7 +127,7 @@ def gantt(events: Iterable[Any], window: Optional[Tuple[float, float]] = None, t
     >>> [t.get_text() for t in fig.axes[0].get_yticklabels()], [t.get_text() for t in fig.legends[0].get_texts()]
     (['thread io', 'stream memcpy'], ['A'])
     """
-    events = list(events)
+    events = _events(events)
     tracks = _tracks(events)
     fig = _new_figure(10, 1.6 + 0.45 * max(1, len(tracks)))
     _draw(fig.add_subplot(1, 1, 1), events, window, title, tracks)
@@ -144,7 +159,7 @@ def compare_gantt(measured: Iterable[Any], simulated: Iterable[Any], window: Opt
     >>> [ax.get_title() for ax in compare_gantt(m, s).axes]
     ['measured', 'simulated']
     """
-    measured, simulated = list(measured), list(simulated)
+    measured, simulated = _events(measured), _events(simulated)
     both = measured + simulated
     tracks = _tracks(both)
     if window is None:

@@ -9,8 +9,9 @@
   unevenly stop together), ``keep_freed_memory`` (a CPU process keeps freed host memory: no page faults each step);
 * measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
 * checking what it computes: ``infer_plan``, ``check_dataflow``;
-* predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``gantt``;
-* searching a better one: ``auto_schedule``, its options ``Constraints`` (what the plan may be), ``SolverOptions``
+* predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``compare``, ``gantt``, which take a
+  plan, a GPipe (``swpipe.gpipe``) or a pipeline-parallel program (``swpipe.pp``) alike;
+* searching a better one: ``auto_schedule`` (a plan), ``search`` (a plan, a GPipe or a program), their options ``Constraints`` (what the plan may be), ``SolverOptions``
   (how the search runs) and ``VerifyOptions`` (how its answer is measured), ``SearchReport``.
 
 The API reference's own import, ``from sw_pipeline import ...``, gives the same objects (the ``sw_pipeline``
@@ -20,7 +21,7 @@ helpers the guide and the notebooks use are listed, with their module, at the en
 Examples
 --------
 >>> import swpipe
->>> len(swpipe.__all__) <= 33 and "SWPipeline" in swpipe.__all__
+>>> len(swpipe.__all__) <= 35 and "SWPipeline" in swpipe.__all__
 True
 >>> dir(swpipe) == swpipe.__all__
 True
@@ -57,11 +58,13 @@ _PUBLIC = {
     "CostModelError": "autosched.model.costs",
     "infer_plan": "swpipe_core.dataflow",
     "check_dataflow": "swpipe_core.dataflow",
-    "simulate": "autosched.model.simulate",
-    "lower_bounds": "autosched.search.bounds",
-    "what_if": "autosched.model.whatif",
+    "simulate": "autosched.verbs",
+    "lower_bounds": "autosched.verbs",
+    "what_if": "autosched.verbs",
+    "compare": "autosched.verbs",
     "gantt": "autosched.plots",
     "auto_schedule": "autosched.search.autoschedule",
+    "search": "autosched.verbs",
     "Constraints": "autosched.search.options",
     "SolverOptions": "autosched.search.options",
     "VerifyOptions": "autosched.verify.loop",

@@ -11,9 +11,12 @@ adds what its dry run lacks (time, transfers, memory):
 * the costs: :func:`measure_stage_costs` (F, I, W, B and bytes per stage, one process),
   :func:`measure_p2p` (the link, with ``torch.distributed``), :class:`StageCost`,
   :class:`P2PCost`, :class:`PPCosts`, :func:`split_module`, :class:`LiveTensorBytes`;
-* the prediction: :func:`pp_simulate` (step, bubble and peak memory per rank),
-  :func:`pp_lower_bounds`, :func:`pp_what_if`, :func:`pp_compare` (a :class:`PPComparison`);
-* the search: :func:`pp_search` (CP-SAT and list scheduling, seeded with PyTorch's schedules);
+* the prediction and the search: ``swpipe.simulate`` (step, bubble and peak memory per rank),
+  ``swpipe.lower_bounds``, ``swpipe.what_if``, ``swpipe.compare`` and ``swpipe.search`` (CP-SAT and list
+  scheduling, seeded with PyTorch's schedules, under ``Constraints``/``SolverOptions``): the verbs of a plan,
+  which take a program alike; their results :class:`PPSimResult`, :class:`PPBounds`, :class:`PPSearchResult`
+  (its best :class:`PPCandidate`). The names before them (``pp_simulate``, ``pp_lower_bounds``,
+  ``pp_what_if``, ``pp_compare``, ``pp_search``) still work for one release and warn (``FutureWarning``);
 * errors: :class:`PPError` (``.rule``, ``.field``, ``.value``, ``.schedule``),
   :class:`PPScheduleError` (a schedule the runtime would not run through: ``.rule``, ``.rank``,
   ``.action``, ``.step``, ``.fix``), :class:`PPTorchError` (a torch without the helpers read); a
@@ -24,23 +27,32 @@ prediction beside the measurement.
 
 Examples
 --------
->>> from swpipe.pp import PPCosts, StageCost, pp_program, pp_simulate
+>>> from swpipe import simulate
+>>> from swpipe.pp import PPCosts, StageCost, pp_program
 >>> costs = PPCosts((StageCost(forward_s=1.0, backward_s=2.0, activation_bytes=100),) * 2)
->>> result = pp_simulate(pp_program("1F1B", n_ranks=2, n_microbatches=4), costs)
->>> result.step_s, result.peak_bytes
+>>> result = simulate(pp_program("1F1B", n_ranks=2, n_microbatches=4), costs)
+>>> result.period_s, result.peak_bytes
 (15.0, {0: 200, 1: 100})
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPError, PPProgram,
                           PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, StageCost,
-                          builtin_programs, measure_p2p, measure_stage_costs, pp_compare, pp_lower_bounds, pp_program,
-                          pp_search, pp_simulate, pp_what_if, program_from_order, read_csv, split_module,
-                          validate_program)
+                          builtin_programs, measure_p2p, measure_stage_costs, pp_program, program_from_order, read_csv,
+                          split_module, validate_program)
+from autosched.pp import RENAMED, renamed
 
 __all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPError", "PPProgram",
            "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
-           "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_compare", "pp_lower_bounds", "pp_program",
-           "pp_search", "pp_simulate", "pp_what_if", "program_from_order", "read_csv", "split_module",
-           "validate_program"]
+           "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order", "read_csv",
+           "split_module", "validate_program"]
+
+
+def __getattr__(name: str) -> Any:
+    """The verbs' names before ``swpipe.simulate`` and the others, kept one release with a ``FutureWarning``."""
+    if name in RENAMED:
+        return renamed(name, "swpipe.pp")
+    raise AttributeError(f"module 'swpipe.pp' has no attribute {name!r}")

@@ -35,6 +35,7 @@ from autosched.model._simcore import Simulator
 from autosched.model._simevents import SimDeadlock, Stall
 from autosched.model._simplan import SimPlan, sim_plan
 from autosched.model.taskmodel import CORES
+from autosched.results import PeakBytes
 
 if TYPE_CHECKING:  # for the annotations only: pandas is imported in to_dataframe()
     import pandas
@@ -185,6 +186,12 @@ class SimResult:
     def peak_bytes(self) -> float:
         """Most bytes in flight at any instant (``memory.peak_bytes``)."""
         return self.memory.peak_bytes
+
+    @property
+    def peak_bytes_by(self) -> PeakBytes:
+        """:attr:`peak_bytes` as the verbs' one memory type: ``{"process": bytes}`` (a plan's memory model counts
+        what each iteration keeps, whichever thread holds it; :class:`autosched.results.PeakBytes`)."""
+        return PeakBytes({"process": self.peak_bytes}, "process")
 
     @property
     def mean_bytes(self) -> float:

@@ -1,10 +1,12 @@
 """Pipeline parallelism across ranks: PyTorch's schedules read, predicted, bounded and searched.
 
 ``torch.distributed.pipelining`` runs the schedules; this package reads them as data
-(:func:`pp_program`), predicts their step time, bubble and memory per rank on measured
-costs (:func:`pp_simulate`), bounds them (:func:`pp_lower_bounds`), answers what-if
-questions (:func:`pp_what_if`) and searches a better action order (:func:`search_pp`),
-which it writes as the compute-only CSV PyTorch's runtime loads.
+(:func:`pp_program`); the verbs every pipeline takes (:mod:`autosched.verbs`: ``simulate``,
+``lower_bounds``, ``what_if``, ``compare``, ``search``) predict their step time, bubble and
+memory per rank on measured costs, bound them, answer what-if questions and search a better
+action order, which :meth:`PPProgram.to_csv` writes as the compute-only CSV PyTorch's runtime loads.
+The verbs' names before (``pp_simulate``, ``pp_lower_bounds``, ``pp_what_if``, ``pp_compare``,
+``pp_search``) still work for one release and warn (``FutureWarning``).
 """
 
 from __future__ import annotations
@@ -28,25 +30,37 @@ _LAZY = {
     "measure_p2p": "costs",
     "split_module": "costs",
     "PPSimResult": "simulate",
-    "pp_simulate": "simulate",
     "PPBounds": "bounds",
-    "pp_lower_bounds": "bounds",
     "PPWhatIf": "whatif",
-    "pp_what_if": "whatif",
     "PPRow": "whatif",
     "PPComparison": "whatif",
-    "pp_compare": "whatif",
     "PPSearchResult": "search",
     "PPCandidate": "search",
-    "pp_search": "search",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
 }
 
 __all__ = sorted(_LAZY)
 
+#: the verbs' names before one set of verbs (autosched.verbs), kept one release: old name -> (module, new verb)
+RENAMED = {"pp_simulate": ("simulate", "simulate"), "pp_lower_bounds": ("bounds", "lower_bounds"),
+           "pp_what_if": ("whatif", "what_if"), "pp_compare": ("whatif", "compare"),
+           "pp_search": ("search", "search")}
+
+
+def renamed(name: str, package: str) -> Any:
+    """The old verb ``name`` of :data:`RENAMED`, with a ``FutureWarning`` naming the verb that replaces it."""
+    import warnings
+
+    module, new = RENAMED[name]
+    warnings.warn(f"{package}.{name} is replaced by swpipe.{new}, which takes a plan, a GPipe or a "
+                  f"pipeline-parallel program alike; use swpipe.{new}", FutureWarning, stacklevel=3)
+    return getattr(importlib.import_module(f"autosched.pp.{module}"), name)
+
 
 def __getattr__(name: str) -> Any:
+    if name in RENAMED:
+        return renamed(name, "autosched.pp")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'autosched.pp' has no attribute {name!r}")

@@ -50,6 +50,11 @@ class PPBounds:
     components: Tuple[Tuple[str, float], ...]
     min_peak_bytes: Dict[int, int]
 
+    @property
+    def period_s(self) -> float:
+        """:attr:`value`, the least step (the verbs' common name for a bound's time, :mod:`autosched.results`)."""
+        return self.value
+
     def summary(self) -> str:
         lines = [f"lower bound {self.value * 1e3:.3f} ms/step, binding: {self.binding}"]
         lines += [f"  {name:<24} {v * 1e3:9.3f} ms" for name, v in self.components]

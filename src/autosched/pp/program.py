@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from autosched._fields import schedule_name
 from autosched.pp import _torch
 
 __all__ = ["PPError", "PPScheduleError", "PPProgram", "parse_action", "pp_program", "builtin_programs",
@@ -476,7 +477,7 @@ def pp_program(schedule: str, n_ranks: int, n_microbatches: int, stages_per_rank
     _check_positive("n_ranks", n_ranks)
     _check_positive("n_microbatches", n_microbatches)
     known = _torch.available_schedules()
-    canonical = {k.lower(): k for k in known}.get(str(schedule).lower())
+    canonical = schedule_name(schedule, known)
     if canonical is None:
         raise PPError("unknown_schedule", "schedule", schedule, detail=f"one of {', '.join(known)}")
     single = _torch.schedule_is_single(canonical)

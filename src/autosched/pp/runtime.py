@@ -359,12 +359,13 @@ def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int) -> D
     import torch.distributed as dist
 
     from autosched.pp.search import pp_search
+    from autosched.search.options import Constraints, SolverOptions
 
     box: List[Any] = [None]
     if dist.get_rank() == 0:
         found = pp_search(costs[cfg.microbatches[0]], world, list(cfg.microbatches),
-                          memory_cap_bytes=cfg.memory_cap_bytes, costs_for_microbatches=costs,
-                          time_limit_s=cfg.time_limit_s)
+                          constraints=Constraints(max_memory_bytes=cfg.memory_cap_bytes), costs_for_microbatches=costs,
+                          solver=SolverOptions(time_limit_s=cfg.time_limit_s, cpsat_max_tasks=64))
         exp = found.exported
         box[0] = {"csv": exp.program.csv_text(), "n_mb": exp.program.n_microbatches,
                   "n_stages": exp.program.n_stages, "origin": exp.origin, "summary": found.summary(),

@@ -21,19 +21,22 @@ than the best seed that fits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
-from autosched._fields import byte_cap, check_arguments, integer, optional, time_limit
+from autosched._fields import check_arguments, integer
 from autosched.pp import _torch
 from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, builtin_program, program_from_order
 from autosched.pp.simulate import PPSimResult, simulate_checked
+from autosched.search.options import Constraints, SolverOptions, misplaced_option
 
 _T = TypeVar("_T")
 
@@ -67,7 +70,8 @@ class PPSearchResult:
         The lower bound of ``best``'s micro-batch count and layout.
     candidates : tuple of PPCandidate
         Every candidate scored, within the cap or not.
-    memory_cap_bytes : int or None
+    max_memory_bytes : int or None
+        The cap per rank searched under (``memory_cap_bytes``, its old name, still reads it and warns).
     cpsat_status : str
         CP-SAT's status per problem it solved ("" when none was small enough).
     cut : str
@@ -86,12 +90,56 @@ class PPSearchResult:
     exported: PPCandidate
     bound_s: float
     candidates: Tuple[PPCandidate, ...] = field(repr=False)
-    memory_cap_bytes: Optional[int] = None
+    max_memory_bytes: Optional[float] = None
     cpsat_status: str = ""
     cut: str = ""
     not_tried: Tuple[str, ...] = ()
     elapsed_s: float = 0.0
     time_limit_s: float = 0.0
+
+    @property
+    def memory_cap_bytes(self) -> Optional[float]:
+        """Deprecated: :attr:`max_memory_bytes` (one name for a memory cap); warns with ``FutureWarning``."""
+        warnings.warn("PPSearchResult.memory_cap_bytes is renamed max_memory_bytes; read .max_memory_bytes",
+                      FutureWarning, stacklevel=2)
+        return self.max_memory_bytes
+
+    # -- SearchReport's fields, where they mean the same (the verbs' one report, autosched.results) ---------------
+    @property
+    def program(self) -> PPProgram:
+        """``best.program``: what the search chose (a plan search's ``SearchReport.plan``)."""
+        return self.best.program
+
+    @property
+    def period_s(self) -> float:
+        """``best``'s predicted step (a step repeats once per step)."""
+        return self.best.result.step_s
+
+    @property
+    def lower_bound_s(self) -> float:
+        """:attr:`bound_s`."""
+        return self.bound_s
+
+    @property
+    def peak_bytes(self) -> int:
+        """``best``'s predicted peak on its fullest rank."""
+        return self.best.result.max_peak_bytes
+
+    @property
+    def method(self) -> str:
+        """Where ``best`` came from: ``"seed:<PyTorch's schedule>"``, ``"list"`` or ``"cpsat"``."""
+        origin = self.best.origin
+        if origin.startswith("PyTorch "):
+            return "seed:" + origin[len("PyTorch "):]
+        return "cpsat" if origin.startswith("cpsat") else "list"
+
+    @property
+    def status(self) -> str:
+        """As ``SearchReport.status``: ``"OPTIMAL"`` when ``best`` reaches the lower bound, ``"FEASIBLE"`` when
+        CP-SAT ran without that proof, ``"HEURISTIC"`` otherwise (PyTorch's schedules and the list scheduler)."""
+        if self.period_s <= self.bound_s * (1 + 1e-9):
+            return "OPTIMAL"
+        return "FEASIBLE" if self.cpsat_status else "HEURISTIC"
 
     @property
     def gain_over_seed(self) -> float:
@@ -102,7 +150,9 @@ class PPSearchResult:
 
     def summary(self) -> str:
         b = self.best
-        lines = [f"best: {b.origin} ({b.program.schedule}, {b.program.n_microbatches} micro-batches, "
+        lines = [f"search (pipeline-parallel, {self.status}): step {self.period_s * 1e3:.3f} ms, bound "
+                 f"{self.bound_s * 1e3:.3f} ms",
+                 f"best: {b.origin} ({b.program.schedule}, {b.program.n_microbatches} micro-batches, "
                  f"{b.program.n_stages} stages): {b.result.step_s * 1e3:.3f} ms predicted, "
                  f"peak {b.result.max_peak_bytes / 2**20:.2f} MiB, bound {self.bound_s * 1e3:.3f} ms"]
         if self.best_seed is not None:
@@ -424,12 +474,24 @@ def _score(origin: str, program: PPProgram, costs: PPCosts, deadline: _Deadline)
     return PPCandidate(origin, program, simulate_checked(program, costs, deadline.checker("simulate")), costs)
 
 
+#: the pipeline-parallel search's own defaults, as SolverOptions (its problems are small, its seeds good)
+PP_SOLVER = {"time_limit_s": 10.0, "cpsat_max_tasks": 64}
+
+
 def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
-              n_microbatches: Union[int, Sequence[int]], *, memory_cap_bytes: Optional[int] = None,
+              n_microbatches: Union[int, Sequence[int]], *, constraints: Optional[Constraints] = None,
+              solver: Optional[SolverOptions] = None,
               costs_for_microbatches: Optional[Mapping[int, Mapping[int, PPCosts]]] = None,
-              time_limit_s: float = 10.0, cpsat_max_actions: int = 64, use_cpsat: bool = True,
-              clock: Callable[[], float] = time.monotonic) -> PPSearchResult:
+              clock: Callable[[], float] = time.monotonic, **old: Any) -> PPSearchResult:
     """The fastest action order per rank (and micro-batch count) within a memory cap per rank.
+
+    The options are the plan search's (``auto_schedule``'s): ``constraints=Constraints(max_memory_bytes=...)``
+    (the cap per rank; the other constraints are a plan's and are not read here) and
+    ``solver=SolverOptions(time_limit_s=..., method=..., cpsat_max_tasks=...)`` (``method="beam"``: the list
+    scheduler alone, no CP-SAT; ``cpsat_max_tasks``: CP-SAT runs on a problem of at most this many compute
+    actions). Without ``solver`` the search takes 10 s and ``cpsat_max_tasks=64``. The keywords before them
+    (``memory_cap_bytes``, ``time_limit_s``, ``cpsat_max_actions``, ``use_cpsat``) are still taken for one release,
+    with a ``FutureWarning`` naming the option that replaces each.
 
     Parameters
     ----------
@@ -441,21 +503,19 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         The micro-batch counts to try, for the same batch: other counts than the one the
         costs were measured at are rescaled (:meth:`PPCosts.rescaled
         <autosched.pp.costs.PPCosts.rescaled>`) unless ``costs_for_microbatches`` has them.
-    memory_cap_bytes : int, optional
-        The most any rank may hold at its peak (as :func:`pp_simulate` predicts it).
-    costs_for_microbatches : dict, optional
-        ``{n_microbatches: {n_stages: PPCosts}}`` measured for each count.
-    time_limit_s : float
-        The whole search's limit, in seconds of ``clock``. The search tries PyTorch's
+    constraints : Constraints, optional
+        ``max_memory_bytes``: the most any rank may hold at its peak (as ``simulate`` predicts it).
+    solver : SolverOptions, optional
+        ``time_limit_s``: the whole search's limit, in seconds of ``clock``. The search tries PyTorch's
         schedules first, then the list scheduler's policies, then CP-SAT (which shares what
         is left); every stage reads the same deadline and the search stops once it has
         passed, returning the best found so far (``.cut`` says where it stopped,
         ``.not_tried`` what it left out). The clock starts once torch's pipelining package is
-        imported (a one-off cost of a process's first call).
-    cpsat_max_actions : int
-        CP-SAT runs when a problem has at most this many compute actions; beyond, the
-        list scheduler alone.
-    use_cpsat : bool
+        imported (a one-off cost of a process's first call). ``cpsat_max_tasks``: CP-SAT runs
+        when a problem has at most this many compute actions; beyond, the list scheduler alone.
+        ``method="beam"``: no CP-SAT.
+    costs_for_microbatches : dict, optional
+        ``{n_microbatches: {n_stages: PPCosts}}`` measured for each count.
     clock : callable
         Seconds, monotonic: what the time limit is read on (tests pass a fake clock).
 
@@ -466,21 +526,23 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split;
         ``rule="time_limit"`` when the limit passed before any schedule was scored.
     OptionError
-        ``time_limit_s`` or ``memory_cap_bytes`` not a finite number > 0 (the same rule as
-        ``SolverOptions.time_limit_s`` and ``Constraints.max_memory_bytes``).
+        An old keyword that is no option (its ``.home`` names the class of one that is).
 
     Examples
     --------
     >>> from swpipe.pp import PPCosts, StageCost
     >>> costs = PPCosts((StageCost(1.0, 2.0, 1.0, 1.0),) * 2)
-    >>> found = pp_search(costs, 2, 4, use_cpsat=False)
-    >>> found.best.result.step_s <= found.best_seed.result.step_s, found.cut
-    (True, '')
+    >>> from swpipe import SolverOptions
+    >>> found = pp_search(costs, 2, 4, solver=SolverOptions(method="beam"))
+    >>> found.best.result.step_s <= found.best_seed.result.step_s, found.cut, found.status
+    (True, '', 'OPTIMAL')
     """
-    check_arguments("pp_search", {"time_limit_s": (time_limit_s, time_limit()),
-                                  "memory_cap_bytes": (memory_cap_bytes, optional(byte_cap())),
-                                  "n_ranks": (n_ranks, integer(1)),
-                                  "cpsat_max_actions": (cpsat_max_actions, integer(0))})
+    constraints, solver = _options(constraints, solver, old)
+    memory_cap_bytes = constraints.max_memory_bytes
+    time_limit_s, cpsat_max_actions = solver.time_limit_s, solver.cpsat_max_tasks
+    use_cpsat = solver.method != "beam"
+    check_arguments("pp_search", {"n_ranks": (n_ranks, integer(1)),
+                                  })
     by_stages = {costs.n_stages: costs} if isinstance(costs, PPCosts) else dict(costs)
     counts = [n_microbatches] if isinstance(n_microbatches, int) else list(n_microbatches)
     if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
@@ -557,6 +619,33 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
                    _Ended(cut, not_tried, deadline.clock() - deadline.start, time_limit_s))
 
 
+#: pp_search's keywords before SolverOptions and Constraints: (the options class, its field, how a value maps)
+_OLD = {"memory_cap_bytes": ("Constraints", "max_memory_bytes", lambda v: v),
+        "time_limit_s": ("SolverOptions", "time_limit_s", lambda v: v),
+        "cpsat_max_actions": ("SolverOptions", "cpsat_max_tasks", lambda v: v),
+        "use_cpsat": ("SolverOptions", "method", lambda v: "auto" if v else "beam")}
+
+
+def _options(constraints: Optional[Constraints], solver: Optional[SolverOptions],
+             old: Mapping[str, Any]) -> Tuple[Constraints, SolverOptions]:
+    """The search's options: ``constraints`` and ``solver`` (default: :data:`PP_SOLVER`), with ``pp_search``'s
+    keywords from before them mapped on, each warned (``FutureWarning``) for one release."""
+    plan_side: Dict[str, Any] = {}
+    solver_side: Dict[str, Any] = dict(PP_SOLVER) if solver is None else {}
+    for name, value in old.items():
+        if name not in _OLD:
+            raise misplaced_option("pp_search", name, value)
+        home, field_name, mapped = _OLD[name]
+        warnings.warn(f"pp_search({name}=...) is replaced by {home}({field_name}=...): pass "
+                      f"{'constraints' if home == 'Constraints' else 'solver'}={home}({field_name}="
+                      f"{mapped(value)!r})", FutureWarning, stacklevel=3)
+        (plan_side if home == "Constraints" else solver_side)[field_name] = mapped(value)
+    constraints = dataclasses.replace(constraints or Constraints(), **plan_side) if plan_side else (
+        constraints or Constraints())
+    solver = dataclasses.replace(solver or SolverOptions(), **solver_side) if solver_side else solver
+    return constraints, solver
+
+
 def _order_is(order: Dict[int, List[str]], split: bool) -> bool:
     from autosched.pp.program import parse_action
 
@@ -601,7 +690,7 @@ class _Ended:
     time_limit_s: float
 
 
-def _choose(candidates: List[PPCandidate], cap: Optional[int], statuses: str, ended: _Ended) -> PPSearchResult:
+def _choose(candidates: List[PPCandidate], cap: Optional[float], statuses: str, ended: _Ended) -> PPSearchResult:
     def fits(c: PPCandidate) -> bool:
         return cap is None or c.result.max_peak_bytes <= cap
 
@@ -611,7 +700,7 @@ def _choose(candidates: List[PPCandidate], cap: Optional[int], statuses: str, en
     ok = [c for c in candidates if fits(c)]
     if not ok:
         least = min((c.result.max_peak_bytes for c in candidates), default=0)
-        raise PPError("memory_cap", "memory_cap_bytes", cap,
+        raise PPError("memory_cap", "max_memory_bytes", cap,
                       detail=f"no schedule found fits; the least predicted peak is {least} bytes")
     best = min(ok, key=key)
     seeds = [c for c in ok if c.origin.startswith("PyTorch ")]

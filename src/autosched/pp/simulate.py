@@ -29,9 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from swpipe_core.measure.trace import TimelineEvent
+
 from autosched.model.memcurve import MemoryChanges
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, parse_action, transfer_key, validate_program
+from autosched.results import PeakBytes
 
 __all__ = ["PPSimResult", "pp_simulate", "simulate_checked", "simulate_on_core", "TimelineEntry"]
 
@@ -72,6 +75,33 @@ class PPSimResult:
     peak_bytes: Dict[int, int]
     end_s: Dict[int, float]
     timeline: Tuple[TimelineEntry, ...] = field(default=(), repr=False)
+
+    @property
+    def period_s(self) -> float:
+        """:attr:`step_s`: a step repeats once per step (the verbs' common name, :mod:`autosched.results`)."""
+        return self.step_s
+
+    @property
+    def peak_bytes_by(self) -> PeakBytes:
+        """:attr:`peak_bytes` as the verbs' one memory type (:class:`autosched.results.PeakBytes`, per rank)."""
+        return PeakBytes(dict(self.peak_bytes), "rank")
+
+    @property
+    def events(self) -> List[TimelineEvent]:
+        """The timeline as :class:`~swpipe_core.measure.trace.TimelineEvent`: a track per rank (``"rank 0"``) for its
+        compute actions (task ``"F1"``: the action and its stage; iteration: the micro-batch), and one per
+        sending rank for its transfers (``"rank 0 sends"``). :func:`autosched.plots.gantt` draws it."""
+        out = []
+        for e in self.timeline:
+            stage, kind, mb = parse_action(e.action) if "SEND" not in e.action else (None, None, None)
+            if kind is None:  # a transfer: "<stage>SEND_<F|B><micro-batch>"
+                head, _, tail = e.action.partition("SEND_")
+                out.append(TimelineEvent(f"send {tail[0]}{head}", int(tail[1:]), f"rank {e.rank}",
+                                         f"rank {e.rank} sends", e.start_s, e.end_s, "device"))
+            else:
+                out.append(TimelineEvent(f"{kind}{stage}", -1 if mb is None else mb, f"rank {e.rank}", "default",
+                                         e.start_s, e.end_s))
+        return out
 
     @property
     def bubble_fraction(self) -> Dict[int, float]:

@@ -8,10 +8,11 @@ cap and which is fastest among those.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
-from autosched._fields import byte_cap, check_arguments, optional
+from autosched._fields import memory_cap
 from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, builtin_programs, pp_program
@@ -31,7 +32,8 @@ class PPWhatIf:
     before, after : PPSimResult
     before_bound_s, after_bound_s : float
         :func:`~autosched.pp.bounds.pp_lower_bounds` of each.
-    memory_cap_bytes : int or None
+    max_memory_bytes : float or None
+        The cap per rank (``memory_cap_bytes``, its old name, still reads it and warns).
     """
 
     change: str
@@ -39,7 +41,14 @@ class PPWhatIf:
     after: PPSimResult
     before_bound_s: float
     after_bound_s: float
-    memory_cap_bytes: Optional[int] = None
+    max_memory_bytes: Optional[float] = None
+
+    @property
+    def memory_cap_bytes(self) -> Optional[float]:
+        """Deprecated: :attr:`max_memory_bytes` (one name for a memory cap); warns with ``FutureWarning``."""
+        warnings.warn("PPWhatIf.memory_cap_bytes is renamed max_memory_bytes; read .max_memory_bytes", FutureWarning,
+                      stacklevel=2)
+        return self.max_memory_bytes
 
     @property
     def speedup(self) -> float:
@@ -49,9 +58,9 @@ class PPWhatIf:
     @property
     def over_cap_ranks(self) -> Dict[int, int]:
         """After the change, the ranks whose predicted peak exceeds the cap, with that peak."""
-        if self.memory_cap_bytes is None:
+        if self.max_memory_bytes is None:
             return {}
-        return {r: p for r, p in self.after.peak_bytes.items() if p > self.memory_cap_bytes}
+        return {r: p for r, p in self.after.peak_bytes.items() if p > self.max_memory_bytes}
 
     @property
     def fits_cap(self) -> bool:
@@ -63,15 +72,15 @@ class PPWhatIf:
                     f"{max(res.bubble_fraction.values()):.0%}, peak {res.max_peak_bytes / 2**20:.2f} MiB")
         out = [f"{self.before.schedule}: {self.change}", line("before", self.before, self.before_bound_s),
                line("after", self.after, self.after_bound_s), f"  speedup {self.speedup:.2f}x"]
-        if self.memory_cap_bytes is not None:
-            out.append(f"  cap {self.memory_cap_bytes / 2**20:.0f} MiB per rank: "
+        if self.max_memory_bytes is not None:
+            out.append(f"  cap {self.max_memory_bytes / 2**20:.0f} MiB per rank: "
                        + ("fits" if self.fits_cap else f"over on ranks {sorted(self.over_cap_ranks)}"))
         return "\n".join(out)
 
 
 def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[int] = None,
-               stage_factors: Optional[Mapping[int, float]] = None, memory_cap_bytes: Optional[int] = None,
-               same_global_batch: bool = True) -> PPWhatIf:
+               stage_factors: Optional[Mapping[int, float]] = None, max_memory_bytes: Optional[float] = None,
+               same_global_batch: bool = True, memory_cap_bytes: Optional[float] = None) -> PPWhatIf:
     """``program`` predicted before and after a change of micro-batches, stage speed or memory cap.
 
     Parameters
@@ -84,8 +93,9 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
         Run the same schedule with this many micro-batches.
     stage_factors : dict, optional
         ``{stage: factor}`` multiplying that stage's times (``0.5``: twice as fast).
-    memory_cap_bytes : int, optional
-        A cap per rank: the result says which ranks exceed it after the change.
+    max_memory_bytes : float, optional
+        A cap per rank: the result says which ranks exceed it after the change
+        (``memory_cap_bytes``, its old name, is taken for one release with a ``FutureWarning``).
     same_global_batch : bool
         With ``n_microbatches``: keep the batch and shrink the micro-batch, scaling the
         costs by :meth:`PPCosts.rescaled <autosched.pp.costs.PPCosts.rescaled>` (needs
@@ -94,17 +104,17 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
     Raises
     ------
     OptionError
-        ``memory_cap_bytes`` not a finite number > 0 (the rule of every search's cap).
+        ``max_memory_bytes`` not a finite number > 0 (the rule of every search's cap).
 
     Examples
     --------
     >>> from swpipe.pp import PPCosts, StageCost
     >>> costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100),) * 2, samples_per_microbatch=8)
-    >>> w = pp_what_if(pp_program("GPipe", 2, 4), costs, n_microbatches=8, memory_cap_bytes=300)
+    >>> w = pp_what_if(pp_program("GPipe", 2, 4), costs, n_microbatches=8, max_memory_bytes=300)
     >>> round(w.after.step_s, 3), w.after.peak_bytes[0], w.fits_cap
     (13.5, 400, False)
     """
-    check_arguments("pp_what_if", {"memory_cap_bytes": (memory_cap_bytes, optional(byte_cap()))})
+    max_memory_bytes = memory_cap("pp_what_if", max_memory_bytes, "memory_cap_bytes", memory_cap_bytes)
     changes = []
     after_costs = costs
     after_program = program
@@ -126,14 +136,14 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
                            f"{program.n_microbatches}")
         else:
             changes.append(f"{n_microbatches} micro-batches instead of {program.n_microbatches} (a larger batch)")
-    if memory_cap_bytes is not None:
-        changes.append(f"cap {memory_cap_bytes} bytes per rank")
+    if max_memory_bytes is not None:
+        changes.append(f"cap {max_memory_bytes:g} bytes per rank")
     before = pp_simulate(program, costs)
     after = pp_simulate(after_program, after_costs)
     return PPWhatIf("; ".join(changes) or "no change", before, after,
                     pp_lower_bounds(costs, program.n_microbatches, program.stage_to_rank).value,
                     pp_lower_bounds(after_costs, after_program.n_microbatches, after_program.stage_to_rank).value,
-                    memory_cap_bytes)
+                    max_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -192,7 +202,8 @@ class PPComparison:
 
 
 def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_microbatches: int,
-               memory_cap_bytes: Optional[int] = None, programs: Sequence[PPProgram] = ()) -> PPComparison:
+               max_memory_bytes: Optional[float] = None, programs: Sequence[PPProgram] = (), *,
+               memory_cap_bytes: Optional[float] = None) -> PPComparison:
     """Every PyTorch schedule (and ``programs``) predicted on the same model; the best that fits marked.
 
     Parameters
@@ -203,7 +214,8 @@ def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_mic
         split measured (GPipe and 1F1B run ``n_ranks`` stages, the others ``2 * n_ranks``).
         A schedule whose split has no costs is left out, and ``.skipped`` says so.
     n_ranks, n_microbatches : int
-    memory_cap_bytes : int, optional
+    max_memory_bytes : float, optional
+        The cap per rank (``memory_cap_bytes``, its old name, is taken for one release with a ``FutureWarning``).
     programs : sequence of PPProgram
         More programs (e.g. searched) to rank beside them.
 
@@ -217,7 +229,7 @@ def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_mic
     PPError
         ``rule="bad_value"``, ``field="costs"`` for costs neither a PPCosts nor a dict of them.
     OptionError
-        ``memory_cap_bytes`` not a finite number > 0.
+        ``max_memory_bytes`` not a finite number > 0.
 
     Examples
     --------
@@ -228,7 +240,7 @@ def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_mic
     >>> found.skipped["ZBVZeroBubble"]
     'no costs for its 4 stages (costs given for 2)'
     """
-    check_arguments("pp_compare", {"memory_cap_bytes": (memory_cap_bytes, optional(byte_cap()))})
+    max_memory_bytes = memory_cap("pp_compare", max_memory_bytes, "memory_cap_bytes", memory_cap_bytes)
     if isinstance(costs, PPCosts):
         by_stages: Dict[int, PPCosts] = {costs.n_stages: costs}
     elif isinstance(costs, Mapping) and all(isinstance(c, PPCosts) for c in costs.values()):
@@ -247,7 +259,7 @@ def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_mic
             skipped[p.schedule] = f"no costs for its {p.n_stages} stages (costs given for {given})"
             continue
         res = pp_simulate(p, c)
-        fits = memory_cap_bytes is None or res.max_peak_bytes <= memory_cap_bytes
+        fits = max_memory_bytes is None or res.max_peak_bytes <= max_memory_bytes
         rows.append(PPRow(p.schedule, p.n_microbatches, p.n_stages, res.step_s,
                           pp_lower_bounds(c, p.n_microbatches, p.stage_to_rank).value,
                           max(res.bubble_fraction.values()), res.max_peak_bytes, fits, False))

@@ -101,6 +101,11 @@ class Bounds:
     components: Tuple[Tuple[str, float, str], ...]
     memory: Any = None
 
+    @property
+    def period_s(self) -> float:
+        """:attr:`value`, the least period (the verbs' common name for a bound's time, :mod:`autosched.results`)."""
+        return self.value
+
     def summary(self) -> str:
         """One line per bound, the binding one marked."""
         lines = [f"lower bound {self.value * 1e3:.3f} ms/iter, binding: {self.binding}"]

@@ -17,7 +17,7 @@ from swpipe.gpipe.microbatch import Tensors, batch_size, check, gather, scatter
 from swpipe.gpipe.partition import (check_balance, check_checkpoint, check_chunks, check_timeout, resolve_devices,
                                     split_module, verify_module)
 from swpipe.gpipe.runtime import Call, MicroBatch, TorchOps
-from swpipe.gpipe.schedule import (SCHEDULES, TASK_KINDS, GPipePlan, bind, forward_plan, placements, step_plan,
+from swpipe.gpipe.schedule import (TASK_KINDS, check_schedule, GPipePlan, bind, forward_plan, placements, step_plan,
                                    task_partition)
 from swpipe.gpipe.skip.layout import skip_routes, verify_skippables
 from swpipe.gpipe.state import ModuleState
@@ -61,8 +61,9 @@ class GPipe(nn.Module):
     deferred_batch_norm : bool
         Replace batch norm layers with :class:`~swpipe.gpipe.batchnorm.DeferredBatchNorm`
         (running statistics over the whole mini-batch).
-    schedule : {"gpipe", "1f1b"}
-        The schedule of :meth:`step`.
+    schedule : {"GPipe", "1F1B"}
+        The schedule of :meth:`step`, spelt as PyTorch's; any case (``"1f1b"``) is taken, and
+        ``gpipe.schedule`` reads PyTorch's spelling.
     timeout_s : float
         Seconds a partition may take over one micro-batch (its forward, its
         backward, a copy) and wait for another's; past it the run stops with
@@ -98,15 +99,14 @@ class GPipe(nn.Module):
 
     def __init__(self, module: nn.Sequential, balance: Optional[Iterable[int]] = None, *,
                  devices: Optional[Iterable[Any]] = None, chunks: int = 1, checkpoint: str = "except_last",
-                 deferred_batch_norm: bool = False, schedule: str = "gpipe", timeout_s: float = 300.0) -> None:
+                 deferred_batch_norm: bool = False, schedule: str = "GPipe", timeout_s: float = 300.0) -> None:
         super().__init__()
         if balance is None:
             check_balance(module if isinstance(module, nn.Sequential) else nn.Sequential(), None)
         chunks = check_chunks(chunks)
         checkpoint = check_checkpoint(checkpoint)
         timeout_s = check_timeout(timeout_s)
-        if schedule not in SCHEDULES:
-            raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}", "give 'gpipe' or '1f1b'")
+        schedule = check_schedule(schedule)
         verify_module(module)
         verify_skippables(module)
         balance = check_balance(module, balance)
@@ -176,7 +176,7 @@ class GPipe(nn.Module):
 
     def _pipe(self, kind: str, microbatches: int) -> SWPipeline:
         timeout_s = check_timeout(self.timeout_s)
-        key = (kind, microbatches if kind == "gpipe" else 0, bool(self.record_timeline), timeout_s)
+        key = (kind, microbatches if kind == "GPipe" else 0, bool(self.record_timeline), timeout_s)
         pipe = self._pipes.get(key)
         if pipe is None:
             plan = (forward_plan(self._places, self._routes, microbatches) if kind == "forward"
@@ -207,8 +207,8 @@ class GPipe(nn.Module):
         return self._last.timeline
 
     def pipeline(self, kind: str = "forward", microbatches: Optional[int] = None) -> SWPipeline:
-        """The engine's pipeline that runs ``kind`` (``"forward"``, ``"gpipe"``, ``"1f1b"``) over ``microbatches``."""
-        return self._pipe(kind, microbatches or self.chunks)
+        """The engine's pipeline that runs ``kind`` (``"forward"``, ``"GPipe"``, ``"1F1B"``) over ``microbatches``."""
+        return self._pipe(kind if kind == "forward" else check_schedule(kind), microbatches or self.chunks)
 
     # -- running -----------------------------------------------------------------------------------------------
     def _checkpoint_stop(self, m: int) -> int:
@@ -338,6 +338,6 @@ class GPipe(nn.Module):
         m = len(microbatches)
         call = Call(microbatches, grad=True, inference=False, checkpoint_stop=self._checkpoint_stop(m),
                     seed=self._seed(m), step=True, targets=targets, loss_fn=loss_fn, weights=weights, meter=meter)
-        self._run(self._pipe(self.schedule, m), call)
+        self._run(self._pipe(check_schedule(self.schedule), m), call)
         losses = call.losses
         return torch.stack(losses).sum() if len(losses) > 1 else losses[0]

@@ -51,7 +51,7 @@ from swpipe.gpipe.balance.partition import optimal_balance
 from swpipe.gpipe.balance.profile import LayerProfile
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.partition import CHECKPOINT_MODES
-from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, step_plan, task_partition
+from swpipe.gpipe.schedule import SCHEDULES, GPipePlan, Placement, check_schedule, step_plan, task_partition
 
 __all__ = ["LayerModel", "StepPrediction", "CheckedSlowdown", "CORUN", "micro_batch", "step_costs", "overlap_shares",
            "corun_costs", "predict_step", "what_if", "choose", "format_table", "activation_peaks"]
@@ -340,6 +340,29 @@ class StepPrediction:
     checked: Optional[CheckedSlowdown] = field(repr=False, default=None)
     decision: Optional[CorrectionDecision] = field(repr=False, default=None)
 
+    @property
+    def period_s(self) -> float:
+        """:attr:`step_s`: a step repeats once per step (the verbs' common name, :mod:`autosched.results`)."""
+        return self.step_s
+
+    @property
+    def peak_bytes_by(self) -> Any:
+        """:attr:`activation_by` as the verbs' one memory type (:class:`autosched.results.PeakBytes`, per partition)."""
+        from autosched.results import PeakBytes
+
+        return PeakBytes(dict(enumerate(self.activation_by)), "partition")
+
+    @property
+    def events(self) -> List[Any]:
+        """The simulated step's timeline (``sim.events``), a track per partition's thread: what ``gantt`` draws."""
+        return list(self.sim.events) if self.sim is not None else []
+
+    def summary(self) -> str:
+        """One line: the step, its bound, bubble and activation bytes."""
+        return (f"{self.schedule} step, balance {list(self.balance)}, {self.chunks} chunks, checkpoint "
+                f"{self.checkpoint}: {self.step_s * 1e3:.3f} ms (bound {self.bound_s * 1e3:.3f}), bubble "
+                f"{self.bubble:.0%}, activations {self.activation_bytes / 2**20:.2f} MiB")
+
     def row(self) -> Dict[str, Any]:
         """The figures as one table row."""
         return {"schedule": self.schedule, "balance": list(self.balance), "chunks": self.chunks,
@@ -421,7 +444,7 @@ def activation_peaks(events: Iterable[Any], saved: Sequence[float], inputs: Opti
 
 
 def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks: int,
-                 checkpoint: str = "except_last", schedule: str = "gpipe", *,
+                 checkpoint: str = "except_last", schedule: str = "GPipe", *,
                  places: Optional[Sequence[Placement]] = None, cores: Optional[int] = None,
                  slowdown: Union[Mapping[str, float], CheckedSlowdown, None] = None) -> StepPrediction:
     """Predict one training step: its time, bubble and activation memory.
@@ -435,7 +458,8 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
         Samples per mini-batch.
     chunks : int
     checkpoint : {"always", "except_last", "never"}
-    schedule : {"gpipe", "1f1b"}
+    schedule : {"GPipe", "1F1B"}
+        PyTorch's spelling, any case.
     places : sequence of Placement, optional
         The partitions' placements (default: a thread per partition on the CPU).
     cores : int, optional
@@ -462,7 +486,7 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
     >>> p = predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never")
     >>> round(p.step_s, 6), round(p.bubble, 3), p.activation_by
     (0.015, 0.2, [400.0, 400.0])
-    >>> predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never", schedule="1f1b").activation_by
+    >>> predict_step(layers, [1, 1], batch=4, chunks=4, checkpoint="never", schedule="1F1B").activation_by
     [200.0, 100.0]
     """
     from autosched.model.simulate import simulate
@@ -473,8 +497,7 @@ def predict_step(layers: LayerModel, balance: Sequence[int], batch: int, chunks:
                                  "layers", "give layers per partition")
     if checkpoint not in CHECKPOINT_MODES:
         raise GPipeArgumentError("checkpoint", checkpoint, f"not one of {CHECKPOINT_MODES}")
-    if schedule not in SCHEDULES:
-        raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}")
+    schedule = check_schedule(schedule)
     m = min(chunks, batch)
     checked, decision = (slowdown, slowdown.decision(micro_batch(batch, m))) \
         if isinstance(slowdown, CheckedSlowdown) else (None, None)
@@ -524,12 +547,15 @@ def what_if(base: StepPrediction, layers: LayerModel, changes: Iterable[Dict[str
     return out
 
 
-def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes: Optional[float] = None,
+def choose(layers: LayerModel, partitions: int, batch: int, max_memory_bytes: Optional[float] = None,
            chunks: Iterable[int] = (1, 2, 4, 8, 16, 32), checkpoints: Iterable[str] = CHECKPOINT_MODES,
            schedules: Iterable[str] = SCHEDULES, *,
-           slowdown: Union[Mapping[str, float], CheckedSlowdown, None] = None
-           ) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
-    """The fastest predicted step whose activations fit ``max_activation_bytes``: balance, chunks, checkpoint, schedule.
+           slowdown: Union[Mapping[str, float], CheckedSlowdown, None] = None,
+           max_activation_bytes: Optional[float] = None) -> Tuple[Optional[StepPrediction], List[StepPrediction]]:
+    """The fastest predicted step whose activations fit ``max_memory_bytes``: balance, chunks, checkpoint, schedule.
+
+    ``max_memory_bytes`` caps the step's peak activation bytes, all partitions together
+    (``max_activation_bytes``, its old name, is taken for one release with a ``FutureWarning``).
 
     The balance for each chunk count is the optimum of the layers' time at
     that micro-batch size (:func:`~swpipe.gpipe.balance.optimal_balance`);
@@ -542,6 +568,9 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
     (StepPrediction or None, list of StepPrediction)
         The choice (``None`` if nothing fits the cap) and every candidate, fastest first.
     """
+    from autosched._fields import memory_cap
+
+    max_memory_bytes = memory_cap("choose", max_memory_bytes, "max_activation_bytes", max_activation_bytes)
     candidates = []
     for c in sorted(set(min(int(k), batch) for k in chunks)):
         at = layers.at(micro_batch(batch, c))
@@ -550,7 +579,7 @@ def choose(layers: LayerModel, partitions: int, batch: int, max_activation_bytes
             for sched in schedules:
                 candidates.append(predict_step(layers, balance, batch, c, ck, sched, slowdown=slowdown))
     candidates.sort(key=lambda p: (p.step_s, p.activation_bytes))
-    fits = [p for p in candidates if max_activation_bytes is None or p.activation_bytes <= max_activation_bytes]
+    fits = [p for p in candidates if max_memory_bytes is None or p.activation_bytes <= max_memory_bytes]
     return (fits[0] if fits else None), candidates
 
 

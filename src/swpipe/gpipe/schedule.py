@@ -15,11 +15,11 @@ on CUDA one per device. Three schedules:
 
 * :func:`forward_plan`: ``F<j>`` at stage ``j``; period ``k`` runs
   micro-batch ``k - j`` on partition ``j``: GPipe's clock cycles.
-* :func:`step_plan` ``"gpipe"``: every forward, then every backward (fill,
+* :func:`step_plan` ``"GPipe"``: every forward, then every backward (fill,
   drain): ``B<j>`` at stage ``m + 2n - 3 - j`` for ``m`` micro-batches and
   ``n`` partitions, so on each thread the first backward follows the last
   forward.
-* :func:`step_plan` ``"1f1b"``: ``F<j>`` at stage 0, ``B<j>`` at stage
+* :func:`step_plan` ``"1F1B"``: ``F<j>`` at stage 0, ``B<j>`` at stage
   ``n - 1 - j``: after a warm-up each partition alternates one forward and
   one backward and holds the activations of at most ``n - j`` micro-batches.
 
@@ -37,11 +37,11 @@ from swpipe_core.plan import PipelinePlan, TaskSchedule
 
 from swpipe.gpipe.skip.layout import SkipRoutes
 
-__all__ = ["SCHEDULES", "TASK_KINDS", "Placement", "placements", "GPipePlan", "forward_plan", "step_plan",
-           "task_partition", "bind"]
+__all__ = ["SCHEDULES", "check_schedule", "TASK_KINDS", "Placement", "placements", "GPipePlan", "forward_plan",
+           "step_plan", "task_partition", "bind"]
 
-#: The training-step schedules.
-SCHEDULES = ("gpipe", "1f1b")
+#: The training-step schedules, spelt as PyTorch's (``torch.distributed.pipelining``); any case is taken.
+SCHEDULES = ("GPipe", "1F1B")
 
 #: What each kind of task does to its partition, in words (errors name it).
 TASK_KINDS = {"F": "forward", "B": "backward", "C": "copy", "G": "gradient copy"}
@@ -78,7 +78,7 @@ class GPipePlan(PipelinePlan):
     microbatches : int
         Micro-batches a run of it has (the table's columns).
     kind : str
-        ``"forward"``, ``"gpipe"`` or ``"1f1b"``.
+        ``"forward"``, ``"GPipe"`` or ``"1F1B"``.
     """
 
     microbatches: int = 1
@@ -105,8 +105,8 @@ def format_clock(plan: "GPipePlan") -> str:
     """
     from swpipe_core.walk import PeriodWalk
 
-    title = {"forward": "GPipe forward", "gpipe": "GPipe training step (fill, drain)",
-             "1f1b": "1F1B training step"}[plan.kind]
+    title = {"forward": "GPipe forward", "GPipe": "GPipe training step (fill, drain)",
+             "1F1B": "1F1B training step"}[plan.kind]
     cells: Dict[str, Dict[int, str]] = {name: {} for name in plan.task_names}
     periods = []
     for period, steps in PeriodWalk(plan).periods(plan.microbatches):
@@ -252,32 +252,52 @@ def step_plan(places: Sequence[Placement], schedule: str, microbatches: int,
     Parameters
     ----------
     places : sequence of Placement
-    schedule : {"gpipe", "1f1b"}
+    schedule : {"GPipe", "1F1B"}
+        Any case (:func:`check_schedule`).
     microbatches : int
-        ``m``; the ``"gpipe"`` plan's backward stages depend on it.
+        ``m``; the ``"GPipe"`` plan's backward stages depend on it.
     routes : SkipRoutes, optional
 
     Examples
     --------
     >>> two = [Placement("cpu", "p0"), Placement("cpu", "p1")]
-    >>> {t: step_plan(two, "1f1b", 4).stage(t) for t in ("F0", "F1", "B1", "B0")}
+    >>> {t: step_plan(two, "1F1B", 4).stage(t) for t in ("F0", "F1", "B1", "B0")}
     {'F0': 0, 'F1': 0, 'B1': 0, 'B0': 1}
-    >>> {t: step_plan(two, "gpipe", 4).stage(t) for t in ("F0", "F1", "B1", "B0")}
+    >>> {t: step_plan(two, "GPipe", 4).stage(t) for t in ("F0", "F1", "B1", "B0")}
     {'F0': 0, 'F1': 1, 'B1': 4, 'B0': 5}
     """
     n, m = len(places), microbatches
     b = _Builder(places, routes or SkipRoutes())
-    if schedule == "gpipe":
+    schedule = check_schedule(schedule)
+    if schedule == "GPipe":
         b.forward(lambda j: j)
         b.backward(lambda j: m + 2 * n - 3 - j)
-    elif schedule == "1f1b":
+    else:
         b.forward(lambda j: 0)
         b.backward(lambda j: n - 1 - j)
-    else:
-        from swpipe.gpipe.errors import GPipeArgumentError
-
-        raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}", "give 'gpipe' or '1f1b'")
     return b.plan(m, schedule)
+
+
+def check_schedule(schedule: str) -> str:
+    """``schedule`` spelt as PyTorch spells it (``"GPipe"``, ``"1F1B"``), whatever its case.
+
+    Raises
+    ------
+    GPipeArgumentError
+        ``argument="schedule"`` for another name.
+
+    Examples
+    --------
+    >>> check_schedule("1f1b"), check_schedule("gpipe")
+    ('1F1B', 'GPipe')
+    """
+    from autosched._fields import schedule_name
+    from swpipe.gpipe.errors import GPipeArgumentError
+
+    canonical = schedule_name(schedule, SCHEDULES)
+    if canonical is None:
+        raise GPipeArgumentError("schedule", schedule, f"not one of {SCHEDULES}", "give 'GPipe' or '1F1B' (any case)")
+    return canonical
 
 
 def bind(plan: PipelinePlan, ops: Mapping[str, Callable[[int, Any], None]]) -> PipelinePlan:
