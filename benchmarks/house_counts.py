@@ -9,7 +9,7 @@ count                          what is counted                                  
                                comparing with (``in``, ``==``, ``startswith``) a string literal of two
                                or more words, and a ``pytest.raises``/``pytest.warns(match=...)`` whose
                                pattern holds two or more words
-``private_accesses``           lines in ``tests/`` that read a private attribute (``obj._x``,           10
+``private_accesses``           lines in ``tests/`` that read a private attribute (``obj._x``,           11
                                ``getattr(obj, "_x")``) or import a private name or module
                                (``from x import _y``, ``from x._y import z``), outside comments
 ``multi_base_classes``         classes under ``src/`` with more than one base defined in the project      0
@@ -50,7 +50,7 @@ TESTS = ROOT / "tests"
 PACKAGES = ("swpipe", "swpipe_core", "autosched")
 OPTION_CLASSES = {"Constraints", "SolverOptions", "VerifyOptions", "DropInOptions", "AutoOptions"}
 DEMO_MODULES = ("swpipe/workloads/", "swpipe/commands/", "swpipe/cli.py", "swpipe/__main__.py")
-LIMITS = {"prose_matches": 20, "private_accesses": 10, "multi_base_classes": 0, "wide_public_functions": 0,
+LIMITS = {"prose_matches": 20, "private_accesses": 11, "multi_base_classes": 0, "wide_public_functions": 0,
           "single_letter_options": 0, "workloads_imports": 0, "dir_not_all": 0}
 MAX_PARAMETERS = 8
 # a word: letters (an apostrophe or hyphen inside), once punctuation around it is stripped; a quoted name is no word
