@@ -13,14 +13,16 @@ adds what its dry run lacks (time, transfers, memory):
   :class:`P2PCost`, :class:`PPCosts`, :func:`split_module`, :class:`LiveTensorBytes`;
 * the prediction: :func:`pp_simulate` (step, bubble and peak memory per rank),
   :func:`pp_lower_bounds`, :func:`pp_what_if`, :func:`pp_compare` (a :class:`PPComparison`);
-* the search: :func:`pp_search` (CP-SAT and list scheduling, seeded with PyTorch's schedules);
+* the search: :func:`pp_search` (CP-SAT and list scheduling, seeded with PyTorch's schedules;
+  :class:`PPCpsatRun`: one CP-SAT problem, its status and its model's makespan);
 * errors: :class:`PPError` (``.rule``, ``.field``, ``.value``, ``.schedule``),
   :class:`PPScheduleError` (a schedule the runtime would not run through: ``.rule``, ``.rank``,
   ``.action``, ``.step``, ``.fix``), :class:`PPTorchError` (a torch without the helpers read); a
   cost, time limit or cap out of range is an ``OptionError`` naming the field.
 
 ``swpipe pp`` runs every schedule and a searched one under ``torchrun`` and prints the
-prediction beside the measurement.
+prediction beside the measurement, on the built-in model or yours (``--model pkg.module:factory``:
+a factory returning a :class:`PPModel`).
 
 Examples
 --------
@@ -33,13 +35,14 @@ Examples
 
 from __future__ import annotations
 
-from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPError, PPProgram,
+from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCpsatRun, PPCosts, PPError, PPProgram,
                           PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, StageCost,
                           builtin_programs, measure_p2p, measure_stage_costs, pp_compare, pp_lower_bounds, pp_program,
                           pp_search, pp_simulate, pp_what_if, program_from_order, read_csv, split_module,
                           validate_program)
+from swpipe.commands.pp_model import PPModel
 
-__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPError", "PPProgram",
+__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCpsatRun", "PPModel", "PPCosts", "PPError", "PPProgram",
            "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
            "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_compare", "pp_lower_bounds", "pp_program",
            "pp_search", "pp_simulate", "pp_what_if", "program_from_order", "read_csv", "split_module",

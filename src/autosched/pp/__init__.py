@@ -38,6 +38,7 @@ _LAZY = {
     "pp_compare": "whatif",
     "PPSearchResult": "search",
     "PPCandidate": "search",
+    "PPCpsatRun": "search",
     "pp_search": "search",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
