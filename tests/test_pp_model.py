@@ -10,8 +10,8 @@ report by hand and reads the printed table and summary back.
 from __future__ import annotations
 
 import json
-import textwrap
-from typing import Dict, List
+import sys
+from typing import Dict, Iterator, List
 
 import pytest
 
@@ -75,11 +75,13 @@ NOT_CALLABLE = 3
 
 
 @pytest.fixture
-def factories(tmp_path, monkeypatch) -> str:
-    """The module's name, importable here (and, through the command, on the ranks)."""
+def factories(tmp_path, monkeypatch) -> Iterator[str]:
+    """The module's name, importable here (and, through the command, on the ranks); imported afresh from this
+    test's folder (the command reads where it was imported from)."""
     (tmp_path / "swpipe_pp_user_models.py").write_text(_FACTORIES)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return "swpipe_pp_user_models"
+    yield "swpipe_pp_user_models"
+    sys.modules.pop("swpipe_pp_user_models", None)
 
 
 @pytest.fixture
@@ -151,7 +153,7 @@ def _unsplit_losses(spec: str, n_mb: int, n_steps: int) -> List[float]:
         loss = sum(model.loss_fn(whole(x), y) for x, y in zip(xs, ys)) / n_mb
         loss.backward()
         opt.step()
-        out.append(float(loss))
+        out.append(float(loss.detach()))
     return out
 
 

@@ -105,7 +105,7 @@ def _reference_losses(cfg: PPRunConfig, n_mb: int, n_steps: int) -> List[float]:
         total = sum(model.loss_fn(whole(x), y) for x, y in zip(xs, ys)) / n_mb
         total.backward()
         opt.step()
-        out.append(float(total))
+        out.append(float(total.detach()))
     return out
 
 

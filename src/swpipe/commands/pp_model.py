@@ -149,7 +149,7 @@ class PPModel:
         >>> sorted(programs), refused["Interleaved1F1B"]
         (['1F1B', 'GPipe'], 'its 4 stages: the model has 2 children to cut between')
         """
-        from swpipe.pp import builtin_programs
+        from autosched.pp import builtin_programs
 
         programs, refused = builtin_programs(n_ranks, n_microbatches)
         counts = self.stage_counts(n_ranks)
@@ -163,7 +163,7 @@ class PPModel:
         """The model as ``n_stages`` modules, in order (they share this object's parameters)."""
         import torch
 
-        from swpipe.pp import split_module
+        from autosched.pp import split_module  # swpipe.pp exports PPModel: its own names from below it
 
         if (self.stages is not None or self.split_points is not None) and n_stages != self._fixed():
             raise ValueError(f"the model is cut into {self._fixed()} stages, not {n_stages}")
