@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    from autosched.pp.program import PPError, pp_program
+    from swpipe.pp import PPError, pp_program
 
     try:
         program = pp_program(args.grid, args.ranks, args.microbatches[0])
