@@ -3,7 +3,7 @@
     python benchmarks/pp.py                          # 2 ranks, 4 and 8 micro-batches, every schedule + searched
     python benchmarks/pp.py --ranks 2 --microbatches 4 --steps 6 --json out.json
 
-One ``torchrun`` job (``autosched.pp.runtime.launch``: gloo on the loopback, one torch
+One ``torchrun`` job (``swpipe.commands.pp_launch.launch``: gloo on the loopback, one torch
 thread per rank) trains the same staged model (``--depth`` blocks of Linear + Tanh) with
 every PyTorch schedule and the one swpipe searched, in interleaved rounds, and prints:
 
@@ -35,7 +35,9 @@ from typing import Any, Dict, List, Optional
 
 from autosched.pp import _torch
 from autosched.pp.program import PPError, builtin_programs, pp_program
-from autosched.pp.runtime import PPRunConfig, format_table, launch
+from swpipe.commands.pp import format_table
+from swpipe.commands.pp_job import PPRunConfig
+from swpipe.commands.pp_launch import launch
 
 
 def _spearman(a: List[float], b: List[float]) -> float:
@@ -170,7 +172,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         with open(args.report) as f:
             report = json.load(f)
     else:
-        cfg = PPRunConfig(width=args.width, depth=args.depth, batch=args.batch,
+        cfg = PPRunConfig(model_options={"width": args.width, "depth": args.depth, "batch": args.batch},
                           microbatches=tuple(int(v) for v in args.microbatches.split(",")),
                           steps=args.steps, warmup=args.warmup, time_limit_s=args.time_limit)
         report = launch(cfg, args.ranks, timeout_s=1800)

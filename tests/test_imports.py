@@ -110,3 +110,15 @@ def test_the_import_check_sees_every_way_of_importing_the_demo():
     assert demo_imports("import importlib\nimportlib.import_module('examples.custom_plan')", "autosched.x") == [
         "examples.custom_plan"]
     assert demo_imports("import swpipe_core.plan\nfrom autosched.model import costs", "swpipe.torchrec.x") == []
+
+
+def test_the_library_holds_no_benchmark_job():
+    """swpipe pp's torchrun job (issue 46 item 5) lives with the command: no library module starts torchrun or
+    imports a command."""
+    files = _library_files()
+    starts = [str(p.relative_to(SRC)) for p in files if "torch.distributed.run" in p.read_text(encoding="utf-8")]
+    commands = {str(p.relative_to(SRC)): [m for m in imported_modules(p.read_text(encoding="utf-8"),
+                                                                       ".".join(p.relative_to(SRC).with_suffix("").parts))
+                                          if m == "swpipe.commands" or m.startswith("swpipe.commands.")]
+                for p in files}
+    assert starts == [] and {k: v for k, v in commands.items() if v} == {}

@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from autosched.pp import builtin_programs
-from autosched.pp.runtime import PPJobError
+from swpipe.commands.pp_launch import PPJobError
 from swpipe.cli import main
 
 _MARK = "SWPIPE_PP_CLI_TEST"
@@ -41,7 +41,7 @@ def launched(monkeypatch) -> List[object]:
         calls.append(cfg)
         raise PPJobError("failed", "torchrun failed (exit 1)", 1)
 
-    monkeypatch.setattr("autosched.pp.runtime.launch", fake_launch)
+    monkeypatch.setattr("swpipe.commands.pp_launch.launch", fake_launch)
     return calls
 
 
@@ -95,7 +95,7 @@ def test_each_end_of_the_job_has_its_exit_status_and_one_line(monkeypatch, capsy
     def stopped(*args, **kwargs):
         raise PPJobError(reason, f"{reason}: stopped 3 process(es)", None, 3, "torchrun.log")
 
-    monkeypatch.setattr("autosched.pp.runtime.launch", stopped)
+    monkeypatch.setattr("swpipe.commands.pp_launch.launch", stopped)
     assert main(["pp", "--microbatches", "4", "--no-search"]) == status
     assert _errors(capsys) == [f"swpipe pp: {reason}: stopped 3 process(es)"]
 

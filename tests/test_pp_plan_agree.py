@@ -16,7 +16,8 @@ import pytest
 
 from autosched.model.costs import CostModel, TaskCost
 from autosched.model.simulate import simulate
-from autosched.pp import P2PCost, PPCosts, StageCost, pp_program, pp_simulate
+from autosched.pp import P2PCost, PPCosts, StageCost, pp_program
+from autosched.pp.simulate import pp_simulate  # the simulator itself (autosched.pp.pp_simulate warns: its verb is simulate)
 from swpipe.gpipe.predict import activation_peaks
 from swpipe.gpipe.schedule import Placement, step_plan, task_partition
 

@@ -66,7 +66,7 @@ def test_measured_beside_predicted_on_every_rank(report) -> None:
 def test_bad_arguments_start_no_job(capsys) -> None:
     assert main(["pp", "--schedules", "GPipe,NoSuch"]) == 2
     assert main(["pp", "--batch", "10", "--microbatches", "4"]) == 2
-    assert main(["pp", "--depth", "2"]) == 2
+    assert main(["pp", "--ranks", "3", "--depth", "2"]) == 2  # fewer blocks than ranks
     assert main(["pp", "--grid", "NoSuch"]) == 2
     assert main(["pp", "--grid", "GPipe", "--microbatches", "4"]) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,8 @@ adds what its dry run lacks (time, transfers, memory):
   ``swpipe.lower_bounds``, ``swpipe.what_if``, ``swpipe.compare`` and ``swpipe.search`` (CP-SAT and list
   scheduling, seeded with PyTorch's schedules, under ``Constraints``/``SolverOptions``): the verbs of a plan,
   which take a program alike; their results :class:`PPSimResult`, :class:`PPBounds`, :class:`PPSearchResult`
-  (its best :class:`PPCandidate`). The names before them (``pp_simulate``, ``pp_lower_bounds``,
+  (its best :class:`PPCandidate`; :class:`PPCpsatRun`: one CP-SAT
+  problem, its status and its model's makespan). The names before them (``pp_simulate``, ``pp_lower_bounds``,
   ``pp_what_if``, ``pp_compare``, ``pp_search``) still work for one release and warn (``FutureWarning``);
 * errors: :class:`PPError` (``.rule``, ``.field``, ``.value``, ``.schedule``),
   :class:`PPScheduleError` (a schedule the runtime would not run through: ``.rule``, ``.rank``,
@@ -23,7 +24,8 @@ adds what its dry run lacks (time, transfers, memory):
   cost, time limit or cap out of range is an ``OptionError`` naming the field.
 
 ``swpipe pp`` runs every schedule and a searched one under ``torchrun`` and prints the
-prediction beside the measurement.
+prediction beside the measurement, on the built-in model or yours (``--model pkg.module:factory``:
+a factory returning a :class:`PPModel`).
 
 Examples
 --------
@@ -39,14 +41,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPError, PPProgram,
-                          PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, StageCost,
-                          builtin_programs, measure_p2p, measure_stage_costs, pp_program, program_from_order, read_csv,
-                          split_module, validate_program)
+from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPCpsatRun, PPError,
+                          PPProgram, PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf,
+                          StageCost, builtin_programs, measure_p2p, measure_stage_costs, pp_program, program_from_order,
+                          read_csv, split_module, validate_program)
 from autosched.pp import RENAMED, renamed
+from swpipe.commands.pp_model import PPModel
 
-__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPError", "PPProgram",
-           "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
+__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCpsatRun", "PPModel", "PPCosts",
+           "PPError", "PPProgram", "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
            "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order", "read_csv",
            "split_module", "validate_program"]
 

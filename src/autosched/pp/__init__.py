@@ -36,6 +36,7 @@ _LAZY = {
     "PPComparison": "whatif",
     "PPSearchResult": "search",
     "PPCandidate": "search",
+    "PPCpsatRun": "search",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
 }

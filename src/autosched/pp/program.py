@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from autosched._fields import schedule_name
 from autosched.pp import _torch
@@ -435,6 +437,36 @@ class PPProgram:
         with open(path, "w", newline="") as f:
             f.write(text)
         return path
+
+    def torch_schedule(self, stages: Sequence[Any], loss_fn: Callable[..., Any]) -> Any:
+        """The ``torch.distributed.pipelining`` schedule that runs this program over one rank's stages.
+
+        PyTorch's own class for one of its schedules (``source == "pytorch"``); for any
+        other program a ``_PipelineScheduleRuntime`` that loads :meth:`csv_text` through
+        PyTorch's own loader, which adds the sends and receives.
+
+        Parameters
+        ----------
+        stages : sequence of torch.distributed.pipelining.PipelineStage
+            This rank's stages (:meth:`rank_stages` says which), in stage order.
+        loss_fn : callable
+            ``loss_fn(output, target)``, per micro-batch.
+
+        Examples
+        --------
+        On each rank of a job (a process group set up), with that rank's ``PipelineStage`` objects:
+
+        >>> schedule = program.torch_schedule(my_stages, torch.nn.functional.mse_loss)  # doctest: +SKIP
+        >>> schedule.step(batch, target=target)                                         # doctest: +SKIP
+        """
+        stages = list(stages)
+        if self.source == "pytorch":
+            single = _torch.schedule_is_single(self.schedule)
+            return _torch.schedule_class(self.schedule)(stages[0] if single else stages, self.n_microbatches,
+                                                        loss_fn=loss_fn)
+        with tempfile.TemporaryDirectory(prefix="swpipe-pp-") as folder:  # the loader reads a file, at once
+            path = self.to_csv(os.path.join(folder, "schedule.csv"))
+            return _torch.runtime_from_csv(stages, self.n_microbatches, loss_fn, path, self.n_stages)
 
 
 def default_stages_per_rank(schedule: str) -> int:

@@ -28,7 +28,7 @@ import itertools
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from autosched._fields import check_arguments, integer
 from autosched.pp import _torch
@@ -40,7 +40,40 @@ from autosched.search.options import Constraints, SolverOptions, misplaced_optio
 
 _T = TypeVar("_T")
 
-__all__ = ["PPCandidate", "PPSearchResult", "pp_search", "list_schedule"]
+__all__ = ["PPCandidate", "PPCpsatRun", "PPSearchResult", "pp_search", "list_schedule"]
+
+@dataclass(frozen=True)
+class PPCpsatRun:
+    """One CP-SAT problem :func:`pp_search` solved: which, CP-SAT's status and its model's makespan.
+
+    Attributes
+    ----------
+    layout : str
+        ``"loop1"`` (one stage per rank), ``"loop2"`` (two, looped) or ``"v2"`` (two, in a V).
+    n_microbatches : int
+    split : bool
+        Backward as I then W (True) or as one B.
+    status : str
+        CP-SAT's status name (``"OPTIMAL"``, ``"FEASIBLE"``, ``"INFEASIBLE"``, ``"UNKNOWN"``, ...).
+    makespan_s : float or None
+        The makespan of CP-SAT's own model (``PPCpsatRun.MEANS`` says what it counts: not a
+        predicted step, which the simulator gives each candidate); None without a solution.
+    """
+
+    layout: str
+    n_microbatches: int
+    split: bool
+    status: str
+    makespan_s: Optional[float] = None
+
+    # what a CP-SAT makespan is, said wherever one is printed: its model is not the simulator that predicts a step
+    MEANS: ClassVar[str] = ("CP-SAT's model makespan: compute and transfer times only (no cost per posted send or "
+                            "receive, no REDUCE_GRAD; micro-batches in order per stage), not a predicted step; "
+                            "OPTIMAL: the least makespan of that model, FEASIBLE: the least it found in its time")
+
+    def __str__(self) -> str:
+        made = "" if self.makespan_s is None else f" {self.makespan_s * 1e3:.3f} ms"
+        return f"{self.layout} n={self.n_microbatches} {'IW' if self.split else 'B'}: {self.status}{made}"
 
 
 @dataclass(frozen=True)
@@ -72,8 +105,8 @@ class PPSearchResult:
         Every candidate scored, within the cap or not.
     max_memory_bytes : int or None
         The cap per rank searched under (``memory_cap_bytes``, its old name, still reads it and warns).
-    cpsat_status : str
-        CP-SAT's status per problem it solved ("" when none was small enough).
+    cpsat : tuple of PPCpsatRun
+        Each CP-SAT problem solved (empty when none was small enough); ``cpsat_status`` says them in one line.
     cut : str
         ``""`` when the search tried everything; else the stage in which its time limit
         passed (``"seeds"``: building PyTorch's schedules, ``"list"``: the list scheduler,
@@ -91,7 +124,7 @@ class PPSearchResult:
     bound_s: float
     candidates: Tuple[PPCandidate, ...] = field(repr=False)
     max_memory_bytes: Optional[float] = None
-    cpsat_status: str = ""
+    cpsat: Tuple[PPCpsatRun, ...] = ()
     cut: str = ""
     not_tried: Tuple[str, ...] = ()
     elapsed_s: float = 0.0
@@ -142,6 +175,11 @@ class PPSearchResult:
         return "FEASIBLE" if self.cpsat_status else "HEURISTIC"
 
     @property
+    def cpsat_status(self) -> str:
+        """CP-SAT's status and model makespan per problem, in one line ("" when none was solved)."""
+        return "; ".join(str(run) for run in self.cpsat)
+
+    @property
     def gain_over_seed(self) -> float:
         """``best_seed``'s predicted step over ``best``'s (1.0: no better than PyTorch's best)."""
         if self.best_seed is None or self.best.result.step_s <= 0:
@@ -163,7 +201,7 @@ class PPSearchResult:
             lines.append(f"best as a CSV for _PipelineScheduleRuntime: {self.exported.origin}: "
                          f"{self.exported.result.step_s * 1e3:.3f} ms")
         if self.cpsat_status:
-            lines.append(f"CP-SAT: {self.cpsat_status}")
+            lines.append(f"{PPCpsatRun.MEANS}: {self.cpsat_status}")
         if self.cut:
             shown = ", ".join(self.not_tried[:3]) + (f" and {len(self.not_tried) - 3} more" if len(self.not_tried) > 3
                                                       else "")
@@ -307,7 +345,8 @@ def _policies(split_ok: bool) -> List[_Policy]:
 # --- CP-SAT -----------------------------------------------------------------------------------------
 
 def _cpsat_order(costs: PPCosts, stage_to_rank: Sequence[int], n: int, split: bool, cap: Optional[int],
-                 time_limit_s: float, hint: Optional[Dict[int, List[str]]]) -> Tuple[Optional[Dict[int, List[str]]], str]:
+                 time_limit_s: float, hint: Optional[Dict[int, List[str]]]
+                 ) -> Tuple[Optional[Dict[int, List[str]]], str, Optional[float]]:
     from ortools.sat.python import cp_model
 
     n_stages = len(stage_to_rank)
@@ -369,13 +408,13 @@ def _cpsat_order(costs: PPCosts, stage_to_rank: Sequence[int], n: int, split: bo
     status = solver.Solve(model)
     name = solver.StatusName(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, name
+        return None, name, None
     order: Dict[int, List[str]] = {}
     for r in sorted(set(stage_to_rank)):
         acts = [(solver.Value(start[s, m, k]), s, k, m) for (s, m, k) in start if stage_to_rank[s] == r]
         acts.sort(key=lambda a: (a[0], "FIBW".index(a[2]), -a[1]))
         order[r] = [f"{s}{k}{m}" for _, s, k, m in acts]
-    return order, f"{name}, makespan {solver.Value(makespan) / scale * 1e3:.3f} ms (model)"
+    return order, name, solver.Value(makespan) / scale
 
 
 def _hint_from_order(model: object, start: Dict, hint: Dict[int, List[str]], costs: PPCosts,
@@ -552,7 +591,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         raise PPError("missing_cost", "costs", sorted(by_stages), detail=f"costs for {n_ranks} or {2 * n_ranks} stages")
     costs_n = {n: _costs_for(by_stages, counts, n, costs_for_microbatches) for n in counts}
     candidates: List[PPCandidate] = []
-    statuses: List[str] = []
+    statuses: List[PPCpsatRun] = []
     best_orders: Dict[Tuple[int, str], Tuple[float, Dict[int, List[str]]]] = {}  # the hint CP-SAT starts from
     work: List[Tuple[str, str, Callable[[], None]]] = []  # (stage, what, run): cheap first, CP-SAT last
 
@@ -581,8 +620,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         best = best_orders[n, layout][1] if (n, layout) in best_orders else None
         hint = best if best and _order_is(best, split) else None
         budget_s = (deadline.end - deadline.check("cpsat")) / share  # what is left, shared by those still to run
-        order, status = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, budget_s, hint)
-        statuses.append(f"{layout} n={n} {'IW' if split else 'B'}: {status}")
+        order, status, made = _cpsat_order(c, stage_to_rank, n, split, memory_cap_bytes, budget_s, hint)
+        statuses.append(PPCpsatRun(layout, n, split, status, made))
         cand = None if order is None else _try(f"cpsat({'IW' if split else 'B'}) {layout}", order, n, stage_to_rank,
                                                   c, deadline)
         if cand is not None:
@@ -615,7 +654,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     if not candidates:
         raise PPError("time_limit", "time_limit_s", time_limit_s,
                       detail=f"no schedule was scored within it (cut in {cut}): give the search more time")
-    return _choose(candidates, memory_cap_bytes, "; ".join(statuses),
+    return _choose(candidates, memory_cap_bytes, tuple(statuses),
                    _Ended(cut, not_tried, deadline.clock() - deadline.start, time_limit_s))
 
 
@@ -690,7 +729,8 @@ class _Ended:
     time_limit_s: float
 
 
-def _choose(candidates: List[PPCandidate], cap: Optional[float], statuses: str, ended: _Ended) -> PPSearchResult:
+def _choose(candidates: List[PPCandidate], cap: Optional[float], statuses: Tuple[PPCpsatRun, ...],
+            ended: _Ended) -> PPSearchResult:
     def fits(c: PPCandidate) -> bool:
         return cap is None or c.result.max_peak_bytes <= cap
 

@@ -4,11 +4,14 @@
 
     swpipe pp                                   # 2 ranks, 4 and 8 micro-batches, every schedule
     swpipe pp --ranks 2 --microbatches 4 --schedules GPipe,1F1B,ZBVZeroBubble
+    swpipe pp --model mymodels.pp:tiny          # your model (a factory returning a swpipe.pp.PPModel)
     swpipe pp --grid Interleaved1F1B --ranks 2 --microbatches 4 [--comms]   # the schedule only
 
-It starts ``torchrun --nproc-per-node RANKS`` on the loopback with gloo; every schedule
-trains the same staged model on ``torch.distributed.pipelining``'s runtime, and one
-table gives each schedule's predicted and measured step, peak memory and bubble.
+It starts ``torchrun --nproc-per-node RANKS`` on the loopback with gloo
+(:mod:`~swpipe.commands.pp_launch`); every rank runs :mod:`~swpipe.commands.pp_job`: every
+schedule trains the same staged model on ``torch.distributed.pipelining``'s runtime. One
+table gives each schedule's predicted and measured step, peak memory and bubble, and the
+summary under it reads the same rows (:func:`summarise`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 from swpipe.commands._args import int_at_least, positive_float, positive_number
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "format_table", "format_summary", "format_report", "summarise", "PPSummary"]
 
 
 def _int_list(text: str) -> List[int]:
@@ -43,10 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro-batch counts (default 4,8)")
     parser.add_argument("--schedules", default="", metavar="NAME[,NAME...]",
                         help="PyTorch schedules to run, in any case (default: every one this torch has)")
-    parser.add_argument("--width", type=int_at_least(1), default=512, help="the model's width (default 512)")
-    parser.add_argument("--depth", type=int_at_least(2), default=8,
-                        help="Linear+Tanh blocks, cut into ranks and 2 x ranks stages (default 8)")
-    parser.add_argument("--batch", type=int_at_least(1), default=256, help="samples per step (default 256)")
+    parser.add_argument("--model", default=None, metavar="PKG.MODULE:FACTORY",
+                        help="train your model: a factory returning a swpipe.pp.PPModel (default: the built-in MLP)")
+    parser.add_argument("--width", type=int_at_least(1), default=None,
+                        help="the built-in model's width (default 512)")
+    parser.add_argument("--depth", type=int_at_least(2), default=None,
+                        help="the built-in model's Linear+Tanh blocks, cut into ranks and 2 x ranks stages (default 8)")
+    parser.add_argument("--batch", type=int_at_least(1), default=None,
+                        help="the built-in model's samples per step (default 256)")
     parser.add_argument("--steps", type=int_at_least(1), default=8, help="timed steps per schedule (default 8)")
     parser.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed steps first (default 2)")
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per rank (default 1)")
@@ -65,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    from autosched.pp.program import PPError, pp_program
+    from swpipe.pp import PPError, pp_program
 
     try:
         program = pp_program(args.grid, args.ranks, args.microbatches[0])
@@ -103,18 +111,45 @@ def _flag_errors(args: argparse.Namespace) -> List[str]:
         errors += [f"{option}: the search's, which --no-search skips: drop one of them"
                    for option, given in (("--csv", args.csv), ("--memory-cap-mib", args.memory_cap_mib))
                    if given is not None]
-    if args.depth < 2 * args.ranks:
-        errors.append(f"--depth {args.depth}: the model needs at least 2 x ranks = {2 * args.ranks} blocks")
-    bad = [n for n in args.microbatches if args.batch % n]
-    if bad:
-        errors.append(f"--batch {args.batch} does not split into {bad} micro-batches")
     errors += [e for e in (_unwritable(o, p) for o, p in (("--json", args.json), ("--csv", args.csv)) if p) if e]
     return errors
 
 
-def _schedules(args: argparse.Namespace) -> Tuple[Tuple[str, ...], List[str]]:
-    """The ``--schedules`` names as PyTorch spells them (any case, as ``pp_program`` reads them), and the errors."""
-    from autosched.pp.program import PPError, pp_program
+_BUILTIN_SIZES = {"width": 512, "depth": 8, "batch": 256}  # the built-in model's keywords, by default
+
+
+def _model(args: argparse.Namespace) -> Tuple[Any, str, Dict[str, Any], List[str]]:
+    """The model the job will train, loaded here first (its factory imported, called twice, checked): the model,
+    its factory, the keywords it is called with, and what is wrong."""
+    from swpipe.commands.pp_model import BUILTIN_MODEL, PPModelError, load_model
+
+    given = {k: getattr(args, k) for k in _BUILTIN_SIZES if getattr(args, k) is not None}
+    if args.model and given:
+        return None, args.model, {}, [f"--{k}: the built-in model's, and --model {args.model} builds its own: "
+                                      "drop one of them" for k in given]
+    spec, options = (args.model, {}) if args.model else (BUILTIN_MODEL, {**_BUILTIN_SIZES, **given})
+    try:
+        model = load_model(spec, options, check_twice=True)
+    except PPModelError as exc:
+        return None, spec, options, [str(exc)]
+    errors = []
+    if not model.stage_counts(args.ranks):
+        cut = (f"is cut into {len(model.stages) if model.stages is not None else len(model.split_points) + 1} stages"
+               if model.model is None or model.split_points is not None else f"has {len(model.model)} children")
+        errors.append(f"--ranks {args.ranks}: the model {cut}; PyTorch's schedules run {args.ranks} stages (one "
+                      f"per rank) or {2 * args.ranks} (two per rank)" + ("" if args.model else ": give a larger --depth"))
+    bad = [n for n in args.microbatches if model.samples % n]
+    if bad:
+        where = "--batch" if not args.model else "PPModel.batch"
+        errors.append(f"--microbatches {','.join(map(str, bad))}: the model's batch of {model.samples} samples "
+                      f"({where}) does not split into them")
+    return model, spec, options, errors
+
+
+def _schedules(args: argparse.Namespace, model: Any) -> Tuple[Tuple[str, ...], List[str]]:
+    """The ``--schedules`` names as PyTorch spells them (any case, as ``pp_program`` reads them), and the errors:
+    a name refused for every micro-batch count, by PyTorch or because of the model's cut."""
+    from swpipe.pp import PPError, pp_program
 
     names: List[str] = []
     errors = []
@@ -122,9 +157,15 @@ def _schedules(args: argparse.Namespace) -> Tuple[Tuple[str, ...], List[str]]:
         refused = []
         for n_mb in args.microbatches:
             try:
-                names.append(pp_program(given, args.ranks, n_mb).schedule)
+                name = pp_program(given, args.ranks, n_mb).schedule
             except PPError as exc:
-                refused.append(exc)
+                refused.append(str(exc))
+                continue
+            why = {} if model is None else model.programs(args.ranks, n_mb)[1]
+            if name in why:
+                refused.append(f"{name} with {n_mb} micro-batches: {why[name]}")
+            else:
+                names.append(name)
         if len(refused) == len(args.microbatches):  # unknown, or refused for every micro-batch count
             errors.append(f"--schedules: {refused[0]}")
     return tuple(dict.fromkeys(names)), errors
@@ -143,39 +184,37 @@ def _run(args: argparse.Namespace) -> int:
     if args.grid:
         return _grid(args)
     errors = _flag_errors(args)
-    names, schedule_errors = _schedules(args)
+    model, spec, options, model_errors = _model(args)
+    errors += model_errors
+    names, schedule_errors = _schedules(args, model)
     errors += schedule_errors
     if errors:
         print("\n".join(f"swpipe pp: {e}" for e in errors), file=sys.stderr)
         return 2
-    from autosched.pp.runtime import PPJobError, PPRunConfig, format_table, launch
+    from swpipe.commands import pp_launch
+    from swpipe.commands.pp_job import PPRunConfig
+    from swpipe.commands.pp_model import import_root
 
     cores = os.cpu_count() or 1
-    cfg = PPRunConfig(width=args.width, depth=args.depth, batch=args.batch, microbatches=tuple(args.microbatches),
-                      schedules=names, steps=args.steps, warmup=args.warmup, search=not args.no_search,
+    cfg = PPRunConfig(model=spec, model_options=options, model_root=import_root(spec),
+                      microbatches=tuple(args.microbatches), schedules=names, steps=args.steps, warmup=args.warmup,
+                      search=not args.no_search,
                       memory_cap_bytes=None if args.memory_cap_mib is None else int(args.memory_cap_mib * 2**20),
                       threads=args.threads, time_limit_s=args.time_limit)
     folder = tempfile.mkdtemp(prefix="swpipe-pp-")
     log_path = os.path.join(folder, "torchrun.log")
+    what = spec if args.model else (f"{options['depth']} x Linear({options['width']})+Tanh")
     print(f"torchrun --nproc-per-node {args.ranks} (gloo, CPU): {args.ranks} ranks x {args.threads} thread(s) on "
-          f"{cores} cores, load {os.getloadavg()[0]:.1f}; model {args.depth} x Linear({args.width})+Tanh, "
-          f"batch {args.batch}", flush=True)
+          f"{cores} cores, load {os.getloadavg()[0]:.1f}; model {what}, batch {model.samples}, "
+          f"cut into {' and '.join(map(str, model.stage_counts(args.ranks)))} stages", flush=True)
     print(f"torchrun's output: {log_path}", flush=True)
     try:
-        report = launch(cfg, args.ranks, out_path=os.path.join(folder, "report.json"), timeout_s=args.timeout,
-                        log_path=log_path)
-    except PPJobError as exc:
+        report = pp_launch.launch(cfg, args.ranks, out_path=os.path.join(folder, "report.json"),
+                                  timeout_s=args.timeout, log_path=log_path)
+    except pp_launch.PPJobError as exc:
         print(f"swpipe pp: {exc}", file=sys.stderr)
         return _EXIT_STATUS.get(exc.reason, 1)
-    print(format_table(report))
-    p2p = report["p2p"]
-    print(f"link (gloo, measured): {p2p['latency_s'] * 1e6:.0f} us + {p2p['seconds_per_byte'] * 1e9:.3f} ns/byte, "
-          f"{p2p.get('post_s', 0.0) * 1e3:.2f} ms per post while the ranks compute; "
-          f"load {report['load'][0]:.1f} at the end")
-    print("step: median of the slowest rank's schedule.step(); peak: live tensor bytes above the step's start "
-          "(autosched.pp.memory.LiveTensorBytes); bubble: predicted idle share of the busiest rank's step")
-    if report.get("searched"):
-        print(report["searched"]["summary"])
+    print(format_report(report))
     try:
         if args.csv and report.get("searched"):
             with open(args.csv, "w", newline="") as f:
@@ -193,3 +232,105 @@ def _run(args: argparse.Namespace) -> int:
               "does not predict")
     shutil.rmtree(folder, ignore_errors=True)
     return 0
+
+
+# --- the report, printed ----------------------------------------------------------------------------------
+
+def _ms(seconds: float) -> str:
+    """A step time as the table and the summary print it (one format: the two must read the same)."""
+    return f"{seconds * 1e3:.2f}"
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    """One row per schedule and micro-batch count: predicted and measured step and peak, bubble, losses."""
+    head = (f"{'schedule':<22}{'mb':>3}{'stages':>7}{'pred ms':>9}{'meas ms':>9}{'noise':>7}{'err':>7}"
+            f"{'peak pred/meas KiB (max rank)':>31}{'bubble':>8}{'loss':>7}")
+    lines = [head, "-" * len(head)]
+    for r in report["results"]:
+        if "refused" in r:
+            lines.append(f"{r['schedule']:<22}{r['n_microbatches']:>3}  refused: {r['refused']}")
+            continue
+        pred, meas = r["predicted_step_s"], r["measured_step_s"]
+        pp = max(int(v) for v in r["predicted_peak_bytes"].values()) / 1024
+        mp = max(int(v) for v in r["measured_peak_bytes"].values()) / 1024
+        bubble = max(float(v) for v in r["predicted_bubble"].values())
+        ok = "ok" if r["loss_rel_err"] <= 1e-4 else f"{r['loss_rel_err']:.0e}"
+        lines.append(f"{r['schedule']:<22}{r['n_microbatches']:>3}{r['n_stages']:>7}{_ms(pred):>9}{_ms(meas):>9}"
+                     f"{r['noise']:>7.0%}{(pred - meas) / meas:>+7.0%}{f'{pp:.0f} / {mp:.0f}':>31}{bubble:>8.0%}{ok:>7}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PPSummary:
+    """What the summary under the table says, each figure one of the table's rows (the report's ``results``).
+
+    Attributes
+    ----------
+    predicted_fastest, measured_fastest : dict
+        The row with the least predicted, and the least measured, step.
+    searched : dict or None
+        The searched schedule's row (None without a search).
+    fastest_pytorch : dict or None
+        The row of PyTorch's schedule predicted fastest at the searched one's micro-batch count.
+    cpsat : list of dict
+        The search's CP-SAT problems (``PPCpsatRun`` fields): their makespans are CP-SAT's model's, not rows.
+    """
+
+    predicted_fastest: Dict[str, Any]
+    measured_fastest: Dict[str, Any]
+    searched: Optional[Dict[str, Any]]
+    fastest_pytorch: Optional[Dict[str, Any]]
+    cpsat: List[Dict[str, Any]]
+
+
+def summarise(report: Dict[str, Any]) -> PPSummary:
+    """The summary's figures, read from the report's rows: the same rows the table prints."""
+    rows = [r for r in report["results"] if "refused" not in r]
+    searched = next((r for r in rows if r["schedule"] == "swpipe-searched"), None)
+    peers = [r for r in rows if r["schedule"] != "swpipe-searched"
+             and searched is not None and r["n_microbatches"] == searched["n_microbatches"]]
+    return PPSummary(min(rows, key=lambda r: r["predicted_step_s"]), min(rows, key=lambda r: r["measured_step_s"]),
+                     searched, min(peers, key=lambda r: r["predicted_step_s"]) if peers else None,
+                     list((report.get("searched") or {}).get("cpsat", [])))
+
+
+def _row(r: Dict[str, Any]) -> str:
+    return f"{r['schedule']} ({r['n_microbatches']} micro-batches, {r['n_stages']} stages)"
+
+
+def format_summary(report: Dict[str, Any]) -> str:
+    """The lines under the table: the fastest rows, the searched one against PyTorch's, the link, CP-SAT labelled."""
+    from swpipe.pp import PPCpsatRun
+
+    s = summarise(report)
+    p2p = report["p2p"]
+    lines = [f"predicted fastest: {_row(s.predicted_fastest)}: {_ms(s.predicted_fastest['predicted_step_s'])} ms "
+             f"predicted, {_ms(s.predicted_fastest['measured_step_s'])} ms measured",
+             f"measured fastest: {_row(s.measured_fastest)}: {_ms(s.measured_fastest['measured_step_s'])} ms "
+             f"measured, {_ms(s.measured_fastest['predicted_step_s'])} ms predicted"]
+    found = report.get("searched") or {}
+    if s.searched is not None:
+        line = (f"searched ({found.get('origin', '?')}): {_row(s.searched)}: {_ms(s.searched['predicted_step_s'])} "
+                f"ms predicted, {_ms(s.searched['measured_step_s'])} ms measured")
+        if s.fastest_pytorch is not None:
+            line += (f"; PyTorch's predicted fastest there: {s.fastest_pytorch['schedule']} "
+                     f"{_ms(s.fastest_pytorch['predicted_step_s'])} ms predicted, "
+                     f"{_ms(s.fastest_pytorch['measured_step_s'])} ms measured")
+        lines.append(line)
+    if found.get("cut"):
+        lines.append(f"search: its {found['time_limit_s']:g} s time limit passed in {found['cut']} after "
+                     f"{found['elapsed_s']:.1f} s; not tried: {len(found['not_tried'])} candidates")
+    if s.cpsat:
+        lines.append(f"{PPCpsatRun.MEANS}: " + "; ".join(str(PPCpsatRun(**run)) for run in s.cpsat))
+    lines.append(f"link (gloo, measured): {p2p['latency_s'] * 1e6:.0f} us + {p2p['seconds_per_byte'] * 1e9:.3f} "
+                 f"ns/byte, {p2p.get('post_s', 0.0) * 1e3:.2f} ms per post while the ranks compute; "
+                 f"load {report['load'][0]:.1f} at the end")
+    lines.append("step: median of the slowest rank's schedule.step(); peak: live tensor bytes above the step's start "
+                 "(swpipe.pp.LiveTensorBytes); bubble: predicted idle share of the busiest rank's step; every "
+                 "prediction on the costs measured before, during and after the runs")
+    return "\n".join(lines)
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    """The table and the summary under it, as ``swpipe pp`` prints them."""
+    return format_table(report) + "\n" + format_summary(report)

@@ -1,0 +1,428 @@
+"""What each rank of ``swpipe pp``'s torchrun job runs: every schedule and the searched one on the model, beside
+swpipe's prediction.
+
+Built on the public API only (:mod:`swpipe.pp` and ``torch.distributed.pipelining``).
+Each rank (:func:`run_rank`):
+
+1. loads the model (:func:`~swpipe.commands.pp_model.load_model`: the ``--model`` factory,
+   or the built-in MLP) and cuts it into the stage counts PyTorch's schedules run on
+   these ranks (one stage per rank for GPipe and 1F1B, two for the others) that it offers;
+2. measures every stage's costs in its own process while the other ranks do the same
+   (:func:`~swpipe.pp.measure_stage_costs`: the cores as busy as during the run), the
+   link on the job's gloo group (:func:`~swpipe.pp.measure_p2p`: the idle link, and what
+   a post costs while both ranks compute, at the largest activation's size), and the
+   runtime's own cost per action, by running every stage alone (``ScheduleLoopedBFS`` on a
+   one-rank group) against the prediction: before the runs, once in every round of them
+   and after them (a shared machine's load moves within seconds); each figure's median;
+3. rank 0 searches a schedule on the costs measured before the runs
+   (:func:`~swpipe.pp.pp_search`), written as the compute-only CSV every rank loads into
+   ``_PipelineScheduleRuntime``;
+4. every schedule trains the same initial weights (SGD), in rounds (each schedule one step
+   per round, so all share the machine's swings): each rank times ``schedule.step`` after a
+   barrier (the step is the slowest rank's); then one more step counts the peak live tensor
+   bytes (:class:`~swpipe.pp.LiveTensorBytes`). The losses are compared with the unsplit
+   model's, trained the same way on rank 0, and every schedule is predicted
+   (:func:`swpipe.simulate`) on the costs of step 2.
+
+Rank 0 writes the report (a dict, as JSON) that :mod:`swpipe.commands.pp` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from swpipe.commands.pp_model import BUILTIN_MODEL, PPModel, load_model
+
+__all__ = ["PPRunConfig", "run_rank", "main"]
+
+
+@dataclass
+class PPRunConfig:
+    """What :func:`~swpipe.commands.pp_launch.launch` runs.
+
+    Attributes
+    ----------
+    model : str
+        The factory, ``"pkg.module:factory"`` (default: the built-in MLP).
+    model_options : dict
+        Keywords the factory is called with (the built-in's ``width``, ``depth``, ``batch``).
+    model_root : str
+        The folder the factory's package was imported from, put on the ranks' ``PYTHONPATH``.
+    microbatches : tuple of int
+    schedules : tuple of str
+        PyTorch's schedules to run (empty: every one this torch has that the model runs).
+    steps, warmup : int
+        Timed steps per schedule, after untimed ones.
+    search : bool
+        Also search a schedule and run it from its CSV.
+    memory_cap_bytes : int or None
+        The search's cap per rank.
+    threads : int
+        ``torch.set_num_threads`` on every rank (and for the cost measurement).
+    cost_repeats : int
+    time_limit_s : float
+        The search's time limit.
+    """
+
+    model: str = BUILTIN_MODEL
+    model_options: Dict[str, Any] = field(default_factory=dict)
+    model_root: str = ""
+    microbatches: Tuple[int, ...] = (4, 8)
+    schedules: Tuple[str, ...] = ()
+    steps: int = 8
+    warmup: int = 2
+    search: bool = True
+    memory_cap_bytes: Optional[int] = None
+    threads: int = 1
+    cost_repeats: int = 7
+    time_limit_s: float = 5.0
+
+    def load(self) -> PPModel:
+        """A fresh model (the factory called again: the same initial weights every time)."""
+        return load_model(self.model, self.model_options)
+
+
+def _reference_losses(cfg: PPRunConfig, n_mb: int, n_steps: int) -> List[float]:
+    """The unsplit model trained the same way: per step, the mean of the micro-batches' losses."""
+    import torch
+
+    model = cfg.load()
+    whole = model.model if model.model is not None else torch.nn.Sequential(*model.stages)
+    opt = torch.optim.SGD(whole.parameters(), lr=model.lr)
+    out = []
+    xs, ys = model.microbatches(n_mb)
+    for _ in range(n_steps):
+        opt.zero_grad(set_to_none=False)
+        total = sum(model.loss_fn(whole(x), y) for x, y in zip(xs, ys)) / n_mb
+        total.backward()
+        opt.step()
+        out.append(float(total.detach()))
+    return out
+
+
+def _measure_costs(cfg: PPRunConfig, n_stages: int, n_mb: int, repeats: int, warmup: int) -> Tuple[Any, ...]:
+    from swpipe.pp import measure_stage_costs
+
+    model = cfg.load()
+    xs, ys = model.microbatches(n_mb)
+    return measure_stage_costs(model.cut(n_stages), xs[0], ys[0], model.loss_fn, repeats=repeats, warmup=warmup)
+
+
+def _costs_on_every_rank(cfg: PPRunConfig, n_mb: int, splits: Sequence[int], repeats: Optional[int] = None,
+                         warmup: int = 1) -> Dict[int, List[Any]]:
+    """Every rank measures every stage at once (the cores as busy as in the run); all ranks' figures."""
+    import torch.distributed as dist
+
+    mine = {k: _measure_costs(cfg, k, n_mb, repeats or cfg.cost_repeats, warmup) for k in splits}
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {k: [g[k] for g in gathered] for k in mine}
+
+
+def _combine(samples: List[Tuple[Any, ...]], p2p: Any, mb: int, note: str) -> Any:
+    """Per stage and field, the median over every rank's and pass's measurement."""
+    from swpipe.pp import PPCosts, StageCost
+
+    stages = []
+    for s in range(len(samples[0])):
+        values = {}
+        for f in fields(StageCost):
+            vals = [getattr(sample[s], f.name) for sample in samples]
+            med = statistics.median(vals)
+            values[f.name] = int(med) if f.type in ("int", int) else med
+        stages.append(StageCost(**values))
+    return PPCosts(tuple(stages), p2p, mb, note)
+
+
+class _Trainer:
+    """One schedule on this rank: its stages, its optimizer, its step times, losses and memory peak."""
+
+    def __init__(self, name: str, program: Any, cfg: PPRunConfig, n_mb: int, rank: int) -> None:
+        import torch
+        from torch.distributed.pipelining import PipelineStage
+
+        self.name, self.program, self.n_mb = name, program, n_mb
+        self.model = cfg.load()
+        modules = self.model.cut(program.n_stages)
+        mine = [s for s in range(program.n_stages) if program.stage_to_rank[s] == rank]
+        stages = [PipelineStage(modules[s], s, program.n_stages, torch.device("cpu")) for s in mine]
+        self.schedule = program.torch_schedule(stages, self.model.loss_fn)
+        self.opt = torch.optim.SGD([p for s in mine for p in modules[s].parameters()], lr=self.model.lr)
+        self.first, self.last = 0 in mine, program.n_stages - 1 in mine
+        self.times: List[float] = []
+        self.losses: List[float] = []
+        self.peak = 0
+
+    def step(self, timed: bool = False, memory: bool = False) -> None:
+        import torch.distributed as dist
+
+        from swpipe.pp import LiveTensorBytes
+
+        args = (self.model.batch,) if self.first else ()
+        kwargs: Dict[str, Any] = {"target": self.model.target} if self.last else {}
+        mb_losses: List[Any] = []
+        self.opt.zero_grad(set_to_none=False)
+        dist.barrier()
+        if memory:  # counted, not timed: the counting costs a Python call per op
+            with LiveTensorBytes() as mem:
+                self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
+            self.peak = mem.peak_bytes
+        else:
+            t0 = time.perf_counter()
+            self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
+            if timed:
+                self.times.append(time.perf_counter() - t0)
+        self.opt.step()
+        if self.last:
+            self.losses.append(float(sum(float(v) for v in mb_losses) / self.n_mb))
+
+    def gather(self, world: int) -> Dict[str, Any]:
+        import torch.distributed as dist
+
+        gathered: List[Any] = [None] * world
+        dist.all_gather_object(gathered, {"rank": dist.get_rank(), "times": self.times, "peak": self.peak,
+                                          "losses": self.losses if self.last else None})
+        step_times = [max(g["times"][i] for g in gathered) for i in range(len(self.times))]
+        loss_rows = [g["losses"] for g in gathered if g["losses"] is not None]
+        return {"step_times": step_times, "peak_bytes": {g["rank"]: g["peak"] for g in gathered},
+                "losses": loss_rows[0] if loss_rows else []}
+
+
+class _AloneProbe:
+    """Every stage of a split on this rank alone: what the runtime adds per compute action, against the model.
+
+    ``ScheduleLoopedBFS`` over all the split's stages on a one-rank group (no transfers);
+    :meth:`overhead_s` is ``(median measured step - simulated step) / compute actions``,
+    at least 0.
+    """
+
+    def __init__(self, cfg: PPRunConfig, n_mb: int, n_stages: int, group: Any) -> None:
+        import torch
+        from torch.distributed.pipelining import PipelineStage
+
+        from swpipe.pp import pp_program
+
+        self.model = cfg.load()
+        modules = self.model.cut(n_stages)
+        stages = [PipelineStage(modules[s], s, n_stages, torch.device("cpu"), group=group) for s in range(n_stages)]
+        self.program = pp_program("LoopedBFS", 1, n_mb, stages_per_rank=n_stages)
+        self.schedule = self.program.torch_schedule(stages, self.model.loss_fn)
+        self.opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=self.model.lr)
+        self.n_stages = n_stages
+        self.times: List[float] = []
+        for _ in range(cfg.warmup):
+            self.step(timed=False)
+
+    def step(self, timed: bool = True) -> None:
+        self.opt.zero_grad(set_to_none=False)
+        t0 = time.perf_counter()
+        self.schedule.step(self.model.batch, target=self.model.target, losses=[], return_outputs=False)
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+        self.opt.step()
+
+    def overhead_s(self, costs: Any) -> float:
+        from swpipe import simulate
+
+        predicted = simulate(self.program, costs.with_action_overhead(0.0)).period_s
+        return max(0.0, (statistics.median(self.times) - predicted) / len(self.program.compute[0]))
+
+
+def _median_on_every_rank(mine: float) -> float:
+    import torch.distributed as dist
+
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return statistics.median(gathered)
+
+
+def _median_link(links: List[Any]) -> Any:
+    """Each figure's median over links measured at several times (the load moves between them)."""
+    from dataclasses import replace
+
+    return replace(links[0], latency_s=statistics.median(k.latency_s for k in links),
+                   seconds_per_byte=statistics.median(k.seconds_per_byte for k in links),
+                   post_s=statistics.median(k.post_s for k in links))
+
+
+class _Calibration:
+    """The costs measured again in every round of the runs, so that they share the runs' load.
+
+    On a shared machine the load moves within seconds; figures measured only before the
+    runs predict another machine. Each round every rank measures its stages once, runs
+    the :class:`_AloneProbe` once and the link once; the prediction takes each figure's
+    median over the rounds and the measurements before and after them.
+    """
+
+    def __init__(self, cfg: PPRunConfig, n_mb: int, splits: Sequence[int], probe: _AloneProbe,
+                 busy_bytes: int) -> None:
+        self.cfg, self.n_mb, self.splits, self.busy_bytes = cfg, n_mb, splits, busy_bytes
+        self.probe = probe
+        probe.times.clear()  # its steps from now on, in the rounds
+        self.samples: Dict[int, List[Any]] = {k: [] for k in splits}
+        self.links: List[Any] = []
+
+    def round(self) -> None:
+        from swpipe.pp import measure_p2p
+
+        for k, v in _costs_on_every_rank(self.cfg, self.n_mb, self.splits, repeats=2, warmup=0).items():
+            self.samples[k].extend(v)
+        self.probe.step()
+        self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
+
+    def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
+              ) -> Tuple[Dict[int, Any], float]:
+        """Every split's costs (the runtime's overhead per action included) and that overhead; every rank calls it."""
+        link = _median_link(links + self.links)
+        samples = self.cfg.load().samples
+        costs = {k: _combine(before[k] + self.samples[k] + after[k], link, samples // self.n_mb,
+                             "before, during and after the runs") for k in before}
+        overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
+        return {k: c.with_action_overhead(overhead) for k, c in costs.items()}, overhead
+
+
+def _noise(values: Sequence[float]) -> float:
+    """The interquartile range over the median (the range, under 4 values): the run's own spread."""
+    if len(values) < 2:
+        return float("nan")
+    if len(values) < 4:
+        return (max(values) - min(values)) / statistics.median(values)
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / statistics.median(values)
+
+
+def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int) -> Dict[str, Any]:
+    """Rank 0 searches; every rank gets the CSV and what was found."""
+    import torch.distributed as dist
+
+    from autosched.pp.search import pp_search
+    from swpipe import Constraints, SolverOptions
+
+    box: List[Any] = [None]
+    if dist.get_rank() == 0:
+        found = pp_search(costs[cfg.microbatches[0]], world, list(cfg.microbatches),
+                          constraints=Constraints(max_memory_bytes=cfg.memory_cap_bytes), costs_for_microbatches=costs,
+                          solver=SolverOptions(time_limit_s=cfg.time_limit_s, cpsat_max_tasks=64))
+        exp = found.exported
+        # what the search predicted is on the costs measured before the runs: the report's rows predict every
+        # schedule again on the costs of the whole run, and the command's summary reads those rows only
+        box[0] = {"csv": exp.program.csv_text(), "n_mb": exp.program.n_microbatches,
+                  "n_stages": exp.program.n_stages, "origin": exp.origin,
+                  "search_step_s": exp.result.step_s, "bound_s": found.bound_s,
+                  "cpsat": [asdict(run) for run in found.cpsat], "cut": found.cut,
+                  "not_tried": list(found.not_tried), "elapsed_s": found.elapsed_s,
+                  "time_limit_s": found.time_limit_s}
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, Any]]:
+    """One rank's side of the job (the process group is set up here); rank 0 returns and writes the report."""
+    import torch
+    import torch.distributed as dist
+
+    from swpipe import simulate
+    from swpipe.pp import measure_p2p, read_csv
+
+    torch.set_num_threads(cfg.threads)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # in torchrun's output (launch's log_path): which processes the job is, once each has joined the group
+    print(f"rank {rank} of {world}: in the process group (pid {os.getpid()})", flush=True)
+    try:
+        model = cfg.load()
+        splits = model.stage_counts(world)
+        alone = [dist.new_group([r]) for r in range(world)]  # every rank creates every group, in the same order
+        samples = {n: _costs_on_every_rank(cfg, n, splits) for n in cfg.microbatches}
+        # the busy exchange at the size of the largest activation sent (the fewest micro-batches: the largest)
+        busy = max(c.output_bytes for by in samples[min(cfg.microbatches)].values() for c in by[0])
+        p2p = measure_p2p(repeats=20, busy_bytes=busy)
+        costs = {n: {k: _combine(v, p2p, model.samples // n, "before the runs") for k, v in by.items()}
+                 for n, by in samples.items()}
+        probes = {n: _AloneProbe(cfg, n, max(splits), alone[rank]) for n in cfg.microbatches}
+        for n, probe in probes.items():
+            for _ in range(max(3, cfg.cost_repeats)):
+                probe.step()
+        overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
+        costs = {n: {k: c.with_action_overhead(overhead[n]) for k, c in by.items()} for n, by in costs.items()}
+        searched = _search(cfg, costs, world) if cfg.search else {}
+        results: List[Dict[str, Any]] = []
+        for n_mb in cfg.microbatches:
+            programs, refused = model.programs(world, n_mb)
+            names = [n for n in (cfg.schedules or tuple(programs)) if n in programs]
+            trainers = [_Trainer(n, programs[n], cfg, n_mb, rank) for n in names]
+            if searched and searched["n_mb"] == n_mb:
+                path = os.path.join(tempfile.gettempdir(), f"swpipe-pp-{os.getpid()}.csv")
+                with open(path, "w") as f:
+                    f.write(searched["csv"])
+                program = read_csv(path, world, searched["n_stages"], n_mb, "swpipe-searched")  # PyTorch's loader
+                trainers.append(_Trainer("swpipe-searched", program, cfg, n_mb, rank))
+            for t in trainers:
+                for _ in range(cfg.warmup):
+                    t.step()
+            calibration = _Calibration(cfg, n_mb, splits, probes[n_mb], busy)
+            for _ in range(cfg.steps):  # rounds: every schedule once per round, so they share the load's swings
+                for t in trainers:
+                    t.step(timed=True)
+                calibration.round()  # and the costs too
+            after = _costs_on_every_rank(cfg, n_mb, splits)
+            both, overhead[n_mb] = calibration.costs(samples[n_mb], after,
+                                                     [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
+            for t in trainers:
+                t.step(memory=True)
+            gathered = [t.gather(world) for t in trainers]
+            if rank != 0:
+                continue
+            costs[n_mb] = both
+            ref = _reference_losses(cfg, n_mb, cfg.warmup + cfg.steps + 1)
+            for t, measured in zip(trainers, gathered):
+                pred = simulate(t.program, both[t.program.n_stages])
+                err = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(measured["losses"], ref)), default=0.0)
+                results.append({
+                    "schedule": t.name, "n_microbatches": n_mb, "n_stages": t.program.n_stages,
+                    "predicted_step_s": pred.step_s, "measured_step_s": statistics.median(measured["step_times"]),
+                    "noise": _noise(measured["step_times"]), "step_times_s": measured["step_times"],
+                    "predicted_peak_bytes": pred.peak_bytes, "measured_peak_bytes": measured["peak_bytes"],
+                    "predicted_bubble": pred.bubble_fraction, "losses": measured["losses"],
+                    "reference_losses": ref, "loss_rel_err": err})
+            results.extend({"schedule": n, "n_microbatches": n_mb, "refused": why} for n, why in refused.items()
+                           if not cfg.schedules or n in cfg.schedules)
+        if rank != 0:
+            return None
+        report = {"config": asdict(cfg), "world_size": world, "stage_counts": list(splits), "p2p": asdict(p2p),
+                  "searched": searched, "action_overhead_s": overhead,
+                  "costs": {str(n): {str(k): c.to_dict() for k, c in by.items()} for n, by in costs.items()},
+                  "results": results, "torch": torch.__version__, "threads": cfg.threads,
+                  "load": os.getloadavg(), "cores": os.cpu_count()}
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+        return report
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The entry point each rank runs (``torchrun -m swpipe.commands.pp_job --config JSON --out PATH``)."""
+    parser = argparse.ArgumentParser(prog="swpipe.commands.pp_job")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    data = json.loads(args.config)
+    data["microbatches"] = tuple(data.get("microbatches", ()))
+    data["schedules"] = tuple(data.get("schedules", ()))
+    run_rank(PPRunConfig(**data), args.out)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
