@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autosched.pp import _torch
 from autosched.pp.costs import PPCosts, StageCost
 from autosched.pp.program import PPError, pp_program
 from autosched.pp.rolling import RollingStepCosts, measure_action_overhead, refreshed_pp_costs
@@ -25,13 +24,14 @@ def one_rank():
 
 def _schedule(name, n_stages=2, n_mb=2):
     from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
     torch.manual_seed(0)
     modules = [torch.nn.Linear(4, 4) for _ in range(n_stages)]
     stages = [PipelineStage(m, s, n_stages, torch.device("cpu")) for s, m in enumerate(modules)]
-    single = _torch.schedule_is_single(name)  # GPipe and 1F1B take the one stage, the others a list
-    return _torch.schedule_class(name)(stages[0] if single else stages, n_mb,
-                                       loss_fn=torch.nn.functional.mse_loss), stages
+    cls = get_schedule_class(name)
+    single = issubclass(cls, PipelineScheduleSingle)  # GPipe and 1F1B take the one stage, the others a list
+    return cls(stages[0] if single else stages, n_mb, loss_fn=torch.nn.functional.mse_loss), stages
 
 
 def _step(schedule):

@@ -4,7 +4,9 @@
 (:func:`pp_program`), predicts their step time, bubble and memory per rank on measured
 costs (:func:`pp_simulate`), bounds them (:func:`pp_lower_bounds`), answers what-if
 questions (:func:`pp_what_if`) and searches a better action order (:func:`search_pp`),
-which it writes as the compute-only CSV PyTorch's runtime loads.
+which it writes as the compute-only CSV PyTorch's runtime loads. While a job trains,
+:class:`RollingStepCosts` times its steps and actions and :func:`refreshed_pp_costs` refreshes
+the costs from them; :func:`measure_action_overhead` measures the runtime's cost per action.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ _LAZY = {
     "pp_search": "search",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
+    "RollingStepCosts": "rolling",
+    "refreshed_pp_costs": "rolling",
+    "PPRefreshed": "rolling",
+    "measure_action_overhead": "rolling",
+    "ActionOverhead": "rolling",
 }
 
 __all__ = sorted(_LAZY)
