@@ -301,6 +301,27 @@ def instrument_rows(iters: int, rounds: int) -> List[Tuple[str, int, float, floa
     return rows
 
 
+def wrapper_call_costs(n: int, rounds: int) -> Tuple[float, float]:
+    """Best-of-rounds seconds per call of the pass-through wrapper and of RollingCosts, in a loop, no engine."""
+    from swpipe_core.measure.rolling import RollingCosts
+
+    task = PipelineTask("T", noop)
+    rolling = RollingCosts(window=256)
+
+    def run_task(t, ctx) -> None:
+        return None
+
+    def through(k: int) -> None:
+        for _ in range(k):
+            passthrough(run_task, task, None)
+
+    def timed(k: int) -> None:
+        for _ in range(k):
+            rolling(run_task, task, None)
+
+    return _per_op(through, n, rounds), _per_op(timed, n, rounds)
+
+
 def print_instrument_rows(iters: int, rounds: int) -> None:
     print(f"\n(d) measuring while running: pipelined us/task, {iters} iterations, median of {rounds} alternating rounds")
     header = f"{'plan':44s} {'tasks':>5s} {'bare':>8s} {'pass-through':>12s} {'RollingCosts':>12s} {'added':>8s}"
@@ -309,6 +330,9 @@ def print_instrument_rows(iters: int, rounds: int) -> None:
     for label, n, bare, through, rolling in instrument_rows(iters, rounds):
         print(f"{label:44s} {n:5d} {bare * 1e6:8.2f} {through * 1e6:12.2f} {rolling * 1e6:12.2f} "
               f"{(rolling - bare) * 1e6:8.2f}")
+    through, rolling = wrapper_call_costs(iters * 20, rounds)
+    print(f"    the wrapper alone, called in a loop (best of {rounds}): pass-through {through * 1e6:.2f} us, "
+          f"RollingCosts {rolling * 1e6:.2f} us per task execution")
 
 
 def main() -> None:
