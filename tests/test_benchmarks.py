@@ -88,5 +88,6 @@ def test_sim_speed_times_every_case(capsys):
 def test_rolling_costs_runs_and_prints_both_errors(capsys):
     assert load_benchmark("rolling_costs").main(["--rounds", "1", "--iters", "6"]) == 0
     out = capsys.readouterr().out
-    ahead, fresh = word_after(out, "|error|:", "ahead"), word_after(out, "|error|:", "ahead", ahead, "refreshed")
+    ahead = word_after(out, "|error|:", "ahead")
+    fresh = word_after(out, "|error|:", "ahead", ahead, "refreshed")
     assert float(ahead.rstrip("%,")) >= 0 and float(fresh.rstrip("%")) >= 0, out  # both errors, printed
