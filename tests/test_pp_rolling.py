@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from autosched.pp.costs import PPCosts, StageCost
 from autosched.pp.program import PPError, pp_program
-from autosched.pp.rolling import RollingStepCosts, measure_action_overhead, refreshed_pp_costs
+from autosched.pp.rolling import RollingStepCosts, calibrate_pp, measure_action_overhead, refreshed_pp_costs
 from swpipe_core.measure.rolling import RollingCosts
 
 pytestmark = pytest.mark.timeout(300)
@@ -136,3 +136,15 @@ def test_the_action_overhead_checks_its_counts(field, kwargs):
         measure_action_overhead([torch.nn.Linear(2, 2)], torch.randn(1, 2), torch.randn(1, 2),
                                 torch.nn.functional.mse_loss, **kwargs)
     assert (info.value.rule, info.value.field) == ("bad_value", field)
+
+
+def test_calibrate_pp_folds_the_overhead_into_the_stage_costs_and_has_no_link_on_one_rank(one_rank):
+    torch.manual_seed(0)
+    stages = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)]
+    costs = calibrate_pp(stages, torch.randn(3, 4), torch.randn(3, 2), torch.nn.functional.mse_loss,
+                         n_microbatches=2, repeats=2)
+    bare = costs.with_action_overhead(0.0)
+    assert (costs.n_stages, costs.samples_per_microbatch, costs.p2p.latency_s, costs.p2p.post_s) == (2, 3, 0.0, 0.0)
+    assert [round(c.forward_s - b.forward_s, 12) for c, b in zip(costs.stages, bare.stages)] == \
+        [round(costs.action_overhead_s, 12)] * 2
+    assert costs.stages[0].output_bytes == 3 * 4 * 4 and dist.is_initialized()  # 3 x 4 float32 sent on

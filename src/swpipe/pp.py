@@ -15,7 +15,8 @@ adds what its dry run lacks (time, transfers, memory):
   action of its stages timed into a rolling window), :func:`refreshed_pp_costs` (the costs
   from the windows' medians, with how fresh and how noisy: a :class:`PPRefreshed`),
   :func:`measure_action_overhead` (what the runtime adds per action, on the user's stages:
-  an :class:`ActionOverhead`);
+  an :class:`ActionOverhead`); :func:`calibrate_pp` (stages, link and that overhead at once,
+  in the job's process group);
 * the prediction: :func:`pp_simulate` (step, bubble and peak memory per rank),
   :func:`pp_lower_bounds`, :func:`pp_what_if`, :func:`pp_compare` (a :class:`PPComparison`);
 * the search: :func:`pp_search` (CP-SAT and list scheduling, seeded with PyTorch's schedules);
@@ -38,7 +39,7 @@ Examples
 
 from __future__ import annotations
 
-from autosched.pp import (ActionOverhead, PPRefreshed, RollingStepCosts, measure_action_overhead,
+from autosched.pp import (ActionOverhead, PPRefreshed, RollingStepCosts, calibrate_pp, measure_action_overhead,
                           refreshed_pp_costs)
 from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPError, PPProgram,
                           PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, StageCost,
@@ -46,7 +47,8 @@ from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPCom
                           pp_search, pp_simulate, pp_what_if, program_from_order, read_csv, split_module,
                           validate_program)
 
-__all__ = ["ActionOverhead", "PPRefreshed", "RollingStepCosts", "measure_action_overhead", "refreshed_pp_costs",
+__all__ = ["ActionOverhead", "PPRefreshed", "RollingStepCosts", "calibrate_pp", "measure_action_overhead",
+           "refreshed_pp_costs",
            "LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPError", "PPProgram",
            "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
            "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_compare", "pp_lower_bounds", "pp_program",

@@ -48,6 +48,7 @@ _LAZY = {
     "PPRefreshed": "rolling",
     "measure_action_overhead": "rolling",
     "ActionOverhead": "rolling",
+    "calibrate_pp": "rolling",
 }
 
 __all__ = sorted(_LAZY)

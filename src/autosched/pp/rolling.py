@@ -1,4 +1,4 @@
-"""PyTorch's pipelining runtime measured while it trains: step and per-action times, and the costs refreshed from them.
+"""PyTorch's pipelining runtime measured on the user's stages: once ahead (calibrate_pp), and while it trains.
 
 :class:`RollingStepCosts` wraps a schedule's ``step`` and its stages' public
 per-action methods (``forward_one_chunk``, ``backward_one_chunk``,
@@ -23,6 +23,9 @@ and pass the list.
 process, what the runtime adds per compute action: every stage on one rank
 (``LoopedBFS`` over a one-rank group, no transfers), each timed step paired
 with the stages' own costs measured right after it, so both share the load.
+:func:`calibrate_pp` is the one calibration ahead of a job: the stages' costs,
+the link in the job's process group (its cost per posted transfer included) and
+the runtime's cost per action, as one :class:`~autosched.pp.costs.PPCosts`.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from autosched.pp.program import PPError
 
 __all__ = ["RollingStepCosts", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead", "ActionOverhead",
-           "ACTION_METHODS"]
+           "calibrate_pp", "ACTION_METHODS"]
 
 #: the stage methods wrapped, and the action letter each call is recorded as
 ACTION_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -375,3 +378,60 @@ def _overhead_rounds(modules: List[Any], microbatch: Any, target: Any, loss_fn: 
     finally:
         restore_state(modules, snapshot)
     return ActionOverhead(max(0.0, statistics.median(rounds)), tuple(rounds), actions)
+
+
+def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                 group: Any = None, alone_group: Any = None, n_microbatches: int = 4, repeats: int = 5) -> Any:
+    """The costs of a pipeline-parallel job, measured on its own stages, in its own process group.
+
+    * each stage's F, B, I, W, loss and bytes: :func:`~autosched.pp.costs.measure_stage_costs`
+      (``repeats`` timed passes);
+    * the link: :func:`~autosched.pp.costs.measure_p2p` on ``group`` (the job's; its default
+      group when ``None``), its busy exchange at the size of the largest activation sent, when
+      the group has two ranks or more (every rank of it calls this); no link otherwise;
+    * the runtime's cost per action: :func:`measure_action_overhead` on ``alone_group``
+      (``repeats`` rounds), folded in with
+      :meth:`PPCosts.with_action_overhead <autosched.pp.costs.PPCosts.with_action_overhead>`.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        Every stage module, in order (each rank passes all of them, as ``swpipe pp`` builds them).
+    microbatch, target : torch.Tensor
+    loss_fn : callable
+    group : ProcessGroup, optional
+        The job's group, for the link.
+    alone_group : ProcessGroup, optional
+        A one-rank group of this rank (see :func:`measure_action_overhead`).
+    n_microbatches : int
+        Micro-batches per step of the overhead's runs.
+    repeats : int
+
+    Returns
+    -------
+    PPCosts
+
+    Examples
+    --------
+    >>> import torch
+    >>> costs = calibrate_pp([torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)], torch.randn(4, 8), torch.randn(4, 2),
+    ...                      torch.nn.functional.mse_loss, n_microbatches=2, repeats=2)
+    >>> costs.n_stages, costs.samples_per_microbatch, costs.p2p.latency_s, costs.action_overhead_s >= 0
+    (2, 4, 0.0, True)
+    """
+    import platform
+
+    import torch.distributed as dist
+
+    from autosched.pp.costs import P2PCost, PPCosts, measure_p2p, measure_stage_costs
+
+    measured = measure_stage_costs(stages, microbatch, target, loss_fn, repeats=repeats)
+    link = P2PCost()
+    if dist.is_initialized() and dist.get_world_size(group) >= 2:
+        busy = max([c.output_bytes for c in measured] + [1])
+        link = measure_p2p(group, repeats=max(4, repeats), busy_bytes=busy)
+    overhead = measure_action_overhead(stages, microbatch, target, loss_fn, n_microbatches=n_microbatches,
+                                       group=alone_group, steps=repeats)
+    machine = f"calibrate_pp on {platform.node()}: {repeats} repeats, overhead spread {overhead.spread_s * 1e6:.1f} us"
+    return PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]),
+                   machine=machine).with_action_overhead(overhead.overhead_s)
