@@ -16,6 +16,11 @@
     inline on the caller's thread, no worker) over a plain loop, as
     ``a + b * tasks`` per period (least squares over 1..32 tasks, best of the
     rounds), and a two-group plan's period in thread round trips.
+(d) Measuring while running (issue 47): the same no-op plans pipelined with
+    nothing around their tasks, with a pass-through ``instrument`` wrapper
+    (the dispatch alone) and with ``RollingCosts`` (a rolling window of
+    every task's host time), side by side in us/task; the modes alternate
+    round by round so that each sees the same machine load.
 
 Targets: (issue 4) overhead <= 30 us per task, overlap period within 5 % of
 the ideal; (issue 14) single-group plan <= 5 us per period + <= 1 us per task
@@ -24,6 +29,7 @@ speedup >= 1.95x serial.
 
     python benchmarks/engine_overhead.py            # full
     python benchmarks/engine_overhead.py --quick    # fewer iterations
+    python benchmarks/engine_overhead.py --only-instrument   # (d) alone
 """
 
 from __future__ import annotations
@@ -266,11 +272,78 @@ def overlap(io_s: float, compute_s: float, iters: int) -> Dict[str, float]:
     }
 
 
+def passthrough(run_task, task, ctx) -> None:
+    run_task(task, ctx)
+
+
+def instrument_rows(iters: int, rounds: int) -> List[Tuple[str, int, float, float, float]]:
+    """(plan, tasks, us/task bare, with a pass-through wrapper, with RollingCosts), medians over alternating rounds."""
+    from swpipe_core.measure.rolling import RollingCosts
+
+    shapes = [("4 tasks, 1 thread, depth 2", chain_plan(4, ["default"], 2)),
+              ("H2D/Fwd/Bwd/Opt example, 2 threads, depth 2", example_plan()),
+              ("8 tasks, 3 threads, depth 3", chain_plan(8, ["io", "dist", "compute"], 3))]
+    rows = []
+    for label, plan in shapes:
+        n = len(plan.task_names)
+        pipe = SWPipeline(plan, device="cpu")
+        pipe.run(range(50))
+        rolling = RollingCosts(window=256)
+        times: Dict[str, List[float]] = {"bare": [], "pass": [], "rolling": []}
+        for _ in range(rounds):
+            times["bare"].append(pipe.run(range(iters)))
+            with pipe.instrument(passthrough):
+                times["pass"].append(pipe.run(range(iters)))
+            with pipe.instrument(rolling):
+                times["rolling"].append(pipe.run(range(iters)))
+        pipe.close()
+        rows.append((label, n, *(statistics.median(times[k]) / (n * iters) for k in ("bare", "pass", "rolling"))))
+    return rows
+
+
+def wrapper_call_costs(n: int, rounds: int) -> Tuple[float, float]:
+    """Best-of-rounds seconds per call of the pass-through wrapper and of RollingCosts, in a loop, no engine."""
+    from swpipe_core.measure.rolling import RollingCosts
+
+    task = PipelineTask("T", noop)
+    rolling = RollingCosts(window=256)
+
+    def run_task(t, ctx) -> None:
+        return None
+
+    def through(k: int) -> None:
+        for _ in range(k):
+            passthrough(run_task, task, None)
+
+    def timed(k: int) -> None:
+        for _ in range(k):
+            rolling(run_task, task, None)
+
+    return _per_op(through, n, rounds), _per_op(timed, n, rounds)
+
+
+def print_instrument_rows(iters: int, rounds: int) -> None:
+    print(f"\n(d) measuring while running: pipelined us/task, {iters} iterations, median of {rounds} alternating rounds")
+    header = f"{'plan':44s} {'tasks':>5s} {'bare':>8s} {'pass-through':>12s} {'RollingCosts':>12s} {'added':>8s}"
+    print(header)
+    print("-" * len(header))
+    for label, n, bare, through, rolling in instrument_rows(iters, rounds):
+        print(f"{label:44s} {n:5d} {bare * 1e6:8.2f} {through * 1e6:12.2f} {rolling * 1e6:12.2f} "
+              f"{(rolling - bare) * 1e6:8.2f}")
+    through, rolling = wrapper_call_costs(iters * 20, rounds)
+    print(f"    the wrapper alone, called in a loop (best of {rounds}): pass-through {through * 1e6:.2f} us, "
+          f"RollingCosts {rolling * 1e6:.2f} us per task execution")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    parser.add_argument("--only-instrument", action="store_true", help="only (d): the cost of measuring while running")
     args = parser.parse_args()
     iters, rounds, overlap_iters = (300, 3, 40) if args.quick else (2000, 5, 150)
+    if args.only_instrument:
+        print_instrument_rows(iters, rounds)
+        return
 
     print(f"machine: {platform.processor() or platform.machine()}, {threading.active_count()} threads at start, "
           f"python {platform.python_version()}, torch {torch.__version__}")
@@ -303,6 +376,7 @@ def main() -> None:
     for label, period, trip in two_group_periods(iters, rounds):
         print(f"    {label:52s} {period * 1e6:7.1f} us/period, round trip {trip * 1e6:5.1f} us -> "
               f"{period / trip:.2f} round trips per period (target <= 1.2 with one group inline)")
+    print_instrument_rows(iters, rounds)
 
 
 if __name__ == "__main__":

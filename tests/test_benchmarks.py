@@ -83,3 +83,11 @@ def test_sim_speed_times_every_case(capsys):
     for case in bench.CASES:
         ms = word_after(out, *bench.case_label(*case).split(), "this")
         assert ms is not None and float(ms) > 0, out
+
+
+def test_rolling_costs_runs_and_prints_both_errors(capsys):
+    assert load_benchmark("rolling_costs").main(["--rounds", "1", "--iters", "6"]) == 0
+    out = capsys.readouterr().out
+    ahead = word_after(out, "|error|:", "ahead")
+    fresh = word_after(out, "|error|:", "ahead", ahead, "refreshed")
+    assert float(ahead.rstrip("%,")) >= 0 and float(fresh.rstrip("%")) >= 0, out  # both errors, printed

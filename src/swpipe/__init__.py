@@ -7,7 +7,8 @@
   ``save_plan``/``load_plan``;
 * running it: ``SWPipeline``, its ``Timeouts``, ``PipelineTaskError``; ``agree_on_end`` (ranks whose data ends
   unevenly stop together), ``keep_freed_memory`` (a CPU process keeps freed host memory: no page faults each step);
-* measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``;
+* measuring it: ``TaskProfiler``, ``ProfileResult``, ``CostModel``, ``TaskCost``, ``CostModelError``, and while it
+  runs ``RollingCosts`` (each task's recent times, for ``CostModel.refreshed``);
 * checking what it computes: ``infer_plan``, ``check_dataflow``;
 * predicting and explaining it: ``simulate``, ``lower_bounds``, ``what_if``, ``compare``, ``gantt``, which take a
   plan, a GPipe (``swpipe.gpipe``) or a pipeline-parallel program (``swpipe.pp``) alike;
@@ -21,7 +22,7 @@ helpers the guide and the notebooks use are listed, with their module, at the en
 Examples
 --------
 >>> import swpipe
->>> len(swpipe.__all__) <= 35 and "SWPipeline" in swpipe.__all__
+>>> len(swpipe.__all__) <= 36 and "SWPipeline" in swpipe.__all__
 True
 >>> dir(swpipe) == swpipe.__all__
 True
@@ -52,6 +53,7 @@ _PUBLIC = {
     "agree_on_end": "swpipe_core.distributed",
     "keep_freed_memory": "swpipe_core.measure.allocator",
     "TaskProfiler": "swpipe_core.measure.profiler",
+    "RollingCosts": "swpipe_core.measure.rolling",
     "ProfileResult": "swpipe_core.measure.result",
     "CostModel": "autosched.model.costs",
     "TaskCost": "autosched.model.costs",

@@ -11,6 +11,12 @@ adds what its dry run lacks (time, transfers, memory):
 * the costs: :func:`measure_stage_costs` (F, I, W, B and bytes per stage, one process),
   :func:`measure_p2p` (the link, with ``torch.distributed``), :class:`StageCost`,
   :class:`P2PCost`, :class:`PPCosts`, :func:`split_module`, :class:`LiveTensorBytes`;
+* measured while the job trains: :class:`RollingStepCosts` (each ``schedule.step`` and each
+  action of its stages timed into a rolling window), :func:`refreshed_pp_costs` (the costs
+  from the windows' medians, with how fresh and how noisy: a :class:`PPRefreshed`),
+  :func:`measure_action_overhead` (what the runtime adds per action, on the user's stages:
+  an :class:`ActionOverhead`); :func:`calibrate_pp` (stages, link and that overhead at once,
+  in the job's process group);
 * the prediction and the search: ``swpipe.simulate`` (step, bubble and peak memory per rank),
   ``swpipe.lower_bounds``, ``swpipe.what_if``, ``swpipe.compare`` and ``swpipe.search`` (CP-SAT and list
   scheduling, seeded with PyTorch's schedules, under ``Constraints``/``SolverOptions``): the verbs of a plan,
@@ -41,17 +47,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from autosched.pp import (LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts, PPCpsatRun, PPError,
-                          PPProgram, PPRow, PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf,
-                          StageCost, builtin_programs, measure_p2p, measure_stage_costs, pp_program, program_from_order,
-                          read_csv, split_module, validate_program)
+from autosched.pp import (ActionOverhead, LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts,
+                          PPCpsatRun, PPError, PPProgram, PPRefreshed, PPRow, PPScheduleError, PPSearchResult,
+                          PPSimResult, PPTorchError, PPWhatIf, RollingStepCosts, StageCost, builtin_programs,
+                          calibrate_pp, measure_action_overhead, measure_p2p, measure_stage_costs, pp_program,
+                          program_from_order, read_csv, refreshed_pp_costs, split_module, validate_program)
 from autosched.pp import RENAMED, renamed
 from swpipe.commands.pp_model import PPModel
 
-__all__ = ["LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCpsatRun", "PPModel", "PPCosts",
-           "PPError", "PPProgram", "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf", "StageCost",
-           "builtin_programs", "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order", "read_csv",
-           "split_module", "validate_program"]
+__all__ = ["ActionOverhead", "LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts",
+           "PPCpsatRun", "PPError", "PPModel", "PPProgram", "PPRefreshed", "PPRow", "PPScheduleError", "PPSearchResult",
+           "PPSimResult", "PPTorchError", "PPWhatIf", "RollingStepCosts", "StageCost", "builtin_programs",
+           "calibrate_pp", "measure_action_overhead", "measure_p2p", "measure_stage_costs", "pp_program",
+           "program_from_order", "read_csv", "refreshed_pp_costs", "split_module", "validate_program"]
 
 
 def __getattr__(name: str) -> Any:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import dataclass, replace as _dc_replace
+from dataclasses import dataclass, field as _dc_field, replace as _dc_replace
 from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from autosched.model.taskcost import (BYTE_FIELDS, TASK_FIELDS, CostModelError, TaskCost, check_bytes, check_time,
@@ -95,6 +95,11 @@ class CostModel:
     cores : int, optional
         The core pool: at most this many host parts run at once, whatever their
         threads (docs/semantics.md). ``None`` (default): unlimited.
+    freshness : CostFreshness, optional
+        For a model refreshed from costs measured while the job ran
+        (:meth:`refreshed`): per task where its cost came from, how many samples,
+        how old and how noisy (:class:`autosched.model.refresh.CostFreshness`;
+        ``print(model.freshness)``). Not written to the JSON file; ``None`` otherwise.
 
     Examples
     --------
@@ -115,6 +120,7 @@ class CostModel:
     batch_bytes: float = 0.0
     machine_calibration: Any = None  # swpipe_core.measure.calibrate.MachineCalibration (autosched.model.machine uses it)
     cores: Optional[int] = None
+    freshness: Any = _dc_field(default=None, compare=False, repr=False)  # autosched.model.refresh.CostFreshness
 
     def __post_init__(self) -> None:
         self.batch_bytes = check_bytes(self.batch_bytes, "batch_bytes")
@@ -356,6 +362,93 @@ class CostModel:
         out.notes = self.notes
         out.batch_bytes = check_bytes(float(doc.get("batch_bytes", 0.0)), "batch_bytes")
         return out
+
+    def refreshed(self, rolling: Any, min_samples: int = 5) -> "CostModel":
+        """A copy whose task times are the medians of recent executions, where there are enough of them.
+
+        Per task, the median host duration of ``rolling``'s window replaces
+        ``host_s`` (and the median device span ``device_s``) when the window holds
+        at least ``min_samples`` of them; a task with fewer keeps this model's cost,
+        so one execution on a load spike does not decide. Resource tags, bytes, the
+        machine calibration and the core pool are kept. The copy's
+        :attr:`freshness` says per task where its cost came from, how old and how
+        noisy (:mod:`autosched.model.refresh`).
+
+        Parameters
+        ----------
+        rolling : RollingCosts
+            What the job measured while it ran (:class:`swpipe_core.measure.rolling.RollingCosts`).
+        min_samples : int
+            The fewest samples that replace a task's cost, ``>= 1``.
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        CostModelError
+            ``min_samples`` not an integer ``>= 1`` (``.field == "min_samples"``).
+
+        Examples
+        --------
+        >>> from swpipe_core.measure.rolling import RollingCosts
+        >>> r = RollingCosts()
+        >>> for d in (0.004, 0.005, 0.004, 0.090, 0.004):  # one spike
+        ...     r.add("A", d)
+        >>> r.add("B", 0.5)  # one sample: too few
+        >>> m = CostModel({"A": TaskCost(0.002, resources=("pcie",)), "B": TaskCost(0.001)}).refreshed(r)
+        >>> m["A"], m["B"].host_s, m.freshness.tasks["B"].source
+        (TaskCost(host_s=0.004, device_s=0.0, resources=('pcie',)), 0.001, 'model')
+        """
+        from autosched.model.refresh import refreshed_costs
+
+        return refreshed_costs(self, rolling, min_samples)
+
+    @classmethod
+    def from_rolling(cls, rolling: Any, min_samples: int = 5, machine: str = "") -> "CostModel":
+        """A model of every task ``rolling`` measured: the medians of its recent executions.
+
+        As :meth:`refreshed` with nothing to fall back on: every task needs
+        ``min_samples`` samples.
+
+        Parameters
+        ----------
+        rolling : RollingCosts
+        min_samples : int
+        machine : str
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        CostModelError
+            No task measured, or tasks with fewer than ``min_samples`` samples
+            (``.tasks`` names them).
+
+        Examples
+        --------
+        >>> from swpipe_core.measure.rolling import RollingCosts
+        >>> r = RollingCosts()
+        >>> for d in (0.003, 0.002, 0.002):
+        ...     r.add("A", d)
+        >>> CostModel.from_rolling(r, min_samples=3)["A"].host_s
+        0.002
+        """
+        from autosched.model.refresh import refreshed_costs
+
+        model = refreshed_costs(cls({}, machine=machine), rolling, min_samples, tasks_from_window=True)
+        if not model.tasks:
+            raise CostModelError("the rolling window has no samples", "rolling",
+                                 "run the pipeline inside `with pipe.instrument(rolling):` first")
+        few = [n for n, f in model.freshness.tasks.items() if f.source != "window"]
+        if few:
+            raise CostModelError(f"task(s) {few} have fewer than {min_samples} samples", "rolling",
+                                 "run more iterations, lower min_samples, or refresh a model measured before "
+                                 "(CostModel.refreshed)", tasks=few, value=min_samples)
+        return model
 
     @property
     def has_bytes(self) -> bool:

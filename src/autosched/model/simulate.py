@@ -241,7 +241,7 @@ class SimResult:
         return write_chrome_trace(self.events, path, name=name)
 
     def summary(self) -> str:
-        """A few readable lines: period, latency, binding, utilisation, top stalls."""
+        """A few readable lines: period, latency, binding, utilisation, top stalls; the costs' freshness when refreshed."""
         growth = self.latency_growth
         ahead = (f" (host runs ahead of the device: latency grows {growth * 1e3:.3f} ms per iteration)"
                  if growth > 1e-6 * max(self.period_s, 1e-12) else "")
@@ -256,6 +256,8 @@ class SimResult:
         if top:
             lines.append("largest waits per iteration: " + ", ".join(
                 f"{t}{'' if p == 'host' else '@dev'} on {c} {s * 1e3:.3f} ms" for t, p, c, s in top))
+        if self.costs.freshness is not None:  # costs measured while the job ran: how old and how noisy
+            lines.append(self.costs.freshness.summary())
         return "\n".join(lines)
 
     def to_dataframe(self) -> pandas.DataFrame:

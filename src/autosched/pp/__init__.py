@@ -7,6 +7,9 @@ memory per rank on measured costs, bound them, answer what-if questions and sear
 action order, which :meth:`PPProgram.to_csv` writes as the compute-only CSV PyTorch's runtime loads.
 The verbs' names before (``pp_simulate``, ``pp_lower_bounds``, ``pp_what_if``, ``pp_compare``,
 ``pp_search``) still work for one release and warn (``FutureWarning``).
+While a job trains, :class:`RollingStepCosts` times its steps and actions and
+:func:`refreshed_pp_costs` refreshes the costs from them; :func:`measure_action_overhead`
+measures the runtime's cost per action.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ _LAZY = {
     "PPCpsatRun": "search",
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
+    "RollingStepCosts": "rolling",
+    "refreshed_pp_costs": "rolling",
+    "PPRefreshed": "rolling",
+    "measure_action_overhead": "rolling",
+    "ActionOverhead": "rolling",
+    "calibrate_pp": "rolling",
 }
 
 __all__ = sorted(_LAZY)

@@ -23,7 +23,9 @@ What is read, and why:
 * ``_simulate_comms_compute``: PyTorch's own dry run, to compare with;
 * ``_PipelineScheduleRuntime._load_csv``: to check that a CSV swpipe writes loads;
 * ``_backward.stage_backward_input`` / ``stage_backward_weight``: the backward split the
-  zero-bubble schedules run, to time I and W as the runtime runs them.
+  zero-bubble schedules run, to time I and W as the runtime runs them;
+* a schedule's ``_stage`` (single-stage) or ``_stages`` (multi-stage): the stages a
+  schedule object steps, when a caller of ``RollingStepCosts`` does not pass them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PPTorchError", "check_torch", "SCHEDULES", "available_schedules", "schedule_is_single",
            "compute_order", "runtime_order", "lower_compute_order", "format_grid", "torch_dry_run",
-           "load_compute_csv", "runtime_from_csv", "schedule_class", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map"]
+           "load_compute_csv", "runtime_from_csv", "schedule_class", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map",
+           "schedule_stages"]
 
 MIN_TORCH = (2, 8)  # the oldest torch whose private helpers here were checked; 2.13 is the one tested
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
@@ -404,3 +407,16 @@ def backward_weight(params: Any, param_groups: Any) -> Any:
     """The W of a zero-bubble schedule: gradients of the stage's weights (``stage_backward_weight``)."""
     _, backward = _modules()
     return backward.stage_backward_weight(params, param_groups)
+
+
+def schedule_stages(schedule: Any) -> List[Any]:
+    """The stages a schedule object steps on this rank (its ``_stages``, or its single ``_stage``)."""
+    stages = getattr(schedule, "_stages", None)
+    if stages is None:
+        stage = getattr(schedule, "_stage", None)
+        if stage is None:
+            import torch
+
+            raise PPTorchError(torch.__version__.split("+")[0], ("schedule._stages", "schedule._stage"))
+        stages = [stage]
+    return list(stages)

@@ -1,0 +1,437 @@
+"""PyTorch's pipelining runtime measured on the user's stages: once ahead (calibrate_pp), and while it trains.
+
+:class:`RollingStepCosts` wraps a schedule's ``step`` and its stages' public
+per-action methods (``forward_one_chunk``, ``backward_one_chunk``,
+``backward_weight_one_chunk``, which every schedule calls through the stage)
+for the ``with`` block: each step's wall time goes into a
+:class:`~swpipe_core.measure.rolling.RollingCosts` as ``"step"``, and each
+action's as ``"F<stage>"``, ``"B<stage>"`` (a full backward), ``"I<stage>"``
+(the input gradients of a split backward) and ``"W<stage>"`` (its weight
+gradients). An action's time is what the runtime spent in it on this rank,
+its own Python around the module included (what
+:attr:`PPCosts.action_overhead_s <autosched.pp.costs.PPCosts.action_overhead_s>`
+stands for) and the transfers it waits for excluded.
+
+:func:`refreshed_pp_costs` puts the windows' medians in place of a
+:class:`~autosched.pp.costs.PPCosts`' stage times where a window holds enough
+samples, with the freshness report of plan cost models
+(:class:`~autosched.model.refresh.CostFreshness`). Each rank measures only its
+own stages: gather the ranks' ``rolling.stats()`` (``dist.all_gather_object``)
+and pass the list.
+
+:func:`measure_action_overhead` measures, on the user's stages in the user's
+process, what the runtime adds per compute action: every stage on one rank
+(``LoopedBFS`` over a one-rank group, no transfers), each timed step paired
+with the stages' own costs measured right after it, so both share the load.
+:func:`calibrate_pp` is the one calibration ahead of a job: the stages' costs,
+the link in the job's process group (its cost per posted transfer included) and
+the runtime's cost per action, as one :class:`~autosched.pp.costs.PPCosts`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from autosched.pp.program import PPError
+
+__all__ = ["RollingStepCosts", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead", "ActionOverhead",
+           "calibrate_pp", "ACTION_METHODS"]
+
+#: the stage methods wrapped, and the action letter each call is recorded as
+ACTION_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+_FIELD_OF = {"F": "forward_s", "B": "backward_s", "I": "backward_input_s", "W": "backward_weight_s"}
+
+
+def _action_of(method: str, kwargs: Dict[str, Any], args: Tuple[Any, ...]) -> str:
+    if method == "forward_one_chunk":
+        return "F"
+    if method == "backward_weight_one_chunk":
+        return "W"
+    # backward_one_chunk(bwd_chunk_id, loss=None, full_backward=True, last_backward=False)
+    full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+    return "B" if full else "I"
+
+
+class RollingStepCosts:
+    """For the ``with`` block, time every ``schedule.step`` and every action of its stages into a rolling window.
+
+    Parameters
+    ----------
+    schedule : torch.distributed.pipelining schedule
+        The schedule this rank steps (``ScheduleGPipe``, ``Schedule1F1B``, a multi-stage one).
+    stages : sequence of PipelineStage, optional
+        This rank's stages (default: the schedule's own).
+    rolling : RollingCosts, optional
+        The window to record into (default: a new one of ``window`` samples).
+    window : int
+        Samples kept per action when ``rolling`` is not given.
+
+    Raises
+    ------
+    RuntimeError
+        Entered twice at once.
+
+    Examples
+    --------
+    >>> import torch, torch.distributed as dist
+    >>> from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    >>> if not dist.is_initialized():
+    ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> stage = PipelineStage(torch.nn.Linear(4, 2), 0, 1, torch.device("cpu"))
+    >>> schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=torch.nn.functional.mse_loss)
+    >>> with RollingStepCosts(schedule) as costs:
+    ...     for _ in range(3):
+    ...         _ = schedule.step(torch.randn(8, 4), target=torch.randn(8, 2))
+    >>> {name: s.recorded for name, s in costs.rolling.stats().items()}
+    {'F0': 6, 'B0': 6, 'step': 3}
+    >>> dist.destroy_process_group()
+    """
+
+    def __init__(self, schedule: Any, stages: Optional[Sequence[Any]] = None, rolling: Any = None,
+                 window: int = 64) -> None:
+        from swpipe_core.measure.rolling import RollingCosts
+
+        if stages is None:
+            from autosched.pp import _torch
+
+            stages = _torch.schedule_stages(schedule)
+        self.schedule = schedule
+        self.stages = list(stages)
+        self.rolling = rolling if rolling is not None else RollingCosts(window)
+        self._installed: List[Tuple[Any, str, Any]] = []  # (object, attribute, what its instance held before)
+
+    def __enter__(self) -> "RollingStepCosts":
+        if self._installed:
+            raise RuntimeError("RollingStepCosts: already entered; leave the block before entering it again")
+        self._wrap(self.schedule, "step", lambda args, kwargs: "step")
+        for stage in self.stages:
+            index = stage.stage_index
+            for method in ACTION_METHODS:
+                self._wrap(stage, method, lambda args, kwargs, m=method, s=index: f"{_action_of(m, kwargs, args)}{s}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._installed:  # in reverse, each instance attribute as it was
+            obj, name, before = self._installed.pop()
+            if before is None:
+                del obj.__dict__[name]
+            else:
+                obj.__dict__[name] = before
+
+    def _wrap(self, obj: Any, name: str, label: Callable[[Tuple[Any, ...], Dict[str, Any]], str]) -> None:
+        original = getattr(obj, name)
+        rolling, clock = self.rolling, self.rolling.clock
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            out = original(*args, **kwargs)
+            rolling.add(label(args, kwargs), clock() - t0)
+            return out
+
+        self._installed.append((obj, name, obj.__dict__.get(name)))
+        obj.__dict__[name] = timed  # an instance attribute: the runtime calls stage.forward_one_chunk(...) through it
+
+    def stats(self) -> Dict[str, Any]:
+        """``{action: WindowStats}`` of this rank (``rolling.stats()``): ``"step"``, ``"F0"``, ``"B1"``, ..."""
+        return self.rolling.stats()
+
+
+@dataclass(frozen=True)
+class PPRefreshed:
+    """Costs refreshed from the runtime's own measurements.
+
+    Attributes
+    ----------
+    costs : PPCosts
+        The stage times replaced by the windows' medians where there were enough samples.
+    freshness : CostFreshness
+        Per action (``"F0"``, ``"B1"``, ...): where its time came from, samples, age, spread.
+    step : WindowStats or None
+        The measured step's window (the slowest rank's median, over the lists given), to set
+        beside ``pp_simulate(program, costs).step_s``.
+    """
+
+    costs: Any
+    freshness: Any
+    step: Any = None
+
+
+def _merged(windows: Any) -> Dict[str, Any]:
+    """One ``{action: WindowStats}`` over ranks: each action from the rank with the most samples of it."""
+    if hasattr(windows, "stats"):
+        windows = [windows]
+    merged: Dict[str, Any] = {}
+    for w in windows:
+        stats = w.stats() if hasattr(w, "stats") else dict(w)
+        for name, s in stats.items():
+            have = merged.get(name)
+            if name == "step":  # the job's step is the slowest rank's
+                if have is None or s.median_s > have.median_s:
+                    merged[name] = s
+            elif have is None or s.samples > have.samples:
+                merged[name] = s
+    return merged
+
+
+def refreshed_pp_costs(costs: Any, windows: Any, min_samples: int = 5) -> PPRefreshed:
+    """``costs`` with each stage's F, B, I and W times from the runtime's recent actions, where enough were timed.
+
+    Parameters
+    ----------
+    costs : PPCosts
+        The costs to refresh (measured ahead, e.g. :func:`~autosched.pp.costs.measure_stage_costs`).
+    windows : RollingCosts, RollingStepCosts or list
+        This rank's window, or every rank's (``RollingCosts`` or the ``stats()`` dicts,
+        e.g. gathered with ``dist.all_gather_object``).
+    min_samples : int
+        The fewest samples that replace a time (``>= 1``); an action with fewer keeps its cost.
+
+    Returns
+    -------
+    PPRefreshed
+
+    Raises
+    ------
+    PPError
+        ``min_samples`` not an integer >= 1 (``rule="bad_value"``, ``field="min_samples"``).
+
+    Examples
+    --------
+    >>> from swpipe_core.measure.rolling import RollingCosts
+    >>> from autosched.pp.costs import PPCosts, StageCost
+    >>> r = RollingCosts()
+    >>> for d in (0.004, 0.005, 0.004, 0.3, 0.004):
+    ...     r.add("F1", d)
+    >>> out = refreshed_pp_costs(PPCosts((StageCost(0.001, 0.002), StageCost(0.001, 0.002))), r)
+    >>> out.costs.stages[1].forward_s, out.costs.stages[0].forward_s, out.freshness.refreshed
+    (0.004, 0.001, ['F1'])
+    """
+    from autosched.model.refresh import CostFreshness, TaskFreshness
+
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+        raise PPError("bad_value", "min_samples", min_samples, detail="an integer >= 1")
+    if isinstance(windows, RollingStepCosts):
+        windows = windows.rolling
+    stats = _merged(windows)
+    stages = list(costs.stages)
+    fresh: Dict[str, TaskFreshness] = {}
+    for s, cost in enumerate(stages):
+        for letter, field in _FIELD_OF.items():
+            name = f"{letter}{s}"
+            w = stats.get(name)
+            use = w is not None and w.samples >= min_samples
+            if use:
+                cost = replace(cost, **{field: w.median_s})
+            if w is not None or getattr(cost, field) > 0:
+                fresh[name] = TaskFreshness(name, "window" if use else "model", w)
+        stages[s] = cost
+    return PPRefreshed(replace(costs, stages=tuple(stages)), CostFreshness(fresh, min_samples), stats.get("step"))
+
+
+@dataclass(frozen=True)
+class ActionOverhead:
+    """What PyTorch's runtime adds per compute action, measured on the user's stages.
+
+    Attributes
+    ----------
+    overhead_s : float
+        The median over the rounds, at least 0: pass it to
+        :meth:`PPCosts.with_action_overhead <autosched.pp.costs.PPCosts.with_action_overhead>`.
+    rounds_s : tuple of float
+        Each round's ``(measured step - simulated step) / compute actions`` (may be negative: noise).
+    actions : int
+        Compute actions per step.
+    """
+
+    overhead_s: float
+    rounds_s: Tuple[float, ...]
+    actions: int
+
+    @property
+    def spread_s(self) -> float:
+        """The interquartile range of the rounds (their range under 4 rounds)."""
+        v = sorted(self.rounds_s)
+        if len(v) < 4:
+            return v[-1] - v[0]
+        q = statistics.quantiles(v, n=4, method="inclusive")
+        return q[2] - q[0]
+
+
+def _one_rank_group(group: Any) -> Any:
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    if size != 1:
+        raise PPError("bad_value", "group", group, detail=(
+            f"a process group of one rank (this one has {size}): every rank creates one group per rank, in the same "
+            "order (alone = [dist.new_group([r]) for r in range(world)]), and passes alone[rank]"))
+    return group
+
+
+def measure_action_overhead(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                            n_microbatches: int = 4, group: Any = None, steps: int = 5,
+                            costs: Any = None) -> ActionOverhead:
+    """What PyTorch's runtime adds to each compute action, on these stage modules, in this process.
+
+    Every stage runs on this rank (``LoopedBFS`` over ``n_microbatches`` micro-batches on a
+    one-rank group: no transfers). Each of ``steps`` rounds times one step and then measures
+    the stages' own costs once (:func:`~autosched.pp.costs.measure_stage_costs`; or uses
+    ``costs`` as given); the round's overhead is ``(step - simulated step) / actions``. The
+    modules' parameters, buffers, gradients and torch's generators are put back afterwards.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        The stage modules in order (all of them, as :func:`~autosched.pp.costs.measure_stage_costs` takes).
+    microbatch, target : torch.Tensor
+        One micro-batch and its target.
+    loss_fn : callable
+        ``loss_fn(output, target)``, as given to the schedule.
+    n_microbatches : int
+        Micro-batches per step.
+    group : ProcessGroup, optional
+        A one-rank group to run on. Default: the default group when it has one rank, or
+        a one-rank group of its own when no process group exists (made and destroyed here).
+    steps : int
+        Timed rounds (after one untimed step).
+    costs : PPCosts, optional
+        Fixed stage costs to simulate with instead of measuring them each round.
+
+    Returns
+    -------
+    ActionOverhead
+
+    Raises
+    ------
+    PPError
+        ``group`` (or the default group) with more than one rank, or ``steps`` /
+        ``n_microbatches`` not an integer >= 1 (``rule="bad_value"``, ``.field``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> stages = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)]
+    >>> out = measure_action_overhead(stages, torch.randn(4, 8), torch.randn(4, 2), torch.nn.functional.mse_loss,
+    ...                               n_microbatches=2, steps=2)
+    >>> out.actions, len(out.rounds_s), out.overhead_s >= 0
+    (8, 2, True)
+    """
+    import torch
+    import torch.distributed as dist
+
+    for name, value in (("steps", steps), ("n_microbatches", n_microbatches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PPError("bad_value", name, value, detail="an integer >= 1")
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return _overhead_rounds(list(stages), microbatch, target, loss_fn, n_microbatches, _one_rank_group(group),
+                                steps, costs)
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def _overhead_rounds(modules: List[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], n_mb: int,
+                     group: Any, steps: int, costs: Any) -> ActionOverhead:
+    import torch
+    from torch.distributed.pipelining import PipelineStage
+
+    from autosched.pp import _torch
+    from autosched.pp.costs import PPCosts, measure_stage_costs
+    from autosched.pp.program import pp_program
+    from autosched.pp.simulate import pp_simulate
+    from swpipe_core.measure.state import restore_state, snapshot_state
+
+    n = len(modules)
+    snapshot = snapshot_state(modules)
+    try:
+        device = microbatch.device
+        pstages = [PipelineStage(m, s, n, device, group=group) for s, m in enumerate(modules)]
+        schedule = _torch.schedule_class("LoopedBFS")(pstages, n_mb, loss_fn=loss_fn)
+        program = pp_program("LoopedBFS", 1, n_mb, stages_per_rank=n)
+        actions = len(program.compute[0])
+        x, y = torch.cat([microbatch] * n_mb), torch.cat([target] * n_mb)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        def step() -> float:
+            for m in modules:
+                m.zero_grad(set_to_none=False)
+            sync()
+            t0 = time.perf_counter()
+            schedule.step(x, target=y, losses=[], return_outputs=False)
+            sync()
+            return time.perf_counter() - t0
+
+        step()  # warm-up: the runtime shapes its buffers on the first step
+        rounds = []
+        for _ in range(steps):
+            measured = step()
+            stage_costs = costs if costs is not None else PPCosts(measure_stage_costs(modules, microbatch, target,
+                                                                                      loss_fn, repeats=1, warmup=0))
+            predicted = pp_simulate(program, stage_costs.with_action_overhead(0.0)).step_s
+            rounds.append((measured - predicted) / actions)
+    finally:
+        restore_state(modules, snapshot)
+    return ActionOverhead(max(0.0, statistics.median(rounds)), tuple(rounds), actions)
+
+
+def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                 group: Any = None, alone_group: Any = None, n_microbatches: int = 4, repeats: int = 5) -> Any:
+    """The costs of a pipeline-parallel job, measured on its own stages, in its own process group.
+
+    * each stage's F, B, I, W, loss and bytes: :func:`~autosched.pp.costs.measure_stage_costs`
+      (``repeats`` timed passes);
+    * the link: :func:`~autosched.pp.costs.measure_p2p` on ``group`` (the job's; its default
+      group when ``None``), its busy exchange at the size of the largest activation sent, when
+      the group has two ranks or more (every rank of it calls this); no link otherwise;
+    * the runtime's cost per action: :func:`measure_action_overhead` on ``alone_group``
+      (``repeats`` rounds), folded in with
+      :meth:`PPCosts.with_action_overhead <autosched.pp.costs.PPCosts.with_action_overhead>`.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        Every stage module, in order (each rank passes all of them, as ``swpipe pp`` builds them).
+    microbatch, target : torch.Tensor
+    loss_fn : callable
+    group : ProcessGroup, optional
+        The job's group, for the link.
+    alone_group : ProcessGroup, optional
+        A one-rank group of this rank (see :func:`measure_action_overhead`).
+    n_microbatches : int
+        Micro-batches per step of the overhead's runs.
+    repeats : int
+
+    Returns
+    -------
+    PPCosts
+
+    Examples
+    --------
+    >>> import torch
+    >>> costs = calibrate_pp([torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)], torch.randn(4, 8), torch.randn(4, 2),
+    ...                      torch.nn.functional.mse_loss, n_microbatches=2, repeats=2)
+    >>> costs.n_stages, costs.samples_per_microbatch, costs.p2p.latency_s, costs.action_overhead_s >= 0
+    (2, 4, 0.0, True)
+    """
+    import platform
+
+    import torch.distributed as dist
+
+    from autosched.pp.costs import P2PCost, PPCosts, measure_p2p, measure_stage_costs
+
+    measured = measure_stage_costs(stages, microbatch, target, loss_fn, repeats=repeats)
+    link = P2PCost()
+    if dist.is_initialized() and dist.get_world_size(group) >= 2:
+        busy = max([c.output_bytes for c in measured] + [1])
+        link = measure_p2p(group, repeats=max(4, repeats), busy_bytes=busy)
+    overhead = measure_action_overhead(stages, microbatch, target, loss_fn, n_microbatches=n_microbatches,
+                                       group=alone_group, steps=repeats)
+    machine = f"calibrate_pp on {platform.node()}: {repeats} repeats, overhead spread {overhead.spread_s * 1e6:.1f} us"
+    return PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]),
+                   machine=machine).with_action_overhead(overhead.overhead_s)
