@@ -21,6 +21,7 @@ loop posts and waits its own sends and receives, and ``steps`` is read from that
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import re
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class PPError(ValueError):
         super().__init__(f"{self.field}={self.value!r}{where}: {self.rule}: {self.detail}")
 
 
+# cached: validate_program and the simulator read the same few thousand actions on every call of a search
+@functools.lru_cache(maxsize=1 << 14)
 def parse_action(text: str) -> Tuple[int, str, Optional[int]]:
     """``"2F0"`` -> ``(2, "F", 0)``; ``"0REDUCE_GRAD"`` -> ``(0, "REDUCE_GRAD", None)``.
 
@@ -121,6 +124,7 @@ class PPScheduleError(PPError):
                                   f"fix: {self.fix}")
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def transfer_key(action: str) -> Tuple[str, int, int]:
     """A send and the receive it matches share a key: (direction, sending stage, micro-batch).
 
