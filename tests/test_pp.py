@@ -473,3 +473,56 @@ def test_a_stop_asked_every_256_events_ends_the_simulation() -> None:
     assert (cut.value.events, len(asked)) == (256, 2)  # asked before the first event, then after 256
     never = pp_simulate(program, costs, stop=lambda: False)
     assert never == pp_simulate(program, costs)
+
+
+def _posted_early(rank0_recv_first: bool, rank1_recv_first: bool) -> PPProgram:
+    """Two ranks, two micro-batches; each rank posts a receive before (or after) a send of its own, in another step."""
+    sends = [("post", ("0SEND_F1",)), ("post", ("0RECV_B0",))]
+    r0 = (("compute", ("0F0",)), ("post", ("0SEND_F0",)), ("compute", ("0F1",)),
+          *(sends[::-1] if rank0_recv_first else [("post", ("0SEND_F1", "0RECV_B0"))]),
+          ("wait", ("0RECV_B0",)), ("compute", ("0B0",)), ("post", ("0RECV_B1",)), ("wait", ("0RECV_B1",)),
+          ("compute", ("0B1",)), ("wait", ("0SEND_F0", "0SEND_F1")))
+    mid = ([("post", ("1RECV_F1",)), ("compute", ("1B0",)), ("post", ("1SEND_B0",))] if rank1_recv_first else
+           [("compute", ("1B0",)), ("post", ("1SEND_B0",)), ("post", ("1RECV_F1",))])
+    r1 = (("post", ("1RECV_F0",)), ("wait", ("1RECV_F0",)), ("compute", ("1F0",)), *mid, ("wait", ("1RECV_F1",)),
+          ("compute", ("1F1",)), ("compute", ("1B1",)), ("post", ("1SEND_B1",)), ("wait", ("1SEND_B0", "1SEND_B1")))
+    return PPProgram("posted early", 2, 2, 2, (0, 1), {0: ("0F0", "0F1", "0B0", "0B1"),
+                                                       1: ("1F0", "1B0", "1F1", "1B1")}, {0: r0, 1: r1})
+
+
+def test_on_cuda_a_send_posted_behind_a_receive_waits_until_the_receive_lands() -> None:
+    # stage 0's forward 3 s, the rest 1 s, transfers 0.5 s. Rank 1 posts its receive of F1 (at 4.5, after 1F0) before
+    # its send of B0 (ready at 5.5, after 1B0): on CUDA the receive holds rank 1's NCCL stream until F1 lands (sent at
+    # 6.0 once 0F1 ends: 6.5), so B0 goes at 6.5, lands at 7.0, and 0B0 runs 7-8 (on CPU: sent at 5.5, 0B0 at 6.5)
+    costs = PPCosts((StageCost(3.0, 1.0), StageCost(1.0, 1.0)), P2PCost(latency_s=0.5))
+    program = _posted_early(rank0_recv_first=False, rank1_recv_first=True)
+
+    def timeline(device: str):
+        r = pp_simulate(program, costs, device=device)
+        return {e.action: (pytest.approx(e.start_s), pytest.approx(e.end_s)) for e in r.timeline}, r
+
+    cpu, on_cpu = timeline("cpu")
+    cuda, on_cuda = timeline("cuda")
+    assert (cpu["1SEND_B0"], cpu["0B0"]) == ((5.5, 6.5), (6.5, 7.5))
+    assert (cuda["1SEND_B0"], cuda["0B0"]) == ((6.5, 7.0), (7.0, 8.0))
+    assert cuda["1F1"] == cpu["1F1"] == (6.5, 7.5) and cuda["0B1"] == (9.0, 10.0)
+    assert on_cuda.end_s == on_cpu.end_s == {0: 10.0, 1: 9.0}
+    # a send holds the stream as well: posted before the receive, it keeps F1 from arriving before B0 landed (6.5)
+    other = pp_simulate(_posted_early(False, False), costs, device="cuda")
+    assert [(e.start_s, e.end_s) for e in other.timeline if e.action in ("0SEND_F1", "1F1")] == [(6.0, 7.0), (7.0, 8.0)]
+    assert other.step_s == 10.5 and pp_simulate(_posted_early(False, False), costs).step_s == 10.0
+    # costs measured over NCCL are CUDA's
+    nccl = PPCosts(costs.stages, P2PCost(latency_s=0.5, backend="nccl"))
+    assert pp_simulate(program, nccl).timeline == on_cuda.timeline
+
+
+def test_on_cuda_receives_posted_before_sends_on_both_ranks_deadlock() -> None:
+    program = _posted_early(rank0_recv_first=True, rank1_recv_first=True)
+    costs = PPCosts((StageCost(3.0, 1.0), StageCost(1.0, 1.0)), P2PCost(latency_s=0.5))
+    assert pp_simulate(program, costs).step_s == 10.0  # gloo's CPU transfers do not queue on a stream
+    with pytest.raises(PPScheduleError) as e:
+        pp_simulate(program, costs, device="cuda")
+    assert (e.value.rule, e.value.rank, e.value.action, e.value.step) == ("stream_deadlock", 0, "0RECV_B0", 3)
+    with pytest.raises(PPError) as bad:
+        pp_simulate(program, costs, device="tpu")
+    assert (bad.value.rule, bad.value.field, bad.value.value) == ("bad_value", "device", "tpu")

@@ -100,7 +100,10 @@ class PPScheduleError(PPError):
         ``"missing_action"``, ``"dependency"`` (an action before what it needs, on its own
         rank), ``"deadlock"`` (ranks that wait for each other), ``"steps_differ"`` (the
         runtime's steps do not run the compute order), ``"duplicate_transfer"``,
-        ``"unmatched_transfer"`` (a send or receive no peer matches).
+        ``"unmatched_transfer"`` (a send or receive no peer matches); from
+        :func:`~autosched.pp.simulate.pp_simulate` on CUDA, ``"stream_deadlock"`` (posted
+        operations that hold the ranks' communication streams while each waits for one queued
+        behind another).
     rank : int or None
         The rank at fault.
     action : str

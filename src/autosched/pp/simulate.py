@@ -44,11 +44,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from autosched.model._simevents import SimCut
+from autosched.model._simevents import SimCut, SimDeadlock
 from autosched.model._simplan import Dep
 from autosched.model.memcurve import MemoryChanges
 from autosched.pp.costs import PPCosts
-from autosched.pp.program import PPError, PPProgram, parse_action, transfer_key, validate_program
+from autosched.pp.program import (PPError, PPProgram, PPScheduleError, parse_action, transfer_key,
+                                  validate_program)
 
 __all__ = ["PPSimResult", "pp_simulate", "TimelineEntry", "SimCut"]
 
@@ -409,8 +410,27 @@ def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = No
             host[k], core[k] = post_s, True
     sim = Simulator(task_sim_plan(c.names, c.group_names, c.thread, c.stream_names, c.stream, host, dev, core,
                                   c.deps, cores=cores, cuda=cuda), iterations=1, stop=stop)
-    sim.run()
+    try:
+        sim.run()
+    except SimDeadlock as stuck:  # only streams can: validate_program replayed the ranks' own waits
+        raise _stream_deadlock(program, c, stuck) from None
     return _read(program, costs, c, sim.ops, cuda)
+
+
+def _stream_deadlock(program: PPProgram, c: _Compiled, stuck: SimDeadlock) -> PPScheduleError:
+    """The posted operation the first stuck rank holds (its thread, or its communication stream, waits for it)."""
+    stuck_at = list(stuck.threads.items()) + list(stuck.streams.items())
+    held = [(where[4:].split(".")[0], task) for where, (task, _) in stuck_at
+            if where.startswith("rank") and task.startswith("done ")]
+    rank, name = min(((int(r), task) for r, task in held), default=(None, ""))
+    action = name[len("done "):]
+    step = next((i for i, (kind, acts) in enumerate(program.steps[rank]) if kind == "post" and action in acts),
+                None) if rank is not None else None
+    return PPScheduleError("stream_deadlock", "program", action, program.schedule,
+                           f"on CUDA {action} holds rank {rank}'s communication stream until its transfer lands, "
+                           "and the operation its peer needs first is queued behind one that waits for it",
+                           rank=rank, action=action, step=step,
+                           fix=f"post {action} after the operations it waits for, or in one post step with them")
 
 
 def _seconds(c: _Compiled, costs: PPCosts) -> List[float]:
