@@ -526,3 +526,25 @@ def test_on_cuda_receives_posted_before_sends_on_both_ranks_deadlock() -> None:
     with pytest.raises(PPError) as bad:
         pp_simulate(program, costs, device="tpu")
     assert (bad.value.rule, bad.value.field, bad.value.value) == ("bad_value", "device", "tpu")
+
+
+def test_gantt_draws_a_pp_step_a_row_per_rank_and_stream() -> None:
+    from autosched.plots import gantt
+
+    costs = PPCosts((StageCost(3.0, 1.0), StageCost(1.0, 1.0)), P2PCost(latency_s=0.5))
+    program = _posted_early(rank0_recv_first=False, rank1_recv_first=True)
+    for device, rows in (("cpu", ["thread rank0", "thread rank1", "stream rank0.comm", "stream rank1.comm"]),
+                         ("cuda", ["stream rank0.comm", "stream rank0.compute", "stream rank1.comm",
+                                   "stream rank1.compute"])):
+        r = pp_simulate(program, costs, device=device)
+        assert r.device == device
+        fig = gantt(r.events)
+        assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == rows, device
+        assert len(fig.axes[0].collections) == len(r.events) == len(r.timeline), device  # a bar per interval
+        # a rank's actions on its own row, as its timeline has them; B0's transfer on rank 1's link row
+        got = {(e.thread_group, e.task, e.iteration, e.start, e.end) for e in r.events}
+        assert ("rank1", "1SEND_B", 0, *[(e.start_s, e.end_s) for e in r.timeline if e.action == "1SEND_B0"][0]) in got
+        for e in r.timeline:
+            stage, kind, mb = parse_action(e.action)
+            assert (f"rank{e.rank}", f"{stage}{kind}", mb, e.start_s, e.end_s) in got, (device, e)
+        assert [t.get_text() for t in r.gantt().axes[0].get_yticklabels()] == rows

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from swpipe_core.measure.trace import TimelineEvent
 
 from autosched.model._simevents import SimCut, SimDeadlock
 from autosched.model._simplan import Dep
@@ -80,6 +82,14 @@ class PPSimResult:
     end_s : dict
         Per rank: when its last step ended.
     timeline : tuple of TimelineEntry
+    events : tuple of TimelineEvent
+        The same intervals as the plan simulator's timeline events (:class:`swpipe_core.measure.trace.TimelineEvent`,
+        what :func:`autosched.plots.gantt` draws and Chrome traces hold), a track per rank: a compute action is
+        ``task`` = stage and kind (``"0F"``), ``iteration`` = micro-batch (0 for none), on thread group
+        ``"rank<r>"`` (on CUDA device time on stream ``"rank<r>.compute"``); a transfer is device time on its
+        sender's ``"rank<r>.comm"`` (gloo's or NCCL's), from its send's post until it landed.
+    device : str
+        ``"cpu"`` or ``"cuda"``: how the step was run (:func:`pp_simulate`'s ``device``).
     """
 
     schedule: str
@@ -89,6 +99,8 @@ class PPSimResult:
     peak_bytes: Dict[int, int]
     end_s: Dict[int, float]
     timeline: Tuple[TimelineEntry, ...] = field(default=(), repr=False)
+    events: Tuple[TimelineEvent, ...] = field(default=(), repr=False)
+    device: str = "cpu"
 
     @property
     def bubble_fraction(self) -> Dict[int, float]:
@@ -98,6 +110,20 @@ class PPSimResult:
     @property
     def max_peak_bytes(self) -> int:
         return max(self.peak_bytes.values()) if self.peak_bytes else 0
+
+    def gantt(self, window: Optional[Tuple[float, float]] = None, path: Optional[str] = None) -> Any:
+        """:func:`autosched.plots.gantt` of :attr:`events`: a row per rank's thread and per stream, titled by schedule.
+
+        Examples
+        --------
+        >>> from swpipe.pp import pp_program, PPCosts, StageCost
+        >>> fig = pp_simulate(pp_program("GPipe", 2, 2), PPCosts((StageCost(1.0, 2.0),) * 2)).gantt()
+        >>> [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        ['thread rank0', 'thread rank1', 'stream rank0.comm', 'stream rank1.comm']
+        """
+        from autosched.plots import gantt
+
+        return gantt(self.events, window=window, title=f"{self.schedule} ({self.device})", path=path)
 
     def summary(self) -> str:
         """One line per rank under a header line."""
@@ -472,7 +498,24 @@ def _read(program: PPProgram, costs: PPCosts, c: _Compiled, ops: object, cuda: b
             timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t,
                                           transfers.landed[key]))
     step = max((r.t for r in ranks), default=0.0)
+    timeline.sort(key=lambda e: (e.start_s, e.rank))
     return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
                        {r.rank: step - r.busy for r in ranks},
                        {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
-                       {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))
+                       {r.rank: r.t for r in ranks}, tuple(timeline), _events(timeline, cuda),
+                       "cuda" if cuda else "cpu")
+
+
+def _events(timeline: List[TimelineEntry], cuda: bool) -> Tuple[TimelineEvent, ...]:
+    """The timeline as the plan simulator's events (:attr:`PPSimResult.events` says on which tracks)."""
+    out = []
+    for e in timeline:
+        stage, kind, mb = parse_action(e.action)
+        rank = f"rank{e.rank}"
+        if kind.startswith("SEND"):
+            out.append(TimelineEvent(f"{stage}{kind}", mb or 0, rank, f"{rank}.comm", e.start_s, e.end_s, "device"))
+        elif cuda:
+            out.append(TimelineEvent(f"{stage}{kind}", mb or 0, rank, f"{rank}.compute", e.start_s, e.end_s, "device"))
+        else:
+            out.append(TimelineEvent(f"{stage}{kind}", mb or 0, rank, "default", e.start_s, e.end_s))
+    return tuple(out)
