@@ -380,20 +380,74 @@ def _varied(n_stages: int, seed: int, p2p: P2PCost) -> PPCosts:
                          for _ in range(n_stages)), p2p)
 
 
-@pytest.mark.parametrize("n_ranks,n_mb", [(2, 4), (3, 6), (4, 8)])
-def test_every_schedule_on_the_event_core_predicts_what_the_rank_loop_predicts(n_ranks: int, n_mb: int) -> None:
-    from autosched.pp.simulate import simulate_checked, simulate_on_core
+def test_gpipe_with_link_and_posting_costs_runs_as_derived_by_hand() -> None:
+    # F 1 s, B 2 s, a transfer 0.5 s after both sides posted, each post 0.1 s of the posting rank:
+    # rank 0: 0F0 0-1, post, 0F1 1.1-2.1, post (2.2), waits F1's transfer (2.5-3.0), posts RECV_B0 (3.1),
+    #         B0 lands 6.5 (sent at 6.0): 0B0 6.5-8.5, posts RECV_B1 (8.6), B1 lands 9.0 (8.5): 0B1 9-11
+    # rank 1: F0 lands 1.5: 1F0 1.5-2.5, posts RECV_F1 2.5, F1 lands 3.0: 1F1 3-4, 1B0 4-6, post, 1B1 6.1-8.1,
+    #         post (8.2), waits B1's transfer: 9.0
+    costs = PPCosts((StageCost(1.0, 2.0),) * 2, P2PCost(latency_s=0.5, post_s=0.1))
+    r = pp_simulate(pp_program("GPipe", 2, 2), costs)
+    assert r.step_s == pytest.approx(11.0)
+    assert (r.end_s, r.busy_s) == (pytest.approx({0: 11.0, 1: 9.0}), pytest.approx({0: 6.0, 1: 6.0}))
+    got = [(e.rank, e.action, e.start_s, e.end_s) for e in r.timeline if "LOSS" not in e.action and "REDUCE" not in e.action]
+    assert [(rank, action, pytest.approx(t0), pytest.approx(t1)) for rank, action, t0, t1 in got] == [
+        (0, "0F0", 0.0, 1.0), (0, "0SEND_F0", 1.0, 1.5), (0, "0F1", 1.1, 2.1), (1, "1F0", 1.5, 2.5),
+        (0, "0SEND_F1", 2.1, 3.0), (1, "1F1", 3.0, 4.0), (1, "1B0", 4.0, 6.0), (1, "1SEND_B0", 6.0, 6.5),
+        (1, "1B1", 6.1, 8.1), (0, "0B0", 6.5, 8.5), (1, "1SEND_B1", 8.1, 9.0), (0, "0B1", 9.0, 11.0)]
 
+
+# step_s and per-rank peak of every built-in schedule on 4 ranks, 8 micro-batches, _varied(n_stages, index + 7,
+# _LINK) (index: the schedule's place in sorted order; its own send_retention): what the rank-by-rank loop swpipe ran before the event core
+# predicted (the loop was checked against PyTorch's runtime, tests/test_pp_torchrun.py)
+_LINK = P2PCost(latency_s=0.3, seconds_per_byte=0.001, post_s=0.05)
+_BEFORE = {
+    "1F1B": (47.45, {0: 4090, 1: 3140, 2: 2090, 3: 1210}),
+    "DualPipeV": (84.2, {0: 9330, 1: 9740, 2: 9290, 3: 9940}),
+    "GPipe": (59.55, {0: 8090, 1: 8090, 2: 8090, 3: 8090}),
+    "Interleaved1F1B": (91.15, {0: 11090, 1: 9590, 2: 7690, 3: 5760}),
+    "InterleavedZeroBubble": (72.0, {0: 8600, 1: 7800, 2: 7200, 3: 6720}),
+    "LoopedBFS": (108.5, {0: 16090, 1: 16090, 2: 16090, 3: 16090}),
+    "ZBVZeroBubble": (73.05, {0: 8040, 1: 8700, 2: 8450, 3: 9200}),
+}
+
+
+def test_every_schedule_predicts_the_step_and_peaks_the_rank_loop_predicted() -> None:
+    programs, _ = builtin_programs(4, 8)
+    assert sorted(programs) == sorted(_BEFORE)
+    for k, (name, program) in enumerate(sorted(programs.items())):
+        r = pp_simulate(program, _varied(program.n_stages, k + 7, _LINK))
+        assert (r.step_s, r.peak_bytes) == (pytest.approx(_BEFORE[name][0]), _BEFORE[name][1]), name
+
+
+@pytest.mark.parametrize("n_ranks,n_mb", [(2, 4), (3, 6), (4, 8)])
+def test_every_schedule_runs_its_steps_in_order_on_its_costs(n_ranks: int, n_mb: int) -> None:
     programs, _ = builtin_programs(n_ranks, n_mb)
     for k, (name, program) in enumerate(sorted(programs.items())):
-        for p2p in (P2PCost(), P2PCost(latency_s=0.3, seconds_per_byte=0.001, post_s=0.05)):
+        for p2p in (P2PCost(), _LINK):
             costs = _varied(program.n_stages, k, p2p)
-            loop, core = simulate_checked(program, costs), simulate_on_core(program, costs)
-            assert (core.step_s, core.peak_bytes, core.busy_s, core.end_s) == \
-                (loop.step_s, loop.peak_bytes, loop.busy_s, loop.end_s), name
-            assert core.timeline == loop.timeline, name
+            r = pp_simulate(program, costs)
+            for rank in range(n_ranks):
+                ran = [e for e in r.timeline if e.rank == rank and "SEND" not in e.action]
+                order = [a for kind, acts in program.steps[rank] if kind == "compute" for a in acts]
+                assert [e.action for e in ran] == order, (name, rank)
+                cost = [costs.stage(parse_action(a)[0]).action_s(parse_action(a)[1]) for a in order]
+                assert [e.end_s - e.start_s for e in ran] == pytest.approx(cost), (name, rank)
+                assert all(b.start_s >= a.end_s - 1e-12 for a, b in zip(ran, ran[1:])), (name, rank)
+                assert r.busy_s[rank] == pytest.approx(sum(cost)) and r.end_s[rank] >= ran[-1].end_s - 1e-12
+            start = {e.action: e.start_s for e in r.timeline}
+            for e in r.timeline:
+                if "SEND" in e.action:  # the action that reads the transfer starts once it landed
+                    stage, kind, mb = parse_action(e.action)
+                    reader = f"{stage + 1}F{mb}" if kind == "SEND_F" else next(
+                        f"{stage - 1}{b}{mb}" for b in ("B", "I") if f"{stage - 1}{b}{mb}" in start)
+                    nbytes = costs.stage(stage if kind == "SEND_F" else stage - 1).output_bytes
+                    assert e.end_s - e.start_s >= p2p.seconds(nbytes) - 1e-12, (name, e)
+                    assert start[reader] >= e.end_s - 1e-12, (name, e.action, reader)
+            assert r.step_s == max(r.end_s.values()) and r.bubble_s == pytest.approx(
+                {q: r.step_s - b for q, b in r.busy_s.items()}), name
             # a core per rank (or more) is no pool at all
-            assert pp_simulate(program, costs, cores=n_ranks).step_s == loop.step_s, name
+            assert pp_simulate(program, costs, cores=n_ranks) == r, name
 
 
 def test_ranks_that_share_cores_take_turns_on_them() -> None:
@@ -405,3 +459,95 @@ def test_ranks_that_share_cores_take_turns_on_them() -> None:
     assert shared.busy_s == alone.busy_s  # the work is the same; the wait for the core is bubble
     three = pp_simulate(pp_program("GPipe", 3, 6), PPCosts((StageCost(1.0, 2.0),) * 3), cores=2)
     assert pp_simulate(pp_program("GPipe", 3, 6), PPCosts((StageCost(1.0, 2.0),) * 3)).step_s < three.step_s < 54.0
+
+
+def test_a_stop_asked_every_256_events_ends_the_simulation() -> None:
+    from autosched.pp.simulate import SimCut
+
+    program, costs = pp_program("LoopedBFS", 4, 8), _uniform(8, p2p=P2PCost(latency_s=0.1, post_s=0.01))
+    asked = []
+
+    def stop() -> bool:
+        asked.append(True)
+        return len(asked) == 2
+
+    with pytest.raises(SimCut) as cut:
+        pp_simulate(program, costs, stop=stop)
+    assert (cut.value.events, len(asked)) == (256, 2)  # asked before the first event, then after 256
+    never = pp_simulate(program, costs, stop=lambda: False)
+    assert never == pp_simulate(program, costs)
+
+
+def _posted_early(rank0_recv_first: bool, rank1_recv_first: bool) -> PPProgram:
+    """Two ranks, two micro-batches; each rank posts a receive before (or after) a send of its own, in another step."""
+    sends = [("post", ("0SEND_F1",)), ("post", ("0RECV_B0",))]
+    r0 = (("compute", ("0F0",)), ("post", ("0SEND_F0",)), ("compute", ("0F1",)),
+          *(sends[::-1] if rank0_recv_first else [("post", ("0SEND_F1", "0RECV_B0"))]),
+          ("wait", ("0RECV_B0",)), ("compute", ("0B0",)), ("post", ("0RECV_B1",)), ("wait", ("0RECV_B1",)),
+          ("compute", ("0B1",)), ("wait", ("0SEND_F0", "0SEND_F1")))
+    mid = ([("post", ("1RECV_F1",)), ("compute", ("1B0",)), ("post", ("1SEND_B0",))] if rank1_recv_first else
+           [("compute", ("1B0",)), ("post", ("1SEND_B0",)), ("post", ("1RECV_F1",))])
+    r1 = (("post", ("1RECV_F0",)), ("wait", ("1RECV_F0",)), ("compute", ("1F0",)), *mid, ("wait", ("1RECV_F1",)),
+          ("compute", ("1F1",)), ("compute", ("1B1",)), ("post", ("1SEND_B1",)), ("wait", ("1SEND_B0", "1SEND_B1")))
+    return PPProgram("posted early", 2, 2, 2, (0, 1), {0: ("0F0", "0F1", "0B0", "0B1"),
+                                                       1: ("1F0", "1B0", "1F1", "1B1")}, {0: r0, 1: r1})
+
+
+def test_on_cuda_a_send_posted_behind_a_receive_waits_until_the_receive_lands() -> None:
+    # stage 0's forward 3 s, the rest 1 s, transfers 0.5 s. Rank 1 posts its receive of F1 (at 4.5, after 1F0) before
+    # its send of B0 (ready at 5.5, after 1B0): on CUDA the receive holds rank 1's NCCL stream until F1 lands (sent at
+    # 6.0 once 0F1 ends: 6.5), so B0 goes at 6.5, lands at 7.0, and 0B0 runs 7-8 (on CPU: sent at 5.5, 0B0 at 6.5)
+    costs = PPCosts((StageCost(3.0, 1.0), StageCost(1.0, 1.0)), P2PCost(latency_s=0.5))
+    program = _posted_early(rank0_recv_first=False, rank1_recv_first=True)
+
+    def timeline(device: str):
+        r = pp_simulate(program, costs, device=device)
+        return {e.action: (pytest.approx(e.start_s), pytest.approx(e.end_s)) for e in r.timeline}, r
+
+    cpu, on_cpu = timeline("cpu")
+    cuda, on_cuda = timeline("cuda")
+    assert (cpu["1SEND_B0"], cpu["0B0"]) == ((5.5, 6.5), (6.5, 7.5))
+    assert (cuda["1SEND_B0"], cuda["0B0"]) == ((6.5, 7.0), (7.0, 8.0))
+    assert cuda["1F1"] == cpu["1F1"] == (6.5, 7.5) and cuda["0B1"] == (9.0, 10.0)
+    assert on_cuda.end_s == on_cpu.end_s == {0: 10.0, 1: 9.0}
+    # a send holds the stream as well: posted before the receive, it keeps F1 from arriving before B0 landed (6.5)
+    other = pp_simulate(_posted_early(False, False), costs, device="cuda")
+    assert [(e.start_s, e.end_s) for e in other.timeline if e.action in ("0SEND_F1", "1F1")] == [(6.0, 7.0), (7.0, 8.0)]
+    assert other.step_s == 10.5 and pp_simulate(_posted_early(False, False), costs).step_s == 10.0
+    # costs measured over NCCL are CUDA's
+    nccl = PPCosts(costs.stages, P2PCost(latency_s=0.5, backend="nccl"))
+    assert pp_simulate(program, nccl).timeline == on_cuda.timeline
+
+
+def test_on_cuda_receives_posted_before_sends_on_both_ranks_deadlock() -> None:
+    program = _posted_early(rank0_recv_first=True, rank1_recv_first=True)
+    costs = PPCosts((StageCost(3.0, 1.0), StageCost(1.0, 1.0)), P2PCost(latency_s=0.5))
+    assert pp_simulate(program, costs).step_s == 10.0  # gloo's CPU transfers do not queue on a stream
+    with pytest.raises(PPScheduleError) as e:
+        pp_simulate(program, costs, device="cuda")
+    assert (e.value.rule, e.value.rank, e.value.action, e.value.step) == ("stream_deadlock", 0, "0RECV_B0", 3)
+    with pytest.raises(PPError) as bad:
+        pp_simulate(program, costs, device="tpu")
+    assert (bad.value.rule, bad.value.field, bad.value.value) == ("bad_value", "device", "tpu")
+
+
+def test_gantt_draws_a_pp_step_a_row_per_rank_and_stream() -> None:
+    from autosched.plots import gantt
+
+    costs = PPCosts((StageCost(3.0, 1.0), StageCost(1.0, 1.0)), P2PCost(latency_s=0.5))
+    program = _posted_early(rank0_recv_first=False, rank1_recv_first=True)
+    for device, rows in (("cpu", ["thread rank0", "thread rank1", "stream rank0.comm", "stream rank1.comm"]),
+                         ("cuda", ["stream rank0.comm", "stream rank0.compute", "stream rank1.comm",
+                                   "stream rank1.compute"])):
+        r = pp_simulate(program, costs, device=device)
+        assert r.device == device
+        fig = gantt(r.events)
+        assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == rows, device
+        assert len(fig.axes[0].collections) == len(r.events) == len(r.timeline), device  # a bar per interval
+        # a rank's actions on its own row, as its timeline has them; B0's transfer on rank 1's link row
+        got = {(e.thread_group, e.task, e.iteration, e.start, e.end) for e in r.events}
+        assert ("rank1", "1SEND_B", 0, *[(e.start_s, e.end_s) for e in r.timeline if e.action == "1SEND_B0"][0]) in got
+        for e in r.timeline:
+            stage, kind, mb = parse_action(e.action)
+            assert (f"rank{e.rank}", f"{stage}{kind}", mb, e.start_s, e.end_s) in got, (device, e)
+        assert [t.get_text() for t in r.gantt().axes[0].get_yticklabels()] == rows

@@ -64,7 +64,7 @@ def test_the_same_five_calls_on_each_kind_return_the_same_fields(kind):
     figure = gantt(result)
     labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
     assert labels[:2] == {"plan": ["thread a", "thread b"], "gpipe": ["thread p0", "thread p1"],
-                          "pp": ["rank 0", "rank 1"]}[kind]
+                          "pp": ["thread rank0", "thread rank1"]}[kind]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # the new way warns about nothing
@@ -89,10 +89,10 @@ def test_a_programs_period_is_its_step_and_a_gpipes_is_its_predicted_step():
 def test_a_pp_timeline_has_a_track_per_rank_and_the_micro_batch_as_iteration():
     events = simulate(pp_program("1F1B", 2, 4), PP_COSTS).events
     compute = [e for e in events if e.kind == "host"]
-    assert {e.thread_group for e in compute} == {"rank 0", "rank 1"}
-    assert [(e.task, e.iteration) for e in compute if e.thread_group == "rank 1"][:3] == [("F1", 0), ("LOSS1", 0),
-                                                                                          ("B1", 0)]
-    assert {e.stream for e in events if e.kind == "device"} == {"rank 0 sends", "rank 1 sends"}
+    assert {e.thread_group for e in compute} == {"rank0", "rank1"}
+    assert [(e.task, e.iteration) for e in compute if e.thread_group == "rank1"][:3] == [("1F", 0), ("1LOSS", 0),
+                                                                                         ("1B", 0)]
+    assert {e.stream for e in events if e.kind == "device"} == {"rank0.comm", "rank1.comm"}
 
 
 def test_compare_puts_programs_side_by_side_and_marks_the_cap():

@@ -9,8 +9,9 @@ figure and writes it to ``path`` when one is given.
 Tracks are one per thread group (host time) and one per stream (device time,
 CUDA), as in the Chrome/Perfetto traces of :mod:`swpipe_core.measure.trace`; a task
 keeps its colour across tracks and across the measured and simulated panels. A
-pipeline-parallel step's timeline has a track per rank (``"rank 0"``) and one per
-rank's sends; a GPipe step's, a track per partition's thread.
+pipeline-parallel step's timeline has a thread track per rank (``"thread rank0"``) and a
+stream per rank's communication (``"stream rank0.comm"``); a GPipe step's, a track per
+partition's thread.
 """
 
 from __future__ import annotations
@@ -72,9 +73,6 @@ def _draw(ax: Any, events: Sequence[Any], window: Optional[Tuple[float, float]],
 
 
 def _track_label(kind: str, name: str) -> str:
-    # a rank's track is named for the rank ("rank 0", "rank 0 sends"), not for a thread or a stream it is not
-    if name.startswith("rank "):
-        return name
     return f"{'thread' if kind == 'host' else 'stream'} {name}"
 
 

@@ -92,7 +92,7 @@ def simulate(subject: Any, costs: Any, *args: Any, **options: Any) -> Any:
     >>> from swpipe.pp import PPCosts, StageCost, pp_program
     >>> r = simulate(pp_program("1f1b", 2, 4), PPCosts((StageCost(1.0, 2.0, activation_bytes=100),) * 2))
     >>> r.period_s, dict(r.peak_bytes_by), r.events[0].thread_group
-    (15.0, {0: 200, 1: 100}, 'rank 0')
+    (15.0, {0: 200, 1: 100}, 'rank0')
     """
     return _implementation("simulate", subject)(subject, costs, *args, **options)
 

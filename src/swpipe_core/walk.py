@@ -101,6 +101,29 @@ class PeriodWalk:
         self.depth = plan.pipeline_depth
         self._shapes: Dict[Tuple[int, int], Shape] = {}
 
+    @classmethod
+    def one_stage(cls, order: Sequence[str], group: Dict[str, str]) -> "PeriodWalk":
+        """The walk of a plan of one stage with no caller's group, built from its order without the plan.
+
+        Every task is handed off at the period's start, in ``order``; ``group`` gives each
+        task's thread group. For a program of many tasks compiled straight into the
+        simulator's tables (a pipeline-parallel step: :mod:`autosched.pp.simulate`).
+
+        Examples
+        --------
+        >>> walk = PeriodWalk.one_stage(["a", "b"], {"a": "x", "b": "y"})
+        >>> [(s.task, s.iteration, s.inline, s.after) for s in walk.steps(0, 0, 1)]
+        [('a', 0, False, None), ('b', 0, False, None)]
+        """
+        walk = cls.__new__(cls)
+        walk.order = list(order)
+        walk.stage = dict.fromkeys(walk.order, 0)
+        walk.caller = None
+        walk.group = dict(group)
+        walk.depth = 1
+        walk._shapes = {}
+        return walk
+
     def key(self, period: int, first: int, end: int) -> Tuple[int, int]:
         """Which stages have an iteration in ``[first, end)`` at ``period``: ``(highest, lowest - 1)``, clipped."""
         return min(period - first, self.depth - 1), max(period - end, -1)

@@ -39,9 +39,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Deque, Dict, List, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
-from autosched.model._simevents import DEV_END, ENQUEUE, HOST_END, SimDeadlock, Stall
+from autosched.model._simevents import DEV_END, ENQUEUE, HOST_END, SimCut, SimDeadlock, Stall
 from autosched.model._simplan import SimPlan
 from autosched.model.taskmodel import CORES
 
@@ -180,8 +180,11 @@ class Simulator:
     [3.0, 5.0, 7.0]
     """
 
-    def __init__(self, plan: SimPlan, iterations: int) -> None:
+    def __init__(self, plan: SimPlan, iterations: int, *, stop: Optional[Callable[[], bool]] = None,
+                 check_every: int = 256) -> None:
         self.plan = plan
+        self.stop = stop  # asked before the first event and every ``check_every`` events: True stops the run
+        self.check_every = max(1, check_every)
         self.n = iterations
         self.ops = Ops(plan.tasks * iterations)
         self.threads = Threads(len(plan.group_names))
@@ -195,11 +198,21 @@ class Simulator:
         self.pushed = 0
 
     def run(self) -> None:
-        """Run every event until none is left; raise :class:`SimDeadlock` if the run stopped short."""
+        """Run every event until none is left; raise :class:`SimDeadlock` if the run stopped short.
+
+        :class:`SimCut` when ``stop()`` (asked before the first event and every
+        ``check_every`` events) says to stop: a search's deadline passed.
+        """
         self.advance_main()
         heap = self.heap
         pop = heapq.heappop
+        stop, every = self.stop, self.check_every
+        events = 0
         while heap:
+            if stop is not None:
+                if events % every == 0 and stop():
+                    raise SimCut(events, heap[0][0])
+                events += 1
             now, _, kind, arg = pop(heap)
             if kind == HOST_END:
                 self.host_done(arg, now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, NamedTuple, Tuple
 
-__all__ = ["SimDeadlock", "Stall", "HOST_END", "DEV_END", "ENQUEUE"]
+__all__ = ["SimDeadlock", "SimCut", "Stall", "HOST_END", "DEV_END", "ENQUEUE"]
 
 # the kinds of event on the heap: a host part ends, a device part ends, the main thread enqueues a period
 HOST_END, DEV_END, ENQUEUE = 0, 1, 2
@@ -32,6 +32,25 @@ class SimDeadlock(RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.period, self.threads, self.streams))
+
+
+class SimCut(RuntimeError):
+    """The run was stopped by its caller's check (a search's deadline passed) before it ended.
+
+    Attributes
+    ----------
+    events : int
+        The events run before the check that stopped it.
+    at_s : float
+        The simulated time reached then.
+    """
+
+    def __init__(self, events: int, at_s: float) -> None:
+        self.events, self.at_s = events, at_s
+        super().__init__(f"the simulation was stopped by its check after {events} events, at {at_s:g} s simulated")
+
+    def __reduce__(self):
+        return (type(self), (self.events, self.at_s))
 
 
 class Stall(NamedTuple):

@@ -10,15 +10,15 @@ of their names; every per-task fact is a list indexed by ``k``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.walk import PeriodWalk
 
 from autosched.model.costs import CostModel
-from autosched.model.taskmodel import TaskParts, plan_parts, pool_limit, resource_loads, stream_label
+from autosched.model.taskmodel import NOCORE, TaskParts, plan_parts, pool_limit, resource_loads, stream_label, task_parts
 
-__all__ = ["SimPlan", "Dep", "sim_plan"]
+__all__ = ["SimPlan", "Dep", "sim_plan", "task_sim_plan"]
 
 # one dependency of a task: (task it waits for, distance in iterations, CPU-signal wait label, device-event wait label)
 Dep = Tuple[int, int, str, str]
@@ -140,6 +140,45 @@ def sim_plan(plan: PipelinePlan, costs: CostModel, *, cuda: bool, task_overhead_
         comm=[r.startswith("comm:") for r in res_names], cores=costs.cores,
         pool_size=pool_limit(costs.cores, len(group_names)) or 0, deps=_deps(plan, index), cuda=cuda,
         period_overhead=period_overhead_s, max_device_lag=max_device_lag)
+
+
+def task_sim_plan(names: Sequence[str], group_names: Sequence[str], thread: Sequence[int],
+                  stream_names: Sequence[str], stream: Sequence[int], host_s: Sequence[float],
+                  device_s: Sequence[float], takes_core: Sequence[bool], deps: List[List[Dep]], *,
+                  cores: Optional[int], cuda: bool) -> SimPlan:
+    """One iteration of tasks given as tables, compiled for the simulator without a :class:`PipelinePlan`.
+
+    A plan of one stage, every task on a worker thread (no caller's group), no overheads: what a
+    program of many tasks whose structure is built once (a pipeline-parallel step,
+    :mod:`autosched.pp.simulate`) hands the event core on every call. Task ``k`` is ``names[k]``, on
+    thread group ``thread[k]`` and stream ``stream[k]`` (indices into the sorted ``group_names`` and
+    ``stream_names``), with ``host_s[k]`` and ``device_s[k]`` as its cost's host and device time (on
+    CPU their sum is host time: :func:`~autosched.model.taskmodel.task_parts`), taking a core of the pool
+    (``cores``) if ``takes_core[k]``, waiting for ``deps[k]``. The main thread hands the tasks out in
+    ``names``' order: each thread runs its tasks in that order. The caller checks that every
+    dependency comes first on its thread or another's (no cycle): the simulator raises
+    :class:`~autosched.model._simevents.SimDeadlock` otherwise.
+    """
+    made: Dict[Tuple[float, float, bool, int, int], TaskParts] = {}  # tasks alike share their parts (a hot path)
+    parts = []
+    for key in zip(host_s, device_s, takes_core, thread, stream):
+        found = made.get(key)
+        if found is None:
+            h, d, core, g, st = key
+            found = made[key] = task_parts(h, d, () if core else (NOCORE,), group_names[g], stream_names[st],
+                                           False, cuda)
+        parts.append(found)
+    return SimPlan(
+        names=list(names), index={name: k for k, name in enumerate(names)},
+        walk=PeriodWalk.one_stage(names, {name: group_names[g] for name, g in zip(names, thread)}),
+        stage=[0] * len(names), depth=1, group_names=list(group_names),
+        thread_labels=[f"thread:{g}" for g in group_names], fifo_labels=[f"fifo:{g}" for g in group_names],
+        thread=list(thread), caller=-1, stream_names=list(stream_names),
+        stream_labels=[f"stream:{st}" for st in stream_names], stream=list(stream), ordered=[False] * len(names),
+        parts=parts, host=[p.host for p in parts], device=[p.device for p in parts],
+        takes_core=[p.takes_core for p in parts], res_names=[], res=[()] * len(names), comm=[], cores=cores,
+        pool_size=pool_limit(cores, len(group_names)) or 0, deps=deps, cuda=cuda, period_overhead=0.0,
+        max_device_lag=1)
 
 
 def _deps(plan: PipelinePlan, index: Dict[str, int]) -> List[List[Dep]]:

@@ -21,6 +21,7 @@ loop posts and waits its own sends and receives, and ``steps`` is read from that
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import re
@@ -71,6 +72,8 @@ class PPError(ValueError):
         super().__init__(f"{self.field}={self.value!r}{where}: {self.rule}: {self.detail}")
 
 
+# cached: validate_program and the simulator read the same few thousand actions on every call of a search
+@functools.lru_cache(maxsize=1 << 14)
 def parse_action(text: str) -> Tuple[int, str, Optional[int]]:
     """``"2F0"`` -> ``(2, "F", 0)``; ``"0REDUCE_GRAD"`` -> ``(0, "REDUCE_GRAD", None)``.
 
@@ -100,7 +103,10 @@ class PPScheduleError(PPError):
         ``"missing_action"``, ``"dependency"`` (an action before what it needs, on its own
         rank), ``"deadlock"`` (ranks that wait for each other), ``"steps_differ"`` (the
         runtime's steps do not run the compute order), ``"duplicate_transfer"``,
-        ``"unmatched_transfer"`` (a send or receive no peer matches).
+        ``"unmatched_transfer"`` (a send or receive no peer matches); from
+        :func:`~autosched.pp.simulate.pp_simulate` on CUDA, ``"stream_deadlock"`` (posted
+        operations that hold the ranks' communication streams while each waits for one queued
+        behind another).
     rank : int or None
         The rank at fault.
     action : str
@@ -124,6 +130,7 @@ class PPScheduleError(PPError):
                                   f"fix: {self.fix}")
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def transfer_key(action: str) -> Tuple[str, int, int]:
     """A send and the receive it matches share a key: (direction, sending stage, micro-batch).
 

@@ -35,7 +35,7 @@ from autosched.pp import _torch
 from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, builtin_program, program_from_order
-from autosched.pp.simulate import PPSimResult, simulate_checked
+from autosched.pp.simulate import PPSimResult, SimCut, pp_simulate
 from autosched.search.options import Constraints, SolverOptions, misplaced_option
 
 _T = TypeVar("_T")
@@ -496,6 +496,10 @@ class _Deadline:
             raise _Cut(stage)
         return now
 
+    def passed(self) -> bool:
+        """Whether the time limit has passed (the clock read once): a loop that stops itself asks this."""
+        return self.end - self.clock() <= 0
+
     def checker(self, stage: str) -> Callable[[], None]:
         """A stage's check, for its loop to call."""
         def check() -> None:
@@ -510,7 +514,10 @@ class _Deadline:
 
 
 def _score(origin: str, program: PPProgram, costs: PPCosts, deadline: _Deadline) -> PPCandidate:
-    return PPCandidate(origin, program, simulate_checked(program, costs, deadline.checker("simulate")), costs)
+    try:
+        return PPCandidate(origin, program, pp_simulate(program, costs, stop=deadline.passed), costs)
+    except SimCut:  # the simulator's loop read the deadline
+        raise _Cut("simulate") from None
 
 
 #: the pipeline-parallel search's own defaults, as SolverOptions (its problems are small, its seeds good)

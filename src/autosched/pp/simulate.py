@@ -1,15 +1,29 @@
 """Predict a pipeline-parallel step: each rank's actions in order, on measured costs, in time.
 
 :func:`pp_simulate` runs a :class:`~autosched.pp.program.PPProgram`'s ``steps`` on every
-rank at once, as the runtime does:
+rank at once, as the runtime does, on the plan simulator's event core
+(:class:`autosched.model._simcore.Simulator`): the program becomes one iteration of a plan whose
+tasks are compiled once per program (:func:`_compile`):
 
-* a rank runs its steps one after another on one thread (the runtime's loop);
-* a compute action (F, I, W, B, LOSS, REDUCE_GRAD) takes its stage's cost (:class:`~autosched.pp.costs.StageCost`);
-* posting a send or a receive takes the rank :attr:`P2PCost.post_s <autosched.pp.costs.P2PCost.post_s>`
-  (what a transfer costs the computation on the CPU) and does not wait for the peer; a
-  transfer starts once both its send and its receive are posted and takes
-  :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>` of the bytes; a ``wait``
-  blocks the rank until the transfers it names have ended;
+* a rank is a thread group: it runs its steps one after another (the runtime's loop);
+* a compute action (F, I, W, B, LOSS, REDUCE_GRAD) is a task of its stage's cost
+  (:class:`~autosched.pp.costs.StageCost`) on its rank;
+* posting a send or a receive is a marker (the instant it is posted) and a task of
+  :attr:`P2PCost.post_s <autosched.pp.costs.P2PCost.post_s>` (what a transfer costs the computation
+  on the CPU); the rank does not wait for the peer;
+* a transfer is a task on a link of its own (transfers do not queue behind each other), of
+  :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>` of the bytes, once its send and its
+  receive are posted; a ``wait`` is a task of no time after the transfers it names;
+* ``cores``: the ranks share that many cores (the plan simulator's core pool: a compute
+  action or a post's CPU time holds one; markers, waits and transfers hold none);
+* on CUDA (``device="cuda"``, or costs measured over NCCL) each rank also has a compute stream
+  and a communication stream, as ``ProcessGroupNCCL`` runs them: a compute action is device time on
+  the compute stream; a post enqueues its operations on the communication stream after the compute
+  posted before it; a posted operation (a send or a receive) holds the communication stream from
+  when it starts until its transfer lands, so what was posted behind it waits (a receive posted
+  before a send delays the send: PyTorch issue 172668); the operations of one post step are one
+  NCCL group (``batch_isend_irecv``): they start together. A ``wait`` makes the compute stream wait
+  for them; the CPU does not block;
 * a step ends when every rank has run its last step.
 
 Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; an I leaves
@@ -26,18 +40,21 @@ one, transfers take none and no memory is counted.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from swpipe_core.measure.trace import TimelineEvent
 
+from autosched.model._simevents import SimCut, SimDeadlock
+from autosched.model._simplan import Dep
 from autosched.model.memcurve import MemoryChanges
 from autosched.pp.costs import PPCosts
-from autosched.pp.program import PPError, PPProgram, parse_action, transfer_key, validate_program
+from autosched.pp.program import (PPError, PPProgram, PPScheduleError, parse_action, transfer_key,
+                                  validate_program)
 from autosched.results import PeakBytes
 
-__all__ = ["PPSimResult", "pp_simulate", "simulate_checked", "simulate_on_core", "TimelineEntry"]
-
+__all__ = ["PPSimResult", "pp_simulate", "TimelineEntry", "SimCut"]
 
 @dataclass(frozen=True)
 class TimelineEntry:
@@ -66,6 +83,14 @@ class PPSimResult:
     end_s : dict
         Per rank: when its last step ended.
     timeline : tuple of TimelineEntry
+    events : tuple of TimelineEvent
+        The same intervals as the plan simulator's timeline events (:class:`swpipe_core.measure.trace.TimelineEvent`,
+        what :func:`autosched.plots.gantt` draws and Chrome traces hold), a track per rank: a compute action is
+        ``task`` = stage and kind (``"0F"``), ``iteration`` = micro-batch (0 for none), on thread group
+        ``"rank<r>"`` (on CUDA device time on stream ``"rank<r>.compute"``); a transfer is device time on its
+        sender's ``"rank<r>.comm"`` (gloo's or NCCL's), from its send's post until it landed.
+    device : str
+        ``"cpu"`` or ``"cuda"``: how the step was run (:func:`pp_simulate`'s ``device``).
     """
 
     schedule: str
@@ -75,6 +100,8 @@ class PPSimResult:
     peak_bytes: Dict[int, int]
     end_s: Dict[int, float]
     timeline: Tuple[TimelineEntry, ...] = field(default=(), repr=False)
+    events: Tuple[TimelineEvent, ...] = field(default=(), repr=False)
+    device: str = "cpu"
 
     @property
     def period_s(self) -> float:
@@ -87,23 +114,6 @@ class PPSimResult:
         return PeakBytes(dict(self.peak_bytes), "rank")
 
     @property
-    def events(self) -> List[TimelineEvent]:
-        """The timeline as :class:`~swpipe_core.measure.trace.TimelineEvent`: a track per rank (``"rank 0"``) for its
-        compute actions (task ``"F1"``: the action and its stage; iteration: the micro-batch), and one per
-        sending rank for its transfers (``"rank 0 sends"``). :func:`autosched.plots.gantt` draws it."""
-        out = []
-        for e in self.timeline:
-            stage, kind, mb = parse_action(e.action) if "SEND" not in e.action else (None, None, None)
-            if kind is None:  # a transfer: "<stage>SEND_<F|B><micro-batch>"
-                head, _, tail = e.action.partition("SEND_")
-                out.append(TimelineEvent(f"send {tail[0]}{head}", int(tail[1:]), f"rank {e.rank}",
-                                         f"rank {e.rank} sends", e.start_s, e.end_s, "device"))
-            else:
-                out.append(TimelineEvent(f"{kind}{stage}", -1 if mb is None else mb, f"rank {e.rank}", "default",
-                                         e.start_s, e.end_s))
-        return out
-
-    @property
     def bubble_fraction(self) -> Dict[int, float]:
         """Per rank: ``bubble_s / step_s``."""
         return {r: (b / self.step_s if self.step_s > 0 else 0.0) for r, b in self.bubble_s.items()}
@@ -111,6 +121,20 @@ class PPSimResult:
     @property
     def max_peak_bytes(self) -> int:
         return max(self.peak_bytes.values()) if self.peak_bytes else 0
+
+    def gantt(self, window: Optional[Tuple[float, float]] = None, path: Optional[str] = None) -> Any:
+        """:func:`autosched.plots.gantt` of :attr:`events`: a row per rank's thread and per stream, titled by schedule.
+
+        Examples
+        --------
+        >>> from swpipe.pp import pp_program, PPCosts, StageCost
+        >>> fig = pp_simulate(pp_program("GPipe", 2, 2), PPCosts((StageCost(1.0, 2.0),) * 2)).gantt()
+        >>> [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        ['thread rank0', 'thread rank1', 'stream rank0.comm', 'stream rank1.comm']
+        """
+        from autosched.plots import gantt
+
+        return gantt(self.events, window=window, title=f"{self.schedule} ({self.device})", path=path)
 
     def summary(self) -> str:
         """One line per rank under a header line."""
@@ -122,17 +146,17 @@ class PPSimResult:
 
 
 class _Transfers:
-    """Posted sends and receives, matched by key; a transfer's end once both sides are posted."""
+    """Posted sends and receives, matched by key, and when each transfer landed (read back from the run)."""
 
-    def __init__(self, program: PPProgram, costs: PPCosts) -> None:
+    def __init__(self, costs: PPCosts) -> None:
         self.costs = costs
         self.send_post: Dict[Tuple[str, int, int], float] = {}
         self.recv_post: Dict[Tuple[str, int, int], float] = {}
         self.sender: Dict[Tuple[str, int, int], int] = {}
+        self.landed: Dict[Tuple[str, int, int], float] = {}
 
-    def post(self, action: str, rank: int, t: float) -> None:
-        key = transfer_key(action)
-        if "SEND" in action:
+    def post(self, key: Tuple[str, int, int], send: bool, rank: int, t: float) -> None:
+        if send:
             self.send_post[key] = t
             self.sender[key] = rank
         else:
@@ -142,11 +166,6 @@ class _Transfers:
         direction, stage, _ = key
         # a gradient goes back the size of the activation that came forward on the same boundary
         return self.costs.stage(stage if direction == "F" else stage - 1).output_bytes
-
-    def end(self, key: Tuple[str, int, int]) -> Optional[float]:
-        if key not in self.send_post or key not in self.recv_post:
-            return None
-        return max(self.send_post[key], self.recv_post[key]) + self.costs.p2p.seconds(self.nbytes(key))
 
     def released(self, key: Tuple[str, int, int], retention: str, rank_end: float) -> float:
         """When the tensor a send holds is let go (see :data:`~autosched.pp.program.PPProgram.send_retention`)."""
@@ -160,16 +179,14 @@ class _Transfers:
             later = [t for k, t in self.send_post.items() if k[0] == key[0] and self.sender.get(k) == self.sender[key]
                      and t > self.send_post[key]]
             return min(later, default=rank_end)
-        end = self.end(key)
-        return rank_end if end is None else end
+        return self.landed.get(key, rank_end)
 
 
 class _Rank:
-    """One rank's clock, position in its steps, compute time and memory events."""
+    """One rank's clock, compute time and memory events, read back from the simulated run."""
 
-    def __init__(self, rank: int, steps: Tuple[Tuple[str, Tuple[str, ...]], ...]) -> None:
-        self.rank, self.steps = rank, steps
-        self.pos = 0
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
         self.t = 0.0
         self.busy = 0.0
         # its bytes: at one instant the changes apply in the order the rank made them
@@ -186,8 +203,9 @@ class _Rank:
         return int(self.memory.peak().bytes)
 
 
-def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> None:
-    stage, kind, mb = parse_action(action)
+def _compute(r: _Rank, action: str, parsed: Tuple[int, str, Optional[int]], costs: PPCosts,
+             timeline: List[TimelineEntry], n_stages: int) -> None:
+    stage, kind, mb = parsed
     if kind in ("UNSHARD", "RESHARD"):  # FSDP's: nothing to do for an unsharded stage
         return
     c = costs.stage(stage)
@@ -218,29 +236,149 @@ def _compute(r: _Rank, action: str, costs: PPCosts, timeline: List[TimelineEntry
     timeline.append(TimelineEntry(r.rank, action, start, end))
 
 
-def _advance(r: _Rank, transfers: _Transfers, costs: PPCosts, timeline: List[TimelineEntry], n_stages: int) -> bool:
-    """Run rank ``r`` until it blocks on a transfer not yet matched or ends; whether it moved."""
-    moved = False
-    while r.pos < len(r.steps):
-        kind, actions = r.steps[r.pos]
-        if kind == "post":
-            for a in actions:  # each posted op takes the posting thread ``post_s`` (gloo's CPU, the wake-ups)
-                transfers.post(a, r.rank, r.t)
-                r.t += costs.p2p.post_s
-        elif kind == "wait":
-            ends = [transfers.end(transfer_key(a)) for a in actions]
-            if any(e is None for e in ends):
-                return moved
-            r.t = max([r.t] + ends)  # type: ignore[arg-type]
-        else:
-            for a in actions:
-                _compute(r, a, costs, timeline, n_stages)
-        r.pos += 1
-        moved = True
-    return moved
+# what a task of the compiled program is
+_COMPUTE, _POST, _POST_S, _DONE, _WAIT, _LINK = range(6)
 
 
-def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = None) -> PPSimResult:
+@dataclass(frozen=True)
+class _Compiled:
+    """A program's tasks on the event core, built once per program (and per posting cost and device).
+
+    Task ``k`` is ``names[k]``, of kind ``what[k]`` (``_COMPUTE`` ... ``_LINK``), about ``action[k]``
+    (the compute or posted action; a link's transfer key), on thread group ``thread[k]`` and stream
+    ``stream[k]``, after ``deps[k]``. ``rank_tasks[r]`` are rank ``r``'s tasks in its order;
+    ``posts`` each posted action as ``(rank, transfer key, a send, tasks)``: it was posted when the
+    last of ``tasks`` ended (none: at the step's start). A compute task's ``action`` is its text and
+    :func:`~autosched.pp.program.parse_action` of it.
+    """
+
+    names: Tuple[str, ...]
+    what: Tuple[int, ...]
+    action: Tuple[object, ...]
+    group_names: Tuple[str, ...]
+    thread: Tuple[int, ...]
+    stream_names: Tuple[str, ...]
+    stream: Tuple[int, ...]
+    deps: List[List[Dep]]
+    rank_tasks: Tuple[Tuple[int, ...], ...]
+    posts: Tuple[Tuple[int, Tuple[str, int, int], bool, Tuple[int, ...]], ...]
+
+
+# compiled programs by (id, posting, cuda); an entry goes when its program is collected
+_COMPILED: Dict[Tuple[int, bool, bool], Tuple["weakref.ref[PPProgram]", _Compiled]] = {}
+
+
+def _compiled(program: PPProgram, posting: bool, cuda: bool) -> _Compiled:
+    """:func:`_compile` of ``program``, checked (:func:`validate_program`) and built on its first call only.
+
+    A :class:`PPProgram` is frozen: what it runs does not change once it is made.
+    """
+    key = (id(program), posting, cuda)
+    found = _COMPILED.get(key)
+    if found is not None and found[0]() is program:
+        return found[1]
+    validate_program(program)
+    compiled = _compile(program, posting, cuda)
+    if found is None:
+        weakref.finalize(program, _COMPILED.pop, key, None)
+    _COMPILED[key] = (weakref.ref(program), compiled)
+    return compiled
+
+
+def _compile(program: PPProgram, posting: bool, cuda: bool) -> _Compiled:
+    """``program`` as one iteration of tasks: a rank a thread group, every step a task, a transfer a task on a link.
+
+    See the module docstring for what each task is. ``posting``: a post takes CPU time (a task).
+    On CPU the fewest tasks that give the same times (every event costs the search time): a post's
+    instant is when the task before it on its rank ended, so a transfer waits for that task (and for
+    the transfers waited since) instead of a marker; a wait's transfers are waited by the rank's next
+    task (a wait is a task only at a rank's end). On CUDA a post is a marker on the communication
+    stream (its place in the stream's order) and each posted operation an end there after its
+    transfer. Every dependency is on a task earlier on its rank or on a link, whose posts come
+    earlier on their ranks: a program :func:`validate_program` passed makes no cycle.
+    """
+    names: List[str] = []
+    what: List[int] = []
+    action: List[object] = []
+    thread: List[int] = []
+    stream: List[int] = []
+    deps: List[List[object]] = []  # task indices, or a transfer's key until the links are numbered
+    group_names = [f"rank{r}" for r in range(program.n_ranks)]
+    stream_names = [f"rank{r}.{s}" for r in range(program.n_ranks) for s in ("compute", "comm")] if cuda else [""]
+    posted: Dict[Tuple[str, int, int], List[object]] = {}  # a transfer's key -> what its posts waited
+    posts: List[Tuple[int, Tuple[str, int, int], bool, Tuple[object, ...]]] = []
+    rank_tasks = []
+
+    def add(name: str, kind: int, about: object, rank: int, on_comm: bool, after: List[object]) -> int:
+        names.append(name)
+        what.append(kind)
+        action.append(about)
+        thread.append(rank)
+        stream.append(2 * rank + on_comm if cuda else 0)
+        deps.append(list(after))
+        return len(names) - 1
+
+    for rank in range(program.n_ranks):
+        first = len(names)
+        last_compute = -1
+        pending: List[object] = []  # CPU: the transfers waited since the rank's last task
+        ops: Dict[str, int] = {}  # CUDA: a posted action -> its end on the communication stream
+        for pos, (kind, actions) in enumerate(program.steps[rank]):
+            if kind == "compute":
+                for a in actions:
+                    last_compute = add(a, _COMPUTE, (a, parse_action(a)), rank, False, pending)
+                    pending = []
+            elif kind == "post" and cuda:
+                for a in actions:
+                    # NCCL's stream waits for the compute posted before the operation
+                    marker = add(f"post {a}", _POST, a, rank, True, [last_compute] if last_compute >= 0 else [])
+                    posted.setdefault(transfer_key(a), []).append(marker)
+                    posts.append((rank, transfer_key(a), "SEND" in a, (marker,)))
+                    if posting:
+                        add(f"post_s {a}", _POST_S, a, rank, True, [])
+                for a in actions:  # one group: every operation started, each holds the stream until it lands
+                    ops[a] = add(f"done {a}", _DONE, a, rank, True, [transfer_key(a)])
+            elif kind == "post":
+                for a in actions:
+                    clock = ([len(names) - 1] if len(names) > first else []) + pending
+                    posted.setdefault(transfer_key(a), []).extend(clock)
+                    posts.append((rank, transfer_key(a), "SEND" in a, tuple(clock)))
+                    if posting:
+                        add(f"post_s {a}", _POST_S, a, rank, False, pending)
+                        pending = []
+            elif cuda:
+                add(f"wait {rank}.{pos}", _WAIT, None, rank, False, [ops[a] for a in actions])
+            else:
+                pending = pending + [transfer_key(a) for a in actions]
+        if pending:
+            add(f"wait {rank}.end", _WAIT, None, rank, False, pending)
+        rank_tasks.append(tuple(range(first, len(names))))
+    link: Dict[object, int] = {}
+    for key, after in posted.items():
+        name = f"link {_key_text(key)}"
+        group_names.append(name)
+        if cuda:
+            stream_names.append(name)
+        k = link[key] = add(name, _LINK, key, len(group_names) - 1, False, after)
+        if cuda:
+            stream[k] = len(stream_names) - 1
+
+    def task(d: object) -> int:
+        return d if isinstance(d, int) else link[d]
+
+    return _Compiled(tuple(names), tuple(what), tuple(action), tuple(group_names), tuple(thread),
+                     tuple(stream_names), tuple(stream),
+                     [[(d, 0, f"dep:{names[d]}", f"event:{names[d]}") for d in dict.fromkeys(map(task, ds))]
+                      for ds in deps],
+                     tuple(rank_tasks), tuple((r, key, send, tuple(map(task, clock))) for r, key, send, clock in posts))
+
+
+def _key_text(key: Tuple[str, int, int]) -> str:
+    return f"{key[1]}{key[0]}{key[2]}"
+
+
+def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = None, device: Optional[str] = None,
+                stop: Optional[Callable[[], bool]] = None) -> PPSimResult:
     """The predicted step of ``program`` on ``costs``: step time, bubble and peak memory per rank.
 
     Parameters
@@ -252,17 +390,26 @@ def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = No
     cores : int, optional
         Cores the ranks share (ranks on one CPU machine, as under ``torchrun`` on one host): a compute
         action or a post's CPU time takes one while it runs, and a rank that finds none free waits for
-        one, oldest first (the plan simulator's core pool, docs/semantics.md). ``None``: a core per
-        rank. The step is then run on the plan simulator's event core (:func:`simulate_on_core`).
+        one, oldest first (the plan simulator's core pool, docs/semantics.md). ``None``: a core per rank.
+    device : {"cpu", "cuda"}, optional
+        ``"cuda"``: each rank has a compute and a communication stream (the module docstring says how
+        they run). Default: ``"cuda"`` when the costs' link was measured over NCCL
+        (``costs.p2p.backend == "nccl"``), else ``"cpu"``.
+    stop : callable, optional
+        Asked before the first event and every 256 events of the simulation: ``True`` stops it with
+        :class:`SimCut` (a search's deadline passed).
 
     Raises
     ------
     PPError
-        ``rule="missing_cost"`` when the costs do not cover the program's stages.
+        ``rule="missing_cost"`` when the costs do not cover the program's stages; ``rule="bad_value"``,
+        ``field="device"`` for a device other than ``"cpu"`` or ``"cuda"``.
     PPScheduleError
         When the program breaks a rule of :func:`~autosched.pp.program.validate_program`
         (an action twice or missing, a dependency out of order, ranks that deadlock): the
         runtime would not run it through, so nothing is predicted.
+    SimCut
+        When ``stop()`` said to stop.
 
     Examples
     --------
@@ -274,160 +421,112 @@ def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = No
     >>> pp_simulate(pp_program("GPipe", 2, 4), costs, cores=1).step_s  # one core: the ranks take turns
     24.0
     """
-    if cores is not None:
-        return simulate_on_core(program, costs, cores)
-    return simulate_checked(program, costs)
-
-
-def simulate_checked(program: PPProgram, costs: PPCosts, check: Optional[Callable[[], None]] = None) -> PPSimResult:
-    """:func:`pp_simulate`, calling ``check()`` once per round of the ranks (a search's deadline: it raises to stop)."""
-    if costs.n_stages != program.n_stages:
-        raise PPError("missing_cost", "costs.stages", costs.n_stages, program.schedule,
-                      f"the program has {program.n_stages} stages: measure costs for that split")
-    validate_program(program)
-    transfers = _Transfers(program, costs)
-    ranks = [_Rank(r, tuple(program.steps[r])) for r in range(program.n_ranks)]
-    timeline: List[TimelineEntry] = []
-    while any(r.pos < len(r.steps) for r in ranks):
-        if check is not None:
-            check()
-        moved = False
-        for r in ranks:
-            moved = _advance(r, transfers, costs, timeline, program.n_stages) or moved
-        if not moved:  # validate_program replays the same waits: a program it passed reaches its end
-            raise RuntimeError(f"{program.schedule}: validate_program passed a program whose ranks deadlock")
-    for key, send_t in transfers.send_post.items():
-        end = transfers.end(key)
-        if end is not None:
-            timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t, end))
-    step = max((r.t for r in ranks), default=0.0)
-    return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
-                       {r.rank: step - r.busy for r in ranks}, {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
-                       {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))
-
-
-def _core_plan(program: PPProgram, costs: PPCosts) -> Tuple[Any, Any, Dict[str, Tuple[str, ...]]]:
-    """``program`` as one iteration of a plan: a rank is a thread group, every step a task on it, a transfer a task.
-
-    A compute action is a task of its cost on its rank's thread; a posted send or receive is a
-    marker (no time, the instant it is posted) followed by its ``post_s`` of CPU; a transfer is a
-    task of :meth:`P2PCost.seconds <autosched.pp.costs.P2PCost.seconds>` on a link of its own
-    (transfers do not queue behind each other, as in :func:`simulate_checked`) after both its
-    markers; a wait is a task of no time after the transfers it names. Markers, waits and
-    transfers hold no core (``nocore``): a blocked rank does not compute. Returns the plan, its cost
-    model (without a core pool) and each rank's tasks in order.
-    """
-    import networkx as nx
-
-    from autosched.model.costs import CostModel, TaskCost
-    from autosched.model.taskmodel import NOCORE
-    from swpipe_core.plan import PipelinePlan, TaskSchedule
-
-    schedule: Dict[str, Any] = {}
-    task_costs: Dict[str, Any] = {}
-    deps: List[Tuple[str, str]] = []
-    order: List[str] = []
-    by_rank: Dict[str, Tuple[str, ...]] = {}
-    posted: Dict[Tuple[str, int, int], List[str]] = {}
-
-    def add(name: str, group: str, seconds: float, core: bool) -> None:
-        schedule[name] = TaskSchedule(0, thread_group=group)
-        task_costs[name] = TaskCost(seconds, resources=() if core and seconds > 0 else (NOCORE,))
-        order.append(name)
-
-    transfers = _Transfers(program, costs)
-    for rank in range(program.n_ranks):
-        group, mine = f"rank{rank}", []
-        for pos, (kind, actions) in enumerate(program.steps[rank]):
-            for a in actions:
-                if kind == "compute":
-                    stage, what, _ = parse_action(a)
-                    seconds = 0.0 if what in ("UNSHARD", "RESHARD") else costs.stage(stage).action_s(what)
-                    add(a, group, seconds, True)
-                    mine.append(a)
-                elif kind == "post":
-                    add(f"post {a}", group, 0.0, False)
-                    posted.setdefault(transfer_key(a), []).append(f"post {a}")
-                    mine.append(f"post {a}")
-                    if costs.p2p.post_s:
-                        add(f"post_s {a}", group, costs.p2p.post_s, True)
-                        mine.append(f"post_s {a}")
-            if kind == "wait":
-                name = f"wait {rank}.{pos}"
-                add(name, group, 0.0, False)
-                deps += [(name, f"link {_key_text(transfer_key(a))}") for a in actions]
-                mine.append(name)
-        by_rank[group] = tuple(mine)
-    for key, markers in posted.items():
-        name = f"link {_key_text(key)}"
-        add(name, name, costs.p2p.seconds(transfers.nbytes(key)), False)
-        deps += [(name, m) for m in markers]
-    # the main thread hands tasks out in a topological order: each rank's steps in order, a task after what it waits
-    graph = nx.DiGraph(deps and [(d, t) for t, d in deps])
-    graph.add_nodes_from(order)
-    graph.add_edges_from(pair for mine in by_rank.values() for pair in zip(mine, mine[1:]))
-    place = {name: k for k, name in enumerate(order)}
-    order = list(nx.lexicographical_topological_sort(graph, key=place.__getitem__))
-    plan = PipelinePlan(schedule, intra_iter_deps=list(dict.fromkeys(deps)), enqueue_order=order, caller_group=None)
-    return plan, CostModel(task_costs), by_rank
-
-
-def _key_text(key: Tuple[str, int, int]) -> str:
-    return f"{key[1]}{key[0]}{key[2]}"
-
-
-def simulate_on_core(program: PPProgram, costs: PPCosts, cores: Optional[int] = None) -> PPSimResult:
-    """:func:`pp_simulate` run on the plan simulator's event core (:class:`autosched.model._simcore.Simulator`).
-
-    The program becomes one iteration of a plan (:func:`_core_plan`); the plan simulator runs it, with
-    ``cores`` as its core pool, and the step, busy time, timeline and memory are read back from its
-    timeline by the same rules as :func:`simulate_checked`, which it equals when no core is short.
-
-    Examples
-    --------
-    >>> from swpipe.pp import pp_program, PPCosts, StageCost
-    >>> costs = PPCosts((StageCost(1.0, 2.0),) * 2)
-    >>> simulate_on_core(pp_program("GPipe", 2, 4), costs).step_s, simulate_on_core(pp_program("GPipe", 2, 4), costs, 1).step_s
-    (15.0, 24.0)
-    """
-    import dataclasses
-
     from autosched.model._simcore import Simulator
-    from autosched.model._simplan import sim_plan
-    from swpipe_core.validate import validate
+    from autosched.model._simplan import task_sim_plan
 
     if costs.n_stages != program.n_stages:
         raise PPError("missing_cost", "costs.stages", costs.n_stages, program.schedule,
                       f"the program has {program.n_stages} stages: measure costs for that split")
-    validate_program(program)
-    plan, model, by_rank = _core_plan(program, costs)
-    validate(plan)
-    sim = Simulator(sim_plan(plan, dataclasses.replace(model, cores=cores), cuda=False, task_overhead_s=0.0,
-                             period_overhead_s=0.0, max_device_lag=1), iterations=1)
-    sim.run()
-    names = sim.plan.names
-    start = {names[inst]: s for inst, s, _ in sim.ops.host_events}
-    end = {names[inst]: e for inst, _, e in sim.ops.host_events}
-    transfers = _Transfers(program, costs)
+    if device is None:
+        device = "cuda" if costs.p2p.backend == "nccl" else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise PPError("bad_value", "device", device, program.schedule, 'give "cpu" or "cuda"')
+    cuda = device == "cuda"
+    post_s = costs.p2p.post_s
+    c = _compiled(program, post_s > 0, cuda)
+    n = len(c.names)
+    host, dev, core = [0.0] * n, [0.0] * n, [False] * n
+    seconds = _seconds(c, costs)
+    for k, kind in enumerate(c.what):
+        if kind == _COMPUTE or kind == _LINK:
+            if cuda:
+                dev[k] = seconds[k]
+            else:
+                host[k], core[k] = seconds[k], kind == _COMPUTE and seconds[k] > 0
+        elif kind == _POST_S:
+            host[k], core[k] = post_s, True
+    sim = Simulator(task_sim_plan(c.names, c.group_names, c.thread, c.stream_names, c.stream, host, dev, core,
+                                  c.deps, cores=cores, cuda=cuda), iterations=1, stop=stop)
+    try:
+        sim.run()
+    except SimDeadlock as stuck:  # only streams can: validate_program replayed the ranks' own waits
+        raise _stream_deadlock(program, c, stuck) from None
+    return _read(program, costs, c, sim.ops, cuda)
+
+
+def _stream_deadlock(program: PPProgram, c: _Compiled, stuck: SimDeadlock) -> PPScheduleError:
+    """The posted operation the first stuck rank holds (its thread, or its communication stream, waits for it)."""
+    stuck_at = list(stuck.threads.items()) + list(stuck.streams.items())
+    held = [(where[4:].split(".")[0], task) for where, (task, _) in stuck_at
+            if where.startswith("rank") and task.startswith("done ")]
+    rank, name = min(((int(r), task) for r, task in held), default=(None, ""))
+    action = name[len("done "):]
+    step = next((i for i, (kind, acts) in enumerate(program.steps[rank]) if kind == "post" and action in acts),
+                None) if rank is not None else None
+    return PPScheduleError("stream_deadlock", "program", action, program.schedule,
+                           f"on CUDA {action} holds rank {rank}'s communication stream until its transfer lands, "
+                           "and the operation its peer needs first is queued behind one that waits for it",
+                           rank=rank, action=action, step=step,
+                           fix=f"post {action} after the operations it waits for, or in one post step with them")
+
+
+def _seconds(c: _Compiled, costs: PPCosts) -> List[float]:
+    """Each compute task's and link's time on ``costs`` (0 for the rest)."""
+    out = [0.0] * len(c.names)
+    transfers = _Transfers(costs)
+    for k, kind in enumerate(c.what):
+        if kind == _COMPUTE:
+            stage, what, _ = c.action[k][1]  # type: ignore[index]
+            out[k] = 0.0 if what in ("UNSHARD", "RESHARD") else costs.stage(stage).action_s(what)
+        elif kind == _LINK:
+            out[k] = costs.p2p.seconds(transfers.nbytes(c.action[k]))  # type: ignore[arg-type]
+    return out
+
+
+def _read(program: PPProgram, costs: PPCosts, c: _Compiled, ops: object, cuda: bool) -> PPSimResult:
+    """The step, busy time, timeline and memory read back from the simulator's record of each task."""
+    # on CUDA what a rank computes and when a transfer runs are device times; on CPU, host times
+    start = ops.dev_start if cuda else ops.host_start  # type: ignore[attr-defined]
+    end = ops.dev_end if cuda else ops.host_end  # type: ignore[attr-defined]
+    transfers = _Transfers(costs)
     timeline: List[TimelineEntry] = []
     ranks = []
-    for rank in range(program.n_ranks):
-        r = _Rank(rank, tuple(program.steps[rank]))
-        for kind, actions in r.steps:
-            for a in actions:
-                if kind == "post":
-                    transfers.post(a, rank, start[f"post {a}"])
-                elif kind == "compute":
-                    r.t = start[a]
-                    _compute(r, a, costs, timeline, program.n_stages)
-        r.t = max((end[name] for name in by_rank[f"rank{rank}"]), default=0.0)
+    for k, kind in enumerate(c.what):
+        if kind == _LINK:
+            transfers.landed[c.action[k]] = end[k]  # type: ignore[index]
+    for rank, key, send, clock in c.posts:
+        transfers.post(key, send, rank, max((end[k] for k in clock), default=0.0))
+    for rank, mine in enumerate(c.rank_tasks):
+        r = _Rank(rank)
+        for k in mine:
+            if c.what[k] == _COMPUTE:
+                r.t = start[k]
+                _compute(r, *c.action[k], costs, timeline, program.n_stages)  # type: ignore[misc]
+        r.t = max((max(ops.host_end[k], end[k]) for k in mine), default=0.0)  # type: ignore[attr-defined]
         ranks.append(r)
     for key, send_t in transfers.send_post.items():
-        link = end.get(f"link {_key_text(key)}")
-        if link is not None:
-            timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t, link))
+        if key in transfers.landed:
+            timeline.append(TimelineEntry(transfers.sender[key], f"{key[1]}SEND_{key[0]}{key[2]}", send_t,
+                                          transfers.landed[key]))
     step = max((r.t for r in ranks), default=0.0)
+    timeline.sort(key=lambda e: (e.start_s, e.rank))
     return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
                        {r.rank: step - r.busy for r in ranks},
                        {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
-                       {r.rank: r.t for r in ranks}, tuple(sorted(timeline, key=lambda e: (e.start_s, e.rank))))
+                       {r.rank: r.t for r in ranks}, tuple(timeline), _events(timeline, cuda),
+                       "cuda" if cuda else "cpu")
+
+
+def _events(timeline: List[TimelineEntry], cuda: bool) -> Tuple[TimelineEvent, ...]:
+    """The timeline as the plan simulator's events (:attr:`PPSimResult.events` says on which tracks)."""
+    out = []
+    for e in timeline:
+        stage, kind, mb = parse_action(e.action)
+        rank = f"rank{e.rank}"
+        if kind.startswith("SEND"):
+            out.append(TimelineEvent(f"{stage}{kind}", mb or 0, rank, f"{rank}.comm", e.start_s, e.end_s, "device"))
+        elif cuda:
+            out.append(TimelineEvent(f"{stage}{kind}", mb or 0, rank, f"{rank}.compute", e.start_s, e.end_s, "device"))
+        else:
+            out.append(TimelineEvent(f"{stage}{kind}", mb or 0, rank, "default", e.start_s, e.end_s))
+    return tuple(out)
