@@ -1,4 +1,4 @@
-"""The homes a misplaced option is sent to (``swpipe_core.engine.options._HOMES``) list the keywords their signatures
+"""The homes a misplaced option is sent to (``swpipe_core.engine.options.OPTION_HOMES``) list the keywords their signatures
 take: options.py cannot read the signatures itself (the engine and the profiler build on it; issue 46.6)."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import dataclasses
 
 import pytest
 
-from swpipe_core.engine import options
-from swpipe_core.engine.options import OptionError, Timeouts, keyword_options
+from swpipe_core.engine.options import OPTION_HOMES, OptionError, Timeouts, keyword_options
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.measure.profiler import TaskProfiler
 from swpipe_core.plan import PipelinePlan, TaskSchedule
@@ -18,9 +17,9 @@ SIGNATURES = {"SWPipeline": SWPipeline.__init__, "SWPipeline.run": SWPipeline.ru
               "TaskProfiler": TaskProfiler.__init__, "TaskProfiler.profile": TaskProfiler.profile}
 
 
-@pytest.mark.parametrize("home", [h for h, _, _ in options._HOMES])
+@pytest.mark.parametrize("home", [h for h, _, _ in OPTION_HOMES])
 def test_each_homes_keywords_are_its_signatures(home):
-    keywords = dict((h, k) for h, k, _ in options._HOMES)[home]
+    keywords = dict((h, k) for h, k, _ in OPTION_HOMES)[home]
     if home == "Timeouts":
         assert list(keywords) == [f.name for f in dataclasses.fields(Timeouts)]
     else:

@@ -140,7 +140,7 @@ class Timeouts:
 #: The keywords are the homes' signatures written out (``Timeouts``' are its fields): reading them from the
 #: signatures here would import the engine and the profiler, which build on this module;
 #: tests/test_options_homes.py holds each list equal to its signature.
-_HOMES: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
+OPTION_HOMES: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
     ("SWPipeline", ("plan", "device", "timeouts", "record_timeline", "max_device_lag", "strict", "state", "rng"),
      "SWPipeline(plan, {kw})"),
     ("Timeouts", tuple(f.name for f in fields(Timeouts)), "SWPipeline(plan, timeouts=Timeouts({kw}))"),
@@ -184,9 +184,9 @@ def misplaced(given_to: str, option: str, value: Any, accepted: List[str]) -> Op
     """
     if option in _RENAMED:
         home, name = _RENAMED[option]
-        template = next(t for h, _, t in _HOMES if h == home)
+        template = next(t for h, _, t in OPTION_HOMES if h == home)
         return OptionError(given_to, option, value, home=home, fix=template.format(kw=f"{name}={value!r}"))
-    for home, keywords, template in _HOMES:
+    for home, keywords, template in OPTION_HOMES:
         if home != given_to and option in keywords:
             return OptionError(given_to, option, value, home=home, fix=template.format(kw=f"{option}={value!r}"))
     near = difflib.get_close_matches(option, accepted, n=1)
