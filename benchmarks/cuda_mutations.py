@@ -68,9 +68,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
-import swpipe_core.engine.lifetime as lifetime_mod  # noqa: E402
-import swpipe_core.engine.loop as loop_mod  # noqa: E402
 import swpipe_core.engine.pipeline as engine_mod  # noqa: E402
+from swpipe_core.engine.lifetime import DeviceLifetimes  # noqa: E402
+from swpipe_core.engine.tasks import TaskRunner  # noqa: E402
 from swpipe.testing import FakeCudaDevice, FakeDeviceHang  # noqa: E402
 from swpipe_core.engine.pipeline import PipelineTaskError  # noqa: E402
 from swpipe_core.plan import IterContext  # noqa: E402
@@ -103,11 +103,11 @@ def _no_device_wait() -> ContextManager:
 def _release_at_retire() -> ContextManager:
     """(c) A retired iteration's context (and its events) is released at once, not when its events completed."""
 
-    def prune(run):
-        for j in list(run.device_pending):
-            lifetime_mod.free_iteration(run, run.device_pending.pop(j))
+    def prune(self, oldest):
+        for j in list(self.pending):
+            self._free_iteration(self.pending.pop(j))
 
-    return mock.patch.object(loop_mod, "prune_device", prune)
+    return mock.patch.object(DeviceLifetimes, "prune", prune)
 
 
 def _no_batch_ready() -> ContextManager:
@@ -118,12 +118,12 @@ def _no_batch_ready() -> ContextManager:
 def _inline_off_stream() -> ContextManager:
     """(e) The caller's group runs its tasks without making their stream current (they launch on the caller's)."""
     marker = threading.local()  # set while the caller's thread runs its own group's tasks
-    run_items, use = loop_mod.run_items, FakeCudaDevice.use
+    run_items, use = TaskRunner.run_items, FakeCudaDevice.use
 
-    def run_items_marked(run, items, inline=False):
+    def run_items_marked(self, items, inline=False):
         marker.inline = inline
         try:
-            return run_items(run, items, inline)
+            return run_items(self, items, inline)
         finally:
             marker.inline = False
 
@@ -131,26 +131,26 @@ def _inline_off_stream() -> ContextManager:
         return contextlib.nullcontext() if getattr(marker, "inline", False) else use(self, stream)
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(loop_mod, "run_items", run_items_marked))
+    stack.enter_context(mock.patch.object(TaskRunner, "run_items", run_items_marked))
     stack.enter_context(mock.patch.object(FakeCudaDevice, "use", use_unless_inline))
     return stack
 
 
 def _lag_ignored() -> ContextManager:
     """(f) ``max_device_lag`` ignored: ``progress`` never waits for the device."""
-    return mock.patch.object(engine_mod, "bound_device_lag", lambda run, retired: None)
+    return mock.patch.object(DeviceLifetimes, "bound_lag", lambda self, retired: None)
 
 
 def _blocking_teardown() -> ContextManager:
     """(g) Teardown synchronises the device with no deadline (``torch.cuda.synchronize()``) before its bounded poll."""
-    release = lifetime_mod.release
+    release = DeviceLifetimes.release
 
-    def blocking_release(run, states, timeout, limbo):
-        for event in run.pool.fence(run.streams):
+    def blocking_release(self, states, timeout, limbo):
+        for event in self.setup.pool.fence(self.setup.streams):
             event.synchronize()  # blocks until the device is done: forever on a kernel that never completes
-        return release(run, states, timeout, limbo)
+        return release(self, states, timeout, limbo)
 
-    return mock.patch.object(lifetime_mod, "release", blocking_release)
+    return mock.patch.object(DeviceLifetimes, "release", blocking_release)
 
 
 def _waits_dropped_on(name: str) -> Callable[[], ContextManager]:
@@ -185,13 +185,14 @@ def _one_pool_for_every_device() -> ContextManager:
 
 def _blocking_on_the_loaders_stream() -> ContextManager:
     """(l) Teardown first waits without a deadline for the first task's stream (a copy stream "never hangs")."""
-    release = lifetime_mod.release
+    release = DeviceLifetimes.release
 
-    def release_after_the_loader(run, states, timeout, limbo):
-        if run.streams and run.streams[0] is not None:
-            run.pool.record(run.streams[0]).synchronize()  # blocks while anything on its queue is hung
-        return release(run, states, timeout, limbo)
-    return mock.patch.object(lifetime_mod, "release", release_after_the_loader)
+    def release_after_the_loader(self, states, timeout, limbo):
+        streams = self.setup.streams
+        if streams and streams[0] is not None:
+            self.setup.pool.record(streams[0]).synchronize()  # blocks while anything on its queue is hung
+        return release(self, states, timeout, limbo)
+    return mock.patch.object(DeviceLifetimes, "release", release_after_the_loader)
 
 
 def _state_grads_not_kept() -> ContextManager:

@@ -124,7 +124,7 @@ def _per_op(fn: Callable[[int], None], n: int, rounds: int) -> float:
 def breakdown(n: int, rounds: int) -> List[Tuple[str, float]]:
     """Seconds per operation of each piece of the engine's per-period and per-task work."""
     from swpipe_core.engine.dispatch import profiler_active
-    from swpipe_core.engine.run import Flag, IterState
+    from swpipe_core.engine.tasks import Flag, IterState
     from swpipe_core.plan import IterContext
 
     q: "queue.SimpleQueue" = queue.SimpleQueue()

@@ -93,7 +93,7 @@ class _Sampler:
         if run is None:
             return
         with self.lock:
-            states = list(run.iters.values()) + list(getattr(run, "device_pending", {}).values())
+            states = list(run.iters.values()) + list(run.device.pending.values())
             contexts = [st.ctx for st in states if st.ctx is not None]
             nbytes = live_bytes(contexts)
             self.samples += 1

@@ -533,7 +533,7 @@ def test_iter_context_is_fresh_per_iteration():
 
 
 def test_signal_flag_wakes_every_waiter_and_tolerates_concurrent_sets():
-    from swpipe_core.engine.run import Flag
+    from swpipe_core.engine.tasks import Flag
 
     flag = Flag()
     assert flag.wait(0.01) is False

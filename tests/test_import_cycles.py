@@ -101,10 +101,6 @@ NOT_YET_BROKEN = {
     # PipelinePlan.__str__ and PipelinePlan.from_text call the text form, which builds on the plan and validates it
     # (planfile -> validate -> plan): moving them off the class is an API decision, and plan.py is being changed
     ("swpipe_core.plan", "swpipe_core.planfile"): "str(plan) / PipelinePlan.from_text",
-    # the options' error names the home of a misplaced option by reading the signatures of SWPipeline and
-    # TaskProfiler ("module:name" strings imported with importlib), which themselves build on the options
-    ("swpipe_core.engine.options", "swpipe_core.engine.pipeline"): "_HOMES: SWPipeline's signature",
-    ("swpipe_core.engine.options", "swpipe_core.measure.profiler"): "_HOMES: TaskProfiler's signature",
 }
 
 

@@ -42,7 +42,7 @@ def _fast_path(pipe):
     Only the per-task cost shows it through the API, and tests assert no timing: this one reads the
     engine's run state.
     """
-    return pipe._run.plain  # private: see the docstring
+    return pipe._run.setup.plain  # private: see the docstring
 
 
 def _plan(groups, caller_group="default", ran=None):

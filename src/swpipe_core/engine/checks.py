@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from swpipe_core.engine.options import OptionError, Timeouts
-from swpipe_core.engine.run import Run
+from swpipe_core.engine.loop import PeriodLoop
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import PlanError, validate
 
@@ -90,7 +90,7 @@ def check_runnable(plan: PipelinePlan) -> None:
         )
 
 
-def check_idle(run: Optional[Run], what: str) -> None:
+def check_idle(run: Optional[PeriodLoop], what: str) -> None:
     """Raise if ``run`` still has pipelined iterations in flight (``what`` names the call refused).
 
     Raises
@@ -98,6 +98,6 @@ def check_idle(run: Optional[Run], what: str) -> None:
     RuntimeError
         Iterations are in flight: the message says to call ``drain()`` first.
     """
-    if run is not None and not (run.finished or run.cancelled):
+    if run is not None and run.busy:
         raise RuntimeError(f"{what} while {run.in_flight} pipelined iteration(s) are in flight; "
                            "call drain() first")

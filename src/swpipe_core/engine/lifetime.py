@@ -4,18 +4,20 @@ On CUDA, CPU completion is not device completion (docs/semantics.md,
 "Lifetimes on CUDA"). A CUDA run's contexts are :class:`GuardedContext`
 objects: they keep everything removed from them, and after each task
 (:func:`context_keeper`) the device tensors nested in them and the gradients
-of the pipeline's ``state`` (:func:`state_parameters`). A retired iteration
-waits in ``run.device_pending`` until the device events of all its tasks
-have completed (:func:`prune_device`); only then is its context released.
-``max_device_lag`` bounds how many wait (:func:`bound_device_lag`).
+of the pipeline's ``state`` (:func:`state_parameters`). A run's
+:class:`DeviceLifetimes` holds its retired iterations until the device events
+of all their tasks have completed (:meth:`DeviceLifetimes.prune`); only then
+is a context released. ``max_device_lag`` bounds how many wait
+(:meth:`DeviceLifetimes.bound_lag`).
 
 Every host-side wait for the device is a poll with a deadline
 (:meth:`StreamPool.wait_events <swpipe_core.engine.streams.StreamPool.wait_events>`):
 a kernel that never finishes (a collective whose peer died) or a sticky CUDA
 error must neither hang the caller nor free memory a stream may still read.
-The end of a run (:func:`finish` when the data ran out, :func:`stop_run` and
-:func:`end_run` on drain, close or failure) releases the run's contexts the same way
-(:func:`release`); those the device has not finished with go to the
+The end of a run (:meth:`DeviceLifetimes.finish` when the data ran out,
+:meth:`DeviceLifetimes.end` on drain, close or failure) releases the run's
+contexts the same way (:meth:`DeviceLifetimes.release`); those the device has
+not finished with go to the
 pipeline's :class:`Limbo` until a later poll finds their fence complete. On
 CPU all of this is (nearly) free: there are no events and nothing to wait for.
 """
@@ -28,12 +30,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from swpipe_core.engine.device import Device
-from swpipe_core.engine.failure import cancel, fail_now, stop_workers, surface_failure
-from swpipe_core.engine.run import IterState, Run
+from swpipe_core.engine.failure import RunFailure
+from swpipe_core.engine.run import RunSetup
 from swpipe_core.engine.streams import StreamPool
+from swpipe_core.engine.tasks import DeviceTiming, IterState
 from swpipe_core.plan import IterContext
 
-__all__ = ["GuardedContext", "TrainState", "state_parameters", "context_keeper", "Limbo"]
+__all__ = ["GuardedContext", "TrainState", "state_parameters", "context_keeper", "Limbo", "DeviceLifetimes"]
 
 _log = logging.getLogger("swpipe_core.engine.pipeline")
 
@@ -164,88 +167,6 @@ def context_keeper(dev: Device, params: Sequence[torch.Tensor]) -> Callable[[Gua
     return keep
 
 
-# ------------------------------------------------------------------ while the run goes on
-
-def prune_device(run: Run) -> None:
-    """Release retired contexts (and what their tasks deleted) whose device work has completed.
-
-    The events of a released iteration stay in ``run.device_pending`` while
-    a task still to launch may wait for them (an inter-iteration dependency,
-    up to the plan's largest distance: ``CompiledPlan.event_horizon``): the
-    device order is kept by those waits (on completed events, free), never
-    by this thread having seen them complete.
-    """
-    completed = run.pool.completed
-    horizon = run.oldest - run.compiled.event_horizon
-    for j in list(run.device_pending):
-        st = run.device_pending[j]
-        if st.ctx is not None:
-            if not completed(st.events):
-                continue
-            release_context(run, st)
-        if j < horizon:
-            del run.device_pending[j]
-            free_iteration(run, st)
-
-
-def release_context(run: Run, st: IterState) -> None:
-    """An iteration whose device work has completed: read its timing and drop its context; keep its events."""
-    if st.timing:
-        run.device_timing.extend(st.timing)
-        st.timing = []
-        collect_device_timeline(run)
-    st.ctx = None
-
-
-def free_iteration(run: Run, st: IterState) -> None:
-    """An iteration whose device work has completed: its context, timing and events (given back) released."""
-    release_context(run, st)
-    run.pool.recycle(st.events)
-    st.events = [None] * len(st.events)
-
-
-def bound_device_lag(run: Run, retired: int) -> None:
-    """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
-    st = run.device_pending.get(retired - run.max_device_lag)
-    if st is None or st.ctx is None:  # negative, or already released: its device work completed
-        return
-    timeout = run.timeouts.progress_s
-    if not run.pool.wait_events(st.events, timeout, wake=run.stop):
-        if run.cancelled:  # a failure elsewhere ended the wait: report that one
-            surface_failure(run)
-        error = RuntimeError(
-            f"progress() waited {timeout:g} s for the device work of iteration {st.idx} "
-            f"(max_device_lag={run.max_device_lag}); tasks whose device work has not completed: "
-            f"{[ti.name for ti in run.compiled.tasks if not run.pool.query(st.events[ti.idx])]}. A kernel is "
-            "hung (a dead peer rank?) or slow (raise Timeouts(progress_s=...)); call drain() or fill_pipeline()")
-        fail_now(run, error, f"device-lag timeout on iteration {st.idx}")
-    release_context(run, st)  # its events stay for later waiters; prune_device gives them back
-
-
-def device_lag(run: Run) -> int:
-    """Retired iterations of ``run`` whose device work has not completed yet (0 on CPU)."""
-    query = run.pool.query
-    return sum(1 for st in list(run.device_pending.values()) if not all(map(query, st.events)))
-
-
-def collect_device_timeline(run: Run) -> None:
-    """On CUDA with a timeline: turn timing events into ``kind="device"`` events.
-
-    Device times are placed on the host clock by the origin event recorded
-    at fill time (assumed to execute when it was recorded: an idle device).
-    """
-    origin, recorder, pool = run.origin_event, run.recorder, run.pool
-    if not run.device_timing or origin is None or recorder is None or not pool.query(origin):
-        return  # not yet: the origin is read once it completed (at the latest when the run ends)
-    dev, origin_host = pool.dev, recorder.origin
-    for ti, i, start_ev, end_ev in run.device_timing:
-        start = origin_host + dev.elapsed_s(origin, start_ev)
-        end = origin_host + dev.elapsed_s(origin, end_ev)
-        recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
-        pool.recycle((start_ev, end_ev), timing=True)
-    run.device_timing.clear()
-
-
 # ------------------------------------------------------------------ the end of a run
 
 class Limbo:
@@ -290,84 +211,179 @@ class Limbo:
         self.entries = kept
 
 
-def release(run: Run, states: List[IterState], timeout: float, limbo: Limbo) -> Tuple[bool, Optional[Exception]]:
-    """Drop ``states``' contexts once the device work of the run completed (a bounded poll).
+# ------------------------------------------------------------------ a run's device lifetimes
 
-    Instead of an unconditional ``torch.cuda.synchronize()``, which blocks
-    forever on a kernel that never ends (a collective whose peer died)
-    and raises after a sticky CUDA error: the device is fenced and polled
-    for ``timeout`` s. If it does not finish, or the device fails, the
-    contexts are kept alive in ``limbo`` (memory a stream may still read
-    is never handed back to the allocator) and freed by a later fill or
-    drain whose poll finds the fence complete. Returns whether the device
-    finished, and the device's error when it failed (never raised here:
-    on a failure path it must not mask the caller's exception).
+class DeviceLifetimes:
+    """What one run keeps alive for the device: retired iterations whose device work is not known complete.
+
+    Filled by the period loop as it retires iterations on CUDA
+    (:meth:`hold`); emptied as their events complete (:meth:`prune`), when
+    run-ahead is bounded (:meth:`bound_lag`), and at the end of the run
+    (:meth:`finish`, :meth:`end`). Also the device half of a timeline: the
+    timing events read once their iteration completed. On CPU it stays
+    empty.
     """
-    if not states and not run.device_timing:
-        return True, None  # nothing waits on the device
-    pool = run.pool
-    error: Optional[Exception] = None
-    try:
-        events: Optional[List[Any]] = pool.fence(run.streams)
-        done = pool.wait_events(events, timeout)
-    except Exception as exc:  # a sticky device error
-        _log.warning("could not wait for the device (%s: %s); keeping %d iteration context(s) alive",
-                     type(exc).__name__, exc, len(states))
-        events, done, error = None, False, exc
-    if done:
-        pool.recycle(events)
-        for st in states:
-            free_iteration(run, st)
-        collect_device_timeline(run)
-        return True, None
-    if events is not None:
-        _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
-                     "it does", timeout, len(states))
-    limbo.add(events, states, list(run.streams))
-    return False, error
 
+    __slots__ = ("setup", "failure", "pending", "timing", "origin_event")
 
-def finish(run: Run, limbo: Limbo) -> None:
-    """The data ran out and every iteration retired: stop the workers, release what waits on the device."""
-    if run.finished:
-        return
-    stop_workers(run)
-    pending = list(run.device_pending.values())
-    run.device_pending.clear()
-    run.finished = True
-    done, error = release(run, pending, run.timeouts.progress_s, limbo)
-    if not done:
-        raise device_not_done("progress() at the end of the data", error, run.timeouts.progress_s)
+    def __init__(self, setup: RunSetup, failure: RunFailure, origin_event: Any = None) -> None:
+        self.setup = setup
+        self.failure = failure
+        self.pending: Dict[int, IterState] = {}  # retired, device work not known complete; tasks read its events
+        self.timing: List[DeviceTiming] = []     # timing events of completed iterations, not yet on the timeline
+        self.origin_event = origin_event         # the timeline's origin on the device clock
 
+    # ---------------------------------------------------------- while the run goes on
 
-def stop_run(run: Run, cancelling: bool) -> List[IterState]:
-    """Cancel ``run`` when closing it, join its workers, and take every iteration it still holds.
+    def hold(self, idx: int, st: IterState) -> None:
+        """Retired iteration ``idx`` waits here until its device work completed (before it leaves the loop's
+        iterations, so a worker looking up ``idx`` always finds its events)."""
+        self.pending[idx] = st
 
-    Never raises for the run's own failure: the caller is usually re-raising
-    a task's exception, which must not be masked.
-    """
-    if cancelling and not (run.finished or run.cancelled):
-        cancel(run, None, "pipeline closed")
-    stop_workers(run)
-    states = list(run.iters.values()) + list(run.device_pending.values())
-    run.iters.clear()
-    run.device_pending.clear()
-    return states
+    def prune(self, oldest: int) -> None:
+        """Release retired contexts (and what their tasks deleted) whose device work has completed.
 
+        The events of a released iteration stay while a task still to launch
+        may wait for them (an inter-iteration dependency, up to the plan's
+        largest distance, ``CompiledPlan.event_horizon``, before ``oldest``):
+        the device order is kept by those waits (on completed events, free),
+        never by this thread having seen them complete.
+        """
+        completed = self.setup.pool.completed
+        horizon = oldest - self.setup.compiled.event_horizon
+        pending = self.pending
+        for j in list(pending):
+            st = pending[j]
+            if st.ctx is not None:
+                if not completed(st.events):
+                    continue
+                self._release_context(st)
+            if j < horizon:
+                del pending[j]
+                self._free_iteration(st)
 
-def end_run(run: Run, states: List[IterState], cancelling: bool, limbo: Limbo) -> None:
-    """Wait (bounded) for the device work of a stopped run, release ``states``' contexts.
+    def _release_context(self, st: IterState) -> None:
+        """An iteration whose device work has completed: read its timing and drop its context; keep its events."""
+        if st.timing:
+            self.timing.extend(st.timing)
+            st.timing = []
+            self.collect_timeline()
+        st.ctx = None
 
-    Raises only when the run ended normally (a drain) and the device did
-    not finish: on a failure path (``cancelling`` or a cancelled run) the
-    pipeline is left usable whatever the device does, and the contexts wait
-    in ``limbo``.
-    """
-    failing = cancelling or run.cancelled
-    timeout = run.timeouts.teardown_s if failing else run.timeouts.progress_s
-    done, error = release(run, states, timeout, limbo)
-    if not done and not failing:
-        raise device_not_done("drain()", error, run.timeouts.progress_s)
+    def _free_iteration(self, st: IterState) -> None:
+        """An iteration whose device work has completed: its context, timing and events (given back) released."""
+        self._release_context(st)
+        self.setup.pool.recycle(st.events)
+        st.events = [None] * len(st.events)
+
+    def bound_lag(self, retired: int) -> None:
+        """Bounded run-ahead: wait for the device events of iteration ``retired - max_device_lag``."""
+        setup, failure = self.setup, self.failure
+        st = self.pending.get(retired - setup.max_device_lag)
+        if st is None or st.ctx is None:  # negative, or already released: its device work completed
+            return
+        pool, timeout = setup.pool, setup.timeouts.progress_s
+        if not pool.wait_events(st.events, timeout, wake=failure.stop):
+            if failure.cancelled:  # a failure elsewhere ended the wait: report that one
+                failure.surface()
+            error = RuntimeError(
+                f"progress() waited {timeout:g} s for the device work of iteration {st.idx} "
+                f"(max_device_lag={setup.max_device_lag}); tasks whose device work has not completed: "
+                f"{[ti.name for ti in setup.compiled.tasks if not pool.query(st.events[ti.idx])]}. A kernel is "
+                "hung (a dead peer rank?) or slow (raise Timeouts(progress_s=...)); call drain() or fill_pipeline()")
+            failure.fail_now(error, f"device-lag timeout on iteration {st.idx}")
+        self._release_context(st)  # its events stay for later waiters; prune gives them back
+
+    def lag(self) -> int:
+        """Retired iterations whose device work has not completed yet (0 on CPU)."""
+        query = self.setup.pool.query
+        return sum(1 for st in list(self.pending.values()) if not all(map(query, st.events)))
+
+    def collect_timeline(self) -> None:
+        """On CUDA with a timeline: turn timing events into ``kind="device"`` events.
+
+        Device times are placed on the host clock by the origin event recorded
+        at fill time (assumed to execute when it was recorded: an idle device).
+        """
+        origin, recorder, pool = self.origin_event, self.setup.recorder, self.setup.pool
+        if not self.timing or origin is None or recorder is None or not pool.query(origin):
+            return  # not yet: the origin is read once it completed (at the latest when the run ends)
+        dev, origin_host = pool.dev, recorder.origin
+        for ti, i, start_ev, end_ev in self.timing:
+            start = origin_host + dev.elapsed_s(origin, start_ev)
+            end = origin_host + dev.elapsed_s(origin, end_ev)
+            recorder.record(ti.name, i, ti.group, ti.stream, start, end, kind="device")
+            pool.recycle((start_ev, end_ev), timing=True)
+        self.timing.clear()
+
+    # ---------------------------------------------------------- the end of the run
+
+    def take_pending(self) -> List[IterState]:
+        """Every retired iteration still held, no longer held here (the run ends: :meth:`end` releases them)."""
+        states = list(self.pending.values())
+        self.pending.clear()
+        return states
+
+    def release(self, states: List[IterState], timeout: float, limbo: Limbo) -> Tuple[bool, Optional[Exception]]:
+        """Drop ``states``' contexts once the device work of the run completed (a bounded poll).
+
+        Instead of an unconditional ``torch.cuda.synchronize()``, which blocks
+        forever on a kernel that never ends (a collective whose peer died)
+        and raises after a sticky CUDA error: the device is fenced and polled
+        for ``timeout`` s. If it does not finish, or the device fails, the
+        contexts are kept alive in ``limbo`` (memory a stream may still read
+        is never handed back to the allocator) and freed by a later fill or
+        drain whose poll finds the fence complete. Returns whether the device
+        finished, and the device's error when it failed (never raised here:
+        on a failure path it must not mask the caller's exception).
+        """
+        if not states and not self.timing:
+            return True, None  # nothing waits on the device
+        pool, streams = self.setup.pool, self.setup.streams
+        error: Optional[Exception] = None
+        try:
+            events: Optional[List[Any]] = pool.fence(streams)
+            done = pool.wait_events(events, timeout)
+        except Exception as exc:  # a sticky device error
+            _log.warning("could not wait for the device (%s: %s); keeping %d iteration context(s) alive",
+                         type(exc).__name__, exc, len(states))
+            events, done, error = None, False, exc
+        if done:
+            pool.recycle(events)
+            for st in states:
+                self._free_iteration(st)
+            self.collect_timeline()
+            return True, None
+        if events is not None:
+            _log.warning("device work did not complete within %.1f s; keeping %d iteration context(s) alive until "
+                         "it does", timeout, len(states))
+        limbo.add(events, states, list(streams))
+        return False, error
+
+    def finish(self, limbo: Limbo) -> None:
+        """The data ran out and every iteration retired: release what waits on the device.
+
+        Raises
+        ------
+        RuntimeError
+            The device work did not complete within ``Timeouts.progress_s`` (or the device failed).
+        """
+        timeout = self.setup.timeouts.progress_s
+        done, error = self.release(self.take_pending(), timeout, limbo)
+        if not done:
+            raise device_not_done("progress() at the end of the data", error, timeout)
+
+    def end(self, states: List[IterState], failing: bool, limbo: Limbo) -> None:
+        """Wait (bounded) for the device work of a stopped run, release ``states``' contexts.
+
+        Raises only when the run ended normally (a drain) and the device did
+        not finish: on a failure path (``failing``) the pipeline is left
+        usable whatever the device does, and the contexts wait in ``limbo``.
+        """
+        timeouts = self.setup.timeouts
+        done, error = self.release(states, timeouts.teardown_s if failing else timeouts.progress_s, limbo)
+        if not done and not failing:
+            raise device_not_done("drain()", error, timeouts.progress_s)
 
 
 def device_hung(what: str, timeout: float) -> str:

@@ -1,149 +1,199 @@
-"""The period loop: start a run, fetch a batch, walk one period, retire the oldest iteration.
+"""The period loop of one pipelined run: fetch a batch, walk one period, retire the oldest iteration.
 
-``SWPipeline.fill_pipeline``, ``progress`` and ``drain`` drive these steps;
-each receives the :class:`~swpipe_core.engine.run.Run` it works on. A period
-``p`` runs, for every task ``T``, iteration ``p - stage(T)``: the caller walks
-the plan's enqueue order, handing worker groups' tasks to their workers and
-running the caller group's tasks inline (:mod:`swpipe_core.engine.tasks`);
-the period's shape is compiled once and cached
+A :class:`PeriodLoop` is one ``fill_pipeline`` .. ``drain`` cycle of a
+:class:`~swpipe_core.engine.pipeline.SWPipeline`, which makes one per fill
+and drives it (``fill_pipeline``, ``progress``, ``drain``). It owns the
+iterations in flight, the period counter and the data, and holds the run's
+other owners: how the tasks run (:class:`~swpipe_core.engine.tasks.TaskRunner`),
+the device lifetimes (:class:`~swpipe_core.engine.lifetime.DeviceLifetimes`)
+and the failure (:class:`~swpipe_core.engine.failure.RunFailure`); each
+changes only its own state (docs/architecture.md, "The state of a run"). A
+period ``p`` runs, for every task ``T``, iteration ``p - stage(T)``; the
+period's shape is compiled once and cached
 (:meth:`CompiledPlan.program <swpipe_core.engine.program.CompiledPlan.program>`).
 Retiring waits until the oldest iteration's tasks have all set their CPU
-signals, then hands its context to the device bookkeeping
-(:mod:`swpipe_core.engine.lifetime`) on CUDA or drops it on CPU.
+signals, then hands its context to the device lifetimes on CUDA or drops it
+on CPU.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-from typing import Any, List
+from typing import Any, Dict, Iterable, Iterator, List
 
-from swpipe_core.engine.dispatch import profiler_active
-from swpipe_core.engine.failure import cancel, inline_overran, progress_timed_out, surface_failure
-from swpipe_core.engine.lifetime import prune_device
-from swpipe_core.engine.run import Flag, IterState, Run
-from swpipe_core.engine.tasks import run_items, run_solo
-from swpipe_core.engine.watchdog import InlineWatchdog
-from swpipe_core.engine.workers import Workers
+from swpipe_core.engine.failure import RunFailure
+from swpipe_core.engine.lifetime import DeviceLifetimes, Limbo
+from swpipe_core.engine.run import RunSetup
+from swpipe_core.engine.tasks import IterState, TaskRunner
 
-__all__: List[str] = []
+__all__ = ["PeriodLoop", "NO_BATCH"]
 
 #: The batch of a period that creates no new iteration (the data ran out, or the pipeline drains).
 NO_BATCH = object()
 
 
-def start_threads(run: Run) -> None:
-    """Start the run's watchdog (a caller's group with a finite ``signal_s``) and its workers (other groups).
+class PeriodLoop:
+    """One pipelined run: its iterations in flight, where the period loop stands, and the run's other owners.
 
-    A plan whose only group is the caller's starts no worker thread.
+    Attributes
+    ----------
+    setup : RunSetup
+        What the run executes and with what (fixed).
+    failure : RunFailure
+        How the run fails.
+    tasks : TaskRunner
+        How its tasks run (threads, per-period flags).
+    device : DeviceLifetimes
+        What it keeps alive for the device (CUDA).
     """
-    compiled, timeouts = run.compiled, run.timeouts
-    if compiled.caller_group is not None and timeouts.signal_s < threading.TIMEOUT_MAX:
-        run.watchdog = InlineWatchdog(timeouts.signal_s, functools.partial(inline_overran, run))
-        run.watchdog.start()
-    if compiled.worker_groups:
-        run.workers = Workers(compiled.worker_groups, lambda group, items: run_items(run, items),
-                               setup=run.pool.dev.set_current,
-                               on_crash=lambda group, exc: cancel(run, exc, f"worker swpipe-{group} crashed"),
-                               scope=run.pool.dev.nvtx_mode if run.nvtx else None)
-        run.workers.start()
 
+    __slots__ = ("setup", "failure", "tasks", "device", "data_source", "data_iter", "iters", "oldest", "period",
+                 "fetched", "exhausted", "draining", "ready", "finished")
 
-def fetch(run: Run) -> Any:
-    """The next batch, or :data:`NO_BATCH` when the data ran out (the data iterator's own errors propagate)."""
-    if run.exhausted:
-        return NO_BATCH
-    try:
-        batch = next(run.data_iter)
-    except StopIteration:
-        run.exhausted = True
-        return NO_BATCH
-    if run.pool.is_cuda:  # CUDA tensors the iterator made on this thread's stream: tasks wait for them
-        run.ready = run.pool.batch_ready(batch)
-    return batch
+    def __init__(self, setup: RunSetup, data_source: Iterable[Any], data_iter: Iterator[Any],
+                 origin_event: Any = None) -> None:
+        self.setup = setup
+        self.failure = failure = RunFailure(setup)
+        self.device = DeviceLifetimes(setup, failure, origin_event)
+        self.iters: Dict[int, IterState] = {}  # in flight, by iteration
+        self.tasks = TaskRunner(setup, failure, self.iters, self.device.pending)
+        self.data_source = data_source
+        self.data_iter = data_iter
+        self.oldest = 0            # next iteration to retire
+        self.period = 0            # next period to enqueue
+        self.fetched = 0           # iterations created so far
+        self.exhausted = False     # the data ran out
+        self.draining = False      # progress(None) or drain(): no new iterations
+        self.ready: Any = ()       # the last fetched batch's ready events, until its iteration state takes them
+        self.finished = False      # everything retired, threads stopped
 
+    @property
+    def in_flight(self) -> int:
+        """Iterations enqueued and not retired yet (0 once the run finished)."""
+        return 0 if self.finished else self.fetched - self.oldest
 
-def advance(run: Run, batch: Any) -> None:
-    """Run period ``run.period`` (creating its new iteration if a batch was fetched).
+    @property
+    def busy(self) -> bool:
+        """Whether iterations are in flight that may still run (neither finished nor cancelled)."""
+        return not (self.finished or self.failure.cancelled)
 
-    The caller walks the enqueue order: a worker group's task is handed
-    to its worker when the walk reaches it, the caller group's task is
-    run inline then, so a worker task placed after a caller's task starts
-    only once the caller has run that task (as a pipeline's
-    ``progress()`` issues work at its place in the program). No deadlock:
-    the enqueue order is a topological order of the period-local graph,
-    so every dependency of an inline task is an earlier inline task, an
-    earlier task already handed to a worker (whose own dependencies
-    precede it in the same order), or a task of an earlier period, all of
-    which complete without the caller.
-    """
-    p = run.period
-    if batch is not NO_BATCH:
-        st = run.iters[p] = IterState(p, run.ctx_type(batch, p), len(run.compiled.tasks), run.pool.is_cuda)
-        st.ready, run.ready = run.ready, ()
-        run.fetched = p + 1
-    run.period = p + 1
-    run.profiling = profiling = profiler_active()
-    run.bare = run.plain and not profiling
-    compiled = run.compiled
-    program = compiled.programs.get(compiled.walk.key(p, run.oldest, run.fetched))
-    infos, segments = program if program is not None else compiled.program(p, run.oldest, run.fetched)
-    iters = run.iters
-    ticket = run.sequencer.ticket  # taken in the walk's order, across groups: every rank issues the same
-    items = [(iters[p - ti.stage], ti, ticket(f"{ti.name} (iteration {p - ti.stage})") if ti.ordered else None)
-             for ti in infos]
-    if run.workers is None:
-        if run.bare:
-            run_solo(run, items)
+    @property
+    def retired_all(self) -> bool:
+        """Whether every iteration created so far has retired."""
+        return self.oldest >= self.fetched
+
+    # ------------------------------------------------------------ the steps
+
+    def start(self, depth: int) -> None:
+        """Start the run's threads and run its first ``depth`` periods."""
+        self.tasks.start()
+        for _ in range(depth):
+            self.advance(self.fetch())
+
+    def start_draining(self) -> None:
+        """No new iterations from now on (``progress(None)``, ``drain``)."""
+        self.draining = self.exhausted = True
+
+    def fetch(self) -> Any:
+        """The next batch, or :data:`NO_BATCH` when the data ran out (the data iterator's own errors propagate)."""
+        if self.exhausted:
+            return NO_BATCH
+        try:
+            batch = next(self.data_iter)
+        except StopIteration:
+            self.exhausted = True
+            return NO_BATCH
+        pool = self.setup.pool
+        if pool.is_cuda:  # CUDA tensors the iterator made on this thread's stream: tasks wait for them
+            self.ready = pool.batch_ready(batch)
+        return batch
+
+    def advance(self, batch: Any) -> None:
+        """Run period ``self.period`` (creating its new iteration if a batch was fetched).
+
+        The caller walks the enqueue order: a worker group's task is handed
+        to its worker when the walk reaches it, the caller group's task is
+        run inline then, so a worker task placed after a caller's task starts
+        only once the caller has run that task (as a pipeline's
+        ``progress()`` issues work at its place in the program). No deadlock:
+        the enqueue order is a topological order of the period-local graph,
+        so every dependency of an inline task is an earlier inline task, an
+        earlier task already handed to a worker (whose own dependencies
+        precede it in the same order), or a task of an earlier period, all of
+        which complete without the caller.
+        """
+        setup = self.setup
+        compiled = setup.compiled
+        p = self.period
+        iters = self.iters
+        if batch is not NO_BATCH:
+            st = iters[p] = IterState(p, setup.ctx_type(batch, p), len(compiled.tasks), setup.pool.is_cuda)
+            st.ready, self.ready = self.ready, ()
+            self.fetched = p + 1
+        self.period = p + 1
+        program = compiled.programs.get(compiled.walk.key(p, self.oldest, self.fetched))
+        infos, segments = program if program is not None else compiled.program(p, self.oldest, self.fetched)
+        ticket = setup.sequencer.ticket  # taken in the walk's order, across groups: every rank issues the same
+        items = [(iters[p - ti.stage], ti, ticket(f"{ti.name} (iteration {p - ti.stage})") if ti.ordered else None)
+                 for ti in infos]
+        self.tasks.run_period(items, segments)
+
+    def retire_oldest(self) -> int:
+        """Wait until the oldest iteration completed on the CPU, retire it; its index.
+
+        Raises
+        ------
+        PipelineTaskError, RuntimeError
+            A task failed, or the iteration did not complete within ``Timeouts.progress_s``.
+        """
+        idx = self.oldest
+        st = self.iters[idx]
+        failure = self.failure
+        if failure.cancelled:
+            failure.surface()
+        if st.remaining and not self.tasks.wait_complete(st) and not failure.cancelled:
+            failure.progress_timed_out(st.idx, st.done)
+        if failure.cancelled:
+            failure.surface()
+        if self.setup.pool.is_cuda:
+            self.device.hold(idx, st)  # first, so a worker looking up idx always finds its events
+            del self.iters[idx]
+            self.device.prune(idx)
         else:
-            run_items(run, items, inline=True)
-        return
-    for handoff, inline_at in segments:
-        if run.cancelled:
+            del self.iters[idx]
+            st.ctx = None
+        self.oldest = idx + 1
+        return idx
+
+    def drain(self) -> None:
+        """Retire every iteration in flight, running the periods that finish them (no new data)."""
+        self.start_draining()
+        while self.oldest < self.fetched:
+            self.retire_oldest()
+            self.advance(NO_BATCH)
+
+    # ------------------------------------------------------------ the end
+
+    def finish(self, limbo: Limbo) -> None:
+        """The data ran out and every iteration retired: stop the threads, release what waits on the device."""
+        if self.finished:
             return
-        for group, at in handoff:
-            run.workers.submit(group, [items[k] for k in at])
-        if inline_at:
-            run_items(run, [items[k] for k in inline_at], inline=True)
+        self.tasks.stop()
+        self.finished = True
+        self.device.finish(limbo)
 
+    def stop(self, cancelling: bool) -> List[IterState]:
+        """Cancel the run when closing it, join its threads, and take every iteration it still holds.
 
-def retire_oldest(run: Run) -> int:
-    """Wait until the oldest iteration completed on the CPU, retire it; its index.
+        Never raises for the run's own failure: the caller is usually re-raising
+        a task's exception, which must not be masked.
+        """
+        if cancelling and self.busy:
+            self.failure.cancel(None, "pipeline closed")
+        self.tasks.stop()
+        states = list(self.iters.values()) + self.device.take_pending()
+        self.iters.clear()
+        return states
 
-    Raises
-    ------
-    PipelineTaskError, RuntimeError
-        A task failed, or the iteration did not complete within ``Timeouts.progress_s``.
-    """
-    idx = run.oldest
-    st = run.iters[idx]
-    if run.cancelled:
-        surface_failure(run)
-    if st.remaining and not _wait_complete(run, st) and not run.cancelled:
-        progress_timed_out(run, st)
-    if run.cancelled:
-        surface_failure(run)
-    if run.pool.is_cuda:
-        run.device_pending[idx] = st  # first, so a worker looking up idx always finds its events
-        del run.iters[idx]
-        prune_device(run)
-    else:
-        del run.iters[idx]
-        st.ctx = None
-    run.oldest = idx + 1
-    return idx
-
-
-def _wait_complete(run: Run, st: IterState) -> bool:
-    """Block until every task of ``st`` set its CPU signal (or the run is cancelled); whether it did.
-
-    The flag is made only when the caller must block (usually it need
-    not: the iteration completed during the periods it waited in line).
-    """
-    with run.lock:
-        if not st.remaining or run.cancelled:
-            return True
-        if st.complete is None:
-            st.complete = Flag()
-        flag = st.complete
-    return flag.wait(run.timeouts.progress_s)
+    def end(self, states: List[IterState], cancelling: bool, limbo: Limbo) -> None:
+        """Release ``states``' contexts once the device is done with them (:meth:`DeviceLifetimes.end`)."""
+        self.device.end(states, cancelling or self.failure.cancelled, limbo)

@@ -3,15 +3,15 @@
 An option given to the wrong call (``SWPipeline(plan, num_measure=5)``, a
 timeout under its old name, a typo) raises :class:`OptionError` naming where
 it belongs and the call to write instead, never a bare "unexpected keyword
-argument" (:func:`keywords_checked`). The homes are read from the signatures
-themselves, so they cannot drift from the code.
+argument" (:func:`keywords_checked`). The homes' keywords are listed here
+(the engine and the profiler build on this module, so it cannot import them
+to read their signatures); a test holds each list equal to its signature.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
 import threading
 from dataclasses import dataclass, fields
@@ -136,14 +136,19 @@ class Timeouts:
             object.__setattr__(self, f.name, min(float(value), threading.TIMEOUT_MAX))
 
 
-#: Where the options of the engine's and the profiler's calls live: (home, where it is defined, how it is passed).
-_HOMES: Tuple[Tuple[str, str, str], ...] = (
-    ("SWPipeline", "swpipe_core.engine.pipeline:SWPipeline", "SWPipeline(plan, {kw})"),
-    ("Timeouts", "swpipe_core.engine.options:Timeouts", "SWPipeline(plan, timeouts=Timeouts({kw}))"),
-    ("SWPipeline.run", "swpipe_core.engine.pipeline:SWPipeline.run", "pipe.run(data, {kw})"),
-    ("TaskProfiler", "swpipe_core.measure.profiler:TaskProfiler", "TaskProfiler(pipe, {kw})"),
-    ("TaskProfiler.profile", "swpipe_core.measure.profiler:TaskProfiler.profile",
-     "TaskProfiler(pipe).profile(batch, {kw})"),
+#: Where the options of the engine's and the profiler's calls live: (home, its keyword options, how it is passed).
+#: The keywords are the homes' signatures written out (``Timeouts``' are its fields): reading them from the
+#: signatures here would import the engine and the profiler, which build on this module;
+#: tests/test_options_homes.py holds each list equal to its signature.
+OPTION_HOMES: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
+    ("SWPipeline", ("plan", "device", "timeouts", "record_timeline", "max_device_lag", "strict", "state", "rng"),
+     "SWPipeline(plan, {kw})"),
+    ("Timeouts", tuple(f.name for f in fields(Timeouts)), "SWPipeline(plan, timeouts=Timeouts({kw}))"),
+    ("SWPipeline.run", ("data_iter", "verbose", "emit_nvtx"), "pipe.run(data, {kw})"),
+    ("TaskProfiler", ("pipeline", "num_warmup", "num_measure", "num_rounds", "interleave", "progress", "calibrate"),
+     "TaskProfiler(pipe, {kw})"),
+    ("TaskProfiler.profile", ("batch", "num_warmup", "num_measure", "num_rounds", "skip_tasks", "task_times",
+                              "memory", "state"), "TaskProfiler(pipe).profile(batch, {kw})"),
 )
 
 #: Options under the names they had before they moved: old name -> (home, name there).
@@ -154,13 +159,15 @@ _RENAMED: Dict[str, Tuple[str, str]] = {
 }
 
 
-def _accepted(where: str) -> List[str]:
-    """The keyword options of the callable at ``where`` (``"module:Qualified.name"``), from its signature."""
-    module, _, qualname = where.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    params = inspect.signature(obj).parameters.values()
+def keyword_options(fn: Callable[..., Any]) -> List[str]:
+    """The keyword options of ``fn``, from its signature (``self`` and ``*args``/``**kwargs`` left out).
+
+    Examples
+    --------
+    >>> keyword_options(lambda batch, *rest, state=None, **more: None)
+    ['batch', 'state']
+    """
+    params = inspect.signature(fn).parameters.values()
     return [p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
@@ -177,10 +184,10 @@ def misplaced(given_to: str, option: str, value: Any, accepted: List[str]) -> Op
     """
     if option in _RENAMED:
         home, name = _RENAMED[option]
-        template = next(t for h, _, t in _HOMES if h == home)
+        template = next(t for h, _, t in OPTION_HOMES if h == home)
         return OptionError(given_to, option, value, home=home, fix=template.format(kw=f"{name}={value!r}"))
-    for home, where, template in _HOMES:
-        if home != given_to and option in _accepted(where):
+    for home, keywords, template in OPTION_HOMES:
+        if home != given_to and option in keywords:
             return OptionError(given_to, option, value, home=home, fix=template.format(kw=f"{option}={value!r}"))
     near = difflib.get_close_matches(option, accepted, n=1)
     fix = f"did you mean {near[0]}={value!r}?" if near else f"{given_to} takes {', '.join(accepted)}"
@@ -207,8 +214,7 @@ def keywords_checked(given_to: str) -> Callable[[F], F]:
     num_rounds -> TaskProfiler | TaskProfiler(pipe, num_rounds=2)
     """
     def decorate(fn: F) -> F:
-        accepted = [p.name for p in inspect.signature(fn).parameters.values()
-                    if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        accepted = keyword_options(fn)
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:

@@ -22,13 +22,14 @@ Execution semantics (docs/semantics.md is the contract; :mod:`autosched.model.si
   records its device event, then sets its CPU signal
   (:mod:`~swpipe_core.engine.tasks`, :mod:`~swpipe_core.engine.dispatch`).
 
-What a run is made of lives in :class:`~swpipe_core.engine.run.Run`, which
-``fill_pipeline`` makes and hands to the period loop, the tasks, the device
-bookkeeping (:mod:`~swpipe_core.engine.lifetime`: on CUDA a context lives
-until the device is done with it) and the failure handling
-(:mod:`~swpipe_core.engine.failure`: the first error cancels the run, wakes
-every waiter, and reaches the caller once as a :class:`PipelineTaskError`
-naming task, iteration, thread group and stage). Serial runs are
+A run is a :class:`~swpipe_core.engine.loop.PeriodLoop`, which
+``fill_pipeline`` makes: the period loop, holding the run's other owners, how
+its tasks run (:mod:`~swpipe_core.engine.tasks`), its device lifetimes
+(:mod:`~swpipe_core.engine.lifetime`: on CUDA a context lives until the
+device is done with it) and its failure (:mod:`~swpipe_core.engine.failure`:
+the first error cancels the run, wakes every waiter, and reaches the caller
+once as a :class:`PipelineTaskError` naming task, iteration, thread group and
+stage). Serial runs are
 :mod:`~swpipe_core.engine.serial`'s. Every wait is bounded
 (:class:`~swpipe_core.engine.options.Timeouts`): no thread is ever left
 hanging, and after any failure ``drain()`` (or a new ``fill_pipeline``)
@@ -53,14 +54,13 @@ import torch
 from swpipe_core.engine.checks import check_arguments, check_idle, check_runnable
 from swpipe_core.engine.device import CpuFallbackWarning, Device, as_device, falls_back_to_cpu
 from swpipe_core.engine.dispatch import Dispatch, TaskWrapper
-from swpipe_core.engine.failure import PipelineTaskError, abort, surface_failure
-from swpipe_core.engine.lifetime import (GuardedContext, Limbo, TrainState, bound_device_lag, context_keeper,
-                                         device_hung, device_lag, end_run, finish, state_parameters, stop_run)
-from swpipe_core.engine.loop import NO_BATCH, advance, fetch, retire_oldest, start_threads
+from swpipe_core.engine.failure import PipelineTaskError
+from swpipe_core.engine.lifetime import GuardedContext, Limbo, TrainState, context_keeper, device_hung, state_parameters
+from swpipe_core.engine.loop import NO_BATCH, PeriodLoop
 from swpipe_core.engine.options import Timeouts, keywords_checked
 from swpipe_core.engine.program import compile_plan
 from swpipe_core.engine.rng import PerTaskRng
-from swpipe_core.engine.run import Run
+from swpipe_core.engine.run import RunSetup
 from swpipe_core.engine.sequencer import SubmissionSequencer
 from swpipe_core.engine.serial import SerialRunner, serial_order
 from swpipe_core.engine.streams import StreamPool
@@ -219,7 +219,7 @@ class SWPipeline:
         self._serial = SerialRunner(serial_order(plan, self._compiled.by_name), self._pool, self._dispatch,
                                     self._recorder, self.timeouts, self.max_device_lag)
         self._limbo = Limbo()  # contexts of ended runs the device may still read
-        self._run: Optional[Run] = None  # the pipelined run in flight (or finished, failed: until reset)
+        self._run: Optional[PeriodLoop] = None  # the pipelined run in flight (or finished, failed: until reset)
 
     # --------------------------------------------------------------- pipelined
 
@@ -281,36 +281,36 @@ class SWPipeline:
             self._limbo.prune(self._pool)
         run = self._run = self._new_run(data_iter, emit_nvtx)
         try:
-            start_threads(run)
-            for _ in range(self.plan.pipeline_depth):
-                advance(run, fetch(run))
+            run.start(self.plan.pipeline_depth)
         except BaseException:
             self._teardown(cancelling=True)
             raise
         return run.data_iter
 
-    def _new_run(self, data_iter: Iterable[Any], emit_nvtx: bool) -> Run:
-        """The state of a new pipelined run over ``data_iter``, its CUDA parts made (no thread started yet)."""
+    def _new_run(self, data_iter: Iterable[Any], emit_nvtx: bool) -> PeriodLoop:
+        """A new pipelined run over ``data_iter``, its CUDA parts made (no thread started yet)."""
         iterator = iter(data_iter)  # first: data that is not iterable changes nothing
         if self._recorder is not None:
             self._recorder.clear()
         pool, dispatch = self._pool, self._dispatch
-        run = Run(compiled=self._compiled, pool=pool, dispatch=dispatch, timeouts=self.timeouts,
-                  max_device_lag=self.max_device_lag, recorder=self._recorder, data_source=data_iter,
-                  data_iter=iterator, sequencer=SubmissionSequencer(self.timeouts.sequencer_s))
-        # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
-        # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
-        run.plain = not pool.is_cuda and self._recorder is None and dispatch.plain
-        if pool.is_cuda:
-            run.streams = [pool.resolve(ti.stream_spec) for ti in self._compiled.tasks]
-            pool.follow_caller(run.streams)  # the run starts after what the caller enqueued before it
-            run.nvtx = bool(emit_nvtx)
-            run.ctx_type = GuardedContext  # early frees stay alive until the device is done
-            run.keep = context_keeper(self._dev, self._state_params)
-            if self._recorder is not None:
-                run.origin_event = pool.record(self._dev.default_stream(), timing=True)
-                self._recorder.origin = time.perf_counter()
-        return run
+        sequencer = SubmissionSequencer(self.timeouts.sequencer_s)
+        common = dict(compiled=self._compiled, pool=pool, dispatch=dispatch, timeouts=self.timeouts,
+                      recorder=self._recorder, sequencer=sequencer, max_device_lag=self.max_device_lag)
+        if not pool.is_cuda:
+            # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
+            # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
+            setup = RunSetup(**common, plain=self._recorder is None and dispatch.plain)
+            return PeriodLoop(setup, data_iter, iterator)
+        streams = [pool.resolve(ti.stream_spec) for ti in self._compiled.tasks]
+        pool.follow_caller(streams)  # the run starts after what the caller enqueued before it
+        setup = RunSetup(**common, streams=streams, nvtx=bool(emit_nvtx),
+                         ctx_type=GuardedContext,  # early frees stay alive until the device is done
+                         keep=context_keeper(self._dev, self._state_params))
+        origin = None
+        if self._recorder is not None:
+            origin = pool.record(self._dev.default_stream(), timing=True)
+            self._recorder.origin = time.perf_counter()
+        return PeriodLoop(setup, data_iter, iterator, origin)
 
     def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
         """Retire the oldest in-flight iteration and run the next period.
@@ -361,8 +361,9 @@ class SWPipeline:
         if run is None:
             raise RuntimeError("progress() called before fill_pipeline(); start with "
                                "data_iter = pipe.fill_pipeline(loader)")
-        if run.cancelled:
-            surface_failure(run)
+        failure = run.failure
+        if failure.cancelled:
+            failure.surface()
         if data_iter is not None:
             if data_iter is not run.data_iter and data_iter is not run.data_source:
                 raise RuntimeError("progress() got a different data iterator than fill_pipeline() returned; "
@@ -370,30 +371,30 @@ class SWPipeline:
             if run.draining:
                 raise RuntimeError("the pipeline is draining (progress(None) or drain() was called), so it takes "
                                    "no new data; call drain() and then fill_pipeline(data) to start again")
-        if run.oldest >= run.fetched:
-            finish(run, self._limbo)
+        if run.retired_all:
+            run.finish(self._limbo)
             raise StopIteration
         try:
             if data_iter is None:
-                run.draining = run.exhausted = True
+                run.start_draining()
                 batch = NO_BATCH
             else:
-                batch = fetch(run)
+                batch = run.fetch()
         except Exception:
             raise  # the data iterator's own error: nothing changed, the pipeline is intact
         except BaseException:
-            abort(run, "interrupted while fetching a batch")
+            failure.abort("interrupted while fetching a batch")
             raise
         try:
-            idx = retire_oldest(run)
-            if run.device_pending:
-                bound_device_lag(run, idx)
-            advance(run, batch)
-            if run.cancelled:  # a task of this period failed (one the caller ran inline, or a worker's): now
-                surface_failure(run)
+            idx = run.retire_oldest()
+            if run.device.pending:
+                run.device.bound_lag(idx)
+            run.advance(batch)
+            if failure.cancelled:  # a task of this period failed (one the caller ran inline, or a worker's): now
+                failure.surface()
         except BaseException:
-            if not run.reported:
-                abort(run, "interrupted in progress()")
+            if not failure.reported:
+                failure.abort("interrupted in progress()")
             raise
         return idx
 
@@ -418,15 +419,10 @@ class SWPipeline:
             return
         unreported = None
         try:
-            if run.cancelled:
-                if not run.reported:  # a failure the caller has not seen yet: never lose it
-                    run.reported = True
-                    unreported = run.error
+            if run.failure.cancelled:
+                unreported = run.failure.unreported()  # a failure the caller has not seen yet: never lose it
             elif not run.finished:
-                run.draining = run.exhausted = True
-                while run.oldest < run.fetched:
-                    retire_oldest(run)
-                    advance(run, NO_BATCH)
+                run.drain()
         except BaseException:
             self._teardown(cancelling=True)
             raise
@@ -441,8 +437,9 @@ class SWPipeline:
         pipeline can be filled again afterwards.
         """
         run = self._run
-        if run is not None and run.cancelled and not run.reported and run.error is not None:
-            _log.warning("close(): discarding a failure that was never reported to the caller: %s", run.error)
+        failure = None if run is None else run.failure
+        if failure is not None and failure.cancelled and not failure.reported and failure.error is not None:
+            _log.warning("close(): discarding a failure that was never reported to the caller: %s", failure.error)
         self._teardown(cancelling=True)
 
     def __enter__(self) -> "SWPipeline":
@@ -463,9 +460,9 @@ class SWPipeline:
         run = self._run
         if run is None:
             return
-        states = stop_run(run, cancelling)
+        states = run.stop(cancelling)
         self._run = None
-        end_run(run, states, cancelling, self._limbo)
+        run.end(states, cancelling, self._limbo)
 
     def _sync_device(self, what: str) -> None:
         """A bounded wait for all work on the pipeline's streams (nothing on CPU)."""
@@ -725,7 +722,7 @@ class SWPipeline:
         finally:
             self._dispatch.remove(token)
         run = self._run
-        if run is not None and not (run.finished or run.cancelled):
+        if run is not None and run.busy:
             raise RuntimeError(f"instrument() block left while {run.in_flight} pipelined iteration(s) "
                                "are in flight: their remaining tasks run without the wrapper; call drain() (or "
                                "let run() finish) inside the block")
@@ -807,7 +804,7 @@ class SWPipeline:
     def worker_threads(self) -> List[str]:
         """Names of this pipeline's worker threads that are alive."""
         run = self._run
-        return [] if run is None or run.workers is None else run.workers.alive()
+        return [] if run is None else run.tasks.alive()
 
     @property
     def streams(self) -> StreamPool:
@@ -833,7 +830,7 @@ class SWPipeline:
     def device_lag(self) -> int:
         """Retired iterations whose device work has not completed yet (0 on CPU; at most ``max_device_lag``)."""
         run = self._run
-        return 0 if run is None else device_lag(run)
+        return 0 if run is None else run.device.lag()
 
     @property
     def kept_for_device(self) -> int:
