@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from autosched.pp.program import PPError
+from swpipe_core.engine.device import as_device
 
 __all__ = ["RollingStepCosts", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead", "ActionOverhead",
            "calibrate_pp", "ACTION_METHODS"]
@@ -356,7 +357,7 @@ def _overhead_rounds(modules: List[Any], microbatch: Any, target: Any, loss_fn: 
         program = pp_program("LoopedBFS", 1, n_mb, stages_per_rank=n)
         actions = len(program.compute[0])
         x, y = torch.cat([microbatch] * n_mb), torch.cat([target] * n_mb)
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync = as_device(device).synchronize
 
         def step() -> float:
             for m in modules:

@@ -124,6 +124,9 @@ class Device:
         """Seconds between two completed timing events."""
         return 0.0
 
+    def synchronize(self) -> None:
+        """Block the host until all work queued on this device has run (a measurement's edge, never the hot path)."""
+
     def spin(self, seconds: float) -> None:
         """Hold the calling thread's current stream for about ``seconds`` (a kernel that only waits)."""
 
@@ -231,6 +234,9 @@ class CudaDevice(Device):
 
     def elapsed_s(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) / 1e3
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.index)
 
     def spin(self, seconds: float) -> None:
         torch.cuda._sleep(max(1, int(self._spin_rate() * seconds)))

@@ -416,10 +416,10 @@ def default_timer(device: Any = "cpu") -> TaskTimer:
     dev = as_partition_device(device)
     if dev.type == "cuda":
         def synchronised(run: Callable[[], None], task: str, round: int) -> float:
-            torch.cuda.synchronize(dev.torch_device)
+            dev.synchronize()
             t0 = time.perf_counter()
             run()
-            torch.cuda.synchronize(dev.torch_device)
+            dev.synchronize()
             return time.perf_counter() - t0
         return synchronised
     clock = time.thread_time if dev.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
