@@ -369,6 +369,25 @@ def test_this_threads_synchronisation_orders_its_later_work_and_so_does_a_comple
         assert fake.races == []
 
 
+@pytest.mark.parametrize("synchronised", [True, False])
+def test_the_devices_synchronize_orders_this_threads_later_work_after_every_stream(synchronised):
+    """Device.synchronize (what a measurement's edge calls: GPipe's balance timer, the PP overhead probe) waits for
+    every stream of the device; without it a read on another stream is a race."""
+    with FakeCuda(num_devices=1) as fake:
+        dev = fake.device(0)
+        k = kernels(dev)
+        side = dev.draw_stream()
+        with dev.use(side):
+            y = k.full(NUMEL, 2.0)
+        if synchronised:
+            dev.synchronize()
+        total = k.sum(y)  # on the default stream, which never waited for side
+        dev.synchronize()
+        assert (fake.races == []) == synchronised
+        if synchronised:
+            assert k.item(total) == 2.0 * NUMEL
+
+
 def test_a_missing_wait_is_reported_whatever_another_thread_synchronised():
     seen = another_threads_sync(n_iters=3, host_work_s=0.0)
     assert seen.races == [] and seen.wrong == [] and seen.error is None

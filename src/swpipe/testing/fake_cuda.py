@@ -234,6 +234,12 @@ class FakeCudaDevice(Device):
             if token is not None and token.done:
                 self.fake._observe(token)
 
+    def synchronize(self) -> None:
+        """Wait for every stream of this device, as ``torch.cuda.synchronize(index)`` (this thread's later work is
+        ordered after it)."""
+        for stream in list(self._streams):
+            self.fake._sync_stream(stream, "synchronize()")
+
     def elapsed_s(self, start: FakeEvent, end: FakeEvent) -> float:
         self.fake._check()
         if start._token is None or end._token is None or not (start._token.done and end._token.done):
