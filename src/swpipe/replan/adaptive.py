@@ -325,6 +325,7 @@ class AdaptivePipeline:
             self._stop()
             raise
         self._watch_reset()
+        self._last = self._clock()  # the first period runs from the end of the fill
 
     def _stop(self) -> None:
         """The run ended (or was drained): the cost source's wrapper leaves the pipeline."""
@@ -344,7 +345,7 @@ class AdaptivePipeline:
 
     def _watch_reset(self) -> None:
         """Start watching afresh (after a fill): warm-up, then a baseline."""
-        self._last = self._clock()
+        self._last = 0.0
         self._seen = 0
         self._baseline: List[float] = []
         self._reference: Optional[float] = None
