@@ -83,3 +83,11 @@ def test_sim_speed_times_every_case(capsys):
     for case in bench.CASES:
         ms = word_after(out, *bench.case_label(*case).split(), "this")
         assert ms is not None and float(ms) > 0, out
+
+
+def test_replan_runs_its_three_parts_and_swaps_nothing_on_the_idle_run(capsys):
+    got = load_benchmark("replan").main(["--quick"])
+    out = capsys.readouterr().out
+    assert {line.split()[0] for line in out.splitlines() if line.startswith("(")} == {"(1)", "(2)", "(3)"}
+    # the idle run's costs keep the static plan the best: a search may start on a loaded machine, a swap never
+    assert got["idle"]["swaps"] == 0
