@@ -92,6 +92,7 @@ def gap_recovered(args: argparse.Namespace, opts: ReplanOptions) -> Dict[str, An
     with AdaptivePipeline(static, work.costs(), "cpu", replan=opts) as pipe:
         row["adaptive"] = mean_period(timed(pipe, args.iters), start)
         row["decisions"] = list(pipe.decisions)
+        row["band"] = (pipe.reference_s, pipe.noise)
     gap = row["static"] - row["best"]
     row["recovered"] = (row["static"] - row["adaptive"]) / gap if gap > 0 else float("nan")
     row["predicted"] = {"static": predicted_period(static, work.costs(2.0)),
@@ -153,6 +154,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
           f"{gap['predicted']['best'] / MS:.3f} ms")
     for d in gap["decisions"]:
         print(f"    {d}")
+    if not gap["decisions"]:
+        reference, noise = gap["band"]
+        print(f"    no drift detected: reference {reference / MS:.3f} ms +- {noise:.0%} at the end")
     over = overhead(args, opts)
     print(f"\n(2) no drift: SWPipeline {over['plain'] / MS:.3f} ms, AdaptivePipeline {over['adaptive'] / MS:.3f} ms "
           f"per iteration; overhead {over['overhead']:+.2%} (median of {args.rounds} paired rounds; goal <= 1 %)")

@@ -308,6 +308,16 @@ class AdaptivePipeline:
         return [d for d in self.decisions if d.swapped]
 
     @property
+    def reference_s(self) -> Optional[float]:
+        """The period the running plan is watched against (``None`` until its baseline is measured)."""
+        return self._reference
+
+    @property
+    def noise(self) -> float:
+        """The band's relative half-width around :attr:`reference_s` (0 until the baseline is measured)."""
+        return self._noise
+
+    @property
     def pipeline(self) -> SWPipeline:
         """The ``SWPipeline`` running :attr:`plan` now."""
         return self._pipe
