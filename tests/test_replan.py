@@ -323,3 +323,17 @@ def test_options_that_would_break_exactness_or_are_of_the_wrong_type_are_refused
     with pytest.raises(OptionError) as caught:
         ReplanOptions(window=0)
     assert caught.value.field == "window"
+
+
+def test_a_drain_during_the_swap_keeps_the_decision_the_next_fill_runs_the_new_plan(plans):
+    before, after = plans
+    t = Training()
+    pipe = AdaptivePipeline(bound(before, t), COSTS0, "cpu", replan=OPTS, cost_source=Scripted(),
+                            search=lambda plan, costs: bound(after, t), clock=ScriptedClock(switch=30))
+    with pipe:
+        it = pipe.fill_pipeline(range(100))
+        while not pipe.decisions:
+            pipe.progress(it)
+        pipe.drain()  # the old plan was about to drain through progress: the swap is made all the same
+        assert str(pipe.plan) == str(after) and str(pipe.pipeline.plan) == str(after)
+        assert pipe.swaps == pipe.decisions

@@ -338,10 +338,14 @@ class AdaptivePipeline:
         self._last = self._clock()  # the first period runs from the end of the fill
 
     def _stop(self) -> None:
-        """The run ended (or was drained): the cost source's wrapper leaves the pipeline."""
+        """The run ended (or was drained): the cost source's wrapper leaves the pipeline; a swap decided and not
+        yet made is made now (the next fill runs the new plan, as the decision's log says)."""
         self._measuring.close()
         self._measuring = contextlib.ExitStack()
-        self._pending = None
+        new, self._pending = self._pending, None
+        if new is not None:
+            self._pipe = SWPipeline(new, self._device, **self._options)
+            self.plan = new
 
     def _swap(self) -> None:
         """The old plan has drained: build the new plan's pipeline and fill it from the same data."""
