@@ -91,3 +91,11 @@ def test_rolling_costs_runs_and_prints_both_errors(capsys):
     ahead = word_after(out, "|error|:", "ahead")
     fresh = word_after(out, "|error|:", "ahead", ahead, "refreshed")
     assert float(ahead.rstrip("%,")) >= 0 and float(fresh.rstrip("%")) >= 0, out  # both errors, printed
+
+
+def test_replan_runs_its_three_parts_and_swaps_nothing_on_the_idle_run(capsys):
+    got = load_benchmark("replan").main(["--quick"])
+    out = capsys.readouterr().out
+    assert {line.split()[0] for line in out.splitlines() if line.startswith("(")} == {"(1)", "(2)", "(3)"}
+    # the idle run's costs keep the static plan the best: a search may start on a loaded machine, a swap never
+    assert got["idle"]["swaps"] == 0

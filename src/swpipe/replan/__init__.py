@@ -1,0 +1,15 @@
+"""Re-planning while training runs: when the measured period drifts, search again and swap plans at a drain.
+
+``AdaptivePipeline(plan, costs, "cpu")`` is used like ``SWPipeline``; the rules it decides by are pure functions
+(:mod:`swpipe.replan.rules`), its cost source an interface (:mod:`swpipe.replan.costs_now`). See
+docs/guide/replan.md.
+"""
+
+from swpipe.replan.adaptive import AdaptivePipeline, default_search, predicted_period
+from swpipe.replan.costs_now import CostSnapshot, CostSource, TaskTimes
+from swpipe.replan.log import ReplanDecision, ReplanError
+from swpipe.replan.options import ReplanOptions
+from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
+
+__all__ = ["AdaptivePipeline", "ReplanOptions", "ReplanDecision", "ReplanError", "CostSnapshot", "CostSource",
+           "TaskTimes", "default_search", "predicted_period", "drift_detected", "noise_band", "swap_worth_it"]

@@ -1,0 +1,441 @@
+"""AdaptivePipeline: an SWPipeline that searches a new plan when the measured period drifts, and swaps at a drain.
+
+It drives one :class:`~swpipe_core.engine.pipeline.SWPipeline` at a time through its public calls only
+(``fill_pipeline``, ``progress``, ``drain``, ``close``, ``instrument``). Each retired iteration's period is
+compared with the baseline (:mod:`swpipe.replan.rules`); on drift a search runs on a thread of its own
+(``swpipe-replan``) on what the cost source says the tasks cost now. At the decision iteration, when the searched
+plan is predicted faster by more than the noise, the running pipeline drains (its in-flight iterations retire in
+order, through ``progress``) and a new ``SWPipeline`` with the new plan is filled from the same data: every
+iteration runs whole under one plan, in order, so the results equal the serial loop's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import statistics
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Tuple
+
+from autosched.model.costs import CostModel
+from autosched.search.options import Constraints, SolverOptions
+from swpipe.replan.costs_now import CostSnapshot, CostSource, TaskTimes
+from swpipe.replan.log import ReplanDecision, ReplanError
+from swpipe.replan.options import ReplanOptions
+from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
+from swpipe_core.engine.options import OptionError
+from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.plan import PipelinePlan
+
+__all__ = ["AdaptivePipeline", "default_search", "predicted_period"]
+
+_log = logging.getLogger(__name__)
+
+Search = Callable[[PipelinePlan, CostModel], PipelinePlan]
+
+
+def default_search(options: ReplanOptions) -> Search:
+    """The search the pipeline runs by default: ``auto_schedule`` from the running plan, within the time limit.
+
+    Parameters
+    ----------
+    options : ReplanOptions
+        Its ``constraints`` and ``time_limit_s``.
+
+    Returns
+    -------
+    callable
+        ``search(plan, costs) -> PipelinePlan``.
+
+    Examples
+    --------
+    >>> from swpipe import CostModel, PipelinePlan, TaskCost, TaskSchedule
+    >>> plan = PipelinePlan({"Load": TaskSchedule(0), "Step": TaskSchedule(0)}, intra_iter_deps=[("Step", "Load")])
+    >>> search = default_search(ReplanOptions(time_limit_s=5))
+    >>> found = search(plan, CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)}))
+    >>> found.stage("Load"), found.stage("Step")
+    (0, 1)
+    """
+    from autosched.search.autoschedule import auto_schedule
+
+    constraints = options.constraints if options.constraints is not None else Constraints()
+    solver = SolverOptions(time_limit_s=options.time_limit_s)
+
+    def search(plan: PipelinePlan, costs: CostModel) -> PipelinePlan:
+        found, _ = auto_schedule(plan, costs, constraints, solver)
+        return found
+
+    return search
+
+
+def predicted_period(plan: PipelinePlan, costs: CostModel) -> float:
+    """The plan's simulated period (seconds) on ``costs``: what every prediction of the re-planner is.
+
+    Examples
+    --------
+    >>> from swpipe import CostModel, PipelinePlan, TaskCost, TaskSchedule
+    >>> plan = PipelinePlan({"Load": TaskSchedule(0), "Step": TaskSchedule(0)}, intra_iter_deps=[("Step", "Load")])
+    >>> round(predicted_period(plan, CostModel({"Load": TaskCost(0.002), "Step": TaskCost(0.003)})), 6)
+    0.005
+    """
+    from autosched.verbs import simulate
+
+    return float(simulate(plan, costs).period_s)
+
+
+class _Counted:
+    """The caller's batches, counted: after a drain, the count is the first iteration of the next plan."""
+
+    def __init__(self, data: Iterable[Any]) -> None:
+        self._it = iter(data)
+        self.count = 0
+
+    def __iter__(self) -> "_Counted":
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._it)
+        self.count += 1
+        return batch
+
+
+class _BackgroundSearch:
+    """One search on the thread ``swpipe-replan``: its plan and both predictions, or its failure."""
+
+    def __init__(self, search: Search, plan: PipelinePlan, snapshot: CostSnapshot) -> None:
+        self.plan, self.snapshot = plan, snapshot
+        self.found: Optional[Tuple[PipelinePlan, float, float]] = None
+        self.error: Optional[BaseException] = None
+        self.trace = ""
+        self.thread = threading.Thread(target=self._run, args=(search,), name="swpipe-replan", daemon=True)
+        self.thread.start()
+
+    def _run(self, search: Search) -> None:
+        try:
+            new = search(self.plan, self.snapshot.costs)
+            costs = self.snapshot.costs
+            self.found = (new, predicted_period(self.plan, costs), predicted_period(new, costs))
+        except BaseException as exc:  # surfaced on the caller's thread at the decision point
+            self.error, self.trace = exc, traceback.format_exc()
+
+    def join(self, timeout_s: float) -> bool:
+        self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+
+class AdaptivePipeline:
+    """An :class:`SWPipeline` that re-plans when the measured period drifts from its baseline.
+
+    Used like an ``SWPipeline``: ``fill_pipeline`` / ``progress`` until ``StopIteration`` (or :meth:`run`),
+    ``drain``, ``close``. After each fill it measures a baseline period and watches the rolling median against it
+    (:class:`ReplanOptions`); on drift it searches on the costs now in the background and, ``search_periods``
+    later, swaps to the searched plan when its predicted period beats the running plan's by more than the noise:
+    the running pipeline drains through ``progress`` (each in-flight iteration retires in order) and a new
+    ``SWPipeline`` with the new plan is filled from the same data. Results equal the serial loop's across a swap.
+
+    Parameters
+    ----------
+    plan : PipelinePlan
+        The plan to start with.
+    costs : CostModel
+        The costs ``plan`` was searched for: the default cost source (:class:`TaskTimes`) puts the measured
+        durations into them.
+    device : int, str, torch.device or Device
+        As ``SWPipeline``'s.
+    replan : ReplanOptions or None
+        When and how to re-plan (default ``ReplanOptions()``); ``None`` never re-plans (a plain ``SWPipeline``
+        with the same calls).
+    cost_source : CostSource, optional
+        What the tasks cost now (default ``TaskTimes(costs)``, installed with ``instrument``).
+    search : callable, optional
+        ``search(plan, costs) -> PipelinePlan`` (default :func:`default_search`).
+    clock : callable, optional
+        Seconds, read once per retired iteration on the caller's thread (default ``time.perf_counter``); a test
+        scripts it to make every decision deterministic.
+    **pipeline_options
+        Passed to every ``SWPipeline`` built (``timeouts``, ``state``, ``strict``, ...).
+
+    Attributes
+    ----------
+    plan : PipelinePlan
+        The plan running now.
+    decisions : list of ReplanDecision
+        Every decision, in order; :attr:`swaps` the ones that swapped.
+
+    Raises
+    ------
+    OptionError
+        ``replan`` is not a ``ReplanOptions``, or ``rng="per_task"`` (each new pipeline numbers its iterations from
+        0, and per-task generators are seeded by that number: a swap would change the draws).
+
+    Notes
+    -----
+    ``progress`` returns the iteration's index over the whole run; inside a task, ``ctx.iter_idx`` counts from 0
+    again after a swap (each plan runs on a new ``SWPipeline``): a task that needs the global index reads it from
+    its batch.
+
+    Examples
+    --------
+    >>> from swpipe import CostModel, PipelinePlan, PipelineTask, TaskCost, TaskSchedule
+    >>> out = []
+    >>> plan = PipelinePlan({PipelineTask("Load", lambda ctx: setattr(ctx, "x", ctx.batch * 10)): TaskSchedule(0),
+    ...                      PipelineTask("Step", lambda ctx: out.append(ctx.x)): TaskSchedule(0)},
+    ...                     intra_iter_deps=[("Step", "Load")])
+    >>> with AdaptivePipeline(plan, CostModel({"Load": TaskCost(1e-3), "Step": TaskCost(1e-3)}), "cpu") as pipe:
+    ...     seconds = pipe.run(range(5))
+    >>> out, pipe.swaps
+    ([0, 10, 20, 30, 40], [])
+    """
+
+    def __init__(self, plan: PipelinePlan, costs: CostModel, device: Any = "cpu", *,
+                 replan: Optional[ReplanOptions] = ReplanOptions(), cost_source: Optional[CostSource] = None,
+                 search: Optional[Search] = None, clock: Optional[Callable[[], float]] = None,
+                 **pipeline_options: Any) -> None:
+        if replan is not None and not isinstance(replan, ReplanOptions):
+            raise OptionError("AdaptivePipeline", "replan", replan, expected="a ReplanOptions or None")
+        if pipeline_options.get("rng") == "per_task":
+            raise OptionError("AdaptivePipeline", "rng", "per_task", expected="None",
+                              fix="each plan after a swap numbers its iterations from 0, so per-task generators "
+                                  "would draw differently from the serial loop; seed from the batch instead")
+        self.replan = replan
+        self.cost_source: CostSource = cost_source if cost_source is not None else TaskTimes(costs)
+        self._search = search if search is not None or replan is None else default_search(replan)
+        self._clock = clock if clock is not None else time.perf_counter
+        self._device, self._options = device, pipeline_options
+        self.plan = plan
+        self._pipe = SWPipeline(plan, device, **pipeline_options)  # built now: a bad plan or option fails here
+        self.decisions: List[ReplanDecision] = []
+        self._data: Optional[_Counted] = None
+        self._offset = 0  # the first iteration of the running pipeline, over the whole run
+        self._measuring = contextlib.ExitStack()
+        self._pending: Optional[PipelinePlan] = None  # a swap decided: draining the old pipeline through progress
+        self._running: Optional[_BackgroundSearch] = None
+        self._watch_reset()
+
+    # ------------------------------------------------------------- the loop
+
+    def fill_pipeline(self, data_iter: Iterable[Any]) -> Iterator[Any]:
+        """Start a run over ``data_iter`` (as :meth:`SWPipeline.fill_pipeline`); returns the iterator for progress."""
+        self._data = _Counted(data_iter)
+        self._offset = 0
+        self._start(self._data)
+        return self._data
+
+    def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
+        """Retire the oldest in-flight iteration and run the next period; returns its index over the whole run.
+
+        Between periods it watches the period, starts the search on drift, and decides at the decision iteration.
+        After a swap is decided, the next calls drain the running plan (each returns the next iteration, in
+        order), then the new plan is filled and the run goes on.
+
+        Raises
+        ------
+        StopIteration
+            Nothing is left in flight and no data remains.
+        ReplanError
+            The background search failed or did not end within ``join_timeout_s`` of the decision point.
+        PipelineTaskError, RuntimeError
+            As :meth:`SWPipeline.progress` (a running search is then joined and dropped).
+        """
+        if self._data is None:
+            raise RuntimeError("progress() called before fill_pipeline(); start with "
+                               "data_iter = pipe.fill_pipeline(loader)")
+        if data_iter is not None and data_iter is not self._data:
+            raise RuntimeError("progress() got a different data iterator than fill_pipeline() returned; "
+                               "to switch data, call drain() and then fill_pipeline(new_data)")
+        try:
+            if self._pending is not None:  # the old plan drains through progress: each iteration still returned
+                try:
+                    return self._offset + self._pipe.progress(None)
+                except StopIteration:
+                    self._swap()
+            try:
+                idx = self._offset + self._pipe.progress(None if data_iter is None else self._data)
+            except StopIteration:
+                self._stop()
+                raise
+        except BaseException:
+            self._drop_search()
+            raise
+        if self.replan is not None and data_iter is not None:
+            self._after_period(idx)
+        return idx
+
+    def run(self, data_iter: Iterable[Any]) -> float:
+        """Every batch of ``data_iter``, pipelined, re-planned on drift; returns wall seconds."""
+        t0 = time.perf_counter()
+        it = self.fill_pipeline(data_iter)
+        try:
+            while True:
+                try:
+                    self.progress(it)
+                except StopIteration:
+                    break
+        except BaseException:
+            self.close()
+            raise
+        return time.perf_counter() - t0
+
+    def drain(self) -> None:
+        """Retire every in-flight iteration (as :meth:`SWPipeline.drain`); a search in flight is dropped."""
+        try:
+            self._pipe.drain()
+        finally:
+            self._stop()
+            self._drop_search()
+
+    def close(self) -> None:
+        """Stop now (as :meth:`SWPipeline.close`); a search in flight is joined and dropped."""
+        try:
+            self._pipe.close()
+        finally:
+            self._stop()
+            self._drop_search()
+
+    def __enter__(self) -> "AdaptivePipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def swaps(self) -> List[ReplanDecision]:
+        """The decisions that swapped the plan, in order."""
+        return [d for d in self.decisions if d.swapped]
+
+    @property
+    def reference_s(self) -> Optional[float]:
+        """The period the running plan is watched against (``None`` until its baseline is measured)."""
+        return self._reference
+
+    @property
+    def noise(self) -> float:
+        """The band's relative half-width around :attr:`reference_s` (0 until the baseline is measured)."""
+        return self._noise
+
+    @property
+    def pipeline(self) -> SWPipeline:
+        """The ``SWPipeline`` running :attr:`plan` now."""
+        return self._pipe
+
+    # ------------------------------------------------------------- internals
+
+    def _start(self, data: _Counted) -> None:
+        """Fill the current pipeline from ``data``, measured by the cost source."""
+        wrapper = getattr(self.cost_source, "instrument", None)
+        if wrapper is not None and self.replan is not None:
+            self._measuring.enter_context(self._pipe.instrument(wrapper))
+        try:
+            self._pipe.fill_pipeline(data)
+        except BaseException:
+            self._stop()
+            raise
+        self._watch_reset()
+        self._last = self._clock()  # the first period runs from the end of the fill
+
+    def _stop(self) -> None:
+        """The run ended (or was drained): the cost source's wrapper leaves the pipeline; a swap decided and not
+        yet made is made now (the next fill runs the new plan, as the decision's log says)."""
+        self._measuring.close()
+        self._measuring = contextlib.ExitStack()
+        new, self._pending = self._pending, None
+        if new is not None:
+            self._pipe = SWPipeline(new, self._device, **self._options)
+            self.plan = new
+
+    def _swap(self) -> None:
+        """The old plan has drained: build the new plan's pipeline and fill it from the same data."""
+        new, self._pending = self._pending, None
+        self._measuring.close()
+        self._measuring = contextlib.ExitStack()
+        self._offset = self._data.count
+        self._pipe = SWPipeline(new, self._device, **self._options)
+        self.plan = new
+        self._start(self._data)
+
+    def _watch_reset(self) -> None:
+        """Start watching afresh (after a fill): warm-up, then a baseline."""
+        self._last = 0.0
+        self._seen = 0
+        self._baseline: List[float] = []
+        self._reference: Optional[float] = None
+        self._noise = 0.0
+        window = self.replan.window if self.replan is not None else 1
+        patience = self.replan.patience if self.replan is not None else 1
+        self._recent: Deque[float] = deque(maxlen=window)
+        self._smoothed: Deque[float] = deque(maxlen=patience)
+        self._detected_at = self._decide_at = -1
+
+    def _after_period(self, idx: int) -> None:
+        """The period that retired ``idx``, measured and judged."""
+        opts = self.replan
+        now = self._clock()
+        period, self._last = now - self._last, now
+        self._seen += 1
+        if self._seen <= opts.warmup:
+            return
+        if self._reference is None:
+            self._baseline.append(period)
+            if len(self._baseline) == opts.window:
+                self._set_reference(statistics.median(self._baseline), noise_band(self._baseline, opts.min_noise,
+                                                                                   opts.spread_k))
+                self._recent.extend(self._baseline)
+            return
+        self._recent.append(period)
+        self._smoothed.append(statistics.median(self._recent))
+        if self._running is not None:
+            if idx >= self._decide_at:
+                self._decide(idx)
+        elif drift_detected(self._smoothed, self._reference, self._noise, opts.patience):
+            self._detected_at = idx
+            periods = opts.search_periods
+            if periods is None:
+                periods = math.ceil(opts.time_limit_s / self._reference) + 1
+            self._decide_at = idx + periods
+            self._running = _BackgroundSearch(self._search, self.plan, self.cost_source.costs_now())
+
+    def _set_reference(self, reference: float, noise: float) -> None:
+        self._reference, self._noise = reference, noise
+        last = self.decisions[-1] if self.decisions else None
+        if last is not None and last.swapped and last.measured_after_s is None:  # the new plan's first baseline
+            last.measured_after_s = reference
+            _log.info("re-planning: measured after the swap at iteration %d: %.3f ms (predicted %.3f ms)",
+                      last.starts_at, reference * 1e3, last.predicted_new_s * 1e3)
+
+    def _decide(self, idx: int) -> None:
+        """Join the search, judge its plan, and swap or take the new level as the reference."""
+        running, self._running = self._running, None
+        t0 = time.perf_counter()
+        if not running.join(self.replan.join_timeout_s):
+            raise ReplanError(idx, "timeout", f"still running {self.replan.join_timeout_s:g} s after iteration "
+                                              f"{self._decide_at}, the decision point")
+        waited = time.perf_counter() - t0
+        if running.error is not None:
+            raise ReplanError(idx, "failed", f"{type(running.error).__name__}: {running.error}",
+                              running.trace) from running.error
+        new, old_s, new_s = running.found
+        measured = self._smoothed[-1]
+        worth = str(new) != str(self.plan) and swap_worth_it(old_s, new_s, max(self._noise, running.snapshot.noise))
+        decision = ReplanDecision(
+            detected_at=self._detected_at, decided_at=idx, reference_s=self._reference, measured_s=measured,
+            noise=self._noise, costs=running.snapshot.costs, cost_noise=running.snapshot.noise,
+            predicted_old_s=old_s, predicted_new_s=new_s, swapped=worth, plan=new,
+            starts_at=self._data.count if worth else None, waited_s=waited)
+        self.decisions.append(decision)
+        _log.info("re-planning: %s", decision)
+        if worth:
+            self._pending = new
+        else:  # the plan is still the best: the new level is what "steady" means from now on
+            self._set_reference(measured, self._noise)
+            self._smoothed.clear()
+
+    def _drop_search(self) -> None:
+        """Join a search in flight and forget it (the run ended or failed)."""
+        running, self._running = self._running, None
+        if running is not None and not running.join(self.replan.join_timeout_s):
+            _log.warning("re-planning: the search thread is still running %g s after the run ended",
+                         self.replan.join_timeout_s)

@@ -1,0 +1,87 @@
+"""What the re-planner decided, one entry per decision (ReplanDecision), and how a re-planning fails (ReplanError)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from autosched.model.costs import CostModel
+from swpipe_core.plan import PipelinePlan
+
+__all__ = ["ReplanDecision", "ReplanError"]
+
+
+@dataclasses.dataclass
+class ReplanDecision:
+    """One decision: the drift that started a search, what the search predicted, and what was done.
+
+    Attributes
+    ----------
+    detected_at : int
+        The iteration whose period completed the drift (``patience`` rolling medians out of the band).
+    decided_at : int
+        The iteration after which the pipeline decided (``detected_at + search_periods``).
+    reference_s, measured_s, noise : float
+        The baseline period, the rolling median that left the band, and the band's relative half-width.
+    costs : CostModel
+        The costs the search ran on (what the cost source said at ``detected_at``): what caused the decision.
+    cost_noise : float
+        The cost source's relative spread of those costs.
+    predicted_old_s, predicted_new_s : float
+        The running plan's and the searched plan's simulated periods on ``costs``.
+    swapped : bool
+        Whether the pipeline swapped to ``plan``.
+    plan : PipelinePlan
+        The searched plan (the running one when the search found nothing else).
+    starts_at : int or None
+        The first iteration the new plan runs (every iteration before it ran the old plan, drained in order);
+        ``None`` when not swapped.
+    measured_after_s : float or None
+        After a swap, the baseline median of the new plan (``None`` until measured, or when not swapped).
+    waited_s : float
+        How long the decision waited for the search to end.
+    """
+
+    detected_at: int
+    decided_at: int
+    reference_s: float
+    measured_s: float
+    noise: float
+    costs: CostModel
+    cost_noise: float
+    predicted_old_s: float
+    predicted_new_s: float
+    swapped: bool
+    plan: PipelinePlan
+    starts_at: Optional[int] = None
+    measured_after_s: Optional[float] = None
+    waited_s: float = 0.0
+
+    def __str__(self) -> str:
+        what = f"swap at iteration {self.starts_at}" if self.swapped else "keep the plan"
+        after = f", measured after {self.measured_after_s * 1e3:.3f} ms" if self.measured_after_s is not None else ""
+        return (f"iteration {self.decided_at}: {what} (drift at {self.detected_at}: period "
+                f"{self.measured_s * 1e3:.3f} ms vs {self.reference_s * 1e3:.3f} ms +- {self.noise:.0%}; predicted "
+                f"{self.predicted_old_s * 1e3:.3f} -> {self.predicted_new_s * 1e3:.3f} ms{after})")
+
+
+class ReplanError(RuntimeError):
+    """The background search failed, or did not end in time.
+
+    Attributes
+    ----------
+    iteration : int
+        The iteration at which the pipeline decided (and found the failure).
+    reason : str
+        ``"failed"`` (the search raised: ``__cause__`` is its exception, ``traceback`` its text) or ``"timeout"``
+        (still running ``join_timeout_s`` after the decision point).
+    traceback : str
+        The search thread's traceback (empty for a timeout).
+    """
+
+    def __init__(self, iteration: int, reason: str, detail: str, traceback: str = "") -> None:
+        self.iteration, self.reason, self.traceback = iteration, reason, traceback
+        fix = ("raise ReplanOptions(join_timeout_s=...) or lower time_limit_s" if reason == "timeout"
+               else "the search's traceback follows; fix its input (costs, constraints) or pass a working search=")
+        super().__init__(f"re-planning at iteration {iteration}: the search {reason}: {detail}. Fix: {fix}"
+                         + (f"\n{traceback}" if traceback else ""))
