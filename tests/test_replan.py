@@ -10,8 +10,9 @@ import threading
 import pytest
 import torch
 
-from swpipe import Constraints, CostModel, PipelinePlan, PipelineTask, SWPipeline, TaskCost, TaskSchedule
-from swpipe.replan import (AdaptivePipeline, CostSnapshot, ReplanError, ReplanOptions, TaskTimes, drift_detected,
+from swpipe import (Constraints, CostModel, PipelinePlan, PipelineTask, RollingCosts, SWPipeline, TaskCost,
+                    TaskSchedule)
+from swpipe.replan import (AdaptivePipeline, CostSnapshot, ReplanError, ReplanOptions, RollingSource, drift_detected,
                            noise_band, predicted_period, swap_worth_it)
 from swpipe_core.engine.options import OptionError
 from conftest import swpipe_threads
@@ -56,17 +57,28 @@ def test_a_swap_must_beat_the_noise():
     assert swap_worth_it(4.0, 4.0, noise=0.0) is False
 
 
-def test_task_times_put_the_medians_into_the_base_costs_and_keep_the_rest():
-    times = TaskTimes(COSTS0, window=3)
-    for seconds in (0.010, 0.004, 0.004, 0.005):  # the first falls out of the window
-        times.add("Load", seconds)
-    times.add("Other", 1.0)  # not in the base: ignored
-    snap = times.costs_now()
+def test_the_rolling_source_is_the_base_refreshed_from_the_window_and_its_noise_the_largest_spread():
+    rolling = RollingCosts(window=4, clock=lambda: 100.0)
+    source = RollingSource(COSTS0, rolling, min_samples=3)
+    for seconds in (0.010, 0.004, 0.004, 0.004, 0.005):  # the first falls out of the window of 4
+        rolling.add("Load", seconds)
+    rolling.add("Forward", 0.5)
+    rolling.add("Forward", 0.5)  # two samples, fewer than min_samples: the base cost stays
+    rolling.add("Other", 1.0)  # not in the base: ignored
+    snap = source.costs_now()
+    assert source.instrument is rolling  # the window is the wrapper the pipeline runs the tasks under
     assert snap.costs["Load"].host_s == 0.004
     assert snap.costs["Load"].resources == NOCORE
-    assert snap.costs["Step"] == COSTS0["Step"]
+    assert snap.costs["Forward"] == COSTS0["Forward"] and snap.costs["Step"] == COSTS0["Step"]
     assert "Other" not in snap.costs
-    assert snap.noise == 0.0
+    assert snap.costs.freshness.refreshed == ["Load"]
+    # window [0.004, 0.004, 0.004, 0.005]: inclusive quartiles 0.004 and 0.00425 -> IQR / median
+    assert snap.noise == pytest.approx(0.00025 / 0.004)
+    assert snap.noise == rolling.stats()["Load"].spread
+    with pytest.raises(OptionError) as caught:  # a window that could never refresh a task
+        RollingSource(COSTS0, rolling, min_samples=5)
+    assert (caught.value.field, caught.value.value) == ("min_samples", 5)
+    assert RollingSource(COSTS0, rolling).min_samples == 4  # the default: 5, or the window when smaller
 
 
 # ---------------------------------------------------------------- the workload
@@ -280,7 +292,7 @@ def test_a_failed_search_surfaces_at_the_decision_with_its_traceback_and_no_thre
     assert "swpipe-replan" not in swpipe_threads()
 
 
-def test_task_times_is_installed_on_every_pipeline_and_measures_each_task():
+def test_the_default_source_is_a_rolling_window_installed_on_every_pipeline_and_measures_each_task():
     reads = threading.local()
 
     def per_thread_clock():  # one second per read on each thread: every task measures exactly 1.0
@@ -291,12 +303,15 @@ def test_task_times_is_installed_on_every_pipeline_and_measures_each_task():
     tasks = [PipelineTask(n, lambda ctx, n=n: ran.append(n)) for n in ("Load", "Forward", "Step")]
     plan = PipelinePlan({tasks[0]: TaskSchedule(0, thread_group="io"), tasks[1]: TaskSchedule(1),
                          tasks[2]: TaskSchedule(1)}, intra_iter_deps=[("Forward", "Load"), ("Step", "Forward")])
-    source = TaskTimes(COSTS0, window=4, clock=per_thread_clock)
+    with AdaptivePipeline(plan, COSTS0, "cpu") as pipe:
+        assert isinstance(pipe.cost_source, RollingSource) and pipe.cost_source.base is COSTS0
+    source = RollingSource(COSTS0, RollingCosts(window=4, clock=per_thread_clock))
     with AdaptivePipeline(plan, COSTS0, "cpu", cost_source=source) as pipe:
         pipe.run(range(6))
         assert pipe.pipeline.instruments == ()  # removed when the run ended
     snap = source.costs_now()
     assert [snap.costs[n].host_s for n in ("Load", "Forward", "Step")] == [1.0, 1.0, 1.0]
+    assert [source.rolling.stats()[n].recorded for n in ("Load", "Forward", "Step")] == [6, 6, 6]
     assert len(ran) == 18
 
 

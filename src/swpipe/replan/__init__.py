@@ -6,10 +6,10 @@ docs/guide/replan.md.
 """
 
 from swpipe.replan.adaptive import AdaptivePipeline, default_search, predicted_period
-from swpipe.replan.costs_now import CostSnapshot, CostSource, TaskTimes
+from swpipe.replan.costs_now import CostSnapshot, CostSource, RollingSource
 from swpipe.replan.log import ReplanDecision, ReplanError
 from swpipe.replan.options import ReplanOptions
 from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
 
 __all__ = ["AdaptivePipeline", "ReplanOptions", "ReplanDecision", "ReplanError", "CostSnapshot", "CostSource",
-           "TaskTimes", "default_search", "predicted_period", "drift_detected", "noise_band", "swap_worth_it"]
+           "RollingSource", "default_search", "predicted_period", "drift_detected", "noise_band", "swap_worth_it"]

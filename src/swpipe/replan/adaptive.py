@@ -23,12 +23,13 @@ from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Tup
 
 from autosched.model.costs import CostModel
 from autosched.search.options import Constraints, SolverOptions
-from swpipe.replan.costs_now import CostSnapshot, CostSource, TaskTimes
+from swpipe.replan.costs_now import CostSnapshot, CostSource, RollingSource
 from swpipe.replan.log import ReplanDecision, ReplanError
 from swpipe.replan.options import ReplanOptions
 from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
 from swpipe_core.engine.options import OptionError
 from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.measure.rolling import RollingCosts
 from swpipe_core.plan import PipelinePlan
 
 __all__ = ["AdaptivePipeline", "default_search", "predicted_period"]
@@ -142,15 +143,16 @@ class AdaptivePipeline:
     plan : PipelinePlan
         The plan to start with.
     costs : CostModel
-        The costs ``plan`` was searched for: the default cost source (:class:`TaskTimes`) puts the measured
-        durations into them.
+        The costs ``plan`` was searched for: the default cost source (:class:`RollingSource`) refreshes them
+        with the medians of the tasks' recent durations.
     device : int, str, torch.device or Device
         As ``SWPipeline``'s.
     replan : ReplanOptions or None
         When and how to re-plan (default ``ReplanOptions()``); ``None`` never re-plans (a plain ``SWPipeline``
         with the same calls).
     cost_source : CostSource, optional
-        What the tasks cost now (default ``TaskTimes(costs)``, installed with ``instrument``).
+        What the tasks cost now (default ``RollingSource(costs, RollingCosts(device=device))``, its window
+        installed with ``instrument``).
     search : callable, optional
         ``search(plan, costs) -> PipelinePlan`` (default :func:`default_search`).
     clock : callable, optional
@@ -202,7 +204,8 @@ class AdaptivePipeline:
                               fix="each plan after a swap numbers its iterations from 0, so per-task generators "
                                   "would draw differently from the serial loop; seed from the batch instead")
         self.replan = replan
-        self.cost_source: CostSource = cost_source if cost_source is not None else TaskTimes(costs)
+        self.cost_source: CostSource = (cost_source if cost_source is not None
+                                         else RollingSource(costs, RollingCosts(device=device)))
         self._search = search if search is not None or replan is None else default_search(replan)
         self._clock = clock if clock is not None else time.perf_counter
         self._device, self._options = device, pipeline_options

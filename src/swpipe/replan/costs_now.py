@@ -2,24 +2,23 @@
 
 :class:`CostSource` is the whole interface (``costs_now()`` and an optional ``instrument`` wrapper), so any
 measurement that can say "these are the tasks' costs over the last window, this is their spread" plugs in.
-:class:`TaskTimes` is the simple one: an :meth:`SWPipeline.instrument <swpipe_core.engine.pipeline.SWPipeline.instrument>`
-wrapper that keeps each task's last ``window`` wall durations and puts their medians into the costs the plan was
-searched for (host time; on CPU a task's wall time is its cost).
+:class:`RollingSource` is the one the pipeline uses by default. It holds no window of its own: the durations are
+kept by :class:`~swpipe_core.measure.rolling.RollingCosts` (the instrument wrapper) and turned into costs by
+:meth:`CostModel.refreshed <autosched.model.costs.CostModel.refreshed>`, the same rule every other refreshed cost
+model follows.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import statistics
-import threading
-import time
-from typing import Any, Callable, Deque, Dict, Optional, Protocol
-
+from typing import Any, Callable, Optional, Protocol
 
 from autosched.model.costs import CostModel
+from autosched.model.refresh import DEFAULT_MIN_SAMPLES
+from swpipe_core.engine.options import OptionError
+from swpipe_core.measure.rolling import RollingCosts
 
-__all__ = ["CostSnapshot", "CostSource", "TaskTimes"]
+__all__ = ["CostSnapshot", "CostSource", "RollingSource"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,66 +52,62 @@ class CostSource(Protocol):
         ...
 
 
-class TaskTimes:
-    """Each task's last ``window`` wall durations, as the plan's costs with those medians put in.
+class RollingSource:
+    """The costs the plan was searched for, refreshed from a :class:`RollingCosts` window.
 
-    A task not measured yet keeps its cost from ``base``. The noise is the largest task's median absolute
-    deviation over its median. Device time is kept as ``base`` gives it: on CUDA a task's wall time on the host is
-    not its device time (a rolling device measurement replaces this class there).
+    ``costs_now()`` is ``base.refreshed(rolling, min_samples)``: a task whose window holds ``min_samples``
+    durations gets their median (host, and device where the window times the device); a task with fewer keeps
+    its cost from ``base``. The noise is the largest spread (interquartile range over the median) of the refreshed
+    tasks (:attr:`CostFreshness.noisiest <autosched.model.refresh.CostFreshness.noisiest>`), 0 when none is.
 
     Parameters
     ----------
     base : CostModel
         The costs the plan was searched for (resource tags, bytes and the machine calibration are kept).
-    window : int
-        Durations kept per task.
-    clock : callable
-        Seconds, monotonic (default ``time.perf_counter``).
+    rolling : RollingCosts, optional
+        The window (default ``RollingCosts()``: host time only, 64 durations per task). It is the wrapper the
+        pipeline runs every task under (:attr:`instrument`); anything else may feed it too
+        (:meth:`RollingCosts.add`).
+    min_samples : int, optional
+        Durations a task's window needs before its median replaces the base cost (default 5, or the window's
+        size when smaller).
+
+    Raises
+    ------
+    OptionError
+        ``min_samples`` larger than the window (no task could ever be refreshed) (``.field``, ``.value``).
 
     Examples
     --------
-    >>> from swpipe import CostModel, TaskCost
-    >>> times = TaskTimes(CostModel({"Load": TaskCost(0.001), "Step": TaskCost(0.002)}), window=3)
-    >>> for seconds in (0.004, 0.004, 0.005):
-    ...     times.add("Load", seconds)
-    >>> snap = times.costs_now()
+    >>> from swpipe import CostModel, RollingCosts, TaskCost
+    >>> source = RollingSource(CostModel({"Load": TaskCost(0.001), "Step": TaskCost(0.002)}), RollingCosts(window=3),
+    ...                        min_samples=3)
+    >>> for seconds in (0.004, 0.004, 0.004):
+    ...     source.rolling.add("Load", seconds)
+    >>> snap = source.costs_now()
     >>> snap.costs["Load"].host_s, snap.costs["Step"].host_s, snap.noise
     (0.004, 0.002, 0.0)
     """
 
-    def __init__(self, base: CostModel, window: int = 50, clock: Callable[[], float] = time.perf_counter) -> None:
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(f"TaskTimes(window={window!r}): window must be an integer >= 1 (durations kept per task)")
+    def __init__(self, base: CostModel, rolling: Optional[RollingCosts] = None,
+                 min_samples: Optional[int] = None) -> None:
         self.base = base
-        self.window = window
-        self._clock = clock
-        self._lock = threading.Lock()  # the wrapper runs on every worker thread at once
-        self._seconds: Dict[str, Deque[float]] = {}
+        self.rolling = rolling if rolling is not None else RollingCosts()
+        if min_samples is None:
+            min_samples = min(DEFAULT_MIN_SAMPLES, self.rolling.window)
+        elif isinstance(min_samples, int) and min_samples > self.rolling.window:
+            raise OptionError("RollingSource", "min_samples", min_samples,
+                              expected=f"at most the window's size, {self.rolling.window}",
+                              fix="pass a smaller min_samples or a larger RollingCosts(window=...)")
+        self.min_samples = min_samples
 
-    def instrument(self, run_task: Callable[..., Any], task: Any, ctx: Any) -> None:
-        """The wrapper: run the task, keep its wall duration."""
-        t0 = self._clock()
-        run_task(task, ctx)
-        self.add(task.name, self._clock() - t0)
-
-    def add(self, name: str, seconds: float) -> None:
-        """Keep one duration of task ``name`` (the oldest beyond ``window`` is dropped)."""
-        with self._lock:
-            kept = self._seconds.get(name)
-            if kept is None:
-                kept = self._seconds[name] = collections.deque(maxlen=self.window)
-            kept.append(seconds)
+    @property
+    def instrument(self) -> RollingCosts:
+        """The wrapper the pipeline runs every task under: the window itself."""
+        return self.rolling
 
     def costs_now(self) -> CostSnapshot:
-        """The base costs with each measured task's median duration as its host time, and the noise."""
-        with self._lock:
-            kept = {name: list(seconds) for name, seconds in self._seconds.items() if seconds}
-        tasks, noise = dict(self.base.tasks), 0.0
-        for name, seconds in kept.items():
-            if name not in tasks:  # a task the base does not cost (another plan's): nothing to refresh
-                continue
-            middle = statistics.median(seconds)
-            tasks[name] = dataclasses.replace(tasks[name], host_s=middle)
-            if middle > 0:
-                noise = max(noise, statistics.median(abs(s - middle) for s in seconds) / middle)
-        return CostSnapshot(dataclasses.replace(self.base, tasks=tasks), noise)
+        """The base costs refreshed from the window now, and the largest spread of a refreshed task."""
+        costs = self.base.refreshed(self.rolling, self.min_samples)
+        noisiest = costs.freshness.noisiest
+        return CostSnapshot(costs, noisiest.spread if noisiest is not None else 0.0)
