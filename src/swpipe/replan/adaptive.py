@@ -26,6 +26,7 @@ from autosched.search.options import Constraints, SolverOptions
 from swpipe.replan.costs_now import CostSnapshot, CostSource, RollingSource
 from swpipe.replan.log import ReplanDecision, ReplanError
 from swpipe.replan.options import ReplanOptions
+from swpipe.replan.ranks import DecisionExchange
 from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
 from swpipe_core.engine.options import OptionError
 from swpipe_core.engine.pipeline import SWPipeline
@@ -158,6 +159,11 @@ class AdaptivePipeline:
     clock : callable, optional
         Seconds, read once per retired iteration on the caller's thread (default ``time.perf_counter``); a test
         scripts it to make every decision deterministic.
+    group : torch.distributed.ProcessGroup, optional
+        Several ranks: a gloo group of its own (``torch.distributed.new_group(backend="gloo")``, not the tasks'
+        group), the same on every rank. Rank 0 watches, searches and decides; after every retired iteration it
+        tells the other ranks (:class:`~swpipe.replan.ranks.DecisionExchange`), so every rank swaps at the same
+        iteration to the same plan. The other ranks' cost sources and clocks are not read. ``None``: one rank.
     **pipeline_options
         Passed to every ``SWPipeline`` built (``timeouts``, ``state``, ``strict``, ...).
 
@@ -196,7 +202,7 @@ class AdaptivePipeline:
     def __init__(self, plan: PipelinePlan, costs: CostModel, device: Any = "cpu", *,
                  replan: Optional[ReplanOptions] = ReplanOptions(), cost_source: Optional[CostSource] = None,
                  search: Optional[Search] = None, clock: Optional[Callable[[], float]] = None,
-                 **pipeline_options: Any) -> None:
+                 group: Any = None, **pipeline_options: Any) -> None:
         if replan is not None and not isinstance(replan, ReplanOptions):
             raise OptionError("AdaptivePipeline", "replan", replan, expected="a ReplanOptions or None")
         if pipeline_options.get("rng") == "per_task":
@@ -217,6 +223,7 @@ class AdaptivePipeline:
         self._measuring = contextlib.ExitStack()
         self._pending: Optional[PipelinePlan] = None  # a swap decided: draining the old pipeline through progress
         self._running: Optional[_BackgroundSearch] = None
+        self._exchange = DecisionExchange(group) if group is not None and replan is not None else None
         self._watch_reset()
 
     # ------------------------------------------------------------- the loop
@@ -374,6 +381,28 @@ class AdaptivePipeline:
         self._detected_at = self._decide_at = -1
 
     def _after_period(self, idx: int) -> None:
+        """After ``idx`` retired: watch and decide (one rank, or rank 0, which tells the others), or hear rank 0."""
+        exchange = self._exchange
+        if exchange is None:
+            self._watch(idx)
+            return
+        if exchange.rank != 0:
+            swap = exchange.hear(idx, self.plan)
+            if swap is not None:
+                swap.starts_at = self._data.count  # the same on every rank: the same plan fetched the same batches
+                self.decisions.append(swap)
+                self._pending = swap.plan
+            return
+        decided = len(self.decisions)
+        try:
+            self._watch(idx)
+        except BaseException:
+            exchange.tell_failure(idx)
+            raise
+        new = self.decisions[decided:]
+        exchange.tell(idx, new[0] if new and new[0].swapped else None)
+
+    def _watch(self, idx: int) -> None:
         """The period that retired ``idx``, measured and judged."""
         opts = self.replan
         now = self._clock()

@@ -1,0 +1,104 @@
+"""Several ranks re-plan as one: rank 0 decides, and every rank swaps at the same iteration to the same plan.
+
+After every retired iteration each rank takes part in one exchange on a gloo group of its own (the scheme
+:func:`~swpipe_core.distributed.agree_on_end` uses for uneven data: a small CPU tensor, on the caller's thread,
+never the group the tasks' collectives run on). Rank 0 broadcasts ``[what, iteration]``: nothing decided, a swap
+(followed by the decision with the plan in its shareable form, :func:`~swpipe_core.planfile.plan_to_dict`), or
+its re-planning failed (every rank then raises instead of waiting for a collective that never comes). The other
+ranks neither watch nor search: what their own clocks and cost sources say does not matter, so no rank can swap
+alone. Because every rank retires the same iterations (the same plan and the same data count, ``agree_on_end``
+for uneven data), the exchange pairs rank 0's iteration with every rank's, and the iteration is checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from swpipe.replan.log import ReplanDecision, ReplanError
+from swpipe_core.plan import PipelinePlan
+from swpipe_core.planfile import plan_from_dict, plan_to_dict
+
+__all__ = ["DecisionExchange"]
+
+_NOTHING, _SWAP, _FAILED = 0, 1, 2
+
+
+class DecisionExchange:
+    """Rank 0's re-planning decisions, told to every rank of ``group`` once per retired iteration.
+
+    Parameters
+    ----------
+    group : torch.distributed.ProcessGroup
+        A gloo group used for this exchange only (``torch.distributed.new_group(backend="gloo")``); every rank
+        of it must run the same iterations.
+
+    Attributes
+    ----------
+    rank, world : int
+        This rank in ``group``, and the group's size.
+
+    Examples
+    --------
+    A one-rank group shows the calls (rank 0 tells, and is the only rank):
+
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> exchange = DecisionExchange(dist.group.WORLD)
+    >>> exchange.rank, exchange.tell(7, None)
+    (0, None)
+    >>> dist.destroy_process_group()
+    """
+
+    def __init__(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self._src = dist.get_global_rank(group, 0) if group is not None and group is not dist.group.WORLD else 0
+
+    def _head(self, what: int, iteration: int) -> torch.Tensor:
+        head = torch.tensor([what, iteration], dtype=torch.int64)
+        self._dist.broadcast(head, src=self._src, group=self.group)
+        return head
+
+    def tell(self, iteration: int, swap: Optional[ReplanDecision]) -> None:
+        """Rank 0, after ``iteration`` retired: ``swap`` (a decision that swapped) or nothing."""
+        self._head(_NOTHING if swap is None else _SWAP, iteration)
+        if swap is not None:
+            shared = dataclasses.replace(swap, plan=None)
+            self._dist.broadcast_object_list([shared, plan_to_dict(swap.plan)], src=self._src, group=self.group)
+
+    def tell_failure(self, iteration: int) -> None:
+        """Rank 0, whose re-planning raised after ``iteration``: every other rank raises too."""
+        self._head(_FAILED, iteration)
+
+    def hear(self, iteration: int, running: PipelinePlan) -> Optional[ReplanDecision]:
+        """Any other rank, after ``iteration`` retired: rank 0's swap, its plan bound to ``running``'s functions.
+
+        Raises
+        ------
+        ReplanError
+            Rank 0's re-planning failed (``reason="failed on rank 0"``), or rank 0 told about another iteration
+            (``reason="out of step"``: the ranks do not run the same iterations).
+        """
+        what, told = (int(x) for x in self._head(0, iteration).tolist())
+        if told != iteration:
+            raise ReplanError(iteration, "out of step",
+                              f"rank 0 decided after iteration {told}, rank {self.rank} is after {iteration}; every "
+                              f"rank must run the same batches (wrap each rank's data in agree_on_end)")
+        if what == _FAILED:
+            raise ReplanError(iteration, "failed on rank 0", "rank 0's search raised (see rank 0's log)")
+        if what == _NOTHING:
+            return None
+        box: list = [None, None]
+        self._dist.broadcast_object_list(box, src=self._src, group=self.group)
+        shared, doc = box
+        tasks = running.tasks
+        plan = plan_from_dict(doc, source="rank 0's plan").bind({t.name: t.fn for t in tasks},
+                                                                 {t.name: t.io for t in tasks})
+        return dataclasses.replace(shared, plan=plan)
