@@ -73,15 +73,19 @@ class ReplanError(RuntimeError):
     iteration : int
         The iteration at which the pipeline decided (and found the failure).
     reason : str
-        ``"failed"`` (the search raised: ``__cause__`` is its exception, ``traceback`` its text) or ``"timeout"``
-        (still running ``join_timeout_s`` after the decision point).
+        ``"failed"`` (the search raised: ``__cause__`` is its exception, ``traceback`` its text), ``"timeout"``
+        (still running ``join_timeout_s`` after the decision point), on a rank other than 0 ``"failed on rank 0"``
+        (rank 0's re-planning raised at this iteration) or ``"out of step"`` (rank 0 told about another iteration).
     traceback : str
         The search thread's traceback (empty for a timeout).
     """
 
     def __init__(self, iteration: int, reason: str, detail: str, traceback: str = "") -> None:
         self.iteration, self.reason, self.traceback = iteration, reason, traceback
-        fix = ("raise ReplanOptions(join_timeout_s=...) or lower time_limit_s" if reason == "timeout"
-               else "the search's traceback follows; fix its input (costs, constraints) or pass a working search=")
-        super().__init__(f"re-planning at iteration {iteration}: the search {reason}: {detail}. Fix: {fix}"
+        fix = {"timeout": "raise ReplanOptions(join_timeout_s=...) or lower time_limit_s",
+               "failed on rank 0": "read rank 0's error (its search's traceback) and fix it there",
+               "out of step": "give every rank the same number of batches (agree_on_end) and the same plan",
+               }.get(reason, "the search's traceback follows; fix its input (costs, constraints) or pass a working "
+                             "search=")
+        super().__init__(f"re-planning at iteration {iteration}: {reason}: {detail}. Fix: {fix}"
                          + (f"\n{traceback}" if traceback else ""))
