@@ -305,6 +305,8 @@ def test_the_default_source_is_a_rolling_window_installed_on_every_pipeline_and_
                          tasks[2]: TaskSchedule(1)}, intra_iter_deps=[("Forward", "Load"), ("Step", "Forward")])
     with AdaptivePipeline(plan, COSTS0, "cpu") as pipe:
         assert isinstance(pipe.cost_source, RollingSource) and pipe.cost_source.base is COSTS0
+        # the window is the periods the drift is watched over: at a drift, most of its durations are the new level
+        assert pipe.cost_source.rolling.window == ReplanOptions().window
     source = RollingSource(COSTS0, RollingCosts(window=4, clock=per_thread_clock))
     with AdaptivePipeline(plan, COSTS0, "cpu", cost_source=source) as pipe:
         pipe.run(range(6))

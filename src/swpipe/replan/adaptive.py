@@ -152,8 +152,9 @@ class AdaptivePipeline:
         When and how to re-plan (default ``ReplanOptions()``); ``None`` never re-plans (a plain ``SWPipeline``
         with the same calls).
     cost_source : CostSource, optional
-        What the tasks cost now (default ``RollingSource(costs, RollingCosts(device=device))``, its window
-        installed with ``instrument``).
+        What the tasks cost now (default ``RollingSource(costs, RollingCosts(window=replan.window,
+        device=device))``, its window installed with ``instrument``: the tasks' last ``window`` durations, the
+        periods the rolling median watches, so that at a drift their medians are the new level).
     search : callable, optional
         ``search(plan, costs) -> PipelinePlan`` (default :func:`default_search`).
     clock : callable, optional
@@ -210,8 +211,9 @@ class AdaptivePipeline:
                               fix="each plan after a swap numbers its iterations from 0, so per-task generators "
                                   "would draw differently from the serial loop; seed from the batch instead")
         self.replan = replan
-        self.cost_source: CostSource = (cost_source if cost_source is not None
-                                         else RollingSource(costs, RollingCosts(device=device)))
+        self.cost_source: CostSource = (cost_source if cost_source is not None else RollingSource(
+            # the costs over the periods the drift was seen in: a longer window's median would still be the old level
+            costs, RollingCosts(window=replan.window if replan is not None else 64, device=device)))
         self._search = search if search is not None or replan is None else default_search(replan)
         self._clock = clock if clock is not None else time.perf_counter
         self._device, self._options = device, pipeline_options
