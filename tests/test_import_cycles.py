@@ -95,20 +95,9 @@ def import_graph(src: Path = SRC) -> nx.DiGraph:
     return graph
 
 
-#: Not broken yet (issue 46.6, open): the edge that closes each remaining cycle, and why it is still there. Each must
-#: still exist (a stale entry fails), and no other cycle may appear.
-NOT_YET_BROKEN = {
-    # PipelinePlan.__str__ and PipelinePlan.from_text call the text form, which builds on the plan and validates it
-    # (planfile -> validate -> plan): moving them off the class is an API decision, and plan.py is being changed
-    ("swpipe_core.plan", "swpipe_core.planfile"): "str(plan) / PipelinePlan.from_text",
-}
-
-
 def test_no_import_cycle_among_the_projects_modules():
     graph = import_graph()
     assert graph.number_of_nodes() > 150 and graph.number_of_edges() > 400  # the walk found the project
-    assert [edge for edge in NOT_YET_BROKEN if not graph.has_edge(*edge)] == []  # none of them is stale
-    graph.remove_edges_from(NOT_YET_BROKEN)
     cycles = sorted((list(c) for c in nx.simple_cycles(graph)), key=lambda c: (len(c), c))
     shown = "\n".join(" -> ".join(c + c[:1]) for c in cycles[:20])
     assert cycles == [], f"{len(cycles)} import cycle(s), the shortest first:\n{shown}"

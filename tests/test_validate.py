@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import networkx as nx
 import pytest
 
-import swpipe_core.order
 from swpipe_core.order import period_local_graph
 from swpipe_core.plan import PipelinePlan, PipelineTask, TaskSchedule
 from swpipe_core.validate import RULES, PlanError, validate
@@ -159,7 +159,8 @@ def test_period_local_cycle_check_reports_the_cycle(monkeypatch):
         graph.add_edges_from([("A", "B"), ("B", "A")])
         return graph
 
-    monkeypatch.setattr(swpipe_core.order, "period_local_graph", cyclic)
+    # where validate looks it up; the module by its name (the package's attribute `validate` is the function)
+    monkeypatch.setattr(importlib.import_module("swpipe_core.validate"), "period_local_graph", cyclic)
     with pytest.raises(PlanError) as info:
         validate(PipelinePlan({"A": S(0), "B": S(0)}))
     assert info.value.rule == "period-local-cycle"

@@ -43,7 +43,10 @@ from typing import Dict, List
 
 import networkx as nx
 
-from swpipe_core.plan import PipelinePlan, ref_name
+from swpipe_core.planparts import ref_name
+
+# "PipelinePlan" in the annotations below is swpipe_core.plan.PipelinePlan, left unimported: plan.py builds on this
+# module (through validate), which reads a plan's fields only.
 
 __all__ = ["period_local_graph", "stall_cost", "handed_off_first", "ready_first_order", "stage_descending_order",
            "enqueue_order", "hand_off_after"]

@@ -3,7 +3,13 @@
 These are data classes with no behaviour beyond normalisation helpers; the
 rules a plan must satisfy live in :mod:`swpipe_core.validate`, the order in
 which a period's tasks are enqueued in :mod:`swpipe_core.order`, and the
-execution in :mod:`swpipe_core.engine.pipeline`.
+execution in :mod:`swpipe_core.engine.pipeline`. :class:`PipelinePlan` is
+here; the parts it is made of (:class:`PipelineTask`, :class:`TaskSchedule`,
+:class:`IterContext`, :class:`DeclaredIO`, ``ref_name``, ``stream_name``, the
+enqueue policies) are in :mod:`swpipe_core.planparts` and re-exported here.
+``str(plan)`` and :meth:`PipelinePlan.from_text` use the text form of
+:mod:`swpipe_core.planform` and :func:`~swpipe_core.validate.validate`, both
+of which build on the parts, not on this module.
 
 A task is referred to either by its :class:`PipelineTask` object or by its
 name (``TaskRef``); the two are interchangeable everywhere, because a
@@ -13,7 +19,12 @@ name (``TaskRef``); the two are interchangeable everywhere, because a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from swpipe_core.planform import PlanFileError, plan_arguments, plan_to_text, text_to_dict
+from swpipe_core.planparts import (ENQUEUE_POLICIES, DeclaredIO, IterContext, PipelineTask, StreamSpec, TaskRef,
+                                   TaskSchedule, ref_name, stream_name)
+from swpipe_core.validate import PlanError, validate
 
 __all__ = [
     "IterContext",
@@ -27,256 +38,6 @@ __all__ = [
     "ref_name",
     "stream_name",
 ]
-
-
-class IterContext:
-    """Per-iteration context passed to every task function.
-
-    ``batch`` is the raw item produced by the data iterator and ``iter_idx``
-    the 0-based iteration index. Tasks pass intermediate results by setting
-    attributes (``ctx.x = ...``) and free memory early with ``del ctx.x``.
-    Each in-flight iteration owns its own context, so iterations never share
-    intermediate state.
-
-    Examples
-    --------
-    >>> from swpipe import IterContext
-    >>> ctx = IterContext(batch={"x": 1}, iter_idx=3)
-    >>> ctx.y = ctx.batch["x"] + 1
-    >>> ctx
-    IterContext(iter_idx=3, attrs=['y'])
-    """
-
-    def __init__(self, batch: Any, iter_idx: int) -> None:
-        self.batch = batch
-        self.iter_idx = iter_idx
-
-    def __repr__(self) -> str:
-        attrs = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
-        return f"IterContext(iter_idx={self.iter_idx}, attrs={attrs})"
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached when the attribute is missing: say what that means in a pipeline
-        if name.startswith("_"):
-            raise AttributeError(name)
-        raise AttributeError(
-            f"ctx.{name} is not set in iteration {self.__dict__.get('iter_idx', '?')}: no task that ran before this "
-            f"one wrote it. Tasks pass values through ctx in the plan's order, so the task that sets ctx.{name} "
-            "must be a dependency of this one (swpipe_core.dataflow.check_dataflow names a missing one)",
-            name=name, obj=self)
-
-    def keep_alive(self, *values: Any) -> None:
-        """Keep ``values`` alive until this iteration's device work has completed (nothing to do on CPU).
-
-        On CUDA, a tensor one task hands to another *outside* ``ctx`` (module
-        state, a closure, a queue) and that the receiving task drops while a
-        kernel on another stream may still read it, returns to the caching
-        allocator too early. Call ``ctx.keep_alive(t)`` in either task: the
-        engine holds ``t`` until every task of this iteration has completed on
-        the device. Values reached through ``ctx`` need nothing
-        (docs/semantics.md, "Lifetimes on CUDA").
-
-        Examples
-        --------
-        >>> from swpipe import IterContext
-        >>> IterContext(batch=None, iter_idx=0).keep_alive("anything")
-        """
-
-
-@dataclass
-class DeclaredIO:
-    """A task's read/write contract with state outside :class:`IterContext`.
-
-    ``capture`` is called after the task runs while shortcut caching and
-    returns a snapshot of the external state; ``restore`` receives a fresh
-    copy of that snapshot when the task is shortcut and writes it back.
-    Tensors in the snapshot are detached and cloned on capture.
-
-    Examples
-    --------
-    >>> from swpipe import DeclaredIO
-    >>> shared = {"step": 0}
-    >>> io = DeclaredIO(capture=lambda: dict(shared), restore=shared.update)
-    >>> snap = io.capture(); shared["step"] = 5; io.restore(snap); shared
-    {'step': 0}
-    """
-
-    capture: Callable[[], Any]
-    restore: Callable[[Any], None]
-
-
-@dataclass(eq=False)
-class PipelineTask:
-    """One schedulable unit of computation: a name, a function and its side effects.
-
-    The task only says *what* runs; *how* (stage, stream, thread group) is in
-    :class:`PipelinePlan`. The name is the task's identity (the API
-    reference: a globally unique identifier): equality and hashing use the
-    name alone, and a task compares equal to its name string, so
-    ``plan.schedule["Forward"]`` and ``plan.schedule[PipelineTask("Forward",
-    other_fn)]`` both find the entry keyed by ``PipelineTask("Forward", ...)``.
-
-    ``fn`` may be ``None`` for an analysis-only (unbound) task: such a plan
-    can be printed, validated and simulated, but running it raises an error
-    naming the unbound tasks.
-
-    Examples
-    --------
-    >>> from swpipe import PipelineTask
-    >>> fwd = PipelineTask("Forward", lambda ctx: None)
-    >>> fwd == PipelineTask("Forward"), fwd == "Forward", hash(fwd) == hash("Forward")
-    (True, True, True)
-    >>> PipelineTask("Backward")
-    PipelineTask('Backward', unbound)
-
-    Two tasks with one name are one task, whatever their functions: as keys
-    of one ``schedule`` dict they merge (Python keeps the first key and the
-    last value), so give every task its own name. ``fn`` must be callable:
-
-    >>> PipelineTask("Forward", print) == PipelineTask("Forward", len)
-    True
-    >>> len({PipelineTask("Forward", print): 0, PipelineTask("Forward", len): 1})
-    1
-    >>> PipelineTask("Z", 3)
-    Traceback (most recent call last):
-    ...
-    TypeError: PipelineTask 'Z': fn is 3 (int), not callable; pass a function of the iteration context, e.g. PipelineTask('Z', lambda ctx: ...), or None for an analysis-only task
-    """
-
-    name: str
-    fn: Optional[Callable[[IterContext], None]] = None
-    io: List[DeclaredIO] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        # Checked here, not at run time: a wrong argument should fail where it was written.
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"PipelineTask name is {self.name!r}; give a non-empty string, "
-                            f"e.g. PipelineTask('Forward', forward)")
-        if self.fn is not None and not callable(self.fn):
-            raise TypeError(f"PipelineTask {self.name!r}: fn is {self.fn!r} ({type(self.fn).__name__}), not callable; "
-                            f"pass a function of the iteration context, e.g. PipelineTask({self.name!r}, lambda ctx: ...), "
-                            f"or None for an analysis-only task")
-
-    def __eq__(self, other: object) -> bool:
-        # by name alone, as the API reference defines it: equal objects hash alike (the name), so a lookup by any
-        # task of that name, or by the name, finds the entry; a dependency written with a same-named object whose
-        # function is not the scheduled one is validate's foreign-task rule, not an inequality here
-        if isinstance(other, PipelineTask):
-            return self.name == other.name
-        if isinstance(other, str):
-            return self.name == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __repr__(self) -> str:
-        bound = "unbound" if self.fn is None else getattr(self.fn, "__name__", "fn")
-        return f"PipelineTask({self.name!r}, {bound})"
-
-
-TaskRef = Union[str, PipelineTask]
-# None is the device's default stream, a str names a stream (one per name per
-# device, created on first use), or a torch stream object is used as given.
-StreamSpec = Any
-
-ENQUEUE_POLICIES = ("ready_first", "stage_descending")
-
-
-@dataclass
-class TaskSchedule:
-    """How one task is scheduled in a plan.
-
-    Parameters
-    ----------
-    stage : int
-        Pipeline stage; in period ``p`` the task works on iteration ``p - stage``.
-    stream : None, str or torch stream
-        ``None`` is the default stream; a string names a stream.
-    thread_group : str
-        CPU worker thread; tasks of one group run one after another.
-    globally_ordered : bool
-        Run in a fixed global sequence (identical on every rank), for collectives.
-
-    Examples
-    --------
-    >>> from swpipe import TaskSchedule
-    >>> TaskSchedule(stage=1, stream="data_dist", globally_ordered=True)
-    TaskSchedule(stage=1, stream='data_dist', thread_group='default', globally_ordered=True)
-    """
-
-    stage: int = 0
-    stream: StreamSpec = None
-    thread_group: str = "default"
-    globally_ordered: bool = False
-
-
-def ref_name(ref: TaskRef) -> str:
-    """Return the task name a ``TaskRef`` refers to.
-
-    Parameters
-    ----------
-    ref : str or PipelineTask
-
-    Returns
-    -------
-    str
-
-    Raises
-    ------
-    TypeError
-        If ``ref`` is neither a string nor a ``PipelineTask``.
-
-    Examples
-    --------
-    >>> from swpipe import PipelineTask
-    >>> ref_name("H2D"), ref_name(PipelineTask("H2D"))
-    ('H2D', 'H2D')
-    """
-    if isinstance(ref, PipelineTask):
-        return ref.name
-    if isinstance(ref, str):
-        return ref
-    raise TypeError(
-        f"a task reference must be a task name (str) or a PipelineTask, got {type(ref).__name__}: {ref!r}"
-    )
-
-
-def stream_name(stream: StreamSpec) -> str:
-    """Return a readable name for a stream spec.
-
-    Parameters
-    ----------
-    stream : None, str or torch stream
-
-    Returns
-    -------
-    str
-        ``"default"`` for ``None``, the string itself for a name, and for a
-        stream object its ``swpipe_name`` attribute if set, else
-        ``"<device>/stream<id>"`` (e.g. ``"cuda:1/stream3"``).
-
-    Examples
-    --------
-    >>> stream_name(None), stream_name("memcpy")
-    ('default', 'memcpy')
-    >>> import torch
-    >>> stream_name(torch.Stream(stream_id=0, device_index=1, device_type=1))
-    'cuda:1/stream0'
-    """
-    if stream is None:
-        return "default"
-    if isinstance(stream, str):
-        return stream
-    named = getattr(stream, "swpipe_name", None)
-    if named:
-        return str(named)
-    sid = getattr(stream, "stream_id", None)
-    if sid is None:
-        return repr(stream)
-    # device + id: unique across devices (stream ids repeat per device) and stable for the stream's life
-    device = getattr(stream, "device", None)
-    return f"{device}/stream{sid}" if device is not None else f"stream{sid}"
 
 
 def _stage_of(sched: Any) -> Optional[int]:
@@ -351,9 +112,7 @@ class PipelinePlan:
     # -- the text form, and equality --
 
     def __str__(self) -> str:
-        """The plan's text form (:func:`swpipe_core.planfile.plan_to_text`), which :meth:`from_text` reads back."""
-        from swpipe_core.planfile import plan_to_text  # late: planfile builds on this module
-
+        """The plan's text form (:func:`swpipe_core.planform.plan_to_text`), which :meth:`from_text` reads back."""
         try:
             return plan_to_text(self)
         except TypeError:  # a task reference that is neither a name nor a task: validate() names it
@@ -370,7 +129,7 @@ class PipelinePlan:
             One line of the plan's fields, then one line per task: ``STAGE NAME [on GROUP] [stream STREAM]
             [global] [after DEP ...]``, a dependency ``DEP`` written ``X`` (same iteration), ``X[i-N]`` (``N``
             iterations back) or ``X[period]`` (same period); an ``order`` line for an explicit enqueue order
-            (the grammar: :mod:`swpipe_core.planfile`).
+            (the grammar: :mod:`swpipe_core.planform`).
         fns : dict, optional
             ``{task_name: fn}``; tasks without a function stay unbound (analysis only).
         source : str
@@ -383,7 +142,7 @@ class PipelinePlan:
         Raises
         ------
         swpipe_core.planfile.PlanFileError
-            A line that does not parse; ``line`` and ``field`` say where.
+            A line that does not parse, or a field the dict form refuses; ``line`` and ``field`` say where.
         PlanError
             The plan breaks a rule; ``rule``, ``task``, ``field`` and ``line`` say which and where.
 
@@ -403,9 +162,15 @@ class PipelinePlan:
         ...
         swpipe_core.validate.PlanError: [depth-mismatch] line 1: pipeline_depth=2 but max(stage) + 1 = 1. Fix: set pipeline_depth=1 or omit it to have it inferred
         """
-        from swpipe_core.planfile import plan_from_text  # late: planfile builds on this module
-
-        return plan_from_text(text, fns, source=source)
+        doc, lines = text_to_dict(text, source)
+        try:
+            plan = cls(**plan_arguments(doc, fns, source=source))
+            validate(plan)
+        except PlanFileError as exc:
+            raise exc.at_line(lines.get(exc.field.split(".")[0])) from None
+        except PlanError as exc:
+            raise exc.at_line(lines.get(f"task {exc.task}", lines[""])) from None
+        return plan
 
     def __eq__(self, other: object) -> bool:
         """Equal plans schedule alike: the same task names in the same order (functions are not compared: a task

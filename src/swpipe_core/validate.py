@@ -37,8 +37,12 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import networkx as nx
 
-from swpipe_core.plan import ENQUEUE_POLICIES, PipelinePlan, PipelineTask, TaskSchedule, ref_name
+from swpipe_core.order import period_local_graph
+from swpipe_core.planparts import ENQUEUE_POLICIES, PipelineTask, TaskSchedule, ref_name
 from swpipe_core.stage_rules import stage_rule_holds
+
+# "PipelinePlan" in the annotations below is swpipe_core.plan.PipelinePlan, left unimported: plan.py builds on this
+# module (PipelinePlan.from_text validates), which reads a plan's fields and the parts of swpipe_core.planparts.
 
 __all__ = ["PlanError", "validate", "RULES"]
 
@@ -306,8 +310,6 @@ def validate(plan: PipelinePlan) -> None:
     ...
     swpipe_core.validate.PlanError: [corollary-1] B (stage 0) waits A (stage 1) within an iteration, ...
     """
-    from swpipe_core.order import period_local_graph  # late: order imports this module's PlanError
-
     objects = _check_schedule(plan)
     intra, inter = _normalised_deps(plan, objects)
     _check_intra_cycle(intra, objects)
