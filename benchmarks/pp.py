@@ -110,18 +110,25 @@ def best_fitting(rows: List[Dict[str, Any]], cap_bytes: Optional[int]) -> Option
     return min(fits, key=lambda r: r["measured_step_s"]) if fits else None
 
 
+VERDICTS = {"faster": "faster beyond the noise", "slower": "SLOWER beyond the noise",
+            "cannot_win": "cannot win measurably: the bound leaves less than the noise",
+            "not_shown": "not shown faster (within the noise), though the bound leaves room",
+            "no_noise": "no noise band (one timed step): nothing shown"}  # what search_verdict's keys print
+
+
 def search_verdict(ratio: float, noise: float, headroom: float) -> str:
     """What the searched order's measured step over the best built-in's (``ratio``) shows, against the run's
-    ``noise`` band and the ``headroom`` the lower bound leaves below the best built-in's prediction."""
+    ``noise`` band and the ``headroom`` the lower bound leaves below the best built-in's prediction: a key of
+    :data:`VERDICTS`."""
     if math.isnan(noise):
-        return "no noise band (one timed step): nothing shown"
+        return "no_noise"
     if ratio < 1 - noise:
-        return "faster beyond the noise"
+        return "faster"
     if ratio > 1 + noise:
-        return "SLOWER beyond the noise"
+        return "slower"
     if headroom <= noise:
-        return "cannot win measurably: the bound leaves less than the noise"
-    return "not shown faster (within the noise), though the bound leaves room"
+        return "cannot_win"
+    return "not_shown"
 
 
 def bound_headroom(report: Dict[str, Any], row: Dict[str, Any]) -> Dict[str, Any]:
@@ -183,7 +190,7 @@ def analyse(report: Dict[str, Any]) -> Dict[str, Any]:
                            searched_fits=cap is None or _max_peak(s) <= cap)
             print(f"(3) searched ({report['searched'].get('origin')}) vs the best built-in measured{within} "
                   f"({best['schedule']}, {s['n_microbatches']} micro-batches): {ratio:.3f}x the step time, "
-                  f"noise band {band:.0%}: {verdict}; predicted "
+                  f"noise band {band:.0%}: {VERDICTS[verdict]}; predicted "
                   f"{s['predicted_step_s'] * 1e3:.1f} vs {best['predicted_step_s'] * 1e3:.1f} ms; bound for any "
                   f"order on {best['schedule']}'s ranks {room['bound_s'] * 1e3:.1f} ms ({room['binding']}), "
                   f"headroom {room['headroom']:.1%}; peak {_max_peak(s) / 2**20:.2f} vs "

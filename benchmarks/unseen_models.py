@@ -200,7 +200,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         if part is not None and part["figures"].get("best_builtin"):
             f = part["figures"]
             print(f"item 7 ({label}): searched over {f['best_builtin']} {f['searched_over_best_builtin']:.3f}x, "
-                  f"noise {f['searched_noise']:.0%}, bound headroom {f['bound_headroom']:.1%}: {f['search_verdict']}")
+                  f"noise {f['searched_noise']:.0%}, bound headroom {f['bound_headroom']:.1%}: {pp_bench.VERDICTS[f['search_verdict']]}")
     if "unet" in out:
         print(f"conv net with skips (GPipe): median |step error| {out['unet']['step_median_abs_error']:.1%} "
               f"(the decided prediction, chunks {', '.join(str(r['chunks']) for r in out['unet']['rows'])})")
