@@ -1,6 +1,6 @@
 """Predictions on models swpipe was not tuned on (issue 47): predicted against measured, side by side, in one run.
 
-    python benchmarks/unseen_models.py            # the whole run (about 10 minutes on 2 loaded cores)
+    python benchmarks/unseen_models.py            # the whole run (about 3 minutes on 2 cores at load 8)
     python benchmarks/unseen_models.py --quick    # tiny sizes, 1 round: a smoke run
 
 Three models, none of which swpipe's costs or rules were tuned on:
