@@ -227,9 +227,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"swpipe pp: {exc.filename}: cannot be written ({exc.strerror}); the report is in "
               f"{os.path.join(folder, 'report.json')}", file=sys.stderr)
         return 1
-    if args.ranks > cores:
-        print(f"note: {args.ranks} ranks share {cores} cores: measured steps include time-slicing the model "
-              "does not predict")
+    if report.get("prediction_cores"):
+        print(f"note: {args.ranks} ranks share {report['prediction_cores']} cores: they take turns on them, and the "
+              f"prediction lets {report['prediction_cores']} compute at once (swpipe.simulate(..., cores="
+              f"{report['prediction_cores']})); the costs were measured {report['prediction_cores']} ranks at a time")
     shutil.rmtree(folder, ignore_errors=True)
     return 0
 

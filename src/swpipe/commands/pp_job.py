@@ -8,7 +8,8 @@ Each rank (:func:`run_rank`):
    or the built-in MLP) and cuts it into the stage counts PyTorch's schedules run on
    these ranks (one stage per rank for GPipe and 1F1B, two for the others) that it offers;
 2. measures every stage's costs in its own process while the other ranks do the same
-   (:func:`~swpipe.pp.measure_stage_costs`: the cores as busy as during the run), the
+   (:func:`~swpipe.pp.measure_stage_costs`: the cores as busy as during the run; with more
+   ranks than cores, at most as many ranks at once as there are cores, :func:`prediction_cores`), the
    link on the job's gloo group (:func:`~swpipe.pp.measure_p2p`: the idle link, and what
    a post costs while both ranks compute, at the largest activation's size), and the
    runtime's own cost per action, by running every stage alone (``ScheduleLoopedBFS`` on a
@@ -22,7 +23,8 @@ Each rank (:func:`run_rank`):
    barrier (the step is the slowest rank's); then one more step counts the peak live tensor
    bytes (:class:`~swpipe.pp.LiveTensorBytes`). The losses are compared with the unsplit
    model's, trained the same way on rank 0, and every schedule is predicted
-   (:func:`swpipe.simulate`) on the costs of step 2.
+   (:func:`swpipe.simulate`) on the costs of step 2; with more ranks than cores, on the cores
+   the ranks share (``cores=``: the ranks take turns on them).
 
 Rank 0 writes the report (a dict, as JSON) that :mod:`swpipe.commands.pp` prints.
 """
@@ -36,13 +38,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from swpipe.commands.pp_model import BUILTIN_MODEL, PPModel, load_model
 
-__all__ = ["PPRunConfig", "run_rank", "main"]
+__all__ = ["PPRunConfig", "prediction_cores", "run_rank", "main"]
 
 
 @dataclass
@@ -71,6 +73,9 @@ class PPRunConfig:
     cost_repeats : int
     time_limit_s : float
         The search's time limit.
+    cores : int or None
+        The cores the ranks share, for the prediction (``simulate(..., cores=)``) and the measurements (at most
+        that many ranks measure at once); None: :func:`prediction_cores` decides.
     """
 
     model: str = BUILTIN_MODEL
@@ -85,10 +90,41 @@ class PPRunConfig:
     threads: int = 1
     cost_repeats: int = 7
     time_limit_s: float = 5.0
+    cores: Optional[int] = None
 
     def load(self) -> PPModel:
         """A fresh model (the factory called again: the same initial weights every time)."""
         return load_model(self.model, self.model_options)
+
+
+def prediction_cores(world: int, cpu_count: int, given: Optional[int] = None) -> Optional[int]:
+    """The core pool the job's prediction gives its ranks: ``given``, else the machine's cores when the ranks
+    outnumber them (they take turns on the cores), else None (a core per rank, the simulator without a pool).
+
+    Examples
+    --------
+    >>> prediction_cores(2, 2), prediction_cores(4, 2), prediction_cores(4, 16), prediction_cores(2, 16, given=1)
+    (None, 2, None, 1)
+    """
+    if given is not None:
+        return given
+    return cpu_count if world > cpu_count else None
+
+
+def _in_turns(cores: Optional[int], work: Callable[[], Any]) -> Any:
+    """``work()`` on every rank, at most ``cores`` ranks at once (all at once when None): a rank's measurement sees
+    the cores as busy as the prediction assumes (each computing rank on a core of its own), not more."""
+    import torch.distributed as dist
+
+    if cores is None:
+        return work()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = None
+    for turn in range(-(-world // cores)):
+        if rank // cores == turn:
+            out = work()
+        dist.barrier()
+    return out
 
 
 def _reference_losses(cfg: PPRunConfig, n_mb: int, n_steps: int) -> List[float]:
@@ -119,10 +155,12 @@ def _measure_costs(cfg: PPRunConfig, n_stages: int, n_mb: int, repeats: int, war
 
 def _costs_on_every_rank(cfg: PPRunConfig, n_mb: int, splits: Sequence[int], repeats: Optional[int] = None,
                          warmup: int = 1) -> Dict[int, List[Any]]:
-    """Every rank measures every stage at once (the cores as busy as in the run); all ranks' figures."""
+    """Every rank measures every stage at once (the cores as busy as in the run; with more ranks than cores, as
+    many at once as the prediction's cores); all ranks' figures."""
     import torch.distributed as dist
 
-    mine = {k: _measure_costs(cfg, k, n_mb, repeats or cfg.cost_repeats, warmup) for k in splits}
+    mine = _in_turns(cfg.cores, lambda: {k: _measure_costs(cfg, k, n_mb, repeats or cfg.cost_repeats, warmup)
+                                         for k in splits})
     gathered: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return {k: [g[k] for g in gathered] for k in mine}
@@ -276,7 +314,7 @@ class _Calibration:
 
         for k, v in _costs_on_every_rank(self.cfg, self.n_mb, self.splits, repeats=2, warmup=0).items():
             self.samples[k].extend(v)
-        self.probe.step()
+        _in_turns(self.cfg.cores, self.probe.step)
         self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
 
     def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
@@ -339,6 +377,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     # in torchrun's output (launch's log_path): which processes the job is, once each has joined the group
     print(f"rank {rank} of {world}: in the process group (pid {os.getpid()})", flush=True)
     try:
+        cfg = replace(cfg, cores=prediction_cores(world, os.cpu_count() or 1, cfg.cores))
         model = cfg.load()
         splits = model.stage_counts(world)
         alone = [dist.new_group([r]) for r in range(world)]  # every rank creates every group, in the same order
@@ -351,7 +390,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
         probes = {n: _AloneProbe(cfg, n, max(splits), alone[rank]) for n in cfg.microbatches}
         for n, probe in probes.items():
             for _ in range(max(3, cfg.cost_repeats)):
-                probe.step()
+                _in_turns(cfg.cores, probe.step)
         overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
         costs = {n: {k: c.with_action_overhead(overhead[n]) for k, c in by.items()} for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
@@ -385,7 +424,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             costs[n_mb] = both
             ref = _reference_losses(cfg, n_mb, cfg.warmup + cfg.steps + 1)
             for t, measured in zip(trainers, gathered):
-                pred = simulate(t.program, both[t.program.n_stages])
+                pred = simulate(t.program, both[t.program.n_stages], cores=cfg.cores)
                 err = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(measured["losses"], ref)), default=0.0)
                 results.append({
                     "schedule": t.name, "n_microbatches": n_mb, "n_stages": t.program.n_stages,
@@ -402,7 +441,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                   "searched": searched, "action_overhead_s": overhead,
                   "costs": {str(n): {str(k): c.to_dict() for k, c in by.items()} for n, by in costs.items()},
                   "results": results, "torch": torch.__version__, "threads": cfg.threads,
-                  "load": os.getloadavg(), "cores": os.cpu_count()}
+                  "load": os.getloadavg(), "cores": os.cpu_count(),
+                  "prediction_cores": cfg.cores}
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(report, f, indent=1, default=str)
