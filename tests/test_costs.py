@@ -174,7 +174,7 @@ def test_from_timeline_of_a_recorded_engine_run_costs_every_task(monkeypatch):
 
     clock = FakeClock()  # the recorder's clock, moved only by the tasks (both on the one "default" thread)
     monkeypatch.setattr(tasks, "time", clock)
-X
+    took = iter([0.001, 0.010, 0.002, 0.003, 0.004])  # A's five executions: the median 0.003 (the mean 0.004)
     plan = PipelinePlan({PipelineTask("A", lambda ctx: clock.advance(next(took))): TaskSchedule(0),
                          PipelineTask("B", lambda ctx: None): TaskSchedule(1)}, [("B", "A")])
     with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
