@@ -63,10 +63,23 @@ def test_abort_wakes_every_waiter():
         except SequencerAborted:
             errors.append(s)
 
+    blocked, arrived = set(), threading.Condition()
+
+    class Counted(threading.Condition):
+        """The sequencer's condition, naming its waiters: a waiter named holds the lock until it waits."""
+
+        def wait(self, timeout=None):
+            with arrived:
+                blocked.add(threading.current_thread().name)
+                arrived.notify_all()
+            return super().wait(timeout)
+
+    seq._cond = Counted(threading.Lock())  # private: the one place a waiter blocks, observed here
     threads = [threading.Thread(target=wait, args=(s,), name=f"seq-wait-{s}", daemon=True) for s in (1, 2, 3)]
     for t in threads:
         t.start()
-    time.sleep(0.05)  # workload: let them block (the assertion does not depend on it)
+    with arrived:  # every waiter is blocked in the sequencer before the abort (ordered, not slept for)
+        assert arrived.wait_for(lambda: len(blocked) == 3, timeout=20.0), blocked
     seq.abort("X-failed")
     for t in threads:
         t.join(5)
