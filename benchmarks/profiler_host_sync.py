@@ -49,8 +49,9 @@ for label, name in devices:
                          PipelineTask("Heavy", heavy): TaskSchedule()})
     with SWPipeline(plan, device=dev) as pipe:
         r = TaskProfiler(pipe, num_warmup=1, num_measure=4, num_rounds=2).profile(None)
-    print(f"{label}: Host host_s/30ms {r.host_s['Host']/0.03:.2f}, device_s/host_s {r.device_s['Host']/r.host_s['Host']:.3f}; "
-          f"Device device_s/30ms {r.device_s['Device']/0.03:.2f}, host_s/device_s {r.host_s['Device']/r.device_s['Device']:.3f}; "
-          f"Heavy host_s/device_s {r.host_s['Heavy']/r.device_s['Heavy']:.3f}, exposed_s/device_s {r.exposed_s['Heavy']/r.device_s['Heavy']:.2f}")
+    h, d, e = r.host_s, r.device_s, r.exposed_s
+    print(f"{label}: Host host_s/30ms {h['Host'] / 0.03:.2f}, device_s/host_s {d['Host'] / h['Host']:.3f}; "
+          f"Device device_s/30ms {d['Device'] / 0.03:.2f}, host_s/device_s {h['Device'] / d['Device']:.3f}; "
+          f"Heavy host_s/device_s {h['Heavy'] / d['Heavy']:.3f}, exposed_s/device_s {e['Heavy'] / d['Heavy']:.2f}")
     if fake is not None:
         fake.close()

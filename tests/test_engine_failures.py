@@ -231,7 +231,8 @@ def test_progress_timeout_names_iteration_and_unfinished_tasks(cancelled):
 
 def test_sequencer_timeout_surfaces_as_task_error(cancelled):
     """A globally ordered task whose turn never comes fails with the sequencer's message."""
-    plan = PipelinePlan({PipelineTask("A", lambda ctx: cancelled.wait(20.0)): TaskSchedule(0, thread_group="g1", globally_ordered=True),
+    a = PipelineTask("A", lambda ctx: cancelled.wait(20.0))  # runs until B's timeout cancelled the run
+    plan = PipelinePlan({a: TaskSchedule(0, thread_group="g1", globally_ordered=True),
                          PipelineTask("B", lambda ctx: None): TaskSchedule(0, thread_group="g2", globally_ordered=True)})
     pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(sequencer_s=0.1))
     with pytest.raises(PipelineTaskError) as info:
