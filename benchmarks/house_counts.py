@@ -23,6 +23,13 @@ count                          what is counted                                  
                                the demo's ``workloads``, ``commands`` and ``cli``) importing
                                ``swpipe.workloads`` or ``examples``
 ``dir_not_all``                names ``dir(swpipe)`` and ``sorted(swpipe.__all__)`` do not share          0
+``unmarked_sleeps``            ``sleep`` calls in ``tests/`` (``time.sleep``, ``sleep``, a clock's)       0
+                               with no comment saying ``workload`` on their line or the three above: a
+                               sleep is a task's work, never a way to order threads (events do that)
+``timed_asserts``              ``assert`` statements in ``tests/`` that read the wall clock: a call of    0
+                               ``perf_counter``, ``monotonic``, ``time`` or ``thread_time``, or a name
+                               the same function assigned from one (a duration compared in a unit test
+                               fails on a loaded machine: a ``FakeClock`` or a benchmark instead)
 =============================  =========================================================================  =====
 
 Run it from the repository root (``PYTHONPATH=src``)::
@@ -51,7 +58,10 @@ PACKAGES = ("swpipe", "swpipe_core", "autosched")
 OPTION_CLASSES = {"Constraints", "SolverOptions", "VerifyOptions", "DropInOptions", "AutoOptions"}
 DEMO_MODULES = ("swpipe/workloads/", "swpipe/commands/", "swpipe/cli.py", "swpipe/__main__.py")
 LIMITS = {"prose_matches": 20, "private_accesses": 11, "multi_base_classes": 0, "wide_public_functions": 0,
-          "single_letter_options": 0, "workloads_imports": 0, "dir_not_all": 0}
+          "single_letter_options": 0, "workloads_imports": 0, "dir_not_all": 0, "unmarked_sleeps": 0,
+          "timed_asserts": 0}
+ARITHMETIC = {"abs", "max", "min", "sum", "round", "float", "int", "approx", "fsum", "median", "mean", "fmean"}
+CLOCK_READS = {"perf_counter", "monotonic", "time", "thread_time", "process_time", "perf_counter_ns", "monotonic_ns"}
 MAX_PARAMETERS = 8
 # a word: letters (an apostrophe or hyphen inside), once punctuation around it is stripped; a quoted name is no word
 _WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*")
@@ -285,6 +295,59 @@ def workloads_imports(files: Sequence[pathlib.Path]) -> Count:
     return count
 
 
+def _comment_says(path: pathlib.Path, line: int, word: str) -> bool:
+    """Whether a comment on ``line`` or the three lines above it holds ``word``."""
+    lines = path.read_text().splitlines()
+    return any("#" in text and word in text.split("#", 1)[1] for text in lines[max(0, line - 4):line])
+
+
+def unmarked_sleeps(files: Sequence[pathlib.Path]) -> Count:
+    count = Count("unmarked_sleeps")
+    for path in files:
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Call) and ((isinstance(node.func, ast.Attribute) and node.func.attr == "sleep")
+                                               or (isinstance(node.func, ast.Name) and node.func.id == "sleep")) \
+                    and not _comment_says(path, node.lineno, "workload"):
+                count.places.append(_where(path, node))
+    return count
+
+
+def _reads_clock(node: ast.AST, names: Sequence[str] = ()) -> bool:
+    """Whether the value of ``node`` is a clock reading or arithmetic on one: a call of a wall or CPU clock
+    (``time.perf_counter()``, ``perf_counter()``, ...) or one of ``names``, outside the arguments of other calls
+    than arithmetic ones (``f(time.perf_counter())`` is whatever ``f`` returns, ``abs(t1 - t0)`` a duration)."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in CLOCK_READS and not node.args:
+            return True
+        return name in ARITHMETIC and any(_reads_clock(a, names) for a in node.args)
+    if isinstance(node, ast.Name):
+        return node.id in names
+    return any(_reads_clock(child, names) for child in ast.iter_child_nodes(node))
+
+
+def timed_asserts(files: Sequence[pathlib.Path]) -> Count:
+    count = Count("timed_asserts")
+    for path in files:
+        for fn in ast.walk(_parse(path)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            timed: List[str] = []  # names assigned from a clock read, or from arithmetic on one (t0 -> elapsed)
+            assigns = [node for node in ast.walk(fn) if isinstance(node, ast.Assign)]
+            for _ in range(len(assigns)):  # to a fixed point: a chain of assignments in any order
+                more = [t.id for node in assigns if _reads_clock(node.value, timed)
+                        for t in node.targets if isinstance(t, ast.Name) and t.id not in timed]
+                if not more:
+                    break
+                timed += more
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assert) and _reads_clock(node.test, timed):
+                    count.places.append(_where(path, node))
+    count.places = sorted(set(count.places), key=count.places.index)
+    return count
+
+
 def dir_not_all() -> Count:
     import swpipe
 
@@ -297,7 +360,8 @@ def counts() -> Dict[str, Count]:
     """Every count of the module docstring's table, by name."""
     tests, src = python_files(TESTS), python_files(SRC)
     found = [prose_matches(tests), private_accesses(tests), multi_base_classes(src), wide_public_functions(),
-             any_parameters(src), single_letter_options(src), workloads_imports(src), dir_not_all()]
+             any_parameters(src), single_letter_options(src), workloads_imports(src), dir_not_all(),
+             unmarked_sleeps(tests), timed_asserts(tests)]
     return {c.name: c for c in found}
 
 

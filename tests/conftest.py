@@ -147,6 +147,20 @@ class FakeClock:
         self.advance(seconds)
 
 
+def device_clock(monkeypatch: Any, dev: Any, *modules: ModuleType) -> Optional[FakeClock]:
+    """Virtual time for a ``cuda_device`` test: on the fake, a :class:`FakeClock` its streams keep their time on
+    (``FakeCuda(clock=...)``) and that stands in for each module's ``time``; ``None`` on a real GPU, whose timings
+    are the benchmarks' (``benchmarks/profiler_host_sync.py``), not a test's. Call it before any device work."""
+    fake = getattr(dev, "fake", None)
+    if fake is None:
+        return None
+    clock = FakeClock()
+    fake.clock = clock
+    for module in modules:
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
 def measured_by_simulation(monkeypatch: Any, truth: Any, factor: Optional[Callable[[Any], float]] = None
                            ) -> List[Tuple[Any, int]]:
     """Make the verification's engine runs report the period ``truth`` simulates for each plan.

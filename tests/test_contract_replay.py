@@ -78,7 +78,7 @@ def run_on_engine(plan: PipelinePlan, sleeps: Dict[str, float], iters: int = ITE
         def fn(ctx) -> None:
             if plan.sched(name).thread_group == plan.caller_group:
                 caller_threads.append(threading.current_thread() is threading.main_thread())
-            time.sleep(sleeps[name])
+            time.sleep(sleeps[name])  # the workload: the task's length
         return fn
 
     bound = plan.bind({t: sleeper(t) for t in plan.task_names})

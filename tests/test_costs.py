@@ -166,19 +166,22 @@ def test_from_timeline_takes_the_median_per_task_and_kind():
     assert err.value.field == "events"
 
 
-def test_from_timeline_of_a_recorded_engine_run_costs_every_task():
-    import time
-
+def test_from_timeline_of_a_recorded_engine_run_costs_every_task(monkeypatch):
+    import swpipe_core.engine.tasks as tasks
+    from conftest import FakeClock
     from swpipe_core.engine.pipeline import SWPipeline
     from swpipe_core.plan import PipelineTask
 
-    plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.002)): TaskSchedule(0),
+    clock = FakeClock()  # the recorder's clock, moved only by the tasks (both on the one "default" thread)
+    monkeypatch.setattr(tasks, "time", clock)
+    took = iter([0.001, 0.010, 0.002, 0.003, 0.004])  # A's five executions: the median 0.003 (the mean 0.004)
+    plan = PipelinePlan({PipelineTask("A", lambda ctx: clock.advance(next(took))): TaskSchedule(0),
                          PipelineTask("B", lambda ctx: None): TaskSchedule(1)}, [("B", "A")])
     with SWPipeline(plan, device="cpu", record_timeline=True) as pipe:
         pipe.run(range(5))
         m = CostModel.from_timeline(pipe.timeline)
     m.check(plan)
-    assert m["A"].host_s >= 0.002 > m["B"].host_s
+    assert (m["A"].host_s, m["B"].host_s) == (pytest.approx(0.003), 0.0) and m["A"].device_s == 0.0
 
 
 def test_scaled_and_replace_return_new_models_and_leave_the_original():

@@ -322,11 +322,17 @@ def test_a_host_read_is_a_read_on_the_current_stream():
 def test_a_fake_torch_tensors_item_is_a_read_on_the_current_stream():
     with FakeCuda(num_devices=1) as fake:
         dev = fake.device(0)
+        gate = threading.Event()
+        kernels(dev).wait_host(gate)  # the default stream is held: the writes below land only once it is set
         t = dev.tensor(torch.arange(4.0)) * 2
         side = dev.draw_stream()
         with dev.use(side):
-            assert t.sum().item() == 12.0
+            # item waits for the side stream only: it returns with the default stream still held, and its sum read
+            # the block before the write landed (a fresh block holds zeros), a race the check names
+            assert t.sum().item() == 0.0
         assert [(r.first.kind, r.second.kind, r.second.where) for r in fake.races] == [("write", "read", side.label)]
+        gate.set()
+        assert t.sum().item() == 12.0 and len(fake.races) == 1  # on the default stream: ordered by the stream
 
 
 # ----------------------------------------------------------------------------- 3. observations per thread

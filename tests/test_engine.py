@@ -7,7 +7,6 @@ import itertools
 import logging
 import re
 import threading
-import time
 import weakref
 
 import pytest
@@ -211,13 +210,17 @@ def test_inter_dependency_distance_n_honoured_and_first_n_wait_nothing():
         assert ev[("Src", i)].start >= ev[("Acc", i - 1)].end
 
 
-def test_run_returns_wall_seconds_and_logs_when_verbose(caplog):
-    pipe = SWPipeline(three_stage_plan(Log()), device="cpu")
+def test_run_returns_wall_seconds_and_logs_when_verbose(caplog, monkeypatch):
+    import swpipe_core.engine.pipeline as pipeline
+    from conftest import FakeClock
+
+    clock = FakeClock()  # the engine's clock, moved only by Fwd: the run's wall time is Fwd's four half seconds
+    monkeypatch.setattr(pipeline, "time", clock)
+    log = Log()
+    pipe = SWPipeline(three_stage_plan(log).bind({"Fwd": log.fn("Fwd", lambda ctx: clock.advance(0.5))}), device="cpu")
     with caplog.at_level(logging.INFO, logger="swpipe_core.engine.pipeline"):
-        t0 = time.perf_counter()
         elapsed = pipe.run(range(4), verbose=True, emit_nvtx=True)  # emit_nvtx: ignored on CPU
-        outside = time.perf_counter() - t0
-    assert isinstance(elapsed, float) and 0 < elapsed <= outside  # the run's own wall time, inside the call
+    assert isinstance(elapsed, float) and elapsed == pytest.approx(2.0)  # every task's time is inside the run's
     retired = [r.getMessage() for r in caplog.records if "retired iteration" in r.getMessage()]
     assert len(retired) == 4
     assert any("4 iteration(s)" in r.getMessage() for r in caplog.records)
@@ -268,12 +271,16 @@ def test_verbose_output_goes_to_the_users_logging_alone_where_it_shows_info(capl
     assert _verbose_lines(capsys.readouterr().err, "run") == ([], [])  # no second copy on stderr
 
 
-def test_run_serial_runs_topologically_on_the_caller_thread():
+def test_run_serial_runs_topologically_on_the_caller_thread(monkeypatch):
+    import swpipe_core.engine.pipeline as pipeline
+    from conftest import FakeClock
+
+    clock = FakeClock()  # the engine's clock, moved only by Fwd
+    monkeypatch.setattr(pipeline, "time", clock)
     log = Log()
-    pipe = SWPipeline(three_stage_plan(log), device="cpu")
-    t0 = time.perf_counter()
+    pipe = SWPipeline(three_stage_plan(log).bind({"Fwd": log.fn("Fwd", lambda ctx: clock.advance(0.5))}), device="cpu")
     elapsed = pipe.run_serial(range(3))
-    assert 0 < elapsed <= time.perf_counter() - t0
+    assert elapsed == pytest.approx(1.5)  # the three iterations' Fwd, inside the call
     assert [(n, i) for _, n, i, _ in log.calls] == [
         (n, i) for i in range(3) for n in ["H2D", "DistStart", "DistWait", "Fwd", "Bwd", "Opt"]]
     assert {thread for *_, thread in log.calls} == {threading.current_thread().name}

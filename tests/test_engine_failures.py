@@ -199,10 +199,25 @@ def test_blocked_dependency_times_out_naming_waiter_dependency_and_iteration():
     assert_usable(pipe, 2)
 
 
-def test_progress_timeout_names_iteration_and_unfinished_tasks():
+@pytest.fixture
+def cancelled(monkeypatch):
+    """Set when the engine cancels a run (``failure.cancel`` aborts the run's sequencer): a task that waits for it
+    outlasts a timeout whatever the machine's load, and returns as soon as the run gave up on it."""
+    from swpipe_core.engine.sequencer import SubmissionSequencer
+
+    event, abort = threading.Event(), SubmissionSequencer.abort
+
+    def aborted(self, *args, **kwargs):
+        abort(self, *args, **kwargs)
+        event.set()
+    monkeypatch.setattr(SubmissionSequencer, "abort", aborted)
+    return event
+
+
+def test_progress_timeout_names_iteration_and_unfinished_tasks(cancelled):
     def slow(ctx):
         if ctx.iter_idx == 0:
-            time.sleep(0.6)  # workload longer than progress_timeout
+            assert cancelled.wait(20.0)  # runs until the progress timeout cancelled the run
 
     plan = make_plan().bind({"Bwd": slow})
     pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(progress_s=0.2))
@@ -214,9 +229,10 @@ def test_progress_timeout_names_iteration_and_unfinished_tasks():
     assert_usable(pipe, 0)
 
 
-def test_sequencer_timeout_surfaces_as_task_error():
+def test_sequencer_timeout_surfaces_as_task_error(cancelled):
     """A globally ordered task whose turn never comes fails with the sequencer's message."""
-    plan = PipelinePlan({PipelineTask("A", lambda ctx: time.sleep(0.8)): TaskSchedule(0, thread_group="g1", globally_ordered=True),
+    a = PipelineTask("A", lambda ctx: cancelled.wait(20.0))  # runs until B's timeout cancelled the run
+    plan = PipelinePlan({a: TaskSchedule(0, thread_group="g1", globally_ordered=True),
                          PipelineTask("B", lambda ctx: None): TaskSchedule(0, thread_group="g2", globally_ordered=True)})
     pipe = SWPipeline(plan, device="cpu", timeouts=Timeouts(sequencer_s=0.1))
     with pytest.raises(PipelineTaskError) as info:
@@ -227,19 +243,29 @@ def test_sequencer_timeout_surfaces_as_task_error():
     assert swpipe_threads() == []
 
 
-def test_keyboard_interrupt_in_caller_stops_workers():
+def test_keyboard_interrupt_in_caller_stops_workers(monkeypatch):
     main = threading.main_thread().ident
+    landed, held = threading.Event(), []
+
+    def ctrl_c(signum, frame):  # Python's handler, and the moment the caller took the signal
+        landed.set()
+        raise KeyboardInterrupt
+
+    # Python's own Ctrl-C, seen landing: the engine's inline watchdog takes it for Python's and passes a real
+    # Ctrl-C on to it (the ctrl_c fixture puts back the handler from before the test)
+    monkeypatch.setattr(signal, "default_int_handler", ctrl_c)
+    signal.signal(signal.SIGINT, ctrl_c)
 
     def interrupt(ctx):
         if ctx.iter_idx == 3:
             signal.pthread_kill(main, signal.SIGINT)
-            time.sleep(0.3)  # keep the caller waiting in progress() when the signal lands
+            held.append(landed.wait(20.0))  # the caller is still waiting on this task when the signal lands
 
     plan = make_plan().bind({"Opt": interrupt})
     pipe = SWPipeline(plan, device="cpu")
     with pytest.raises(KeyboardInterrupt):
         pipe.run(range(1000))
-    assert swpipe_threads() == []
+    assert held == [True] and swpipe_threads() == []
     assert_usable(pipe, 3)
 
 
@@ -401,16 +427,39 @@ def test_a_context_attribute_no_task_wrote_gets_the_hint_and_other_errors_do_not
 
 
 class _SlowToFormat(RuntimeError):
-    """A task's error whose message takes a while to build (a workload: a long repr, a traceback walk)."""
+    """A task's error whose message takes a while to build (a long repr, a traceback walk): when it is first built
+    after the sequencer was aborted (``sequencer``), not before the next turn's waiter was woken (``woken``), so
+    that the woken thread reports first if anything lets it."""
+
+    sequencer = None
+    woken = threading.Event()
+    formatted = False
 
     def __str__(self) -> str:
-        time.sleep(0.3)  # workload: keeps the failing thread busy while later turns are woken
+        first, self.formatted = not self.formatted, True
+        if first and self.sequencer is not None and self.sequencer.aborted is not None:
+            self.woken.wait(20.0)
         return "collective timed out"
 
 
-def test_failure_of_an_ordered_task_is_reported_not_the_next_turns_wake_up():
+def test_failure_of_an_ordered_task_is_reported_not_the_next_turns_wake_up(monkeypatch):
     """Two globally ordered tasks on two workers: A holds the turn and fails while B waits for the next one.
     The run's error is A's, whatever the threads' timing (B, woken by the sequencer, used to report itself)."""
+    from swpipe_core.engine.sequencer import SequencerAborted, SubmissionSequencer
+
+    execute_ordered, woken = SubmissionSequencer.execute_ordered, threading.Event()
+
+    def wake(self, *args, **kwargs):
+        _SlowToFormat.sequencer = self  # the run's (monkeypatch puts the class's None back)
+        try:
+            return execute_ordered(self, *args, **kwargs)
+        except SequencerAborted:
+            woken.set()  # B's wait for its turn ended by A's failure
+            raise
+    monkeypatch.setattr(SubmissionSequencer, "execute_ordered", wake)
+    monkeypatch.setattr(_SlowToFormat, "woken", woken)
+    monkeypatch.setattr(_SlowToFormat, "sequencer", None)
+
     def a(ctx):
         if ctx.iter_idx == 3:
             raise _SlowToFormat()

@@ -9,7 +9,7 @@ house = load_benchmark("house_counts")
 
 # Every count with a limit is held (any_parameters is printed, with no limit).
 HELD = ("prose_matches", "private_accesses", "multi_base_classes", "wide_public_functions", "single_letter_options",
-        "workloads_imports", "dir_not_all")
+        "workloads_imports", "dir_not_all", "unmarked_sleeps", "timed_asserts")
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +59,21 @@ def test_a_multi_base_class_and_a_private_read_are_found(tmp_path, monkeypatch):
     src, tests = house.python_files(tmp_path / "src"), house.python_files(tmp_path / "tests")
     assert [p.split(" ", 1)[1] for p in house.multi_base_classes(src).places] == ["C(A, B)"]
     assert house.private_accesses(tests).places == ["tests/test_x.py:1", "tests/test_x.py:4"]
+
+
+def test_a_sleep_ordering_threads_and_a_timed_assert_are_counted(tmp_path, monkeypatch):
+    source = tmp_path / "test_x.py"
+    source.write_text(
+        "import time\n"
+        "def test_a(done):\n"
+        "    t0 = time.perf_counter()\n"
+        "    time.sleep(0.05)  # let the worker block\n"
+        "    elapsed = time.perf_counter() - t0\n"
+        "    assert elapsed < 1.0\n"
+        "    assert abs(time.monotonic() - t0) < 2\n"
+        "    time.sleep(0.01)  # the workload\n"
+        "    found = run(time.perf_counter())\n"
+        "    assert found.ok and isinstance(elapsed, float)\n")
+    monkeypatch.setattr(house, "ROOT", tmp_path)  # places are named relative to the root
+    assert house.unmarked_sleeps([source]).places == ["test_x.py:4"]
+    assert house.timed_asserts([source]).places == ["test_x.py:6", "test_x.py:7"]  # not a clock passed to run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from types import SimpleNamespace
 import time
 
 import pytest
@@ -53,8 +54,9 @@ def test_timeout_names_waiting_task_and_the_turn_it_waits_for():
     assert isinstance(got, RuntimeError) and not isinstance(got, SequencerAborted)
 
 
-def test_abort_wakes_every_waiter():
-    seq = SubmissionSequencer(timeout=3600)  # longer than the test: only the abort can end the waits
+def test_abort_wakes_every_waiter(monkeypatch):
+    import swpipe_core.engine.sequencer as sequencer
+
     errors = []
 
     def wait(s):
@@ -63,10 +65,25 @@ def test_abort_wakes_every_waiter():
         except SequencerAborted:
             errors.append(s)
 
+    blocked, arrived = set(), threading.Condition()
+
+    class Counted(threading.Condition):
+        """The sequencer's condition, naming its waiters: a waiter named holds the lock until it waits."""
+
+        def wait(self, timeout=None):
+            with arrived:
+                blocked.add(threading.current_thread().name)
+                arrived.notify_all()
+            return super().wait(timeout)
+
+    # the sequencer's condition, the one place a waiter blocks, observed here
+    monkeypatch.setattr(sequencer, "threading", SimpleNamespace(Condition=Counted, Lock=threading.Lock))
+    seq = SubmissionSequencer(timeout=3600)  # longer than the test: only the abort can end the waits
     threads = [threading.Thread(target=wait, args=(s,), name=f"seq-wait-{s}", daemon=True) for s in (1, 2, 3)]
     for t in threads:
         t.start()
-    time.sleep(0.05)  # workload: let them block (the assertion does not depend on it)
+    with arrived:  # every waiter is blocked in the sequencer before the abort (ordered, not slept for)
+        assert arrived.wait_for(lambda: len(blocked) == 3, timeout=20.0), blocked
     seq.abort("X-failed")
     for t in threads:
         t.join(5)

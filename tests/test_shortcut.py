@@ -323,8 +323,6 @@ def test_first_write_wins_under_concurrent_caching():
 
 # -- integration with SWPipeline ----------------------------------------------
 
-import time  # noqa: E402
-
 from swpipe import Timeouts
 from swpipe_core.engine.pipeline import SWPipeline  # noqa: E402
 
@@ -397,13 +395,29 @@ def test_engine_print_schedule_marks_shortcut_tasks(capsys):
         assert "Produce" in repr(pipe) and "shortcuts=['Produce']" in repr(pipe)
 
 
-def test_engine_globally_ordered_shortcut_keeps_its_sequence_turn():
-    order = []
+def test_engine_globally_ordered_shortcut_keeps_its_sequence_turn(monkeypatch):
+    from swpipe_core.engine.sequencer import SubmissionSequencer
+
+    order, turn_free_on_arrival = [], []
+    arrived = threading.Condition()
+    execute_ordered = SubmissionSequencer.execute_ordered
+
+    def arrive(self, seq, fn, *args, **kwargs):  # G2 (thread group b's only task) reaches the sequencer
+        if threading.current_thread().name == "swpipe-b":
+            with arrived:
+                turn_free_on_arrival.append(self.next_seq == seq)
+                arrived.notify_all()
+        return execute_ordered(self, seq, fn, *args, **kwargs)
+    monkeypatch.setattr(SubmissionSequencer, "execute_ordered", arrive)
+
+    def slow(ctx):  # holds G1's thread until G2(i) waits for its turn: G2 would run first if G1 skipped its turn
+        with arrived:
+            assert arrived.wait_for(lambda: len(turn_free_on_arrival) > ctx.iter_idx, timeout=20.0)
+
     g1_io = DeclaredIO(capture=lambda: None, restore=lambda _: order.append("G1"))
     plan = PipelinePlan(
         schedule={
-            # Slow delays G1's thread, so G2's idle thread would run first if G1 skipped its turn
-            PipelineTask("Slow", lambda ctx: time.sleep(0.02)): TaskSchedule(thread_group="a"),
+            PipelineTask("Slow", slow): TaskSchedule(thread_group="a"),
             PipelineTask("G1", lambda ctx: order.append("G1"), io=[g1_io]): TaskSchedule(thread_group="a", globally_ordered=True),
             PipelineTask("G2", lambda ctx: order.append("G2")): TaskSchedule(thread_group="b", globally_ordered=True),
         },
@@ -413,6 +427,7 @@ def test_engine_globally_ordered_shortcut_keeps_its_sequence_turn():
     with SWPipeline(plan, device="cpu", timeouts=Timeouts(sequencer_s=10.0)) as pipe:
         pipe.enable_shortcut("G1")
         pipe.run(range(4))
+    assert turn_free_on_arrival == [False] * 4  # G2 arrived while G1 (not yet run) held the turn
     assert order == ["G1", "G2"] * 4  # caching run, then three replays, each before G2
 
 

@@ -77,7 +77,7 @@ def bind_jittered(plan: PipelinePlan, seed: int, ordered_log: List[Tuple[str, in
                 ordered_log.append((name, ctx.iter_idx))
             delay = rng.random() * 3e-4
             if delay > 1e-4:
-                time.sleep(delay)
+                time.sleep(delay)  # workload jitter
         return fn
 
     return plan.bind({n: make(n) for n in plan.task_names})

@@ -25,7 +25,7 @@ MS = 1e-3
 
 def _sleeper(seconds: float):
     def fn(ctx) -> None:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the workload
     return fn
 
 

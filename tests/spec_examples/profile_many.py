@@ -3,6 +3,7 @@ import time
 
 from sw_pipeline import PipelinePlan, PipelineTask, SWPipeline, TaskProfiler, TaskSchedule
 
+# a sleep as the workload: each batch is a duration to spend
 plan = PipelinePlan({PipelineTask("Work", lambda ctx: time.sleep(ctx.batch)): TaskSchedule()})
 pipe = SWPipeline(plan, device="cpu")
 profiler = TaskProfiler(pipe, num_warmup=0, num_measure=2, num_rounds=1)

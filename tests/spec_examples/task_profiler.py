@@ -6,6 +6,7 @@ from sw_pipeline import PipelinePlan, PipelineTask, SWPipeline, TaskProfiler, Ta
 runs = []
 plan = PipelinePlan({PipelineTask("CopyBatch", lambda ctx: (runs.append(1), setattr(ctx, "x", ctx.batch))):
                      TaskSchedule(0),
+                     # a sleep as the workload: the forward takes a little time
                      PipelineTask("Forward", lambda ctx: time.sleep(0.0002)): TaskSchedule(1)},
                     intra_iter_deps=[("Forward", "CopyBatch")])
 pipe = SWPipeline(plan, device="cpu")

@@ -25,6 +25,14 @@ on threads, so every CUDA path of the engine runs on a CPU machine:
   wait or an early free then gives wrong numbers, not just a wrong log.
 * timing is adversarial on request: each kernel waits a seeded random delay
   (``max_delay_s``) before it runs.
+* time can be virtual (``clock``, a host clock a test moves, as ``conftest.FakeClock``):
+  each stream then keeps its own time on that clock. A kernel starts when its
+  stream is free and the host has launched it (the host clock at the launch),
+  a ``spin`` lasts its seconds there and every other kernel none, a record
+  completes at its stream's time, a wait moves the stream to the event's, and
+  a host that synchronises moves the clock to what it waited for. Event
+  timings (``elapsed_s``) read that time: what a profiler measures is then
+  the same on every run, whatever the machine's load.
 * failures: :meth:`FakeKernels.hang` queues a kernel that never completes (until
   :meth:`FakeCuda.close`), :meth:`FakeKernels.fault` a sticky device error
   after which every call on the device raises, as after a CUDA error.
@@ -198,10 +206,11 @@ class FakeCudaDevice(Device):
         fake = self.fake
         fake._check()
         token = _Token(fake.hb.record(stream.key))
+        launched = fake._launched_at()
 
         def reached() -> None:
             with fake._cv:
-                token.time = time.perf_counter()
+                token.time = time.perf_counter() if launched is None else stream._advance(launched, 0.0)
                 token.done = True
                 fake._cv.notify_all()
         stream._enqueue(reached)
@@ -219,6 +228,8 @@ class FakeCudaDevice(Device):
             with fake._cv:
                 while not token.done and not fake._closed:
                     fake._cv.wait()
+                if fake.clock is not None:
+                    stream._vnow = max(stream._vnow, token.time)  # the work after the wait starts after the event
         stream._enqueue(wait_for_it)
 
     def query(self, event: FakeEvent) -> bool:
@@ -309,10 +320,13 @@ class FakeCudaDevice(Device):
 
     # -- kernels ----------------------------------------------------------------------------------------------
     def _launch(self, stream: FakeStream, fn: Callable[[], None], label: str, reads: Tuple[_Block, ...] = (),
-                writes: Tuple[_Block, ...] = ()) -> None:
-        """Enqueue ``fn`` on ``stream`` after a random delay; record its accesses in the happens-before check."""
+                writes: Tuple[_Block, ...] = (), seconds: float = 0.0) -> None:
+        """Enqueue ``fn`` on ``stream`` after a random delay; record its accesses in the happens-before check.
+
+        ``seconds``: how long the kernel lasts on the fake's ``clock`` (ignored without one)."""
         fake = self.fake
         fake._check()
+        launched = fake._launched_at()
         stamp = fake.hb.launch(fake._host(), stream.key, label, stream.label)
         for block in reads:
             fake.hb.access(block.id, stamp, "read", self._block_name(block))
@@ -325,6 +339,8 @@ class FakeCudaDevice(Device):
                 return  # after a sticky error nothing runs
             if delay:
                 time.sleep(delay)  # the adversarial timing is the workload here
+            if launched is not None:
+                stream._advance(launched, seconds)
             try:
                 fn()
             except Exception as exc:  # an error inside a kernel is sticky, as on CUDA
@@ -355,6 +371,11 @@ class FakeCuda:
     streams_per_device : int
         The size of each device's pool of streams (PyTorch's: 32), handed out
         round robin to stream names and :meth:`FakeCudaDevice.draw_stream`.
+    clock : object, optional
+        Virtual time (module docstring): a host clock with ``perf_counter()``
+        and ``advance(seconds)``, moved by the test and by the host's
+        synchronisations; the attribute may be set before any work is
+        launched. ``None``: the wall clock, and ``spin`` sleeps.
 
     Attributes
     ----------
@@ -370,13 +391,14 @@ class FakeCuda:
     """
 
     def __init__(self, num_devices: int = 2, seed: int = 0, max_delay_s: float = 0.0,
-                 hang_timeout_s: float = 30.0, streams_per_device: int = 32) -> None:
+                 hang_timeout_s: float = 30.0, streams_per_device: int = 32, clock: Any = None) -> None:
         if streams_per_device < 1:
             raise ValueError(f"FakeCuda(streams_per_device={streams_per_device!r}): a device has at least one "
                              "pool stream besides its default stream")
         self.streams_per_device = streams_per_device
         self.seed = seed
         self.max_delay_s = max_delay_s
+        self.clock = clock
         self.hang_timeout_s = hang_timeout_s
         self.hb = HappensBefore()
         self.nvtx: List[Tuple[str, str, str]] = []
@@ -476,6 +498,12 @@ class FakeCuda:
     def _observe(self, token: Optional[_Token]) -> None:
         if token is not None and token.done:
             self.hb.observe(self._host(), token.clock)
+            if self.clock is not None:  # the host acts on the work's completion: it is at least that late
+                self.clock.advance(max(0.0, token.time - self.clock.perf_counter()))
+
+    def _launched_at(self) -> Optional[float]:
+        """The host clock now (``None`` without a ``clock``): when the work launched now may start."""
+        return None if self.clock is None else self.clock.perf_counter()
 
     def _block_on(self, token: Optional[_Token], what: str) -> None:
         if token is None:

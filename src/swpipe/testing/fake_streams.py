@@ -111,6 +111,7 @@ class FakeStream:
         self._ready = threading.Condition(device.fake._mutex)  # this executor's wake-up: work was enqueued
         self._thread: Optional[threading.Thread] = None
         self._rng = random.Random(hash((device.fake.seed, device.index, stream_id)))
+        self._vnow = 0.0  # with a FakeCuda clock: when the work run so far ends, on that clock (executor only)
 
     def __repr__(self) -> str:
         return f"<FakeStream {self.device}/{self.label}>"
@@ -166,6 +167,11 @@ class FakeStream:
                     return
                 op = self._queue.popleft()
             op()
+
+    def _advance(self, launched: float, seconds: float) -> float:
+        """On the fake's clock: work launched at ``launched`` that lasts ``seconds`` runs now; when it ends."""
+        self._vnow = max(self._vnow, launched) + seconds
+        return self._vnow
 
     def _delay(self) -> float:
         limit = self._dev.fake.max_delay_s

@@ -121,8 +121,12 @@ class FakeKernels:
         return out
 
     def spin(self, seconds: float) -> None:
-        """Hold the current stream for ``seconds`` (a kernel that only waits)."""
-        self._dev._launch(self._stream(), lambda: time.sleep(seconds), self._label("spin"))
+        """Hold the current stream for ``seconds`` (a kernel that only waits; with the fake's ``clock``, on that
+        clock: it ends ``seconds`` later there and returns at once)."""
+        if self._dev.fake.clock is not None:
+            self._dev._launch(self._stream(), lambda: None, self._label("spin"), seconds=seconds)
+        else:
+            self._dev._launch(self._stream(), lambda: time.sleep(seconds), self._label("spin"))
 
     def to_device(self, t: torch.Tensor) -> FakeTensor:
         """A non-blocking host-to-device copy of a 1-D host tensor on the current stream.
