@@ -332,10 +332,10 @@ def _check_gpipe(code_cells, p):
     text = "\n".join(_text(c) for c in code_cells)
     assert "GPipe training step (fill, drain): 4 micro-batches, 2 partitions" in text   # the plan's table
     pred, meas = p["predicted"], p["measured"]
-    assert abs(p["resimulated"] - pred["gpipe/never"][0]) < 1e-12
-    assert pred["gpipe/always"][1] < pred["gpipe/never"][1] and pred["1f1b/never"][1] < pred["gpipe/never"][1]
+    assert abs(p["resimulated"] - pred["GPipe/never"][0]) < 1e-12
+    assert pred["GPipe/always"][1] < pred["GPipe/never"][1] and pred["1F1B/never"][1] < pred["GPipe/never"][1]
     # without checkpointing every partition's peak is set by its own thread's order: measured = predicted
-    for key in ("gpipe/never", "1f1b/never"):
+    for key in ("GPipe/never", "1F1B/never"):
         assert meas[key][2] == p["predicted_by"][key]
     assert all(m[0] > 0 for m in meas.values())
     assert p["what_if_chunks"] == [4, 8, 4, 4, 8]
