@@ -368,3 +368,18 @@ def hang_after_kernel_plan(k: Any, numel: int, dtype: Any) -> Any:
     return PipelinePlan({PipelineTask("Load", load): TaskSchedule(0, "memcpy", "io"),
                          PipelineTask("Step", step): TaskSchedule(1, "compute", "main")},
                         intra_iter_deps=[("Step", "Load")], caller_group="main")
+
+
+@pytest.fixture
+def launched(monkeypatch) -> List[object]:
+    """The configurations ``swpipe pp`` launched; the job itself fails at once (reason "failed")."""
+    from swpipe.commands.pp_launch import PPJobError
+
+    calls: List[object] = []
+
+    def fake_launch(cfg, nproc=2, out_path=None, timeout_s=600.0, log_path=None, grace_s=5.0):
+        calls.append(cfg)
+        raise PPJobError("failed", "torchrun failed (exit 1)", 1)
+
+    monkeypatch.setattr("swpipe.commands.pp_launch.launch", fake_launch)
+    return calls

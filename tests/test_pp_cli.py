@@ -32,19 +32,6 @@ _MARK = "SWPIPE_PP_CLI_TEST"
 _needs_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes through /proc")
 
 
-@pytest.fixture
-def launched(monkeypatch) -> List[object]:
-    """The configurations ``swpipe pp`` launched; the job itself fails at once (reason "failed")."""
-    calls: List[object] = []
-
-    def fake_launch(cfg, nproc=2, out_path=None, timeout_s=600.0, log_path=None, grace_s=5.0):
-        calls.append(cfg)
-        raise PPJobError("failed", "torchrun failed (exit 1)", 1)
-
-    monkeypatch.setattr("swpipe.commands.pp_launch.launch", fake_launch)
-    return calls
-
-
 def _errors(capsys) -> List[str]:
     return capsys.readouterr().err.splitlines()
 

@@ -17,7 +17,6 @@ import pytest
 
 from swpipe.cli import main
 from swpipe.commands.pp import format_report, summarise
-from swpipe.commands.pp_launch import PPJobError
 from swpipe.commands.pp_model import PPModelError, load_model
 from swpipe.pp import PPCpsatRun
 
@@ -82,19 +81,6 @@ def factories(tmp_path, monkeypatch) -> Iterator[str]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "swpipe_pp_user_models"
     sys.modules.pop("swpipe_pp_user_models", None)
-
-
-@pytest.fixture
-def launched(monkeypatch) -> List[object]:
-    """The configurations ``swpipe pp`` launched; the job itself fails at once."""
-    calls: List[object] = []
-
-    def fake_launch(cfg, nproc=2, out_path=None, timeout_s=600.0, log_path=None, grace_s=5.0):
-        calls.append(cfg)
-        raise PPJobError("failed", "torchrun failed (exit 1)", 1)
-
-    monkeypatch.setattr("swpipe.commands.pp_launch.launch", fake_launch)
-    return calls
 
 
 @pytest.mark.parametrize("name, field", [
