@@ -44,9 +44,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["RollingCosts", "WindowStats", "KINDS"]
+__all__ = ["RollingCosts", "WindowStats", "KINDS", "relative_iqr"]
 
 KINDS = ("host", "device")
 _RESOLVE_PER_CALL = 4  # completed device samples read per task execution: bounds the hot path's work
@@ -106,6 +106,26 @@ class WindowStats:
     def spread(self) -> float:
         """The interquartile range over the median (0 for a median of 0): how noisy the cost is."""
         return self.iqr_s / self.median_s if self.median_s > 0 else 0.0
+
+
+def relative_iqr(values: Sequence[float]) -> float:
+    """How noisy a set of durations is: the interquartile range over the median (0 for fewer than two values or a
+    median of 0). The one spread statistic of a window's cost and of a layer's profiled time.
+
+    Examples
+    --------
+    >>> relative_iqr([2.0, 4.0, 4.0, 6.0])  # quartiles 3.5 and 4.5, median 4
+    0.25
+    >>> relative_iqr([2.0])
+    0.0
+    """
+    if len(values) < 2:
+        return 0.0
+    median = statistics.median(values)
+    if median <= 0:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / median
 
 
 def _summarise(task: str, kind: str, samples: List[Tuple[float, float]], recorded: int, now: float) -> WindowStats:

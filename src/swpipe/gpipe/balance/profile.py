@@ -29,6 +29,7 @@ from torch import nn
 
 from swpipe_core.engine.device import Device
 from swpipe_core.engine.pipeline import SWPipeline
+from swpipe_core.measure.rolling import relative_iqr
 
 from swpipe.gpipe.errors import GPipeArgumentError, ProfilingError
 from swpipe.gpipe.memory import ActivationMeter, tensor_bytes
@@ -166,15 +167,7 @@ def robust_times(forward: Sequence[Sequence[float]], backward: Sequence[Sequence
         # every layer is kept in some round: one above spike * its median cannot be half of them
         return [rows[r][j] / scale[r] if scale[r] > 0 else rows[r][j] for r in rounds if kept[r][j]]
 
-    spread = []
-    for j in range(n):
-        values = normalised(t, j)
-        mid = statistics.median(values)
-        if len(values) < 2 or mid <= 0:
-            spread.append(0.0)
-            continue
-        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-        spread.append((q3 - q1) / mid)
+    spread = [relative_iqr(normalised(t, j)) for j in range(n)]
     return RobustTimes(forward_s=[statistics.median(normalised(rows_f, j)) for j in range(n)],
                        backward_s=[statistics.median(normalised(rows_b, j)) for j in range(n)],
                        spread=spread, spikes=[sum(not kept[r][j] for r in rounds) for j in range(n)],
