@@ -259,13 +259,15 @@ def test_keyboard_interrupt_in_caller_stops_workers(monkeypatch):
     def interrupt(ctx):
         if ctx.iter_idx == 3:
             signal.pthread_kill(main, signal.SIGINT)
-            held.append(landed.wait(20.0))  # the caller is still waiting on this task when the signal lands
+            # keep the caller waiting on this task until the signal landed (bounded: the run's outcome is asserted,
+            # not when the interpreter ran the handler)
+            held.append(landed.wait(20.0))
 
     plan = make_plan().bind({"Opt": interrupt})
     pipe = SWPipeline(plan, device="cpu")
     with pytest.raises(KeyboardInterrupt):
         pipe.run(range(1000))
-    assert held == [True] and swpipe_threads() == []
+    assert len(held) == 1 and landed.is_set() and swpipe_threads() == []  # Python's handler ran: a real Ctrl-C
     assert_usable(pipe, 3)
 
 
