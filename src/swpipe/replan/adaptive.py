@@ -14,12 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import statistics
 import threading
 import time
 import traceback
-from collections import deque
-from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 from autosched.model.costs import CostModel
 from autosched.search.options import Constraints, SolverOptions
@@ -27,7 +25,8 @@ from swpipe.replan.costs_now import CostSnapshot, CostSource, RollingSource
 from swpipe.replan.log import ReplanDecision, ReplanError
 from swpipe.replan.options import ReplanOptions
 from swpipe.replan.ranks import DecisionExchange
-from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
+from swpipe.replan.rules import swap_worth_it
+from swpipe.replan.watch import PeriodWatch
 from swpipe_core.engine.options import OptionError
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.measure.rolling import RollingCosts
@@ -322,12 +321,12 @@ class AdaptivePipeline:
     @property
     def reference_s(self) -> Optional[float]:
         """The period the running plan is watched against (``None`` until its baseline is measured)."""
-        return self._reference
+        return self._periods.reference_s
 
     @property
     def noise(self) -> float:
         """The band's relative half-width around :attr:`reference_s` (0 until the baseline is measured)."""
-        return self._noise
+        return self._periods.noise
 
     @property
     def pipeline(self) -> SWPipeline:
@@ -372,14 +371,7 @@ class AdaptivePipeline:
     def _watch_reset(self) -> None:
         """Start watching afresh (after a fill): warm-up, then a baseline."""
         self._last = 0.0
-        self._seen = 0
-        self._baseline: List[float] = []
-        self._reference: Optional[float] = None
-        self._noise = 0.0
-        window = self.replan.window if self.replan is not None else 1
-        patience = self.replan.patience if self.replan is not None else 1
-        self._recent: Deque[float] = deque(maxlen=window)
-        self._smoothed: Deque[float] = deque(maxlen=patience)
+        self._periods = PeriodWatch(self.replan if self.replan is not None else ReplanOptions())
         self._detected_at = self._decide_at = -1
 
     def _after_period(self, idx: int) -> None:
@@ -409,33 +401,24 @@ class AdaptivePipeline:
         opts = self.replan
         now = self._clock()
         period, self._last = now - self._last, now
-        self._seen += 1
-        if self._seen <= opts.warmup:
-            return
-        if self._reference is None:
-            self._baseline.append(period)
-            if len(self._baseline) == opts.window:
-                self._set_reference(statistics.median(self._baseline), noise_band(self._baseline, opts.min_noise,
-                                                                                   opts.spread_k))
-                self._recent.extend(self._baseline)
-            return
-        self._recent.append(period)
-        self._smoothed.append(statistics.median(self._recent))
-        if self._running is not None:
+        said = self._periods.add(period)
+        if said == "baseline":
+            self._measured_after(self._periods.reference_s)
+        elif self._running is not None:
             if idx >= self._decide_at:
                 self._decide(idx)
-        elif drift_detected(self._smoothed, self._reference, self._noise, opts.patience):
+        elif said == "drift":
             self._detected_at = idx
             periods = opts.search_periods
             if periods is None:
-                periods = math.ceil(opts.time_limit_s / self._reference) + 1
+                periods = math.ceil(opts.time_limit_s / self._periods.reference_s) + 1
             self._decide_at = idx + periods
             self._running = _BackgroundSearch(self._search, self.plan, self.cost_source.costs_now())
 
-    def _set_reference(self, reference: float, noise: float) -> None:
-        self._reference, self._noise = reference, noise
+    def _measured_after(self, reference: float) -> None:
+        """The new plan's first baseline: what the last swap's decision measured after it."""
         last = self.decisions[-1] if self.decisions else None
-        if last is not None and last.swapped and last.measured_after_s is None:  # the new plan's first baseline
+        if last is not None and last.swapped and last.measured_after_s is None:
             last.measured_after_s = reference
             _log.info("re-planning: measured after the swap at iteration %d: %.3f ms (predicted %.3f ms)",
                       last.starts_at, reference * 1e3, last.predicted_new_s * 1e3)
@@ -452,11 +435,12 @@ class AdaptivePipeline:
             raise ReplanError(idx, "failed", f"{type(running.error).__name__}: {running.error}",
                               running.trace) from running.error
         new, old_s, new_s = running.found
-        measured = self._smoothed[-1]
-        worth = str(new) != str(self.plan) and swap_worth_it(old_s, new_s, max(self._noise, running.snapshot.noise))
+        watch = self._periods
+        measured = watch.last_s
+        worth = str(new) != str(self.plan) and swap_worth_it(old_s, new_s, max(watch.noise, running.snapshot.noise))
         decision = ReplanDecision(
-            detected_at=self._detected_at, decided_at=idx, reference_s=self._reference, measured_s=measured,
-            noise=self._noise, costs=running.snapshot.costs, cost_noise=running.snapshot.noise,
+            detected_at=self._detected_at, decided_at=idx, reference_s=watch.reference_s, measured_s=measured,
+            noise=watch.noise, costs=running.snapshot.costs, cost_noise=running.snapshot.noise,
             predicted_old_s=old_s, predicted_new_s=new_s, swapped=worth, plan=new,
             starts_at=self._data.count if worth else None, waited_s=waited)
         self.decisions.append(decision)
@@ -464,8 +448,7 @@ class AdaptivePipeline:
         if worth:
             self._pending = new
         else:  # the plan is still the best: the new level is what "steady" means from now on
-            self._set_reference(measured, self._noise)
-            self._smoothed.clear()
+            watch.rebase(measured)
 
     def _drop_search(self) -> None:
         """Join a search in flight and forget it (the run ended or failed)."""
