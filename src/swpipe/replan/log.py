@@ -1,14 +1,18 @@
-"""What the re-planner decided, one entry per decision (ReplanDecision), and how a re-planning fails (ReplanError)."""
+"""What the re-planners decided, one entry per decision (ReplanDecision for a plan, SwitchDecision for a schedule or
+a GPipe), and how a re-planning fails (ReplanError)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import logging
+from typing import Any, Dict, Optional
 
 from autosched.model.costs import CostModel
 from swpipe_core.plan import PipelinePlan
 
-__all__ = ["ReplanDecision", "ReplanError"]
+__all__ = ["ReplanDecision", "ReplanError", "SwitchDecision"]
+
+_log = logging.getLogger("swpipe.replan")
 
 
 @dataclasses.dataclass
@@ -89,3 +93,64 @@ class ReplanError(RuntimeError):
                              "search=")
         super().__init__(f"re-planning at iteration {iteration}: {reason}: {detail}. Fix: {fix}"
                          + (f"\n{traceback}" if traceback else ""))
+
+
+@dataclasses.dataclass
+class SwitchDecision:
+    """One decision of a re-planner that switches a runtime's configuration between steps.
+
+    :class:`~swpipe.replan.schedule.AdaptiveSchedule` (PyTorch's pipelining schedule and micro-batch count) and
+    :class:`~swpipe.replan.gpipe.AdaptiveGPipe` (GPipe's balance and chunks) log one per drift.
+
+    Attributes
+    ----------
+    step : int
+        The step (counted from 0) whose time completed the drift; the decision is made right after it.
+    reference_s, measured_s, noise : float
+        The baseline step time, the rolling median that left the band, and the band's relative half-width.
+    costs : object
+        The costs the candidates were predicted on (a ``PPCosts``, a ``LayerModel``): what caused the decision.
+    predicted : dict
+        Every candidate's predicted step time (seconds), by its label.
+    running, chosen : str
+        The running configuration's label and the fastest candidate's.
+    predicted_old_s, predicted_new_s : float
+        Their predicted step times.
+    swapped : bool
+        Whether the runtime switched to ``chosen`` (:func:`~swpipe.replan.rules.swap_worth_it`).
+    starts_at : int or None
+        The first step run by the new configuration (``step + 1``); ``None`` when not swapped.
+    measured_after_s : float or None
+        After a switch, the new configuration's baseline median (``None`` until measured, or when not swapped).
+    choice : object
+        What ``chosen`` is (a ``PPProgram``; a ``(balance, chunks)`` pair).
+    """
+
+    step: int
+    reference_s: float
+    measured_s: float
+    noise: float
+    costs: Any
+    predicted: Dict[str, float]
+    running: str
+    chosen: str
+    predicted_old_s: float
+    predicted_new_s: float
+    swapped: bool
+    starts_at: Optional[int] = None
+    measured_after_s: Optional[float] = None
+    choice: Any = None
+
+    def __str__(self) -> str:
+        what = f"switch to {self.chosen} at step {self.starts_at}" if self.swapped else f"keep {self.running}"
+        after = f", measured after {self.measured_after_s * 1e3:.3f} ms" if self.measured_after_s is not None else ""
+        return (f"step {self.step}: {what} (step {self.measured_s * 1e3:.3f} ms vs {self.reference_s * 1e3:.3f} ms "
+                f"+- {self.noise:.0%}; predicted {self.running} {self.predicted_old_s * 1e3:.3f} ms, {self.chosen} "
+                f"{self.predicted_new_s * 1e3:.3f} ms{after})")
+
+    def measured_after(self, reference_s: float) -> None:
+        """Record the new configuration's first baseline (once), and log it beside the prediction."""
+        if self.swapped and self.measured_after_s is None:
+            self.measured_after_s = reference_s
+            _log.info("re-planning: measured after the switch to %s at step %s: %.3f ms (predicted %.3f ms)",
+                      self.chosen, self.starts_at, reference_s * 1e3, self.predicted_new_s * 1e3)

@@ -13,7 +13,7 @@ for uneven data), the exchange pairs rank 0's iteration with every rank's, and t
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -23,7 +23,7 @@ from swpipe_core.planfile import plan_from_dict, plan_to_dict
 
 __all__ = ["DecisionExchange"]
 
-_NOTHING, _SWAP, _FAILED = 0, 1, 2
+_NOTHING, _SWAP, _FAILED, _GATHER = 0, 1, 2, 3
 
 
 class DecisionExchange:
@@ -68,10 +68,8 @@ class DecisionExchange:
 
     def tell(self, iteration: int, swap: Optional[ReplanDecision]) -> None:
         """Rank 0, after ``iteration`` retired: ``swap`` (a decision that swapped) or nothing."""
-        self._head(_NOTHING if swap is None else _SWAP, iteration)
-        if swap is not None:
-            shared = dataclasses.replace(swap, plan=None)
-            self._dist.broadcast_object_list([shared, plan_to_dict(swap.plan)], src=self._src, group=self.group)
+        self.tell_object(iteration, None if swap is None else
+                         [dataclasses.replace(swap, plan=None), plan_to_dict(swap.plan)])
 
     def tell_failure(self, iteration: int) -> None:
         """Rank 0, whose re-planning raised after ``iteration``: every other rank raises too."""
@@ -86,6 +84,61 @@ class DecisionExchange:
             Rank 0's re-planning failed (``reason="failed on rank 0"``), or rank 0 told about another iteration
             (``reason="out of step"``: the ranks do not run the same iterations).
         """
+        told = self.hear_object(iteration)
+        if told is None:
+            return None
+        shared, doc = told
+        tasks = running.tasks
+        plan = plan_from_dict(doc, source="rank 0's plan").bind({t.name: t.fn for t in tasks},
+                                                                 {t.name: t.io for t in tasks})
+        return dataclasses.replace(shared, plan=plan)
+
+    # ------------------------------------------------- any decision (a schedule, a balance), and the ranks' costs
+
+    def tell_object(self, iteration: int, obj: Any) -> None:
+        """Rank 0, after ``iteration``: ``obj`` (any picklable decision) to every rank, or ``None``: nothing."""
+        self._head(_NOTHING if obj is None else _SWAP, iteration)
+        if obj is not None:
+            self._dist.broadcast_object_list([obj], src=self._src, group=self.group)
+
+    def hear_object(self, iteration: int) -> Any:
+        """Any other rank, after ``iteration``: what rank 0 told with :meth:`tell_object` (``None``: nothing).
+
+        Raises
+        ------
+        ReplanError
+            As :meth:`hear`.
+        """
+        what = self._heard(iteration)
+        if what == _NOTHING:
+            return None
+        box: list = [None]
+        self._dist.broadcast_object_list(box, src=self._src, group=self.group)
+        return box[0]
+
+    def poll(self, iteration: int, drift: bool = False) -> bool:
+        """Every rank, after ``iteration``: whether rank 0 (its ``drift``; the others' is not read) asks for costs.
+
+        When it returns ``True``, every rank calls :meth:`gather` next and rank 0 then tells its decision.
+
+        Raises
+        ------
+        ReplanError
+            On a rank other than 0, as :meth:`hear`.
+        """
+        if self.rank == 0:
+            self._head(_GATHER if drift else _NOTHING, iteration)
+            return bool(drift)
+        return self._heard(iteration) == _GATHER
+
+    def gather(self, mine: Any) -> List[Any]:
+        """Every rank's ``mine`` (its measured costs), in rank order, on every rank."""
+        out: List[Any] = [None] * self.world
+        self._dist.all_gather_object(out, mine, group=self.group)
+        return out
+
+    def _heard(self, iteration: int) -> int:
+        """Rank 0's head for ``iteration``: what it tells, checked (out of step, a failure on rank 0)."""
         what, told = (int(x) for x in self._head(0, iteration).tolist())
         if told != iteration:
             raise ReplanError(iteration, "out of step",
@@ -93,12 +146,4 @@ class DecisionExchange:
                               f"rank must run the same batches (wrap each rank's data in agree_on_end)")
         if what == _FAILED:
             raise ReplanError(iteration, "failed on rank 0", "rank 0's search raised (see rank 0's log)")
-        if what == _NOTHING:
-            return None
-        box: list = [None, None]
-        self._dist.broadcast_object_list(box, src=self._src, group=self.group)
-        shared, doc = box
-        tasks = running.tasks
-        plan = plan_from_dict(doc, source="rank 0's plan").bind({t.name: t.fn for t in tasks},
-                                                                 {t.name: t.io for t in tasks})
-        return dataclasses.replace(shared, plan=plan)
+        return what
