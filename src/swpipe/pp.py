@@ -16,7 +16,8 @@ adds what its dry run lacks (time, transfers, memory):
   from the windows' medians, with how fresh and how noisy: a :class:`PPRefreshed`),
   :func:`measure_action_overhead` (what the runtime adds per action, on the user's stages:
   an :class:`ActionOverhead`); :func:`calibrate_pp` (stages, link and that overhead at once,
-  in the job's process group);
+  in the job's process group); :class:`AdaptiveSchedule` (the schedule and micro-batch count chosen
+  again between steps when the measured step drifts, every rank switching at the same step);
 * the prediction and the search: ``swpipe.simulate`` (step, bubble and peak memory per rank),
   ``swpipe.lower_bounds``, ``swpipe.what_if``, ``swpipe.compare`` and ``swpipe.search`` (CP-SAT and list
   scheduling, seeded with PyTorch's schedules, under ``Constraints``/``SolverOptions``): the verbs of a plan,
@@ -54,12 +55,14 @@ from autosched.pp import (ActionOverhead, LiveTensorBytes, P2PCost, PPBounds, PP
                           program_from_order, read_csv, refreshed_pp_costs, split_module, validate_program)
 from autosched.pp import RENAMED, renamed
 from swpipe.commands.pp_model import PPModel
+from swpipe.replan.schedule import AdaptiveSchedule
 
-__all__ = ["ActionOverhead", "LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate", "PPComparison", "PPCosts",
-           "PPCpsatRun", "PPError", "PPModel", "PPProgram", "PPRefreshed", "PPRow", "PPScheduleError", "PPSearchResult",
-           "PPSimResult", "PPTorchError", "PPWhatIf", "RollingStepCosts", "StageCost", "builtin_programs",
-           "calibrate_pp", "measure_action_overhead", "measure_p2p", "measure_stage_costs", "pp_program",
-           "program_from_order", "read_csv", "refreshed_pp_costs", "split_module", "validate_program"]
+__all__ = ["ActionOverhead", "AdaptiveSchedule", "LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate",
+           "PPComparison", "PPCosts", "PPCpsatRun", "PPError", "PPModel", "PPProgram", "PPRefreshed",
+           "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf",
+           "RollingStepCosts", "StageCost", "builtin_programs", "calibrate_pp", "measure_action_overhead",
+           "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order", "read_csv",
+           "refreshed_pp_costs", "split_module", "validate_program"]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,4 +15,13 @@ engine as a plan that the simulator, the bounds and the search read
 from swpipe.gpipe.checkpoint import is_checkpointing, is_recomputing
 from swpipe.gpipe.gpipe import GPipe
 
-__all__ = ["GPipe", "is_checkpointing", "is_recomputing"]
+
+def __getattr__(name: str):  # AdaptiveGPipe lives with the re-planners (it imports this package's modules)
+    if name == "AdaptiveGPipe":
+        from swpipe.replan.gpipe import AdaptiveGPipe
+
+        return AdaptiveGPipe
+    raise AttributeError(f"module 'swpipe.gpipe' has no attribute {name!r}")
+
+
+__all__ = ["GPipe", "AdaptiveGPipe", "is_checkpointing", "is_recomputing"]
