@@ -121,7 +121,7 @@ def _train_one_rank(replan, costs_now=None, clock=None):
     costs = PPCosts((StageCost(1.0, 2.0),), samples_per_microbatch=SAMPLES // 4)
     sched = AdaptiveSchedule([stage], torch.nn.functional.mse_loss, pp_program("GPipe", 1, 4), costs,
                              microbatches=[2, 4], replan=replan, clock=clock, costs_now=costs_now)
-    losses, used = [], []
+    losses, used, first = [], [], sched.schedule
     with sched:
         for i in range(STEPS):
             x, y = _batch(i)
@@ -131,12 +131,12 @@ def _train_one_rank(replan, costs_now=None, clock=None):
             sched.step(x, target=y, losses=mb, return_outputs=False)
             opt.step()
             losses.append(float(sum(float(v.detach()) for v in mb) / len(mb)))
-    return sched, losses, used, [p.detach().clone() for p in whole.parameters()]
+    return sched, losses, used, [p.detach().clone() for p in whole.parameters()], first
 
 
 def test_one_rank_switches_after_the_drift_and_trains_as_the_unswitched_schedule(one_rank):
     said = Said(PPCosts((StageCost(1.0, 2.0),), samples_per_microbatch=2).with_action_overhead(1.0))
-    sched, losses, used, params = _train_one_rank(OPTS, said, StepClock(SLOW_FROM))
+    sched, losses, used, params, first = _train_one_rank(OPTS, said, StepClock(SLOW_FROM))
     assert said.asked == 1
     [d] = sched.decisions
     assert (d.step, d.swapped, d.starts_at, d.running, d.chosen) == (DRIFT_AT, True, DRIFT_AT + 1, "GPipe n=4",
@@ -145,10 +145,10 @@ def test_one_rank_switches_after_the_drift_and_trains_as_the_unswitched_schedule
     assert d.predicted == {"GPipe n=4": 20.0, "GPipe n=2": 16.0, "1F1B n=2": 16.0, "1F1B n=4": 20.0}
     assert d.costs is said.costs and d.choice.n_microbatches == 2
     assert used == ["GPipe n=4"] * (DRIFT_AT + 1) + ["GPipe n=2"] * (STEPS - DRIFT_AT - 1)
-    assert sched.schedule._n_microbatches == 2  # the schedule object itself was rebuilt
+    assert sched.program.n_microbatches == 2 and sched.schedule is not first  # the schedule object was rebuilt
     # the new schedule's baseline (steps 10-12 of 2 s) is what it measured after
     assert d.measured_after_s == 2.0
-    _, ref_losses, ref_used, ref_params = _train_one_rank(None)
+    _, ref_losses, ref_used, ref_params, _ = _train_one_rank(None)
     assert set(ref_used) == {"GPipe n=4"}
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(params, ref_params))
@@ -156,10 +156,10 @@ def test_one_rank_switches_after_the_drift_and_trains_as_the_unswitched_schedule
 
 def test_no_switch_when_the_running_schedule_is_still_the_best_and_the_new_level_becomes_the_reference(one_rank):
     said = Said(PPCosts((StageCost(1.0, 2.0),), samples_per_microbatch=2))
-    sched, _, used, _ = _train_one_rank(OPTS, said, StepClock(SLOW_FROM))
+    sched, _, used, _, _ = _train_one_rank(OPTS, said, StepClock(SLOW_FROM))
     [d] = sched.decisions  # equal predictions everywhere: no gain, no switch; no second drift at the new level
     assert (d.step, d.swapped, d.starts_at, d.chosen) == (DRIFT_AT, False, None, "GPipe n=4")
-    assert set(used) == {"GPipe n=4"} and sched._watch.reference_s == 2.0
+    assert set(used) == {"GPipe n=4"} and sched.reference_s == 2.0
 
 
 # ------------------------------------------------------------------ two ranks

@@ -137,6 +137,11 @@ class AdaptiveGPipe:
         """The decisions that switched, in order."""
         return [d for d in self.decisions if d.swapped]
 
+    @property
+    def reference_s(self) -> Optional[float]:
+        """The step time the running configuration is watched against (``None`` until its baseline is measured)."""
+        return self._watch.reference_s
+
     def step(self, input: Tensors, target: Any, loss_fn: Callable[[Tensors, Any], torch.Tensor], *,
              reduction: str = "mean", meter: Any = None) -> torch.Tensor:
         """:meth:`GPipe.step <swpipe.gpipe.GPipe.step>` on the running GPipe, then the check and, on drift, the

@@ -229,6 +229,11 @@ class AdaptiveSchedule:
         """The decisions that switched, in order."""
         return [d for d in self.decisions if d.swapped]
 
+    @property
+    def reference_s(self) -> Optional[float]:
+        """The step time the running configuration is watched against (``None`` until its baseline is measured)."""
+        return self._watch.reference_s
+
     def close(self) -> None:
         """Stop timing the stages' actions (their methods as before)."""
         if self._timing is not None:
