@@ -8,6 +8,10 @@ its re-planning failed (every rank then raises instead of waiting for a collecti
 ranks neither watch nor search: what their own clocks and cost sources say does not matter, so no rank can swap
 alone. Because every rank retires the same iterations (the same plan and the same data count, ``agree_on_end``
 for uneven data), the exchange pairs rank 0's iteration with every rank's, and the iteration is checked.
+
+The same exchange carries any picklable decision (:meth:`DecisionExchange.tell_object`, what PyTorch's pipelining
+schedules and GPipe switch to) and, when rank 0 saw a drift, one gather of every rank's measured costs first
+(:meth:`DecisionExchange.poll`, :meth:`DecisionExchange.gather`): each rank measures only its own stages.
 """
 
 from __future__ import annotations
