@@ -9,14 +9,14 @@ what to do instead.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from swpipe_core.engine.options import OptionError, Timeouts
 from swpipe_core.engine.loop import PeriodLoop
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import PlanError, validate
 
-__all__: List[str] = []
+__all__ = ["check_first_iter_idx"]
 
 
 def check_arguments(plan: Any, timeouts: Any, max_device_lag: Any, rng: Any) -> None:
