@@ -4,7 +4,6 @@ scripted, so every decision's iteration is known in advance."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import pytest
@@ -15,7 +14,7 @@ from swpipe import (Constraints, CostModel, PipelinePlan, PipelineTask, RollingC
 from swpipe.replan import (AdaptivePipeline, CostSnapshot, ReplanError, ReplanOptions, RollingSource, drift_detected,
                            noise_band, predicted_period, swap_worth_it)
 from swpipe_core.engine.options import OptionError
-from conftest import swpipe_threads
+from conftest import ScriptedClock, swpipe_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,20 +144,6 @@ def plans():
 
 def bound(plan, training):
     return plan.bind({t.name: t.fn for t in training.tasks()})
-
-
-class ScriptedClock:
-    """Each read advances by ``before`` seconds, or by ``after`` from read number ``switch`` on (deterministic)."""
-
-    def __init__(self, switch, before=1.0, after=2.0, jitter=()):
-        self.reads, self.now = 0, 0.0
-        self.switch, self.before, self.after = switch, before, after
-        self.jitter = itertools.cycle(jitter or (0.0,))
-
-    def __call__(self):
-        self.now += (self.before if self.reads < self.switch else self.after) * (1.0 + next(self.jitter))
-        self.reads += 1
-        return self.now
 
 
 class Scripted:
