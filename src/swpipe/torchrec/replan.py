@@ -93,7 +93,8 @@ def drop_in_search(search: Search, tasks: TorchRecTasks, world_size: int = 1) ->
     >>> tasks = TorchRecTasks(torch.nn.Identity(), None, torch.device("cpu"), None)
     >>> running = runnable(PipelinePlan({"H2D": TaskSchedule(0), "Forward": TaskSchedule(1)}, [("Forward", "H2D")]),
     ...                    tasks.functions(["H2D", "Forward"]))
-    >>> early = PipelinePlan({"H2D": TaskSchedule(0), "Forward": TaskSchedule(0)}, [("Forward", "H2D")])
+    >>> early = PipelinePlan({"H2D": TaskSchedule(0), "Forward": TaskSchedule(0), "Backward": TaskSchedule(1)},
+    ...                      [("Forward", "H2D"), ("Backward", "Forward")])  # the forward not in the last stage
     >>> drop_in_search(lambda plan, costs: early, tasks)(running, None) is running
     True
     """
