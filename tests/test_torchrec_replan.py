@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import multiprocessing as mp
+import os
 import sys
+import tempfile
+import traceback
 import types
+from datetime import timedelta
 
 import pytest
 import torch
@@ -36,6 +42,14 @@ _STAND_INS = ("fbgemm_gpu", "torchrec", "torchrec.distributed", "torchrec.distri
               "torchrec.distributed.train_pipeline.train_pipelines")
 
 
+def stand_ins():
+    """Empty modules under the names ``swpipe.torchrec`` checks for at import (nothing of them is used by a plan
+    over the model's own forward)."""
+    modules = {name: types.ModuleType(name) for name in _STAND_INS}
+    modules["torchrec.distributed.train_pipeline"].train_pipelines = modules[_STAND_INS[-1]]
+    return modules
+
+
 @pytest.fixture(scope="module")
 def dropin():
     """``(swpipe.torchrec.pipeline, swpipe.torchrec.replan)``: with TorchRec when it is installed, else past the
@@ -47,8 +61,7 @@ def dropin():
         yield pipeline, replan
         return
     before = set(sys.modules)
-    modules = {name: types.ModuleType(name) for name in _STAND_INS}
-    modules["torchrec.distributed.train_pipeline"].train_pipelines = modules[_STAND_INS[-1]]
+    modules = stand_ins()
     with pytest.MonkeyPatch.context() as patch:
         for name, module in modules.items():
             patch.setitem(sys.modules, name, module)
@@ -189,6 +202,78 @@ def test_replan_is_off_by_default_and_takes_true_or_replan_options(dropin):
     with pytest.raises(OptionError) as caught:
         pipeline_module.TrainPipeline(model, opt, "cpu", plan="base", replan={"window": 4})
     assert (caught.value.given_to, caught.value.field) == ("TrainPipeline", "replan")
+
+
+WORLD, N_RANKS, EVALS_RANKS = 2, 46, {36, 38}
+
+
+def _rank_main(rank: int, store_path: str, out_dir: str) -> None:
+    """One rank of the two-rank test: rank 0's clock drifts, rank 1's never does and its search must not run."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch.distributed as dist
+
+    out = {}
+    try:
+        if not torchrec_usable():
+            sys.modules.update(stand_ins())
+        import swpipe.torchrec.pipeline as pipeline_module
+        import swpipe.torchrec.replan as replan_module
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD,
+                                timeout=timedelta(seconds=20))
+        new, searched = copy_on_its_own_thread(), []
+
+        def search(plan, costs):
+            searched.append(1)
+            return new
+
+        pipeline_module.adaptive_engine = functools.partial(
+            replan_module.adaptive_engine, clock=ScriptedClock(switch=30 if rank == 0 else 10 ** 9),
+            cost_source=Scripted(), search=search)
+        model, opt = model_and_optimizer()
+        with pipeline_module.TrainPipeline(model, opt, "cpu", plan="base", replan=OPTS) as pipeline:
+            outputs = drive(pipeline, model, batches(N_RANKS), EVALS_RANKS)
+            out["decisions"] = [[d.decided_at, d.swapped, d.starts_at] for d in pipeline.replanner.decisions]
+            out["copy_thread"] = pipeline.plan.sched("H2D").thread_group
+        expected, _ = loop(batches(N_RANKS), EVALS_RANKS)
+        out["equal"] = len(outputs) == N_RANKS and all(torch.equal(a, b) for a, b in zip(outputs, expected))
+        out["searched"] = len(searched)
+        dist.destroy_process_group()
+    except BaseException:
+        out["crash"] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(out, fh)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_on_two_ranks_rank_0_decides_and_both_drop_ins_swap_at_the_same_batch():
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_rank_main, name=f"dropin-rank{r}", args=(r, os.path.join(tmp, "store"), tmp))
+                 for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(180)
+        killed = [p.name for p in procs if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+        assert killed == [], f"ranks did not end by themselves: {killed}"
+        out = []
+        for r in range(WORLD):
+            with open(os.path.join(tmp, f"rank{r}.json")) as fh:
+                out.append(json.load(fh))
+    for r, res in enumerate(out):
+        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
+    rank0, rank1 = out
+    assert rank0["decisions"] == rank1["decisions"] == [[35, True, 38]]  # rank 1's clock never drifted
+    assert rank0["copy_thread"] == rank1["copy_thread"] == "io"
+    assert (rank0["searched"], rank1["searched"]) == (1, 0)
+    assert rank0["equal"] and rank1["equal"]
 
 
 @requires_torchrec
