@@ -191,6 +191,38 @@ def test_a_plan_found_that_the_drop_in_cannot_drive_is_no_swap(dropin, monkeypat
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
 
 
+@pytest.mark.parametrize("name", ["base", "sparse_dist", "semi_sync"])
+def test_the_default_search_at_a_named_plans_depth_finds_a_plan_the_drop_in_can_drive(dropin, name):
+    from autosched.search.options import Constraints
+    from swpipe.replan import default_search
+    from swpipe.torchrec.plans import at_depth, check_shape, named_plan, runnable
+
+    plan = runnable(named_plan(name), {})
+    costs = CostModel({n: TaskCost(0.001 * (1 + i % 3)) for i, n in enumerate(plan.task_names)})
+    search = default_search(ReplanOptions(time_limit_s=0.3, constraints=at_depth(
+        Constraints(), plan.task_names, plan.pipeline_depth)))
+    found = search(plan, costs)
+    check_shape(found)  # the forward and the tasks after it in the last stage
+    assert found.pipeline_depth == plan.pipeline_depth
+    assert predicted_period(found, costs) <= predicted_period(plan, costs)
+
+
+def test_with_the_default_search_the_drop_in_swaps_to_the_plan_for_the_costs_now(dropin, monkeypatch):
+    pipeline_module, replan = dropin
+    monkeypatch.setattr(pipeline_module, "adaptive_engine", functools.partial(
+        replan.adaptive_engine, clock=ScriptedClock(switch=30), cost_source=Scripted()))
+    model, opt = model_and_optimizer()
+    options = dataclasses.replace(OPTS, time_limit_s=1.0)
+    with pipeline_module.TrainPipeline(model, opt, "cpu", plan="base", replan=options) as pipeline:
+        out = drive(pipeline, model, batches(50))
+        [swap] = pipeline.replanner.swaps
+        assert swap.predicted_new_s < swap.predicted_old_s
+        assert pipeline.plan.pipeline_depth == 2 and pipeline.plan.stage("Forward") == 1
+        assert pipeline.plan.caller_group == pipeline.plan.sched("Forward").thread_group  # made runnable
+    expected, _ = loop(batches(50))
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
 def test_replan_is_off_by_default_and_takes_true_or_replan_options(dropin):
     pipeline_module, _ = dropin
     model, opt = model_and_optimizer()
