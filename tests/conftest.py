@@ -19,6 +19,7 @@ verification's engine runs, :class:`FakeClock` for a module's clock.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import signal
 import socket
 import threading
@@ -383,3 +384,18 @@ def launched(monkeypatch) -> List[object]:
 
     monkeypatch.setattr("swpipe.commands.pp_launch.launch", fake_launch)
     return calls
+
+
+class ScriptedClock:
+    """A re-planner's clock (``AdaptivePipeline(clock=...)``): each read advances by ``before`` seconds, or by
+    ``after`` from read number ``switch`` on, times ``1 + `` the next of ``jitter`` (deterministic)."""
+
+    def __init__(self, switch: int, before: float = 1.0, after: float = 2.0, jitter: Any = ()) -> None:
+        self.reads, self.now = 0, 0.0
+        self.switch, self.before, self.after = switch, before, after
+        self.jitter = itertools.cycle(jitter or (0.0,))
+
+    def __call__(self) -> float:
+        self.now += (self.before if self.reads < self.switch else self.after) * (1.0 + next(self.jitter))
+        self.reads += 1
+        return self.now

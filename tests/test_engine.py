@@ -286,6 +286,47 @@ def test_run_serial_runs_topologically_on_the_caller_thread(monkeypatch):
     assert {thread for *_, thread in log.calls} == {threading.current_thread().name}
 
 
+def test_a_run_numbers_its_iterations_from_first_iter_idx_everywhere():
+    """ctx.iter_idx, what progress returns and the timeline count from first_iter_idx; a run split in two at a
+    drain, the second part starting where the first stopped, runs every (task, iteration) of the whole run."""
+    log = Log()
+    plan = three_stage_plan(log)
+    # the inter-iteration dependency reaching back before the first iteration is met: the earlier run drained
+    plan = plan.replace(inter_iter_deps=[("H2D", "Opt", 3)], pipeline_depth=plan.pipeline_depth)
+    pipe = SWPipeline(plan, device="cpu", record_timeline=True)
+    assert drive(pipe, range(4)) == [0, 1, 2, 3]
+    it = pipe.fill_pipeline(range(4, 9), first_iter_idx=4)
+    retired = []
+    while True:
+        try:
+            retired.append(pipe.progress(it))
+        except StopIteration:
+            break
+    assert retired == [4, 5, 6, 7, 8]
+    assert sorted({e.iteration for e in pipe.timeline}) == [4, 5, 6, 7, 8]
+    for name, iters in log.by_task().items():
+        assert iters == list(range(9)), name  # each task in iteration order, continuous across the two runs
+    seen = []
+    one = PipelinePlan({PipelineTask("A", lambda ctx: seen.append((ctx.batch, ctx.iter_idx))): TaskSchedule()})
+    SWPipeline(one, device="cpu").run("ab", first_iter_idx=7)
+    SWPipeline(one, device="cpu").run_serial("cd", first_iter_idx=9)
+    assert seen == [("a", 7), ("b", 8), ("c", 9), ("d", 10)]
+    assert swpipe_threads() == []
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_a_first_iter_idx_that_is_no_index_is_refused_naming_the_call(bad):
+    from swpipe_core.engine.options import OptionError
+
+    pipe = SWPipeline(PipelinePlan({PipelineTask("A", lambda ctx: None): TaskSchedule()}), device="cpu")
+    for call, name in ((pipe.fill_pipeline, "SWPipeline.fill_pipeline"), (pipe.run, "SWPipeline.run"),
+                       (pipe.run_serial, "SWPipeline.run_serial")):
+        with pytest.raises(OptionError) as caught:
+            call(range(2), first_iter_idx=bad)
+        assert (caught.value.given_to, caught.value.field, caught.value.value) == (name, "first_iter_idx", bad)
+    assert pipe.in_flight == 0 and swpipe_threads() == []
+
+
 def test_run_one_serial_iter_uses_the_given_batch_and_index():
     seen = []
     plan = PipelinePlan({PipelineTask("A", lambda ctx: seen.append((ctx.batch, ctx.iter_idx))): TaskSchedule(1)})

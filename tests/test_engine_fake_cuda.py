@@ -72,6 +72,21 @@ def test_each_task_launches_on_its_stream_and_every_dependency_is_ordered_on_the
     fake_cuda.assert_no_races()
 
 
+def test_a_run_that_goes_on_from_a_drained_one_labels_and_orders_its_iterations_as_one_run(fake_cuda):
+    dev, n = fake_cuda.device(0), 8
+    plan = _plan(dev, "compute")
+    pipe = SWPipeline(plan, device=dev)
+    pipe.run(range(4))
+    assert pipe.run(range(4), first_iter_idx=4) > 0  # the second half: iterations 4 .. 7
+    launches = _by_label(fake_cuda)
+    assert sorted(launches) == sorted(f"{name}({i})" for name in plan.task_names for i in range(n))
+    for t, d, dist in [(t, d, 0) for t, d in plan.intra_edges()] + list(plan.inter_edges()):
+        for i in range(dist, n):  # Fwd(4) after Opt(3) too: the first run ended synchronised with the device
+            assert launches[f"{d}({i - dist})"].before(launches[f"{t}({i})"]), \
+                f"{t}({i}) may run on the device before {d}({i - dist})"
+    fake_cuda.assert_no_races()
+
+
 def test_unordered_tasks_on_two_streams_are_not_ordered_on_the_device(fake_cuda):
     """The check above can fail: two tasks with no dependency on two streams have no device order."""
     dev = fake_cuda.device(0)

@@ -4,7 +4,6 @@ scripted, so every decision's iteration is known in advance."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import pytest
@@ -15,7 +14,7 @@ from swpipe import (Constraints, CostModel, PipelinePlan, PipelineTask, RollingC
 from swpipe.replan import (AdaptivePipeline, CostSnapshot, ReplanError, ReplanOptions, RollingSource, drift_detected,
                            noise_band, predicted_period, swap_worth_it)
 from swpipe_core.engine.options import OptionError
-from conftest import swpipe_threads
+from conftest import ScriptedClock, swpipe_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,6 +96,8 @@ class Training:
         self.slow_from = slow_from
         self.losses = {}
         self.load_runs = 0
+        self.iter_idx = {}  # by batch: the ctx.iter_idx each task saw
+        self.draws = {}  # by batch: Forward's torch.rand
 
     def load(self, ctx):
         for _ in range(2 if ctx.batch >= self.slow_from else 1):  # the knob: twice the work, the same tensors
@@ -108,10 +109,13 @@ class Training:
         loss = torch.nn.functional.mse_loss(self.model(ctx.x), ctx.y)
         loss.backward()
         self.losses[int(ctx.batch)] = loss.item()
+        self.draws[int(ctx.batch)] = torch.rand(3)  # from the task's own generator under rng="per_task"
+        self.iter_idx.setdefault(int(ctx.batch), []).append(ctx.iter_idx)
 
     def step(self, ctx):
         self.opt.step()
         self.opt.zero_grad()
+        self.iter_idx.setdefault(int(ctx.batch), []).append(ctx.iter_idx)
 
     def tasks(self):
         return [PipelineTask("Load", self.load), PipelineTask("Forward", self.forward),
@@ -142,20 +146,6 @@ def bound(plan, training):
     return plan.bind({t.name: t.fn for t in training.tasks()})
 
 
-class ScriptedClock:
-    """Each read advances by ``before`` seconds, or by ``after`` from read number ``switch`` on (deterministic)."""
-
-    def __init__(self, switch, before=1.0, after=2.0, jitter=()):
-        self.reads, self.now = 0, 0.0
-        self.switch, self.before, self.after = switch, before, after
-        self.jitter = itertools.cycle(jitter or (0.0,))
-
-    def __call__(self):
-        self.now += (self.before if self.reads < self.switch else self.after) * (1.0 + next(self.jitter))
-        self.reads += 1
-        return self.now
-
-
 class Scripted:
     """A cost source that says COSTS1 (Load doubled), whenever asked, and counts the asks."""
 
@@ -182,11 +172,11 @@ def drive(pipe, batches):
             return retired
 
 
-def serial_reference(n, slow_from):
+def serial_reference(n, slow_from, **options):
     t = Training(slow_from)
     plan = PipelinePlan({task: TaskSchedule() for task in t.tasks()},
                         intra_iter_deps=[("Forward", "Load"), ("Step", "Forward")])
-    SWPipeline(plan, "cpu").run_serial(range(n))
+    SWPipeline(plan, "cpu", **options).run_serial(range(n))
     return t
 
 
@@ -218,7 +208,53 @@ def test_a_drift_swaps_the_plan_at_the_decided_iteration_and_results_equal_the_s
     assert t.losses == ref.losses  # bit for bit, every batch
     assert all(torch.equal(a, b) for a, b in zip(t.model.parameters(), ref.model.parameters()))
     assert t.load_runs == ref.load_runs == slow_from + 2 * (n - slow_from)
+    # the new plan numbers its iterations on from the old one's: each task sees the iteration's run-wide index
+    assert t.iter_idx == {b: [b, b] for b in range(n)}
     assert "swpipe-replan" not in swpipe_threads()
+
+
+def test_per_task_random_draws_across_a_swap_equal_an_unswapped_run_and_the_serial_loop(plans):
+    before, after = plans
+    n = 50
+    torch.manual_seed(3)  # the per-task generators' seed, read by every SWPipeline made (the new plan's too)
+    t = Training()
+    pipe = AdaptivePipeline(bound(before, t), COSTS0, "cpu", replan=OPTS, cost_source=Scripted(),
+                            search=lambda plan, costs: bound(after, t), clock=ScriptedClock(switch=30),
+                            rng="per_task")
+    with pipe:
+        drive(pipe, range(n))
+    [swap] = pipe.swaps
+    assert 0 < swap.starts_at < n
+    torch.manual_seed(3)
+    plain = Training()
+    with AdaptivePipeline(bound(before, plain), COSTS0, "cpu", replan=None, rng="per_task") as unswapped:
+        drive(unswapped, range(n))
+    torch.manual_seed(3)
+    ref = serial_reference(n, 10 ** 9, rng="per_task")
+    for other in (plain, ref):
+        assert sorted(other.draws) == sorted(t.draws) == list(range(n))
+        assert all(torch.equal(t.draws[b], other.draws[b]) for b in range(n))
+    assert not torch.equal(t.draws[swap.starts_at], t.draws[0])  # not drawn again from iteration 0's generator
+    assert t.losses == ref.losses
+
+
+def test_a_run_may_start_at_a_given_iteration_and_every_plan_numbers_on_from_it(plans):
+    before, after = plans
+    t = Training()
+    pipe = AdaptivePipeline(bound(before, t), COSTS0, "cpu", replan=OPTS, cost_source=Scripted(),
+                            search=lambda plan, costs: bound(after, t), clock=ScriptedClock(switch=30))
+    with pipe:
+        it = pipe.fill_pipeline(range(100, 150), first_iter_idx=100)
+        retired = []
+        while True:
+            try:
+                retired.append(pipe.progress(it))
+            except StopIteration:
+                break
+    [swap] = pipe.swaps
+    assert retired == list(range(100, 150))
+    assert (swap.detected_at, swap.decided_at) == (132, 135)  # the run-wide index, as the decisions count
+    assert t.iter_idx == {b: [b, b] for b in range(100, 150)}
 
 
 def test_no_swap_when_the_search_finds_the_running_plan_and_the_new_level_becomes_the_reference(plans):
@@ -328,12 +364,13 @@ def test_without_replan_options_nothing_is_watched(plans):
     assert pipe.decisions == [] and source.asked == 0
 
 
-def test_options_that_would_break_exactness_or_are_of_the_wrong_type_are_refused(plans):
+def test_options_of_the_wrong_type_or_out_of_range_are_refused(plans):
     before, _ = plans
     t = Training()
     with pytest.raises(OptionError) as caught:
-        AdaptivePipeline(bound(before, t), COSTS0, "cpu", rng="per_task")
-    assert (caught.value.field, caught.value.value) == ("rng", "per_task")
+        AdaptivePipeline(bound(before, t), COSTS0, "cpu").fill_pipeline(range(3), first_iter_idx=-2)
+    assert (caught.value.given_to, caught.value.field, caught.value.value) == (
+        "AdaptivePipeline.fill_pipeline", "first_iter_idx", -2)
     with pytest.raises(OptionError) as caught:
         AdaptivePipeline(bound(before, t), COSTS0, "cpu", replan={"patience": 3})
     assert caught.value.field == "replan"

@@ -14,8 +14,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from test_replan import COSTS0, OPTS, Scripted, ScriptedClock, Training, bound, drive, searched_plan, \
-    serial_reference
+from conftest import ScriptedClock
+from test_replan import COSTS0, OPTS, Scripted, Training, bound, drive, searched_plan, serial_reference
 
 WORLD = 2
 N, SLOW_FROM = 60, 25

@@ -45,6 +45,23 @@ def test_with_per_task_generators_a_pipelined_run_equals_its_serial_run_bit_for_
     assert len({float(v.detach()) for v in losses.values()}) > 1  # the draws differ from iteration to iteration
 
 
+def test_per_task_draws_follow_the_iteration_index_so_a_run_split_at_a_drain_draws_as_one_run():
+    plan, losses = _dropout_and_augment()
+    torch.manual_seed(1)
+    SWPipeline(plan, device="cpu", rng="per_task").run(BATCHES)
+    whole = dict(losses)
+    losses.clear()
+    torch.manual_seed(1)
+    pipe = SWPipeline(plan, device="cpu", rng="per_task")
+    pipe.run(BATCHES[:10])
+    pipe.run(BATCHES[10:], first_iter_idx=10)  # the second part goes on from iteration 10
+    assert sorted(losses) == list(range(len(BATCHES)))
+    assert all(torch.equal(whole[i], losses[i]) for i in whole)
+    losses.clear()
+    SWPipeline(plan, device="cpu", rng="per_task").run(BATCHES[10:])  # numbered from 0: other draws
+    assert not torch.equal(losses[0], whole[10])
+
+
 def test_the_checker_names_the_shared_generator_and_the_order_to_add():
     plan, _ = _dropout_and_augment()
     report = check_dataflow(plan, BATCHES[:3])

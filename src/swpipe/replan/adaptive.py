@@ -5,8 +5,10 @@ It drives one :class:`~swpipe_core.engine.pipeline.SWPipeline` at a time through
 compared with the baseline (:mod:`swpipe.replan.rules`); on drift a search runs on a thread of its own
 (``swpipe-replan``) on what the cost source says the tasks cost now. At the decision iteration, when the searched
 plan is predicted faster by more than the noise, the running pipeline drains (its in-flight iterations retire in
-order, through ``progress``) and a new ``SWPipeline`` with the new plan is filled from the same data: every
-iteration runs whole under one plan, in order, so the results equal the serial loop's.
+order, through ``progress``) and a new ``SWPipeline`` with the new plan is filled from the same data, its
+iterations numbered on from the run-wide index (``first_iter_idx``): every iteration runs whole under one plan, in
+order, with the ``ctx.iter_idx`` it has in the serial loop, so the results equal the serial loop's (random draws
+too, under ``rng="per_task"``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from swpipe.replan.options import ReplanOptions
 from swpipe.replan.ranks import DecisionExchange
 from swpipe.replan.rules import swap_worth_it
 from swpipe.replan.watch import PeriodWatch
+from swpipe_core.engine.checks import check_first_iter_idx
 from swpipe_core.engine.options import OptionError
 from swpipe_core.engine.pipeline import SWPipeline
 from swpipe_core.measure.rolling import RollingCosts
@@ -89,11 +92,12 @@ def predicted_period(plan: PipelinePlan, costs: CostModel) -> float:
 
 
 class _Counted:
-    """The caller's batches, counted: after a drain, the count is the first iteration of the next plan."""
+    """The caller's batches, counted from the run's first index: after a drain, the count is the first iteration
+    of the next plan."""
 
-    def __init__(self, data: Iterable[Any]) -> None:
+    def __init__(self, data: Iterable[Any], first: int = 0) -> None:
         self._it = iter(data)
-        self.count = 0
+        self.count = first
 
     def __iter__(self) -> "_Counted":
         return self
@@ -135,8 +139,10 @@ class AdaptivePipeline:
     ``drain``, ``close``. After each fill it measures a baseline period and watches the rolling median against it
     (:class:`ReplanOptions`); on drift it searches on the costs now in the background and, ``search_periods``
     later, swaps to the searched plan when its predicted period beats the running plan's by more than the noise:
-    the running pipeline drains through ``progress`` (each in-flight iteration retires in order) and a new
-    ``SWPipeline`` with the new plan is filled from the same data. Results equal the serial loop's across a swap.
+    the running pipeline drains through ``progress`` (each in-flight iteration retires in order) and, in the call
+    that retires its last iteration, a new ``SWPipeline`` with the new plan is filled from the same data, its
+    iterations numbered on from there (``first_iter_idx``). Results equal the serial loop's across a swap, and
+    ``ctx.iter_idx`` is the iteration's index over the whole run, as in the serial loop.
 
     Parameters
     ----------
@@ -165,7 +171,10 @@ class AdaptivePipeline:
         tells the other ranks (:class:`~swpipe.replan.ranks.DecisionExchange`), so every rank swaps at the same
         iteration to the same plan. The other ranks' cost sources and clocks are not read. ``None``: one rank.
     **pipeline_options
-        Passed to every ``SWPipeline`` built (``timeouts``, ``state``, ``strict``, ...).
+        Passed to every ``SWPipeline`` built (``timeouts``, ``state``, ``strict``, ``rng``, ...). With
+        ``rng="per_task"`` each task's generator is keyed by the run-wide ``ctx.iter_idx``, so the draws across a
+        swap are the serial loop's; each ``SWPipeline`` seeds them from ``torch.initial_seed()`` when it is made (at
+        a swap too): do not reseed torch while the run goes on.
 
     Attributes
     ----------
@@ -177,14 +186,12 @@ class AdaptivePipeline:
     Raises
     ------
     OptionError
-        ``replan`` is not a ``ReplanOptions``, or ``rng="per_task"`` (each new pipeline numbers its iterations from
-        0, and per-task generators are seeded by that number: a swap would change the draws).
+        ``replan`` is not a ``ReplanOptions``.
 
     Notes
     -----
-    ``progress`` returns the iteration's index over the whole run; inside a task, ``ctx.iter_idx`` counts from 0
-    again after a swap (each plan runs on a new ``SWPipeline``): a task that needs the global index reads it from
-    its batch.
+    ``progress`` returns the iteration's index over the whole run, and a task sees the same index as
+    ``ctx.iter_idx``, before and after a swap.
 
     Examples
     --------
@@ -205,10 +212,6 @@ class AdaptivePipeline:
                  group: Any = None, **pipeline_options: Any) -> None:
         if replan is not None and not isinstance(replan, ReplanOptions):
             raise OptionError("AdaptivePipeline", "replan", replan, expected="a ReplanOptions or None")
-        if pipeline_options.get("rng") == "per_task":
-            raise OptionError("AdaptivePipeline", "rng", "per_task", expected="None",
-                              fix="each plan after a swap numbers its iterations from 0, so per-task generators "
-                                  "would draw differently from the serial loop; seed from the batch instead")
         self.replan = replan
         self.cost_source: CostSource = (cost_source if cost_source is not None else RollingSource(
             # the costs over the periods the drift was seen in: a longer window's median would still be the old level
@@ -220,7 +223,6 @@ class AdaptivePipeline:
         self._pipe = SWPipeline(plan, device, **pipeline_options)  # built now: a bad plan or option fails here
         self.decisions: List[ReplanDecision] = []
         self._data: Optional[_Counted] = None
-        self._offset = 0  # the first iteration of the running pipeline, over the whole run
         self._measuring = contextlib.ExitStack()
         self._pending: Optional[PipelinePlan] = None  # a swap decided: draining the old pipeline through progress
         self._running: Optional[_BackgroundSearch] = None
@@ -229,10 +231,19 @@ class AdaptivePipeline:
 
     # ------------------------------------------------------------- the loop
 
-    def fill_pipeline(self, data_iter: Iterable[Any]) -> Iterator[Any]:
-        """Start a run over ``data_iter`` (as :meth:`SWPipeline.fill_pipeline`); returns the iterator for progress."""
-        self._data = _Counted(data_iter)
-        self._offset = 0
+    def fill_pipeline(self, data_iter: Iterable[Any], *, first_iter_idx: int = 0) -> Iterator[Any]:
+        """Start a run over ``data_iter`` (as :meth:`SWPipeline.fill_pipeline`); returns the iterator for progress.
+
+        ``first_iter_idx`` is the index of the first batch (as ``SWPipeline``'s); every plan of the run numbers its
+        iterations on from the run's.
+
+        Raises
+        ------
+        OptionError
+            ``first_iter_idx`` is not an integer ``>= 0``.
+        """
+        first = check_first_iter_idx(first_iter_idx, "AdaptivePipeline.fill_pipeline")
+        self._data = _Counted(data_iter, first)
         self._start(self._data)
         return self._data
 
@@ -241,7 +252,7 @@ class AdaptivePipeline:
 
         Between periods it watches the period, starts the search on drift, and decides at the decision iteration.
         After a swap is decided, the next calls drain the running plan (each returns the next iteration, in
-        order), then the new plan is filled and the run goes on.
+        order); the call that retires its last iteration fills the new plan, and the run goes on.
 
         Raises
         ------
@@ -261,11 +272,16 @@ class AdaptivePipeline:
         try:
             if self._pending is not None:  # the old plan drains through progress: each iteration still returned
                 try:
-                    return self._offset + self._pipe.progress(None)
-                except StopIteration:
+                    idx = self._pipe.progress(None)
+                except StopIteration:  # nothing was in flight when the swap was decided
                     self._swap()
+                else:
+                    if self._pipe.in_flight == 0:  # its last iteration: the new plan's fill runs in this call
+                        self._pipe.drain()
+                        self._swap()
+                    return idx
             try:
-                idx = self._offset + self._pipe.progress(None if data_iter is None else self._data)
+                idx = self._pipe.progress(None if data_iter is None else self._data)
             except StopIteration:
                 self._stop()
                 raise
@@ -276,10 +292,13 @@ class AdaptivePipeline:
             self._after_period(idx)
         return idx
 
-    def run(self, data_iter: Iterable[Any]) -> float:
-        """Every batch of ``data_iter``, pipelined, re-planned on drift; returns wall seconds."""
+    def run(self, data_iter: Iterable[Any], *, first_iter_idx: int = 0) -> float:
+        """Every batch of ``data_iter``, pipelined, re-planned on drift; returns wall seconds.
+
+        ``first_iter_idx`` is as :meth:`fill_pipeline`'s.
+        """
         t0 = time.perf_counter()
-        it = self.fill_pipeline(data_iter)
+        it = self.fill_pipeline(data_iter, first_iter_idx=first_iter_idx)
         try:
             while True:
                 try:
@@ -341,7 +360,7 @@ class AdaptivePipeline:
         if wrapper is not None and self.replan is not None:
             self._measuring.enter_context(self._pipe.instrument(wrapper))
         try:
-            self._pipe.fill_pipeline(data)
+            self._pipe.fill_pipeline(data, first_iter_idx=data.count)  # iterations numbered on over the whole run
         except BaseException:
             self._stop()
             raise
@@ -363,7 +382,6 @@ class AdaptivePipeline:
         new, self._pending = self._pending, None
         self._measuring.close()
         self._measuring = contextlib.ExitStack()
-        self._offset = self._data.count
         self._pipe = SWPipeline(new, self._device, **self._options)
         self.plan = new
         self._start(self._data)

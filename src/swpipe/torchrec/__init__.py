@@ -7,7 +7,7 @@ Switch from TorchRec's pipeline in one line::
 
 ``plan="auto"`` takes swpipe's three option classes as they are: ``constraints=Constraints(...)`` (what the plan
 may be), ``solver=SolverOptions(...)`` (how the search runs), ``verify=VerifyOptions(...)`` (how its answer is
-measured).
+measured). ``replan=True`` (or ``replan=ReplanOptions(...)``) re-plans while training runs.
 
 ======================  =============================================================
 module                  holds
@@ -16,6 +16,7 @@ module                  holds
 ``tasks``               the task functions over a TorchRec model (train and eval per batch)
 ``plans``               which plans run (TorchRec's class for each name), making one runnable
 ``auto``                ``plan="auto"``: measure, search, verify, restore the model
+``replan``              ``replan=``: the plan re-planned on drift (``swpipe.replan.AdaptivePipeline``)
 ``models``              TorchRec's own test models and its DLRM, sharded, with batches for them
 ``_private``            the TorchRec internals used, behind a version check
 ======================  =============================================================

@@ -53,7 +53,7 @@ from swpipe_core.measure.state import restore_state, snapshot_state
 from autosched.search.options import Constraints, SolverOptions
 from autosched.verify.measure import VerifyOptions
 
-from swpipe.torchrec.plans import check_shape, runnable
+from swpipe.torchrec.plans import at_depth, check_shape, runnable
 from swpipe.torchrec.tasks import MODE_TASKS, TorchRecTasks
 
 __all__ = ["AutoChoice", "auto_options", "task_graph", "seeds", "choose_plan"]
@@ -255,14 +255,12 @@ def _search(graph: PipelinePlan, costs: Any, constraints: Constraints, solver: S
     found: List[Tuple[str, PipelinePlan]] = []
     lines: List[str] = []
     for d in depths:
-        frozen = dict(constraints.frozen)
-        frozen.update({t: {**dict(frozen.get(t, {})), "stage": d - 1} for t in MODE_TASKS if t in graph.task_names})
-        at_depth = dataclasses.replace(constraints, max_depth=d, frozen=frozen)
+        searched = at_depth(constraints, graph.task_names, d)
         # under a memory cap the search ranks by the simulator alone and takes no seeds: the seeds are still
         # candidates (``_candidates``), each kept only if its predicted peak fits (``_under_cap``)
         usable = [(label, p) for label, p in known if p.pipeline_depth <= d and constraints.max_memory_bytes is None]
         try:
-            plan, report = auto_schedule(graph, costs, at_depth, solver=per_depth, verify=False, seeds=usable or None)
+            plan, report = auto_schedule(graph, costs, searched, solver=per_depth, verify=False, seeds=usable or None)
         except Exception as exc:  # noqa: BLE001 - one depth failing leaves the others
             lines.append(f"  depth {d}: no plan ({type(exc).__name__}: {exc})")
             continue

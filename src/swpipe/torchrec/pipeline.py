@@ -32,8 +32,11 @@ from swpipe_core.plan import PipelinePlan
 from autosched.search.options import Constraints, SolverOptions
 from autosched.verify.measure import VerifyOptions
 
+from swpipe.replan.adaptive import AdaptivePipeline
+from swpipe.replan.options import ReplanOptions
 from swpipe.torchrec.auto import AutoChoice, auto_options, choose_plan
 from swpipe.torchrec.plans import CLASS_NOTES, TORCHREC_CLASSES, named_plan, runnable
+from swpipe.torchrec.replan import adaptive_engine, replan_options
 from swpipe.torchrec.tasks import TorchRecTasks, toolbox_kind
 
 __all__ = ["TrainPipeline"]
@@ -141,11 +144,17 @@ class TrainPipeline:
         ``plan="auto"``: how the candidates are measured (``rounds``,
         ``iterations``, ``margin_pct``, ...) and what is profiled first
         (``profile_batches``, ``calibrate``). Default ``VerifyOptions()``.
+    replan : bool or ReplanOptions, optional
+        Re-plan while training runs (off by default; ``True`` is
+        ``ReplanOptions()``): the plan runs on a
+        :class:`~swpipe.replan.AdaptivePipeline`, which searches again when
+        the measured period drifts and swaps plans at a drain, the outputs
+        equal to those without a swap (:mod:`swpipe.torchrec.replan`: the
+        search keeps the plan's depth and the forward in its last stage; on
+        several ranks rank 0 decides and every rank swaps at the same batch).
 
     Attributes
     ----------
-    plan : PipelinePlan or None
-        The plan run (None until ``plan="auto"`` has chosen).
     report : str
         What runs and why (the auto choice's search and verification table).
     leftover : list
@@ -156,7 +165,7 @@ class TrainPipeline:
     ------
     ValueError, TypeError
         A plan or option the drop-in does not take (the message says which are taken), or ``constraints=``,
-        ``solver=``, ``verify=`` without ``plan="auto"``.
+        ``solver=``, ``verify=`` without ``plan="auto"``, or ``replan=`` of another type (an ``OptionError``).
 
     Examples
     --------
@@ -197,7 +206,7 @@ class TrainPipeline:
                  order: Optional[str] = None, thread_map: Optional[str] = None, hand_off_after: Optional[str] = None,
                  agree_on_end: Optional[bool] = None, timeouts: Optional[Timeouts] = None,
                  constraints: Optional[Constraints] = None, solver: Optional[SolverOptions] = None,
-                 verify: Optional[VerifyOptions] = None) -> None:
+                 verify: Optional[VerifyOptions] = None, replan: Union[None, bool, ReplanOptions] = None) -> None:
         import torch.distributed as dist
 
         _check_torchrec_arguments(dict(
@@ -208,6 +217,7 @@ class TrainPipeline:
         self._model, self._optimizer = model, optimizer
         self._device = torch.device(device)
         self._timeouts = timeouts
+        self._replan = replan_options(replan)
         ready = dist.is_available() and dist.is_initialized()
         self._world = dist.get_world_size() if ready else 1
         if agree_on_end and not ready:
@@ -227,15 +237,17 @@ class TrainPipeline:
                             "takes its schedule as it is")
         self._agree = self._world > 1 and agree_on_end is not False
         self._group: Any = None
-        if self._world > 1 and (self._agree or self._auto):
-            # a gloo group of its own, used only from the caller's thread: the end-of-data exchange, auto's exchanges
-            # (a collective: every rank constructs its pipeline at the same point, as with TorchRec's)
+        if self._world > 1 and (self._agree or self._auto or self._replan is not None):
+            # a gloo group of its own, used only from the caller's thread: the end-of-data exchange, auto's exchanges,
+            # re-planning's decisions (a collective: every rank constructs its pipeline at the same point, as with
+            # TorchRec's)
             self._group = dist.new_group(backend="gloo", timeout=group_timeout())
-        self.plan: Optional[PipelinePlan] = None
+        self._plan: Optional[PipelinePlan] = None
         self.report = ""
         self.choice: Optional[AutoChoice] = None
         self.leftover: List[Any] = []
-        self._engine: Optional[SWPipeline] = None
+        self._engine: Optional[Union[SWPipeline, AdaptivePipeline]] = None
+        self._replanner: Optional[AdaptivePipeline] = None
         self._it: Optional[Iterator[Any]] = None  # the engine's iterator while a pass is in flight
         self._feed: Optional[_Feed] = None
         self._counted: Optional[_Counted] = None
@@ -265,14 +277,20 @@ class TrainPipeline:
     def _use(self, base: PipelinePlan, label: str, thread_map: Optional[str] = None,
              hand_off_after: Optional[str] = None) -> None:
         fns = self._tasks.functions(base.task_names)
-        self.plan = runnable(base, fns, self._world, thread_map, hand_off_after)
-        self._engine = SWPipeline(self.plan, device=self._device, state=self._model, timeouts=self._timeouts)
-        groups = sorted({self.plan.sched(t).thread_group for t in self.plan.task_names})
+        plan = self._plan = runnable(base, fns, self._world, thread_map, hand_off_after)
+        if self._replan is None:
+            self._engine = SWPipeline(plan, device=self._device, state=self._model, timeouts=self._timeouts)
+        else:
+            self._engine = self._replanner = adaptive_engine(
+                plan, self._tasks, self._device, self._replan, self._world, self._group, state=self._model,
+                timeouts=self._timeouts)
+        groups = sorted({plan.sched(t).thread_group for t in plan.task_names})
         extra = f"\n{self.choice}" if self.choice is not None else ""
-        self.report = (f"swpipe.torchrec.TrainPipeline: {label}; depth {self.plan.pipeline_depth}, thread group(s) "
-                       f"{groups} (the caller runs {self.plan.caller_group!r}), {self._world} rank(s)"
+        self.report = (f"swpipe.torchrec.TrainPipeline: {label}; depth {plan.pipeline_depth}, thread group(s) "
+                       f"{groups} (the caller runs {plan.caller_group!r}), {self._world} rank(s)"
                        + (", every rank stopping at the same batch" if self._agree else "")
-                       + f"\n{format_schedule(self.plan, self.plan.pipeline_depth + 1)}{extra}")
+                       + (f", re-planned on drift ({self._replan})" if self._replan is not None else "")
+                       + f"\n{format_schedule(plan, plan.pipeline_depth + 1)}{extra}")
 
     def _choose(self, feed: _Feed) -> None:
         """``plan="auto"``: take the first batches, choose on them, put them back in front of the pass."""
@@ -407,9 +425,20 @@ class TrainPipeline:
     # ------------------------------------------------------------------------- lifetime
 
     @property
+    def plan(self) -> Optional[PipelinePlan]:
+        """The plan run (None until ``plan="auto"`` has chosen; with ``replan``, the plan running now)."""
+        return self._replanner.plan if self._replanner is not None else self._plan
+
+    @property
     def engine(self) -> Optional[SWPipeline]:
         """The :class:`~swpipe_core.engine.pipeline.SWPipeline` running the plan (None before ``plan="auto"`` chose)."""
-        return self._engine
+        return self._replanner.pipeline if self._replanner is not None else self._engine
+
+    @property
+    def replanner(self) -> Optional[AdaptivePipeline]:
+        """With ``replan``: the :class:`~swpipe.replan.AdaptivePipeline` running the plan (its ``decisions`` and
+        ``swaps`` say when and why it re-planned); ``None`` without (or before ``plan="auto"`` chose)."""
+        return self._replanner
 
     def reset(self) -> None:
         """Drop the batches in flight (they are not trained) and stop the threads; the next call starts a pass."""

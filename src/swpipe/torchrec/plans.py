@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional
 
+from autosched.search.options import Constraints
 from swpipe_core import pipelines
 from swpipe_core.order import hand_off_after as _hand_off_after
 from swpipe_core.plan import PipelinePlan
@@ -21,7 +22,8 @@ from swpipe_core.engine.workers import with_thread_map
 
 from swpipe.torchrec.tasks import COLLECTIVE_TASKS, MODE_TASKS, TASK_NAMES
 
-__all__ = ["TORCHREC_CLASSES", "CLASS_NOTES", "UNSUPPORTED", "named_plan", "runnable", "check_shape"]
+__all__ = ["TORCHREC_CLASSES", "CLASS_NOTES", "UNSUPPORTED", "named_plan", "runnable", "check_shape",
+           "at_depth"]
 
 #: plan name -> the TorchRec class whose ``progress()`` it schedules (checked equal in tests/test_torchrec_dropin.py)
 TORCHREC_CLASSES: Dict[str, str] = {
@@ -115,6 +117,25 @@ def check_shape(plan: PipelinePlan) -> None:
         raise ValueError(f"swpipe.torchrec runs a plan whose {', '.join(MODE_TASKS)} are in its last stage ({last}, "
                          f"where progress() runs the batch it returns); this plan puts {', '.join(early)}. Move them "
                          f"to stage {last} or drop the later stages")
+
+
+def at_depth(constraints: Constraints, names: Any, depth: int) -> Constraints:
+    """``constraints`` for a search at ``depth`` whose answer the drop-in can drive (:func:`check_shape`).
+
+    The plan may be ``depth`` stages deep at most, and the forward and the tasks after it
+    (:data:`~swpipe.torchrec.tasks.MODE_TASKS`, those of ``names``) are frozen in its last stage, ``depth - 1``
+    (their stream or thread group stays as ``constraints.frozen`` says). ``plan="auto"`` searches at each depth
+    with it, re-planning at the running plan's depth.
+
+    Examples
+    --------
+    >>> c = at_depth(Constraints(frozen={"Forward": {"stream": None}}), ["H2D", "Forward", "Backward"], 3)
+    >>> c.max_depth, c.frozen["Forward"], c.frozen["Backward"]
+    (3, {'stream': None, 'stage': 2}, {'stage': 2})
+    """
+    frozen = dict(constraints.frozen)
+    frozen.update({t: {**dict(frozen.get(t, {})), "stage": depth - 1} for t in MODE_TASKS if t in set(names)})
+    return dataclasses.replace(constraints, max_depth=depth, frozen=frozen)
 
 
 def runnable(plan: PipelinePlan, fns: Dict[str, Any], world_size: int = 1, thread_map: Optional[str] = None,

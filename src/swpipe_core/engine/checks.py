@@ -9,14 +9,14 @@ what to do instead.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from swpipe_core.engine.options import OptionError, Timeouts
 from swpipe_core.engine.loop import PeriodLoop
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.validate import PlanError, validate
 
-__all__: List[str] = []
+__all__ = ["check_first_iter_idx"]
 
 
 def check_arguments(plan: Any, timeouts: Any, max_device_lag: Any, rng: Any) -> None:
@@ -69,6 +69,29 @@ def check_arguments(plan: Any, timeouts: Any, max_device_lag: Any, rng: Any) -> 
         raise OptionError("SWPipeline", "rng", rng,
                           expected="None (tasks share torch's default generators) or 'per_task' (each task draws "
                                    "from its own generator, seeded from torch.initial_seed())")
+
+
+def check_first_iter_idx(first_iter_idx: Any, given_to: str) -> int:
+    """``first_iter_idx`` (the ``ctx.iter_idx`` of a run's first batch) as an int, or an error naming the call.
+
+    Raises
+    ------
+    OptionError
+        Not an integer ``>= 0`` (a ``ValueError`` and a ``TypeError``).
+
+    Examples
+    --------
+    >>> check_first_iter_idx(40, "SWPipeline.run")
+    40
+    >>> check_first_iter_idx(-1, "SWPipeline.run")
+    Traceback (most recent call last):
+    ...
+    swpipe_core.engine.options.OptionError: SWPipeline.run(first_iter_idx=-1): expected an integer >= 0 (the ctx.iter_idx of the first batch)
+    """
+    if not isinstance(first_iter_idx, int) or isinstance(first_iter_idx, bool) or first_iter_idx < 0:
+        raise OptionError(given_to, "first_iter_idx", first_iter_idx,
+                          expected="an integer >= 0 (the ctx.iter_idx of the first batch)")
+    return first_iter_idx
 
 
 def check_runnable(plan: PipelinePlan) -> None:

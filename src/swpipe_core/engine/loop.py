@@ -50,7 +50,7 @@ class PeriodLoop:
                  "fetched", "exhausted", "draining", "ready", "finished")
 
     def __init__(self, setup: RunSetup, data_source: Iterable[Any], data_iter: Iterator[Any],
-                 origin_event: Any = None) -> None:
+                 origin_event: Any = None, first: int = 0) -> None:
         self.setup = setup
         self.failure = failure = RunFailure(setup)
         self.device = DeviceLifetimes(setup, failure, origin_event)
@@ -58,9 +58,11 @@ class PeriodLoop:
         self.tasks = TaskRunner(setup, failure, self.iters, self.device.pending)
         self.data_source = data_source
         self.data_iter = data_iter
-        self.oldest = 0            # next iteration to retire
-        self.period = 0            # next period to enqueue
-        self.fetched = 0           # iterations created so far
+        # iterations are numbered from ``first`` (the ctx.iter_idx of the first batch, SWPipeline's first_iter_idx);
+        # a shape depends on the period relative to the iterations in flight only, so the programs are the same
+        self.oldest = first        # next iteration to retire
+        self.period = first        # next period to enqueue
+        self.fetched = first       # one past the last iteration created so far
         self.exhausted = False     # the data ran out
         self.draining = False      # progress(None) or drain(): no new iterations
         self.ready: Any = ()       # the last fetched batch's ready events, until its iteration state takes them

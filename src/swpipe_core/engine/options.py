@@ -144,7 +144,7 @@ OPTION_HOMES: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
     ("SWPipeline", ("plan", "device", "timeouts", "record_timeline", "max_device_lag", "strict", "state", "rng"),
      "SWPipeline(plan, {kw})"),
     ("Timeouts", tuple(f.name for f in fields(Timeouts)), "SWPipeline(plan, timeouts=Timeouts({kw}))"),
-    ("SWPipeline.run", ("data_iter", "verbose", "emit_nvtx"), "pipe.run(data, {kw})"),
+    ("SWPipeline.run", ("data_iter", "verbose", "emit_nvtx", "first_iter_idx"), "pipe.run(data, {kw})"),
     ("TaskProfiler", ("pipeline", "num_warmup", "num_measure", "num_rounds", "interleave", "progress", "calibrate"),
      "TaskProfiler(pipe, {kw})"),
     ("TaskProfiler.profile", ("batch", "num_warmup", "num_measure", "num_rounds", "skip_tasks", "task_times",

@@ -51,7 +51,7 @@ from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
-from swpipe_core.engine.checks import check_arguments, check_idle, check_runnable
+from swpipe_core.engine.checks import check_arguments, check_first_iter_idx, check_idle, check_runnable
 from swpipe_core.engine.device import CpuFallbackWarning, Device, as_device, falls_back_to_cpu
 from swpipe_core.engine.dispatch import Dispatch, TaskWrapper
 from swpipe_core.engine.failure import PipelineTaskError
@@ -223,7 +223,8 @@ class SWPipeline:
 
     # --------------------------------------------------------------- pipelined
 
-    def fill_pipeline(self, data_iter: Iterable[Any], emit_nvtx: bool = False) -> Iterator[Any]:
+    def fill_pipeline(self, data_iter: Iterable[Any], emit_nvtx: bool = False, *,
+                      first_iter_idx: int = 0) -> Iterator[Any]:
         """Start the workers and run the first ``pipeline_depth`` periods.
 
         Each period is one walk of its tasks in the plan's enqueue order: a
@@ -241,6 +242,17 @@ class SWPipeline:
             ``torch.autograd.profiler.emit_nvtx()`` entered on every worker
             thread (the caller's own thread is the caller's to wrap;
             :meth:`run` does it). Ignored on CPU.
+        first_iter_idx : int
+            The iteration index of the first batch (default 0): the run's
+            iterations are numbered from it, everywhere the engine names one
+            (``ctx.iter_idx``, what :meth:`progress` returns, errors,
+            timeline events, profiler ranges, the per-task generators of
+            ``rng="per_task"``). A run that continues another one, drained
+            before (a new plan after a swap), passes the index it stopped
+            at, so that tasks keyed by ``ctx.iter_idx`` and per-task random
+            draws go on as one run. The first iteration has no predecessor
+            in the run: an inter-iteration dependency reaching before it is
+            met (the run it continues has drained).
 
         Returns
         -------
@@ -273,13 +285,25 @@ class SWPipeline:
         RuntimeError: fill_pipeline() called while 2 pipelined iteration(s) are in flight; call drain() first
         >>> pipe.drain(); pipe.in_flight
         0
+
+        A run that goes on from iteration 10:
+
+        >>> seen = []
+        >>> plan = PipelinePlan({PipelineTask("A", lambda ctx: seen.append(ctx.iter_idx)): TaskSchedule()})
+        >>> with SWPipeline(plan, device="cpu") as pipe:
+        ...     it = pipe.fill_pipeline("ab", first_iter_idx=10)
+        ...     pipe.progress(it), pipe.progress(it)
+        (10, 11)
+        >>> seen
+        [10, 11]
         """
+        first = check_first_iter_idx(first_iter_idx, "SWPipeline.fill_pipeline")
         check_idle(self._run, "fill_pipeline() called")
         check_runnable(self.plan)
         self._teardown(cancelling=True)
         if self._limbo.entries:  # what the teardown just kept: freed now if the device has finished meanwhile
             self._limbo.prune(self._pool)
-        run = self._run = self._new_run(data_iter, emit_nvtx)
+        run = self._run = self._new_run(data_iter, emit_nvtx, first)
         try:
             run.start(self.plan.pipeline_depth)
         except BaseException:
@@ -287,8 +311,8 @@ class SWPipeline:
             raise
         return run.data_iter
 
-    def _new_run(self, data_iter: Iterable[Any], emit_nvtx: bool) -> PeriodLoop:
-        """A new pipelined run over ``data_iter``, its CUDA parts made (no thread started yet)."""
+    def _new_run(self, data_iter: Iterable[Any], emit_nvtx: bool, first: int) -> PeriodLoop:
+        """A new pipelined run over ``data_iter`` from iteration ``first``, its CUDA parts made (no thread started)."""
         iterator = iter(data_iter)  # first: data that is not iterable changes nothing
         if self._recorder is not None:
             self._recorder.clear()
@@ -300,7 +324,7 @@ class SWPipeline:
             # shortcuts and instrument() wrappers cannot change while a run is in flight (both need an idle
             # pipeline); a wrapper must see every task, so only a run without one may skip the dispatch
             setup = RunSetup(**common, plain=self._recorder is None and dispatch.plain)
-            return PeriodLoop(setup, data_iter, iterator)
+            return PeriodLoop(setup, data_iter, iterator, first=first)
         streams = [pool.resolve(ti.stream_spec) for ti in self._compiled.tasks]
         pool.follow_caller(streams)  # the run starts after what the caller enqueued before it
         setup = RunSetup(**common, streams=streams, nvtx=bool(emit_nvtx),
@@ -310,7 +334,7 @@ class SWPipeline:
         if self._recorder is not None:
             origin = pool.record(self._dev.default_stream(), timing=True)
             self._recorder.origin = time.perf_counter()
-        return PeriodLoop(setup, data_iter, iterator, origin)
+        return PeriodLoop(setup, data_iter, iterator, origin, first)
 
     def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
         """Retire the oldest in-flight iteration and run the next period.
@@ -336,7 +360,7 @@ class SWPipeline:
         Returns
         -------
         int
-            The retired iteration index.
+            The retired iteration index (counted from the fill's ``first_iter_idx``).
 
         Raises
         ------
@@ -472,7 +496,8 @@ class SWPipeline:
 
     # ------------------------------------------------------------- run modes
 
-    def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+    def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False, *,
+            first_iter_idx: int = 0) -> float:
         """Pipelined execution of every batch of ``data_iter``; returns wall seconds.
 
         ``fill_pipeline`` + ``progress`` until ``StopIteration``, then reset
@@ -497,6 +522,8 @@ class SWPipeline:
             mode is per thread), so autograd (backward) ops are visible in
             Nsight Systems, and push an NVTX range per task execution. Off,
             no per-task NVTX call is made. Ignored on CPU.
+        first_iter_idx : int
+            The iteration index of the first batch (as :meth:`fill_pipeline`'s).
 
         Returns
         -------
@@ -519,14 +546,15 @@ class SWPipeline:
         >>> seen, elapsed > 0
         ([0, 1, 2], True)
         """
+        first = check_first_iter_idx(first_iter_idx, "SWPipeline.run")
         with _verbose_output(verbose):
-            return self._run_pipelined(data_iter, verbose, emit_nvtx)
+            return self._run_pipelined(data_iter, verbose, emit_nvtx, first)
 
-    def _run_pipelined(self, data_iter: Iterable[Any], verbose: bool, emit_nvtx: bool) -> float:
+    def _run_pipelined(self, data_iter: Iterable[Any], verbose: bool, emit_nvtx: bool, first: int) -> float:
         t0 = time.perf_counter()
         n = 0
         with self._emit_nvtx(emit_nvtx):
-            it = self.fill_pipeline(data_iter, emit_nvtx=emit_nvtx)  # cleans up after itself if it fails
+            it = self.fill_pipeline(data_iter, emit_nvtx=emit_nvtx, first_iter_idx=first)  # cleans up if it fails
             try:
                 while True:
                     try:
@@ -548,16 +576,17 @@ class SWPipeline:
                       elapsed * 1e3 / max(n, 1))
         return elapsed
 
-    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False, *,
+                   first_iter_idx: int = 0) -> float:
         """Run every iteration serially on the caller's thread and the default stream; returns wall seconds.
 
         The baseline a pipelined run is compared with: no workers, no overlap,
         tasks in a topological order of the intra-iteration dependencies.
         Ranges are named ``SWP_serial/{Task}/iter{N}`` (``[skip]`` added for
         shortcut tasks). Timeline events carry thread group ``"serial"``.
-        ``verbose`` and ``emit_nvtx`` are as in :meth:`run` (a line per
-        finished iteration: ``SWPipeline.run_serial: finished iteration 3 at
-        1.234 ms``).
+        ``verbose``, ``emit_nvtx`` and ``first_iter_idx`` are as in
+        :meth:`run` (a line per finished iteration: ``SWPipeline.run_serial:
+        finished iteration 3 at 1.234 ms``).
 
         Raises
         ------
@@ -577,19 +606,20 @@ class SWPipeline:
         >>> seen
         [('A', 0), ('B', 0), ('A', 1), ('B', 1)]
         """
+        first = check_first_iter_idx(first_iter_idx, "SWPipeline.run_serial")
         check_runnable(self.plan)
         check_idle(self._run, "run_serial() called")
         self._teardown(cancelling=False)
         if self._recorder is not None:
             self._recorder.clear()
         with _verbose_output(verbose):
-            return self._run_serial(data_iter, verbose, emit_nvtx)
+            return self._run_serial(data_iter, verbose, emit_nvtx, first)
 
-    def _run_serial(self, data_iter: Iterable[Any], verbose: bool, emit_nvtx: bool) -> float:
+    def _run_serial(self, data_iter: Iterable[Any], verbose: bool, emit_nvtx: bool, first: int) -> float:
         t0 = time.perf_counter()
         n = 0
         with self._emit_nvtx(emit_nvtx):
-            for i, batch in enumerate(data_iter):
+            for i, batch in enumerate(data_iter, first):
                 self._serial.iteration(batch, i)
                 n += 1
                 if verbose:

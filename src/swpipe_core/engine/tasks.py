@@ -295,8 +295,9 @@ class TaskRunner:
                     continue  # the first `dist` iterations have no predecessor
                 dst = iters.get(i - dist)
                 if dst is None:
-                    # retired, hence complete; or (dist < 0, a same-period dep) a newer iteration the data
-                    # never had: its state is registered before any task of its first period is enqueued
+                    # retired, hence complete (an iteration before a run's first_iter_idx belongs to no run of
+                    # this pipeline); or (dist < 0, a same-period dep) a newer iteration the data never had: its
+                    # state is registered before any task of its first period is enqueued
                     continue
             else:
                 dst = st
