@@ -211,7 +211,7 @@ def _dry_run_table(report: Dict[str, Any], builtin: List[Dict[str, Any]], figure
     measured = [r["measured_step_s"] for r in ok]
     rho_dry = _spearman([float(dry[r["schedule"]]) for r in ok], measured)
     rho_sw = _spearman([r["predicted_step_s"] for r in ok], measured)
-    fastest = min(at_n, key=lambda r: r["measured_step_s"])["schedule"]
+    measured_fastest = min(at_n, key=lambda r: r["measured_step_s"])["schedule"]
     dry_pick = min(ok, key=lambda r: dry[r["schedule"]])["schedule"] if ok else "-"
     sw_pick = fastest(at_n, predicted_preference)["schedule"]
     printed_bad = []
@@ -223,7 +223,7 @@ def _dry_run_table(report: Dict[str, Any], builtin: List[Dict[str, Any]], figure
             printed_bad.append(name)
     cant = [name for name, v in dry.items() if v is None]
     figures.update(dry_run_spearman=rho_dry, swpipe_spearman=rho_sw)
-    print(f"(4) PyTorch's dry run vs swpipe ({world} ranks, {n} micro-batches; measured fastest: {fastest})")
+    print(f"(4) PyTorch's dry run vs swpipe ({world} ranks, {n} micro-batches; measured fastest: {measured_fastest})")
     table = [
         ("what", "PyTorch's dry run / printed order", "swpipe"),
         ("step time", "unit steps (every action 1, transfers 0)", "seconds from measured costs and the link"),
