@@ -31,7 +31,6 @@ What is read, and why:
 from __future__ import annotations
 
 import functools
-import gc
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -342,9 +341,7 @@ def _single_trace(name: str, n_ranks: int, n_microbatches: int) -> Dict[int, Tup
         scope = dict(step.__globals__, _batch_p2p=post, _sorted_batch_p2p=post_sorted, _wait_batch_p2p=wait)
         traced = types.FunctionType(step.__code__, scope, step.__name__, step.__defaults__, step.__closure__)
         traced(sched, [()] * n_microbatches, [{}] * n_microbatches, [None] * n_microbatches, None)
-        log.append(("returned", ()))
-        del stage, sched, traced, scope, post, post_sorted, wait  # what they still hold is let go at the end
-        gc.collect()  # (a cycle, if any, would keep an op alive until collected)
+        log.append(("returned", ()))  # what is let go after this (a cycle's op, collected later) goes at the end
         out[rank] = tuple(log)
     return out
 
