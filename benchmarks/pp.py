@@ -40,7 +40,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from autosched.pp import _torch
 from autosched.pp.program import PPError, builtin_programs, pp_program
-from swpipe.commands.pp import format_table
+from autosched.results import fastest
+from swpipe.commands.pp import format_table, predicted_preference
 from swpipe.commands.pp_job import PPRunConfig
 from swpipe.commands.pp_launch import launch
 
@@ -85,10 +86,11 @@ def step_error(r: Dict[str, Any]) -> float:
 def fastest_pick(rows: List[Dict[str, Any]], tolerance: float = 0.05) -> Dict[str, Any]:
     """Whether the configuration predicted fastest runs within ``tolerance`` of the one measured fastest.
 
-    ``pick_ratio`` is the predicted-fastest row's measured step over the measured fastest's (1.0 when they are
-    the same row); ``pick_within`` says whether it is at most ``1 + tolerance``.
+    The predicted fastest is ``swpipe pp``'s (:func:`~swpipe.commands.pp.predicted_preference`: a tie within 1 %
+    goes to the lower predicted peak). ``pick_ratio`` is its measured step over the measured fastest's (1.0 when
+    they are the same row); ``pick_within`` says whether it is at most ``1 + tolerance``.
     """
-    predicted = min(rows, key=lambda r: r["predicted_step_s"])
+    predicted = fastest(rows, predicted_preference)
     measured = min(rows, key=lambda r: r["measured_step_s"])
     ratio = predicted["measured_step_s"] / measured["measured_step_s"]
     return {"predicted_fastest": _label(predicted), "measured_fastest": _label(measured), "pick_ratio": ratio,
@@ -209,9 +211,9 @@ def _dry_run_table(report: Dict[str, Any], builtin: List[Dict[str, Any]], figure
     measured = [r["measured_step_s"] for r in ok]
     rho_dry = _spearman([float(dry[r["schedule"]]) for r in ok], measured)
     rho_sw = _spearman([r["predicted_step_s"] for r in ok], measured)
-    fastest = min(at_n, key=lambda r: r["measured_step_s"])["schedule"]
+    measured_fastest = min(at_n, key=lambda r: r["measured_step_s"])["schedule"]
     dry_pick = min(ok, key=lambda r: dry[r["schedule"]])["schedule"] if ok else "-"
-    sw_pick = min(at_n, key=lambda r: r["predicted_step_s"])["schedule"]
+    sw_pick = fastest(at_n, predicted_preference)["schedule"]
     printed_bad = []
     for name in builtin_programs(world, n)[0]:
         p = pp_program(name, world, n)
@@ -221,7 +223,7 @@ def _dry_run_table(report: Dict[str, Any], builtin: List[Dict[str, Any]], figure
             printed_bad.append(name)
     cant = [name for name, v in dry.items() if v is None]
     figures.update(dry_run_spearman=rho_dry, swpipe_spearman=rho_sw)
-    print(f"(4) PyTorch's dry run vs swpipe ({world} ranks, {n} micro-batches; measured fastest: {fastest})")
+    print(f"(4) PyTorch's dry run vs swpipe ({world} ranks, {n} micro-batches; measured fastest: {measured_fastest})")
     table = [
         ("what", "PyTorch's dry run / printed order", "swpipe"),
         ("step time", "unit steps (every action 1, transfers 0)", "seconds from measured costs and the link"),

@@ -156,6 +156,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--unet-rounds", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per torchrun job")
     parser.add_argument("--skip", default="", help="parts to leave out, e.g. unet,four")
+    parser.add_argument("--json", default=None, help="write every part's report and figures here")
     args = parser.parse_args(argv)
     args.microbatches = [4, 8]
     if args.quick:
@@ -204,6 +205,11 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     if "unet" in out:
         print(f"conv net with skips (GPipe): median |step error| {out['unet']['step_median_abs_error']:.1%} "
               f"(the decided prediction, chunks {', '.join(str(r['chunks']) for r in out['unet']['rows'])})")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
     return out
 
 

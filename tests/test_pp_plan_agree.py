@@ -4,11 +4,13 @@ The plan path runs :func:`swpipe.gpipe.schedule.step_plan` through :func:`autosc
 and reads its activation peaks with :func:`swpipe.gpipe.predict.activation_peaks`; the PP path runs
 ``pp_program("GPipe" / "1F1B")`` through :func:`autosched.pp.pp_simulate`. On the same costs (a stage's
 forward, loss and backward; a transfer's time as the plan's copy task) both give the same step time and the
-same peak bytes per partition (= rank).
+same peak bytes per partition (= rank): the activations (the plan does not hold the runtime's send buffers, so
+the PP path lets a sent output go once its transfer lands).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import List, Optional, Sequence, Tuple
 
@@ -54,7 +56,11 @@ def _pp_path(kind: str, n: int, m: int, p2p: Optional[P2PCost]) -> Tuple[float, 
     stages = tuple(StageCost(FORWARD[j], BACKWARD[j], loss_s=LOSS if j == n - 1 else 0.0,
                              activation_bytes=SAVED[j], output_bytes=OUTPUT[j] if j < n - 1 else 0)
                    for j in range(n))
-    result = pp_simulate(pp_program({"gpipe": "GPipe", "1f1b": "1F1B"}[kind], n, m), PPCosts(stages, p2p or P2PCost()))
+    program = pp_program({"gpipe": "GPipe", "1f1b": "1F1B"}[kind], n, m)
+    # the plan counts activations, not the runtime's send buffers: a sent output goes once its transfer lands
+    # (PyTorch's loops hold some longer: tests/test_pp.py)
+    program = dataclasses.replace(program, send_retention="transfer")
+    result = pp_simulate(program, PPCosts(stages, p2p or P2PCost()))
     return result.step_s, [result.peak_bytes[r] for r in range(n)]
 
 

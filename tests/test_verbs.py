@@ -14,7 +14,7 @@ import swpipe.pp
 from autosched.pp.search import pp_search
 from autosched.pp.simulate import pp_simulate
 from autosched.pp.whatif import pp_compare, pp_what_if
-from autosched.results import PeakBytes, Prediction
+from autosched.results import STEP_TIE, PeakBytes, Prediction, Preference, fastest, fastest_first, pp_preference
 from swpipe import (Constraints, CostModel, PipelinePlan, SolverOptions, TaskCost, TaskSchedule, gantt, lower_bounds,
                     search, simulate, what_if)
 from swpipe.gpipe import GPipe
@@ -97,8 +97,9 @@ def test_a_pp_timeline_has_a_track_per_rank_and_the_micro_batch_as_iteration():
 
 def test_compare_puts_programs_side_by_side_and_marks_the_cap():
     table = swpipe.compare([pp_program("GPipe", 2, 4), pp_program("1F1B", 2, 4)], PP_COSTS, max_memory_bytes=300)
-    assert list(table.index) == ["GPipe", "1F1B"] and list(table["peak_bytes"]) == [400, 200]
-    assert list(table["fits"]) == [False, True]
+    # the same step: the tie goes to the lower peak
+    assert list(table.index) == ["1F1B", "GPipe"] and list(table["peak_bytes"]) == [200, 400]
+    assert list(table["period_s"]) == [15.0, 15.0] and list(table["fits"]) == [True, False]
     gpipes = swpipe.compare({"gpipe": _gpipe("GPipe"), "1f1b": _gpipe("1F1B")}, LAYERS, batch=4)
     assert set(gpipes.index) == {"gpipe", "1f1b"} and {"period_s", "peak_bytes"} <= set(gpipes.columns)
 
@@ -177,3 +178,45 @@ def test_an_unknown_schedule_name_is_refused_by_both():
     with pytest.raises(PPError) as p:
         pp_program("zb", 2, 4)
     assert (p.value.rule, p.value.field) == ("unknown_schedule", "schedule")
+
+
+# --- which prediction is fastest: one rule (autosched.results.fastest_first) -------------------------------------
+
+def test_fastest_first_ties_steps_within_the_tolerance_and_prefers_the_lower_peak_then_the_smaller():
+    rows = {"a": Preference(10.0, 500, (2, 4)), "b": Preference(10.0 * (1 + STEP_TIE / 2), 100, (4, 4)),
+            "c": Preference(10.0 * (1 + STEP_TIE / 2), 100, (2, 4)), "d": Preference(10.5, 1, (2, 4)),
+            "e": Preference(10.0, 500, (2, 4))}
+    # a tie of a, b, c, e: c and b hold less (c has fewer stages); then a before e (listed first); d is 5 % slower
+    assert fastest_first(rows, rows.get) == ["c", "b", "a", "e", "d"]
+    assert fastest_first(rows, rows.get, tolerance=0.0) == ["a", "e", "c", "b", "d"]  # only equal steps tie
+    assert fastest(rows, rows.get) == "c" and fastest(rows, rows.get, tolerance=0.0) == "a"
+    assert fastest_first([], rows.get) == []
+    with pytest.raises(ValueError, match="^fastest:"):
+        fastest([], rows.get)
+    with pytest.raises(ValueError, match="tolerance=-1"):
+        fastest_first(rows, rows.get, tolerance=-1)
+
+
+def _tied_costs() -> PPCosts:
+    # rank 1 is the bottleneck: GPipe and 1F1B take the same step; GPipe holds all 4 micro-batches
+    return PPCosts((StageCost(0.5, 1.0, activation_bytes=100, output_bytes=10),
+                    StageCost(1.0, 2.0, activation_bytes=100)))
+
+
+def test_every_chooser_names_the_lower_peak_of_a_tied_step():
+    from swpipe.commands.pp import predicted_preference, summarise
+
+    costs = _tied_costs()
+    gpipe, f1b = (pp_simulate(pp_program(n, 2, 4), costs) for n in ("GPipe", "1F1B"))
+    assert gpipe.step_s == f1b.step_s and gpipe.max_peak_bytes > f1b.max_peak_bytes
+    assert list(swpipe.compare([pp_program("GPipe", 2, 4), pp_program("1F1B", 2, 4)], costs).index)[0] == "1F1B"
+    assert pp_compare(costs, 2, 4).best.schedule == "1F1B"
+    rows = [{"schedule": n, "n_microbatches": 4, "n_stages": 2, "predicted_step_s": r.step_s,
+             "measured_step_s": m, "predicted_peak_bytes": {str(k): v for k, v in r.peak_bytes.items()}}
+            for n, r, m in (("GPipe", gpipe, 1.0), ("1F1B", f1b, 1.1))]
+    assert summarise({"results": rows}).predicted_fastest["schedule"] == "1F1B"
+    assert predicted_preference(rows[0]) == pp_preference(gpipe.step_s, gpipe.max_peak_bytes, 2, 4)
+    # the search ties equal steps only (it promises no candidate predicted faster than its answer)
+    found = pp_search(costs, 2, 4, solver=SolverOptions(method="beam"))
+    assert found.best_seed.program.schedule == "1F1B"
+    assert found.best.result.step_s == f1b.step_s and found.best.result.max_peak_bytes <= f1b.max_peak_bytes

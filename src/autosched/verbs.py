@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from autosched.results import StepBounds, StepSearchReport
+from autosched.results import Preference, StepBounds, StepSearchReport, fastest_first, pp_preference
 from autosched.search.options import Constraints, SolverOptions
 
 __all__ = ["simulate", "lower_bounds", "what_if", "compare", "search", "kind_of"]
@@ -166,7 +166,8 @@ def compare(subjects: Any, costs: Any, *args: Any, **options: Any) -> Any:
     Returns
     -------
     pandas.DataFrame
-        One row per subject (index: its label), sorted by ``period_s``; columns ``period_s``, ``lower_bound_s``,
+        One row per subject (index: its label), fastest first (:func:`autosched.results.fastest_first`: steps
+        within 1 % of each other tie, and the lower ``peak_bytes`` goes first); columns ``period_s``, ``lower_bound_s``,
         ``peak_bytes`` and the kind's own. With ``max_memory_bytes=`` (a GPipe or a program), ``fits``.
         ``attrs["skipped"]``: ``{label: why}`` for programs with no costs of their stage split.
 
@@ -175,8 +176,8 @@ def compare(subjects: Any, costs: Any, *args: Any, **options: Any) -> Any:
     >>> from swpipe.pp import PPCosts, StageCost, pp_program
     >>> costs = PPCosts((StageCost(1.0, 2.0, activation_bytes=100),) * 2)
     >>> t = compare([pp_program("GPipe", 2, 4), pp_program("1F1B", 2, 4)], costs)
-    >>> list(t.index), list(t["peak_bytes"])
-    (['GPipe', '1F1B'], [400, 200])
+    >>> list(t.index), list(t["period_s"]), list(t["peak_bytes"])  # a tie: the lower peak first
+    (['1F1B', 'GPipe'], [15.0, 15.0], [200, 400])
     """
     items = _labelled(subjects)
     if not items:
@@ -239,15 +240,16 @@ def _labelled(subjects: Any) -> Dict[str, Any]:
     return out
 
 
-def _table(rows: Dict[str, Dict[str, Any]], sort: bool = False) -> Any:
+def _table(rows: Dict[str, Dict[str, Any]], preference: Optional[Callable[[Dict[str, Any]], Preference]] = None
+           ) -> Any:
+    """The rows as a table; with ``preference`` (a row's), fastest first by :func:`autosched.results.fastest_first`."""
     import pandas as pd
 
     from autosched.model.whatif import printable
 
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    if sort:
-        table = table.sort_values("period_s", kind="stable")
-    return printable(table)
+    if preference is not None:
+        rows = dict(fastest_first(rows.items(), lambda item: preference(item[1])))
+    return printable(pd.DataFrame.from_dict(rows, orient="index"))
 
 
 def _with_speedup(table: Any) -> Any:
@@ -351,7 +353,7 @@ def _gpipe_compare(gpipes: Dict[str, Any], layers: Any, *, batch: Optional[int] 
         if cap is not None:
             row["fits"] = row["peak_bytes"] <= cap
         rows[label] = row
-    return _table(rows, sort=True)
+    return _table(rows, lambda r: Preference(r["period_s"], r["peak_bytes"], (len(r["balance"]), r["chunks"])))
 
 
 def _gpipe_search(gpipe: Any, layers: Any, constraints: Optional[Constraints], solver: Optional[SolverOptions],
@@ -422,7 +424,7 @@ def _pp_compare(programs: Dict[str, Any], costs: Any, *, max_memory_bytes: Optio
             continue
         rows[label] = {"n_stages": p.n_stages, "n_microbatches": p.n_microbatches,
                        **_pp_row(pp_simulate(p, c), program_bounds(p, c).value, cap)}
-    table = _table(rows, sort=True) if rows else _table({})
+    table = _table(rows, lambda r: pp_preference(r["period_s"], r["peak_bytes"], r["n_stages"], r["n_microbatches"]))
     table.attrs["skipped"] = skipped
     return table
 

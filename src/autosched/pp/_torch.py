@@ -30,7 +30,9 @@ What is read, and why:
 
 from __future__ import annotations
 
+import functools
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -158,14 +160,48 @@ class _StageShape:
 
 
 def send_retention(name: str) -> str:
-    """How long the schedule's runtime holds the tensor of a send it posted (read from torch's source).
+    """How long the schedule's runtime holds the tensor of a send it posted.
 
-    ``_PipelineScheduleRuntime`` appends every send's work to ``send_ops`` and waits them
-    at the end of the step; ``ScheduleGPipe`` keeps ``fwd_sends_to_wait``/``bwd_sends_to_wait``
-    to its end too; ``Schedule1F1B`` keeps only its last ``send_work`` and its pending
-    ``fwd_sends``/``bwd_sends`` (the next send the same way replaces them).
+    ``"traced"`` for the single-stage schedules (GPipe, 1F1B): their own step loop, run on
+    recording stages, says after which computation it lets go of each send
+    (:func:`send_releases`; ``Schedule1F1B`` holds the last warmup send's work in
+    ``send_work`` until its steady phase ends, and each pending ``fwd_sends``/``bwd_sends``
+    until the next send the same way replaces it). ``"step"`` for the others:
+    ``_PipelineScheduleRuntime`` appends every send's work to ``send_ops`` and waits them at
+    the end of the step.
     """
-    return "next" if name == "1F1B" else "step"
+    return "traced" if schedule_is_single(name) else "step"
+
+
+def send_releases(name: str, n_ranks: int, n_microbatches: int) -> Optional[Dict[int, Dict[str, Optional[str]]]]:
+    """After which computation a single-stage schedule's runtime lets go of each send it posted.
+
+    ``{rank: {send: compute action, or None for the step's end}}``, read from the schedule's own
+    step loop run on recording stages (:func:`runtime_order`): a send is let go when the loop
+    drops its last reference to the op and its work (CPython frees at once). None for a
+    multi-stage schedule (its runtime holds every send to the step's end).
+
+    Examples
+    --------
+    >>> held = send_releases("1F1B", 4, 8)[1]  # stage 1: three warmup forwards, 0F1's send kept in send_work
+    >>> held["1SEND_F0"], held["1SEND_F1"], held["1SEND_B0"]
+    ('1F1', '1B5', '1B1')
+    """
+    if not schedule_is_single(name):
+        return None
+    out: Dict[int, Dict[str, Optional[str]]] = {}
+    for rank, log in _single_trace(name, n_ranks, n_microbatches).items():
+        last: Optional[str] = None
+        released: Dict[str, Optional[str]] = {}
+        for kind, acts in log:
+            if kind == "compute":
+                last = acts[-1]
+            elif kind == "release":
+                released[acts[0]] = last
+            elif kind == "returned":
+                last = None
+        out[rank] = released
+    return out
 
 
 def _stand_in_stages(n_ranks: int, n_stages: int, per_rank: int) -> Any:
@@ -217,7 +253,7 @@ def _multi_runtime_order(name: str, n_ranks: int, n_microbatches: int, stages_pe
 class _TraceOp:
     """A point-to-point op a recording stage hands the schedule: its PyTorch action name."""
 
-    __slots__ = ("name", "peer")
+    __slots__ = ("name", "peer", "__weakref__")
 
     def __init__(self, name: str, peer: int) -> None:
         self.name, self.peer = name, peer
@@ -234,7 +270,10 @@ class _RecordingStage:
         self.output_chunks: List[Any] = []
 
     def _op(self, kind: str, mb: int, peer: int) -> List[_TraceOp]:
-        return [_TraceOp(f"{self.stage_index}{kind}{mb}", peer)]
+        op = _TraceOp(f"{self.stage_index}{kind}{mb}", peer)
+        if kind.startswith("SEND"):  # when the loop drops its last reference (the op, its work), the tensor goes
+            weakref.finalize(op, self.log.append, ("release", (op.name,)))
+        return [op]
 
     def get_fwd_recv_ops(self, mb: int) -> List[_TraceOp]:
         return [] if self.is_first else self._op("RECV_F", mb, self.stage_index - 1)
@@ -262,8 +301,11 @@ class _RecordingStage:
         pass
 
 
-def _single_runtime_order(name: str, n_ranks: int, n_microbatches: int) -> Dict[int, List[Tuple[str, Tuple[str, ...]]]]:
-    """Run the single-stage schedule's own step loop on recording stages, one per rank."""
+@functools.lru_cache(maxsize=256)
+def _single_trace(name: str, n_ranks: int, n_microbatches: int) -> Dict[int, Tuple[Tuple[str, Tuple[str, ...]], ...]]:
+    """Run the single-stage schedule's own step loop on recording stages, one per rank: what it posted, waited for
+    and computed, where it let go of each send (``("release", (send,))``) and where the loop returned
+    (``("returned", ())``: what it still held then is let go at the step's end)."""
     schedules, _ = _modules()
     cls = schedule_class(name)
     out: Dict[int, List[Tuple[str, Tuple[str, ...]]]] = {}
@@ -299,7 +341,8 @@ def _single_runtime_order(name: str, n_ranks: int, n_microbatches: int) -> Dict[
         scope = dict(step.__globals__, _batch_p2p=post, _sorted_batch_p2p=post_sorted, _wait_batch_p2p=wait)
         traced = types.FunctionType(step.__code__, scope, step.__name__, step.__defaults__, step.__closure__)
         traced(sched, [()] * n_microbatches, [{}] * n_microbatches, [None] * n_microbatches, None)
-        out[rank] = log
+        log.append(("returned", ()))  # what is let go after this (a cycle's op, collected later) goes at the end
+        out[rank] = tuple(log)
     return out
 
 
@@ -314,7 +357,8 @@ def runtime_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank:
     Single-stage schedules: the posts, waits and computations their own step loop makes.
     """
     if schedule_is_single(name):
-        return _single_runtime_order(name, n_ranks, n_microbatches)
+        return {r: [step for step in log if step[0] in ("post", "wait", "compute")]
+                for r, log in _single_trace(name, n_ranks, n_microbatches).items()}
     lowered = _multi_runtime_order(name, n_ranks, n_microbatches, stages_per_rank)
     return read_lowered(lowered, n_ranks * stages_per_rank, stage_to_rank_map(name, n_ranks, n_ranks * stages_per_rank))
 

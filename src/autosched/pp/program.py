@@ -395,9 +395,14 @@ class PPProgram:
     source: str = field(default="pytorch", compare=False)
     send_retention: str = "step"
     """How long the runtime holds a sent tensor: ``"step"`` (to the end of the step:
-    ``_PipelineScheduleRuntime`` and GPipe keep every send's work in a list they wait at the
-    end), ``"next"`` (until the next send the same way: 1F1B keeps only the last one) or
-    ``"transfer"`` (until the transfer ends)."""
+    ``_PipelineScheduleRuntime`` keeps every send's work in a list it waits at the end),
+    ``"traced"`` (after the computation :attr:`send_release` names: GPipe's and 1F1B's own
+    step loops, traced), ``"next"`` (until the next send the same way) or ``"transfer"``
+    (until the transfer ends)."""
+    send_release: Optional[Mapping[int, Mapping[str, Optional[str]]]] = field(default=None, compare=False)
+    """With ``send_retention="traced"``: ``{rank: {send: the compute action after which the runtime
+    lets go of it, or None for the step's end}}`` (:func:`autosched.pp._torch.send_releases`); a
+    send not named is held to the step's end."""
 
     @property
     def stages_per_rank(self) -> int:
@@ -538,7 +543,8 @@ def pp_program(schedule: str, n_ranks: int, n_microbatches: int, stages_per_rank
     return PPProgram(canonical, n_ranks, n_stages, n_microbatches, _torch.stage_to_rank_map(canonical, n_ranks, n_stages),
                      compute, {r: tuple(v) for r, v in steps.items()},
                      None if lowered is None else {r: tuple(v) for r, v in lowered.items()},
-                     {r: tuple(v) for r, v in printed.items()}, send_retention=_torch.send_retention(canonical))
+                     {r: tuple(v) for r, v in printed.items()}, send_retention=_torch.send_retention(canonical),
+                     send_release=_torch.send_releases(canonical, n_ranks, n_microbatches))
 
 
 def builtin_programs(n_ranks: int, n_microbatches: int, stages_per_rank: Optional[int] = None

@@ -15,8 +15,9 @@ two per rank in a V) with costs, the candidates are
 
 Every candidate is lowered by PyTorch's own comms lowering and scored by
 :func:`~autosched.pp.simulate.pp_simulate`; those over the cap are dropped, and the
-fastest is returned (less memory on a tie), so the answer is never predicted slower
-than the best seed that fits.
+fastest is returned (:func:`autosched.results.fastest`'s rule with only equal steps tied: less
+memory, then fewer stages and micro-batches, wins a tie), so the answer is never predicted
+slower than the best seed that fits.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, builtin_program, program_from_order
 from autosched.pp.simulate import PPSimResult, SimCut, pp_simulate
+from autosched.results import Preference, fastest, pp_preference
 from autosched.search.options import Constraints, SolverOptions, misplaced_option
 
 _T = TypeVar("_T")
@@ -736,23 +738,31 @@ class _Ended:
     time_limit_s: float
 
 
+# steps this close (relative) are the same step to the search: sums of the same costs in another order
+_SAME_STEP = 1e-9
+
+
 def _choose(candidates: List[PPCandidate], cap: Optional[float], statuses: Tuple[PPCpsatRun, ...],
             ended: _Ended) -> PPSearchResult:
     def fits(c: PPCandidate) -> bool:
         return cap is None or c.result.max_peak_bytes <= cap
 
-    def key(c: PPCandidate) -> Tuple[float, int]:
-        return (round(c.result.step_s, 12), c.result.max_peak_bytes)
+    def key(c: PPCandidate) -> Preference:
+        return pp_preference(c.result.step_s, c.result.max_peak_bytes, c.program.n_stages, c.program.n_microbatches)
+
+    def best_of(among: List[PPCandidate]) -> PPCandidate:
+        # the search promises no candidate predicted faster than its answer: only equal steps (to float noise) tie
+        return fastest(among, key, tolerance=_SAME_STEP)
 
     ok = [c for c in candidates if fits(c)]
     if not ok:
         least = min((c.result.max_peak_bytes for c in candidates), default=0)
         raise PPError("memory_cap", "max_memory_bytes", cap,
                       detail=f"no schedule found fits; the least predicted peak is {least} bytes")
-    best = min(ok, key=key)
+    best = best_of(ok)
     seeds = [c for c in ok if c.origin.startswith("PyTorch ")]
     exported = [c for c in ok if c.program.lowered is not None]
-    best_seed = min(seeds, key=key) if seeds else None
+    best_seed = best_of(seeds) if seeds else None
     bound = pp_lower_bounds(best.costs, best.program.n_microbatches, best.program.stage_to_rank).value
-    return PPSearchResult(best, best_seed, min(exported, key=key) if exported else best, bound, tuple(candidates),
+    return PPSearchResult(best, best_seed, best_of(exported) if exported else best, bound, tuple(candidates),
                           cap, statuses, ended.cut, ended.not_tried, ended.elapsed_s, ended.time_limit_s)

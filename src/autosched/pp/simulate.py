@@ -31,7 +31,8 @@ Memory, per rank: a forward adds its stage's ``activation_bytes`` when it ends; 
 it: more than the forward left, at times), a W frees those, a B everything; while an action
 runs, its ``*_peak_bytes`` come on top. A tensor handed to a send (a forward's output, a backward's
 input gradient) lives until the runtime lets go of the send
-(:attr:`PPProgram.send_retention <autosched.pp.program.PPProgram.send_retention>`). The
+(:attr:`PPProgram.send_retention <autosched.pp.program.PPProgram.send_retention>`: for GPipe and 1F1B, after
+the computation their own step loop lets go of it, traced). The
 peak is the most of that over the step, above what was alive when it started.
 
 PyTorch's own dry run (``_simulate_comms_compute``) counts unit steps: every action takes
@@ -167,14 +168,19 @@ class _Transfers:
         # a gradient goes back the size of the activation that came forward on the same boundary
         return self.costs.stage(stage if direction == "F" else stage - 1).output_bytes
 
-    def released(self, key: Tuple[str, int, int], retention: str, rank_end: float) -> float:
-        """When the tensor a send holds is let go (see :data:`~autosched.pp.program.PPProgram.send_retention`)."""
+    def released(self, key: Tuple[str, int, int], retention: str, rank_end: float,
+                 traced: Optional[float] = None) -> float:
+        """When the tensor a send holds is let go (see :data:`~autosched.pp.program.PPProgram.send_retention`);
+        ``traced``: with ``"traced"``, when the computation the runtime lets go of it after ended (None: the
+        step's end)."""
         if key not in self.send_post:
             # a neighbour on the same rank: the runtime hands the tensor over as that stage's input (or
             # output gradient) buffer (``set_local_fwd_input``/``set_local_bwd_input``), kept to the step's end
             return rank_end
         if retention == "step":
             return rank_end
+        if retention == "traced":
+            return rank_end if traced is None else traced
         if retention == "next":
             later = [t for k, t in self.send_post.items() if k[0] == key[0] and self.sender.get(k) == self.sender[key]
                      and t > self.send_post[key]]
@@ -193,13 +199,17 @@ class _Rank:
         self.memory = MemoryChanges()
         # bytes a send may still hold once the compute that made them is done: (the send's key, bytes, when known)
         self.held: List[Tuple[Tuple[str, int, int], int, float]] = []
+        self.ended: Dict[str, float] = {}  # each compute action's end
 
     def mem(self, t: float, delta: int = 0, transient: int = 0) -> None:
         self.memory.add(t, delta, transient=transient)
 
-    def peak(self, transfers: _Transfers, retention: str) -> int:
+    def peak(self, transfers: _Transfers, program: PPProgram) -> int:
+        after = {transfer_key(send): action for send, action in
+                 ((program.send_release or {}).get(self.rank) or {}).items()}
         for key, nbytes, made in self.held:
-            self.mem(max(made, transfers.released(key, retention, self.t)), -nbytes)
+            traced = self.ended.get(after[key]) if after.get(key) is not None else None
+            self.mem(max(made, transfers.released(key, program.send_retention, self.t, traced)), -nbytes)
         return int(self.memory.peak().bytes)
 
 
@@ -233,6 +243,7 @@ def _compute(r: _Rank, action: str, parsed: Tuple[int, str, Optional[int]], cost
         r.mem(end, c.grad_input_bytes)
         r.held.append((("B", stage, mb), c.grad_input_bytes, end))
     r.t, r.busy = end, r.busy + dt
+    r.ended[action] = end
     timeline.append(TimelineEntry(r.rank, action, start, end))
 
 
@@ -512,7 +523,7 @@ def _read(program: PPProgram, costs: PPCosts, c: _Compiled, ops: object, cuda: b
     timeline.sort(key=lambda e: (e.start_s, e.rank))
     return PPSimResult(program.schedule, step, {r.rank: r.busy for r in ranks},
                        {r.rank: step - r.busy for r in ranks},
-                       {r.rank: r.peak(transfers, program.send_retention) for r in ranks},
+                       {r.rank: r.peak(transfers, program) for r in ranks},
                        {r.rank: r.t for r in ranks}, tuple(timeline), _events(timeline, cuda),
                        "cuda" if cuda else "cpu")
 

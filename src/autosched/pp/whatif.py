@@ -17,6 +17,7 @@ from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
 from autosched.pp.program import PPError, PPProgram, builtin_programs, pp_program
 from autosched.pp.simulate import PPSimResult, pp_simulate
+from autosched.results import fastest, pp_preference
 
 __all__ = ["PPWhatIf", "pp_what_if", "PPRow", "PPComparison", "pp_compare"]
 
@@ -265,6 +266,6 @@ def pp_compare(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int, n_mic
                           max(res.bubble_fraction.values()), res.max_peak_bytes, fits, False))
     fitting = [r for r in rows if r.fits_cap]
     if fitting:
-        best = min(fitting, key=lambda r: (r.step_s, r.peak_bytes))
+        best = fastest(fitting, lambda r: pp_preference(r.step_s, r.peak_bytes, r.n_stages, r.n_microbatches))
         rows = [PPRow(**{**r.__dict__, "best": r is best}) for r in rows]
     return PPComparison(tuple(rows), skipped)

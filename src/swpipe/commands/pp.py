@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from autosched.results import Preference, fastest, pp_preference
 from swpipe.commands._args import int_at_least, positive_float, positive_number
 
 __all__ = ["add_arguments", "run", "format_table", "format_summary", "format_report", "summarise", "PPSummary"]
@@ -268,11 +269,12 @@ class PPSummary:
     Attributes
     ----------
     predicted_fastest, measured_fastest : dict
-        The row with the least predicted, and the least measured, step.
+        The row predicted fastest (:func:`predicted_preference`'s rule: a tie within 1 % goes to the lower
+        predicted peak), and the row with the least measured step.
     searched : dict or None
         The searched schedule's row (None without a search).
     fastest_pytorch : dict or None
-        The row of PyTorch's schedule predicted fastest at the searched one's micro-batch count.
+        The row of PyTorch's schedule predicted fastest (the same rule) at the searched one's micro-batch count.
     cpsat : list of dict
         The search's CP-SAT problems (``PPCpsatRun`` fields): their makespans are CP-SAT's model's, not rows.
     """
@@ -284,14 +286,32 @@ class PPSummary:
     cpsat: List[Dict[str, Any]]
 
 
+def predicted_preference(row: Dict[str, Any]) -> Preference:
+    """A report row's prediction as :func:`autosched.results.fastest` ranks it: its predicted step, then (a tie
+    within 1 %) its fullest rank's predicted peak, then fewer stages and micro-batches.
+
+    Examples
+    --------
+    >>> from autosched.results import fastest
+    >>> rows = [{"schedule": "GPipe", "n_stages": 2, "n_microbatches": 4, "predicted_step_s": 0.03356,
+    ...          "predicted_peak_bytes": {"0": 14_000_000, "1": 9_000_000}},
+    ...         {"schedule": "1F1B", "n_stages": 2, "n_microbatches": 4, "predicted_step_s": 0.03356,
+    ...          "predicted_peak_bytes": {"0": 4_700_000, "1": 4_000_000}}]
+    >>> fastest(rows, predicted_preference)["schedule"]
+    '1F1B'
+    """
+    return pp_preference(row["predicted_step_s"], max(int(v) for v in row["predicted_peak_bytes"].values()),
+                         row["n_stages"], row["n_microbatches"])
+
+
 def summarise(report: Dict[str, Any]) -> PPSummary:
     """The summary's figures, read from the report's rows: the same rows the table prints."""
     rows = [r for r in report["results"] if "refused" not in r]
     searched = next((r for r in rows if r["schedule"] == "swpipe-searched"), None)
     peers = [r for r in rows if r["schedule"] != "swpipe-searched"
              and searched is not None and r["n_microbatches"] == searched["n_microbatches"]]
-    return PPSummary(min(rows, key=lambda r: r["predicted_step_s"]), min(rows, key=lambda r: r["measured_step_s"]),
-                     searched, min(peers, key=lambda r: r["predicted_step_s"]) if peers else None,
+    return PPSummary(fastest(rows, predicted_preference), min(rows, key=lambda r: r["measured_step_s"]),
+                     searched, fastest(peers, predicted_preference) if peers else None,
                      list((report.get("searched") or {}).get("cpsat", [])))
 
 
