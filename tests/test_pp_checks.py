@@ -184,12 +184,14 @@ def test_the_time_limit_bounds_every_stage_of_the_search() -> None:
     uncut = pp_search(costs, 2, 2, solver=SolverOptions(time_limit_s=1e9, cpsat_max_tasks=64), clock=whole)
     assert (uncut.cut, uncut.not_tried) == ("", ())
     reads = int(whole.now)
+    # the first of PyTorch's schedules is scored whatever the limit (the search always answers): its reads
+    first = pp_search(costs, 2, 2, solver=SolverOptions(time_limit_s=1, cpsat_max_tasks=64), clock=_FakeClock())
     stages = set()
     for limit in list(range(6, 16)) + [reads // 2] + list(range(reads - 16, reads - 2)):
         clock = _FakeClock()
         found = pp_search(costs, 2, 2, solver=SolverOptions(time_limit_s=limit, cpsat_max_tasks=64), clock=clock)
         # the first check after the deadline stops the search: at most one read in between, one to say how long
-        assert found.elapsed_s == clock.now <= limit + 2
+        assert found.elapsed_s == clock.now <= max(limit, first.elapsed_s) + 2
         assert found.cut and found.not_tried and found.time_limit_s == limit
         assert found.cut in found.summary() and found.not_tried[0] in found.summary()
         assert found.best.result.step_s <= min(c.result.step_s for c in found.candidates)
@@ -198,7 +200,9 @@ def test_the_time_limit_bounds_every_stage_of_the_search() -> None:
     assert stages >= {"seeds", "list", "cpsat", "simulate"}
 
 
-def test_a_limit_that_passes_before_any_schedule_is_scored_says_so() -> None:
-    with pytest.raises(PPError) as e:
-        pp_search(_costs(2), 2, 2, solver=SolverOptions(time_limit_s=1, cpsat_max_tasks=64), clock=_FakeClock())
-    assert (e.value.rule, e.value.field, e.value.value) == ("time_limit", "time_limit_s", 1)
+def test_a_limit_that_passes_before_any_schedule_is_scored_still_answers_with_the_first_builtin() -> None:
+    # a loaded machine may take longer than the limit to build PyTorch's first schedule: the search answers with it
+    found = pp_search(_costs(2), 2, 2, solver=SolverOptions(time_limit_s=1, cpsat_max_tasks=64), clock=_FakeClock())
+    first = next(c for c in found.candidates)
+    assert first.origin.startswith("PyTorch ") and found.best_seed is not None
+    assert found.cut == "seeds" and found.not_tried and found.best.result.step_s <= first.result.step_s

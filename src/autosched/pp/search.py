@@ -490,17 +490,20 @@ class _Deadline:
         self.start = clock()
         self.end = self.start + limit_s
         self.longest: Dict[str, float] = {}
+        # nothing is cut before one schedule is scored: a search always answers (on a loaded machine, building
+        # PyTorch's first schedule alone may take longer than a short limit)
+        self.armed = False
 
     def check(self, stage: str, expect_s: float = 0.0) -> float:
-        """The clock's time now; :class:`_Cut` when less than ``expect_s`` is left."""
+        """The clock's time now; :class:`_Cut` when less than ``expect_s`` is left (once armed)."""
         now = self.clock()
-        if self.end - now <= expect_s:
+        if self.armed and self.end - now <= expect_s:
             raise _Cut(stage)
         return now
 
     def passed(self) -> bool:
         """Whether the time limit has passed (the clock read once): a loop that stops itself asks this."""
-        return self.end - self.clock() <= 0
+        return self.end - self.clock() <= 0 and self.armed
 
     def checker(self, stage: str) -> Callable[[], None]:
         """A stage's check, for its loop to call."""
@@ -558,7 +561,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         schedules first, then the list scheduler's policies, then CP-SAT (which shares what
         is left); every stage reads the same deadline and the search stops once it has
         passed, returning the best found so far (``.cut`` says where it stopped,
-        ``.not_tried`` what it left out). The clock starts once torch's pipelining package is
+        ``.not_tried`` what it left out); the first of PyTorch's schedules that runs on these
+        costs is scored whatever the limit, so the search always answers. The clock starts once torch's pipelining package is
         imported (a one-off cost of a process's first call). ``cpsat_max_tasks``: CP-SAT runs
         when a problem has at most this many compute actions; beyond, the list scheduler alone.
         ``method="beam"``: no CP-SAT.
@@ -572,7 +576,6 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     PPError
         ``rule="memory_cap"`` when no candidate fits the cap (``detail`` gives the least
         peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split;
-        ``rule="time_limit"`` when the limit passed before any schedule was scored.
     OptionError
         An old keyword that is no option (its ``.home`` names the class of one that is).
 
@@ -657,6 +660,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         try:
             deadline.check(stage)
             run()
+            deadline.armed = bool(candidates)
         except _Cut as stop:
             cut, not_tried = stop.stage, tuple(w for _, w, _ in work[i:])
             break
