@@ -66,7 +66,9 @@ def test_exported_csv_reads_back_through_pytorchs_loader(tmp_path) -> None:
     found = pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"))
     exported = found.exported.program
     path = exported.to_csv(str(tmp_path / "schedule.csv"))
-    back = read_csv(path, exported.n_ranks, exported.n_stages, exported.n_microbatches)
+    # a custom order is lowered with its receives deferred; one of PyTorch's multi-stage classes lowers its own
+    back = read_csv(path, exported.n_ranks, exported.n_stages, exported.n_microbatches,
+                    defer_recv=exported.source != "pytorch")
     assert back.compute == exported.compute
     assert back.lowered == exported.lowered
     assert back.stage_to_rank == exported.stage_to_rank
