@@ -27,6 +27,7 @@ and ``uptime``'s load before and after.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import statistics
@@ -155,8 +156,10 @@ def run(model: str, microbatches: List[int], rounds: int, warmup: int, paths: Li
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     cfg = {"model": model, "microbatches": microbatches, "rounds": rounds, "warmup": warmup, "paths": paths}
+    # the ranks import this script by name (benchmarks/ is on sys.path): hand them that module's function
+    rank_main = _rank if __name__ == "__main__" else importlib.import_module(__name__)._rank
     with tempfile.TemporaryDirectory(prefix="swpipe-paths-") as folder:
-        mp.start_processes(_rank, args=(2, os.path.join(folder, "store"), cfg, queue), nprocs=2, join=True,
+        mp.start_processes(rank_main, args=(2, os.path.join(folder, "store"), cfg, queue), nprocs=2, join=True,
                            start_method="spawn")
     return queue.get()
 

@@ -19,7 +19,6 @@ from typing import Any, Dict, List
 
 import pytest
 
-from autosched.pp import _torch
 from autosched.pp.program import DEFER_RECV, PPError, program_from_order, pp_program, schedule_for
 
 
@@ -62,15 +61,12 @@ def test_the_custom_lowering_posts_each_receive_just_before_its_use() -> None:
     order = pp_program("1F1B", 2, 4)
     deferred = program_from_order(order.compute, 4, order.stage_to_rank)
     early = program_from_order(order.compute, 4, order.stage_to_rank, defer_recv=False)
-    assert DEFER_RECV and deferred.lowered == _torch_lowered(order, True)
-    assert early.lowered == _torch_lowered(order, False)
+    assert DEFER_RECV
+    assert deferred.compute == early.compute == order.compute
+    assert sorted(deferred.lowered[1]) == sorted(early.lowered[1])  # the same actions, receives moved
     # rank 1: PyTorch's default posts 1RECV_F1 before 1B0; deferred, after it (just before 1F1)
     assert early.lowered[1].index("1RECV_F1") < early.lowered[1].index("1B0")
     assert deferred.lowered[1].index("1RECV_F1") == deferred.lowered[1].index("1F1") - 1
-
-
-def _torch_lowered(order: Any, defer: bool) -> Dict[int, tuple]:
-    return {r: tuple(v) for r, v in _torch.lower_compute_order(order.compute, 4, order.stage_to_rank, defer).items()}
 
 
 def test_wrong_stages_or_micro_batches_are_refused() -> None:

@@ -22,6 +22,11 @@ What is read, and why:
 * ``_format_pipeline_order``: the step x rank grid exactly as PyTorch prints it;
 * ``_simulate_comms_compute``: PyTorch's own dry run, to compare with;
 * ``_PipelineScheduleRuntime._load_csv``: to check that a CSV swpipe writes loads;
+* ``_PipelineScheduleRuntime(defer_pp_recv=True)`` (``_defer_recv_ops``): the lowering a custom order gets, each
+  receive just before its use; ``_prepare_schedule_with_comms(format="compute_comms")``: a program's lowered
+  order run as it stands (:func:`runtime_from_lowered`, what ``schedule_for`` builds for a custom order);
+* ``PipelineScheduleMulti``'s own step loop over a ``pipeline_order`` padded into lock-step steps
+  (:func:`lockstep_order`, :func:`lockstep_schedule`): one of the paths ``benchmarks/pp_runtime_paths.py`` times;
 * ``_backward.stage_backward_input`` / ``stage_backward_weight``: the backward split the
   zero-bubble schedules run, to time I and W as the runtime runs them;
 * a schedule's ``_stage`` (single-stage) or ``_stages`` (multi-stage): the stages a
