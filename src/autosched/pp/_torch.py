@@ -198,10 +198,10 @@ def lockstep_order(compute: Dict[int, Sequence[str]], stage_to_rank: Sequence[in
 
 
 def _parse(action: str) -> Tuple[int, str, int]:
-    a = str(action)
-    i = next(j for j, c in enumerate(a) if not c.isdigit())
-    kind = a[i]
-    return int(a[:i]), kind, int(a[i + 1:])
+    """``"1B3"`` -> ``(1, "B", 3)``, read by PyTorch's ``_Action.from_str``."""
+    schedules, _ = _modules()
+    a = schedules._Action.from_str(str(action))
+    return a.stage_index, a.computation_type.value, a.microbatch_index
 
 
 def lockstep_schedule(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any],
