@@ -448,7 +448,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             for _ in range(max(3, cfg.cost_repeats)):
                 _in_turns(cfg.cores, probe.step)
         overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
-        paths = _path_probes(cfg, model, rank, world)
+        # what a custom order's path costs matters to the search and the searched row only
+        paths = _path_probes(cfg, model, rank, world) if cfg.search else {n: None for n in cfg.microbatches}
         for _ in range(max(3, cfg.cost_repeats)):
             for path in paths.values():
                 if path is not None:
