@@ -3,7 +3,8 @@
 PyTorch's own class for one of its schedules; for any other order a ``_PipelineScheduleRuntime`` that runs the
 program's lowered order as it stands (each receive deferred to just before its use). Then, on two gloo ranks
 (spawned, a ``FileStore``, a hard deadline), the same model trained by ``Schedule1F1B`` and by the custom path
-running 1F1B's order, GPipe's order and Interleaved1F1B's order over four stages gives the same losses.
+running 1F1B's order, GPipe's order, and Interleaved1F1B's and ZBVZeroBubble's orders over four stages (in a loop;
+in a V, with I and W split) gives the same losses.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_wrong_stages_or_micro_batches_are_refused() -> None:
 
 N_MB, STEPS, DEADLINE_S = 4, 3, 180.0
 RUNS = {"builtin 1F1B": ("1F1B", False), "custom 1F1B": ("1F1B", True), "custom GPipe": ("GPipe", True),
-        "custom Interleaved1F1B": ("Interleaved1F1B", True)}
+        "custom Interleaved1F1B": ("Interleaved1F1B", True), "custom ZBVZeroBubble": ("ZBVZeroBubble", True)}
 
 
 def _train(rank: int, name: str, custom: bool) -> List[float]:
@@ -168,8 +169,35 @@ def test_every_path_trains_like_schedule1f1b_on_two_ranks(two_ranks: Dict[str, A
     for r, res in enumerate(two_ranks["ranks"]):
         assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
     assert two_ranks["exitcodes"] == [0, 0]
-    last = two_ranks["ranks"][1]  # the last stage is on rank 1 under every placement here (loop: stage 3 on 1)
-    reference = last["builtin 1F1B"]
+    # the losses are on the last stage's rank: rank 1 in a loop, rank 0 in a V (stage 3 back on rank 0)
+    losses = {label: next(res[label] for res in two_ranks["ranks"] if res[label]) for label in RUNS}
+    assert two_ranks["ranks"][1]["builtin 1F1B"] and two_ranks["ranks"][0]["custom ZBVZeroBubble"]
+    reference = losses["builtin 1F1B"]
     assert len(reference) == STEPS and reference[0] > reference[-1]  # it trains
     for label in RUNS:
-        assert last[label] == pytest.approx(reference, rel=1e-6), label
+        assert losses[label] == pytest.approx(reference, rel=1e-6), label
+
+
+def test_receives_out_of_a_peers_send_order_are_refused_and_the_custom_lowering_keeps_the_order() -> None:
+    """gloo matches a pair's operations in posting order. PyTorch's deferred receives can break that order where
+    two ranks exchange forwards and backwards both (ZBV's V): the validator refuses such steps, and a custom
+    order's lowering falls back to PyTorch's default there, which keeps it."""
+    from dataclasses import replace
+
+    from autosched.pp.program import PPScheduleError, transfer_order_mismatch, validate_program
+
+    zbv = pp_program("ZBVZeroBubble", 2, 4)
+    mine = list(zbv.steps[1])
+    assert mine[6] == ("post", ("1RECV_F2",)) and mine[11] == ("post", ("2RECV_B0",))
+    mine[6], mine[11] = mine[11], mine[6]  # each still posted before it is waited for (steps 15 and 12)
+    swapped = replace(zbv, steps={0: zbv.steps[0], 1: tuple(mine)})
+    assert transfer_order_mismatch(swapped.steps, zbv.stage_to_rank) == (
+        1, "2RECV_B0", 6, "it is receive 2 from rank 0, whose send 2 to it carries F of stage 0, micro-batch 2")
+    with pytest.raises(PPScheduleError) as err:
+        validate_program(swapped)
+    assert (err.value.rule, err.value.rank, err.value.action, err.value.step) == ("transfer_order", 1, "2RECV_B0", 6)
+    custom = program_from_order(zbv.compute, 4, zbv.stage_to_rank)
+    assert custom.lowered == zbv.lowered  # PyTorch's default lowering, as ScheduleZBVZeroBubble runs it
+    one = pp_program("1F1B", 2, 4)
+    assert program_from_order(one.compute, 4, one.stage_to_rank).lowered != program_from_order(
+        one.compute, 4, one.stage_to_rank, defer_recv=False).lowered  # deferred where the order allows

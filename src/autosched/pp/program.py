@@ -32,7 +32,7 @@ from autosched.pp import _torch
 
 __all__ = ["PPError", "PPScheduleError", "PPProgram", "parse_action", "pp_program", "builtin_programs",
            "program_from_order", "read_csv", "default_stages_per_rank", "validate_program", "transfer_key",
-           "builtin_program", "schedule_for", "DEFER_RECV"]
+           "builtin_program", "schedule_for", "DEFER_RECV", "transfer_order_mismatch"]
 
 Step = Tuple[str, Tuple[str, ...]]
 
@@ -107,7 +107,9 @@ class PPScheduleError(PPError):
         ``"missing_action"``, ``"dependency"`` (an action before what it needs, on its own
         rank), ``"deadlock"`` (ranks that wait for each other), ``"steps_differ"`` (the
         runtime's steps do not run the compute order), ``"duplicate_transfer"``,
-        ``"unmatched_transfer"`` (a send or receive no peer matches); from
+        ``"unmatched_transfer"`` (a send or receive no peer matches), ``"transfer_order"`` (a rank posts its
+        receives from a peer in another order than the peer posts the sends: gloo and NCCL match them in
+        posting order, so a tensor would land in another's buffer); from
         :func:`~autosched.pp.simulate.pp_simulate` on CUDA, ``"stream_deadlock"`` (posted
         operations that hold the ranks' communication streams while each waits for one queued
         behind another).
@@ -366,6 +368,52 @@ def _check_steps(program: "PPProgram") -> None:
         if (other, key) not in posted:
             raise _fail(program, "unmatched_transfer", r, a, i, f"no rank posts the {other.lower()} it pairs with",
                         f"post the {other.lower()} on the peer rank, or drop this one")
+    mismatch = transfer_order_mismatch(program.steps, program.stage_to_rank)
+    if mismatch is not None:
+        r, a, i, detail = mismatch
+        raise _fail(program, "transfer_order", r, a, i, detail,
+                    "post the receives from each peer in the order that peer posts its sends (PyTorch's default "
+                    "lowering does: program_from_order(..., defer_recv=False))")
+
+
+def _peer(action: str, stage_to_rank: Sequence[int]) -> int:
+    """The rank at the other end of a send or receive."""
+    kind, sender, _ = transfer_key(action)
+    if "SEND" in action:
+        stage = parse_action(action)[0]
+        return stage_to_rank[stage + 1 if kind == "F" else stage - 1]
+    return stage_to_rank[sender]
+
+
+def transfer_order_mismatch(steps: Mapping[int, Sequence[Step]], stage_to_rank: Sequence[int]
+                            ) -> Optional[Tuple[int, str, int, str]]:
+    """The first receive posted out of its peer's send order, as ``(rank, action, step, detail)``; None if none.
+
+    gloo (and NCCL) match a rank's point-to-point operations with one peer in the order both post them: the k-th
+    receive a rank posts from a peer gets the k-th send that peer posts to it.
+    """
+    sent: Dict[Tuple[int, int], List[Tuple[str, int, int]]] = {}
+    received: Dict[Tuple[int, int], List[Tuple[int, str, int]]] = {}
+    for r in sorted(steps):
+        for i, (kind, acts) in enumerate(steps[r]):
+            if kind != "post":
+                continue
+            for a in acts:
+                peer = _peer(a, stage_to_rank)
+                if peer == r:
+                    continue
+                if "SEND" in a:
+                    sent.setdefault((r, peer), []).append(transfer_key(a))
+                else:
+                    received.setdefault((peer, r), []).append((i, a, r))
+    for (src, dst), recvs in sorted(received.items()):
+        sends = sent.get((src, dst), [])
+        for k, (i, a, r) in enumerate(recvs):
+            if k < len(sends) and sends[k] != transfer_key(a):
+                want = sends[k]
+                return r, a, i, (f"it is receive {k} from rank {src}, whose send {k} to it carries "
+                                 f"{want[0]} of stage {want[1]}, micro-batch {want[2]}")
+    return None
 
 
 def _check_input_waited(program: "PPProgram", rank: int, action: str, step: int, waited: set) -> None:
@@ -622,7 +670,9 @@ def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatc
     """A compute-only order per rank as ``_PipelineScheduleRuntime`` runs it (PyTorch's comms lowering).
 
     ``defer_recv`` (default :data:`DEFER_RECV`): the lowering with the runtime's ``defer_pp_recv``, every receive
-    posted just before the action that reads it (what :func:`schedule_for` runs); False: PyTorch's default
+    posted just before the action that reads it (what :func:`schedule_for` runs), unless that posts a rank's
+    receives from a peer out of the peer's send order (:func:`transfer_order_mismatch`: PyTorch's deferral can,
+    where one pair of ranks carries forwards and backwards both); then, and with False, PyTorch's default
     lowering, every receive as early as its sender allows (what ``_load_csv`` and PyTorch's multi-stage classes run).
 
     Raises
@@ -641,9 +691,13 @@ def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatc
                 raise PPError("bad_order", "order", a, schedule, "a compute-only order holds F, I, W and B only")
     try:
         lowered = _torch.lower_compute_order(clean, n_microbatches, stage_to_rank, defer_recv)
+        steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
+        if defer_recv and transfer_order_mismatch(steps, stage_to_rank) is not None:
+            # deferred receives out of a peer's send order: PyTorch's default lowering keeps it
+            lowered = _torch.lower_compute_order(clean, n_microbatches, stage_to_rank, False)
+            steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
     except (ValueError, AssertionError) as exc:
         raise PPError("bad_order", "order", None, schedule, str(exc).splitlines()[0]) from exc
-    steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
     return validate_program(PPProgram(schedule, n_ranks, len(stage_to_rank), n_microbatches, tuple(stage_to_rank),
                                       clean, {r: tuple(v) for r, v in steps.items()},
                                       {r: tuple(v) for r, v in lowered.items()}, {r: tuple(v) for r, v in clean.items()},
@@ -671,9 +725,12 @@ def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedu
         _check_positive(name, value)
     try:
         compute, lowered, stage_to_rank = _torch.load_compute_csv(path, n_ranks, n_stages, n_microbatches, defer_recv)
+        steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
+        if defer_recv and transfer_order_mismatch(steps, stage_to_rank) is not None:  # as program_from_order
+            compute, lowered, stage_to_rank = _torch.load_compute_csv(path, n_ranks, n_stages, n_microbatches, False)
+            steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
     except (ValueError, AssertionError, RuntimeError, KeyError) as exc:
         raise PPError("bad_order", "path", path, schedule, str(exc).splitlines()[0]) from exc
-    steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
     return validate_program(PPProgram(schedule, n_ranks, n_stages, n_microbatches, stage_to_rank,
                                       {r: tuple(v) for r, v in compute.items()}, {r: tuple(v) for r, v in steps.items()},
                                       {r: tuple(v) for r, v in lowered.items()},
