@@ -37,7 +37,8 @@ __all__ = ["PPError", "PPScheduleError", "PPProgram", "parse_action", "pp_progra
 Step = Tuple[str, Tuple[str, ...]]
 
 #: how a custom order (the search's, a CSV's) is lowered and run: ``_PipelineScheduleRuntime`` with each receive
-#: posted just before the action that reads it (``defer_pp_recv``). With gloo a send moves only once its receive
+#: posted just before the action that reads it (``defer_pp_recv``), where that keeps every pair of ranks' receives
+#: in the order of the sends (:func:`transfer_order_mismatch`; PyTorch's default lowering otherwise). With gloo a send moves only once its receive
 #: is posted, and then on the gloo threads of both ranks; PyTorch's default lowering posts every receive as early as
 #: possible, so transfers run while both ranks compute and take their cores (benchmarks/pp_runtime_paths.py).
 DEFER_RECV = True
@@ -510,9 +511,9 @@ def schedule_for(program: PPProgram, stages: Sequence[Any], loss_fn: Callable[..
       (``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...), which runs its own loop;
     * any other order (the search's, a CSV's, :func:`program_from_order`'s): a ``_PipelineScheduleRuntime`` that
       runs ``program.lowered`` as it stands, every send and receive where the program puts it (with
-      :data:`DEFER_RECV`, each receive just before the action that reads it: the fastest of PyTorch's paths for
-      a custom order, ``benchmarks/pp_runtime_paths.py``); what runs is what :func:`~autosched.pp.simulate.pp_simulate`
-      predicted.
+      :data:`DEFER_RECV`, each receive just before the action that reads it where the pair's order allows: the
+      fastest of PyTorch's paths for a custom order, ``benchmarks/pp_runtime_paths.py``); what runs is what
+      :func:`~autosched.pp.simulate.pp_simulate` predicted.
 
     Either way the transfers are ``torch.distributed``'s and the loop PyTorch's.
 
