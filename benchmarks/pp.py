@@ -134,15 +134,17 @@ def search_verdict(ratio: float, noise: float, headroom: float) -> str:
 
 
 def bound_headroom(report: Dict[str, Any], row: Dict[str, Any]) -> Dict[str, Any]:
-    """The least step any order of ``row``'s stages on its ranks could take (``pp_lower_bounds`` on the run's
-    costs), and how far below ``row``'s prediction that is."""
+    """The least step any custom order of ``row``'s stages on its ranks could take (``pp_lower_bounds`` on the run's
+    costs with a custom order's path cost per action, ``PPCosts.custom_path``), how far below ``row``'s prediction
+    that is, and the same bound without the path's cost (``bare_bound_s``)."""
     from autosched.pp import PPCosts
     from autosched.pp.bounds import pp_lower_bounds
 
     costs = PPCosts.from_dict(report["costs"][str(row["n_microbatches"])][str(row["n_stages"])])
     program = pp_program(row["schedule"], report["world_size"], row["n_microbatches"])
-    bound = pp_lower_bounds(costs, row["n_microbatches"], program.stage_to_rank)
-    return {"bound_s": bound.value, "binding": bound.binding,
+    bound = pp_lower_bounds(costs.custom_path(), row["n_microbatches"], program.stage_to_rank)
+    bare = pp_lower_bounds(costs, row["n_microbatches"], program.stage_to_rank)
+    return {"bound_s": bound.value, "binding": bound.binding, "bare_bound_s": bare.value,
             "headroom": 1 - bound.value / row["predicted_step_s"]}
 
 
@@ -188,13 +190,16 @@ def analyse(report: Dict[str, Any]) -> Dict[str, Any]:
             room = bound_headroom(report, best)
             verdict = search_verdict(ratio, band, room["headroom"])
             figures.update(searched_over_best_builtin=ratio, searched_noise=band, best_builtin=best["schedule"],
-                           bound_s=room["bound_s"], bound_headroom=room["headroom"], search_verdict=verdict,
+                           bound_s=room["bound_s"], bare_bound_s=room["bare_bound_s"],
+                           bound_headroom=room["headroom"], search_verdict=verdict,
+                           searched_builtin=(report.get("searched") or {}).get("builtin"),
                            searched_fits=cap is None or _max_peak(s) <= cap)
             print(f"(3) searched ({report['searched'].get('origin')}) vs the best built-in measured{within} "
                   f"({best['schedule']}, {s['n_microbatches']} micro-batches): {ratio:.3f}x the step time, "
                   f"noise band {band:.0%}: {VERDICTS[verdict]}; predicted "
                   f"{s['predicted_step_s'] * 1e3:.1f} vs {best['predicted_step_s'] * 1e3:.1f} ms; bound for any "
-                  f"order on {best['schedule']}'s ranks {room['bound_s'] * 1e3:.1f} ms ({room['binding']}), "
+                  f"custom order on {best['schedule']}'s ranks {room['bound_s'] * 1e3:.1f} ms ({room['binding']}; "
+                  f"{room['bare_bound_s'] * 1e3:.1f} ms without its path's cost per action), "
                   f"headroom {room['headroom']:.1%}; peak {_max_peak(s) / 2**20:.2f} vs "
                   f"{_max_peak(best) / 2**20:.2f} MiB measured; losses "
                   f"{'equal' if max(s['loss_rel_err'], best['loss_rel_err']) <= 1e-4 else 'DIFFER'}")
@@ -266,7 +271,9 @@ def print_link(report: Dict[str, Any]) -> None:
     print(f"link: {report['p2p']['latency_s'] * 1e6:.0f} us + {report['p2p']['seconds_per_byte'] * 1e9:.3f} ns/B; "
           f"a post while the ranks compute: {', '.join(f'{n} mb {v * 1e3:.2f} ms' for n, v in posts.items())}; "
           f"runtime per action: "
-          f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('action_overhead_s', {}).items())}"
+          f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('action_overhead_s', {}).items())}; "
+          f"a custom order's path adds per action: "
+          f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('custom_overhead_s', {}).items())}"
           + (f"; predicted on {report['prediction_cores']} shared cores" if report.get("prediction_cores") else ""))
 
 

@@ -99,3 +99,13 @@ def test_replan_runs_its_three_parts_and_swaps_nothing_on_the_idle_run(capsys):
     assert {line.split()[0] for line in out.splitlines() if line.startswith("(")} == {"(1)", "(2)", "(3)"}
     # the idle run's costs keep the static plan the best: a search may start on a loaded machine, a swap never
     assert got["idle"]["swaps"] == 0
+
+
+@pytest.mark.slow
+def test_pp_runtime_paths_runs_every_path_with_losses_equal_to_schedule1f1b(capsys):
+    """Two spawned gloo ranks, 1F1B's order run five ways: every path trains exactly like ``Schedule1F1B``."""
+    figures = load_benchmark("pp_runtime_paths").main(["--microbatches", "2", "--rounds", "4", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert figures["losses_equal"], out
+    assert set(figures["ratio"][2]) == {"Schedule1F1B", "csv", "lockstep", "csv-defer", "swpipe"}
+    assert figures["ratio"][2]["Schedule1F1B"] == 1.0

@@ -85,3 +85,26 @@ def test_the_benchmark_reads_the_report(report, capsys) -> None:
     assert -1.0 <= figures["dry_run_spearman"] <= 1.0
     # the comparison with PyTorch's dry run is printed: its heading is what a reader looks for
     assert "(4) PyTorch's dry run" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_the_searched_row_runs_the_searchs_best_with_its_path_priced(report, tmp_path) -> None:
+    """The job measures what a custom order's path adds per action (1F1B's order both ways), the prediction of a
+    custom order carries it, and the searched row runs the search's best: PyTorch's class when it is one of them."""
+    data, _ = report
+    assert set(data["custom_overhead_s"]) == {"4"} and data["custom_overhead_s"]["4"] >= 0
+    searched = data["searched"]
+    row = next(r for r in data["results"] if r["schedule"] == "swpipe-searched")
+    costs = PPCosts.from_dict(data["costs"]["4"][str(row["n_stages"])])
+    assert costs.custom_overhead_s == data["custom_overhead_s"]["4"]
+    if searched["builtin"] is not None:
+        assert searched["origin"] == f"PyTorch {searched['builtin']}"
+        program = pp_program(searched["builtin"], 2, 4, row["n_stages"] // 2)
+    else:
+        path = tmp_path / "order.csv"
+        path.write_text(searched["csv"])
+        program = read_csv(str(path), 2, row["n_stages"], 4)
+        assert program.source == "csv"
+    assert pp_simulate(program, costs).step_s == pytest.approx(row["predicted_step_s"])
+

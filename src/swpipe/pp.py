@@ -8,6 +8,8 @@ adds what its dry run lacks (time, transfers, memory):
   does; ``.to_csv()`` writes the compute-only CSV ``_PipelineScheduleRuntime`` loads),
   :func:`builtin_programs`, :func:`program_from_order`, :func:`read_csv`, :func:`validate_program`
   (the rules every schedule keeps: each action once, dependencies in order, no deadlock);
+  :func:`schedule_for` (the ``torch.distributed.pipelining`` schedule object that runs a program on a rank's
+  stages: PyTorch's own class for one of its schedules, its runtime for any other order);
 * the costs: :func:`measure_stage_costs` (F, I, W, B and bytes per stage, one process),
   :func:`measure_p2p` (the link, with ``torch.distributed``), :class:`StageCost`,
   :class:`P2PCost`, :class:`PPCosts`, :func:`split_module`, :class:`LiveTensorBytes`;
@@ -52,7 +54,8 @@ from autosched.pp import (ActionOverhead, LiveTensorBytes, P2PCost, PPBounds, PP
                           PPCpsatRun, PPError, PPProgram, PPRefreshed, PPRow, PPScheduleError, PPSearchResult,
                           PPSimResult, PPTorchError, PPWhatIf, RollingStepCosts, StageCost, builtin_programs,
                           calibrate_pp, measure_action_overhead, measure_p2p, measure_stage_costs, pp_program,
-                          program_from_order, read_csv, refreshed_pp_costs, split_module, validate_program)
+                          program_from_order, read_csv, refreshed_pp_costs, schedule_for, split_module,
+                          validate_program)
 from autosched.pp import RENAMED, renamed
 from swpipe.commands.pp_model import PPModel
 from swpipe.replan.schedule import AdaptiveSchedule
@@ -62,7 +65,7 @@ __all__ = ["ActionOverhead", "AdaptiveSchedule", "LiveTensorBytes", "P2PCost", "
            "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf",
            "RollingStepCosts", "StageCost", "builtin_programs", "calibrate_pp", "measure_action_overhead",
            "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order", "read_csv",
-           "refreshed_pp_costs", "split_module", "validate_program"]
+           "refreshed_pp_costs", "schedule_for", "split_module", "validate_program"]
 
 
 def __getattr__(name: str) -> Any:

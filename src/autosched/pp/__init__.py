@@ -9,7 +9,8 @@ The verbs' names before (``pp_simulate``, ``pp_lower_bounds``, ``pp_what_if``, `
 ``pp_search``) still work for one release and warn (``FutureWarning``).
 While a job trains, :class:`RollingStepCosts` times its steps and actions and
 :func:`refreshed_pp_costs` refreshes the costs from them; :func:`measure_action_overhead`
-measures the runtime's cost per action.
+measures the runtime's cost per action. :func:`schedule_for` builds the PyTorch schedule object that runs a
+program (PyTorch's own class for one of its schedules, its runtime for any other order).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _LAZY = {
     "builtin_programs": "program",
     "program_from_order": "program",
     "read_csv": "program",
+    "schedule_for": "program",
     "StageCost": "costs",
     "P2PCost": "costs",
     "PPCosts": "costs",

@@ -22,6 +22,11 @@ What is read, and why:
 * ``_format_pipeline_order``: the step x rank grid exactly as PyTorch prints it;
 * ``_simulate_comms_compute``: PyTorch's own dry run, to compare with;
 * ``_PipelineScheduleRuntime._load_csv``: to check that a CSV swpipe writes loads;
+* ``_PipelineScheduleRuntime(defer_pp_recv=True)`` (``_defer_recv_ops``): the lowering a custom order gets, each
+  receive just before its use; ``_prepare_schedule_with_comms(format="compute_comms")``: a program's lowered
+  order run as it stands (:func:`runtime_from_lowered`, what ``schedule_for`` builds for a custom order);
+* ``PipelineScheduleMulti``'s own step loop over a ``pipeline_order`` padded into lock-step steps
+  (:func:`lockstep_order`, :func:`lockstep_schedule`): one of the paths ``benchmarks/pp_runtime_paths.py`` times;
 * ``_backward.stage_backward_input`` / ``stage_backward_weight``: the backward split the
   zero-bubble schedules run, to time I and W as the runtime runs them;
 * a schedule's ``_stage`` (single-stage) or ``_stages`` (multi-stage): the stages a
@@ -38,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PPTorchError", "check_torch", "SCHEDULES", "available_schedules", "schedule_is_single",
            "compute_order", "runtime_order", "lower_compute_order", "format_grid", "torch_dry_run",
-           "load_compute_csv", "runtime_from_csv", "schedule_class", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map",
+           "load_compute_csv", "runtime_from_csv", "runtime_from_order", "runtime_from_lowered", "lockstep_order", "lockstep_schedule", "schedule_class", "backward_full", "backward_input", "backward_weight", "stage_to_rank_map",
            "schedule_stages"]
 
 MIN_TORCH = (2, 8)  # the oldest torch whose private helpers here were checked; 2.13 is the one tested
@@ -127,6 +132,97 @@ def runtime_from_csv(stages: List[Any], n_microbatches: int, loss_fn: Callable[.
     runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn)
     runtime._load_csv(path, format="compute_only")
     return runtime
+
+
+def runtime_from_order(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any],
+                       order: Dict[int, Sequence[str]], defer_recv: bool = False) -> Any:
+    """A ``_PipelineScheduleRuntime`` over this rank's stages running a compute-only order, lowered by PyTorch
+    (``_prepare_schedule_with_comms``, what ``_load_csv`` calls after reading the file); ``defer_recv``: its
+    ``defer_pp_recv`` (each receive posted just before the action that reads it)."""
+    schedules, _ = _modules()
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn, defer_pp_recv=defer_recv)
+    runtime.pipeline_order = {r: [schedules._Action.from_str(a) for a in order[r]] for r in sorted(order)}
+    runtime._prepare_schedule_with_comms(runtime.pipeline_order)
+    return runtime
+
+
+def runtime_from_lowered(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any],
+                         compute: Dict[int, Sequence[str]], lowered: Dict[int, Sequence[str]]) -> Any:
+    """A ``_PipelineScheduleRuntime`` over this rank's stages running ``lowered`` as it stands: every send,
+    receive and computation where the order puts it (``_prepare_schedule_with_comms(format="compute_comms")``,
+    what ``_load_csv(format="compute_comms")`` calls); ``pipeline_order`` is ``compute``, as a CSV's loader
+    leaves it."""
+    schedules, _ = _modules()
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn)
+    runtime.pipeline_order = {r: [schedules._Action.from_str(a) for a in compute[r]] for r in sorted(compute)}
+    runtime._prepare_schedule_with_comms({r: [schedules._Action.from_str(a) for a in lowered[r]]
+                                          for r in sorted(lowered)}, format="compute_comms")
+    return runtime
+
+
+def lockstep_order(compute: Dict[int, Sequence[str]], stage_to_rank: Sequence[int]) -> Dict[int, List[Optional[str]]]:
+    """A compute order padded with idle steps (None) as ``PipelineScheduleMulti``'s own step loop reads it.
+
+    That loop runs every rank's ``pipeline_order`` in lock-step: at step ``t`` a rank computes its action, posts
+    the sends of its output and the receives of what its neighbours compute at ``t``, and waits for them all. An
+    action that reads another rank's output must therefore stand at a later step than it; each action here
+    stands at the first step its inputs from other ranks allow (its own rank's order kept).
+    """
+    n_stages = len(stage_to_rank)
+    done: Dict[Tuple[int, str, int], int] = {}
+    pos = {r: 0 for r in compute}
+    out: Dict[int, List[Optional[str]]] = {r: [] for r in compute}
+    backward = {(s, k, mb) for r in compute for a in compute[r] for s, k, mb in [_parse(a)] if k in ("B", "I")}
+    t = 0
+    while any(pos[r] < len(compute[r]) for r in compute):
+        placed = []
+        for r in sorted(compute):
+            if pos[r] >= len(compute[r]):
+                continue
+            s, k, mb = _parse(compute[r][pos[r]])
+            need = None
+            if k == "F" and s > 0 and stage_to_rank[s - 1] != r:
+                need = (s - 1, "F", mb)
+            elif k in ("B", "I") and s < n_stages - 1 and stage_to_rank[s + 1] != r:
+                need = (s + 1, "B" if (s + 1, "B", mb) in backward else "I", mb)
+            if need is None or done.get(need, t) < t:
+                placed.append((r, (s, k, mb)))
+                out[r].append(compute[r][pos[r]])
+            else:
+                out[r].append(None)
+        if not placed:
+            raise ValueError(f"no rank can run its next action at step {t}: the order deadlocks")
+        for r, key in placed:
+            done[key] = t
+            pos[r] += 1
+        t += 1
+    return out
+
+
+def _parse(action: str) -> Tuple[int, str, int]:
+    """``"1B3"`` -> ``(1, "B", 3)``, read by PyTorch's ``_Action.from_str``."""
+    schedules, _ = _modules()
+    a = schedules._Action.from_str(str(action))
+    return a.stage_index, a.computation_type.value, a.microbatch_index
+
+
+def lockstep_schedule(stages: List[Any], n_microbatches: int, loss_fn: Callable[..., Any],
+                      order: Dict[int, Sequence[Optional[str]]], stage_to_rank: Sequence[int]) -> Any:
+    """A ``PipelineScheduleMulti`` whose ``pipeline_order`` is ``order`` (:func:`lockstep_order`'s padding): run
+    by ``PipelineScheduleMulti._step_microbatches``, the loop that posts its own sends and receives each step.
+
+    That loop sends between adjacent stages only: every pair of adjacent stages on two ranks (a loop placement,
+    not a V).
+    """
+    schedules, _ = _modules()
+    if any(stage_to_rank[s] == stage_to_rank[s + 1] for s in range(len(stage_to_rank) - 1)):
+        raise ValueError("PipelineScheduleMulti's own step loop sends between every pair of adjacent stages: "
+                         "two adjacent stages on one rank (a V placement) need _PipelineScheduleRuntime")
+    sched = schedules.PipelineScheduleMulti(stages, n_microbatches, loss_fn=loss_fn)
+    sched.pipeline_order = {r: [None if a is None else schedules._Action.from_str(a) for a in order[r]]
+                            for r in sorted(order)}
+    sched._validate_and_set_stage_mapping(sched.pipeline_order)
+    return sched
 
 
 def schedule_is_single(name: str) -> bool:
@@ -224,18 +320,20 @@ def compute_order(name: str, n_ranks: int, n_microbatches: int, stages_per_rank:
 
 
 def lower_compute_order(order: Dict[int, Sequence[Optional[str]]], n_microbatches: int,
-                        stage_to_rank: Sequence[int]) -> Dict[int, List[str]]:
+                        stage_to_rank: Sequence[int], defer_recv: bool = False) -> Dict[int, List[str]]:
     """PyTorch's comms lowering of a compute-only order, as ``_PipelineScheduleRuntime`` runs it.
 
     The runtime validates the order (``_validate_schedule``: every micro-batch's F before
     its B/I before its W, each stage on one rank) and adds ``SEND_*``/``RECV_*`` (and the
-    ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` bookkeeping) with ``_add_send_recv``.
+    ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` bookkeeping) with ``_add_send_recv``: every receive
+    as early as its sender's action allows. ``defer_recv``: the runtime's ``defer_pp_recv``
+    (``_defer_recv_ops``): every receive moved to just before the action that reads it.
     """
     schedules, _ = _modules()
     n_ranks = len(order)
     n_stages = len(stage_to_rank)
     stages = _stand_in_stages(n_ranks, n_stages, max(1, n_stages // n_ranks))
-    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches)
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, defer_pp_recv=defer_recv)
     actions = {r: [None if a is None else schedules._Action.from_str(a) for a in order[r]] for r in order}
     runtime._prepare_schedule_with_comms(actions)
     return {r: [str(a) for a in runtime.pipeline_order_with_comms[r]] for r in sorted(runtime.pipeline_order_with_comms)}
@@ -417,16 +515,16 @@ def torch_dry_run(lowered: Dict[int, List[str]], stage_to_rank: Sequence[int]) -
     return {r: [None if a is None else str(a) for a in sim[r]] for r in sorted(sim)}
 
 
-def load_compute_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int
+def load_compute_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, defer_recv: bool = False
                      ) -> Tuple[Dict[int, List[str]], Dict[int, List[str]], Tuple[int, ...]]:
     """Load a compute-only CSV with ``_PipelineScheduleRuntime._load_csv``, as a rank of a job would.
 
-    Returns the compute order it read, the lowered order it runs, and the stage-to-rank map
-    its validator inferred.
+    Returns the compute order it read, the lowered order it runs (``defer_recv``: with the runtime's
+    ``defer_pp_recv``), and the stage-to-rank map its validator inferred.
     """
     schedules, _ = _modules()
     stages = _stand_in_stages(n_ranks, n_stages, max(1, n_stages // n_ranks))
-    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches)
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches, defer_pp_recv=defer_recv)
     runtime._load_csv(path, format="compute_only")
     compute = {r: [str(a) for a in runtime.pipeline_order[r] if a is not None] for r in sorted(runtime.pipeline_order)}
     lowered = {r: [str(a) for a in runtime.pipeline_order_with_comms[r]]

@@ -158,6 +158,13 @@ class PPCosts:
         What the runtime adds to each compute action (its Python around the stage's
         module: receive buffers, caches, validation, the profiler range), already
         included in ``stages``' times (:meth:`with_action_overhead`); 0 if not measured.
+    custom_overhead_s : float
+        What a custom order's path adds to each compute action beyond PyTorch's own schedule classes, on top of
+        ``action_overhead_s``: :func:`~autosched.pp.program.schedule_for` runs an order that is not one of
+        PyTorch's with ``_PipelineScheduleRuntime``, and the same order costs more that way than by PyTorch's
+        class (``swpipe pp`` measures 1F1B's order both ways). The prediction of a program that is not one of
+        PyTorch's (``source != "pytorch"``) adds it to every F, I, W and B (:meth:`for_program`), so a search
+        compares like with like; 0 if not measured.
 
     Raises
     ------
@@ -172,6 +179,7 @@ class PPCosts:
     samples_per_microbatch: int = 0
     machine: str = ""
     action_overhead_s: float = 0.0
+    custom_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(self, {
@@ -179,7 +187,7 @@ class PPCosts:
                        and all(isinstance(c, StageCost) for c in v), "a non-empty tuple of StageCost, one per stage"),
             "p2p": (lambda v: isinstance(v, P2PCost), "a P2PCost"),
             "samples_per_microbatch": integer(0), "machine": (lambda v: isinstance(v, str), "a string"),
-            "action_overhead_s": number(0, finite=True)})
+            "action_overhead_s": number(0, finite=True), "custom_overhead_s": number(0, finite=True)})
 
     def with_action_overhead(self, overhead_s: float) -> "PPCosts":
         """Every F, I, W and B made ``overhead_s`` longer (replacing an overhead added before)."""
@@ -189,6 +197,29 @@ class PPCosts:
             return replace(c, forward_s=c.forward_s + delta, backward_s=c.backward_s + delta,
                            backward_input_s=c.backward_input_s + delta, backward_weight_s=c.backward_weight_s + delta)
         return replace(self, stages=tuple(shifted(c) for c in self.stages), action_overhead_s=overhead_s)
+
+    def for_program(self, program: Any) -> "PPCosts":
+        """The costs ``program`` runs on: these for one of PyTorch's schedules (``program.source == "pytorch"``),
+        else :meth:`custom_path`.
+
+        Examples
+        --------
+        >>> from autosched.pp.program import pp_program, program_from_order
+        >>> costs = PPCosts((StageCost(1.0, 2.0),) * 2, custom_overhead_s=0.5)
+        >>> builtin = pp_program("1F1B", 2, 2)
+        >>> custom = program_from_order(builtin.compute, 2, builtin.stage_to_rank)
+        >>> costs.for_program(builtin).stages[0].forward_s, costs.for_program(custom).stages[0].forward_s
+        (1.0, 1.5)
+        """
+        return self if program.source == "pytorch" else self.custom_path()
+
+    def custom_path(self) -> "PPCosts":
+        """The costs a custom order runs on: :attr:`custom_overhead_s` added to every F, I, W and B (and counted in
+        ``action_overhead_s``, 0 left in ``custom_overhead_s``)."""
+        if not self.custom_overhead_s:
+            return self
+        return replace(self.with_action_overhead(self.action_overhead_s + self.custom_overhead_s),
+                       custom_overhead_s=0.0)
 
     @property
     def n_stages(self) -> int:
@@ -227,13 +258,13 @@ class PPCosts:
     def to_dict(self) -> Dict[str, Any]:
         return {"stages": [asdict(c) for c in self.stages], "p2p": asdict(self.p2p),
                 "samples_per_microbatch": self.samples_per_microbatch, "machine": self.machine,
-                "action_overhead_s": self.action_overhead_s}
+                "action_overhead_s": self.action_overhead_s, "custom_overhead_s": self.custom_overhead_s}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "PPCosts":
         return cls(tuple(StageCost(**c) for c in data["stages"]), P2PCost(**data.get("p2p", {})),
                    int(data.get("samples_per_microbatch", 0)), str(data.get("machine", "")),
-                   float(data.get("action_overhead_s", 0.0)))
+                   float(data.get("action_overhead_s", 0.0)), float(data.get("custom_overhead_s", 0.0)))
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:

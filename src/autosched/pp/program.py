@@ -23,9 +23,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -34,9 +32,16 @@ from autosched.pp import _torch
 
 __all__ = ["PPError", "PPScheduleError", "PPProgram", "parse_action", "pp_program", "builtin_programs",
            "program_from_order", "read_csv", "default_stages_per_rank", "validate_program", "transfer_key",
-           "builtin_program"]
+           "builtin_program", "schedule_for", "DEFER_RECV", "transfer_order_mismatch"]
 
 Step = Tuple[str, Tuple[str, ...]]
+
+#: how a custom order (the search's, a CSV's) is lowered and run: ``_PipelineScheduleRuntime`` with each receive
+#: posted just before the action that reads it (``defer_pp_recv``), where that keeps every pair of ranks' receives
+#: in the order of the sends (:func:`transfer_order_mismatch`; PyTorch's default lowering otherwise). With gloo a send moves only once its receive
+#: is posted, and then on the gloo threads of both ranks; PyTorch's default lowering posts every receive as early as
+#: possible, so transfers run while both ranks compute and take their cores (benchmarks/pp_runtime_paths.py).
+DEFER_RECV = True
 _ACTION = re.compile(r"^(\d+)(F|I|B|W|LOSS|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD)(\d*)$")
 _COMPUTE = ("F", "I", "W", "B")
 
@@ -103,7 +108,9 @@ class PPScheduleError(PPError):
         ``"missing_action"``, ``"dependency"`` (an action before what it needs, on its own
         rank), ``"deadlock"`` (ranks that wait for each other), ``"steps_differ"`` (the
         runtime's steps do not run the compute order), ``"duplicate_transfer"``,
-        ``"unmatched_transfer"`` (a send or receive no peer matches); from
+        ``"unmatched_transfer"`` (a send or receive no peer matches), ``"transfer_order"`` (a rank posts its
+        receives from a peer in another order than the peer posts the sends: gloo and NCCL match them in
+        posting order, so a tensor would land in another's buffer); from
         :func:`~autosched.pp.simulate.pp_simulate` on CUDA, ``"stream_deadlock"`` (posted
         operations that hold the ranks' communication streams while each waits for one queued
         behind another).
@@ -362,6 +369,52 @@ def _check_steps(program: "PPProgram") -> None:
         if (other, key) not in posted:
             raise _fail(program, "unmatched_transfer", r, a, i, f"no rank posts the {other.lower()} it pairs with",
                         f"post the {other.lower()} on the peer rank, or drop this one")
+    mismatch = transfer_order_mismatch(program.steps, program.stage_to_rank)
+    if mismatch is not None:
+        r, a, i, detail = mismatch
+        raise _fail(program, "transfer_order", r, a, i, detail,
+                    "post the receives from each peer in the order that peer posts its sends (PyTorch's default "
+                    "lowering does: program_from_order(..., defer_recv=False))")
+
+
+def _peer(action: str, stage_to_rank: Sequence[int]) -> int:
+    """The rank at the other end of a send or receive."""
+    kind, sender, _ = transfer_key(action)
+    if "SEND" in action:
+        stage = parse_action(action)[0]
+        return stage_to_rank[stage + 1 if kind == "F" else stage - 1]
+    return stage_to_rank[sender]
+
+
+def transfer_order_mismatch(steps: Mapping[int, Sequence[Step]], stage_to_rank: Sequence[int]
+                            ) -> Optional[Tuple[int, str, int, str]]:
+    """The first receive posted out of its peer's send order, as ``(rank, action, step, detail)``; None if none.
+
+    gloo (and NCCL) match a rank's point-to-point operations with one peer in the order both post them: the k-th
+    receive a rank posts from a peer gets the k-th send that peer posts to it.
+    """
+    sent: Dict[Tuple[int, int], List[Tuple[str, int, int]]] = {}
+    received: Dict[Tuple[int, int], List[Tuple[int, str, int]]] = {}
+    for r in sorted(steps):
+        for i, (kind, acts) in enumerate(steps[r]):
+            if kind != "post":
+                continue
+            for a in acts:
+                peer = _peer(a, stage_to_rank)
+                if peer == r:
+                    continue
+                if "SEND" in a:
+                    sent.setdefault((r, peer), []).append(transfer_key(a))
+                else:
+                    received.setdefault((peer, r), []).append((i, a, r))
+    for (src, dst), recvs in sorted(received.items()):
+        sends = sent.get((src, dst), [])
+        for k, (i, a, r) in enumerate(recvs):
+            if k < len(sends) and sends[k] != transfer_key(a):
+                want = sends[k]
+                return r, a, i, (f"it is receive {k} from rank {src}, whose send {k} to it carries "
+                                 f"{want[0]} of stage {want[1]}, micro-batch {want[2]}")
+    return None
 
 
 def _check_input_waited(program: "PPProgram", rank: int, action: str, step: int, waited: set) -> None:
@@ -451,34 +504,72 @@ class PPProgram:
         return path
 
     def torch_schedule(self, stages: Sequence[Any], loss_fn: Callable[..., Any]) -> Any:
-        """The ``torch.distributed.pipelining`` schedule that runs this program over one rank's stages.
+        """:func:`schedule_for` of this program: the ``torch.distributed.pipelining`` schedule running it."""
+        return schedule_for(self, stages, loss_fn)
 
-        PyTorch's own class for one of its schedules (``source == "pytorch"``); for any
-        other program a ``_PipelineScheduleRuntime`` that loads :meth:`csv_text` through
-        PyTorch's own loader, which adds the sends and receives.
 
-        Parameters
-        ----------
-        stages : sequence of torch.distributed.pipelining.PipelineStage
-            This rank's stages (:meth:`rank_stages` says which), in stage order.
-        loss_fn : callable
-            ``loss_fn(output, target)``, per micro-batch.
+def schedule_for(program: PPProgram, stages: Sequence[Any], loss_fn: Callable[..., Any],
+                 n_microbatches: Optional[int] = None) -> Any:
+    """The ``torch.distributed.pipelining`` schedule object that runs ``program`` over one rank's stages.
 
-        Examples
-        --------
-        On each rank of a job (a process group set up), with that rank's ``PipelineStage`` objects:
+    * one of PyTorch's schedules (``program.source == "pytorch"``, e.g. :func:`pp_program`): PyTorch's own class
+      (``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...), which runs its own loop;
+    * any other order (the search's, a CSV's, :func:`program_from_order`'s): a ``_PipelineScheduleRuntime`` that
+      runs ``program.lowered`` as it stands, every send and receive where the program puts it (with
+      :data:`DEFER_RECV`, each receive just before the action that reads it where the pair's order allows: the
+      fastest of PyTorch's paths for a custom order, ``benchmarks/pp_runtime_paths.py``); what runs is what
+      :func:`~autosched.pp.simulate.pp_simulate` predicted.
 
-        >>> schedule = program.torch_schedule(my_stages, torch.nn.functional.mse_loss)  # doctest: +SKIP
-        >>> schedule.step(batch, target=target)                                         # doctest: +SKIP
-        """
-        stages = list(stages)
-        if self.source == "pytorch":
-            single = _torch.schedule_is_single(self.schedule)
-            return _torch.schedule_class(self.schedule)(stages[0] if single else stages, self.n_microbatches,
-                                                        loss_fn=loss_fn)
-        with tempfile.TemporaryDirectory(prefix="swpipe-pp-") as folder:  # the loader reads a file, at once
-            path = self.to_csv(os.path.join(folder, "schedule.csv"))
-            return _torch.runtime_from_csv(stages, self.n_microbatches, loss_fn, path, self.n_stages)
+    Either way the transfers are ``torch.distributed``'s and the loop PyTorch's.
+
+    Parameters
+    ----------
+    program : PPProgram
+    stages : sequence of torch.distributed.pipelining.PipelineStage
+        This rank's stages (``program.rank_stages(rank)`` says which), in stage order.
+    loss_fn : callable
+        ``loss_fn(output, target)``, per micro-batch.
+    n_microbatches : int, optional
+        Checked against ``program.n_microbatches`` when given.
+
+    Returns
+    -------
+    torch.distributed.pipelining.schedules._PipelineSchedule
+        Call ``.step(batch, target=target)`` on every rank.
+
+    Raises
+    ------
+    PPError
+        ``field="n_microbatches"`` when it differs from the program's; ``field="stages"`` when they are not the
+        stages this rank holds under the program (``rule="bad_value"``).
+
+    Examples
+    --------
+    On each rank of a job (a process group set up), with that rank's ``PipelineStage`` objects:
+
+    >>> schedule = schedule_for(program, my_stages, torch.nn.functional.mse_loss)  # doctest: +SKIP
+    >>> schedule.step(batch, target=target)                                         # doctest: +SKIP
+    """
+    stages = list(stages)
+    if n_microbatches is not None and n_microbatches != program.n_microbatches:
+        raise PPError("bad_value", "n_microbatches", n_microbatches, program.schedule,
+                      f"the program runs {program.n_microbatches} micro-batches: build it for {n_microbatches}")
+    if stages and all(hasattr(s, "stage_index") and hasattr(s, "group_rank") for s in stages):
+        rank = stages[0].group_rank
+        held = tuple(s.stage_index for s in stages)
+        if held != program.rank_stages(rank):
+            raise PPError("bad_value", "stages", held, program.schedule,
+                          f"rank {rank} holds stages {program.rank_stages(rank)} under this program: give their "
+                          "PipelineStage objects, in stage order")
+    if program.source == "pytorch":
+        single = _torch.schedule_is_single(program.schedule)
+        return _torch.schedule_class(program.schedule)(stages[0] if single else stages, program.n_microbatches,
+                                                       loss_fn=loss_fn)
+    if program.lowered is None:
+        raise PPError("bad_order", "program", program.schedule, program.schedule,
+                      "a custom program carries PyTorch's lowering of its order: build it with program_from_order "
+                      "or read_csv")
+    return _torch.runtime_from_lowered(stages, program.n_microbatches, loss_fn, program.compute, program.lowered)
 
 
 def default_stages_per_rank(schedule: str) -> int:
@@ -581,8 +672,15 @@ def builtin_program(name: str, n_ranks: int, n_microbatches: int, stages_per_ran
 
 
 def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatches: int,
-                       stage_to_rank: Sequence[int], schedule: str = "custom", source: str = "swpipe") -> PPProgram:
+                       stage_to_rank: Sequence[int], schedule: str = "custom", source: str = "swpipe",
+                       defer_recv: bool = DEFER_RECV) -> PPProgram:
     """A compute-only order per rank as ``_PipelineScheduleRuntime`` runs it (PyTorch's comms lowering).
+
+    ``defer_recv`` (default :data:`DEFER_RECV`): the lowering with the runtime's ``defer_pp_recv``, every receive
+    posted just before the action that reads it (what :func:`schedule_for` runs), unless that posts a rank's
+    receives from a peer out of the peer's send order (:func:`transfer_order_mismatch`: PyTorch's deferral can,
+    where one pair of ranks carries forwards and backwards both); then, and with False, PyTorch's default
+    lowering, every receive as early as its sender allows (what ``_load_csv`` and PyTorch's multi-stage classes run).
 
     Raises
     ------
@@ -599,18 +697,25 @@ def program_from_order(order: Mapping[int, Sequence[Optional[str]]], n_microbatc
             if parse_action(a)[1] not in _COMPUTE:
                 raise PPError("bad_order", "order", a, schedule, "a compute-only order holds F, I, W and B only")
     try:
-        lowered = _torch.lower_compute_order(clean, n_microbatches, stage_to_rank)
+        lowered = _torch.lower_compute_order(clean, n_microbatches, stage_to_rank, defer_recv)
+        steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
+        if defer_recv and transfer_order_mismatch(steps, stage_to_rank) is not None:
+            # deferred receives out of a peer's send order: PyTorch's default lowering keeps it
+            lowered = _torch.lower_compute_order(clean, n_microbatches, stage_to_rank, False)
+            steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
     except (ValueError, AssertionError) as exc:
         raise PPError("bad_order", "order", None, schedule, str(exc).splitlines()[0]) from exc
-    steps = _torch.read_lowered(lowered, len(stage_to_rank), stage_to_rank)
     return validate_program(PPProgram(schedule, n_ranks, len(stage_to_rank), n_microbatches, tuple(stage_to_rank),
                                       clean, {r: tuple(v) for r, v in steps.items()},
                                       {r: tuple(v) for r, v in lowered.items()}, {r: tuple(v) for r, v in clean.items()},
                                       source=source))
 
 
-def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedule: str = "custom") -> PPProgram:
+def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedule: str = "custom",
+             defer_recv: bool = DEFER_RECV) -> PPProgram:
     """A compute-only CSV (one row per rank) read by PyTorch's own loader, ``_PipelineScheduleRuntime._load_csv``.
+
+    ``defer_recv``: lowered as :func:`program_from_order` says.
 
     What PyTorch reads, validates (inferring which rank holds each stage) and lowers is
     what the program holds, and :func:`validate_program` checks it, so a CSV this returns a
@@ -626,10 +731,13 @@ def read_csv(path: str, n_ranks: int, n_stages: int, n_microbatches: int, schedu
     for name, value in (("n_ranks", n_ranks), ("n_stages", n_stages), ("n_microbatches", n_microbatches)):
         _check_positive(name, value)
     try:
-        compute, lowered, stage_to_rank = _torch.load_compute_csv(path, n_ranks, n_stages, n_microbatches)
+        compute, lowered, stage_to_rank = _torch.load_compute_csv(path, n_ranks, n_stages, n_microbatches, defer_recv)
+        steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
+        if defer_recv and transfer_order_mismatch(steps, stage_to_rank) is not None:  # as program_from_order
+            compute, lowered, stage_to_rank = _torch.load_compute_csv(path, n_ranks, n_stages, n_microbatches, False)
+            steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
     except (ValueError, AssertionError, RuntimeError, KeyError) as exc:
         raise PPError("bad_order", "path", path, schedule, str(exc).splitlines()[0]) from exc
-    steps = _torch.read_lowered(lowered, n_stages, stage_to_rank)
     return validate_program(PPProgram(schedule, n_ranks, n_stages, n_microbatches, stage_to_rank,
                                       {r: tuple(v) for r, v in compute.items()}, {r: tuple(v) for r, v in steps.items()},
                                       {r: tuple(v) for r, v in lowered.items()},

@@ -17,7 +17,11 @@ Every candidate is lowered by PyTorch's own comms lowering and scored by
 :func:`~autosched.pp.simulate.pp_simulate`; those over the cap are dropped, and the
 fastest is returned (:func:`autosched.results.fastest`'s rule with only equal steps tied: less
 memory, then fewer stages and micro-batches, wins a tie), so the answer is never predicted
-slower than the best seed that fits.
+slower than the best seed that fits. A candidate that is not one of PyTorch's schedules runs on
+``_PipelineScheduleRuntime`` (:func:`~autosched.pp.program.schedule_for`) and is scored with that
+path's cost per action (:attr:`PPCosts.custom_overhead_s <autosched.pp.costs.PPCosts.custom_overhead_s>`),
+so a custom order is chosen only where it beats PyTorch's schedule by more than its path costs;
+``schedule_for(found.program, ...)`` runs the choice either way.
 """
 
 from __future__ import annotations
@@ -95,7 +99,8 @@ class PPSearchResult:
     Attributes
     ----------
     best : PPCandidate
-        The fastest candidate within the cap (a seed when none beat it).
+        The fastest candidate within the cap (a seed when none beat it, a custom order's path cost included);
+        :func:`~autosched.pp.program.schedule_for` of its program runs it.
     best_seed : PPCandidate or None
         The fastest of PyTorch's schedules (as they run) within the cap.
     exported : PPCandidate

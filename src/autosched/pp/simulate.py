@@ -397,7 +397,9 @@ def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = No
     program : PPProgram
         E.g. :func:`~autosched.pp.program.pp_program`.
     costs : PPCosts
-        One :class:`~autosched.pp.costs.StageCost` per stage of the program.
+        One :class:`~autosched.pp.costs.StageCost` per stage of the program; for a program that is not one of
+        PyTorch's, with :attr:`~autosched.pp.costs.PPCosts.custom_overhead_s` on every F, I, W and B
+        (:meth:`~autosched.pp.costs.PPCosts.for_program`).
     cores : int, optional
         Cores the ranks share (ranks on one CPU machine, as under ``torchrun`` on one host): a compute
         action or a post's CPU time takes one while it runs, and a rank that finds none free waits for
@@ -438,6 +440,7 @@ def pp_simulate(program: PPProgram, costs: PPCosts, *, cores: Optional[int] = No
     if costs.n_stages != program.n_stages:
         raise PPError("missing_cost", "costs.stages", costs.n_stages, program.schedule,
                       f"the program has {program.n_stages} stages: measure costs for that split")
+    costs = costs.for_program(program)  # a custom order's path: its cost per action on top
     if device is None:
         device = "cuda" if costs.p2p.backend == "nccl" else "cpu"
     if device not in ("cpu", "cuda"):

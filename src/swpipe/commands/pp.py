@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=positive_float, default=5.0, help="CP-SAT seconds per problem (default 5)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the whole report as JSON")
     parser.add_argument("--csv", default=None, metavar="PATH",
-                        help="also write the searched schedule (compute-only CSV, _PipelineScheduleRuntime._load_csv)")
+                        help="also write the searched schedule's order (compute-only CSV; run it with "
+                             "swpipe.pp.schedule_for(swpipe.pp.read_csv(...), ...))")
     parser.add_argument("--timeout", type=positive_float, default=900.0,
                         help="stop the job after this long (s; exit status 124)")
     parser.add_argument("--grid", default=None, metavar="SCHEDULE",
@@ -220,7 +221,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.csv and report.get("searched"):
             with open(args.csv, "w", newline="") as f:
                 f.write(report["searched"]["csv"])
-            print(f"searched schedule written to {args.csv} (load it with _PipelineScheduleRuntime._load_csv)")
+            print(f"searched schedule written to {args.csv} (run it on each rank with "
+                  f"swpipe.pp.schedule_for(swpipe.pp.read_csv(path, ranks, stages, micro-batches), stages, loss_fn))")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1, default=str)

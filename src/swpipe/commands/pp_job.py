@@ -13,11 +13,15 @@ Each rank (:func:`run_rank`):
    link on the job's gloo group (:func:`~swpipe.pp.measure_p2p`: the idle link, and what
    a post costs while both ranks compute, at the largest activation's size), and the
    runtime's own cost per action, by running every stage alone (``ScheduleLoopedBFS`` on a
-   one-rank group) against the prediction: before the runs, once in every round of them
+   one-rank group) against the prediction, and what a custom order's path adds per action (1F1B's
+   order run by ``Schedule1F1B`` and by :func:`~swpipe.pp.schedule_for`'s path for a custom order, in
+   turns: :class:`_PathProbe`): before the runs, once in every round of them
    and after them (a shared machine's load moves within seconds); each figure's median;
 3. rank 0 searches a schedule on the costs measured before the runs
-   (:func:`~swpipe.pp.pp_search`), written as the compute-only CSV every rank loads into
-   ``_PipelineScheduleRuntime``;
+   (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, so the
+   search keeps one of PyTorch's schedules unless an order beats it by more than that): one of
+   PyTorch's is run by its own class, a custom order is written as the compute-only CSV every rank
+   reads back (:func:`~swpipe.pp.read_csv`, PyTorch's loader) and runs with :func:`~swpipe.pp.schedule_for`;
 4. every schedule trains the same initial weights (SGD), in rounds (each schedule one step
    per round, so all share the machine's swings): each rank times ``schedule.step`` after a
    barrier (the step is the slowest rank's); then one more step counts the peak live tensor
@@ -275,6 +279,52 @@ class _AloneProbe:
         return max(0.0, (statistics.median(self.times) - predicted) / len(self.program.compute[0]))
 
 
+class _PathProbe:
+    """What a custom order's path adds per compute action: 1F1B's order run by PyTorch's ``Schedule1F1B`` and by
+    :func:`~swpipe.pp.schedule_for`'s path for a custom order (``_PipelineScheduleRuntime``), stepped in turns.
+
+    :meth:`overhead_s` is ``(median custom step - median Schedule1F1B step) / compute actions`` on this rank, at
+    least 0: the :attr:`~swpipe.pp.PPCosts.custom_overhead_s` every custom order is predicted with.
+    """
+
+    def __init__(self, cfg: PPRunConfig, n_mb: int, rank: int, world: int) -> None:
+        from swpipe.pp import pp_program, program_from_order
+
+        builtin = pp_program("1F1B", world, n_mb)
+        custom = program_from_order(builtin.compute, n_mb, builtin.stage_to_rank, "1F1B-order")
+        self.pair = (_Trainer("1F1B", builtin, cfg, n_mb, rank), _Trainer("1F1B-order", custom, cfg, n_mb, rank))
+        self.actions = len(builtin.compute[rank])
+        for _ in range(cfg.warmup):
+            self.step(timed=False)
+
+    def step(self, timed: bool = True) -> None:
+        for t in self.pair:
+            t.step(timed=timed)
+
+    def overhead_s(self) -> float:
+        builtin, custom = (statistics.median(t.times) for t in self.pair)
+        return max(0.0, (custom - builtin) / self.actions)
+
+
+def _path_probes(cfg: PPRunConfig, model: PPModel, rank: int, world: int) -> Dict[int, Optional[_PathProbe]]:
+    """A :class:`_PathProbe` per micro-batch count (None where 1F1B does not run: too few micro-batches, or a model
+    not cut one stage per rank)."""
+    from swpipe.pp import PPError
+
+    out: Dict[int, Optional[_PathProbe]] = {}
+    for n in cfg.microbatches:
+        try:
+            out[n] = _PathProbe(cfg, n, rank, world) if world in model.stage_counts(world) else None
+        except PPError:
+            out[n] = None
+    return out
+
+
+def _custom_overhead(probe: Optional[_PathProbe]) -> float:
+    """The probe's figure, the median over the ranks (0 without a probe); every rank calls it."""
+    return _median_on_every_rank(probe.overhead_s() if probe is not None else 0.0)
+
+
 def _median_on_every_rank(mine: float) -> float:
     import torch.distributed as dist
 
@@ -302,9 +352,9 @@ class _Calibration:
     """
 
     def __init__(self, cfg: PPRunConfig, n_mb: int, splits: Sequence[int], probe: _AloneProbe,
-                 busy_bytes: int) -> None:
+                 busy_bytes: int, path: Optional[_PathProbe]) -> None:
         self.cfg, self.n_mb, self.splits, self.busy_bytes = cfg, n_mb, splits, busy_bytes
-        self.probe = probe
+        self.probe, self.path = probe, path
         probe.times.clear()  # its steps from now on, in the rounds
         self.samples: Dict[int, List[Any]] = {k: [] for k in splits}
         self.links: List[Any] = []
@@ -315,17 +365,22 @@ class _Calibration:
         for k, v in _costs_on_every_rank(self.cfg, self.n_mb, self.splits, repeats=2, warmup=0).items():
             self.samples[k].extend(v)
         _in_turns(self.cfg.cores, self.probe.step)
+        if self.path is not None:
+            self.path.step()
         self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
 
     def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
-              ) -> Tuple[Dict[int, Any], float]:
-        """Every split's costs (the runtime's overhead per action included) and that overhead; every rank calls it."""
+              ) -> Tuple[Dict[int, Any], float, float]:
+        """Every split's costs (the runtime's overhead per action and a custom order's path's included), and those
+        two overheads; every rank calls it."""
         link = _median_link(links + self.links)
         samples = self.cfg.load().samples
         costs = {k: _combine(before[k] + self.samples[k] + after[k], link, samples // self.n_mb,
                              "before, during and after the runs") for k in before}
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
-        return {k: c.with_action_overhead(overhead) for k, c in costs.items()}, overhead
+        custom = _custom_overhead(self.path)  # its steps before the runs and in every round
+        return ({k: replace(c.with_action_overhead(overhead), custom_overhead_s=custom) for k, c in costs.items()},
+                overhead, custom)
 
 
 def _noise(values: Sequence[float]) -> float:
@@ -350,12 +405,13 @@ def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int) -> D
         found = pp_search(costs[cfg.microbatches[0]], world, list(cfg.microbatches),
                           constraints=Constraints(max_memory_bytes=cfg.memory_cap_bytes), costs_for_microbatches=costs,
                           solver=SolverOptions(time_limit_s=cfg.time_limit_s, cpsat_max_tasks=64))
-        exp = found.exported
+        best = found.best  # one of PyTorch's schedules where no custom order is predicted faster, its path included
         # what the search predicted is on the costs measured before the runs: the report's rows predict every
         # schedule again on the costs of the whole run, and the command's summary reads those rows only
-        box[0] = {"csv": exp.program.csv_text(), "n_mb": exp.program.n_microbatches,
-                  "n_stages": exp.program.n_stages, "origin": exp.origin,
-                  "search_step_s": exp.result.step_s, "bound_s": found.bound_s,
+        box[0] = {"csv": best.program.csv_text(), "n_mb": best.program.n_microbatches,
+                  "n_stages": best.program.n_stages, "origin": best.origin,
+                  "builtin": best.program.schedule if best.program.source == "pytorch" else None,
+                  "search_step_s": best.result.step_s, "bound_s": found.bound_s,
                   "cpsat": [asdict(run) for run in found.cpsat], "cut": found.cut,
                   "not_tried": list(found.not_tried), "elapsed_s": found.elapsed_s,
                   "time_limit_s": found.time_limit_s}
@@ -369,7 +425,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     import torch.distributed as dist
 
     from swpipe import simulate
-    from swpipe.pp import measure_p2p, read_csv
+    from swpipe.pp import measure_p2p, pp_program, read_csv
 
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
@@ -392,7 +448,15 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             for _ in range(max(3, cfg.cost_repeats)):
                 _in_turns(cfg.cores, probe.step)
         overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
-        costs = {n: {k: c.with_action_overhead(overhead[n]) for k, c in by.items()} for n, by in costs.items()}
+        # what a custom order's path costs matters to the search and the searched row only
+        paths = _path_probes(cfg, model, rank, world) if cfg.search else {n: None for n in cfg.microbatches}
+        for _ in range(max(3, cfg.cost_repeats)):
+            for path in paths.values():
+                if path is not None:
+                    path.step()
+        custom = {n: _custom_overhead(paths[n]) for n in cfg.microbatches}
+        costs = {n: {k: replace(c.with_action_overhead(overhead[n]), custom_overhead_s=custom[n])
+                     for k, c in by.items()} for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
         results: List[Dict[str, Any]] = []
         for n_mb in cfg.microbatches:
@@ -400,22 +464,25 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             names = [n for n in (cfg.schedules or tuple(programs)) if n in programs]
             trainers = [_Trainer(n, programs[n], cfg, n_mb, rank) for n in names]
             if searched and searched["n_mb"] == n_mb:
-                path = os.path.join(tempfile.gettempdir(), f"swpipe-pp-{os.getpid()}.csv")
-                with open(path, "w") as f:
-                    f.write(searched["csv"])
-                program = read_csv(path, world, searched["n_stages"], n_mb, "swpipe-searched")  # PyTorch's loader
+                if searched.get("builtin"):  # PyTorch's own class: no custom order was predicted to beat it
+                    program = pp_program(searched["builtin"], world, n_mb, searched["n_stages"] // world)
+                else:
+                    path = os.path.join(tempfile.gettempdir(), f"swpipe-pp-{os.getpid()}.csv")
+                    with open(path, "w") as f:
+                        f.write(searched["csv"])
+                    program = read_csv(path, world, searched["n_stages"], n_mb, "swpipe-searched")  # PyTorch's loader
                 trainers.append(_Trainer("swpipe-searched", program, cfg, n_mb, rank))
             for t in trainers:
                 for _ in range(cfg.warmup):
                     t.step()
-            calibration = _Calibration(cfg, n_mb, splits, probes[n_mb], busy)
+            calibration = _Calibration(cfg, n_mb, splits, probes[n_mb], busy, paths[n_mb])
             for _ in range(cfg.steps):  # rounds: every schedule once per round, so they share the load's swings
                 for t in trainers:
                     t.step(timed=True)
                 calibration.round()  # and the costs too
             after = _costs_on_every_rank(cfg, n_mb, splits)
-            both, overhead[n_mb] = calibration.costs(samples[n_mb], after,
-                                                     [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
+            both, overhead[n_mb], custom[n_mb] = calibration.costs(samples[n_mb], after,
+                                                                   [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
             for t in trainers:
                 t.step(memory=True)
             gathered = [t.gather(world) for t in trainers]
@@ -438,7 +505,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
         if rank != 0:
             return None
         report = {"config": asdict(cfg), "world_size": world, "stage_counts": list(splits), "p2p": asdict(p2p),
-                  "searched": searched, "action_overhead_s": overhead,
+                  "searched": searched, "action_overhead_s": overhead, "custom_overhead_s": custom,
                   "costs": {str(n): {str(k): c.to_dict() for k, c in by.items()} for n, by in costs.items()},
                   "results": results, "torch": torch.__version__, "threads": cfg.threads,
                   "load": os.getloadavg(), "cores": os.cpu_count(),
