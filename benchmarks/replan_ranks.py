@@ -1,35 +1,41 @@
 """Re-planning on two ranks: PyTorch's pipelining schedule next to AdaptiveSchedule when one rank gets slowed.
 
 Two gloo ranks (spawned by the script on the loopback, one torch thread each) train a two-stage model under
-``torch.distributed.pipelining``, one stage per rank, batches of ``--batch`` samples. Each stage is a small Linear
+``torch.distributed.pipelining``, one stage per rank, ``--batch`` samples a step. Each stage is a small Linear
 (+ Tanh) and a **workload that sleeps** (so the figures hold on a shared, loaded machine: the work takes no core and
-the same time whatever else runs): per forward call ``--per-call-ms`` plus ``--rank0-ms`` (rank 0) or
-``--rank1-ms`` (rank 1) per sample, twice that in the backward. Rank 0's stage is the heavy one, rank 1's about a
-tenth of it.
+lasts the same whatever else runs): ``--rank0-ms`` (rank 0) or ``--rank1-ms`` (rank 1) per sample in the forward,
+twice that in the backward. At first rank 0's stage is the light one (a fifth of rank 1's).
 
-From step ``--change`` on, **rank 1 is slowed by a co-running job**: its stage's forward takes ``--slow-ms`` more per
-sample (the backward twice that), a deterministic slowdown that makes rank 1's stage as heavy as rank 0's. Why the
-schedule should change then: a step of ``n`` micro-batches costs about the slower rank's work, plus the faster
-rank's work over ``n`` (the pipeline's fill and drain), plus a fixed cost per micro-batch (``--per-call-ms`` and the
-runtime's own). While rank 1 is light the bubble is small and few micro-batches win (1F1B with 2); once both ranks
-are heavy the bubble is half a rank's work over ``n`` and more micro-batches win (4 or 8). The micro-batch counts
-offered are ``--microbatches`` (PyTorch's GPipe and 1F1B for each: the schedules on this stage layout).
+From step ``--change`` on, **rank 0 is slowed by a co-running job**, modelled as a deterministic slowdown: its
+stage's forward sleeps ``--slow-ms`` more per sample (the backward twice that), which makes rank 0 twice as heavy as
+rank 1. Why the schedule should change then: with two micro-batches, GPipe's last stage runs both forwards before
+its first backward, so the first stage waits for the last stage's second forward and first backward before it can
+start its backwards; 1F1B's last stage sends the first backward right after the first forward. While the first
+stage is the light one, that wait is hidden (both schedules are predicted, and measured, about as fast: GPipe is a
+fair static choice); once the first stage is the heavy one it is on the critical path, and 1F1B is about 13 %
+faster. The counts offered are ``--microbatches`` (PyTorch's GPipe and 1F1B for each: the schedules of this stage
+layout); more micro-batches shorten the fill but add the runtime's cost per action, which the calibration measures.
 
-In one run, side by side:
+The costs ``AdaptiveSchedule`` starts from are measured ahead on the unslowed stages, as a user would
+(``calibrate_pp``: the stages, the link, the runtime's cost per action); on drift it refreshes them from the
+stages' timed actions on both ranks. In one run, side by side:
 
-1. **the best for the new costs**, found by trying every candidate for ``--trial-steps`` steps with rank 1
-   slowed (the median step of each, after two warm-up steps);
-2. **gap recovered**: the same drifting run (rank 1 slowed from step ``--change``) under the static schedule (the
-   one predicted fastest on the first costs), under the best one found in (1), and under ``AdaptiveSchedule``
-   starting from the static one; each one's mean step over steps ``change + K`` to the end; the fraction of the
-   static schedule's gap to the best that the adaptive run closed (goal >= 80 %); the losses of each run against
-   the static run's, step by step (equal within float rounding: the schedules differ in the micro-batch count only,
-   and the loss averages over samples);
-3. **overhead** when nothing drifts: PyTorch's plain schedule and ``AdaptiveSchedule`` on the same schedule, in
-   paired rounds (the order alternating), the median ratio of their mean steps (goal <= 1 %);
+1. **every candidate tried** for ``--trial-steps`` steps, at first and with rank 0 slowed (the median step of each,
+   after two warm-up steps), beside its prediction on the calibrated costs; the best slowed one is "the best for the
+   new costs";
+2. **gap recovered**: the same drifting run (rank 0 slowed from step ``--change``) under the static schedule
+   (``--schedule`` over the first count), under the best one found in (1), and under ``AdaptiveSchedule`` starting
+   from the static one; each one's mean step over steps ``change + K`` to the end; the fraction of the static
+   schedule's gap to the best that the adaptive run closed (goal >= 80 %); the losses of each run against the
+   static run's, step by step (equal within float rounding: the loss averages over samples, so the micro-batch
+   count changes only the rounding), asserted;
+3. **overhead** when nothing drifts: PyTorch's plain schedule, ``AdaptiveSchedule(replan=None)`` (its actions timed,
+   nothing watched nor exchanged) and ``AdaptiveSchedule`` watching, in ``--rounds`` rounds of
+   ``--overhead-steps`` steps (each kind first in turn); the median over the rounds of each one's median step over
+   the plain one's (goal <= 1 %); the rounds' ratios show the noise the machine adds;
 4. **false switches** over a long idle run (goal 0), and the decisions taken.
 
-    python benchmarks/replan_ranks.py            # about four minutes
+    python benchmarks/replan_ranks.py            # about five minutes
     python benchmarks/replan_ranks.py --quick    # the smoke run of the tests
 
 Record ``uptime``'s load average: the machine may be shared (the script prints it before and after).
@@ -140,9 +146,9 @@ class Rank:
         loss_fn = torch.nn.functional.mse_loss
         if adaptive is None:
             sched, runner = None, program.torch_schedule([stage], loss_fn)
-        else:
+        else:  # "unwatched": AdaptiveSchedule(replan=None), its actions timed but no watch and no exchange
             sched = AdaptiveSchedule([stage], loss_fn, program, self.costs, microbatches=cfg["microbatches"],
-                                     replan=adaptive, group=self.group)
+                                     replan=None if adaptive == "unwatched" else adaptive, group=self.group)
             runner = sched
         ends, losses, used = [], [], []
         t0 = time.perf_counter()
@@ -212,13 +218,14 @@ def rank_main(rank: int, store: str, out_path: str, cfg: Dict[str, Any]) -> None
                     "best": me.run(best, cfg["iters"], cfg["change"]),
                     "adaptive": me.run(progs["static"], cfg["iters"], cfg["change"], adaptive=opts)}
     out["best"] = told[0]
-    # (3) no drift: plain and adaptive, paired, the order alternating
+    # (3) no drift: plain, AdaptiveSchedule unwatched and watched, in rounds, each kind first in turn
     out["overhead"] = []
+    kinds = {"plain": None, "unwatched": "unwatched", "adaptive": opts}
     for r in range(cfg["rounds"]):
         pair = {}
-        for kind in (("plain", "adaptive") if r % 2 == 0 else ("adaptive", "plain")):
-            pair[kind] = me.run(progs["static"], cfg["overhead_steps"], None,
-                                adaptive=opts if kind == "adaptive" else None)["ends"]
+        order = list(kinds)[r % 3:] + list(kinds)[:r % 3]  # each kind first in turn
+        for kind in order:
+            pair[kind] = me.run(progs["static"], cfg["overhead_steps"], None, adaptive=kinds[kind])["ends"]
         out["overhead"].append(pair)
     # (4) the long idle run
     out["idle"] = me.run(progs["static"], cfg["idle_steps"], None, adaptive=opts)
@@ -277,6 +284,11 @@ def mean_step(ends: Sequence[float], start: int) -> float:
     return (ends[-1] - ends[start - 1]) / (len(ends) - start)
 
 
+def median_step(ends: Sequence[float], start: int) -> float:
+    """The median step from step ``start`` on (robust to the stalls a loaded machine adds to some steps)."""
+    return statistics.median(b - a for a, b in zip(ends[start - 1:], ends[start:]))
+
+
 def max_rel_diff(a: Sequence[float], b: Sequence[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b))
 
@@ -286,7 +298,8 @@ def figures(cfg: Dict[str, Any], rank0: Dict[str, Any], rank1: Dict[str, Any]) -
     drift = {kind: mean_step(rank0["drift"][kind]["ends"], start) for kind in ("static", "best", "adaptive")}
     gap = drift["static"] - drift["best"]
     static_losses = rank1["drift"]["static"]["losses"]
-    ratios = [mean_step(p["adaptive"], 5) / mean_step(p["plain"], 5) for p in rank0["overhead"]]
+    ratios = [median_step(p["adaptive"], 5) / median_step(p["plain"], 5) for p in rank0["overhead"]]
+    unwatched = [median_step(p["unwatched"], 5) / median_step(p["plain"], 5) for p in rank0["overhead"]]
     idle = rank0["idle"]["decisions"]
     return {
         "trials": rank0["trials"], "best": rank0["best"], "drift": drift, "predicted_first": rank0["predicted_first"],
@@ -297,8 +310,9 @@ def figures(cfg: Dict[str, Any], rank0: Dict[str, Any], rank1: Dict[str, Any]) -
         "used": [rank0["drift"]["adaptive"]["used"], rank1["drift"]["adaptive"]["used"]],
         "loss_diff": {kind: max_rel_diff(rank1["drift"][kind]["losses"], static_losses) for kind in ("best", "adaptive")},
         "overhead": {"ratios": ratios, "median": statistics.median(ratios) - 1.0,
-                     "plain": statistics.median(mean_step(p["plain"], 5) for p in rank0["overhead"]),
-                     "adaptive": statistics.median(mean_step(p["adaptive"], 5) for p in rank0["overhead"])},
+                     "unwatched": statistics.median(unwatched) - 1.0,
+                     "plain": statistics.median(median_step(p["plain"], 5) for p in rank0["overhead"]),
+                     "adaptive": statistics.median(median_step(p["adaptive"], 5) for p in rank0["overhead"])},
         "idle": {"steps": cfg["idle_steps"], "seconds": rank0["idle"]["ends"][-1], "decisions": idle,
                  "switches": sum(d["swapped"] for d in idle),
                  "rank1_switches": len(rank1["idle"]["decisions"])},
@@ -333,8 +347,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     ap.add_argument("--k", type=int, default=60, help="steps after the change before the gap is measured")
     ap.add_argument("--iters", type=int, default=400, help="steps of each drifting run")
     ap.add_argument("--trial-steps", type=int, default=14, help="steps of each candidate's trial")
-    ap.add_argument("--rounds", type=int, default=7, help="paired rounds of the overhead measurement")
-    ap.add_argument("--overhead-steps", type=int, default=80)
+    ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the overhead measurement")
+    ap.add_argument("--overhead-steps", type=int, default=40, help="steps of each run of a round")
     ap.add_argument("--idle-steps", type=int, default=1500)
     ap.add_argument("--min-noise", type=float, default=0.05, help="ReplanOptions.min_noise")
     ap.add_argument("--deadline", type=float, default=1800.0, help="seconds before the ranks are killed")
@@ -387,6 +401,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     o = fig["overhead"]
     print(f"\n(3) no drift: PyTorch's {static_label} {o['plain'] / MS:.2f} ms, AdaptiveSchedule {o['adaptive'] / MS:.2f} "
           f"ms a step; overhead {o['median']:+.2%} (median of {cfg['rounds']} paired rounds; goal <= 1 %)")
+    print(f"    of which the actions' timing (AdaptiveSchedule with replan=None: no watch, no exchange) "
+          f"{o['unwatched']:+.2%}; each round's ratio: {', '.join(f'{r:.3f}' for r in o['ratios'])}")
     i = fig["idle"]
     print(f"\n(4) idle run: {i['steps']} steps in {i['seconds']:.1f} s: {len(i['decisions'])} decision(s), "
           f"{i['switches']} false switch(es) (goal 0)")
