@@ -54,6 +54,8 @@ import time
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Sequence
 
+import torch
+
 MS = 1e-3
 HIDDEN = 16
 
@@ -61,31 +63,23 @@ HIDDEN = 16
 # ------------------------------------------------------------------ the workload
 
 
-def _sleep_work() -> Any:
-    import torch
+class SleepWork(torch.autograd.Function):
+    """The workload: identity on the tensor; sleeps ``forward_s`` in the forward and ``backward_s`` in the backward."""
 
-    class SleepWork(torch.autograd.Function):
-        """Identity on the tensor; sleeps ``forward_s`` in the forward and ``backward_s`` in the backward."""
+    @staticmethod
+    def forward(ctx: Any, x: Any, forward_s: float, backward_s: float) -> Any:
+        time.sleep(forward_s)
+        ctx.backward_s = backward_s
+        return x.clone()
 
-        @staticmethod
-        def forward(ctx: Any, x: Any, forward_s: float, backward_s: float) -> Any:
-            time.sleep(forward_s)
-            ctx.backward_s = backward_s
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            time.sleep(ctx.backward_s)
-            return grad, None, None
-
-    return SleepWork
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        time.sleep(ctx.backward_s)
+        return grad, None, None
 
 
 def stage_module(rank: int, cfg: Dict[str, Any]) -> Any:
     """Rank ``rank``'s stage: Linear, the sleeping work, Tanh (rank 0) -- the same weights for every run."""
-    import torch
-
-    work = _sleep_work()
 
     class Stage(torch.nn.Module):
         def __init__(self) -> None:
@@ -97,7 +91,7 @@ def stage_module(rank: int, cfg: Dict[str, Any]) -> Any:
 
         def forward(self, x: Any) -> Any:
             seconds = (self.per_sample_s + self.extra_per_sample_s) * x.shape[0]
-            y = work.apply(self.linear(x), seconds, 2 * seconds)
+            y = SleepWork.apply(self.linear(x), seconds, 2 * seconds)
             return torch.tanh(y) if rank == 0 else y
 
     return Stage()
@@ -116,8 +110,6 @@ def programs(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def batch(cfg: Dict[str, Any], step: int) -> Any:
-    import torch
-
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(cfg["batch"], HIDDEN, generator=g), torch.randn(cfg["batch"], 4, generator=g)
 
@@ -134,7 +126,6 @@ class Rank:
     def run(self, program: Any, steps: int, change: Optional[int], adaptive: Optional[Any] = None) -> Dict[str, Any]:
         """``steps`` steps of ``program`` (the slowed rank slowed from ``change``); ``adaptive``: AdaptiveSchedule's
         options (from ``program``, on the calibrated costs)."""
-        import torch
         from torch.distributed.pipelining import PipelineStage
 
         from swpipe.replan.schedule import AdaptiveSchedule, schedule_label
@@ -180,7 +171,6 @@ class Rank:
 def rank_main(rank: int, store: str, out_path: str, cfg: Dict[str, Any]) -> None:
     """One rank of the benchmark: every part in order, its results written to ``out_path`` as JSON."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    import torch
     import torch.distributed as dist
 
     from autosched.pp.rolling import calibrate_pp
