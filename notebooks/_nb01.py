@@ -197,14 +197,14 @@ fig"""),
     ("md", """\
 How does TorchRec's hand-written FusedSparseDist schedule do with the same costs? Its plan has one more
 task (`WaitBatch`, a no-op here: on CUDA it is where the default stream waits the batch's copy), costed at
-0 with `what_if`'s change syntax; `compare_plans` simulates every plan under one cost model."""),
+0 with `what_if`'s change syntax; `compare` simulates every plan under one cost model."""),
     ("code", """\
-from swpipe import pipelines
-# what_if's helpers for tables of plans and sweeps live beside it, in autosched.model.whatif
-from autosched.model.whatif import apply_changes, compare_plans, sweep
+from swpipe import compare, pipelines
+# what_if's helpers for changed costs and sweeps live beside it, in autosched.model.whatif
+from autosched.model.whatif import apply_changes, sweep
 torchrec = pipelines.get("fused_sparse_dist")          # unbound: analysis and simulation only
-compared = compare_plans({"serial": serial, "TorchRec fused_sparse_dist": torchrec, "auto": auto},
-                         apply_changes(costs, {"WaitBatch": {"host_s": 0.0}}))
+compared = compare({"serial": serial, "TorchRec fused_sparse_dist": torchrec, "auto": auto},
+                   apply_changes(costs, {"WaitBatch": {"host_s": 0.0}}))
 in_ms(compared)[["depth", "period_ms", "latency_ms", "lower_bound_ms", "binding"]]"""),
     ("md", """\
 ## 5. What if?

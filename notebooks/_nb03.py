@@ -29,13 +29,13 @@ import pandas as pd
 import matplotlib.pyplot as plt
 import torch
 
-from swpipe import CostModel, TaskSchedule, SWPipeline, simulate, lower_bounds, what_if, validate, gantt
+from swpipe import CostModel, TaskSchedule, SWPipeline, simulate, lower_bounds, what_if, compare, validate, gantt
 from swpipe import pipelines
-# Beyond `import swpipe`: what_if's helpers for tables of plans and sweeps (autosched.model.whatif), their charts
+# Beyond `import swpipe`: what_if's helpers for changed costs and sweeps (autosched.model.whatif), their charts
 # (autosched.plots) and the schedule table as text (swpipe_core.analysis), from the modules that define them.
 from swpipe_core.analysis import format_schedule
 from autosched.plots import compare_gantt, sweep_plot
-from autosched.model.whatif import apply_changes, compare_plans, sweep
+from autosched.model.whatif import apply_changes, sweep
 
 REPO = pathlib.Path.cwd().parent          # the notebook runs in notebooks/
 costs = CostModel.load(REPO / "cost_models" / "dlrm_cpu" / "fused_sparse_dist.json")
@@ -80,7 +80,7 @@ for plan in plans.values():
     validate(plan)
 print(format_schedule(two, num_iterations=5))"""),
     ("code", """\
-compared = compare_plans(plans, costs)
+compared = compare(plans, costs)
 compared["binding"] = compared["binding"].map(short)
 in_ms(compared)[["depth", "period_ms", "latency_ms", "lower_bound_ms", "binding"]]"""),
     ("md", """\

@@ -220,3 +220,15 @@ def test_every_chooser_names_the_lower_peak_of_a_tied_step():
     found = pp_search(costs, 2, 4, solver=SolverOptions(method="beam"))
     assert found.best_seed.program.schedule == "1F1B"
     assert found.best.result.step_s == f1b.step_s and found.best.result.max_peak_bytes <= f1b.max_peak_bytes
+
+
+def test_simulate_passes_a_programs_device_and_cores_on_to_the_pipeline_parallel_simulator():
+    program, costs = pp_program("1F1B", 2, 4), PP_COSTS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for options in ({"device": "cuda"}, {"cores": 1}, {}):
+            assert simulate(program, costs, **options).period_s == pp_simulate(program, costs, **options).step_s
+    # on CUDA a rank's transfers run on a communication stream of their own: a track the CPU prediction lacks
+    def tracks(**options):
+        return {(e.kind, e.stream) for e in simulate(program, costs, **options).events}
+    assert tracks(device="cuda") - tracks()

@@ -77,8 +77,9 @@ def simulate(subject: Any, costs: Any, *args: Any, **options: Any) -> Any:
         A plan: :func:`autosched.model.simulate.simulate` (``num_iterations``, ``device``, ...). A GPipe:
         :func:`swpipe.gpipe.predict.predict_step` of its balance, chunks, checkpoint and schedule (``batch=``,
         the samples per mini-batch, is needed; ``slowdown=``, ``cores=`` optional). A program
-        (:func:`swpipe.pp.pp_program`): each rank's actions on the costs (``cores=``: the cores the ranks share,
-        :func:`autosched.pp.simulate.pp_simulate`).
+        (:func:`swpipe.pp.pp_program`): each rank's actions on the costs (``cores=``: the cores the ranks share;
+        ``device="cuda"``: a compute and a communication stream per rank, the default for costs measured over
+        NCCL; :func:`autosched.pp.simulate.pp_simulate`).
     costs : CostModel, LayerModel or PPCosts
         The costs of that kind.
 
@@ -372,10 +373,10 @@ def _gpipe_search(gpipe: Any, layers: Any, constraints: Optional[Constraints], s
 
 # a pipeline-parallel program ---------------------------------------------------------------------------------------
 
-def _pp_simulate(program: Any, costs: Any, *, cores: Optional[int] = None) -> Any:
+def _pp_simulate(program: Any, costs: Any, *, cores: Optional[int] = None, device: Optional[str] = None) -> Any:
     from autosched.pp.simulate import pp_simulate
 
-    return pp_simulate(program, costs, cores=cores)
+    return pp_simulate(program, costs, cores=cores, device=device)
 
 
 def _pp_bounds(program: Any, costs: Any) -> Any:
