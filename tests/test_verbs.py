@@ -229,6 +229,12 @@ def test_simulate_passes_a_programs_device_and_cores_on_to_the_pipeline_parallel
         for options in ({"device": "cuda"}, {"cores": 1}, {}):
             assert simulate(program, costs, **options).period_s == pp_simulate(program, costs, **options).step_s
     # on CUDA a rank's transfers run on a communication stream of their own: a track the CPU prediction lacks
+    # what_if and compare predict with the same options
+    for options in ({"device": "cuda"}, {"cores": 1}):
+        expected = simulate(program, costs, **options).period_s
+        assert what_if(program, costs, {1: 1.0}, **options).loc["before", "period_s"] == expected
+        assert swpipe.compare({"p": program}, costs, **options).loc["p", "period_s"] == expected
+
     def tracks(**options):
         return {(e.kind, e.stream) for e in simulate(program, costs, **options).events}
     assert tracks(device="cuda") - tracks()

@@ -394,7 +394,7 @@ def _pp_row(result: Any, bound_s: float, cap: Optional[float]) -> Dict[str, Any]
 
 
 def _pp_what_if(program: Any, costs: Any, changes: Mapping[Any, Any], *, max_memory_bytes: Optional[float] = None,
-                same_global_batch: bool = True) -> Any:
+                same_global_batch: bool = True, cores: Optional[int] = None, device: Optional[str] = None) -> Any:
     from autosched.pp.program import PPError
     from autosched.pp.whatif import pp_what_if
 
@@ -404,12 +404,13 @@ def _pp_what_if(program: Any, costs: Any, changes: Mapping[Any, Any], *, max_mem
                       "{stage: factor} or {'n_microbatches': n}")
     w = pp_what_if(program, costs, n_microbatches=changes.get("n_microbatches"),
                    stage_factors={k: v for k, v in changes.items() if isinstance(k, int)} or None,
-                   max_memory_bytes=max_memory_bytes, same_global_batch=same_global_batch)
+                   max_memory_bytes=max_memory_bytes, same_global_batch=same_global_batch, cores=cores, device=device)
     return _with_speedup(_table({"before": {"change": "", **_pp_row(w.before, w.before_bound_s, max_memory_bytes)},
                                  "after": {"change": w.change, **_pp_row(w.after, w.after_bound_s, max_memory_bytes)}}))
 
 
-def _pp_compare(programs: Dict[str, Any], costs: Any, *, max_memory_bytes: Optional[float] = None) -> Any:
+def _pp_compare(programs: Dict[str, Any], costs: Any, *, max_memory_bytes: Optional[float] = None,
+                cores: Optional[int] = None, device: Optional[str] = None) -> Any:
     from autosched._fields import memory_cap
     from autosched.pp.bounds import program_bounds
     from autosched.pp.costs import PPCosts
@@ -424,7 +425,7 @@ def _pp_compare(programs: Dict[str, Any], costs: Any, *, max_memory_bytes: Optio
             skipped[label] = f"no costs for its {p.n_stages} stages (costs given for {sorted(by_stages)})"
             continue
         rows[label] = {"n_stages": p.n_stages, "n_microbatches": p.n_microbatches,
-                       **_pp_row(pp_simulate(p, c), program_bounds(p, c).value, cap)}
+                       **_pp_row(pp_simulate(p, c, cores=cores, device=device), program_bounds(p, c).value, cap)}
     table = _table(rows, lambda r: pp_preference(r["period_s"], r["peak_bytes"], r["n_stages"], r["n_microbatches"]))
     table.attrs["skipped"] = skipped
     return table

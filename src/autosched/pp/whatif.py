@@ -81,7 +81,8 @@ class PPWhatIf:
 
 def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[int] = None,
                stage_factors: Optional[Mapping[int, float]] = None, max_memory_bytes: Optional[float] = None,
-               same_global_batch: bool = True, memory_cap_bytes: Optional[float] = None) -> PPWhatIf:
+               same_global_batch: bool = True, memory_cap_bytes: Optional[float] = None,
+               cores: Optional[int] = None, device: Optional[str] = None) -> PPWhatIf:
     """``program`` predicted before and after a change of micro-batches, stage speed or memory cap.
 
     Parameters
@@ -101,6 +102,8 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
         With ``n_microbatches``: keep the batch and shrink the micro-batch, scaling the
         costs by :meth:`PPCosts.rescaled <autosched.pp.costs.PPCosts.rescaled>` (needs
         ``costs.samples_per_microbatch``); ``False`` keeps the micro-batch (a larger batch).
+    cores, device : optional
+        As :func:`~autosched.pp.simulate.pp_simulate` takes them, for both predictions.
 
     Raises
     ------
@@ -139,8 +142,8 @@ def pp_what_if(program: PPProgram, costs: PPCosts, *, n_microbatches: Optional[i
             changes.append(f"{n_microbatches} micro-batches instead of {program.n_microbatches} (a larger batch)")
     if max_memory_bytes is not None:
         changes.append(f"cap {max_memory_bytes:g} bytes per rank")
-    before = pp_simulate(program, costs)
-    after = pp_simulate(after_program, after_costs)
+    before = pp_simulate(program, costs, cores=cores, device=device)
+    after = pp_simulate(after_program, after_costs, cores=cores, device=device)
     return PPWhatIf("; ".join(changes) or "no change", before, after,
                     pp_lower_bounds(costs, program.n_microbatches, program.stage_to_rank).value,
                     pp_lower_bounds(after_costs, after_program.n_microbatches, after_program.stage_to_rank).value,
