@@ -99,3 +99,15 @@ def test_replan_runs_its_three_parts_and_swaps_nothing_on_the_idle_run(capsys):
     assert {line.split()[0] for line in out.splitlines() if line.startswith("(")} == {"(1)", "(2)", "(3)"}
     # the idle run's costs keep the static plan the best: a search may start on a loaded machine, a swap never
     assert got["idle"]["swaps"] == 0
+
+
+def test_same_predictions_against_its_own_tree_finds_every_prediction_equal(capsys):
+    """Two fresh interpreters (each its own hash seed) give the same predictions bit for bit: the script's
+    comparison of two trees rests on it."""
+    bench = load_benchmark("same_predictions")
+    assert bench.main(["--against", str(bench.ROOT / "src")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    counts = {line.split()[0]: line.split()[1:4] for line in lines if not line.startswith(" ")}
+    assert set(counts) == {"plan", "pp", "gpipe"}, lines
+    for kind, (equal, of, total) in counts.items():
+        assert of == "of" and equal == total and int(total) > 0, lines
