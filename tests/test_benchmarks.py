@@ -111,3 +111,12 @@ def test_same_predictions_against_its_own_tree_finds_every_prediction_equal(caps
     assert set(counts) == {"plan", "pp", "gpipe"}, lines
     for kind, (equal, of, total) in counts.items():
         assert of == "of" and equal == total and int(total) > 0, lines
+
+
+def test_reliability_counts_every_bad_input_of_the_tests_tables_as_rejected():
+    """The script counts the bad-input tables of tests/test_bad_input.py (plans, engine options, files): every
+    case is tried and rejected naming its field."""
+    bench = load_benchmark("reliability")
+    got = bench.bad_input()
+    assert got["failures"] == [] and got["tried"] == got["rejected"] > 0, got["failures"]
+    assert got["counts"]["engine arguments"][0] > 0
