@@ -40,6 +40,7 @@ import datetime
 import os
 import platform
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -651,6 +652,9 @@ def main(argv: List[str] = None) -> int:
     if args.device in ("fake", "all"):
         steps.append(("cuda", lambda: cuda_fault_matrix(with_peer=not args.skip_multirank)))
     seconds: Dict[str, float] = {}
+    # the Ctrl-C faults send SIGINT: it raises KeyboardInterrupt as in an interactive Python, also when this script
+    # was started with SIGINT ignored (a background job of a shell script, nohup), as tests/conftest.py's ctrl_c does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for name, fn in steps:
         if fn is None:
             res[name] = None

@@ -120,3 +120,19 @@ def test_reliability_counts_every_bad_input_of_the_tests_tables_as_rejected():
     got = bench.bad_input()
     assert got["failures"] == [] and got["tried"] == got["rejected"] > 0, got["failures"]
     assert got["counts"]["engine arguments"][0] > 0
+
+
+def test_reliability_fake_device_surfaces_ctrl_c_when_started_with_sigint_ignored(tmp_path, capsys):
+    """Started as a background job (SIGINT ignored), the script's Ctrl-C faults still raise KeyboardInterrupt:
+    no unexpected row."""
+    import signal
+
+    bench = load_benchmark("reliability")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = bench.main(["--quick", "--device", "fake", "--skip-multirank", "--out", str(tmp_path / "r.md")])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    out = capsys.readouterr().out
+    assert code == 0 and "Unexpected results" not in out, out[-2000:]
+    assert "Ctrl-C while progress() waits for the device" in out
