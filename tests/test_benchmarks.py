@@ -109,3 +109,40 @@ def test_pp_runtime_paths_runs_every_path_with_losses_equal_to_schedule1f1b(caps
     assert figures["losses_equal"], out
     assert set(figures["ratio"][2]) == {"Schedule1F1B", "csv", "lockstep", "csv-defer", "swpipe"}
     assert figures["ratio"][2]["Schedule1F1B"] == 1.0
+
+
+def test_same_predictions_against_its_own_tree_finds_every_prediction_equal(capsys):
+    """Two fresh interpreters (each its own hash seed) give the same predictions bit for bit: the script's
+    comparison of two trees rests on it."""
+    bench = load_benchmark("same_predictions")
+    assert bench.main(["--against", str(bench.ROOT / "src")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    counts = {line.split()[0]: line.split()[1:4] for line in lines if not line.startswith(" ")}
+    assert set(counts) == {"plan", "pp", "gpipe"}, lines
+    for kind, (equal, of, total) in counts.items():
+        assert of == "of" and equal == total and int(total) > 0, lines
+
+
+def test_reliability_counts_every_bad_input_of_the_tests_tables_as_rejected():
+    """The script counts the bad-input tables of tests/test_bad_input.py (plans, engine options, files): every
+    case is tried and rejected naming its field."""
+    bench = load_benchmark("reliability")
+    got = bench.bad_input()
+    assert got["failures"] == [] and got["tried"] == got["rejected"] > 0, got["failures"]
+    assert got["counts"]["engine arguments"][0] > 0
+
+
+def test_reliability_fake_device_surfaces_ctrl_c_when_started_with_sigint_ignored(tmp_path, capsys):
+    """Started as a background job (SIGINT ignored), the script's Ctrl-C faults still raise KeyboardInterrupt:
+    no unexpected row."""
+    import signal
+
+    bench = load_benchmark("reliability")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = bench.main(["--quick", "--device", "fake", "--skip-multirank", "--out", str(tmp_path / "r.md")])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    out = capsys.readouterr().out
+    assert code == 0 and "Unexpected results" not in out, out[-2000:]
+    assert "Ctrl-C while progress() waits for the device" in out
