@@ -17,7 +17,9 @@ adds what its dry run lacks (time, transfers, memory):
   action of its stages timed into a rolling window), :func:`refreshed_pp_costs` (the costs
   from the windows' medians, with how fresh and how noisy: a :class:`PPRefreshed`),
   :func:`measure_action_overhead` (what the runtime adds per action, on the user's stages:
-  an :class:`ActionOverhead`); :func:`calibrate_pp` (stages, link and that overhead at once,
+  an :class:`ActionOverhead`); :func:`measure_custom_overhead` (what a custom order's path adds beyond PyTorch's
+  class, on the user's stages in the user's group: a :class:`CustomOverhead`; :class:`CustomPathProbe`, its
+  paired rounds one at a time); :func:`calibrate_pp` (stages, link and both overheads at once,
   in the job's process group); :class:`AdaptiveSchedule` (the schedule and micro-batch count chosen
   again between steps when the measured step drifts, every rank switching at the same step);
 * the prediction and the search: ``swpipe.simulate`` (step, bubble and peak memory per rank),
@@ -50,22 +52,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from autosched.pp import (ActionOverhead, LiveTensorBytes, P2PCost, PPBounds, PPCandidate, PPComparison, PPCosts,
-                          PPCpsatRun, PPError, PPProgram, PPRefreshed, PPRow, PPScheduleError, PPSearchResult,
-                          PPSimResult, PPTorchError, PPWhatIf, RollingStepCosts, StageCost, builtin_programs,
-                          calibrate_pp, measure_action_overhead, measure_p2p, measure_stage_costs, pp_program,
-                          program_from_order, read_csv, refreshed_pp_costs, schedule_for, split_module,
-                          validate_program)
+from autosched.pp import (ActionOverhead, CustomOverhead, CustomPathProbe, LiveTensorBytes, P2PCost, PPBounds,
+                          PPCandidate, PPComparison, PPCosts, PPCpsatRun, PPError, PPProgram, PPRefreshed, PPRow,
+                          PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, RollingStepCosts,
+                          StageCost, builtin_programs, calibrate_pp, measure_action_overhead, measure_custom_overhead,
+                          measure_p2p, measure_stage_costs, pp_program, program_from_order, read_csv,
+                          refreshed_pp_costs, schedule_for, split_module, validate_program)
 from autosched.pp import RENAMED, renamed
 from swpipe.commands.pp_model import PPModel
 from swpipe.replan.schedule import AdaptiveSchedule
 
-__all__ = ["ActionOverhead", "AdaptiveSchedule", "LiveTensorBytes", "P2PCost", "PPBounds", "PPCandidate",
-           "PPComparison", "PPCosts", "PPCpsatRun", "PPError", "PPModel", "PPProgram", "PPRefreshed",
-           "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf",
+__all__ = ["ActionOverhead", "AdaptiveSchedule", "CustomOverhead", "CustomPathProbe", "LiveTensorBytes", "P2PCost",
+           "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPCpsatRun", "PPError", "PPModel", "PPProgram",
+           "PPRefreshed", "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf",
            "RollingStepCosts", "StageCost", "builtin_programs", "calibrate_pp", "measure_action_overhead",
-           "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order", "read_csv",
-           "refreshed_pp_costs", "schedule_for", "split_module", "validate_program"]
+           "measure_custom_overhead", "measure_p2p", "measure_stage_costs", "pp_program", "program_from_order",
+           "read_csv", "refreshed_pp_costs", "schedule_for", "split_module", "validate_program"]
 
 
 def __getattr__(name: str) -> Any:

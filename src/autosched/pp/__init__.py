@@ -9,7 +9,8 @@ The verbs' names before (``pp_simulate``, ``pp_lower_bounds``, ``pp_what_if``, `
 ``pp_search``) still work for one release and warn (``FutureWarning``).
 While a job trains, :class:`RollingStepCosts` times its steps and actions and
 :func:`refreshed_pp_costs` refreshes the costs from them; :func:`measure_action_overhead`
-measures the runtime's cost per action. :func:`schedule_for` builds the PyTorch schedule object that runs a
+measures the runtime's cost per action, :func:`measure_custom_overhead` what a custom order's path adds to it.
+:func:`schedule_for` builds the PyTorch schedule object that runs a
 program (PyTorch's own class for one of its schedules, its runtime for any other order).
 """
 
@@ -49,6 +50,9 @@ _LAZY = {
     "PPRefreshed": "rolling",
     "measure_action_overhead": "rolling",
     "ActionOverhead": "rolling",
+    "measure_custom_overhead": "rolling",
+    "CustomOverhead": "rolling",
+    "CustomPathProbe": "rolling",
     "calibrate_pp": "rolling",
 }
 

@@ -23,9 +23,13 @@ and pass the list.
 process, what the runtime adds per compute action: every stage on one rank
 (``LoopedBFS`` over a one-rank group, no transfers), each timed step paired
 with the stages' own costs measured right after it, so both share the load.
+:func:`measure_custom_overhead` measures what a custom order's path adds per
+action beyond PyTorch's own class: the same order run both ways on the user's
+stages in the user's group, in paired rounds (:class:`CustomPathProbe`).
 :func:`calibrate_pp` is the one calibration ahead of a job: the stages' costs,
-the link in the job's process group (its cost per posted transfer included) and
-the runtime's cost per action, as one :class:`~autosched.pp.costs.PPCosts`.
+the link in the job's process group (its cost per posted transfer included), the
+runtime's cost per action and a custom order's path's, as one
+:class:`~autosched.pp.costs.PPCosts`.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from autosched.pp.program import PPError
 from swpipe_core.engine.device import as_device
 
 __all__ = ["RollingStepCosts", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead", "ActionOverhead",
-           "calibrate_pp", "ACTION_METHODS"]
+           "measure_custom_overhead", "CustomOverhead", "CustomPathProbe", "calibrate_pp", "ACTION_METHODS"]
 
 #: the stage methods wrapped, and the action letter each call is recorded as
 ACTION_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -254,11 +258,19 @@ class ActionOverhead:
     @property
     def spread_s(self) -> float:
         """The interquartile range of the rounds (their range under 4 rounds)."""
-        v = sorted(self.rounds_s)
-        if len(v) < 4:
-            return v[-1] - v[0]
-        q = statistics.quantiles(v, n=4, method="inclusive")
-        return q[2] - q[0]
+        return _spread_s(self.rounds_s)
+
+
+def _spread_s(rounds: Sequence[float]) -> float:
+    """The interquartile range of per-round figures, in their unit (their range under 4; 0 for none): the spread of
+    a difference, whose median may be 0 or negative where a relative spread means nothing."""
+    v = sorted(rounds)
+    if not v:
+        return 0.0
+    if len(v) < 4:
+        return v[-1] - v[0]
+    q = statistics.quantiles(v, n=4, method="inclusive")
+    return q[2] - q[0]
 
 
 def _one_rank_group(group: Any) -> Any:
@@ -381,8 +393,294 @@ def _overhead_rounds(modules: List[Any], microbatch: Any, target: Any, loss_fn: 
     return ActionOverhead(max(0.0, statistics.median(rounds)), tuple(rounds), actions)
 
 
+@dataclass(frozen=True)
+class CustomOverhead:
+    """What a custom order's path adds per compute action beyond PyTorch's own class, measured on the user's stages.
+
+    Attributes
+    ----------
+    overhead_s : float
+        The median over the rounds, at least 0: :attr:`PPCosts.custom_overhead_s
+        <autosched.pp.costs.PPCosts.custom_overhead_s>`.
+    rounds_s : tuple of float
+        Each round's ``(custom step - class step) / actions`` (may be negative: noise).
+    builtin_steps_s, custom_steps_s : tuple of float
+        Each round's step run by PyTorch's class and by the custom path (the slowest rank's).
+    actions : int
+        Compute actions per step on the busiest rank.
+    schedule : str
+        The order run both ways (``"1F1B"`` with one stage per rank, ``"Interleaved1F1B"`` with several).
+    """
+
+    overhead_s: float
+    rounds_s: Tuple[float, ...]
+    builtin_steps_s: Tuple[float, ...]
+    custom_steps_s: Tuple[float, ...]
+    actions: int
+    schedule: str
+
+    @property
+    def spread_s(self) -> float:
+        """The interquartile range of the rounds, seconds per action (their range under 4 rounds)."""
+        return _spread_s(self.rounds_s)
+
+    @property
+    def noise(self) -> float:
+        """The steps' own spread: the larger :func:`~swpipe_core.measure.rolling.relative_iqr` of the two paths'."""
+        from swpipe_core.measure.rolling import relative_iqr
+
+        return max(relative_iqr(self.builtin_steps_s), relative_iqr(self.custom_steps_s))
+
+    @classmethod
+    def from_steps(cls, builtin: Sequence[Sequence[float]], custom: Sequence[Sequence[float]], actions: int,
+                   schedule: str) -> "CustomOverhead":
+        """The figure from each rank's step times, round by round (the rounds paired: both paths in each).
+
+        A round's step is its slowest rank's (the pipeline's step); its figure ``(custom - class) / actions``;
+        the overhead their median, at least 0.
+
+        Parameters
+        ----------
+        builtin, custom : sequence of sequence of float
+            Per rank, each round's step by PyTorch's class and by the custom path.
+        actions : int
+            Compute actions per step on the busiest rank.
+        schedule : str
+
+        Returns
+        -------
+        CustomOverhead
+
+        Raises
+        ------
+        PPError
+            No rounds, or ranks or paths with different round counts (``rule="bad_value"``, ``field="rounds"``).
+
+        Examples
+        --------
+        >>> out = CustomOverhead.from_steps([[1.0, 1.0, 1.0], [1.2, 1.0, 1.1]], [[1.1, 1.4, 1.3], [1.0, 1.4, 1.0]],
+        ...                                 actions=10, schedule="1F1B")
+        >>> out.builtin_steps_s, out.custom_steps_s, [round(r, 6) for r in out.rounds_s], round(out.overhead_s, 6)
+        ((1.2, 1.0, 1.1), (1.1, 1.4, 1.3), [-0.01, 0.04, 0.02], 0.02)
+        >>> CustomOverhead.from_steps([[1.0, 1.0]], [[0.9, 0.8]], actions=4, schedule="1F1B").overhead_s
+        0.0
+        """
+        counts = {len(r) for r in list(builtin) + list(custom)}
+        if len(counts) != 1 or 0 in counts or not builtin or len(builtin) != len(custom):
+            raise PPError("bad_value", "rounds", sorted(counts), detail=(
+                "every rank's step times for both paths, the same number of rounds (at least one): step each "
+                "rank's probe in the same rounds"))
+        slow_b = tuple(max(r[i] for r in builtin) for i in range(counts.pop()))
+        slow_c = tuple(max(r[i] for r in custom) for i in range(len(slow_b)))
+        rounds = tuple((c - b) / actions for b, c in zip(slow_b, slow_c))
+        return cls(max(0.0, statistics.median(rounds)), rounds, slow_b, slow_c, actions, schedule)
+
+
+class CustomPathProbe:
+    """PyTorch's class and a custom order's path (:func:`~autosched.pp.program.schedule_for`) running the same order
+    on the user's stages in the user's process group, in paired rounds.
+
+    The order is ``1F1B``'s with one stage per rank, ``Interleaved1F1B``'s with several (the stages placed in a loop,
+    stage ``s`` on rank ``s % ranks``); one run by PyTorch's class, the other by the custom path
+    (``_PipelineScheduleRuntime`` on :func:`~autosched.pp.program.program_from_order`'s lowering). Every
+    :meth:`round` steps each once after a barrier (which goes first alternates), so both share the load's swings;
+    :meth:`result` gathers every rank's steps (every rank calls it) into a :class:`CustomOverhead`. The modules'
+    parameters, buffers, gradients and torch's generators are put back by :meth:`close` (or the ``with`` block).
+    :func:`measure_custom_overhead` is this probe stepped ``steps`` rounds; ``swpipe pp`` steps one before the
+    search and once in every round of its runs.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        Every stage module, in order (each rank passes all of them): a multiple of the group's ranks.
+    microbatch, target : torch.Tensor
+        One micro-batch and its target.
+    loss_fn : callable
+    group : ProcessGroup, optional
+        The job's group (default: the default group, which must exist).
+    n_microbatches : int, optional
+        Micro-batches per step (default: 4, or the group's ranks if more: 1F1B runs at least one per stage).
+    warmup : int
+        Untimed rounds first (the runtime shapes its buffers on the first step).
+
+    Raises
+    ------
+    PPError
+        No process group; a stage count that is not a multiple of the group's ranks (``field="stages"``);
+        ``n_microbatches`` or ``warmup`` out of range or too few micro-batches for the order (``rule="bad_value"``
+        or the order's own rule, ``.field``).
+    """
+
+    def __init__(self, stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                 group: Any = None, n_microbatches: Optional[int] = None, warmup: int = 1) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.pipelining import PipelineStage
+
+        from autosched.pp.program import pp_program, program_from_order, schedule_for
+        from swpipe_core.measure.state import snapshot_state
+
+        if not dist.is_initialized():
+            raise PPError("bad_value", "group", group, detail=(
+                "a process group: call it on every rank of the job after dist.init_process_group (or call "
+                "measure_custom_overhead, which makes a one-rank group when none exists)"))
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        modules = list(stages)
+        if not modules or len(modules) % world:
+            raise PPError("bad_value", "stages", len(modules), detail=(
+                f"every stage module, as many as the group's {world} ranks or a multiple of them (each rank passes "
+                "all of them)"))
+        n_mb = max(4, world) if n_microbatches is None else n_microbatches
+        for name, value, least in (("n_microbatches", n_mb, 1), ("warmup", warmup, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise PPError("bad_value", name, value, detail=f"an integer >= {least}")
+        per = len(modules) // world
+        self.schedule = "1F1B" if per == 1 else "Interleaved1F1B"
+        builtin = pp_program(self.schedule, world, n_mb, None if per == 1 else per)
+        custom = program_from_order(builtin.compute, n_mb, builtin.stage_to_rank, f"{self.schedule}-order")
+        self.group, self.actions = group, max(len(actions) for actions in builtin.compute.values())
+        self.modules = modules
+        mine = builtin.rank_stages(rank)
+        self._snapshot = snapshot_state(modules)
+        device = microbatch.device
+        self._sync = as_device(device).synchronize
+        self._schedules = tuple(
+            schedule_for(p, [PipelineStage(modules[s], s, len(modules), device, group=group) for s in mine], loss_fn)
+            for p in (builtin, custom))
+        self._first, self._last = 0 in mine, len(modules) - 1 in mine
+        self._x, self._y = torch.cat([microbatch] * n_mb), torch.cat([target] * n_mb)
+        self.steps_s: Tuple[List[float], List[float]] = ([], [])  # this rank's, by PyTorch's class and the path
+        for _ in range(warmup):
+            self._round(timed=False)
+
+    def _step(self, path: int) -> float:
+        import torch.distributed as dist
+
+        for m in self.modules:
+            m.zero_grad(set_to_none=False)
+        args = (self._x,) if self._first else ()
+        kwargs: Dict[str, Any] = {"target": self._y, "losses": []} if self._last else {}
+        dist.barrier(group=self.group)  # every rank starts the step together: the step is the pipeline's
+        self._sync()
+        t0 = time.perf_counter()
+        self._schedules[path].step(*args, return_outputs=False, **kwargs)
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _round(self, timed: bool) -> None:
+        order = (0, 1) if len(self.steps_s[0]) % 2 == 0 else (1, 0)
+        took = {path: self._step(path) for path in order}
+        if timed:
+            for path in (0, 1):
+                self.steps_s[path].append(took[path])
+
+    def round(self) -> None:
+        """One timed step of each path (every rank calls it, in the same rounds)."""
+        self._round(timed=True)
+
+    def result(self) -> CustomOverhead:
+        """Every rank's rounds so far, gathered on the group (every rank calls it; all get the same figure).
+
+        Raises
+        ------
+        PPError
+            No round yet (``field="rounds"``).
+        """
+        import torch.distributed as dist
+
+        gathered: List[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, self.steps_s, group=self.group)
+        return CustomOverhead.from_steps([g[0] for g in gathered], [g[1] for g in gathered], self.actions,
+                                         self.schedule)
+
+    def close(self) -> None:
+        """The modules put back as they were before the probe (idempotent)."""
+        from swpipe_core.measure.state import restore_state
+
+        if self._snapshot is not None:
+            restore_state(self.modules, self._snapshot)
+            self._snapshot = None
+
+    def __enter__(self) -> "CustomPathProbe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def measure_custom_overhead(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                            group: Any = None, n_microbatches: Optional[int] = None, steps: int = 5,
+                            warmup: int = 1) -> CustomOverhead:
+    """What a custom order's path adds per compute action beyond PyTorch's own class, on these stage modules, in
+    this process group.
+
+    The same order runs both ways on the user's stages (:class:`CustomPathProbe`: ``1F1B``'s with one stage per
+    rank, ``Interleaved1F1B``'s with several): by PyTorch's class and by :func:`~autosched.pp.program.schedule_for`'s
+    path for a custom order. Each of ``steps`` paired rounds steps both; a round's figure is ``(custom step - class
+    step) / actions`` (each step the slowest rank's), the overhead their median, at least 0: what
+    :attr:`PPCosts.custom_overhead_s <autosched.pp.costs.PPCosts.custom_overhead_s>` holds, so a search picks a
+    custom order only where it beats PyTorch's by more than its path costs. Every rank of ``group`` calls it and
+    gets the same figure. The modules are put back afterwards.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        Every stage module, in order (each rank passes all of them): as many as the group's ranks, or a multiple.
+    microbatch, target : torch.Tensor
+        One micro-batch and its target.
+    loss_fn : callable
+        ``loss_fn(output, target)``, as given to the schedule.
+    group : ProcessGroup, optional
+        The job's group. Default: the default group, or a one-rank group of its own when no process group exists
+        (made and destroyed here).
+    n_microbatches : int, optional
+        Micro-batches per step (default: 4, or the group's ranks if more).
+    steps : int
+        Paired rounds timed.
+    warmup : int
+        Untimed rounds first.
+
+    Returns
+    -------
+    CustomOverhead
+        ``.overhead_s`` (>= 0), ``.rounds_s`` (each round's, may be negative), ``.spread_s`` (their interquartile
+        range), ``.noise`` (the steps' relative spread).
+
+    Raises
+    ------
+    PPError
+        ``steps`` not an integer >= 1, or what :class:`CustomPathProbe` refuses (``rule``, ``.field``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> stages = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)]
+    >>> out = measure_custom_overhead(stages, torch.randn(4, 8), torch.randn(4, 2), torch.nn.functional.mse_loss,
+    ...                               n_microbatches=2, steps=3)
+    >>> out.schedule, out.actions, len(out.rounds_s), out.overhead_s >= 0, out.spread_s >= 0
+    ('Interleaved1F1B', 8, 3, True, True)
+    """
+    import torch.distributed as dist
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PPError("bad_value", "steps", steps, detail="an integer >= 1")
+    own = not dist.is_initialized() and group is None
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with CustomPathProbe(stages, microbatch, target, loss_fn, group=group, n_microbatches=n_microbatches,
+                             warmup=warmup) as probe:
+            for _ in range(steps):
+                probe.round()
+            return probe.result()
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
 def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
-                 group: Any = None, alone_group: Any = None, n_microbatches: int = 4, repeats: int = 5) -> Any:
+                 group: Any = None, alone_group: Any = None, n_microbatches: Optional[int] = None,
+                 repeats: int = 5) -> Any:
     """The costs of a pipeline-parallel job, measured on its own stages, in its own process group.
 
     * each stage's F, B, I, W, loss and bytes: :func:`~autosched.pp.costs.measure_stage_costs`
@@ -392,7 +690,13 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
       the group has two ranks or more (every rank of it calls this); no link otherwise;
     * the runtime's cost per action: :func:`measure_action_overhead` on ``alone_group``
       (``repeats`` rounds), folded in with
-      :meth:`PPCosts.with_action_overhead <autosched.pp.costs.PPCosts.with_action_overhead>`.
+      :meth:`PPCosts.with_action_overhead <autosched.pp.costs.PPCosts.with_action_overhead>`;
+    * what a custom order's path adds per action beyond PyTorch's class: :func:`measure_custom_overhead` on
+      ``group`` (``repeats`` paired rounds; every rank gets the same figure), as
+      :attr:`PPCosts.custom_overhead_s <autosched.pp.costs.PPCosts.custom_overhead_s>`, so a search on these
+      costs picks a custom order only where it beats PyTorch's schedule by more than that.
+
+    The machine note (``PPCosts.machine``) gives both overheads' spread over their rounds.
 
     Parameters
     ----------
@@ -404,13 +708,19 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
         The job's group, for the link.
     alone_group : ProcessGroup, optional
         A one-rank group of this rank (see :func:`measure_action_overhead`).
-    n_microbatches : int
-        Micro-batches per step of the overhead's runs.
+    n_microbatches : int, optional
+        Micro-batches per step of the overheads' runs (default: 4, or the group's ranks if more for the custom
+        path's).
     repeats : int
 
     Returns
     -------
     PPCosts
+
+    Raises
+    ------
+    PPError
+        A stage count that is not a multiple of the group's ranks (``field="stages"``), or a count out of range.
 
     Examples
     --------
@@ -419,6 +729,8 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     ...                      torch.nn.functional.mse_loss, n_microbatches=2, repeats=2)
     >>> costs.n_stages, costs.samples_per_microbatch, costs.p2p.latency_s, costs.action_overhead_s >= 0
     (2, 4, 0.0, True)
+    >>> costs.custom_overhead_s >= 0
+    True
     """
     import platform
 
@@ -431,8 +743,12 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     if dist.is_initialized() and dist.get_world_size(group) >= 2:
         busy = max([c.output_bytes for c in measured] + [1])
         link = measure_p2p(group, repeats=max(4, repeats), busy_bytes=busy)
-    overhead = measure_action_overhead(stages, microbatch, target, loss_fn, n_microbatches=n_microbatches,
+    overhead = measure_action_overhead(stages, microbatch, target, loss_fn, n_microbatches=n_microbatches or 4,
                                        group=alone_group, steps=repeats)
-    machine = f"calibrate_pp on {platform.node()}: {repeats} repeats, overhead spread {overhead.spread_s * 1e6:.1f} us"
-    return PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]),
-                   machine=machine).with_action_overhead(overhead.overhead_s)
+    custom = measure_custom_overhead(stages, microbatch, target, loss_fn, group=group, n_microbatches=n_microbatches,
+                                     steps=repeats)
+    machine = (f"calibrate_pp on {platform.node()}: {repeats} repeats, overhead spread {overhead.spread_s * 1e6:.1f} "
+               f"us, custom path {custom.overhead_s * 1e6:.1f} us per action (spread {custom.spread_s * 1e6:.1f} us, "
+               f"{custom.schedule}'s order both ways)")
+    return replace(PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]), machine=machine)
+                   .with_action_overhead(overhead.overhead_s), custom_overhead_s=custom.overhead_s)

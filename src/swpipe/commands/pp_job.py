@@ -15,7 +15,8 @@ Each rank (:func:`run_rank`):
    runtime's own cost per action, by running every stage alone (``ScheduleLoopedBFS`` on a
    one-rank group) against the prediction, and what a custom order's path adds per action (1F1B's
    order run by ``Schedule1F1B`` and by :func:`~swpipe.pp.schedule_for`'s path for a custom order, in
-   turns: :class:`_PathProbe`): before the runs, once in every round of them
+   paired rounds: the library's :class:`~swpipe.pp.CustomPathProbe`, what :func:`~swpipe.pp.calibrate_pp`
+   measures too): before the runs, once in every round of them
    and after them (a shared machine's load moves within seconds); each figure's median;
 3. rank 0 searches a schedule on the costs measured before the runs
    (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, so the
@@ -279,50 +280,28 @@ class _AloneProbe:
         return max(0.0, (statistics.median(self.times) - predicted) / len(self.program.compute[0]))
 
 
-class _PathProbe:
-    """What a custom order's path adds per compute action: 1F1B's order run by PyTorch's ``Schedule1F1B`` and by
-    :func:`~swpipe.pp.schedule_for`'s path for a custom order (``_PipelineScheduleRuntime``), stepped in turns.
+def _path_probes(cfg: PPRunConfig, model: PPModel, splits: Sequence[int]) -> Dict[int, Any]:
+    """A :class:`~swpipe.pp.CustomPathProbe` per micro-batch count, on a fresh model cut into the fewest stages
+    (1F1B's order where one stage per rank is offered), warmed up (None where that order does not run: too few
+    micro-batches). Every rank calls it."""
+    from swpipe.pp import CustomPathProbe, PPError
 
-    :meth:`overhead_s` is ``(median custom step - median Schedule1F1B step) / compute actions`` on this rank, at
-    least 0: the :attr:`~swpipe.pp.PPCosts.custom_overhead_s` every custom order is predicted with.
-    """
-
-    def __init__(self, cfg: PPRunConfig, n_mb: int, rank: int, world: int) -> None:
-        from swpipe.pp import pp_program, program_from_order
-
-        builtin = pp_program("1F1B", world, n_mb)
-        custom = program_from_order(builtin.compute, n_mb, builtin.stage_to_rank, "1F1B-order")
-        self.pair = (_Trainer("1F1B", builtin, cfg, n_mb, rank), _Trainer("1F1B-order", custom, cfg, n_mb, rank))
-        self.actions = len(builtin.compute[rank])
-        for _ in range(cfg.warmup):
-            self.step(timed=False)
-
-    def step(self, timed: bool = True) -> None:
-        for t in self.pair:
-            t.step(timed=timed)
-
-    def overhead_s(self) -> float:
-        builtin, custom = (statistics.median(t.times) for t in self.pair)
-        return max(0.0, (custom - builtin) / self.actions)
-
-
-def _path_probes(cfg: PPRunConfig, model: PPModel, rank: int, world: int) -> Dict[int, Optional[_PathProbe]]:
-    """A :class:`_PathProbe` per micro-batch count (None where 1F1B does not run: too few micro-batches, or a model
-    not cut one stage per rank)."""
-    from swpipe.pp import PPError
-
-    out: Dict[int, Optional[_PathProbe]] = {}
+    out: Dict[int, Any] = {}
     for n in cfg.microbatches:
+        fresh = cfg.load()
+        xs, ys = fresh.microbatches(n)
         try:
-            out[n] = _PathProbe(cfg, n, rank, world) if world in model.stage_counts(world) else None
+            out[n] = CustomPathProbe(fresh.cut(min(splits)), xs[0], ys[0], fresh.loss_fn, n_microbatches=n,
+                                     warmup=cfg.warmup)
         except PPError:
             out[n] = None
     return out
 
 
-def _custom_overhead(probe: Optional[_PathProbe]) -> float:
-    """The probe's figure, the median over the ranks (0 without a probe); every rank calls it."""
-    return _median_on_every_rank(probe.overhead_s() if probe is not None else 0.0)
+def _custom_overhead(probe: Any) -> float:
+    """The probe's figure over all its rounds so far, the same on every rank (0 without a probe); every rank calls
+    it."""
+    return probe.result().overhead_s if probe is not None else 0.0
 
 
 def _median_on_every_rank(mine: float) -> float:
@@ -352,7 +331,7 @@ class _Calibration:
     """
 
     def __init__(self, cfg: PPRunConfig, n_mb: int, splits: Sequence[int], probe: _AloneProbe,
-                 busy_bytes: int, path: Optional[_PathProbe]) -> None:
+                 busy_bytes: int, path: Any) -> None:
         self.cfg, self.n_mb, self.splits, self.busy_bytes = cfg, n_mb, splits, busy_bytes
         self.probe, self.path = probe, path
         probe.times.clear()  # its steps from now on, in the rounds
@@ -366,7 +345,7 @@ class _Calibration:
             self.samples[k].extend(v)
         _in_turns(self.cfg.cores, self.probe.step)
         if self.path is not None:
-            self.path.step()
+            self.path.round()
         self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
 
     def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
@@ -449,11 +428,11 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                 _in_turns(cfg.cores, probe.step)
         overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
         # what a custom order's path costs matters to the search and the searched row only
-        paths = _path_probes(cfg, model, rank, world) if cfg.search else {n: None for n in cfg.microbatches}
+        paths = _path_probes(cfg, model, splits) if cfg.search else {n: None for n in cfg.microbatches}
         for _ in range(max(3, cfg.cost_repeats)):
             for path in paths.values():
                 if path is not None:
-                    path.step()
+                    path.round()
         custom = {n: _custom_overhead(paths[n]) for n in cfg.microbatches}
         costs = {n: {k: replace(c.with_action_overhead(overhead[n]), custom_overhead_s=custom[n])
                      for k, c in by.items()} for n, by in costs.items()}
@@ -483,6 +462,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             after = _costs_on_every_rank(cfg, n_mb, splits)
             both, overhead[n_mb], custom[n_mb] = calibration.costs(samples[n_mb], after,
                                                                    [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
+            if paths[n_mb] is not None:
+                paths[n_mb].close()  # its rounds are counted: the snapshot of its model let go
             for t in trainers:
                 t.step(memory=True)
             gathered = [t.gather(world) for t in trainers]
