@@ -12,7 +12,7 @@ import torch
 from swpipe import (Constraints, CostModel, PipelinePlan, PipelineTask, RollingCosts, SWPipeline, TaskCost,
                     TaskSchedule)
 from swpipe.replan import (AdaptivePipeline, CostSnapshot, ReplanError, ReplanOptions, RollingSource, drift_detected,
-                           noise_band, predicted_period, swap_worth_it)
+                           exchange_step, noise_band, predicted_period, swap_worth_it)
 from swpipe_core.engine.options import OptionError
 from conftest import ScriptedClock, swpipe_threads
 
@@ -54,6 +54,16 @@ def test_a_swap_must_beat_the_noise():
     assert swap_worth_it(4.0, 3.0, noise=0.2) is True
     assert swap_worth_it(4.0, 3.3, noise=0.2) is False
     assert swap_worth_it(4.0, 4.0, noise=0.0) is False
+
+
+def test_the_ranks_exchange_after_every_kth_iteration_of_the_run_only():
+    assert [i for i in range(50) if exchange_step(i, 16)] == [15, 31, 47]
+    assert [i for i in range(8) if exchange_step(i, 1)] == list(range(8))
+    assert [i for i in range(100, 112) if exchange_step(i, 4)] == [103, 107, 111]  # the run-wide index
+    assert ReplanOptions().exchange_every == 16
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="exchange_every"):
+            exchange_step(3, bad)
 
 
 def test_the_rolling_source_is_the_base_refreshed_from_the_window_and_its_noise_the_largest_spread():
@@ -377,6 +387,9 @@ def test_options_of_the_wrong_type_or_out_of_range_are_refused(plans):
     with pytest.raises(OptionError) as caught:
         ReplanOptions(window=0)
     assert caught.value.field == "window"
+    with pytest.raises(OptionError) as caught:
+        ReplanOptions(exchange_every=0)
+    assert caught.value.field == "exchange_every"
 
 
 def test_a_drain_during_the_swap_keeps_the_decision_the_next_fill_runs_the_new_plan(plans):

@@ -1,9 +1,10 @@
 """PyTorch's pipelining schedule chosen again between steps (AdaptiveSchedule): the decision on scripted step times
 and costs (no timing), one rank in this process, and two ranks (gloo on loopback, spawned) where rank 0's drift makes
-both ranks switch at the same step while the losses stay those of the unswitched run."""
+both ranks switch at the same step (the next exchange's) while the losses stay those of the unswitched run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -17,7 +18,7 @@ import torch
 
 from autosched.pp.costs import PPCosts, StageCost
 from autosched.pp.program import pp_program
-from swpipe.replan import ReplanOptions
+from swpipe.replan import ReplanOptions, exchange_step
 from swpipe.replan.schedule import choose_schedule, same_layout_programs, schedule_label
 
 pytestmark = pytest.mark.timeout(300)
@@ -166,6 +167,9 @@ def test_no_switch_when_the_running_schedule_is_still_the_best_and_the_new_level
 
 WORLD = 2
 DEADLINE_S = 120.0
+#: the ranks exchange after steps 4, 9, 14: the drift at step 8 is chosen on at step 9, the switch from step 10
+RANKS_OPTS = dataclasses.replace(OPTS, exchange_every=5)
+SWITCH_AT = next(i for i in range(DRIFT_AT, STEPS) if exchange_step(i, RANKS_OPTS.exchange_every))
 
 
 def _rank_main(rank: int, store_path: str, out_dir: str, adaptive: bool) -> None:
@@ -189,7 +193,7 @@ def _rank_main(rank: int, store_path: str, out_dir: str, adaptive: bool) -> None
         said = Said(base.rescaled(SAMPLES // 2))
         clock = StepClock(SLOW_FROM if rank == 0 else 10 ** 9)
         sched = AdaptiveSchedule([stage], torch.nn.functional.mse_loss, pp_program("GPipe", WORLD, 2), base,
-                                 candidates=[pp_program("1F1B", WORLD, 4)], replan=OPTS if adaptive else None,
+                                 candidates=[pp_program("1F1B", WORLD, 4)], replan=RANKS_OPTS if adaptive else None,
                                  group=decisions, clock=clock, costs_now=said)
         losses, used = [], []
         with sched:
@@ -239,9 +243,10 @@ def _run_ranks(adaptive: bool) -> List[Dict[str, Any]]:
 @pytest.mark.slow
 def test_two_ranks_switch_at_the_same_step_and_the_losses_are_the_unswitched_runs():
     rank0, rank1 = _run_ranks(adaptive=True)
-    switch = [DRIFT_AT, True, DRIFT_AT + 1, "GPipe n=2", "1F1B n=4"]
+    assert SWITCH_AT == DRIFT_AT + 1  # the drift waits one step for the exchange
+    switch = [SWITCH_AT, True, SWITCH_AT + 1, "GPipe n=2", "1F1B n=4"]
     assert rank0["decisions"] == rank1["decisions"] == [switch]
-    expected = ["GPipe n=2"] * (DRIFT_AT + 1) + ["1F1B n=4"] * (STEPS - DRIFT_AT - 1)
+    expected = ["GPipe n=2"] * (SWITCH_AT + 1) + ["1F1B n=4"] * (STEPS - SWITCH_AT - 1)
     assert rank0["used"] == rank1["used"] == expected
     assert (rank0["asked"], rank1["asked"]) == (1, 0)  # only rank 0 chooses
     ref0, ref1 = _run_ranks(adaptive=False)

@@ -1,6 +1,8 @@
 """Re-planning on two ranks (gloo on loopback, spawned): rank 0 decides, both ranks swap at the same iteration to
 the same plan, and each rank's results equal the serial loop's. Rank 1's clock and cost source are scripted to
-say something else (no drift, other costs, a search that must not run): only rank 0's decision counts."""
+say something else (no drift, other costs, a search that must not run): only rank 0's decision counts. The ranks
+exchange after every ``OPTS.exchange_every``-th iteration only (the default), so rank 0's decision point (35, as in
+the one-rank test) moves to the next exchange, and so does a failure."""
 
 from __future__ import annotations
 
@@ -15,17 +17,28 @@ from typing import Any, Dict, List
 import pytest
 
 from conftest import ScriptedClock
-from test_replan import COSTS0, OPTS, Scripted, Training, bound, drive, searched_plan, serial_reference
+from swpipe.replan import exchange_step
+from test_replan import COSTS0, OPTS, Scripted, Training, bound, searched_plan, serial_reference
 
 WORLD = 2
 N, SLOW_FROM = 60, 25
+DETECTED, DECISION_POINT = 32, 35  # rank 0's scripted clock: as in the one-rank test
+EXCHANGED = next(i for i in range(DECISION_POINT, N) if exchange_step(i, OPTS.exchange_every))  # 47
 DEADLINE_S = 120.0
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(DEADLINE_S) + 120)]
 
 
+class FailingSource(Scripted):
+    """Rank 0's cost source that raises when asked (at the drift, between two exchanges)."""
+
+    def costs_now(self):
+        self.asked += 1
+        raise RuntimeError("no costs")
+
+
 def _rank_main(rank: int, store_path: str, out_dir: str, before_doc: Dict[str, Any], after_doc: Dict[str, Any],
-               fail: bool) -> None:
+               fail: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
@@ -44,10 +57,10 @@ def _rank_main(rank: int, store_path: str, out_dir: str, before_doc: Dict[str, A
         searched: List[int] = []
         if rank == 0:  # drifts at iteration 29 (its clock), the search finds `after`
             def search(plan, costs):
-                if fail:
+                if fail == "search":
                     raise ValueError("no plan")
                 return bound(after, t)
-            clock, source = ScriptedClock(switch=30), Scripted()
+            clock, source = ScriptedClock(switch=30), FailingSource() if fail == "costs" else Scripted()
         else:  # never drifts, says the old costs, and its search must never run
             def search(plan, costs):
                 searched.append(1)
@@ -57,9 +70,17 @@ def _rank_main(rank: int, store_path: str, out_dir: str, before_doc: Dict[str, A
                                 clock=clock, group=group)
         try:
             with pipe:
-                out["retired"] = drive(pipe, range(N))
+                out["retired"] = retired = []
+                it = pipe.fill_pipeline(range(N))
+                while True:
+                    try:
+                        retired.append(pipe.progress(it))
+                    except StopIteration:
+                        break
         except ReplanError as exc:
             out["error"] = [exc.iteration, exc.reason]
+        except RuntimeError as exc:  # rank 0's cost source, raised by the call that retired iteration len(retired)
+            out["error"] = [len(out["retired"]), str(exc)]
         out["decisions"] = [[d.decided_at, d.swapped, d.starts_at, plan_to_dict(d.plan)] for d in pipe.decisions]
         out["plan"] = plan_to_dict(pipe.plan)
         out["searched"] = len(searched)
@@ -74,7 +95,7 @@ def _rank_main(rank: int, store_path: str, out_dir: str, before_doc: Dict[str, A
         json.dump(out, fh)
 
 
-def run_ranks(before_doc, after_doc, fail=False) -> List[Dict[str, Any]]:
+def run_ranks(before_doc, after_doc, fail="") -> List[Dict[str, Any]]:
     """Both ranks, to the end or the deadline (then killed, and the test fails)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,7 +136,8 @@ def test_rank_0_decides_and_every_rank_swaps_at_the_same_iteration_to_the_same_p
     assert rank0["retired"] == rank1["retired"] == list(range(N))
     # rank 0's clock drifts (decision at 35, as in the one-rank test); rank 1's never does, yet it swaps there too
     depth = before_doc.get("pipeline_depth") or 1 + max(t["stage"] for t in before_doc["tasks"])
-    swap = [35, True, 35 + depth + 1, after_doc]
+    assert EXCHANGED == 47  # the decision point 35 waits for the next exchange
+    swap = [EXCHANGED, True, EXCHANGED + depth + 1, after_doc]
     assert rank0["decisions"] == [swap] and rank1["decisions"] == [swap]
     assert rank0["plan"] == rank1["plan"] == after_doc
     assert (rank0["asked"], rank1["asked"], rank1["searched"]) == (1, 0, 0)  # rank 1 neither asks nor searches
@@ -124,7 +146,16 @@ def test_rank_0_decides_and_every_rank_swaps_at_the_same_iteration_to_the_same_p
 
 def test_a_failed_search_on_rank_0_raises_on_every_rank_at_the_same_iteration(plan_docs):
     before_doc, after_doc = plan_docs
-    rank0, rank1 = run_ranks(before_doc, after_doc, fail=True)
-    assert rank0["error"] == [35, "failed"]
-    assert rank1["error"] == [35, "failed on rank 0"]
+    rank0, rank1 = run_ranks(before_doc, after_doc, fail="search")
+    assert rank0["error"] == [EXCHANGED, "failed"]
+    assert rank1["error"] == [EXCHANGED, "failed on rank 0"]
+    assert rank0["decisions"] == rank1["decisions"] == []
+
+
+def test_a_failure_between_two_exchanges_is_told_at_the_next_and_every_rank_raises_there(plan_docs):
+    before_doc, after_doc = plan_docs
+    assert not exchange_step(DETECTED, OPTS.exchange_every)  # rank 0's cost source raises between two exchanges
+    rank0, rank1 = run_ranks(before_doc, after_doc, fail="costs")
+    assert rank0["error"] == [EXCHANGED, "no costs"] and rank0["asked"] == 1
+    assert rank1["error"] == [EXCHANGED, "failed on rank 0"]
     assert rank0["decisions"] == rank1["decisions"] == []

@@ -25,7 +25,7 @@ import torch
 
 from autosched.model.costs import CostModel
 from autosched.model.taskcost import TaskCost
-from swpipe.replan import CostSnapshot, ReplanOptions, predicted_period
+from swpipe.replan import CostSnapshot, ReplanOptions, exchange_step, predicted_period
 from swpipe_core import pipelines
 from swpipe_core.engine.options import OptionError
 from conftest import ScriptedClock, requires_torchrec, swpipe_threads, torchrec_usable
@@ -236,7 +236,9 @@ def test_replan_is_off_by_default_and_takes_true_or_replan_options(dropin):
     assert (caught.value.given_to, caught.value.field) == ("TrainPipeline", "replan")
 
 
-WORLD, N_RANKS, EVALS_RANKS = 2, 46, {36, 38}
+WORLD, N_RANKS, EVALS_RANKS = 2, 50, {40, 42}
+#: the ranks exchange after every 8th batch: rank 0's decision point (35) waits for the exchange after batch 39
+RANKS_OPTS = dataclasses.replace(OPTS, exchange_every=8)
 
 
 def _rank_main(rank: int, store_path: str, out_dir: str) -> None:
@@ -264,7 +266,7 @@ def _rank_main(rank: int, store_path: str, out_dir: str) -> None:
             replan_module.adaptive_engine, clock=ScriptedClock(switch=30 if rank == 0 else 10 ** 9),
             cost_source=Scripted(), search=search)
         model, opt = model_and_optimizer()
-        with pipeline_module.TrainPipeline(model, opt, "cpu", plan="base", replan=OPTS) as pipeline:
+        with pipeline_module.TrainPipeline(model, opt, "cpu", plan="base", replan=RANKS_OPTS) as pipeline:
             outputs = drive(pipeline, model, batches(N_RANKS), EVALS_RANKS)
             out["decisions"] = [[d.decided_at, d.swapped, d.starts_at] for d in pipeline.replanner.decisions]
             out["copy_thread"] = pipeline.plan.sched("H2D").thread_group
@@ -302,7 +304,8 @@ def test_on_two_ranks_rank_0_decides_and_both_drop_ins_swap_at_the_same_batch():
     for r, res in enumerate(out):
         assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
     rank0, rank1 = out
-    assert rank0["decisions"] == rank1["decisions"] == [[35, True, 38]]  # rank 1's clock never drifted
+    assert exchange_step(39, RANKS_OPTS.exchange_every) and not exchange_step(35, RANKS_OPTS.exchange_every)
+    assert rank0["decisions"] == rank1["decisions"] == [[39, True, 42]]  # rank 1's clock never drifted; 40, 41 drained
     assert rank0["copy_thread"] == rank1["copy_thread"] == "io"
     assert (rank0["searched"], rank1["searched"]) == (1, 0)
     assert rank0["equal"] and rank1["equal"]

@@ -11,10 +11,10 @@ from swpipe.replan.costs_now import CostSnapshot, CostSource, RollingSource
 from swpipe.replan.gpipe import AdaptiveGPipe
 from swpipe.replan.log import ReplanDecision, ReplanError, SwitchDecision
 from swpipe.replan.options import ReplanOptions
-from swpipe.replan.rules import drift_detected, noise_band, swap_worth_it
+from swpipe.replan.rules import drift_detected, exchange_step, noise_band, swap_worth_it
 from swpipe.replan.schedule import AdaptiveSchedule, choose_schedule
 from swpipe.replan.watch import PeriodWatch
 
 __all__ = ["AdaptivePipeline", "ReplanOptions", "ReplanDecision", "ReplanError", "CostSnapshot", "CostSource",
            "RollingSource", "default_search", "predicted_period", "drift_detected", "noise_band", "swap_worth_it",
-           "AdaptiveSchedule", "AdaptiveGPipe", "SwitchDecision", "PeriodWatch", "choose_schedule"]
+           "exchange_step", "AdaptiveSchedule", "AdaptiveGPipe", "SwitchDecision", "PeriodWatch", "choose_schedule"]

@@ -167,9 +167,11 @@ class AdaptivePipeline:
         scripts it to make every decision deterministic.
     group : torch.distributed.ProcessGroup, optional
         Several ranks: a gloo group of its own (``torch.distributed.new_group(backend="gloo")``, not the tasks'
-        group), the same on every rank. Rank 0 watches, searches and decides; after every retired iteration it
-        tells the other ranks (:class:`~swpipe.replan.ranks.DecisionExchange`), so every rank swaps at the same
-        iteration to the same plan. The other ranks' cost sources and clocks are not read. ``None``: one rank.
+        group), the same on every rank. Rank 0 watches, searches and decides; after every
+        ``replan.exchange_every``-th retired iteration it tells the other ranks
+        (:class:`~swpipe.replan.ranks.DecisionExchange`), so every rank swaps at the same iteration to the same
+        plan: its decision point (and a failure of its re-planning) waits for the next such iteration. The other
+        ranks' cost sources and clocks are not read. ``None``: one rank.
     **pipeline_options
         Passed to every ``SWPipeline`` built (``timeouts``, ``state``, ``strict``, ``rng``, ...). With
         ``rng="per_task"`` each task's generator is keyed by the run-wide ``ctx.iter_idx``, so the draws across a
@@ -226,7 +228,9 @@ class AdaptivePipeline:
         self._measuring = contextlib.ExitStack()
         self._pending: Optional[PipelinePlan] = None  # a swap decided: draining the old pipeline through progress
         self._running: Optional[_BackgroundSearch] = None
-        self._exchange = DecisionExchange(group) if group is not None and replan is not None else None
+        self._exchange = (DecisionExchange(group, replan.exchange_every) if group is not None and replan is not None
+                          else None)
+        self._failed: Optional[Exception] = None  # rank 0's re-planning failed: told at the next exchange
         self._watch_reset()
 
     # ------------------------------------------------------------- the loop
@@ -284,6 +288,7 @@ class AdaptivePipeline:
                 idx = self._pipe.progress(None if data_iter is None else self._data)
             except StopIteration:
                 self._stop()
+                self._raise_held()
                 raise
         except BaseException:
             self._drop_search()
@@ -317,9 +322,11 @@ class AdaptivePipeline:
         finally:
             self._stop()
             self._drop_search()
+        self._raise_held()
 
     def close(self) -> None:
         """Stop now (as :meth:`SWPipeline.close`); a search in flight is joined and dropped."""
+        self._failed = None
         try:
             self._pipe.close()
         finally:
@@ -398,8 +405,9 @@ class AdaptivePipeline:
         if exchange is None:
             self._watch(idx)
             return
+        due = exchange.due(idx)
         if exchange.rank != 0:
-            swap = exchange.hear(idx, self.plan)
+            swap = exchange.hear(idx, self.plan) if due else None
             if swap is not None:
                 swap.starts_at = self._data.count  # the same on every rank: the same plan fetched the same batches
                 self.decisions.append(swap)
@@ -407,12 +415,33 @@ class AdaptivePipeline:
             return
         decided = len(self.decisions)
         try:
-            self._watch(idx)
-        except BaseException:
+            if self._failed is None:
+                self._watch(idx)
+        except Exception as exc:
+            if not due:  # the other ranks listen only at an exchange: told, and raised, there
+                self._failed = exc
+                return
             exchange.tell_failure(idx)
             raise
+        except BaseException:
+            if due:
+                exchange.tell_failure(idx)
+            raise
+        if not due:
+            return
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            exchange.tell_failure(idx)
+            raise failed
         new = self.decisions[decided:]
         exchange.tell(idx, new[0] if new and new[0].swapped else None)
+
+    def _raise_held(self) -> None:
+        """Rank 0, at the end of a run: its re-planning failed after the last exchange; it raises alone (nothing
+        is left to tell the other ranks at, and nothing waits for it)."""
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     def _watch(self, idx: int) -> None:
         """The period that retired ``idx``, measured and judged."""
@@ -423,8 +452,8 @@ class AdaptivePipeline:
         if said == "baseline":
             self._measured_after(self._periods.reference_s)
         elif self._running is not None:
-            if idx >= self._decide_at:
-                self._decide(idx)
+            if idx >= self._decide_at and (self._exchange is None or self._exchange.due(idx)):
+                self._decide(idx)  # on several ranks, at the first exchange from the decision point on
         elif said == "drift":
             self._detected_at = idx
             periods = opts.search_periods

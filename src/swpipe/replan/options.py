@@ -44,6 +44,12 @@ class ReplanOptions:
         What the new plan may be (default ``Constraints()``).
     join_timeout_s : float
         How long the decision waits for the search beyond that (then a :class:`ReplanError`).
+    exchange_every : int
+        On several ranks (a ``group``), the iterations (steps) between two exchanges of rank 0's decision: the ranks
+        take part in one small broadcast after every ``exchange_every``-th iteration only
+        (:func:`~swpipe.replan.rules.exchange_step`), and a decision, a swap or a failure waits for the next one, so
+        every rank swaps (or raises) at the same iteration. Larger: less per-iteration cost, a later swap. One
+        rank: not read.
 
     Examples
     --------
@@ -64,12 +70,13 @@ class ReplanOptions:
     search_periods: Optional[int] = None
     constraints: Optional[Constraints] = None
     join_timeout_s: float = 60.0
+    exchange_every: int = 16
 
     def __post_init__(self) -> None:
         check_fields(self, {
             "warmup": integer(0), "window": integer(1), "patience": integer(1), "min_noise": fraction(),
             "spread_k": number(0), "time_limit_s": time_limit(), "search_periods": optional(integer(1)),
-            "join_timeout_s": time_limit(),
+            "join_timeout_s": time_limit(), "exchange_every": integer(1),
         })
         if self.constraints is not None and not isinstance(self.constraints, Constraints):
             raise OptionError("ReplanOptions", "constraints", self.constraints, expected="a Constraints or None")

@@ -1,13 +1,16 @@
 """Several ranks re-plan as one: rank 0 decides, and every rank swaps at the same iteration to the same plan.
 
-After every retired iteration each rank takes part in one exchange on a gloo group of its own (the scheme
-:func:`~swpipe_core.distributed.agree_on_end` uses for uneven data: a small CPU tensor, on the caller's thread,
-never the group the tasks' collectives run on). Rank 0 broadcasts ``[what, iteration]``: nothing decided, a swap
-(followed by the decision with the plan in its shareable form, :func:`~swpipe_core.planfile.plan_to_dict`), or
-its re-planning failed (every rank then raises instead of waiting for a collective that never comes). The other
-ranks neither watch nor search: what their own clocks and cost sources say does not matter, so no rank can swap
-alone. Because every rank retires the same iterations (the same plan and the same data count, ``agree_on_end``
-for uneven data), the exchange pairs rank 0's iteration with every rank's, and the iteration is checked.
+After every ``exchange_every``-th retired iteration (:func:`~swpipe.replan.rules.exchange_step`, the run-wide
+index alone: the same iterations on every rank) each rank takes part in one exchange on a gloo group of its own
+(the scheme :func:`~swpipe_core.distributed.agree_on_end` uses for uneven data: a small CPU tensor, on the
+caller's thread, never the group the tasks' collectives run on). Between two exchanges no rank waits for another:
+rank 0's decision waits for the next exchange, and so does its failure. Rank 0 broadcasts ``[what, iteration]``:
+nothing decided, a swap (followed by the decision with the plan in its shareable form,
+:func:`~swpipe_core.planfile.plan_to_dict`), or its re-planning failed (every rank then raises instead of waiting
+for a collective that never comes). The other ranks neither watch nor search: what their own clocks and cost
+sources say does not matter, so no rank can swap alone. Because every rank retires the same iterations (the same
+plan and the same data count, ``agree_on_end`` for uneven data), the exchange pairs rank 0's iteration with every
+rank's, and the iteration is checked.
 
 The same exchange carries any picklable decision (:meth:`DecisionExchange.tell_object`, what PyTorch's pipelining
 schedules and GPipe switch to) and, when rank 0 saw a drift, one gather of every rank's measured costs first
@@ -22,6 +25,7 @@ from typing import Any, List, Optional
 import torch
 
 from swpipe.replan.log import ReplanDecision, ReplanError
+from swpipe.replan.rules import exchange_step
 from swpipe_core.plan import PipelinePlan
 from swpipe_core.planfile import plan_from_dict, plan_to_dict
 
@@ -31,18 +35,24 @@ _NOTHING, _SWAP, _FAILED, _GATHER = 0, 1, 2, 3
 
 
 class DecisionExchange:
-    """Rank 0's re-planning decisions, told to every rank of ``group`` once per retired iteration.
+    """Rank 0's re-planning decisions, told to every rank of ``group`` after every ``every``-th retired iteration.
+
+    The callers exchange only after the iterations :meth:`due` names; the calls themselves do not check it.
 
     Parameters
     ----------
     group : torch.distributed.ProcessGroup
         A gloo group used for this exchange only (``torch.distributed.new_group(backend="gloo")``); every rank
         of it must run the same iterations.
+    every : int
+        ``ReplanOptions.exchange_every`` (default 1: after every iteration).
 
     Attributes
     ----------
     rank, world : int
         This rank in ``group``, and the group's size.
+    every : int
+        The iterations between two exchanges.
 
     Examples
     --------
@@ -50,20 +60,26 @@ class DecisionExchange:
 
     >>> import torch.distributed as dist
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    >>> exchange = DecisionExchange(dist.group.WORLD)
-    >>> exchange.rank, exchange.tell(7, None)
-    (0, None)
+    >>> exchange = DecisionExchange(dist.group.WORLD, every=8)
+    >>> exchange.rank, exchange.due(7), exchange.tell(7, None)
+    (0, True, None)
     >>> dist.destroy_process_group()
     """
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, every: int = 1) -> None:
         import torch.distributed as dist
 
+        exchange_step(0, every)  # a bad count fails here, not at the first iteration
         self._dist = dist
         self.group = group
+        self.every = every
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self._src = dist.get_global_rank(group, 0) if group is not None and group is not dist.group.WORLD else 0
+
+    def due(self, iteration: int) -> bool:
+        """Whether the ranks exchange after ``iteration`` (:func:`~swpipe.replan.rules.exchange_step`)."""
+        return exchange_step(iteration, self.every)
 
     def _head(self, what: int, iteration: int) -> torch.Tensor:
         head = torch.tensor([what, iteration], dtype=torch.int64)

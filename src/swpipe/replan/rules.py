@@ -1,6 +1,7 @@
-"""The re-planning rules, as pure functions of numbers: the noise band, drift, and whether a swap is worth it.
+"""The re-planning rules, as pure functions of numbers: the noise band, drift, whether a swap is worth it, and on
+several ranks which iterations the ranks exchange decisions after.
 
-Everything :class:`~swpipe.replan.adaptive.AdaptivePipeline` decides goes through these three functions, so the
+Everything :class:`~swpipe.replan.adaptive.AdaptivePipeline` decides goes through these functions, so the
 decisions can be checked with scripted numbers, without a clock or a pipeline. Times are seconds; ``noise`` is a
 relative half-width (0.05: the band is the reference +- 5 %).
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-__all__ = ["noise_band", "drift_detected", "swap_worth_it"]
+from autosched._fields import integer
+
+__all__ = ["noise_band", "drift_detected", "swap_worth_it", "exchange_step"]
 
 
 def noise_band(periods: Sequence[float], min_noise: float, spread_k: float) -> float:
@@ -125,3 +128,40 @@ def swap_worth_it(predicted_old_s: float, predicted_new_s: float, noise: float) 
     False
     """
     return predicted_new_s < predicted_old_s * (1.0 - noise)
+
+
+def exchange_step(index: int, every: int) -> bool:
+    """True when the ranks exchange rank 0's decision after iteration (or step) ``index``: every ``every``-th one.
+
+    On several ranks a decision can only be told, and so a swap only made, after such an iteration: rank 0's
+    decision waits for the next one. The rule reads the run-wide index alone, so every rank running the same
+    iterations exchanges after the same ones, whatever its clock says.
+
+    Parameters
+    ----------
+    index : int
+        The iteration (or step) that just retired, counted over the whole run from 0 (``>= 0``).
+    every : int
+        ``ReplanOptions.exchange_every`` (``>= 1``; 1: after every iteration).
+
+    Returns
+    -------
+    bool
+        ``(index + 1) % every == 0``: after the ``every``-th, ``2 * every``-th, ... iteration.
+
+    Raises
+    ------
+    ValueError
+        ``every`` is not an integer ``>= 1``.
+
+    Examples
+    --------
+    >>> [i for i in range(40) if exchange_step(i, 16)]
+    [15, 31]
+    >>> all(exchange_step(i, 1) for i in range(5))
+    True
+    """
+    ok, expected = integer(1)
+    if not ok(every):
+        raise ValueError(f"exchange_step(every={every!r}): expected {expected} (ReplanOptions.exchange_every)")
+    return (index + 1) % every == 0

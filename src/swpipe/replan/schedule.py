@@ -8,7 +8,8 @@ through :class:`~swpipe.replan.watch.PeriodWatch` (the re-planning rules); on dr
 (:func:`~autosched.pp.rolling.refreshed_pp_costs`), every candidate is predicted on them
 (:func:`choose_schedule`), and when the fastest beats the running one by more than the noise
 (:func:`~swpipe.replan.rules.swap_worth_it`) every rank builds its schedule object on the same stages before the
-next step. Rank 0 decides and tells (:class:`~swpipe.replan.ranks.DecisionExchange`).
+next step. Rank 0 decides and tells (:class:`~swpipe.replan.ranks.DecisionExchange`), after every
+``exchange_every``-th step.
 
 The math does not change: the same stages hold the same modules and parameters; every schedule runs each
 micro-batch's forward and backward once and, with PyTorch's default ``scale_grads=True``, divides the accumulated
@@ -129,10 +130,10 @@ class AdaptiveSchedule:
     """A ``torch.distributed.pipelining`` schedule over the user's stages, chosen again when the step drifts.
 
     Used like PyTorch's schedule: ``schedule.step(batch, target=..., losses=...)`` on every rank (the first stage's
-    rank passes the inputs, the last's the target). After each step every rank takes part in one small broadcast on
-    ``group`` (rank 0's step times decide); on drift every rank's recent action times are gathered, rank 0 predicts
-    every candidate on the refreshed costs and, when one is faster by more than the noise, every rank switches to
-    it before the next step.
+    rank passes the inputs, the last's the target). After every ``replan.exchange_every``-th step every rank takes
+    part in one small broadcast on ``group`` (rank 0's step times decide); when rank 0 saw a drift since the last
+    one, every rank's recent action times are gathered, rank 0 predicts every candidate on the refreshed costs and,
+    when one is faster by more than the noise, every rank switches to it before the next step.
 
     Parameters
     ----------
@@ -156,7 +157,8 @@ class AdaptiveSchedule:
         waiting) and offer it (when it runs on these stages).
     replan : ReplanOptions or None
         When to choose again (``warmup``, ``window``, ``patience``, ``min_noise``, ``spread_k``; ``constraints``'
-        ``max_memory_bytes`` caps the candidates' predicted peak); ``None``: never (a plain schedule, same calls).
+        ``max_memory_bytes`` caps the candidates' predicted peak; on several ranks ``exchange_every``: the steps a
+        choice is made after); ``None``: never (a plain schedule, same calls).
     group : ProcessGroup, optional
         A gloo group of its own for the decisions, the same on every rank (``dist.new_group(backend="gloo")``);
         ``None``: one process decides alone (every stage on this rank).
@@ -200,7 +202,8 @@ class AdaptiveSchedule:
         self._search, self._clock = search, clock if clock is not None else time.perf_counter
         self._costs_now = costs_now if costs_now is not None else (
             lambda stats: refreshed_pp_costs(self.costs, stats).costs)
-        self._exchange = DecisionExchange(group) if group is not None and replan is not None else None
+        self._exchange = (DecisionExchange(group, replan.exchange_every) if group is not None and replan is not None
+                          else None)
         self.decisions: List[SwitchDecision] = []
         self.steps = 0
         self._timing: Optional[RollingStepCosts] = None
@@ -256,11 +259,12 @@ class AdaptiveSchedule:
         window = self.replan.window if self.replan is not None else 1
         self._timing = RollingStepCosts(self.schedule, self.stages, window=window).__enter__()
         self._watch = PeriodWatch(self.replan if self.replan is not None else ReplanOptions())
+        self._drifted = False  # rank 0 saw a drift: it chooses at the next exchange
 
     def _after_step(self, idx: int, elapsed: float) -> None:
         exchange = self._exchange
         if exchange is not None and exchange.rank != 0:
-            if exchange.poll(idx):
+            if exchange.due(idx) and exchange.poll(idx):
                 exchange.gather(self._timing.stats())
                 decision = exchange.hear_object(idx)
                 if decision is not None:
@@ -269,9 +273,12 @@ class AdaptiveSchedule:
         said = self._watch.add(elapsed)
         if said == "baseline" and self.decisions:
             self.decisions[-1].measured_after(self._watch.reference_s)
-        drift = said == "drift"
+        self._drifted = self._drifted or said == "drift"
         if exchange is not None:
-            exchange.poll(idx, drift)
+            if not exchange.due(idx):
+                return
+            exchange.poll(idx, self._drifted)
+        drift, self._drifted = self._drifted, False
         if not drift:
             return
         try:
