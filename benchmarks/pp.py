@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from autosched.pp import _torch
 from autosched.pp.program import PPError, builtin_programs, pp_program
 from autosched.results import fastest
-from swpipe.commands.pp import format_table, predicted_preference
+from swpipe.commands.pp import corrections_line, format_table, predicted_preference
 from swpipe.commands.pp_job import PPRunConfig
 from swpipe.commands.pp_launch import launch
 
@@ -269,12 +269,15 @@ def print_link(report: Dict[str, Any]) -> None:
     """The link and the runtime's cost per action the prediction used."""
     posts = {n: next(iter(by.values()))["p2p"].get("post_s", 0.0) for n, by in report.get("costs", {}).items()}
     print(f"link: {report['p2p']['latency_s'] * 1e6:.0f} us + {report['p2p']['seconds_per_byte'] * 1e9:.3f} ns/B; "
-          f"a post while the ranks compute: {', '.join(f'{n} mb {v * 1e3:.2f} ms' for n, v in posts.items())}; "
+          f"a post while the ranks compute (as predicted): {', '.join(f'{n} mb {v * 1e3:.2f} ms' for n, v in posts.items())}; "
           f"runtime per action: "
           f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('action_overhead_s', {}).items())}; "
           f"a custom order's path adds per action: "
           f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('custom_overhead_s', {}).items())}"
           + (f"; predicted on {report['prediction_cores']} shared cores" if report.get("prediction_cores") else ""))
+    decided = corrections_line(report)
+    if decided:
+        print(decided)
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Hashable, Iterable, List, Optional
 
 __all__ = ["HeldOutStep", "CorrectionDecision", "CorrectionCheckError", "REASONS", "decide_corrections",
-           "decisions_line"]
+           "decisions_line", "prediction_error"]
 
 #: Why a correction was or was not applied on a key: its error on the held-out steps was smaller ("closer"), larger
 #: ("farther") or the same ("tie": the plain prediction is kept), or no held-out step had the key.
@@ -117,7 +117,14 @@ class CorrectionDecision:
         return f"{self.correction} at {self.key}: {'applied' if self.applied else 'not applied'} {self.detail}"
 
 
-def _error(predicted: Iterable[float], measured: Iterable[float]) -> float:
+def prediction_error(predicted: Iterable[float], measured: Iterable[float]) -> float:
+    """The median ``|predicted / measured - 1|`` over pairs: the error every correction is judged by.
+
+    Examples
+    --------
+    >>> prediction_error([1.1, 0.8, 1.0], [1.0, 1.0, 1.0])
+    0.10000000000000009
+    """
     return statistics.median(abs(p / m - 1.0) for p, m in zip(predicted, measured))
 
 
@@ -163,8 +170,8 @@ def decide_corrections(correction: str, steps: Iterable[HeldOutStep], keys: Iter
             out[key] = CorrectionDecision(correction, key, False, "no-held-out-steps")
             continue
         measured = [s.measured_s for s in held]
-        without = _error([s.without_s for s in held], measured)
-        with_ = _error([s.with_s for s in held], measured)
+        without = prediction_error([s.without_s for s in held], measured)
+        with_ = prediction_error([s.with_s for s in held], measured)
         # equal up to rounding (0.9 and 1.1 s of a 1.0 s step) is a tie: the plain prediction is kept
         reason = "tie" if math.isclose(with_, without, rel_tol=1e-9, abs_tol=1e-12) \
             else "closer" if with_ < without else "farther"

@@ -54,6 +54,8 @@ _LAZY = {
     "CustomOverhead": "rolling",
     "CustomPathProbe": "rolling",
     "calibrate_pp": "rolling",
+    "check_pp_corrections": "rolling",
+    "PP_CORRECTIONS": "rolling",
 }
 
 __all__ = sorted(_LAZY)

@@ -43,7 +43,8 @@ from autosched.pp.program import PPError
 from swpipe_core.engine.device import as_device
 
 __all__ = ["RollingStepCosts", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead", "ActionOverhead",
-           "measure_custom_overhead", "CustomOverhead", "CustomPathProbe", "calibrate_pp", "ACTION_METHODS"]
+           "measure_custom_overhead", "CustomOverhead", "CustomPathProbe", "calibrate_pp", "check_pp_corrections",
+           "PP_CORRECTIONS", "ACTION_METHODS"]
 
 #: the stage methods wrapped, and the action letter each call is recorded as
 ACTION_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -476,6 +477,12 @@ class CustomOverhead:
         return cls(max(0.0, statistics.median(rounds)), rounds, slow_b, slow_c, actions, schedule)
 
 
+def _probe_microbatches(n_microbatches: Optional[int], world: int) -> int:
+    """The micro-batches of a :class:`CustomPathProbe`'s steps: as given, else 4 (or the ranks if more: 1F1B runs at
+    least one per stage)."""
+    return max(4, world) if n_microbatches is None else n_microbatches
+
+
 class CustomPathProbe:
     """PyTorch's class and a custom order's path (:func:`~autosched.pp.program.schedule_for`) running the same order
     on the user's stages in the user's process group, in paired rounds.
@@ -530,7 +537,7 @@ class CustomPathProbe:
             raise PPError("bad_value", "stages", len(modules), detail=(
                 f"every stage module, as many as the group's {world} ranks or a multiple of them (each rank passes "
                 "all of them)"))
-        n_mb = max(4, world) if n_microbatches is None else n_microbatches
+        n_mb = _probe_microbatches(n_microbatches, world)
         for name, value, least in (("n_microbatches", n_mb, 1), ("warmup", warmup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise PPError("bad_value", name, value, detail=f"an integer >= {least}")
@@ -678,6 +685,363 @@ def measure_custom_overhead(stages: Sequence[Any], microbatch: Any, target: Any,
             dist.destroy_process_group()
 
 
+#: The corrections a pipeline-parallel prediction carries on top of the stages' own costs, in the order
+#: :func:`check_pp_corrections` decides them: the runtime's cost per action
+#: (:attr:`PPCosts.action_overhead_s <autosched.pp.costs.PPCosts.action_overhead_s>`), then what a posted transfer
+#: costs a computing rank (:attr:`P2PCost.post_s <autosched.pp.costs.P2PCost.post_s>`).
+PP_CORRECTIONS = ("runtime cost per action", "post cost")
+
+
+def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, cores: Optional[int] = None,
+                         key: Any = None) -> Tuple[Any, Tuple[Any, ...]]:
+    """Keep each correction of ``costs`` only where it predicts measured steps of ``program`` better than without.
+
+    Both corrections are fitted on measurements of their own (the runtime's cost per action on every stage run
+    alone, the post cost on a busy exchange), which say nothing about whether they bring a real step's prediction
+    closer; ``steps_s`` are steps that fitted neither (:attr:`CustomOverhead.builtin_steps_s`: PyTorch's own
+    ``1F1B`` or ``Interleaved1F1B`` on the user's stages and group). The set of corrections whose prediction is
+    closest to the steps is kept (the fewest on a tie), each decided by
+    :func:`~autosched.model.corrections.decide_corrections` against that set without it (or, left out, with it):
+    one is kept only where it brings the prediction closer. One not kept is set to 0.
+
+    Parameters
+    ----------
+    costs : PPCosts
+        The costs with both corrections as measured.
+    program : PPProgram
+        What ran the held-out steps (one of PyTorch's schedules on ``costs``' stages).
+    steps_s : sequence of float
+        Its measured steps, seconds (the slowest rank's); none: no correction is kept.
+    cores : int, optional
+        The cores the prediction shares (:func:`~autosched.pp.simulate.pp_simulate`'s ``cores``).
+    key : hashable, optional
+        What the decisions are for (default: the program's micro-batch count).
+
+    Returns
+    -------
+    (PPCosts, tuple of CorrectionDecision)
+        The costs with the kept corrections, and one decision per correction.
+
+    Examples
+    --------
+    A 2 ms post cost on a step measured as the plain prediction: not kept; the runtime's 1 ms per action is.
+
+    >>> from autosched.pp.costs import P2PCost, PPCosts, StageCost
+    >>> from autosched.pp.program import pp_program
+    >>> from autosched.pp.simulate import pp_simulate
+    >>> program = pp_program("1F1B", 2, 4)
+    >>> costs = PPCosts((StageCost(0.010, 0.020),) * 2, P2PCost(post_s=0.002)).with_action_overhead(0.001)
+    >>> measured = pp_simulate(program, replace(costs, p2p=P2PCost())).step_s
+    >>> kept, decisions = check_pp_corrections(costs, program, [measured] * 3)
+    >>> [(d.correction, d.applied) for d in decisions], kept.p2p.post_s, kept.action_overhead_s
+    ([('runtime cost per action', True), ('post cost', False)], 0.0, 0.001)
+    """
+    import itertools
+
+    from autosched.model.corrections import HeldOutStep, decide_corrections, prediction_error
+    from autosched.pp.simulate import pp_simulate
+
+    key = program.n_microbatches if key is None else key
+    plain = replace(costs.with_action_overhead(0.0), p2p=replace(costs.p2p, post_s=0.0))
+
+    def corrected(kept: Tuple[str, ...]) -> Any:
+        out = plain.with_action_overhead(costs.action_overhead_s) if PP_CORRECTIONS[0] in kept else plain
+        return replace(out, p2p=replace(out.p2p, post_s=costs.p2p.post_s)) if PP_CORRECTIONS[1] in kept else out
+
+    subsets = [c for n in range(len(PP_CORRECTIONS) + 1) for c in itertools.combinations(PP_CORRECTIONS, n)]
+    step = {kept: pp_simulate(program, corrected(kept), cores=cores).step_s for kept in subsets}
+    # the set that predicts the steps best, the fewest corrections on a tie: then each one kept is closer than
+    # without it, and each one left out is not closer with it, which is decide_corrections' rule per correction
+    best = min(subsets, key=lambda kept: (round(prediction_error([step[kept]] * len(steps_s), steps_s), 12)
+                                          if steps_s else 0.0, len(kept)))
+    decisions = []
+    for name in PP_CORRECTIONS:
+        without = tuple(c for c in best if c != name)
+        with_ = tuple(c for c in PP_CORRECTIONS if c in best or c == name)
+        held = [HeldOutStep(key, step[without], step[with_], s) for s in steps_s]
+        decisions.append(decide_corrections(name, held, keys=[key])[key])
+    return corrected(tuple(d.correction for d in decisions if d.applied)), tuple(decisions)
+
+
+def _probe_microbatches(n_microbatches: Optional[int], world: int) -> int:
+    """The micro-batches of a :class:`CustomPathProbe`'s steps: as given, else 4 (or the ranks if more: 1F1B runs at
+    least one per stage)."""
+    return max(4, world) if n_microbatches is None else n_microbatches
+
+
+class CustomPathProbe:
+    """PyTorch's class and a custom order's path (:func:`~autosched.pp.program.schedule_for`) running the same order
+    on the user's stages in the user's process group, in paired rounds.
+
+    The order is ``1F1B``'s with one stage per rank, ``Interleaved1F1B``'s with several (the stages placed in a loop,
+    stage ``s`` on rank ``s % ranks``); one run by PyTorch's class, the other by the custom path
+    (``_PipelineScheduleRuntime`` on :func:`~autosched.pp.program.program_from_order`'s lowering). Every
+    :meth:`round` steps each once after a barrier (which goes first alternates), so both share the load's swings;
+    :meth:`result` gathers every rank's steps (every rank calls it) into a :class:`CustomOverhead`. The modules'
+    parameters, buffers, gradients and torch's generators are put back by :meth:`close` (or the ``with`` block).
+    :func:`measure_custom_overhead` is this probe stepped ``steps`` rounds; ``swpipe pp`` steps one before the
+    search and once in every round of its runs.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        Every stage module, in order (each rank passes all of them): a multiple of the group's ranks.
+    microbatch, target : torch.Tensor
+        One micro-batch and its target.
+    loss_fn : callable
+    group : ProcessGroup, optional
+        The job's group (default: the default group, which must exist).
+    n_microbatches : int, optional
+        Micro-batches per step (default: 4, or the group's ranks if more: 1F1B runs at least one per stage).
+    warmup : int
+        Untimed rounds first (the runtime shapes its buffers on the first step).
+
+    Raises
+    ------
+    PPError
+        No process group; a stage count that is not a multiple of the group's ranks (``field="stages"``);
+        ``n_microbatches`` or ``warmup`` out of range or too few micro-batches for the order (``rule="bad_value"``
+        or the order's own rule, ``.field``).
+    """
+
+    def __init__(self, stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                 group: Any = None, n_microbatches: Optional[int] = None, warmup: int = 1) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.pipelining import PipelineStage
+
+        from autosched.pp.program import pp_program, program_from_order, schedule_for
+        from swpipe_core.measure.state import snapshot_state
+
+        if not dist.is_initialized():
+            raise PPError("bad_value", "group", group, detail=(
+                "a process group: call it on every rank of the job after dist.init_process_group (or call "
+                "measure_custom_overhead, which makes a one-rank group when none exists)"))
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        modules = list(stages)
+        if not modules or len(modules) % world:
+            raise PPError("bad_value", "stages", len(modules), detail=(
+                f"every stage module, as many as the group's {world} ranks or a multiple of them (each rank passes "
+                "all of them)"))
+        n_mb = _probe_microbatches(n_microbatches, world)
+        for name, value, least in (("n_microbatches", n_mb, 1), ("warmup", warmup, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise PPError("bad_value", name, value, detail=f"an integer >= {least}")
+        per = len(modules) // world
+        self.schedule = "1F1B" if per == 1 else "Interleaved1F1B"
+        builtin = pp_program(self.schedule, world, n_mb, None if per == 1 else per)
+        custom = program_from_order(builtin.compute, n_mb, builtin.stage_to_rank, f"{self.schedule}-order")
+        self.group, self.actions = group, max(len(actions) for actions in builtin.compute.values())
+        self.modules = modules
+        mine = builtin.rank_stages(rank)
+        self._snapshot = snapshot_state(modules)
+        device = microbatch.device
+        self._sync = as_device(device).synchronize
+        self._schedules = tuple(
+            schedule_for(p, [PipelineStage(modules[s], s, len(modules), device, group=group) for s in mine], loss_fn)
+            for p in (builtin, custom))
+        self._first, self._last = 0 in mine, len(modules) - 1 in mine
+        self._x, self._y = torch.cat([microbatch] * n_mb), torch.cat([target] * n_mb)
+        self.steps_s: Tuple[List[float], List[float]] = ([], [])  # this rank's, by PyTorch's class and the path
+        for _ in range(warmup):
+            self._round(timed=False)
+
+    def _step(self, path: int) -> float:
+        import torch.distributed as dist
+
+        for m in self.modules:
+            m.zero_grad(set_to_none=False)
+        args = (self._x,) if self._first else ()
+        kwargs: Dict[str, Any] = {"target": self._y, "losses": []} if self._last else {}
+        dist.barrier(group=self.group)  # every rank starts the step together: the step is the pipeline's
+        self._sync()
+        t0 = time.perf_counter()
+        self._schedules[path].step(*args, return_outputs=False, **kwargs)
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _round(self, timed: bool) -> None:
+        order = (0, 1) if len(self.steps_s[0]) % 2 == 0 else (1, 0)
+        took = {path: self._step(path) for path in order}
+        if timed:
+            for path in (0, 1):
+                self.steps_s[path].append(took[path])
+
+    def round(self) -> None:
+        """One timed step of each path (every rank calls it, in the same rounds)."""
+        self._round(timed=True)
+
+    def result(self) -> CustomOverhead:
+        """Every rank's rounds so far, gathered on the group (every rank calls it; all get the same figure).
+
+        Raises
+        ------
+        PPError
+            No round yet (``field="rounds"``).
+        """
+        import torch.distributed as dist
+
+        gathered: List[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, self.steps_s, group=self.group)
+        return CustomOverhead.from_steps([g[0] for g in gathered], [g[1] for g in gathered], self.actions,
+                                         self.schedule)
+
+    def close(self) -> None:
+        """The modules put back as they were before the probe (idempotent)."""
+        from swpipe_core.measure.state import restore_state
+
+        if self._snapshot is not None:
+            restore_state(self.modules, self._snapshot)
+            self._snapshot = None
+
+    def __enter__(self) -> "CustomPathProbe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def measure_custom_overhead(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
+                            group: Any = None, n_microbatches: Optional[int] = None, steps: int = 5,
+                            warmup: int = 1) -> CustomOverhead:
+    """What a custom order's path adds per compute action beyond PyTorch's own class, on these stage modules, in
+    this process group.
+
+    The same order runs both ways on the user's stages (:class:`CustomPathProbe`: ``1F1B``'s with one stage per
+    rank, ``Interleaved1F1B``'s with several): by PyTorch's class and by :func:`~autosched.pp.program.schedule_for`'s
+    path for a custom order. Each of ``steps`` paired rounds steps both; a round's figure is ``(custom step - class
+    step) / actions`` (each step the slowest rank's), the overhead their median, at least 0: what
+    :attr:`PPCosts.custom_overhead_s <autosched.pp.costs.PPCosts.custom_overhead_s>` holds, so a search picks a
+    custom order only where it beats PyTorch's by more than its path costs. Every rank of ``group`` calls it and
+    gets the same figure. The modules are put back afterwards.
+
+    Parameters
+    ----------
+    stages : sequence of torch.nn.Module
+        Every stage module, in order (each rank passes all of them): as many as the group's ranks, or a multiple.
+    microbatch, target : torch.Tensor
+        One micro-batch and its target.
+    loss_fn : callable
+        ``loss_fn(output, target)``, as given to the schedule.
+    group : ProcessGroup, optional
+        The job's group. Default: the default group, or a one-rank group of its own when no process group exists
+        (made and destroyed here).
+    n_microbatches : int, optional
+        Micro-batches per step (default: 4, or the group's ranks if more).
+    steps : int
+        Paired rounds timed.
+    warmup : int
+        Untimed rounds first.
+
+    Returns
+    -------
+    CustomOverhead
+        ``.overhead_s`` (>= 0), ``.rounds_s`` (each round's, may be negative), ``.spread_s`` (their interquartile
+        range), ``.noise`` (the steps' relative spread).
+
+    Raises
+    ------
+    PPError
+        ``steps`` not an integer >= 1, or what :class:`CustomPathProbe` refuses (``rule``, ``.field``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> stages = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)]
+    >>> out = measure_custom_overhead(stages, torch.randn(4, 8), torch.randn(4, 2), torch.nn.functional.mse_loss,
+    ...                               n_microbatches=2, steps=3)
+    >>> out.schedule, out.actions, len(out.rounds_s), out.overhead_s >= 0, out.spread_s >= 0
+    ('Interleaved1F1B', 8, 3, True, True)
+    """
+    import torch.distributed as dist
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PPError("bad_value", "steps", steps, detail="an integer >= 1")
+    own = not dist.is_initialized() and group is None
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with CustomPathProbe(stages, microbatch, target, loss_fn, group=group, n_microbatches=n_microbatches,
+                             warmup=warmup) as probe:
+            for _ in range(steps):
+                probe.round()
+            return probe.result()
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+#: The corrections a pipeline-parallel prediction carries on top of the stages' own costs, in the order
+#: :func:`check_pp_corrections` decides them: the runtime's cost per action
+#: (:attr:`PPCosts.action_overhead_s <autosched.pp.costs.PPCosts.action_overhead_s>`), then what a posted transfer
+#: costs a computing rank (:attr:`P2PCost.post_s <autosched.pp.costs.P2PCost.post_s>`).
+PP_CORRECTIONS = ("runtime cost per action", "post cost")
+
+
+def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, cores: Optional[int] = None,
+                         key: Any = None) -> Tuple[Any, Tuple[Any, ...]]:
+    """Keep each correction of ``costs`` only where it predicts measured steps of ``program`` better than without.
+
+    Both corrections are fitted on measurements of their own (the runtime's cost per action on every stage run
+    alone, the post cost on a busy exchange), which say nothing about whether they bring a real step's prediction
+    closer; ``steps_s`` are steps that fitted neither (:attr:`CustomOverhead.builtin_steps_s`: PyTorch's own
+    ``1F1B`` or ``Interleaved1F1B`` on the user's stages and group). The set of corrections whose prediction is
+    closest to the steps is kept (the fewest on a tie), each decided by
+    :func:`~autosched.model.corrections.decide_corrections` against that set without it (or, left out, with it):
+    one is kept only where it brings the prediction closer. One not kept is set to 0.
+
+    Parameters
+    ----------
+    costs : PPCosts
+        The costs with both corrections as measured.
+    program : PPProgram
+        What ran the held-out steps (one of PyTorch's schedules on ``costs``' stages).
+    steps_s : sequence of float
+        Its measured steps, seconds (the slowest rank's); none: no correction is kept.
+    cores : int, optional
+        The cores the prediction shares (:func:`~autosched.pp.simulate.pp_simulate`'s ``cores``).
+    key : hashable, optional
+        What the decisions are for (default: the program's micro-batch count).
+
+    Returns
+    -------
+    (PPCosts, tuple of CorrectionDecision)
+        The costs with the kept corrections, and one decision per correction.
+
+    Examples
+    --------
+    A 2 ms post cost on a step measured as the plain prediction: not kept; the runtime's 1 ms per action is.
+
+    >>> from autosched.pp.costs import P2PCost, PPCosts, StageCost
+    >>> from autosched.pp.program import pp_program
+    >>> from autosched.pp.simulate import pp_simulate
+    >>> program = pp_program("1F1B", 2, 4)
+    >>> costs = PPCosts((StageCost(0.010, 0.020),) * 2, P2PCost(post_s=0.002)).with_action_overhead(0.001)
+    >>> measured = pp_simulate(program, replace(costs, p2p=P2PCost())).step_s
+    >>> kept, decisions = check_pp_corrections(costs, program, [measured] * 3)
+    >>> [(d.correction, d.applied) for d in decisions], kept.p2p.post_s, kept.action_overhead_s
+    ([('runtime cost per action', True), ('post cost', False)], 0.0, 0.001)
+    """
+    from autosched.model.corrections import HeldOutStep, decide_corrections
+    from autosched.pp.simulate import pp_simulate
+
+    key = program.n_microbatches if key is None else key
+    overhead_s, post_s = costs.action_overhead_s, costs.p2p.post_s
+    current = replace(costs.with_action_overhead(0.0), p2p=replace(costs.p2p, post_s=0.0))
+    decisions = []
+    for name, corrected in ((PP_CORRECTIONS[0], lambda c: c.with_action_overhead(overhead_s)),
+                            (PP_CORRECTIONS[1], lambda c: replace(c, p2p=replace(c.p2p, post_s=post_s)))):
+        candidate = corrected(current)
+        without = pp_simulate(program, current, cores=cores).step_s
+        with_ = pp_simulate(program, candidate, cores=cores).step_s
+        held = [HeldOutStep(key, without, with_, s) for s in steps_s]
+        decision = decide_corrections(name, held, keys=[key])[key]
+        decisions.append(decision)
+        if decision.applied:
+            current = candidate
+    return current, tuple(decisions)
+
+
 def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
                  group: Any = None, alone_group: Any = None, n_microbatches: Optional[int] = None,
                  repeats: int = 5) -> Any:
@@ -696,7 +1060,10 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
       :attr:`PPCosts.custom_overhead_s <autosched.pp.costs.PPCosts.custom_overhead_s>`, so a search on these
       costs picks a custom order only where it beats PyTorch's schedule by more than that.
 
-    The machine note (``PPCosts.machine``) gives both overheads' spread over their rounds.
+    Then both corrections (the runtime's cost per action, the link's post cost) are checked on the custom path
+    probe's steps by PyTorch's own class, which fitted neither (:func:`check_pp_corrections`): each is kept only
+    where it predicts those steps better than without it. The machine note (``PPCosts.machine``) gives both
+    overheads' spread over their rounds and each correction's decision with the errors that decided it.
 
     Parameters
     ----------
@@ -737,6 +1104,7 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     import torch.distributed as dist
 
     from autosched.pp.costs import P2PCost, PPCosts, measure_p2p, measure_stage_costs
+    from autosched.pp.program import pp_program
 
     measured = measure_stage_costs(stages, microbatch, target, loss_fn, repeats=repeats)
     link = P2PCost()
@@ -747,8 +1115,13 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
                                        group=alone_group, steps=repeats)
     custom = measure_custom_overhead(stages, microbatch, target, loss_fn, group=group, n_microbatches=n_microbatches,
                                      steps=repeats)
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    held_out = pp_program(custom.schedule, world, _probe_microbatches(n_microbatches, world),
+                          None if len(measured) == world else len(measured) // world)
+    costs = PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]),
+                    custom_overhead_s=custom.overhead_s).with_action_overhead(overhead.overhead_s)
+    costs, decisions = check_pp_corrections(costs, held_out, custom.builtin_steps_s)
     machine = (f"calibrate_pp on {platform.node()}: {repeats} repeats, overhead spread {overhead.spread_s * 1e6:.1f} "
                f"us, custom path {custom.overhead_s * 1e6:.1f} us per action (spread {custom.spread_s * 1e6:.1f} us, "
-               f"{custom.schedule}'s order both ways)")
-    return replace(PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]), machine=machine)
-                   .with_action_overhead(overhead.overhead_s), custom_overhead_s=custom.overhead_s)
+               f"{custom.schedule}'s order both ways); " + "; ".join(d.describe() for d in decisions))
+    return replace(costs, machine=machine)

@@ -17,7 +17,9 @@ Each rank (:func:`run_rank`):
    order run by ``Schedule1F1B`` and by :func:`~swpipe.pp.schedule_for`'s path for a custom order, in
    paired rounds: the library's :class:`~swpipe.pp.CustomPathProbe`, what :func:`~swpipe.pp.calibrate_pp`
    measures too): before the runs, once in every round of them
-   and after them (a shared machine's load moves within seconds); each figure's median;
+   and after them (a shared machine's load moves within seconds); each figure's median; then each correction
+   (the runtime's cost per action, the post cost) is kept only where it predicts the probe's steps by PyTorch's
+   own class better than without it (:func:`~swpipe.pp.check_pp_corrections`; the report's ``corrections``);
 3. rank 0 searches a schedule on the costs measured before the runs
    (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, so the
    search keeps one of PyTorch's schedules unless an order beats it by more than that): one of
@@ -298,10 +300,24 @@ def _path_probes(cfg: PPRunConfig, model: PPModel, splits: Sequence[int]) -> Dic
     return out
 
 
-def _custom_overhead(probe: Any) -> float:
-    """The probe's figure over all its rounds so far, the same on every rank (0 without a probe); every rank calls
-    it."""
-    return probe.result().overhead_s if probe is not None else 0.0
+def _checked_costs(by_split: Dict[int, Any], probe: Any, n_mb: int, world: int, cores: Optional[int]
+                   ) -> Tuple[Dict[int, Any], List[Any]]:
+    """Every split's costs with the custom path's cost per action the probe measured, and with each correction kept
+    only where it predicts the probe's steps by PyTorch's own class better than without
+    (:func:`~swpipe.pp.check_pp_corrections`, decided on the probe's split, applied to every split); every rank
+    calls it. Without a probe (too few micro-batches for its order) nothing checks the corrections: none is kept."""
+    from swpipe.pp import check_pp_corrections, pp_program
+
+    fewest = min(by_split)
+    result = probe.result() if probe is not None else None
+    program = pp_program(result.schedule if result else "GPipe", world, n_mb,
+                         None if fewest == world else fewest // world)
+    base = by_split[fewest]
+    kept, decisions = check_pp_corrections(base, program, result.builtin_steps_s if result else (), cores=cores)
+    custom = result.overhead_s if result else 0.0
+    out = {k: replace(c.with_action_overhead(kept.action_overhead_s), p2p=kept.p2p, custom_overhead_s=custom)
+           for k, c in by_split.items()}
+    return out, list(decisions)
 
 
 def _median_on_every_rank(mine: float) -> float:
@@ -349,17 +365,21 @@ class _Calibration:
         self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
 
     def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
-              ) -> Tuple[Dict[int, Any], float, float]:
-        """Every split's costs (the runtime's overhead per action and a custom order's path's included), and those
-        two overheads; every rank calls it."""
+              ) -> Tuple[Dict[int, Any], float, float, List[Any]]:
+        """Every split's costs (the runtime's overhead per action, the post cost and a custom order's path's, each
+        correction kept where the held-out steps say so), those two overheads as measured, and the corrections'
+        decisions; every rank calls it."""
         link = _median_link(links + self.links)
         samples = self.cfg.load().samples
         costs = {k: _combine(before[k] + self.samples[k] + after[k], link, samples // self.n_mb,
                              "before, during and after the runs") for k in before}
+        import torch.distributed as dist
+
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
-        custom = _custom_overhead(self.path)  # its steps before the runs and in every round
-        return ({k: replace(c.with_action_overhead(overhead), custom_overhead_s=custom) for k, c in costs.items()},
-                overhead, custom)
+        # the path probe's steps before the runs and in every round
+        checked, decisions = _checked_costs({k: c.with_action_overhead(overhead) for k, c in costs.items()},
+                                            self.path, self.n_mb, dist.get_world_size(), self.cfg.cores)
+        return checked, overhead, checked[min(checked)].custom_overhead_s, decisions
 
 
 def _noise(values: Sequence[float]) -> float:
@@ -427,17 +447,20 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             for _ in range(max(3, cfg.cost_repeats)):
                 _in_turns(cfg.cores, probe.step)
         overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
-        # what a custom order's path costs matters to the search and the searched row only
-        paths = _path_probes(cfg, model, splits) if cfg.search else {n: None for n in cfg.microbatches}
+        # what a custom order's path costs (for the search), and PyTorch's own class's steps on the same stages:
+        # the held-out steps that decide whether each correction is kept
+        paths = _path_probes(cfg, model, splits)
         for _ in range(max(3, cfg.cost_repeats)):
             for path in paths.values():
                 if path is not None:
                     path.round()
-        custom = {n: _custom_overhead(paths[n]) for n in cfg.microbatches}
-        costs = {n: {k: replace(c.with_action_overhead(overhead[n]), custom_overhead_s=custom[n])
-                     for k, c in by.items()} for n, by in costs.items()}
+        checked = {n: _checked_costs({k: c.with_action_overhead(overhead[n]) for k, c in by.items()}, paths[n], n,
+                                     world, cfg.cores) for n, by in costs.items()}
+        costs = {n: by for n, (by, _) in checked.items()}
+        custom = {n: by[min(splits)].custom_overhead_s for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
         results: List[Dict[str, Any]] = []
+        corrections: Dict[int, List[Dict[str, Any]]] = {}
         for n_mb in cfg.microbatches:
             programs, refused = model.programs(world, n_mb)
             names = [n for n in (cfg.schedules or tuple(programs)) if n in programs]
@@ -460,8 +483,9 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                     t.step(timed=True)
                 calibration.round()  # and the costs too
             after = _costs_on_every_rank(cfg, n_mb, splits)
-            both, overhead[n_mb], custom[n_mb] = calibration.costs(samples[n_mb], after,
-                                                                   [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
+            both, overhead[n_mb], custom[n_mb], decided = calibration.costs(
+                samples[n_mb], after, [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
+            corrections[n_mb] = [asdict(d) for d in decided]
             if paths[n_mb] is not None:
                 paths[n_mb].close()  # its rounds are counted: the snapshot of its model let go
             for t in trainers:
@@ -487,6 +511,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             return None
         report = {"config": asdict(cfg), "world_size": world, "stage_counts": list(splits), "p2p": asdict(p2p),
                   "searched": searched, "action_overhead_s": overhead, "custom_overhead_s": custom,
+                  "corrections": corrections,
                   "costs": {str(n): {str(k): c.to_dict() for k, c in by.items()} for n, by in costs.items()},
                   "results": results, "torch": torch.__version__, "threads": cfg.threads,
                   "load": os.getloadavg(), "cores": os.cpu_count(),
