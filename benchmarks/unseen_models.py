@@ -141,7 +141,8 @@ def pp_part(title: str, spec: str, options: Dict[str, Any], args: argparse.Names
 def summary_line(part: Dict[str, Any]) -> str:
     """One part's figures in one line (what docs/results.md records)."""
     f = part["figures"]
-    return (f"{part['title']}: median |step error| {f['step_median_abs_error']:.1%}; predicted fastest "
+    return (f"{part['title']}: median |step error| {f['step_median_abs_error']:.1%} (every correction unchecked "
+            f"{f.get('step_median_abs_error_unchecked', float('nan')):.1%}); predicted fastest "
             f"{f['predicted_fastest']} measured fastest {f['measured_fastest']} ratio {f['pick_ratio']:.3f} "
             f"within5% {'yes' if f['pick_within'] else 'no'}; memory median {f['memory_median_abs_error']:.1%} "
             f"worst {f['memory_max_abs_error']:.1%}")

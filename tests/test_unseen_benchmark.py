@@ -116,7 +116,9 @@ def test_the_quick_run_prints_a_summary_that_reads_its_rows(capsys):
         fastest_meas = min(rows, key=lambda r: r["measured_step_s"])
         ratio = fastest_pred["measured_step_s"] / fastest_meas["measured_step_s"]
         line = next(x for x in lines if x.startswith(part["title"] + ":"))
-        assert word_after(line, "|step", "error|") == f"{statistics.median(errors):.1%};"
+        unchecked = [abs(r["predicted_unchecked_step_s"] / r["measured_step_s"] - 1) for r in rows]
+        assert word_after(line, "|step", "error|") == f"{statistics.median(errors):.1%}"
+        assert word_after(line, "correction", "unchecked") == f"{statistics.median(unchecked):.1%});"
         assert word_after(line, "predicted", "fastest") == f"{fastest_pred['schedule']}/{fastest_pred['n_microbatches']}"
         assert word_after(line, "measured", "fastest") == f"{fastest_meas['schedule']}/{fastest_meas['n_microbatches']}"
         assert word_after(line, "ratio") == f"{ratio:.3f}"

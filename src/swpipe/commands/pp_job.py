@@ -377,8 +377,9 @@ class _Calibration:
 
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
         # the path probe's steps before the runs and in every round
-        checked, decisions = _checked_costs({k: c.with_action_overhead(overhead) for k, c in costs.items()},
-                                            self.path, self.n_mb, dist.get_world_size(), self.cfg.cores)
+        self.unchecked = {k: c.with_action_overhead(overhead) for k, c in costs.items()}
+        checked, decisions = _checked_costs(self.unchecked, self.path, self.n_mb, dist.get_world_size(),
+                                            self.cfg.cores)
         return checked, overhead, checked[min(checked)].custom_overhead_s, decisions
 
 
@@ -497,10 +498,15 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             ref = _reference_losses(cfg, n_mb, cfg.warmup + cfg.steps + 1)
             for t, measured in zip(trainers, gathered):
                 pred = simulate(t.program, both[t.program.n_stages], cores=cfg.cores)
+                # beside it, every correction kept unchecked: what the check changed, on the same run
+                unchecked = replace(calibration.unchecked[t.program.n_stages],
+                                    custom_overhead_s=both[t.program.n_stages].custom_overhead_s)
                 err = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(measured["losses"], ref)), default=0.0)
                 results.append({
                     "schedule": t.name, "n_microbatches": n_mb, "n_stages": t.program.n_stages,
-                    "predicted_step_s": pred.step_s, "measured_step_s": statistics.median(measured["step_times"]),
+                    "predicted_step_s": pred.step_s,
+                    "predicted_unchecked_step_s": simulate(t.program, unchecked, cores=cfg.cores).step_s,
+                    "measured_step_s": statistics.median(measured["step_times"]),
                     "noise": _noise(measured["step_times"]), "step_times_s": measured["step_times"],
                     "predicted_peak_bytes": pred.peak_bytes, "measured_peak_bytes": measured["peak_bytes"],
                     "predicted_bubble": pred.bubble_fraction, "losses": measured["losses"],
