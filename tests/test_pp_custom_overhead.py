@@ -114,7 +114,7 @@ def test_calibrate_pp_measures_the_custom_path_too(one_rank):
     torch.manual_seed(0)
     costs = calibrate_pp([torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)], torch.randn(3, 4), torch.randn(3, 2),
                          torch.nn.functional.mse_loss, n_microbatches=2, repeats=2)
-    assert costs.custom_overhead_s >= 0 and "Interleaved1F1B's order both ways" in costs.machine
+    assert costs.custom_overhead_s >= 0 and "Interleaved1F1B's" in costs.machine.split()
     # a custom order is predicted with it, one of PyTorch's without
     assert costs.custom_path().action_overhead_s == pytest.approx(costs.action_overhead_s + costs.custom_overhead_s)
 
@@ -187,7 +187,7 @@ def test_two_ranks_get_the_same_custom_overhead_from_calibrate_pp(two_ranks: Dic
     assert two_ranks["exitcodes"] == [0, 0]
     rank0, rank1 = two_ranks["ranks"]
     assert rank0["custom_overhead_s"] >= 0 and rank0["custom_overhead_s"] == rank1["custom_overhead_s"]
-    assert "1F1B's order both ways" in rank0["machine"]
+    assert "1F1B's" in rank0["machine"].split()
     # one stage per rank: 1F1B's order over 4 micro-batches, F and B each; every rank gathers the same rounds
     assert rank0["measured"][:2] == ["1F1B", 8] and len(rank0["measured"][2]) == 2
     assert rank0["measured"] == rank1["measured"]
