@@ -18,6 +18,7 @@ verification's engine runs, :class:`FakeClock` for a module's clock.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import signal
@@ -82,6 +83,83 @@ def progress_until_end(pipe: Any, it: Any = None) -> List[int]:
 def drive(pipe: Any, data: Any) -> List[int]:
     """Fill the pipeline with ``data`` and progress it to the end; the retired indices in order."""
     return progress_until_end(pipe, pipe.fill_pipeline(data))
+
+
+def spawned_ranks(target: Callable[..., None], *args: Any, world: int = 2, deadline_s: float = 120.0,
+                  name: str = "rank") -> dict:
+    """Run ``target(rank, store_path, out_dir, *args)`` in ``world`` spawned processes (a file store for their
+    process group in a temporary folder), each writing its results to ``out_dir/rank{rank}.json``; the ranks
+    still alive ``deadline_s`` after the start are killed. Returns ``{"ranks": [each rank's results, {} if it
+    wrote none], "killed": [names of killed ranks], "exitcodes": [...]}``."""
+    import json
+    import multiprocessing as mp
+    import os
+    import tempfile
+    import time
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=target, args=(r, os.path.join(tmp, "store"), tmp, *args), name=f"{name}{r}")
+                 for r in range(world)]
+        t0 = time.monotonic()
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(max(0.0, deadline_s - (time.monotonic() - t0)))
+        killed = [p.name for p in procs if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+        ranks = []
+        for r in range(world):
+            try:
+                with open(os.path.join(tmp, f"rank{r}.json")) as fh:
+                    ranks.append(json.load(fh))
+            except FileNotFoundError:
+                ranks.append({})
+        return {"ranks": ranks, "killed": killed, "exitcodes": [p.exitcode for p in procs]}
+
+
+@contextlib.contextmanager
+def rank_results(out_dir: str, rank: int) -> Iterator[dict]:
+    """In a rank that :func:`spawned_ranks` started: a dict for its results, written to ``out_dir/rank{rank}.json``
+    when the block ends, with the traceback as ``"crash"`` when it raised (the error still raised)."""
+    import json
+    import os
+    import traceback
+
+    results: dict = {}
+    try:
+        yield results
+    except BaseException:
+        results["crash"] = traceback.format_exc()
+        raise
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump(results, fh)
+
+
+def ranks_that_ended(spawned: dict) -> List[dict]:
+    """Every rank's results from :func:`spawned_ranks`, checked: no rank killed at the deadline, none crashed (its
+    ``"crash"`` traceback shown), every exit code 0."""
+    assert spawned["killed"] == [], f"ranks did not exit by themselves: {spawned['killed']}"
+    for r, res in enumerate(spawned["ranks"]):
+        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
+    assert spawned["exitcodes"] == [0] * len(spawned["ranks"])
+    return spawned["ranks"]
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo group in this process (``torch.distributed`` is yielded), destroyed afterwards."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
 
 
 def free_port() -> int:

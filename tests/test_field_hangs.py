@@ -169,17 +169,6 @@ def test_pinning_or_copying_to_an_absent_device_fails_naming_h2d():
 
 # ----------------------------------------------------------------------------- agree_on_end, one process
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist
-    dist.destroy_process_group()
-
-
 def test_agree_on_end_needs_an_initialised_process_group():
     import torch.distributed as dist
 

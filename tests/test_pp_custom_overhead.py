@@ -9,12 +9,6 @@ No timing is asserted.
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import os
-import tempfile
-import time
-import traceback
 from datetime import timedelta
 from typing import Any, Dict
 
@@ -24,16 +18,9 @@ import torch.distributed as dist
 
 from autosched.pp.program import PPError, pp_program
 from autosched.pp.rolling import CustomOverhead, CustomPathProbe, calibrate_pp, measure_custom_overhead
+from conftest import rank_results, ranks_that_ended, spawned_ranks
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo group in this process, destroyed afterwards."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_each_round_takes_the_slowest_rank_and_the_overhead_is_the_median_of_the_paired_rounds():
@@ -126,8 +113,7 @@ DEADLINE_S = 180.0
 
 def _rank_main(rank: int, store: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    results: Dict[str, Any] = {}
-    try:
+    with rank_results(out_dir, rank) as results:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=60))
         torch.manual_seed(0)
@@ -144,48 +130,18 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         except PPError as exc:
             results["three_stages"] = [exc.rule, exc.field]
         dist.destroy_process_group()
-    except BaseException:
-        results["crash"] = traceback.format_exc()
-        raise
-    finally:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-            json.dump(results, fh)
 
 
 @pytest.fixture(scope="module")
 def two_ranks() -> Dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank_main, args=(r, os.path.join(tmp, "store"), tmp), name=f"rank{r}")
-                 for r in range(2)]
-        t0 = time.monotonic()
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(max(0.0, DEADLINE_S - (time.monotonic() - t0)))
-        killed = [p.name for p in procs if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-        ranks = []
-        for r in range(2):
-            try:
-                with open(os.path.join(tmp, f"rank{r}.json")) as fh:
-                    ranks.append(json.load(fh))
-            except FileNotFoundError:
-                ranks.append({})
-        return {"ranks": ranks, "killed": killed, "exitcodes": [p.exitcode for p in procs]}
+    return spawned_ranks(_rank_main, deadline_s=DEADLINE_S)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(int(DEADLINE_S) + 60)
 def test_two_ranks_get_the_same_custom_overhead_from_calibrate_pp(two_ranks: Dict[str, Any]) -> None:
-    assert two_ranks["killed"] == [], f"ranks did not exit by themselves: {two_ranks['killed']}"
-    for r, res in enumerate(two_ranks["ranks"]):
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-    assert two_ranks["exitcodes"] == [0, 0]
-    rank0, rank1 = two_ranks["ranks"]
+    ranks = ranks_that_ended(two_ranks)
+    rank0, rank1 = ranks
     assert rank0["custom_overhead_s"] >= 0 and rank0["custom_overhead_s"] == rank1["custom_overhead_s"]
     assert "1F1B's" in rank0["machine"].split()
     # one stage per rank: 1F1B's order over 4 micro-batches, F and B each; every rank gathers the same rounds

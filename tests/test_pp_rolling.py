@@ -14,14 +14,6 @@ from swpipe_core.measure.rolling import RollingCosts
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo group in this process, destroyed afterwards."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _schedule(name, n_stages=2, n_mb=2):
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class

@@ -9,18 +9,13 @@ in a V, with I and W split) gives the same losses.
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import os
-import tempfile
-import time
-import traceback
 from datetime import timedelta
 from typing import Any, Dict, List
 
 import pytest
 
 from autosched.pp.program import DEFER_RECV, PPError, program_from_order, pp_program, schedule_for
+from conftest import rank_results, ranks_that_ended, spawned_ranks
 
 
 class _Shape:
@@ -121,57 +116,26 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    results: Dict[str, Any] = {}
-    try:
+    with rank_results(out_dir, rank) as results:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=60))
         for label, (name, custom) in RUNS.items():
             results[label] = _train(rank, name, custom)
         dist.destroy_process_group()
-    except BaseException:
-        results["crash"] = traceback.format_exc()
-        raise
-    finally:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-            json.dump(results, fh)
 
 
 @pytest.fixture(scope="module")
 def two_ranks() -> Dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank_main, args=(r, os.path.join(tmp, "store"), tmp), name=f"rank{r}")
-                 for r in range(2)]
-        t0 = time.monotonic()
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(max(0.0, DEADLINE_S - (time.monotonic() - t0)))
-        killed = [p.name for p in procs if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-        ranks = []
-        for r in range(2):
-            try:
-                with open(os.path.join(tmp, f"rank{r}.json")) as fh:
-                    ranks.append(json.load(fh))
-            except FileNotFoundError:
-                ranks.append({})
-        return {"ranks": ranks, "killed": killed, "exitcodes": [p.exitcode for p in procs]}
+    return spawned_ranks(_rank_main, deadline_s=DEADLINE_S)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(int(DEADLINE_S) + 60)
 def test_every_path_trains_like_schedule1f1b_on_two_ranks(two_ranks: Dict[str, Any]) -> None:
-    assert two_ranks["killed"] == [], f"ranks did not exit by themselves: {two_ranks['killed']}"
-    for r, res in enumerate(two_ranks["ranks"]):
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-    assert two_ranks["exitcodes"] == [0, 0]
+    ranks = ranks_that_ended(two_ranks)
     # the losses are on the last stage's rank: rank 1 in a loop, rank 0 in a V (stage 3 back on rank 0)
-    losses = {label: next(res[label] for res in two_ranks["ranks"] if res[label]) for label in RUNS}
-    assert two_ranks["ranks"][1]["builtin 1F1B"] and two_ranks["ranks"][0]["custom ZBVZeroBubble"]
+    losses = {label: next(res[label] for res in ranks if res[label]) for label in RUNS}
+    assert ranks[1]["builtin 1F1B"] and ranks[0]["custom ZBVZeroBubble"]
     reference = losses["builtin 1F1B"]
     assert len(reference) == STEPS and reference[0] > reference[-1]  # it trains
     for label in RUNS:

@@ -102,15 +102,6 @@ def test_the_layout_filter_keeps_the_schedules_of_these_stages():
 # ------------------------------------------------------------------ one rank, in this process
 
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _train_one_rank(replan, costs_now=None, clock=None):
     from torch.distributed.pipelining import PipelineStage
 
