@@ -310,6 +310,7 @@ def _checked_costs(by_split: Dict[int, Any], probe: Any, n_mb: int, world: int, 
 
     fewest = min(by_split)
     result = probe.result() if probe is not None else None
+    # without a probe no step judges the program: any that runs on these ranks does
     program = pp_program(result.schedule if result else "GPipe", world, n_mb,
                          None if fewest == world else fewest // world)
     base = by_split[fewest]
@@ -353,6 +354,8 @@ class _Calibration:
         probe.times.clear()  # its steps from now on, in the rounds
         self.samples: Dict[int, List[Any]] = {k: [] for k in splits}
         self.links: List[Any] = []
+        #: every split's costs with every correction kept, unchecked (set by :meth:`costs`): the report's comparison
+        self.unchecked: Dict[int, Any] = {}
 
     def round(self) -> None:
         from swpipe.pp import measure_p2p
@@ -369,12 +372,12 @@ class _Calibration:
         """Every split's costs (the runtime's overhead per action, the post cost and a custom order's path's, each
         correction kept where the held-out steps say so), those two overheads as measured, and the corrections'
         decisions; every rank calls it."""
+        import torch.distributed as dist
+
         link = _median_link(links + self.links)
         samples = self.cfg.load().samples
         costs = {k: _combine(before[k] + self.samples[k] + after[k], link, samples // self.n_mb,
                              "before, during and after the runs") for k in before}
-        import torch.distributed as dist
-
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
         # the path probe's steps before the runs and in every round
         self.unchecked = {k: c.with_action_overhead(overhead) for k, c in costs.items()}
