@@ -270,15 +270,17 @@ def run_job(model: Optional[str] = None, model_options: Optional[Dict[str, Any]]
 
 
 def print_link(report: Dict[str, Any]) -> None:
-    """The link and the runtime's cost per action the prediction used."""
-    posts = {n: next(iter(by.values()))["p2p"].get("post_s", 0.0) for n, by in report.get("costs", {}).items()}
+    """The link, the runtime's cost per action as measured, and per micro-batch count and stage count what the
+    prediction used: the post cost and the cost per action kept by the check, a custom order's path's cost."""
     print(f"link: {report['p2p']['latency_s'] * 1e6:.0f} us + {report['p2p']['seconds_per_byte'] * 1e9:.3f} ns/B; "
-          f"a post while the ranks compute (as predicted): {', '.join(f'{n} mb {v * 1e3:.2f} ms' for n, v in posts.items())}; "
-          f"runtime per action: "
-          f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('action_overhead_s', {}).items())}; "
-          f"a custom order's path adds per action: "
-          f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('custom_overhead_s', {}).items())}"
+          f"runtime per action as measured: "
+          f"{', '.join(f'{k} mb {v * 1e3:.2f} ms' for k, v in report.get('action_overhead_s', {}).items())}"
           + (f"; predicted on {report['prediction_cores']} shared cores" if report.get("prediction_cores") else ""))
+    for n, by in report.get("costs", {}).items():
+        print(f"  {n} mb, as predicted: " + "; ".join(
+            f"{k} stages: post {c['p2p'].get('post_s', 0.0) * 1e3:.2f} ms, per action "
+            f"{c.get('action_overhead_s', 0.0) * 1e3:.2f} ms, a custom order's path +"
+            f"{c.get('custom_overhead_s', 0.0) * 1e3:.2f} ms" for k, c in by.items()))
     decided = corrections_line(report)
     if decided:
         print(decided)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from autosched.pp import PPCosts, builtin_programs, pp_program, read_csv
+from autosched.pp import PP_CORRECTIONS, PPCosts, builtin_programs, pp_program, read_csv
 from autosched.pp.simulate import pp_simulate
 from swpipe.cli import main
 
@@ -93,11 +93,21 @@ def test_the_searched_row_runs_the_searchs_best_with_its_path_priced(report, tmp
     """The job measures what a custom order's path adds per action (1F1B's order both ways), the prediction of a
     custom order carries it, and the searched row runs the search's best: PyTorch's class when it is one of them."""
     data, _ = report
-    assert set(data["custom_overhead_s"]) == {"4"} and data["custom_overhead_s"]["4"] >= 0
+    assert set(data["custom_overhead_s"]) == {"4"} and set(data["custom_overhead_s"]["4"]) == set(data["costs"]["4"])
+    assert all(v >= 0 for v in data["custom_overhead_s"]["4"].values())  # one probe per stage count
+    # each stage count's corrections decided on its own probe's steps, and the costs carry what was kept
+    decided = {(d["key"], d["correction"]): d for d in data["corrections"]["4"]}
+    assert set(decided) == {(f"4 mb, {k} stages", c) for k in data["costs"]["4"] for c in PP_CORRECTIONS}
+    for k, c in data["costs"]["4"].items():
+        kept = PPCosts.from_dict(c)
+        post, per_action = (decided[(f"4 mb, {k} stages", name)] for name in ("post cost", "runtime cost per action"))
+        assert post["applied"] or kept.p2p.post_s == 0.0
+        assert per_action["applied"] or kept.action_overhead_s == 0.0
+        assert all(d["steps"] > 0 for d in (post, per_action))  # every stage count had its probe's steps
     searched = data["searched"]
     row = next(r for r in data["results"] if r["schedule"] == "swpipe-searched")
     costs = PPCosts.from_dict(data["costs"]["4"][str(row["n_stages"])])
-    assert costs.custom_overhead_s == data["custom_overhead_s"]["4"]
+    assert costs.custom_overhead_s == data["custom_overhead_s"]["4"][str(row["n_stages"])]
     if searched["builtin"] is not None:
         assert searched["origin"] == f"PyTorch {searched['builtin']}"
         program = pp_program(searched["builtin"], 2, 4, row["n_stages"] // 2)

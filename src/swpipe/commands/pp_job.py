@@ -13,13 +13,14 @@ Each rank (:func:`run_rank`):
    link on the job's gloo group (:func:`~swpipe.pp.measure_p2p`: the idle link, and what
    a post costs while both ranks compute, at the largest activation's size), and the
    runtime's own cost per action, by running every stage alone (``ScheduleLoopedBFS`` on a
-   one-rank group) against the prediction, and what a custom order's path adds per action (1F1B's
-   order run by ``Schedule1F1B`` and by :func:`~swpipe.pp.schedule_for`'s path for a custom order, in
-   paired rounds: the library's :class:`~swpipe.pp.CustomPathProbe`, what :func:`~swpipe.pp.calibrate_pp`
-   measures too): before the runs, once in every round of them
-   and after them (a shared machine's load moves within seconds); each figure's median; then each correction
-   (the runtime's cost per action, the post cost) is kept only where it predicts the probe's steps by PyTorch's
-   own class better than without it (:func:`~swpipe.pp.check_pp_corrections`; the report's ``corrections``);
+   one-rank group) against the prediction, and what a custom order's path adds per action (per stage
+   count, 1F1B's or Interleaved1F1B's order run by PyTorch's class and by :func:`~swpipe.pp.schedule_for`'s path
+   for a custom order, in paired rounds: the library's :class:`~swpipe.pp.CustomPathProbe`, what
+   :func:`~swpipe.pp.calibrate_pp` measures too): before the runs, once in every round of them
+   and after them (a shared machine's load moves within seconds); each figure's median; then, per stage count,
+   each correction (the runtime's cost per action, the post cost) is kept only where it predicts that count's
+   probe's steps by PyTorch's own class better than without it (:func:`~swpipe.pp.check_pp_corrections`; the
+   report's ``corrections``);
 3. rank 0 searches a schedule on the costs measured before the runs
    (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, so the
    search keeps one of PyTorch's schedules unless an order beats it by more than that): one of
@@ -282,43 +283,46 @@ class _AloneProbe:
         return max(0.0, (statistics.median(self.times) - predicted) / len(self.program.compute[0]))
 
 
-def _path_probes(cfg: PPRunConfig, model: PPModel, splits: Sequence[int]) -> Dict[int, Any]:
-    """A :class:`~swpipe.pp.CustomPathProbe` per micro-batch count, on a fresh model cut into the fewest stages
-    (1F1B's order where one stage per rank is offered), warmed up (None where that order does not run: too few
-    micro-batches). Every rank calls it."""
+def _path_probes(cfg: PPRunConfig, splits: Sequence[int]) -> Dict[int, Dict[int, Any]]:
+    """Per micro-batch count, a :class:`~swpipe.pp.CustomPathProbe` per stage count, each on a fresh model cut into
+    those stages (1F1B's order with one stage per rank, Interleaved1F1B's with several), warmed up; a count whose
+    order does not run (too few micro-batches) is left out. Every rank calls it."""
     from swpipe.pp import CustomPathProbe, PPError
 
-    out: Dict[int, Any] = {}
+    out: Dict[int, Dict[int, Any]] = {}
     for n in cfg.microbatches:
-        fresh = cfg.load()
-        xs, ys = fresh.microbatches(n)
-        try:
-            out[n] = CustomPathProbe(fresh.cut(min(splits)), xs[0], ys[0], fresh.loss_fn, n_microbatches=n,
-                                     warmup=cfg.warmup)
-        except PPError:
-            out[n] = None
+        out[n] = {}
+        for k in splits:
+            fresh = cfg.load()
+            xs, ys = fresh.microbatches(n)
+            try:
+                out[n][k] = CustomPathProbe(fresh.cut(k), xs[0], ys[0], fresh.loss_fn, n_microbatches=n,
+                                            warmup=cfg.warmup)
+            except PPError:
+                pass
     return out
 
 
-def _checked_costs(by_split: Dict[int, Any], probe: Any, n_mb: int, world: int, cores: Optional[int]
+def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, world: int, cores: Optional[int]
                    ) -> Tuple[Dict[int, Any], List[Any]]:
-    """Every split's costs with the custom path's cost per action the probe measured, and with each correction kept
-    only where it predicts the probe's steps by PyTorch's own class better than without
-    (:func:`~swpipe.pp.check_pp_corrections`, decided on the probe's split, applied to every split); every rank
-    calls it. Without a probe (too few micro-batches for its order) nothing checks the corrections: none is kept."""
+    """Every split's costs with the custom path's cost per action its probe measured, and with each correction kept
+    only where it predicts that probe's steps by PyTorch's own class better than without
+    (:func:`~swpipe.pp.check_pp_corrections`, decided per stage count: a correction right for 2 stages may be wrong
+    for 4, whose schedules post twice the transfers); every rank calls it. A split without a probe (too few
+    micro-batches for its order) has nothing to check its corrections: none is kept."""
     from swpipe.pp import check_pp_corrections, pp_program
 
-    fewest = min(by_split)
-    result = probe.result() if probe is not None else None
-    # without a probe no step judges the program: any that runs on these ranks does
-    program = pp_program(result.schedule if result else "GPipe", world, n_mb,
-                         None if fewest == world else fewest // world)
-    base = by_split[fewest]
-    kept, decisions = check_pp_corrections(base, program, result.builtin_steps_s if result else (), cores=cores)
-    custom = result.overhead_s if result else 0.0
-    out = {k: replace(c.with_action_overhead(kept.action_overhead_s), p2p=kept.p2p, custom_overhead_s=custom)
-           for k, c in by_split.items()}
-    return out, list(decisions)
+    out: Dict[int, Any] = {}
+    decisions: List[Any] = []
+    for k, costs in sorted(by_split.items()):
+        result = probes[k].result() if k in probes else None
+        # without a probe no step judges the program: any that runs on these ranks does
+        program = pp_program(result.schedule if result else "GPipe", world, n_mb, None if k == world else k // world)
+        kept, decided = check_pp_corrections(costs, program, result.builtin_steps_s if result else (), cores=cores,
+                                             key=f"{n_mb} mb, {k} stages")
+        out[k] = replace(kept, custom_overhead_s=result.overhead_s if result else 0.0)
+        decisions.extend(decided)
+    return out, decisions
 
 
 def _median_on_every_rank(mine: float) -> float:
@@ -348,9 +352,9 @@ class _Calibration:
     """
 
     def __init__(self, cfg: PPRunConfig, n_mb: int, splits: Sequence[int], probe: _AloneProbe,
-                 busy_bytes: int, path: Any) -> None:
+                 busy_bytes: int, paths: Dict[int, Any]) -> None:
         self.cfg, self.n_mb, self.splits, self.busy_bytes = cfg, n_mb, splits, busy_bytes
-        self.probe, self.path = probe, path
+        self.probe, self.paths = probe, paths
         probe.times.clear()  # its steps from now on, in the rounds
         self.samples: Dict[int, List[Any]] = {k: [] for k in splits}
         self.links: List[Any] = []
@@ -363,8 +367,8 @@ class _Calibration:
         for k, v in _costs_on_every_rank(self.cfg, self.n_mb, self.splits, repeats=2, warmup=0).items():
             self.samples[k].extend(v)
         _in_turns(self.cfg.cores, self.probe.step)
-        if self.path is not None:
-            self.path.round()
+        for path in self.paths.values():
+            path.round()
         self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
 
     def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
@@ -381,9 +385,9 @@ class _Calibration:
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
         # the path probe's steps before the runs and in every round
         self.unchecked = {k: c.with_action_overhead(overhead) for k, c in costs.items()}
-        checked, decisions = _checked_costs(self.unchecked, self.path, self.n_mb, dist.get_world_size(),
+        checked, decisions = _checked_costs(self.unchecked, self.paths, self.n_mb, dist.get_world_size(),
                                             self.cfg.cores)
-        return checked, overhead, checked[min(checked)].custom_overhead_s, decisions
+        return checked, overhead, {k: c.custom_overhead_s for k, c in checked.items()}, decisions
 
 
 def _noise(values: Sequence[float]) -> float:
@@ -453,15 +457,15 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
         overhead = {n: _median_on_every_rank(probes[n].overhead_s(costs[n][max(splits)])) for n in cfg.microbatches}
         # what a custom order's path costs (for the search), and PyTorch's own class's steps on the same stages:
         # the held-out steps that decide whether each correction is kept
-        paths = _path_probes(cfg, model, splits)
+        paths = _path_probes(cfg, splits)
         for _ in range(max(3, cfg.cost_repeats)):
-            for path in paths.values():
-                if path is not None:
+            for by_split in paths.values():
+                for path in by_split.values():
                     path.round()
         checked = {n: _checked_costs({k: c.with_action_overhead(overhead[n]) for k, c in by.items()}, paths[n], n,
                                      world, cfg.cores) for n, by in costs.items()}
         costs = {n: by for n, (by, _) in checked.items()}
-        custom = {n: by[min(splits)].custom_overhead_s for n, by in costs.items()}
+        custom = {n: {k: c.custom_overhead_s for k, c in by.items()} for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
         results: List[Dict[str, Any]] = []
         corrections: Dict[int, List[Dict[str, Any]]] = {}
@@ -490,8 +494,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             both, overhead[n_mb], custom[n_mb], decided = calibration.costs(
                 samples[n_mb], after, [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
             corrections[n_mb] = [asdict(d) for d in decided]
-            if paths[n_mb] is not None:
-                paths[n_mb].close()  # its rounds are counted: the snapshot of its model let go
+            for path in paths[n_mb].values():
+                path.close()  # its rounds are counted: the snapshot of its model let go
             for t in trainers:
                 t.step(memory=True)
             gathered = [t.gather(world) for t in trainers]
