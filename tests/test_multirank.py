@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -31,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 from conftest import drive as _drive
+from conftest import spawned_ranks
 
 WORLD = 2
 ORDER_ITERS = 500
@@ -182,7 +182,7 @@ SCENARIOS: Dict[str, Callable[..., Dict[str, Any]]] = {
 }
 
 
-def _rank_main(rank: int, world: int, store_path: str, out_dir: str, scenarios: List[str],
+def _rank_main(rank: int, store_path: str, out_dir: str, world: int, scenarios: List[str],
                events: Dict[str, Any]) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
@@ -214,31 +214,10 @@ def run_ranks(scenarios: List[str], world: int = WORLD, deadline_s: float = SESS
     Children that outlive ``deadline_s`` are killed and reported in ``killed``.
     """
     ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        events = {"fail": ctx.Event(), "uneven_raw": ctx.Event()}
-        procs = [ctx.Process(target=_rank_main, args=(r, world, store, tmp, scenarios, events),
-                             name=f"rank{r}") for r in range(world)]
-        t0 = time.perf_counter()
-        for p in procs:
-            p.start()
-        killed = []
-        for p in procs:
-            p.join(max(0.0, deadline_s - (time.perf_counter() - t0)))
-        for p in procs:
-            if p.is_alive():
-                killed.append(p.name)
-                p.kill()
-                p.join(10)
-        ranks = []
-        for r in range(world):
-            try:
-                with open(os.path.join(tmp, f"rank{r}.json")) as fh:
-                    ranks.append(json.load(fh))
-            except FileNotFoundError:
-                ranks.append({})
-        return {"ranks": ranks, "exitcodes": [p.exitcode for p in procs], "killed": killed,
-                "seconds": time.perf_counter() - t0}
+    events = {"fail": ctx.Event(), "uneven_raw": ctx.Event()}
+    t0 = time.perf_counter()
+    session = spawned_ranks(_rank_main, world, scenarios, events, world=world, deadline_s=deadline_s)
+    return {**session, "seconds": time.perf_counter() - t0}
 
 
 @pytest.fixture(scope="module")

@@ -411,6 +411,9 @@ class CustomOverhead:
         Compute actions per step on the busiest rank.
     schedule : str
         The order run both ways (``"1F1B"`` with one stage per rank, ``"Interleaved1F1B"`` with several).
+    program : PPProgram or None
+        PyTorch's program the class ran: what :attr:`builtin_steps_s` are steps of (the held-out steps
+        :func:`check_pp_corrections` judges the corrections on).
     """
 
     overhead_s: float
@@ -419,6 +422,7 @@ class CustomOverhead:
     custom_steps_s: Tuple[float, ...]
     actions: int
     schedule: str
+    program: Any = None
 
     @property
     def spread_s(self) -> float:
@@ -434,7 +438,7 @@ class CustomOverhead:
 
     @classmethod
     def from_steps(cls, builtin: Sequence[Sequence[float]], custom: Sequence[Sequence[float]], actions: int,
-                   schedule: str) -> "CustomOverhead":
+                   schedule: str, program: Any = None) -> "CustomOverhead":
         """The figure from each rank's step times, round by round (the rounds paired: both paths in each).
 
         A round's step is its slowest rank's (the pipeline's step); its figure ``(custom - class) / actions``;
@@ -447,6 +451,8 @@ class CustomOverhead:
         actions : int
             Compute actions per step on the busiest rank.
         schedule : str
+        program : PPProgram, optional
+            PyTorch's program the class ran.
 
         Returns
         -------
@@ -474,13 +480,7 @@ class CustomOverhead:
         slow_b = tuple(max(r[i] for r in builtin) for i in range(counts.pop()))
         slow_c = tuple(max(r[i] for r in custom) for i in range(len(slow_b)))
         rounds = tuple((c - b) / actions for b, c in zip(slow_b, slow_c))
-        return cls(max(0.0, statistics.median(rounds)), rounds, slow_b, slow_c, actions, schedule)
-
-
-def _probe_microbatches(n_microbatches: Optional[int], world: int) -> int:
-    """The micro-batches of a :class:`CustomPathProbe`'s steps: as given, else 4 (or the ranks if more: 1F1B runs at
-    least one per stage)."""
-    return max(4, world) if n_microbatches is None else n_microbatches
+        return cls(max(0.0, statistics.median(rounds)), rounds, slow_b, slow_c, actions, schedule, program)
 
 
 class CustomPathProbe:
@@ -537,7 +537,7 @@ class CustomPathProbe:
             raise PPError("bad_value", "stages", len(modules), detail=(
                 f"every stage module, as many as the group's {world} ranks or a multiple of them (each rank passes "
                 "all of them)"))
-        n_mb = _probe_microbatches(n_microbatches, world)
+        n_mb = max(4, world) if n_microbatches is None else n_microbatches
         for name, value, least in (("n_microbatches", n_mb, 1), ("warmup", warmup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise PPError("bad_value", name, value, detail=f"an integer >= {least}")
@@ -545,7 +545,8 @@ class CustomPathProbe:
         self.schedule = "1F1B" if per == 1 else "Interleaved1F1B"
         builtin = pp_program(self.schedule, world, n_mb, None if per == 1 else per)
         custom = program_from_order(builtin.compute, n_mb, builtin.stage_to_rank, f"{self.schedule}-order")
-        self.group, self.actions = group, max(len(actions) for actions in builtin.compute.values())
+        self.group, self.program = group, builtin
+        self.actions = max(len(actions) for actions in builtin.compute.values())
         self.modules = modules
         mine = builtin.rank_stages(rank)
         self._snapshot = snapshot_state(modules)
@@ -598,7 +599,7 @@ class CustomPathProbe:
         gathered: List[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(gathered, self.steps_s, group=self.group)
         return CustomOverhead.from_steps([g[0] for g in gathered], [g[1] for g in gathered], self.actions,
-                                         self.schedule)
+                                         self.schedule, self.program)
 
     def close(self) -> None:
         """The modules put back as they were before the probe (idempotent)."""
@@ -825,7 +826,6 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
     import torch.distributed as dist
 
     from autosched.pp.costs import P2PCost, PPCosts, measure_p2p, measure_stage_costs
-    from autosched.pp.program import pp_program
 
     measured = measure_stage_costs(stages, microbatch, target, loss_fn, repeats=repeats)
     link = P2PCost()
@@ -836,12 +836,9 @@ def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: C
                                        group=alone_group, steps=repeats)
     custom = measure_custom_overhead(stages, microbatch, target, loss_fn, group=group, n_microbatches=n_microbatches,
                                      steps=repeats)
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
-    held_out = pp_program(custom.schedule, world, _probe_microbatches(n_microbatches, world),
-                          None if len(measured) == world else len(measured) // world)
     costs = PPCosts(measured, link, samples_per_microbatch=int(microbatch.shape[0]),
                     custom_overhead_s=custom.overhead_s).with_action_overhead(overhead.overhead_s)
-    costs, decisions = check_pp_corrections(costs, held_out, custom.builtin_steps_s)
+    costs, decisions = check_pp_corrections(costs, custom.program, custom.builtin_steps_s)
     machine = (f"calibrate_pp on {platform.node()}: {repeats} repeats, overhead spread {overhead.spread_s * 1e6:.1f} "
                f"us, custom path {custom.overhead_s * 1e6:.1f} us per action (spread {custom.spread_s * 1e6:.1f} us, "
                f"{custom.schedule}'s order both ways); " + "; ".join(d.describe() for d in decisions))

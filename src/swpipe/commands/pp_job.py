@@ -316,8 +316,8 @@ def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, 
     decisions: List[Any] = []
     for k, costs in sorted(by_split.items()):
         result = probes[k].result() if k in probes else None
-        # without a probe no step judges the program: any that runs on these ranks does
-        program = pp_program(result.schedule if result else "GPipe", world, n_mb, None if k == world else k // world)
+        # without a probe no step judges a program: any that runs on these stages does
+        program = result.program if result else pp_program("GPipe", world, n_mb, None if k == world else k // world)
         kept, decided = check_pp_corrections(costs, program, result.builtin_steps_s if result else (), cores=cores,
                                              key=f"{n_mb} mb, {k} stages")
         out[k] = replace(kept, custom_overhead_s=result.overhead_s if result else 0.0)
