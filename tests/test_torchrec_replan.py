@@ -200,11 +200,26 @@ def test_the_default_search_at_a_named_plans_depth_finds_a_plan_the_drop_in_can_
     plan = runnable(named_plan(name), {})
     costs = CostModel({n: TaskCost(0.001 * (1 + i % 3)) for i, n in enumerate(plan.task_names)})
     search = default_search(ReplanOptions(time_limit_s=0.3, constraints=at_depth(
-        Constraints(), plan.task_names, plan.pipeline_depth)))
+        Constraints(), plan.task_names, plan.pipeline_depth, plan.caller_group)))
     found = search(plan, costs)
     check_shape(found)  # the forward and the tasks after it in the last stage
     assert found.pipeline_depth == plan.pipeline_depth
     assert predicted_period(found, costs) <= predicted_period(plan, costs)
+    assert predicted_period(runnable(found, {}), costs) == predicted_period(found, costs)  # as the drop-in runs it
+
+
+def test_the_default_search_predicts_the_plan_as_the_drop_in_runs_it_with_the_forward_on_the_callers_thread(dropin):
+    from autosched.search.options import Constraints
+    from swpipe.replan import default_search
+    from swpipe.torchrec.plans import at_depth, named_plan, runnable
+
+    plan = runnable(named_plan("base"), {})
+    search = default_search(ReplanOptions(time_limit_s=30.0, constraints=at_depth(
+        Constraints(), plan.task_names, plan.pipeline_depth, plan.caller_group)))
+    found = search(plan, COSTS)  # the copy the slow task: it leaves the caller's thread, the forward stays
+    assert found.sched("Forward").thread_group == found.caller_group == plan.caller_group
+    assert found.sched("H2D").thread_group != found.caller_group
+    assert predicted_period(runnable(found, {}), COSTS) == predicted_period(found, COSTS) == pytest.approx(0.004)
 
 
 def test_with_the_default_search_the_drop_in_swaps_to_the_plan_for_the_costs_now(dropin, monkeypatch):

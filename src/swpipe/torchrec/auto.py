@@ -255,7 +255,7 @@ def _search(graph: PipelinePlan, costs: Any, constraints: Constraints, solver: S
     found: List[Tuple[str, PipelinePlan]] = []
     lines: List[str] = []
     for d in depths:
-        searched = at_depth(constraints, graph.task_names, d)
+        searched = at_depth(constraints, graph.task_names, d, graph.caller_group)
         # under a memory cap the search ranks by the simulator alone and takes no seeds: the seeds are still
         # candidates (``_candidates``), each kept only if its predicted peak fits (``_under_cap``)
         usable = [(label, p) for label, p in known if p.pipeline_depth <= d and constraints.max_memory_bytes is None]

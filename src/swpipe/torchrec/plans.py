@@ -119,22 +119,29 @@ def check_shape(plan: PipelinePlan) -> None:
                          f"to stage {last} or drop the later stages")
 
 
-def at_depth(constraints: Constraints, names: Any, depth: int) -> Constraints:
-    """``constraints`` for a search at ``depth`` whose answer the drop-in can drive (:func:`check_shape`).
+def at_depth(constraints: Constraints, names: Any, depth: int, caller_group: Optional[str] = "default") -> Constraints:
+    """``constraints`` for a search at ``depth`` whose answer the drop-in can drive as it was predicted.
 
     The plan may be ``depth`` stages deep at most, and the forward and the tasks after it
     (:data:`~swpipe.torchrec.tasks.MODE_TASKS`, those of ``names``) are frozen in its last stage, ``depth - 1``
-    (their stream or thread group stays as ``constraints.frozen`` says). ``plan="auto"`` searches at each depth
-    with it, re-planning at the running plan's depth.
+    (their stream as ``constraints.frozen`` says). The forward's thread group is frozen to ``caller_group``, the
+    searched plan's caller group, unless ``constraints.frozen`` names one: the drop-in runs the forward's group
+    on the caller's thread (:func:`runnable`), and a search that put another group there would predict a period
+    the drop-in does not run (the caller hands the other groups' tasks off in its own order). ``plan="auto"``
+    searches at each depth with it, re-planning at the running plan's depth.
 
     Examples
     --------
     >>> c = at_depth(Constraints(frozen={"Forward": {"stream": None}}), ["H2D", "Forward", "Backward"], 3)
     >>> c.max_depth, c.frozen["Forward"], c.frozen["Backward"]
-    (3, {'stream': None, 'stage': 2}, {'stage': 2})
+    (3, {'stream': None, 'stage': 2, 'thread_group': 'default'}, {'stage': 2})
+    >>> at_depth(Constraints(frozen={"Forward": {"thread_group": "main"}}), ["Forward"], 2).frozen["Forward"]
+    {'thread_group': 'main', 'stage': 1}
     """
     frozen = dict(constraints.frozen)
     frozen.update({t: {**dict(frozen.get(t, {})), "stage": depth - 1} for t in MODE_TASKS if t in set(names)})
+    if "Forward" in frozen and caller_group is not None:
+        frozen["Forward"].setdefault("thread_group", caller_group)
     return dataclasses.replace(constraints, max_depth=depth, frozen=frozen)
 
 

@@ -162,7 +162,7 @@ def adaptive_engine(plan: PipelinePlan, tasks: TorchRecTasks, device: torch.devi
     constraints, _, _ = auto_options(options.constraints, None, None, device)
     if search is None:
         search = default_search(dataclasses.replace(
-            options, constraints=at_depth(constraints, plan.task_names, plan.pipeline_depth)))
+            options, constraints=at_depth(constraints, plan.task_names, plan.pipeline_depth, plan.caller_group)))
     costs = CostModel({name: TaskCost(0.0) for name in plan.task_names},
                       method="swpipe.torchrec re-planning: no cost until the tasks' recent durations say")
     return AdaptivePipeline(plan, costs, device, replan=options, cost_source=cost_source,
