@@ -20,7 +20,6 @@ half an hour.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -273,13 +272,12 @@ def init_distributed(world_size: Optional[int] = None, rank: Optional[int] = Non
         _check_existing(world_size, rank, source)
         backend = dist.get_backend()
     else:
-        if init_method is None:
-            if world_size != 1:
-                raise ValueError("init_distributed: world_size > 1 needs an init_method shared by all ranks "
-                                 "(launch with torchrun, or use swpipe.workloads.launch.spawn, which makes one)")
-            init_method = "file://" + os.path.join(tempfile.mkdtemp(prefix="swpipe-dist-"), "store")
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        if init_method is None and world_size != 1:
+            raise ValueError("init_distributed: world_size > 1 needs an init_method shared by all ranks "
+                             "(launch with torchrun, or use swpipe.workloads.launch.spawn, which makes one)")
+        # one rank alone rendezvous with itself: an in-memory store, no file left behind
+        where = {"init_method": init_method} if init_method is not None else {"store": dist.HashStore()}
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **where)
         owns = True
     if device is None:
         device = _default_device(backend, local_rank, launched is not None)
