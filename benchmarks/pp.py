@@ -281,9 +281,10 @@ def print_link(report: Dict[str, Any]) -> None:
             f"{k} stages: post {c['p2p'].get('post_s', 0.0) * 1e3:.2f} ms, per action "
             f"{c.get('action_overhead_s', 0.0) * 1e3:.2f} ms, a custom order's path +"
             f"{c.get('custom_overhead_s', 0.0) * 1e3:.2f} ms" for k, c in by.items()))
-    decided = corrections_line(report)
-    if decided:
-        print(decided)
+    for field in ("search_corrections", "corrections"):
+        decided = corrections_line(report, field)
+        if decided:
+            print(decided)
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:

@@ -104,6 +104,8 @@ def test_the_searched_row_runs_the_searchs_best_with_its_path_priced(report, tmp
         assert post["applied"] or kept.p2p.post_s == 0.0
         assert per_action["applied"] or kept.action_overhead_s == 0.0
         assert all(d["steps"] > 0 for d in (post, per_action))  # every stage count had its probe's steps
+    # and the decisions the search's costs carried, before the runs, on the same keys
+    assert {(d["key"], d["correction"]) for d in data["search_corrections"]["4"]} == set(decided)
     searched = data["searched"]
     row = next(r for r in data["results"] if r["schedule"] == "swpipe-searched")
     costs = PPCosts.from_dict(data["costs"]["4"][str(row["n_stages"])])

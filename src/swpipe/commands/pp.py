@@ -321,9 +321,10 @@ def _row(r: Dict[str, Any]) -> str:
     return f"{r['schedule']} ({r['n_microbatches']} micro-batches, {r['n_stages']} stages)"
 
 
-def corrections_line(report: Dict[str, Any]) -> str:
-    """Each correction's decision per micro-batch count (the report's ``corrections``): kept or not, and the errors
-    on the held-out steps that decided it; empty for a report without them.
+def corrections_line(report: Dict[str, Any], field: str = "corrections") -> str:
+    """Each correction's decision per micro-batch count (the report's ``corrections``, the rows' costs; or
+    ``"search_corrections"``, the costs the search ran on, before the runs): kept or not, and the errors on the
+    held-out steps that decided it; empty for a report without them.
 
     Examples
     --------
@@ -334,10 +335,11 @@ def corrections_line(report: Dict[str, Any]) -> str:
     """
     from autosched.model.corrections import CorrectionDecision
 
-    decided = [CorrectionDecision(**d) for by in report.get("corrections", {}).values() for d in by]
+    decided = [CorrectionDecision(**d) for by in report.get(field, {}).values() for d in by]
     if not decided:
         return ""
-    return "corrections: " + "; ".join(d.describe() for d in decided)
+    return ("corrections" if field == "corrections" else "before the search") + ": " + "; ".join(
+        d.describe() for d in decided)
 
 
 def format_summary(report: Dict[str, Any]) -> str:
@@ -367,9 +369,10 @@ def format_summary(report: Dict[str, Any]) -> str:
     lines.append(f"link (gloo, measured): {p2p['latency_s'] * 1e6:.0f} us + {p2p['seconds_per_byte'] * 1e9:.3f} "
                  f"ns/byte, {p2p.get('post_s', 0.0) * 1e3:.2f} ms per post while the ranks compute; "
                  f"load {report['load'][0]:.1f} at the end")
-    decided = corrections_line(report)
-    if decided:
-        lines.append(decided)
+    for field in ("search_corrections", "corrections"):
+        decided = corrections_line(report, field)
+        if decided:
+            lines.append(decided)
     lines.append("step: median of the slowest rank's schedule.step(); peak: live tensor bytes above the step's start "
                  "(swpipe.pp.LiveTensorBytes); bubble: predicted idle share of the busiest rank's step; every "
                  "prediction on the costs measured before, during and after the runs")
