@@ -156,7 +156,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                              "steps moves by about a tenth between runs)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=3.0, help="the search's seconds (default 3)")
-    parser.add_argument("--unet-rounds", type=int, default=8, help="timed rounds of the U-Net part (half of them held out for the co-run check)")
+    parser.add_argument("--unet-rounds", type=int, default=16,
+                        help="timed rounds of the U-Net part (half of them held out for the co-run check)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per torchrun job")
     parser.add_argument("--skip", default="", help="parts to leave out, e.g. unet,four")
     parser.add_argument("--json", default=None, help="write every part's report and figures here")
