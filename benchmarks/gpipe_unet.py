@@ -15,20 +15,24 @@ This script measures, per chunks (2, 4, 8), in one run:
   slowdown measured at the middle chunks' size reused at every size
   (``corr_one``, as one ``profile_corun`` call is used);
 * the decision of :func:`swpipe.gpipe.corun.check_slowdown` (apply the
-  slowdown at this micro-batch size or not) and the prediction it gives.
+  slowdown at this micro-batch size or not) and the prediction it gives;
+* the same with the slowdown read from the job's own steps instead
+  (:func:`swpipe.gpipe.corun.corun_in_steps`: each task's time in a step
+  against its layer profile), checked the same way (``instep``).
 
 Rounds interleave the chunks; each round takes a layer profile, a co-run
 measurement and one measured step per chunks (its inputs beside the step it
-predicts). Steps of the even rounds decide (held out: nothing is fitted from
-them); steps of the odd rounds judge the decision: the errors printed are
-the median ``predicted / measured - 1`` over those. Also per chunks: how much
+predicts). The rounds' steps go by thirds: the first of every three fit the
+in-step slowdown, the second decide (held out: nothing is fitted from them),
+the third judge the decisions: the errors printed are the median
+``predicted / measured - 1`` over those. Also per chunks: how much
 the tasks of the measured steps took over their plain predicted costs
 (``meas_stretch``, the median over tasks) against what the slowdown stretches
 them by (``corr_stretch``): where the second is above the first, the
 slowdown overshoots.
 
     python benchmarks/gpipe_unet.py            # full (about 2 minutes on 2 cores under load)
-    python benchmarks/gpipe_unet.py --quick    # a tiny U-Net, 2 rounds
+    python benchmarks/gpipe_unet.py --quick    # a tiny U-Net, 3 rounds
 
 Record ``uptime``'s load: the machine is shared.
 """
@@ -45,7 +49,7 @@ from torch import nn
 
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import optimal_balance, profile_layers
-from swpipe.gpipe.corun import CoRun, check_slowdown, profile_corun
+from swpipe.gpipe.corun import CoRun, check_slowdown, corun_in_steps, profile_corun
 from swpipe.gpipe.measure import measure_step
 from swpipe.gpipe.predict import LayerModel, format_table, micro_batch, predict_step
 from swpipe.gpipe.skip import Namespace, pop, skippable, stash
@@ -143,17 +147,20 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     def config(c: int) -> Dict[str, Any]:
         return {"balance": balance, "batch": args.batch, "chunks": c, "checkpoint": args.checkpoint}
 
-    # even rounds decide, odd rounds judge
-    checked = check_slowdown(layers, list(measured.values()),
-                             [(config(c), s) for c in args.chunks for s in steps[c][0::2]])
+    # by thirds: the first fit the in-step slowdown, the second decide, the third judge
+    decide = [(config(c), s) for c in args.chunks for s in steps[c][1::3]]
+    checked = check_slowdown(layers, list(measured.values()), decide)
+    in_steps = check_slowdown(layers, [corun_in_steps(layers, config(c), steps[c][0::3]) for c in args.chunks],
+                              decide)
     rows = []
     for c in args.chunks:
-        judge = statistics.median(s.step_s for s in steps[c][1::2])
+        judge = statistics.median(s.step_s for s in steps[c][2::3])
         plain = predict_step(layers, **config(c))
         corr = predict_step(layers, **config(c), slowdown=measured[c].slowdown)
         every = predict_step(layers, **config(c), slowdown=measured[c].slowdown_from(0.0))
         one = predict_step(layers, **config(c), slowdown=measured[middle].slowdown)
         decided = predict_step(layers, **config(c), slowdown=checked)
+        instep = predict_step(layers, **config(c), slowdown=in_steps)
         per: Dict[str, List[float]] = {}
         for s in steps[c]:
             for e in s.events:
@@ -165,12 +172,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                      "plain_err": plain.step_s / judge - 1, "corr_err": corr.step_s / judge - 1,
                      "corr_all_err": every.step_s / judge - 1, "corr_one_err": one.step_s / judge - 1,
                      "decided_err": decided.step_s / judge - 1,
-                     "applied": decided.decision.applied,
+                     "applied": decided.decision.applied, "instep_err": instep.step_s / judge - 1,
+                     "instep_applied": instep.decision.applied,
                      "slowdown": statistics.median(measured[c].slowdown.values()),
                      "meas_stretch": statistics.median(statistics.median(per[t]) / plain.costs[t].host_s
                                                        for t in tasks),
                      "corr_stretch": statistics.median(corr.costs[t].host_s / plain.costs[t].host_s for t in tasks)})
-    return {"balance": balance, "rows": rows, "checked": checked}
+    return {"balance": balance, "rows": rows, "checked": checked, "in_steps": in_steps}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -182,11 +190,12 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--depth", type=int, default=3, help="levels down (and up)")
     parser.add_argument("--chunks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--checkpoint", default="except_last", choices=("always", "except_last", "never"))
-    parser.add_argument("--rounds", type=int, default=6, help="even ones decide, odd ones judge")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="by thirds: one fits the in-step slowdown, one decides, one judges")
     parser.add_argument("--timeout", type=float, default=0.15, help="seconds per profile and co-run measurement")
     args = parser.parse_args(argv)
     if args.quick:
-        args.batch, args.size, args.base, args.depth, args.rounds, args.timeout = 16, 8, 2, 2, 2, 0.0
+        args.batch, args.size, args.base, args.depth, args.rounds, args.timeout = 16, 8, 2, 2, 3, 0.0
     torch.set_num_threads(1)
     print(f"# GPipe co-run slowdown on a U-Net: depth {args.depth}, {args.base} channels at first, "
           f"{args.size}x{args.size} images, batch {args.batch}, checkpoint {args.checkpoint}, 2 CPU partitions, "
@@ -195,6 +204,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     print(f"balance {out['balance']}")
     print(format_table(out["rows"]))
     print(out["checked"].summary())
+    print("in-step " + out["in_steps"].summary())
     print(f"# done; {load()}")
     return out
 

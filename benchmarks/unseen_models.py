@@ -156,8 +156,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                              "steps moves by about a tenth between runs)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=3.0, help="the search's seconds (default 3)")
-    parser.add_argument("--unet-rounds", type=int, default=16,
-                        help="timed rounds of the U-Net part (half of them held out for the co-run check)")
+    parser.add_argument("--unet-rounds", type=int, default=24,
+                        help="timed rounds of the U-Net part (by thirds: fit, decide, judge)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per torchrun job")
     parser.add_argument("--skip", default="", help="parts to leave out, e.g. unet,four")
     parser.add_argument("--json", default=None, help="write every part's report and figures here")
@@ -193,8 +193,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     if "unet" not in skip:
         print(f"\n## conv net with skips (GPipe, benchmarks/gpipe_unet.py); load {load()}", flush=True)
         unet = gpipe_unet.main(["--quick"] if args.quick else ["--rounds", str(args.unet_rounds)])
-        out["unet"] = {"rows": unet["rows"], "step_median_abs_error": _median([abs(r["decided_err"])
-                                                                                for r in unet["rows"]])}
+        out["unet"] = {"rows": unet["rows"],
+                       "step_median_abs_error": _median([abs(r["decided_err"]) for r in unet["rows"]]),
+                       "step_median_abs_error_in_steps": _median([abs(r["instep_err"]) for r in unet["rows"]])}
     out["load_end"] = load()
     print(f"\n# summary (load average {out['load_start']} at the start, {out['load_end']} at the end, "
           f"{os.cpu_count()} cores)")
@@ -208,7 +209,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                   f"noise {f['searched_noise']:.0%}, bound headroom {f['bound_headroom']:.1%}: {pp_bench.VERDICTS[f['search_verdict']]}")
     if "unet" in out:
         print(f"conv net with skips (GPipe): median |step error| {out['unet']['step_median_abs_error']:.1%} "
-              f"(the decided prediction, chunks {', '.join(str(r['chunks']) for r in out['unet']['rows'])})")
+              f"(the decided prediction, chunks {', '.join(str(r['chunks']) for r in out['unet']['rows'])}); with "
+              f"the slowdown read from its own steps {out['unet']['step_median_abs_error_in_steps']:.1%}")
     if args.json:
         import json
 

@@ -30,4 +30,6 @@ def test_the_unet_benchmark_prints_each_chunks_with_its_decision(capsys):
     # the decided prediction is the corrected one where the slowdown is applied, else the plain one
     for row in out["rows"]:
         assert row["decided_err"] == pytest.approx(row["corr_err"] if row["applied"] else row["plain_err"])
+        assert row["instep_applied"] or row["instep_err"] == pytest.approx(row["plain_err"])
     assert sorted(out["checked"].decisions) == [2, 4, 8] and out["checked"].summary() in lines
+    assert sorted(out["in_steps"].decisions) == [2, 4, 8] and "in-step " + out["in_steps"].summary() in lines

@@ -267,3 +267,40 @@ def test_a_checked_slowdown_s_summary_names_each_decided_size():
     measured = [(config(2), predict_step(uniform(), **config(2)).step_s)]
     line = check_slowdown(uniform(), [scripted(2.0, 8), scripted(2.0, 2)], measured).summary()
     assert [line.count(f" {k} (") for k in (2, 8)] == [1, 1]
+
+
+def measured(events, step_s=1.0):
+    from swpipe.gpipe.measure import MeasuredStep
+
+    return MeasuredStep(step_s, [step_s], 0.0, [], events=events)
+
+
+def test_the_slowdown_in_steps_is_each_task_s_time_there_over_its_plain_cost_for_its_share_beside_another():
+    from swpipe.gpipe.corun import corun_in_steps
+
+    one = {"balance": [1, 1], "batch": 2, "chunks": 1, "checkpoint": "never"}  # plain: F 2 ms, B 4 ms per partition
+    plain = predict_step(uniform(2), **one).costs
+    assert (plain["F0"].host_s, plain["B1"].host_s) == (pytest.approx(0.002), pytest.approx(0.004))
+    steps = [measured([event("F0", "p0", 0.0, 0.004), event("F1", "p1", 0.002, 0.004),  # F0 half beside F1
+                       event("B1", "p1", 0.004, 0.010)]),                                 # B1 alone
+             measured([event("F0", "p0", 0.0, 0.006), event("F1", "p1", 0.003, 0.006),
+                       event("B1", "p1", 0.006, 0.012)])]
+    corun = corun_in_steps(uniform(2), one, steps)
+    assert corun.batch == 2 and corun.alone_s["F0"] == [pytest.approx(0.002)] * 2
+    assert corun.together_s["F0"] == [0.004, 0.006] and corun.beside["F0"] == [0.5, 0.5]
+    # F0: 1 + (2 - 1) / 0.5 = 3 and 1 + (3 - 1) / 0.5 = 5, the median 4; F1 as fast as planned (1.5 x in step 2:
+    # 1 + 0.5 / 1 = 1.5, the median 1.25); B1 never beside another partition: not measured
+    assert corun.slowdown == {"F0": pytest.approx(4.0), "F1": pytest.approx(1.25), "B1": 1.0}
+
+
+def test_the_slowdown_in_steps_is_checked_like_the_measured_one():
+    from swpipe.gpipe.corun import corun_in_steps
+
+    slow = predict_step(uniform(), **config(4), slowdown=EVERY)  # steps as if every task took twice as long beside
+    fitted = corun_in_steps(uniform(), config(4), [measured(slow.sim.events)])
+    assert all(v > 1.0 for v in fitted.slowdown.values())
+    helps = check_slowdown(uniform(), fitted, [(config(4), slow.step_s)])
+    hurts = check_slowdown(uniform(), fitted, [(config(4), predict_step(uniform(), **config(4)).step_s)])
+    assert helps.decision(4).applied and not hurts.decision(4).applied
+    with pytest.raises(GPipeArgumentError):
+        corun_in_steps(uniform(), {"balance": [2, 2]}, [])

@@ -20,7 +20,10 @@ partition (:func:`swpipe.gpipe.predict.corun_costs`).
 
 The measurement is the machine *now*, like
 :func:`swpipe_core.measure.calibrate.measure_cores`: take it beside the run it
-predicts.
+predicts. :func:`corun_in_steps` reads the same figure from the running job's
+own steps instead (their timelines against the layer profiles): in a U-Net's
+steps the tasks took 12-27 % over their profiles where :func:`profile_corun`,
+running the partitions at once outside a step, measured 2-8 %.
 
 Measuring the slowdown does not show that it brings a prediction closer to a
 real step: on a U-Net (issue 47) it made predictions worse. So it is checked:
@@ -54,7 +57,7 @@ from swpipe.gpipe.partition import check_balance
 from swpipe.gpipe.predict import CORUN, CheckedSlowdown, micro_batch, overlap_shares, predict_step
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["CoRun", "profile_corun", "check_slowdown", "MIN_BESIDE"]
+__all__ = ["CoRun", "profile_corun", "corun_in_steps", "check_slowdown", "MIN_BESIDE"]
 
 #: The least share of a task's time beside another partition from which a round measures its slowdown
 #: (:meth:`CoRun.slowdown_from`).
@@ -254,6 +257,67 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     for pipe in pipes.values():
         pipe.close()
     return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
+
+
+def corun_in_steps(layers: Any, config: Mapping[str, Any], steps: Iterable[Any], *,
+                   cores: Optional[int] = None) -> CoRun:
+    """The co-run slowdown as the job's own steps show it: each task's time in each step against its plain cost.
+
+    ``alone_s`` is each task's plain predicted cost (the layer profiles, :func:`~swpipe.gpipe.predict.predict_step`
+    without a slowdown), ``together_s`` its median time over its micro-batches in each measured step, ``beside``
+    the share of that time another partition ran beside it in that step
+    (:func:`~swpipe.gpipe.predict.overlap_shares`), so :attr:`CoRun.slowdown` is the stretch that
+    :func:`~swpipe.gpipe.predict.corun_costs` would have to apply to give the times the steps took. It is what the
+    steps of a running job measure (:class:`~swpipe.gpipe.measure.MeasuredStep`'s timeline, ``GPipe.timeline``);
+    check it with :func:`check_slowdown` on other steps than these before it predicts.
+
+    Parameters
+    ----------
+    layers : LayerModel
+        The layers' costs the prediction takes.
+    config : dict
+        The steps' configuration (``balance``, ``batch``, ``chunks``; ``checkpoint`` and ``schedule`` optional).
+    steps : iterable of MeasuredStep
+        Steps measured in that configuration, each with its timeline (``events``).
+    cores : int, optional
+        As :func:`~swpipe.gpipe.predict.predict_step` takes it.
+
+    Returns
+    -------
+    CoRun
+        One round per step, at the configuration's micro-batch size.
+
+    Examples
+    --------
+    A step whose forwards ran side by side, each twice its plain cost:
+
+    >>> from swpipe.gpipe.measure import MeasuredStep
+    >>> from swpipe.gpipe.predict import LayerModel
+    >>> from swpipe_core.measure.trace import TimelineEvent
+    >>> layers = LayerModel([(0.0, 0.001)] * 2, [(0.0, 0.002)] * 2, [0.0] * 2, [0.0] * 2)
+    >>> config = {"balance": [1, 1], "batch": 2, "chunks": 1, "checkpoint": "never"}
+    >>> events = [TimelineEvent(f"F{j}", 0, f"p{j}", "default", 0.0, 0.004) for j in (0, 1)]
+    >>> corun_in_steps(layers, config, [MeasuredStep(0.004, [0.004], 0.0, [], events=events)]).slowdown
+    {'F0': 2.0, 'F1': 2.0}
+    """
+    if not {"balance", "batch", "chunks"} <= set(config):
+        raise GPipeArgumentError("config", dict(config), "missing balance, batch or chunks",
+                                 "give the steps' balance, batch and chunks")
+    plain = predict_step(layers, cores=cores, **config).costs
+    alone: Dict[str, List[float]] = {}
+    together: Dict[str, List[float]] = {}
+    beside: Dict[str, List[float]] = {}
+    for step in steps:
+        host = [e for e in step.events if e.kind == "host" and e.task in plain.tasks and e.end > e.start]
+        shares = overlap_shares(host)
+        took: Dict[str, List[float]] = {}
+        for e in host:
+            took.setdefault(e.task, []).append(e.end - e.start)
+        for task, seconds in took.items():
+            alone.setdefault(task, []).append(plain[task].host_s)
+            together.setdefault(task, []).append(statistics.median(seconds))
+            beside.setdefault(task, []).append(shares.get(task, 0.0))
+    return CoRun(alone, together, beside, micro_batch(config["batch"], config["chunks"]))
 
 
 def _nearest(coruns: Sequence[CoRun], micro_batch: float) -> CoRun:
