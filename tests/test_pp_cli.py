@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import sys
 import threading
 import uuid
@@ -78,10 +79,11 @@ def test_comms_is_refused_without_grid_and_adds_the_sends_to_it(launched, capsys
 @pytest.mark.parametrize("reason, status", [("interrupted", 130), ("terminated", 143), ("hangup", 129),
                                             ("timeout", 124),
                                             ("torchrun_died", 1), ("failed", 1)])
-def test_each_end_of_the_job_has_its_exit_status_and_one_line(monkeypatch, capsys, reason, status) -> None:
+def test_each_end_of_the_job_has_its_exit_status_and_one_line(monkeypatch, capsys, tmp_path, reason, status) -> None:
     def stopped(*args, **kwargs):
         raise PPJobError(reason, f"{reason}: stopped 3 process(es)", None, 3, "torchrun.log")
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the folder kept for a failed job's output
     monkeypatch.setattr("swpipe.commands.pp_launch.launch", stopped)
     assert main(["pp", "--microbatches", "4", "--no-search"]) == status
     assert _errors(capsys) == [f"swpipe pp: {reason}: stopped 3 process(es)"]
@@ -119,8 +121,9 @@ class _Command:
         cmd = [sys.executable, "-m", "swpipe.cli", "pp", "--width", "16", "--depth", "4", "--batch", "8",
                "--microbatches", "4", "--schedules", "GPipe", "--no-search", "--steps", "1000000", *extra]
         with open(self.stderr, "w") as err:
-            self.proc = subprocess.Popen(cmd, env=dict(os.environ, **{_MARK: self.mark}), stdout=subprocess.PIPE,
-                                         stderr=err, text=True)
+            # TMPDIR: the folder with torchrun's output, kept when the job is stopped, goes with the test's
+            self.proc = subprocess.Popen(cmd, env=dict(os.environ, TMPDIR=str(tmp_path), **{_MARK: self.mark}),
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
         self.reader = threading.Thread(target=self._read, name="swpipe-pp-stdout", daemon=True)
         self.reader.start()
 

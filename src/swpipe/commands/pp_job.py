@@ -493,10 +493,11 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                 if searched.get("builtin"):  # PyTorch's own class: no custom order was predicted to beat it
                     program = pp_program(searched["builtin"], world, n_mb, searched["n_stages"] // world)
                 else:
-                    path = os.path.join(tempfile.gettempdir(), f"swpipe-pp-{os.getpid()}.csv")
-                    with open(path, "w") as f:
-                        f.write(searched["csv"])
-                    program = read_csv(path, world, searched["n_stages"], n_mb, "swpipe-searched")  # PyTorch's loader
+                    with tempfile.TemporaryDirectory(prefix="swpipe-pp-") as folder:  # read back by PyTorch's loader
+                        path = os.path.join(folder, "searched.csv")
+                        with open(path, "w") as f:
+                            f.write(searched["csv"])
+                        program = read_csv(path, world, searched["n_stages"], n_mb, "swpipe-searched")
                 trainers.append(_Trainer("swpipe-searched", program, cfg, n_mb, rank))
             for t in trainers:
                 for _ in range(cfg.warmup):
