@@ -338,7 +338,7 @@ def corrections_line(report: Dict[str, Any], field: str = "corrections") -> str:
     decided = [CorrectionDecision(**d) for by in report.get(field, {}).values() for d in by]
     if not decided:
         return ""
-    return ("corrections" if field == "corrections" else "before the search") + ": " + "; ".join(
+    return ("corrections" if field == "corrections" else "corrections the search ran on") + ": " + "; ".join(
         d.describe() for d in decided)
 
 
