@@ -450,14 +450,20 @@ def hang_after_kernel_plan(k: Any, numel: int, dtype: Any) -> Any:
 
 
 @pytest.fixture
-def launched(monkeypatch, tmp_path) -> List[object]:
-    """The configurations ``swpipe pp`` launched; the job itself fails at once (reason "failed"). The folder the
-    command keeps for a failed job's output is made under the test's ``tmp_path``."""
+def temp_in_tmp_path(monkeypatch, tmp_path) -> Path:
+    """``tempfile``'s folder is the test's ``tmp_path`` (what the code under test makes there goes with the test)."""
     import tempfile
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def launched(monkeypatch, temp_in_tmp_path) -> List[object]:
+    """The configurations ``swpipe pp`` launched; the job itself fails at once (reason "failed"). The folder the
+    command keeps for a failed job's output is made under the test's ``tmp_path``."""
     from swpipe.commands.pp_launch import PPJobError
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     calls: List[object] = []
 
     def fake_launch(cfg, nproc=2, out_path=None, timeout_s=600.0, log_path=None, grace_s=5.0):

@@ -57,14 +57,11 @@ def test_rank_outside_the_world_or_not_a_number_is_an_error(clean_env):
         init_distributed()
 
 
-def test_no_launcher_environment_falls_back_to_a_private_single_rank_group(clean_env, tmp_path, monkeypatch):
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+def test_no_launcher_environment_falls_back_to_a_private_single_rank_group(clean_env, temp_in_tmp_path):
     assert launcher_env() is None
     with init_distributed() as env:
         assert (env.rank, env.world_size, env.launcher, env.backend) == (0, 1, False, "gloo")
-    assert list(tmp_path.iterdir()) == []  # the single rank's rendezvous leaves nothing behind
+    assert list(temp_in_tmp_path.iterdir()) == []  # the single rank's rendezvous leaves nothing behind
 
 
 def test_a_complete_launcher_environment_is_joined_through_env(clean_env):

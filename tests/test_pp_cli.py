@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import sys
 import threading
 import uuid
@@ -79,11 +78,11 @@ def test_comms_is_refused_without_grid_and_adds_the_sends_to_it(launched, capsys
 @pytest.mark.parametrize("reason, status", [("interrupted", 130), ("terminated", 143), ("hangup", 129),
                                             ("timeout", 124),
                                             ("torchrun_died", 1), ("failed", 1)])
-def test_each_end_of_the_job_has_its_exit_status_and_one_line(monkeypatch, capsys, tmp_path, reason, status) -> None:
+def test_each_end_of_the_job_has_its_exit_status_and_one_line(monkeypatch, capsys, temp_in_tmp_path, reason,
+                                                               status) -> None:
     def stopped(*args, **kwargs):
         raise PPJobError(reason, f"{reason}: stopped 3 process(es)", None, 3, "torchrun.log")
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the folder kept for a failed job's output
     monkeypatch.setattr("swpipe.commands.pp_launch.launch", stopped)
     assert main(["pp", "--microbatches", "4", "--no-search"]) == status
     assert _errors(capsys) == [f"swpipe pp: {reason}: stopped 3 process(es)"]

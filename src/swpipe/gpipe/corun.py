@@ -259,6 +259,15 @@ def profile_corun(module: nn.Sequential, balance: Sequence[int], sample: Tensors
     return CoRun(samples["alone"], samples["together"], samples["beside"], batch_size(sample))
 
 
+def _check_config(config: Mapping[str, Any], argument: str) -> None:
+    """A step's configuration as :func:`~swpipe.gpipe.predict.predict_step` takes it, or a GPipeArgumentError."""
+    missing = {"balance", "batch", "chunks"} - set(config)
+    unknown = set(config) - {"balance", "batch", "chunks", "checkpoint", "schedule"}
+    if missing or unknown:
+        raise GPipeArgumentError(argument, dict(config), f"missing {sorted(missing)}, unknown {sorted(unknown)}",
+                                 "give balance, batch, chunks and optionally checkpoint, schedule")
+
+
 def corun_in_steps(layers: Any, config: Mapping[str, Any], steps: Iterable[Any], *,
                    cores: Optional[int] = None) -> CoRun:
     """The co-run slowdown as the job's own steps show it: each task's time in each step against its plain cost.
@@ -300,9 +309,7 @@ def corun_in_steps(layers: Any, config: Mapping[str, Any], steps: Iterable[Any],
     >>> corun_in_steps(layers, config, [MeasuredStep(0.004, [0.004], 0.0, [], events=events)]).slowdown
     {'F0': 2.0, 'F1': 2.0}
     """
-    if not {"balance", "batch", "chunks"} <= set(config):
-        raise GPipeArgumentError("config", dict(config), "missing balance, batch or chunks",
-                                 "give the steps' balance, batch and chunks")
+    _check_config(config, "config")
     plain = predict_step(layers, cores=cores, **config).costs
     alone: Dict[str, List[float]] = {}
     together: Dict[str, List[float]] = {}
@@ -380,11 +387,7 @@ def check_slowdown(layers: Any, coruns: Union[CoRun, Sequence[CoRun]],
         raise GPipeArgumentError("coruns", [], "no co-run measurement", "measure one with profile_corun")
     held, slowdown = [], {}
     for config, measured in steps:
-        missing = {"balance", "batch", "chunks"} - set(config)
-        unknown = set(config) - {"balance", "batch", "chunks", "checkpoint", "schedule"}
-        if missing or unknown:
-            raise GPipeArgumentError("steps", dict(config), f"missing {sorted(missing)}, unknown {sorted(unknown)}",
-                                     "give balance, batch, chunks and optionally checkpoint, schedule")
+        _check_config(config, "steps")
         key = micro_batch(config["batch"], config["chunks"])
         slowdown.setdefault(key, _nearest(coruns, key).slowdown)
         without = predict_step(layers, cores=cores, **config).step_s
