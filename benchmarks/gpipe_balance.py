@@ -13,9 +13,13 @@ different balances under load. This script
 3. measures, side by side in one run, the GPipe step (forward, loss,
    backward; ``chunks`` micro-batches, partitions on CPU "devices") of every
    distinct balance found and of every 2-way cut within ``--window`` layers
-   of one (the candidates for the best contiguous balance): rounds, each
-   timing every candidate once in a rotating order; medians. Prints each found
-   balance's step over the best candidate's (goal: within 5 %).
+   of one (the candidates for the best contiguous balance):
+   ``compare_balances``' rounds, each timing every candidate once in a
+   rotating order, ratios within a round. Prints each found balance's step
+   over the best candidate's (goal: within 5 %);
+4. with ``--check-rounds R`` (default 20; 0: off), each run also judges its
+   balance and those one cut away by R measured steps, as ``balance_by_steps``
+   does, and the balance that returns is measured among the candidates too.
 
     python benchmarks/gpipe_balance.py             # idle
     python benchmarks/gpipe_balance.py --load 2    # two busy processes beside it
@@ -37,9 +41,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from swpipe.gpipe import GPipe
-from swpipe.gpipe.balance import balance_cost, optimal_balance, profile_layers
-from swpipe.gpipe.measure import measure_step
+from swpipe.gpipe.balance import balance_cost, compare_balances, neighbour_balances, optimal_balance, profile_layers
 from swpipe.gpipe.skip import pop, skippable, stash
 
 
@@ -99,18 +101,33 @@ def stop_load(procs: List[subprocess.Popen]) -> None:
         p.wait()
 
 
-def find_balances(args: argparse.Namespace, sample: torch.Tensor) -> List[Tuple[List[int], Any, float]]:
+def batch(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return (torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size))
+
+
+def find_balances(args: argparse.Namespace, sample: torch.Tensor) -> List[Tuple[List[int], Any, float, Any]]:
+    """Per run: ``balance_by_time``'s balance, its profile, the seconds it took, and (``--check-rounds``) the
+    balance ``balance_by_steps`` returns (its comparison)."""
     found = []
+    x, target = batch(args)
     for run in range(args.runs):
         t0 = time.perf_counter()
         profile = profile_layers(unet(args.base, args.depth), sample, timeout=args.timeout)
         balance = optimal_balance(profile.time_s, args.partitions)  # = balance_by_time(...)
         took = time.perf_counter() - t0
-        found.append((balance, profile, took))
+        checked = None
+        if args.check_rounds:  # = balance_by_steps(...), on the profile just taken
+            checked = compare_balances(unet(args.base, args.depth), neighbour_balances(balance), x, target,
+                                       nn.functional.mse_loss, chunks=args.chunks, devices=["cpu"] * len(balance),
+                                       rounds=args.check_rounds)
+        found.append((balance, profile, took, checked))
         scale, spikes = getattr(profile, "round_scale", []), getattr(profile, "spikes", [])  # also older profiles
         stats = (f"{len(scale)} rounds, round scale {min(scale):.2f}-{max(scale):.2f}, spikes {sum(spikes)}, "
                  f"median spread {statistics.median(profile.spread) * 100:.1f} %, " if scale else "")
-        print(f"run {run}: {balance}  {took:.1f} s, {stats}{load_average()}", flush=True)
+        judged = ("" if checked is None else f"; by steps {checked.fastest} ("
+                  + ", ".join(f"{b} x{r:.3f}" for b, r in zip(checked.balances, checked.ratio)) + ")")
+        print(f"run {run}: {balance}  {took:.1f} s, {stats}{load_average()}{judged}", flush=True)
     return found
 
 
@@ -128,21 +145,12 @@ def candidates(found: List[List[int]], layers: int, window: int) -> List[List[in
 
 
 def measure(args: argparse.Namespace, balances: List[List[int]]) -> Dict[Tuple[int, ...], float]:
-    """Median step time of each balance, measured side by side: each round times each once, rotating the order."""
-    torch.manual_seed(1)
-    x = torch.randn(args.batch, 3, args.size, args.size)
-    target = torch.randn(args.batch, 3, args.size, args.size)
-    pipes = [GPipe(unet(args.base, args.depth), b, devices=["cpu"] * len(b), chunks=args.chunks,
-                   checkpoint="never") for b in balances]
-    for g in pipes:  # warm up
-        measure_step(g, x, target, nn.functional.mse_loss, repeats=1, warmup=1)
-    steps: Dict[int, List[float]] = {i: [] for i in range(len(pipes))}
-    for r in range(args.rounds):
-        k = r % len(pipes)
-        for i in list(range(len(pipes)))[k:] + list(range(len(pipes)))[:k]:
-            steps[i].append(measure_step(pipes[i], x, target, nn.functional.mse_loss, repeats=1,
-                                         warmup=0).step_s)
-    return {tuple(b): statistics.median(steps[i]) for i, b in enumerate(balances)}
+    """Each balance's step over the first's in the same round (median over the rounds), measured side by side."""
+    x, target = batch(args)
+    compared = compare_balances(unet(args.base, args.depth), balances, x, target, nn.functional.mse_loss,
+                                chunks=args.chunks, devices=["cpu"] * len(balances[0]), rounds=args.rounds)
+    print(f"measured side by side ({args.rounds} rounds; x the first):\n{compared.summary()}", flush=True)
+    return {tuple(b): r * compared.median_s[0] for b, r in zip(compared.balances, compared.ratio)}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -158,6 +166,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     ap.add_argument("--depth", type=int, default=3, help="levels")
     ap.add_argument("--window", type=int, default=2, help="cuts around each found one, measured as candidates")
     ap.add_argument("--rounds", type=int, default=15, help="measured steps per candidate")
+    ap.add_argument("--check-rounds", type=int, default=20,
+                    help="measured steps per balance when each run judges its neighbours (balance_by_steps); 0: off")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # the partitions' threads are what uses the cores
     layers = len(unet(args.base, args.depth))
@@ -168,26 +178,34 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     t0 = time.perf_counter()
     try:
         found = find_balances(args, sample)
-        balances = [b for b, _, _ in found]
+        balances = [b for b, _, _, _ in found]
+        checked = [c.fastest for _, _, _, c in found if c is not None]
         counts = collections.Counter(tuple(b) for b in balances)
+        checked_counts = collections.Counter(tuple(b) for b in checked)
         print("balances found:", ", ".join(f"{list(b)} x{n}" for b, n in counts.most_common()), flush=True)
-        steps = measure(args, candidates(balances, layers, args.window))
+        if checked:
+            print("balances by steps:", ", ".join(f"{list(b)} x{n}" for b, n in checked_counts.most_common()),
+                  flush=True)
+        steps = measure(args, candidates(balances + checked, layers, args.window))
     finally:
         stop_load(procs)
     best = min(steps, key=steps.get)
     # what the profiles say of each candidate: its costliest partition over the least, median over the runs
     predicted = {b: statistics.median(balance_cost(p.time_s, list(b)) / min(balance_cost(p.time_s, list(c))
-                                                                            for c in steps) for _, p, _ in found)
+                                                                            for c in steps) for _, p, _, _ in found)
                  for b in steps}
     print(f"best contiguous balance (of {len(steps)} measured side by side): {list(best)} "
           f"{steps[best] * 1e3:.1f} ms")
     for b, n in counts.most_common():
         print(f"found {list(b)} x{n}: step {steps[b] * 1e3:.1f} ms, x{steps[b] / steps[best]:.3f} of the best")
+    for b, n in checked_counts.most_common():
+        print(f"by steps {list(b)} x{n}: step {steps[b] * 1e3:.1f} ms, x{steps[b] / steps[best]:.3f} of the best")
     for b, s in sorted(steps.items()):
         print(f"  candidate {list(b)}: {s * 1e3:.1f} ms measured (x{s / steps[best]:.3f}), costliest partition "
               f"x{predicted[b]:.3f} of the least by the profiles")
     print(f"took {time.perf_counter() - t0:.0f} s; end: {load_average()}")
-    return {"balances": balances, "counts": dict(counts), "steps_s": steps, "best": list(best), "predicted": predicted}
+    return {"balances": balances, "counts": dict(counts), "checked": checked, "steps_s": steps, "best": list(best),
+            "predicted": predicted}
 
 
 if __name__ == "__main__":

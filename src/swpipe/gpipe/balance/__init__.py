@@ -8,6 +8,11 @@ by dynamic programming: not a greedy split). ``balance_by_time`` is
 ``optimal_balance(profile_layers(...).time_s, partitions)``: call the two to
 see the profile's spread (:meth:`LayerProfile.report`).
 
+A profile times each layer alone; where the partitions share a loaded
+machine, :func:`balance_by_steps` judges ``balance_by_time``'s balance and
+the balances one cut away by their measured training steps, timed side by
+side (:func:`compare_balances`), and returns the comparison with its spread.
+
 Examples
 --------
 >>> import torch
@@ -27,10 +32,12 @@ from torch import nn
 from swpipe.gpipe.balance.partition import balance_cost, optimal_balance
 from swpipe.gpipe.balance.profile import (LayerProfile, RobustTimes, TaskTimer, default_timer, profile_layers,
                                          robust_times)
+from swpipe.gpipe.balance.steps import BalanceSteps, balance_by_steps, compare_balances, neighbour_balances
 from swpipe.gpipe.microbatch import Tensors, scatter
 
-__all__ = ["balance_by_time", "balance_by_size", "optimal_balance", "balance_cost", "profile_layers",
-           "LayerProfile", "robust_times", "RobustTimes", "TaskTimer", "default_timer"]
+__all__ = ["balance_by_time", "balance_by_size", "balance_by_steps", "optimal_balance", "balance_cost",
+           "profile_layers", "compare_balances", "neighbour_balances", "BalanceSteps", "LayerProfile",
+           "robust_times", "RobustTimes", "TaskTimer", "default_timer"]
 
 
 def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, timeout: float = 1.0,
@@ -41,7 +48,8 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample: Tensors, *, 
     Each layer's time is :func:`profile_layers`' robust statistic over
     paired rounds (:func:`robust_times`: rounds normalised by their total,
     spikes dropped, medians), so a burst of load on the machine while it
-    measures moves no layer's share.
+    measures moves no layer's share. On a loaded machine, check the balance
+    on measured steps: :func:`balance_by_steps`.
 
     Parameters
     ----------
