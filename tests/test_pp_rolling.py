@@ -8,7 +8,8 @@ import torch.distributed as dist
 
 from autosched.pp.costs import PPCosts, StageCost
 from autosched.pp.program import PPError, pp_program
-from autosched.pp.rolling import RollingStepCosts, calibrate_pp, measure_action_overhead, refreshed_pp_costs
+from autosched.pp.rolling import (P2P_HELPERS, RollingStepCosts, calibrate_pp, measure_action_overhead,
+                                  refreshed_pp_costs)
 from swpipe_core.measure.rolling import RollingCosts
 
 pytestmark = pytest.mark.timeout(300)
@@ -62,6 +63,116 @@ def test_a_shared_window_takes_both_a_schedule_and_hand_made_samples(one_rank):
             _step(schedule)
     s = rolling.stats()
     assert (s["step"].samples, s["step"].recorded, s["F0"].samples, s["F0"].recorded) == (2, 3, 2, 6)
+
+
+class _ScriptedClock:
+    """Seconds that move only when a fake helper says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+# PyTorch's module-level helpers every schedule posts and waits through, by the names the timing module wraps
+POST, WAIT = (name for name, _ in P2P_HELPERS)
+
+
+def _helper(name):
+    from torch.distributed.pipelining import schedules
+
+    return getattr(schedules, name)
+
+
+class _FakeSchedule:
+    """A schedule whose step computes (a stage action), posts twice (once nothing) and waits, each taking scripted
+    seconds, through PyTorch's module-level helpers as the real schedules do."""
+
+    def __init__(self, clock, stage, fail=False):
+        self.clock, self.stage, self.fail = clock, stage, fail
+
+    def step(self):
+        self.stage.forward_one_chunk(0)
+        works = _helper(POST)(["send", "recv"])
+        _helper(POST)([])  # an empty post: PyTorch calls it for ranks with nothing to send
+        self.clock.now += 0.25  # the schedule's own Python: not in any window
+        _helper(WAIT)(works)
+        if self.fail:
+            raise RuntimeError("the step failed")
+
+
+class _FakeStage:
+    stage_index = 0
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def forward_one_chunk(self, *args, **kwargs):
+        self.clock.now += 4.0
+
+    def backward_one_chunk(self, *args, **kwargs):
+        raise AssertionError("not called")
+
+    backward_weight_one_chunk = backward_one_chunk
+
+
+@pytest.fixture
+def scripted_helpers(monkeypatch):
+    """PyTorch's post and wait helpers replaced by ones that take 1.0 s per posted list and 2.0 s per wait."""
+    from torch.distributed.pipelining import schedules
+
+    clock = _ScriptedClock()
+
+    def post(ops, desc=None):
+        clock.now += 1.0 if ops else 0.0
+        return list(ops)
+
+    def wait(works):
+        clock.now += 2.0
+
+    monkeypatch.setattr(schedules, POST, post)
+    monkeypatch.setattr(schedules, WAIT, wait)
+    return clock, post, wait
+
+
+def test_a_steps_posts_and_waits_are_timed_into_their_windows_and_its_split(scripted_helpers):
+    clock, post, wait = scripted_helpers
+    stage = _FakeStage(clock)
+    schedule = _FakeSchedule(clock, stage)
+    with RollingStepCosts(schedule, stages=[stage], rolling=RollingCosts(clock=clock)) as timed:
+        assert _helper(POST) is post  # wrapped only while a step runs
+        schedule.step()
+        schedule.step()
+    stats = timed.stats()
+    assert {n: (s.recorded, s.median_s) for n, s in stats.items()} == {
+        "F0": (2, 4.0), "post": (2, 1.0), "wait": (2, 2.0), "step": (2, 7.25)}  # the empty post not counted
+    split = timed.split()
+    assert (split.step_s, split.compute_s, split.post_s, split.wait_s, split.other_s) == (7.25, 4.0, 1.0, 2.0, 0.25)
+    assert _helper(POST) is post and _helper(WAIT) is wait
+
+
+def test_a_step_that_raises_is_not_recorded_and_puts_the_helpers_back(scripted_helpers):
+    clock, post, wait = scripted_helpers
+    stage = _FakeStage(clock)
+    schedule = _FakeSchedule(clock, stage, fail=True)
+    with RollingStepCosts(schedule, stages=[stage], rolling=RollingCosts(clock=clock)) as timed:
+        with pytest.raises(RuntimeError):
+            schedule.step()
+        assert _helper(POST) is post and _helper(WAIT) is wait
+    assert "step" not in timed.stats() and timed.split() is None
+    assert timed.stats()["post"].recorded == 1  # what ran before the failure was timed
+
+
+def test_one_rank_posts_nothing_and_its_split_is_its_compute(one_rank):
+    schedule, _ = _schedule("LoopedBFS")
+    with RollingStepCosts(schedule) as timed:
+        for _ in range(3):
+            _step(schedule)
+    split = timed.split()
+    assert split.post_s == 0.0 and split.wait_s == 0.0
+    assert 0 < split.compute_s <= split.step_s and split.other_s >= 0
+    assert "post" not in timed.stats() and "wait" not in timed.stats()
 
 
 def _costs():

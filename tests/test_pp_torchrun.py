@@ -63,6 +63,27 @@ def test_measured_beside_predicted_on_every_rank(report) -> None:
     assert back.n_stages == data["searched"]["n_stages"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_each_ranks_steps_are_split_into_compute_posting_and_waiting(report) -> None:
+    from swpipe.commands.pp import format_summary, split_line, summarise
+    from swpipe.pp import StepSplit
+
+    data, _ = report
+    for r in data["results"]:
+        if "refused" in r:
+            continue
+        splits = {rank: StepSplit(**s) for rank, s in r["split_by_rank"].items()}
+        assert set(splits) == set(r["predicted_busy_s"]) == {"0", "1"}
+        for s in splits.values():  # medians of parts need not add up, but none exceeds the step
+            assert 0 < s.compute_s <= s.step_s and 0 <= s.post_s <= s.step_s and 0 <= s.wait_s <= s.step_s
+        # two ranks exchange every micro-batch's activations and gradients: both post and wait
+        assert all(s.post_s > 0 for s in splits.values()), r["schedule"]
+        assert any(s.wait_s > 0 for s in splits.values()), r["schedule"]
+    fastest = summarise(data).measured_fastest
+    assert split_line(fastest) in format_summary(data).splitlines()
+
+
 def test_bad_arguments_start_no_job(capsys) -> None:
     assert main(["pp", "--schedules", "GPipe,NoSuch"]) == 2
     assert main(["pp", "--batch", "10", "--microbatches", "4"]) == 2

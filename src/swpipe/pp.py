@@ -13,8 +13,9 @@ adds what its dry run lacks (time, transfers, memory):
 * the costs: :func:`measure_stage_costs` (F, I, W, B and bytes per stage, one process),
   :func:`measure_p2p` (the link, with ``torch.distributed``), :class:`StageCost`,
   :class:`P2PCost`, :class:`PPCosts`, :func:`split_module`, :class:`LiveTensorBytes`;
-* measured while the job trains: :class:`RollingStepCosts` (each ``schedule.step`` and each
-  action of its stages timed into a rolling window), :func:`refreshed_pp_costs` (the costs
+* measured while the job trains: :class:`RollingStepCosts` (each ``schedule.step``, each
+  action of its stages and each post and wait of its transfers timed into a rolling window; each
+  step's split into compute, posting and waiting: :class:`StepSplit`), :func:`refreshed_pp_costs` (the costs
   from the windows' medians, with how fresh and how noisy: a :class:`PPRefreshed`),
   :func:`measure_action_overhead` (what the runtime adds per action, on the user's stages:
   an :class:`ActionOverhead`); :func:`measure_custom_overhead` (what a custom order's path adds beyond PyTorch's
@@ -56,7 +57,7 @@ from typing import Any
 from autosched.pp import (ActionOverhead, CustomOverhead, CustomPathProbe, LiveTensorBytes, P2PCost, PPBounds,
                           PPCandidate, PPComparison, PPCosts, PPCpsatRun, PPError, PPProgram, PPRefreshed, PPRow,
                           PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, RollingStepCosts,
-                          StageCost, builtin_programs, calibrate_pp, check_pp_corrections, measure_action_overhead,
+                          StageCost, StepSplit, builtin_programs, calibrate_pp, check_pp_corrections, measure_action_overhead,
                           measure_custom_overhead, measure_p2p, measure_stage_costs, pp_program, program_from_order,
                           read_csv, refreshed_pp_costs, schedule_for, split_module, validate_program)
 from autosched.pp import RENAMED, renamed
@@ -66,7 +67,7 @@ from swpipe.replan.schedule import AdaptiveSchedule
 __all__ = ["ActionOverhead", "AdaptiveSchedule", "CustomOverhead", "CustomPathProbe", "LiveTensorBytes", "P2PCost",
            "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPCpsatRun", "PPError", "PPModel", "PPProgram",
            "PPRefreshed", "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf",
-           "RollingStepCosts", "StageCost", "builtin_programs", "calibrate_pp", "check_pp_corrections",
+           "RollingStepCosts", "StageCost", "StepSplit", "builtin_programs", "calibrate_pp", "check_pp_corrections",
            "measure_action_overhead", "measure_custom_overhead", "measure_p2p", "measure_stage_costs", "pp_program",
            "program_from_order", "read_csv", "refreshed_pp_costs", "schedule_for", "split_module",
            "validate_program"]

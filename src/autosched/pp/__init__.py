@@ -7,7 +7,7 @@ memory per rank on measured costs, bound them, answer what-if questions and sear
 action order, which :meth:`PPProgram.to_csv` writes as the compute-only CSV PyTorch's runtime loads.
 The verbs' names before (``pp_simulate``, ``pp_lower_bounds``, ``pp_what_if``, ``pp_compare``,
 ``pp_search``) still work for one release and warn (``FutureWarning``).
-While a job trains, :class:`RollingStepCosts` times its steps and actions and
+While a job trains, :class:`RollingStepCosts` times its steps, actions, posts and waits (:class:`StepSplit`) and
 :func:`refreshed_pp_costs` refreshes the costs from them; :func:`measure_action_overhead`
 measures the runtime's cost per action, :func:`measure_custom_overhead` what a custom order's path adds to it.
 :func:`schedule_for` builds the PyTorch schedule object that runs a
@@ -46,6 +46,7 @@ _LAZY = {
     "LiveTensorBytes": "memory",
     "PPTorchError": "_torch",
     "RollingStepCosts": "rolling",
+    "StepSplit": "rolling",
     "refreshed_pp_costs": "rolling",
     "PPRefreshed": "rolling",
     "measure_action_overhead": "rolling",

@@ -10,7 +10,14 @@ action's as ``"F<stage>"``, ``"B<stage>"`` (a full backward), ``"I<stage>"``
 gradients). An action's time is what the runtime spent in it on this rank,
 its own Python around the module included (what
 :attr:`PPCosts.action_overhead_s <autosched.pp.costs.PPCosts.action_overhead_s>`
-stands for) and the transfers it waits for excluded.
+stands for) and the transfers it waits for excluded. The time the rank spends
+posting its sends and receives and waiting for them (PyTorch's module-level
+``_batch_p2p`` and ``_wait_batch_p2p``, which every schedule posts and waits
+through) goes in as ``"post"`` and ``"wait"``, and each step's split into
+compute, posting, waiting and the rest is kept (:class:`StepSplit`,
+:meth:`RollingStepCosts.split`): where a step's time went on this rank, which
+a prediction from the stages' costs alone cannot see (on a loaded machine the
+busiest rank's posts took 1-2 ms each where the others' took 0.1 ms).
 
 :func:`refreshed_pp_costs` puts the windows' medians in place of a
 :class:`~autosched.pp.costs.PPCosts`' stage times where a window holds enough
@@ -36,19 +43,55 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from collections import deque
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from autosched.pp.program import PPError
 from swpipe_core.engine.device import as_device
 
-__all__ = ["RollingStepCosts", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead", "ActionOverhead",
+__all__ = ["RollingStepCosts", "StepSplit", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead",
+           "ActionOverhead",
            "measure_custom_overhead", "CustomOverhead", "CustomPathProbe", "calibrate_pp", "check_pp_corrections",
            "PP_CORRECTIONS", "ACTION_METHODS"]
 
 #: the stage methods wrapped, and the action letter each call is recorded as
 ACTION_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 _FIELD_OF = {"F": "forward_s", "B": "backward_s", "I": "backward_input_s", "W": "backward_weight_s"}
+#: PyTorch's module-level helpers every schedule posts its transfers and waits for them through, and the window
+#: each call (with at least one operation) is recorded as
+P2P_HELPERS = (("_batch_p2p", "post"), ("_wait_batch_p2p", "wait"))
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """Where one rank's ``schedule.step`` went (seconds): its actions, posting transfers, waiting for them.
+
+    Attributes
+    ----------
+    step_s : float
+    compute_s : float
+        The stages' actions (F, B, I, W), the runtime's Python around each included.
+    post_s : float
+        Posting sends and receives (``_batch_p2p``).
+    wait_s : float
+        Waiting for posted transfers (``_wait_batch_p2p``).
+
+    Examples
+    --------
+    >>> StepSplit(0.010, 0.006, 0.001, 0.002).other_s
+    0.001
+    """
+
+    step_s: float
+    compute_s: float
+    post_s: float
+    wait_s: float
+
+    @property
+    def other_s(self) -> float:
+        """The rest of the step: the schedule's own Python, the loss, what the rank did between the calls timed."""
+        return round(self.step_s - self.compute_s - self.post_s - self.wait_s, 12)
 
 
 def _action_of(method: str, kwargs: Dict[str, Any], args: Tuple[Any, ...]) -> str:
@@ -108,15 +151,18 @@ class RollingStepCosts:
         self.stages = list(stages)
         self.rolling = rolling if rolling is not None else RollingCosts(window)
         self._installed: List[Tuple[Any, str, Any]] = []  # (object, attribute, what its instance held before)
+        self._splits: Deque[StepSplit] = deque(maxlen=window if rolling is None else rolling.window)
+        self._open: Optional[Dict[str, float]] = None  # the step running now: seconds per part so far
 
     def __enter__(self) -> "RollingStepCosts":
         if self._installed:
             raise RuntimeError("RollingStepCosts: already entered; leave the block before entering it again")
-        self._wrap(self.schedule, "step", lambda args, kwargs: "step")
+        self._wrap_step()
         for stage in self.stages:
             index = stage.stage_index
             for method in ACTION_METHODS:
-                self._wrap(stage, method, lambda args, kwargs, m=method, s=index: f"{_action_of(m, kwargs, args)}{s}")
+                self._wrap(stage, method, lambda args, kwargs, m=method, s=index: f"{_action_of(m, kwargs, args)}{s}",
+                           part="compute_s")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -127,18 +173,86 @@ class RollingStepCosts:
             else:
                 obj.__dict__[name] = before
 
-    def _wrap(self, obj: Any, name: str, label: Callable[[Tuple[Any, ...], Dict[str, Any]], str]) -> None:
+    def _wrap(self, obj: Any, name: str, label: Callable[[Tuple[Any, ...], Dict[str, Any]], str],
+              part: str) -> None:
         original = getattr(obj, name)
         rolling, clock = self.rolling, self.rolling.clock
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
             out = original(*args, **kwargs)
-            rolling.add(label(args, kwargs), clock() - t0)
+            seconds = clock() - t0
+            rolling.add(label(args, kwargs), seconds)
+            if self._open is not None:
+                self._open[part] += seconds
             return out
 
         self._installed.append((obj, name, obj.__dict__.get(name)))
         obj.__dict__[name] = timed  # an instance attribute: the runtime calls stage.forward_one_chunk(...) through it
+
+    def _wrap_step(self) -> None:
+        """``schedule.step`` timed, and for its duration PyTorch's post and wait helpers timed too: they are module
+        functions, shared by every schedule of the process, so they are wrapped only while this schedule steps."""
+        from torch.distributed.pipelining import schedules as helpers
+
+        original = self.schedule.step
+        rolling, clock = self.rolling, self.rolling.clock
+
+        def p2p(function: Callable[..., Any], label: str, part: str) -> Callable[..., Any]:
+            def timed(ops: Any, *args: Any, **kwargs: Any) -> Any:
+                if not ops:  # nothing posted or waited for: not a transfer
+                    return function(ops, *args, **kwargs)
+                t0 = clock()
+                out = function(ops, *args, **kwargs)
+                seconds = clock() - t0
+                rolling.add(label, seconds)
+                if self._open is not None:
+                    self._open[part] += seconds
+                return out
+            return timed
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            before = {name: getattr(helpers, name) for name, _ in P2P_HELPERS if hasattr(helpers, name)}
+            for name, label in P2P_HELPERS:
+                if name in before:
+                    setattr(helpers, name, p2p(before[name], label, f"{label}_s"))
+            self._open = {"compute_s": 0.0, "post_s": 0.0, "wait_s": 0.0}
+            t0 = clock()
+            try:
+                out = original(*args, **kwargs)
+                seconds = clock() - t0
+            finally:  # a step that raised is not recorded; the helpers are PyTorch's again either way
+                for name, function in before.items():
+                    setattr(helpers, name, function)
+                parts, self._open = self._open, None
+            rolling.add("step", seconds)
+            self._splits.append(StepSplit(step_s=seconds, **parts))
+            return out
+
+        self._installed.append((self.schedule, "step", self.schedule.__dict__.get("step")))
+        self.schedule.__dict__["step"] = step
+
+    def split(self) -> Optional[StepSplit]:
+        """Per part, the median over the steps in the window (``None`` before the first step).
+
+        Examples
+        --------
+        >>> import torch, torch.distributed as dist
+        >>> from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        >>> if not dist.is_initialized():
+        ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> schedule = ScheduleGPipe(PipelineStage(torch.nn.Linear(4, 2), 0, 1, torch.device("cpu")),
+        ...                          n_microbatches=2, loss_fn=torch.nn.functional.mse_loss)
+        >>> with RollingStepCosts(schedule) as costs:
+        ...     _ = schedule.step(torch.randn(8, 4), target=torch.randn(8, 2))
+        >>> s = costs.split()
+        >>> 0 < s.compute_s <= s.step_s, s.post_s, s.wait_s  # one rank: nothing to post
+        (True, 0.0, 0.0)
+        >>> dist.destroy_process_group()
+        """
+        if not self._splits:
+            return None
+        return StepSplit(*(statistics.median(getattr(s, f.name) for s in self._splits) for f in fields(StepSplit)))
 
     def stats(self) -> Dict[str, Any]:
         """``{action: WindowStats}`` of this rank (``rolling.stats()``): ``"step"``, ``"F0"``, ``"B1"``, ..."""

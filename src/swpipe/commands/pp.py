@@ -342,6 +342,31 @@ def corrections_line(report: Dict[str, Any], field: str = "corrections") -> str:
         d.describe() for d in decided)
 
 
+def split_line(row: Dict[str, Any]) -> str:
+    """Where a row's steps went on its busiest rank (the most compute): medians per step of its compute, posting,
+    waiting and the rest, its compute beside the prediction's (``""`` for a row without a split).
+
+    Examples
+    --------
+    >>> row = {"schedule": "1F1B", "n_microbatches": 8, "n_stages": 2, "predicted_busy_s": {"0": 0.020, "1": 0.040},
+    ...        "split_by_rank": {"0": {"step_s": 0.075, "compute_s": 0.021, "post_s": 0.002, "wait_s": 0.05},
+    ...                          "1": {"step_s": 0.074, "compute_s": 0.045, "post_s": 0.019, "wait_s": 0.007}}}
+    >>> print(split_line(row))
+    where 1F1B (8 micro-batches, 2 stages)'s step went on rank 1 (the most compute), medians per step: compute 45.00 ms (40.00 predicted), posting 19.00, waiting 7.00, the rest 3.00 of 74.00 ms
+    """
+    from swpipe.pp import StepSplit
+
+    splits = {str(rank): StepSplit(**split) for rank, split in (row.get("split_by_rank") or {}).items()}
+    if not splits:
+        return ""
+    rank = max(splits, key=lambda r: splits[r].compute_s)
+    s = splits[rank]
+    predicted = {str(r): v for r, v in (row.get("predicted_busy_s") or {}).items()}.get(rank)
+    return (f"where {_row(row)}'s step went on rank {rank} (the most compute), medians per step: compute "
+            f"{_ms(s.compute_s)} ms" + (f" ({_ms(predicted)} predicted)" if predicted is not None else "")
+            + f", posting {_ms(s.post_s)}, waiting {_ms(s.wait_s)}, the rest {_ms(s.other_s)} of {_ms(s.step_s)} ms")
+
+
 def format_summary(report: Dict[str, Any]) -> str:
     """The lines under the table: the fastest rows, the searched one against PyTorch's, the link, CP-SAT labelled."""
     from swpipe.pp import PPCpsatRun
@@ -373,6 +398,8 @@ def format_summary(report: Dict[str, Any]) -> str:
         decided = corrections_line(report, field)
         if decided:
             lines.append(decided)
+    shown = [s.measured_fastest] + ([s.predicted_fastest] if s.predicted_fastest is not s.measured_fastest else [])
+    lines.extend(line for line in map(split_line, shown) if line)
     lines.append("step: median of the slowest rank's schedule.step(); peak: live tensor bytes above the step's start "
                  "(swpipe.pp.LiveTensorBytes); bubble: predicted idle share of the busiest rank's step; every "
                  "prediction on the costs measured before, during and after the runs")

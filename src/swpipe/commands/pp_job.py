@@ -29,7 +29,8 @@ Each rank (:func:`run_rank`):
 4. every schedule trains the same initial weights (SGD), in rounds (each schedule one step
    per round, so all share the machine's swings; each round starts one schedule later,
    :func:`round_order`): each rank times ``schedule.step`` after a
-   barrier (the step is the slowest rank's); then one more step counts the peak live tensor
+   barrier (the step is the slowest rank's) and its split into compute, posting and waiting
+   (:class:`~swpipe.pp.RollingStepCosts`); then one more step counts the peak live tensor
    bytes (:class:`~swpipe.pp.LiveTensorBytes`). The losses are compared with the unsplit
    model's, trained the same way on rank 0, and every schedule is predicted
    (:func:`swpipe.simulate`) on the costs of step 2; with more ranks than cores, on the cores
@@ -205,11 +206,14 @@ def _combine(samples: List[Tuple[Any, ...]], p2p: Any, mb: int, note: str) -> An
 
 
 class _Trainer:
-    """One schedule on this rank: its stages, its optimizer, its step times, losses and memory peak."""
+    """One schedule on this rank: its stages, its optimizer, its step times and their split (compute, posting,
+    waiting: :class:`~swpipe.pp.RollingStepCosts`), losses and memory peak."""
 
     def __init__(self, name: str, program: Any, cfg: PPRunConfig, n_mb: int, rank: int) -> None:
         import torch
         from torch.distributed.pipelining import PipelineStage
+
+        from swpipe.pp import RollingStepCosts
 
         self.name, self.program, self.n_mb = name, program, n_mb
         self.model = cfg.load()
@@ -222,6 +226,8 @@ class _Trainer:
         self.times: List[float] = []
         self.losses: List[float] = []
         self.peak = 0
+        # the timed steps' split on this rank (compute, posting, waiting); the window holds every timed step
+        self.timing = RollingStepCosts(self.schedule, stages, window=max(1, cfg.steps))
 
     def step(self, timed: bool = False, memory: bool = False) -> None:
         import torch.distributed as dist
@@ -237,11 +243,13 @@ class _Trainer:
             with LiveTensorBytes() as mem:
                 self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
             self.peak = mem.peak_bytes
-        else:
-            t0 = time.perf_counter()
-            self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
-            if timed:
+        elif timed:
+            with self.timing:
+                t0 = time.perf_counter()
+                self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
                 self.times.append(time.perf_counter() - t0)
+        else:
+            self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
         self.opt.step()
         if self.last:
             self.losses.append(float(sum(float(v) for v in mb_losses) / self.n_mb))
@@ -250,12 +258,15 @@ class _Trainer:
         import torch.distributed as dist
 
         gathered: List[Any] = [None] * world
+        split = self.timing.split()
         dist.all_gather_object(gathered, {"rank": dist.get_rank(), "times": self.times, "peak": self.peak,
-                                          "losses": self.losses if self.last else None})
+                                          "losses": self.losses if self.last else None,
+                                          "split": asdict(split) if split is not None else None})
         step_times = [max(g["times"][i] for g in gathered) for i in range(len(self.times))]
         loss_rows = [g["losses"] for g in gathered if g["losses"] is not None]
         return {"step_times": step_times, "peak_bytes": {g["rank"]: g["peak"] for g in gathered},
-                "losses": loss_rows[0] if loss_rows else []}
+                "losses": loss_rows[0] if loss_rows else [],
+                "split_by_rank": {g["rank"]: g["split"] for g in gathered if g["split"] is not None}}
 
 
 class _AloneProbe:
@@ -533,6 +544,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                     "measured_step_s": statistics.median(measured["step_times"]),
                     "noise": _noise(measured["step_times"]), "step_times_s": measured["step_times"],
                     "predicted_peak_bytes": pred.peak_bytes, "measured_peak_bytes": measured["peak_bytes"],
+                    "split_by_rank": measured["split_by_rank"], "predicted_busy_s": pred.busy_s,
                     "predicted_bubble": pred.bubble_fraction, "losses": measured["losses"],
                     "reference_losses": ref, "loss_rel_err": err})
             results.extend({"schedule": n, "n_microbatches": n_mb, "refused": why} for n, why in refused.items()
