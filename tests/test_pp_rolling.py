@@ -89,10 +89,11 @@ class _FakeSchedule:
     """A schedule whose step computes (a stage action), posts twice (once nothing) and waits, each taking scripted
     seconds, through PyTorch's module-level helpers as the real schedules do."""
 
-    def __init__(self, clock, stage, fail=False):
-        self.clock, self.stage, self.fail = clock, stage, fail
+    def __init__(self, clock, stage, fail=False, extras=()):
+        self.clock, self.stage, self.fail, self.extras = clock, stage, fail, list(extras)
 
     def step(self):
+        self.clock.now += self.extras.pop(0) if self.extras else 0.0
         self.stage.forward_one_chunk(0)
         works = _helper(POST)(["send", "recv"])
         _helper(POST)([])  # an empty post: PyTorch calls it for ranks with nothing to send
@@ -150,6 +151,17 @@ def test_a_steps_posts_and_waits_are_timed_into_their_windows_and_its_split(scri
     split = timed.split()
     assert (split.step_s, split.compute_s, split.post_s, split.wait_s, split.other_s) == (7.25, 4.0, 1.0, 2.0, 0.25)
     assert _helper(POST) is post and _helper(WAIT) is wait
+
+
+def test_the_split_is_the_median_steps_own(scripted_helpers):
+    clock, _, _ = scripted_helpers
+    stage = _FakeStage(clock)
+    schedule = _FakeSchedule(clock, stage, extras=[3.0, 0.0, 1.0, 9.0])  # more of its own time in some steps
+    with RollingStepCosts(schedule, stages=[stage], rolling=RollingCosts(clock=clock)) as timed:
+        for _ in range(4):
+            schedule.step()
+    split = timed.split()  # steps of 10.25, 7.25, 8.25, 16.25: the lower middle one, 8.25
+    assert (split.step_s, split.compute_s, split.other_s) == (8.25, 4.0, 1.25)
 
 
 def test_a_step_that_raises_is_not_recorded_and_puts_the_helpers_back(scripted_helpers):

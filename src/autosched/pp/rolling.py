@@ -44,7 +44,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from autosched.pp.program import PPError
@@ -233,7 +233,8 @@ class RollingStepCosts:
         self.schedule.__dict__["step"] = step
 
     def split(self) -> Optional[StepSplit]:
-        """Per part, the median over the steps in the window (``None`` before the first step).
+        """The split of the median step in the window (the lower middle one of an even count): the parts of one
+        step, so they add up to it (``None`` before the first step).
 
         Examples
         --------
@@ -252,7 +253,8 @@ class RollingStepCosts:
         """
         if not self._splits:
             return None
-        return StepSplit(*(statistics.median(getattr(s, f.name) for s in self._splits) for f in fields(StepSplit)))
+        ordered = sorted(self._splits, key=lambda s: s.step_s)
+        return ordered[(len(ordered) - 1) // 2]
 
     def stats(self) -> Dict[str, Any]:
         """``{action: WindowStats}`` of this rank (``rolling.stats()``): ``"step"``, ``"F0"``, ``"B1"``, ..."""

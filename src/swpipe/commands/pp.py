@@ -343,7 +343,7 @@ def corrections_line(report: Dict[str, Any], field: str = "corrections") -> str:
 
 
 def split_line(row: Dict[str, Any]) -> str:
-    """Where a row's steps went on its busiest rank (the most compute): medians per step of its compute, posting,
+    """Where a row's steps went on its busiest rank (the most compute): its median step's compute, posting,
     waiting and the rest, its compute beside the prediction's (``""`` for a row without a split).
 
     Examples
@@ -352,7 +352,7 @@ def split_line(row: Dict[str, Any]) -> str:
     ...        "split_by_rank": {"0": {"step_s": 0.075, "compute_s": 0.021, "post_s": 0.002, "wait_s": 0.05},
     ...                          "1": {"step_s": 0.074, "compute_s": 0.045, "post_s": 0.019, "wait_s": 0.007}}}
     >>> print(split_line(row))
-    where 1F1B (8 micro-batches, 2 stages)'s step went on rank 1 (the most compute), medians per step: compute 45.00 ms (40.00 predicted), posting 19.00, waiting 7.00, the rest 3.00 of 74.00 ms
+    where 1F1B (8 micro-batches, 2 stages)'s step went on rank 1 (the most compute), in its median step: compute 45.00 ms (40.00 predicted), posting 19.00, waiting 7.00, the rest 3.00 of 74.00 ms
     """
     from swpipe.pp import StepSplit
 
@@ -362,7 +362,7 @@ def split_line(row: Dict[str, Any]) -> str:
     rank = max(splits, key=lambda r: splits[r].compute_s)
     s = splits[rank]
     predicted = {str(r): v for r, v in (row.get("predicted_busy_s") or {}).items()}.get(rank)
-    return (f"where {_row(row)}'s step went on rank {rank} (the most compute), medians per step: compute "
+    return (f"where {_row(row)}'s step went on rank {rank} (the most compute), in its median step: compute "
             f"{_ms(s.compute_s)} ms" + (f" ({_ms(predicted)} predicted)" if predicted is not None else "")
             + f", posting {_ms(s.post_s)}, waiting {_ms(s.wait_s)}, the rest {_ms(s.other_s)} of {_ms(s.step_s)} ms")
 
