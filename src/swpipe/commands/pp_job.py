@@ -42,6 +42,7 @@ Rank 0 writes the report (a dict, as JSON) that :mod:`swpipe.commands.pp` prints
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -226,7 +227,8 @@ class _Trainer:
         self.times: List[float] = []
         self.losses: List[float] = []
         self.peak = 0
-        # the timed steps' split on this rank (compute, posting, waiting); the window holds every timed step
+        # the timed steps' split on this rank (compute, posting, waiting), entered around the rounds; the window
+        # holds every timed step
         self.timing = RollingStepCosts(self.schedule, stages, window=max(1, cfg.steps))
 
     def step(self, timed: bool = False, memory: bool = False) -> None:
@@ -243,13 +245,11 @@ class _Trainer:
             with LiveTensorBytes() as mem:
                 self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
             self.peak = mem.peak_bytes
-        elif timed:
-            with self.timing:
-                t0 = time.perf_counter()
-                self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
-                self.times.append(time.perf_counter() - t0)
         else:
+            t0 = time.perf_counter()
             self.schedule.step(*args, losses=mb_losses if self.last else None, return_outputs=False, **kwargs)
+            if timed:
+                self.times.append(time.perf_counter() - t0)
         self.opt.step()
         if self.last:
             self.losses.append(float(sum(float(v) for v in mb_losses) / self.n_mb))
@@ -514,10 +514,13 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                 for _ in range(cfg.warmup):
                     t.step()
             calibration = _Calibration(cfg, n_mb, splits, probes[n_mb], busy, paths[n_mb])
-            for r in range(cfg.steps):  # rounds: every schedule once per round, so they share the load's swings
-                for t in round_order(trainers, r):
-                    t.step(timed=True)
-                calibration.round()  # and the costs too
+            with contextlib.ExitStack() as timing:  # the timed steps' split; entered once, not around each step
+                for t in trainers:
+                    timing.enter_context(t.timing)
+                for r in range(cfg.steps):  # rounds: every schedule once per round, so they share the load's swings
+                    for t in round_order(trainers, r):
+                        t.step(timed=True)
+                    calibration.round()  # and the costs too
             after = _costs_on_every_rank(cfg, n_mb, splits)
             both, overhead[n_mb], custom[n_mb], decided = calibration.costs(
                 samples[n_mb], after, [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
