@@ -51,9 +51,8 @@ from autosched.pp.program import PPError
 from swpipe_core.engine.device import as_device
 
 __all__ = ["RollingStepCosts", "StepSplit", "refreshed_pp_costs", "PPRefreshed", "measure_action_overhead",
-           "ActionOverhead",
-           "measure_custom_overhead", "CustomOverhead", "CustomPathProbe", "calibrate_pp", "check_pp_corrections",
-           "PP_CORRECTIONS", "ACTION_METHODS", "P2P_HELPERS"]
+           "ActionOverhead", "measure_custom_overhead", "CustomOverhead", "CustomPathProbe", "calibrate_pp",
+           "check_pp_corrections", "PP_CORRECTIONS", "ACTION_METHODS", "P2P_HELPERS"]
 
 #: the stage methods wrapped, and the action letter each call is recorded as
 ACTION_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
