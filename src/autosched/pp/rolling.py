@@ -135,6 +135,9 @@ class RollingStepCosts:
     ...         _ = schedule.step(torch.randn(8, 4), target=torch.randn(8, 2))
     >>> {name: s.recorded for name, s in costs.rolling.stats().items()}
     {'F0': 6, 'B0': 6, 'step': 3}
+    >>> split = costs.split()  # one rank: nothing to post or wait for
+    >>> 0 < split.compute_s <= split.step_s, split.post_s, split.wait_s
+    (True, 0.0, 0.0)
     >>> dist.destroy_process_group()
     """
 
@@ -234,21 +237,6 @@ class RollingStepCosts:
     def split(self) -> Optional[StepSplit]:
         """The split of the median step in the window (the lower middle one of an even count): the parts of one
         step, so they add up to it (``None`` before the first step).
-
-        Examples
-        --------
-        >>> import torch, torch.distributed as dist
-        >>> from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-        >>> if not dist.is_initialized():
-        ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        >>> schedule = ScheduleGPipe(PipelineStage(torch.nn.Linear(4, 2), 0, 1, torch.device("cpu")),
-        ...                          n_microbatches=2, loss_fn=torch.nn.functional.mse_loss)
-        >>> with RollingStepCosts(schedule) as costs:
-        ...     _ = schedule.step(torch.randn(8, 4), target=torch.randn(8, 2))
-        >>> s = costs.split()
-        >>> 0 < s.compute_s <= s.step_s, s.post_s, s.wait_s  # one rank: nothing to post
-        (True, 0.0, 0.0)
-        >>> dist.destroy_process_group()
         """
         if not self._splits:
             return None
