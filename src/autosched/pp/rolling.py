@@ -236,8 +236,7 @@ class RollingStepCosts:
 
     def split(self) -> Optional[StepSplit]:
         """The split of the median step in the window (the lower middle one of an even count): the parts of one
-        step, so they add up to it (``None`` before the first step).
-        """
+        step, so they add up to it (``None`` before the first step)."""
         if not self._splits:
             return None
         ordered = sorted(self._splits, key=lambda s: s.step_s)
