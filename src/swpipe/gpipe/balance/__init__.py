@@ -25,14 +25,14 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from torch import nn
 
 from swpipe.gpipe.balance.partition import balance_cost, optimal_balance
 from swpipe.gpipe.balance.profile import (LayerProfile, RobustTimes, TaskTimer, default_timer, profile_layers,
                                          robust_times)
-from swpipe.gpipe.balance.steps import BalanceSteps, balance_by_steps, compare_balances, neighbour_balances
+from swpipe.gpipe.balance.steps import BalanceSteps, LossFn, compare_balances, neighbour_balances
 from swpipe.gpipe.microbatch import Tensors, scatter
 
 __all__ = ["balance_by_time", "balance_by_size", "balance_by_steps", "optimal_balance", "balance_cost",
@@ -106,3 +106,54 @@ def balance_by_size(partitions: int, module: nn.Sequential, input: Tensors, *, c
     profile = profile_layers(module, scatter(input, chunks)[0], timeout=0.0, device=device, num_rounds=1)
     sizes = [s + param_scale * p for s, p in zip(profile.saved_bytes, profile.param_bytes)]
     return optimal_balance(sizes, partitions)
+
+
+def balance_by_steps(partitions: int, module: nn.Sequential, input: Tensors, target: Any, loss_fn: LossFn, *,
+                     chunks: int = 1, devices: Optional[Sequence[Any]] = None, timeout: float = 1.0,
+                     window: int = 1, rounds: int = 20, checkpoint: str = "never",
+                     schedule: str = "GPipe") -> BalanceSteps:
+    """:func:`balance_by_time`'s balance and those one cut away, judged by their measured training steps.
+
+    Use it where the machine is loaded or the partitions share cores: there the profile's optimum and a cut
+    one layer away can differ in step time by more than the profile says (see the module's text).
+
+    Parameters
+    ----------
+    partitions : int
+    module : nn.Sequential
+    input, target, loss_fn
+        One mini-batch and its loss; the profile takes its first micro-batch of ``chunks``.
+    chunks : int
+    devices : sequence, optional
+    timeout : float
+        :func:`balance_by_time`'s profiling time, seconds.
+    window : int
+        How many layers a cut moves (:func:`neighbour_balances`).
+    rounds : int
+        Timed steps per balance (:func:`compare_balances`).
+    checkpoint, schedule : str
+
+    Returns
+    -------
+    BalanceSteps
+        ``.fastest`` is the balance to use; the profile's is ``.balances[0]``.
+
+    Raises
+    ------
+    GPipeArgumentError, ProfilingError
+        As :func:`balance_by_time` and :func:`compare_balances` raise them.
+
+    Examples
+    --------
+    >>> import torch
+    >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    >>> found = balance_by_steps(2, model, torch.randn(8, 8), torch.randn(8, 8), nn.functional.mse_loss,
+    ...                          chunks=2, devices=["cpu", "cpu"], timeout=0.05, rounds=2)
+    >>> sum(found.fastest), found.balances[0] in neighbour_balances(found.fastest, window=1)
+    (4, True)
+    """
+    sample = scatter(input, chunks)[0]
+    profiled = balance_by_time(partitions, module, sample, timeout=timeout)
+    return compare_balances(module, neighbour_balances(profiled, window=window), input, target, loss_fn,
+                            chunks=chunks, devices=devices, rounds=rounds, checkpoint=checkpoint,
+                            schedule=schedule)

@@ -3,8 +3,8 @@
 A profile times each layer alone; a step runs the partitions at once, and on
 a loaded machine how they share the cores decides which of two nearly equal
 cuts is faster (on a 2-core machine beside two busy processes, a U-Net cut
-the profiles put within 1 % of the best ran 1.16x it). :func:`balance_by_steps`
-therefore takes the profile's optimum (:func:`balance_by_time`'s) and the
+the profiles put within 1 % of the best ran 1.16x it). The package's
+``balance_by_steps`` takes the profile's optimum (:func:`balance_by_time`'s) and the
 balances one cut away from it, times the training step of each in the same
 rounds (:func:`compare_balances`) and returns the fastest. Each round times
 every balance once, in an order that rotates, and each balance's figure is the
@@ -32,9 +32,9 @@ from swpipe_core.measure.rolling import relative_iqr
 
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.gpipe import GPipe
-from swpipe.gpipe.microbatch import Tensors, scatter
+from swpipe.gpipe.microbatch import Tensors
 
-__all__ = ["balance_by_steps", "compare_balances", "neighbour_balances", "BalanceSteps"]
+__all__ = ["compare_balances", "neighbour_balances", "BalanceSteps"]
 
 LossFn = Callable[[Tensors, Any], torch.Tensor]
 
@@ -207,55 +207,3 @@ def compare_balances(module: nn.Sequential, balances: Sequence[Sequence[int]], i
         for i in order[k:] + order[:k]:
             steps[i].append(_step_s(pipes[i], input, target, loss_fn))
     return BalanceSteps.from_rounds(balances, steps)
-
-
-def balance_by_steps(partitions: int, module: nn.Sequential, input: Tensors, target: Any, loss_fn: LossFn, *,
-                     chunks: int = 1, devices: Optional[Sequence[Any]] = None, timeout: float = 1.0,
-                     window: int = 1, rounds: int = 20, checkpoint: str = "never",
-                     schedule: str = "GPipe") -> BalanceSteps:
-    """:func:`balance_by_time`'s balance and those one cut away, judged by their measured training steps.
-
-    Use it where the machine is loaded or the partitions share cores: there the profile's optimum and a cut
-    one layer away can differ in step time by more than the profile says (see the module's text).
-
-    Parameters
-    ----------
-    partitions : int
-    module : nn.Sequential
-    input, target, loss_fn
-        One mini-batch and its loss; the profile takes its first micro-batch of ``chunks``.
-    chunks : int
-    devices : sequence, optional
-    timeout : float
-        :func:`balance_by_time`'s profiling time, seconds.
-    window : int
-        How many layers a cut moves (:func:`neighbour_balances`).
-    rounds : int
-        Timed steps per balance (:func:`compare_balances`).
-    checkpoint, schedule : str
-
-    Returns
-    -------
-    BalanceSteps
-        ``.fastest`` is the balance to use; the profile's is ``.balances[0]``.
-
-    Raises
-    ------
-    GPipeArgumentError, ProfilingError
-        As :func:`balance_by_time` and :func:`compare_balances` raise them.
-
-    Examples
-    --------
-    >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
-    >>> found = balance_by_steps(2, model, torch.randn(8, 8), torch.randn(8, 8), nn.functional.mse_loss,
-    ...                          chunks=2, devices=["cpu", "cpu"], timeout=0.05, rounds=2)
-    >>> sum(found.fastest), found.balances[0] in neighbour_balances(found.fastest, window=1)
-    (4, True)
-    """
-    from swpipe.gpipe.balance import balance_by_time  # the package imports this module
-
-    sample = scatter(input, chunks)[0]
-    profiled = balance_by_time(partitions, module, sample, timeout=timeout)
-    return compare_balances(module, neighbour_balances(profiled, window=window), input, target, loss_fn,
-                            chunks=chunks, devices=devices, rounds=rounds, checkpoint=checkpoint,
-                            schedule=schedule)
