@@ -120,7 +120,7 @@ def find_balances(args: argparse.Namespace, sample: torch.Tensor) -> List[Tuple[
         if args.check_rounds:  # = balance_by_steps(...), on the profile just taken
             checked = compare_balances(unet(args.base, args.depth), neighbour_balances(balance), x, target,
                                        nn.functional.mse_loss, chunks=args.chunks, devices=["cpu"] * len(balance),
-                                       rounds=args.check_rounds)
+                                       rounds=args.check_rounds, checkpoint="never")
         found.append((balance, profile, took, checked))
         scale, spikes = getattr(profile, "round_scale", []), getattr(profile, "spikes", [])  # also older profiles
         stats = (f"{len(scale)} rounds, round scale {min(scale):.2f}-{max(scale):.2f}, spikes {sum(spikes)}, "
@@ -148,7 +148,8 @@ def measure(args: argparse.Namespace, balances: List[List[int]]) -> Dict[Tuple[i
     """Each balance's step over the first's in the same round (median over the rounds), measured side by side."""
     x, target = batch(args)
     compared = compare_balances(unet(args.base, args.depth), balances, x, target, nn.functional.mse_loss,
-                                chunks=args.chunks, devices=["cpu"] * len(balances[0]), rounds=args.rounds)
+                                chunks=args.chunks, devices=["cpu"] * len(balances[0]), rounds=args.rounds,
+                                checkpoint="never")
     print(f"measured side by side ({args.rounds} rounds; x the first):\n{compared.summary()}", flush=True)
     return {tuple(b): r * compared.median_s[0] for b, r in zip(compared.balances, compared.ratio)}
 

@@ -110,7 +110,7 @@ def balance_by_size(partitions: int, module: nn.Sequential, input: Tensors, *, c
 
 def balance_by_steps(partitions: int, module: nn.Sequential, input: Tensors, target: Any, loss_fn: LossFn, *,
                      chunks: int = 1, devices: Optional[Sequence[Any]] = None, timeout: float = 1.0,
-                     window: int = 1, rounds: int = 20, checkpoint: str = "never",
+                     window: int = 1, rounds: int = 20, checkpoint: str = "except_last",
                      schedule: str = "GPipe") -> BalanceSteps:
     """:func:`balance_by_time`'s balance and those one cut away, judged by their measured training steps.
 

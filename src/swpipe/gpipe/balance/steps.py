@@ -149,7 +149,7 @@ def _step_s(pipe: Any, input: Tensors, target: Any, loss_fn: LossFn) -> float:
 
 def compare_balances(module: nn.Sequential, balances: Sequence[Sequence[int]], input: Tensors, target: Any,
                      loss_fn: LossFn, *, chunks: int = 1, devices: Optional[Sequence[Any]] = None,
-                     rounds: int = 20, warmup: int = 1, checkpoint: str = "never",
+                     rounds: int = 20, warmup: int = 1, checkpoint: str = "except_last",
                      schedule: str = "GPipe") -> BalanceSteps:
     """Time the training step (:meth:`GPipe.step <swpipe.gpipe.GPipe.step>`) of each balance in the same rounds.
 
@@ -172,7 +172,7 @@ def compare_balances(module: nn.Sequential, balances: Sequence[Sequence[int]], i
     warmup : int
         Untimed steps per balance before the rounds.
     checkpoint, schedule : str
-        As :class:`~swpipe.gpipe.GPipe` takes them.
+        As :class:`~swpipe.gpipe.GPipe` takes them (and with its defaults): give the ones you train with.
 
     Returns
     -------
