@@ -132,6 +132,7 @@ def balance_by_steps(partitions: int, module: nn.Sequential, input: Tensors, tar
     rounds : int
         Timed steps per balance (:func:`compare_balances`).
     checkpoint, schedule : str
+        As :class:`~swpipe.gpipe.GPipe` takes them: give the ones you train with.
 
     Returns
     -------
