@@ -18,7 +18,10 @@ This script measures, per chunks (2, 4, 8), in one run:
   slowdown at this micro-batch size or not) and the prediction it gives;
 * the same with the slowdown read from the job's own steps instead
   (:func:`swpipe.gpipe.corun.corun_in_steps`: each task's time in a step
-  against its layer profile), checked the same way (``instep``).
+  against its layer profile), checked the same way (``instep``);
+* per micro-batch size, the one of the two checked slowdowns that predicted
+  the deciding steps best (:func:`swpipe.gpipe.corun.closest_slowdown`,
+  ``closest``): what a user takes.
 
 Rounds interleave the chunks; each round takes a layer profile, a co-run
 measurement and one measured step per chunks (its inputs beside the step it
@@ -49,7 +52,7 @@ from torch import nn
 
 from swpipe.gpipe import GPipe
 from swpipe.gpipe.balance import optimal_balance, profile_layers
-from swpipe.gpipe.corun import CoRun, check_slowdown, corun_in_steps, profile_corun
+from swpipe.gpipe.corun import CoRun, check_slowdown, closest_slowdown, corun_in_steps, profile_corun
 from swpipe.gpipe.measure import measure_step
 from swpipe.gpipe.predict import LayerModel, format_table, micro_batch, predict_step
 from swpipe.gpipe.skip import Namespace, pop, skippable, stash
@@ -152,6 +155,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     checked = check_slowdown(layers, list(measured.values()), decide)
     in_steps = check_slowdown(layers, [corun_in_steps(layers, config(c), steps[c][0::3]) for c in args.chunks],
                               decide)
+    closest = closest_slowdown({"profile_corun": checked, "its own steps": in_steps})
     rows = []
     for c in args.chunks:
         judge = statistics.median(s.step_s for s in steps[c][2::3])
@@ -161,6 +165,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         one = predict_step(layers, **config(c), slowdown=measured[middle].slowdown)
         decided = predict_step(layers, **config(c), slowdown=checked)
         instep = predict_step(layers, **config(c), slowdown=in_steps)
+        picked = predict_step(layers, **config(c), slowdown=closest)
         per: Dict[str, List[float]] = {}
         for s in steps[c]:
             for e in s.events:
@@ -173,12 +178,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                      "corr_all_err": every.step_s / judge - 1, "corr_one_err": one.step_s / judge - 1,
                      "decided_err": decided.step_s / judge - 1,
                      "applied": decided.decision.applied, "instep_err": instep.step_s / judge - 1,
-                     "instep_applied": instep.decision.applied,
+                     "instep_applied": instep.decision.applied, "closest_err": picked.step_s / judge - 1,
                      "slowdown": statistics.median(measured[c].slowdown.values()),
                      "meas_stretch": statistics.median(statistics.median(per[t]) / plain.costs[t].host_s
                                                        for t in tasks),
                      "corr_stretch": statistics.median(corr.costs[t].host_s / plain.costs[t].host_s for t in tasks)})
-    return {"balance": balance, "rows": rows, "checked": checked, "in_steps": in_steps}
+    return {"balance": balance, "rows": rows, "checked": checked, "in_steps": in_steps, "closest": closest}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -205,6 +210,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     print(format_table(out["rows"]))
     print(out["checked"].summary())
     print("in-step " + out["in_steps"].summary())
+    print("closest: " + out["closest"].summary())
     print(f"# done; {load()}")
     return out
 

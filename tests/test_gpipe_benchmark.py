@@ -33,3 +33,6 @@ def test_the_unet_benchmark_prints_each_chunks_with_its_decision(capsys):
         assert row["instep_applied"] or row["instep_err"] == pytest.approx(row["plain_err"])
     assert sorted(out["checked"].decisions) == [2, 4, 8] and out["checked"].summary() in lines
     assert sorted(out["in_steps"].decisions) == [2, 4, 8] and "in-step " + out["in_steps"].summary() in lines
+    # the closest is, per size, one of the two checked predictions (or the plain one where neither is applied)
+    for row in out["rows"]:
+        assert row["closest_err"] in (pytest.approx(row["decided_err"]), pytest.approx(row["instep_err"]))

@@ -304,3 +304,25 @@ def test_the_slowdown_in_steps_is_checked_like_the_measured_one():
     assert helps.decision(4).applied and not hurts.decision(4).applied
     with pytest.raises(GPipeArgumentError):
         corun_in_steps(uniform(), {"balance": [2, 2]}, [])
+
+
+def test_the_closest_checked_slowdown_is_taken_per_micro_batch_size():
+    from swpipe.gpipe.corun import closest_slowdown
+    from swpipe.gpipe.predict import CORUN
+
+    # measured: at micro-batch 4 as a slowdown of 2 predicts, at 8 as a slowdown of 1.5, at 2 as the plain prediction
+    measured = [(config(4), predict_step(uniform(), **config(4), slowdown=EVERY).step_s),
+                (config(2), predict_step(uniform(), **config(2), slowdown={t: 1.5 for t in EVERY}).step_s),
+                (config(8), predict_step(uniform(), **config(8)).step_s)]
+    twice = check_slowdown(uniform(), [scripted(2.0, 4), scripted(2.0, 8), scripted(2.0, 2)], measured)
+    half = check_slowdown(uniform(), [scripted(1.5, 4), scripted(1.5, 8), scripted(1.5, 2)], measured)
+    best = closest_slowdown({"twice": twice, "half": half})
+    assert best.at(4) == EVERY and best.at(8) == {t: 1.5 for t in EVERY} and best.at(2) is None
+    assert [best.decision(k).correction for k in (4, 8)] == [f"{CORUN} (twice)", f"{CORUN} (half)"]
+    assert best.decision(2) == twice.decision(2)  # neither applied: the first one's decision, unnamed
+    for config_, step_s in measured:  # the choice predicts each size's steps exactly
+        assert predict_step(uniform(), **config_, slowdown=best).step_s == pytest.approx(step_s)
+    tie = closest_slowdown({"half": half, "twice": half})
+    assert tie.decision(8).correction == f"{CORUN} (half)"  # the first named on a tie
+    with pytest.raises(GPipeArgumentError):
+        closest_slowdown({})

@@ -32,7 +32,9 @@ the slowdown) without and with it, per micro-batch size, and its
 :class:`~swpipe.gpipe.predict.CheckedSlowdown` applies the slowdown only at the sizes where it
 predicted them better (:func:`autosched.model.corrections.decide_corrections`);
 ``predict_step(..., slowdown=checked)``, :func:`~swpipe.gpipe.predict.what_if`
-and :func:`~swpipe.gpipe.predict.choose` honour its decisions.
+and :func:`~swpipe.gpipe.predict.choose` honour its decisions. With both
+measurements checked on the same held-out steps, :func:`closest_slowdown`
+takes, per micro-batch size, the one that predicted them best.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -57,7 +59,7 @@ from swpipe.gpipe.partition import check_balance
 from swpipe.gpipe.predict import CORUN, CheckedSlowdown, micro_batch, overlap_shares, predict_step
 from swpipe.gpipe.skip.tracker import SkipTracker, use_tracker
 
-__all__ = ["CoRun", "profile_corun", "corun_in_steps", "check_slowdown", "MIN_BESIDE"]
+__all__ = ["CoRun", "profile_corun", "corun_in_steps", "check_slowdown", "closest_slowdown", "MIN_BESIDE"]
 
 #: The least share of a task's time beside another partition from which a round measures its slowdown
 #: (:meth:`CoRun.slowdown_from`).
@@ -397,3 +399,51 @@ def check_slowdown(layers: Any, coruns: Union[CoRun, Sequence[CoRun]],
     for c in coruns:
         slowdown.setdefault(c.batch, c.slowdown)
     return CheckedSlowdown(slowdown, decide_corrections(CORUN, held, keys=slowdown))
+
+
+def closest_slowdown(candidates: Mapping[str, CheckedSlowdown]) -> CheckedSlowdown:
+    """Per micro-batch size, the checked slowdown that predicted the held-out steps best where it is applied.
+
+    Each candidate must have been checked (:func:`check_slowdown`) on the same held-out steps, e.g. one from
+    :func:`profile_corun` and one from :func:`corun_in_steps`: neither source is right on every machine and size
+    (on a U-Net one was closer at some sizes, the other at others), and the same steps tell which.
+
+    Parameters
+    ----------
+    candidates : mapping of str to CheckedSlowdown
+        By a name of where each was measured, in order of preference on a tie.
+
+    Returns
+    -------
+    swpipe.gpipe.predict.CheckedSlowdown
+        At each size, the applied candidate with the least held-out error (its decision renamed
+        ``"co-run slowdown (<name>)"``); where none is applied, not applied (the first candidate's decision there).
+
+    Raises
+    ------
+    GPipeArgumentError
+        No candidate.
+
+    Examples
+    --------
+    >>> from autosched.model.corrections import CorrectionDecision
+    >>> def checked(slowdown, error_with):
+    ...     return CheckedSlowdown({8: {"F0": slowdown}}, {8: CorrectionDecision(CORUN, 8, True, "closer", 0.3,
+    ...                                                                          error_with, 4)})
+    >>> best = closest_slowdown({"profile_corun": checked(1.1, 0.12), "its steps": checked(1.3, 0.05)})
+    >>> best.at(8), best.decision(8).correction
+    ({'F0': 1.3}, 'co-run slowdown (its steps)')
+    """
+    if not candidates:
+        raise GPipeArgumentError("candidates", {}, "no checked slowdown to choose from",
+                                 "give one or more, each from check_slowdown on the same held-out steps")
+    named = list(candidates.items())
+    slowdown: Dict[float, Dict[str, float]] = {}
+    decisions = {}
+    for size in sorted({k for _, c in named for k in c.decisions}):
+        applied = [(c.decision(size).error_with, i) for i, (_, c) in enumerate(named) if c.decision(size).applied]
+        name, chosen = named[min(applied)[1]] if applied else named[0]
+        slowdown[size] = dict(chosen.slowdown.get(size, {}))
+        decision = chosen.decision(size)
+        decisions[size] = replace(decision, correction=f"{CORUN} ({name})") if applied else decision
+    return CheckedSlowdown(slowdown, decisions)
