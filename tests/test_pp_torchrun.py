@@ -80,8 +80,11 @@ def test_each_ranks_steps_are_split_into_compute_posting_and_waiting(report) -> 
         # two ranks exchange every micro-batch's activations and gradients: both post and wait
         assert all(s.post_s > 0 for s in splits.values()), r["schedule"]
         assert any(s.wait_s > 0 for s in splits.values()), r["schedule"]
-    fastest = summarise(data).measured_fastest
-    assert split_line(fastest) in format_summary(data).splitlines()
+    summary, lines = summarise(data), format_summary(data).splitlines()
+    assert split_line(summary.measured_fastest) in lines and split_line(summary.worst_predicted) in lines
+    rows = [r for r in data["results"] if "refused" not in r]
+    worst = max(abs(r["predicted_step_s"] / r["measured_step_s"] - 1) for r in rows)
+    assert abs(summary.worst_predicted["predicted_step_s"] / summary.worst_predicted["measured_step_s"] - 1) == worst
 
 
 def test_bad_arguments_start_no_job(capsys) -> None:

@@ -279,6 +279,8 @@ class PPSummary:
         The row of PyTorch's schedule predicted fastest (the same rule) at the searched one's micro-batch count.
     cpsat : list of dict
         The search's CP-SAT problems (``PPCpsatRun`` fields): their makespans are CP-SAT's model's, not rows.
+    worst_predicted : dict
+        The row whose prediction is farthest from its measured step (relative): where to look for why.
     """
 
     predicted_fastest: Dict[str, Any]
@@ -286,6 +288,7 @@ class PPSummary:
     searched: Optional[Dict[str, Any]]
     fastest_pytorch: Optional[Dict[str, Any]]
     cpsat: List[Dict[str, Any]]
+    worst_predicted: Dict[str, Any]
 
 
 def predicted_preference(row: Dict[str, Any]) -> Preference:
@@ -314,7 +317,8 @@ def summarise(report: Dict[str, Any]) -> PPSummary:
              and searched is not None and r["n_microbatches"] == searched["n_microbatches"]]
     return PPSummary(fastest(rows, predicted_preference), min(rows, key=lambda r: r["measured_step_s"]),
                      searched, fastest(peers, predicted_preference) if peers else None,
-                     list((report.get("searched") or {}).get("cpsat", [])))
+                     list((report.get("searched") or {}).get("cpsat", [])),
+                     max(rows, key=lambda r: abs(r["predicted_step_s"] / r["measured_step_s"] - 1)))
 
 
 def _row(r: Dict[str, Any]) -> str:
@@ -398,7 +402,10 @@ def format_summary(report: Dict[str, Any]) -> str:
         decided = corrections_line(report, field)
         if decided:
             lines.append(decided)
-    shown = [s.measured_fastest] + ([s.predicted_fastest] if s.predicted_fastest is not s.measured_fastest else [])
+    shown: List[Dict[str, Any]] = []
+    for row in (s.measured_fastest, s.predicted_fastest, s.worst_predicted):  # each row once
+        if all(row is not r for r in shown):
+            shown.append(row)
     lines.extend(line for line in map(split_line, shown) if line)
     lines.append("step: median of the slowest rank's schedule.step(); peak: live tensor bytes above the step's start "
                  "(swpipe.pp.LiveTensorBytes); bubble: predicted idle share of the busiest rank's step; every "
