@@ -311,6 +311,8 @@ def predicted_preference(row: Dict[str, Any]) -> Preference:
 
 def summarise(report: Dict[str, Any]) -> PPSummary:
     """The summary's figures, read from the report's rows: the same rows the table prints."""
+    from autosched.model.corrections import prediction_error
+
     rows = [r for r in report["results"] if "refused" not in r]
     searched = next((r for r in rows if r["schedule"] == "swpipe-searched"), None)
     peers = [r for r in rows if r["schedule"] != "swpipe-searched"
@@ -318,7 +320,7 @@ def summarise(report: Dict[str, Any]) -> PPSummary:
     return PPSummary(fastest(rows, predicted_preference), min(rows, key=lambda r: r["measured_step_s"]),
                      searched, fastest(peers, predicted_preference) if peers else None,
                      list((report.get("searched") or {}).get("cpsat", [])),
-                     max(rows, key=lambda r: abs(r["predicted_step_s"] / r["measured_step_s"] - 1)))
+                     max(rows, key=lambda r: prediction_error([r["predicted_step_s"]], [r["measured_step_s"]])))
 
 
 def _row(r: Dict[str, Any]) -> str:
