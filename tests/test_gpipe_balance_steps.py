@@ -71,7 +71,7 @@ def test_the_rounds_rotate_the_order_and_time_every_balance_once_each(monkeypatc
         order.append(tuple(pipe.balance))
         return scripted[tuple(pipe.balance)] * (1 + len(order))  # the machine slows down step by step
 
-    monkeypatch.setattr(steps_module, "_step_s", fake_step)
+    monkeypatch.setattr(steps_module, "timed_step", fake_step)
     x, y = batch()
     s = compare_balances(model(), [[3, 3], [2, 4], [4, 2]], x, y, nn.functional.mse_loss,
                          devices=["cpu", "cpu"], rounds=3, warmup=1)
@@ -111,10 +111,38 @@ def test_balance_by_steps_starts_from_the_profiles_balance_and_returns_the_faste
     def fake_step(pipe, input, target, loss_fn):
         return 0.5 if pipe.balance == neighbour else 1.0
 
-    monkeypatch.setattr(steps_module, "_step_s", fake_step)
+    monkeypatch.setattr(steps_module, "timed_step", fake_step)
     monkeypatch.setattr("swpipe.gpipe.balance.balance_by_time", lambda k, m, sample, **kw: samples.append(sample)
                         or list(profiled))
     found = balance_by_steps(2, model(), x, y, nn.functional.mse_loss, chunks=2, devices=["cpu", "cpu"], rounds=2)
     assert [tuple(t.shape) for t in samples] == [(4, 6)]  # profiled on one micro-batch
     assert found.balances == neighbour_balances(profiled)
     assert found.fastest == neighbour and found.ratio[1] == pytest.approx(0.5)
+
+
+class _StepOnDevices:
+    """What timed_step reads of a GPipe, with a step that leaves a 50 ms kernel queued on each of two devices."""
+
+    def __init__(self, devices):
+        self.devices, self.finished = devices, []
+
+    def parameters(self):
+        return []
+
+    def step(self, input, target, loss_fn):
+        from swpipe.testing import kernels
+
+        for device in self.devices:
+            kernels(device).spin(0.05)
+            done = device.event()
+            device.record(done, device.current_stream())
+            self.finished.append((device, done))
+
+
+@pytest.mark.cuda
+def test_a_timed_step_ends_when_every_partitions_device_has_run_its_work(fake_cuda):
+    from swpipe.gpipe.measure import timed_step
+
+    pipe = _StepOnDevices([fake_cuda.device(0), fake_cuda.device(1)])
+    assert timed_step(pipe, None, None, None) > 0
+    assert [device.query(done) for device, done in pipe.finished] == [True, True]  # nothing left in flight

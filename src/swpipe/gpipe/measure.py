@@ -15,8 +15,34 @@ import torch
 
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.memory import ActivationMeter
+from swpipe.gpipe.partition import as_partition_device
 
-__all__ = ["MeasuredStep", "measure_step", "step_bubble"]
+__all__ = ["MeasuredStep", "measure_step", "timed_step", "step_bubble"]
+
+
+def timed_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., torch.Tensor]) -> float:
+    """One ``gpipe.step``, its parameters' gradients cleared first: wall seconds until every partition's device has
+    run the step's work (on CUDA the host returns while kernels still run; each device is synchronised before and
+    after, so the step neither inherits earlier work nor leaves its own out).
+
+    Examples
+    --------
+    >>> from swpipe.gpipe import GPipe
+    >>> model = GPipe(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), balance=[1, 1],
+    ...               devices=["cpu", "cpu"], chunks=2)
+    >>> timed_step(model, torch.randn(4, 4), torch.randn(4, 2), torch.nn.functional.mse_loss) > 0
+    True
+    """
+    devices = [as_partition_device(d) for d in dict.fromkeys(gpipe.devices)]
+    for p in gpipe.parameters():
+        p.grad = None
+    for d in devices:
+        d.synchronize()
+    t0 = time.perf_counter()
+    gpipe.step(input, target, loss_fn)
+    for d in devices:
+        d.synchronize()
+    return time.perf_counter() - t0
 
 
 @dataclass
@@ -93,12 +119,9 @@ def measure_step(gpipe: Any, input: Any, target: Any, loss_fn: Callable[..., tor
     gpipe.record_timeline = True
     try:
         for k in range(warmup + repeats):
-            for p in params:
-                p.grad = None
-            t0 = time.perf_counter()
-            gpipe.step(input, target, loss_fn)
+            seconds = timed_step(gpipe, input, target, loss_fn)
             if k >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(seconds)
                 timelines.append(list(gpipe.timeline))
     finally:
         gpipe.record_timeline = recording

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -32,6 +31,7 @@ from swpipe_core.measure.rolling import relative_iqr
 
 from swpipe.gpipe.errors import GPipeArgumentError
 from swpipe.gpipe.gpipe import GPipe
+from swpipe.gpipe.measure import timed_step
 from swpipe.gpipe.microbatch import Tensors
 
 __all__ = ["compare_balances", "neighbour_balances", "BalanceSteps"]
@@ -139,14 +139,6 @@ class BalanceSteps:
                          for b, m, r, s in zip(self.balances, self.median_s, self.ratio, self.spread))
 
 
-def _step_s(pipe: Any, input: Tensors, target: Any, loss_fn: LossFn) -> float:
-    for p in pipe.parameters():
-        p.grad = None
-    t0 = time.perf_counter()
-    pipe.step(input, target, loss_fn)
-    return time.perf_counter() - t0
-
-
 def compare_balances(module: nn.Sequential, balances: Sequence[Sequence[int]], input: Tensors, target: Any,
                      loss_fn: LossFn, *, chunks: int = 1, devices: Optional[Sequence[Any]] = None,
                      rounds: int = 20, warmup: int = 1, checkpoint: str = "except_last",
@@ -199,11 +191,11 @@ def compare_balances(module: nn.Sequential, balances: Sequence[Sequence[int]], i
                    schedule=schedule) for b in balances]
     for pipe in pipes:
         for _ in range(warmup):
-            _step_s(pipe, input, target, loss_fn)
+            timed_step(pipe, input, target, loss_fn)
     order = list(range(len(pipes)))
     steps: List[List[float]] = [[] for _ in pipes]
     for r in range(rounds):
         k = r % len(order)
         for i in order[k:] + order[:k]:
-            steps[i].append(_step_s(pipes[i], input, target, loss_fn))
+            steps[i].append(timed_step(pipes[i], input, target, loss_fn))
     return BalanceSteps.from_rounds(balances, steps)
