@@ -77,6 +77,12 @@ def test_the_probe_adds_one_pair_per_round_in_the_callers_group(one_rank):
             probe.round()
             assert [len(t) for t in probe.steps_s] == [expected, expected]
         assert len(probe.result().rounds_s) == 2
+        probe.drop_rounds()  # the rounds so far let go: a result reads only the rounds from here on
+        assert [len(t) for t in probe.steps_s] == [0, 0]
+        with pytest.raises(PPError):
+            probe.result()
+        probe.round()
+        assert len(probe.result().rounds_s) == 1
     assert dist.is_initialized()  # the caller's group is left
 
 

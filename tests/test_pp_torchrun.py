@@ -127,9 +127,15 @@ def test_the_searched_row_runs_the_searchs_best_with_its_path_priced(report, tmp
         post, per_action = (decided[(f"4 mb, {k} stages", name)] for name in ("post cost", "runtime cost per action"))
         assert post["applied"] or kept.p2p.post_s == 0.0
         assert per_action["applied"] or kept.action_overhead_s == 0.0
-        assert all(d["steps"] > 0 for d in (post, per_action))  # every stage count had its probe's steps
-    # and the decisions the search's costs carried, before the runs, on the same keys
-    assert {(d["key"], d["correction"]) for d in data["search_corrections"]["4"]} == set(decided)
+        # judged on the probe's steps in the runs' rounds only (one per round), not on those before the runs; the
+        # report keeps them
+        held = data["held_out_steps_s"]["4"][k]
+        assert len(held) == data["config"]["steps"] and all(s > 0 for s in held)
+        assert all(d["steps"] == len(held) for d in (post, per_action))
+    # and the decisions the search's costs carried, before the runs (their own steps), on the same keys
+    before = data["search_corrections"]["4"]
+    assert {(d["key"], d["correction"]) for d in before} == set(decided)
+    assert all(d["steps"] == max(3, data["config"]["cost_repeats"]) for d in before)
     searched = data["searched"]
     row = next(r for r in data["results"] if r["schedule"] == "swpipe-searched")
     costs = PPCosts.from_dict(data["costs"]["4"][str(row["n_stages"])])

@@ -595,8 +595,8 @@ class CustomPathProbe:
     :meth:`round` steps each once after a barrier (which goes first alternates), so both share the load's swings;
     :meth:`result` gathers every rank's steps (every rank calls it) into a :class:`CustomOverhead`. The modules'
     parameters, buffers, gradients and torch's generators are put back by :meth:`close` (or the ``with`` block).
-    :func:`measure_custom_overhead` is this probe stepped ``steps`` rounds; ``swpipe pp`` steps one before the
-    search and once in every round of its runs.
+    :func:`measure_custom_overhead` is this probe stepped ``steps`` rounds; ``swpipe pp`` steps it before the
+    search, then (:meth:`drop_rounds`) once in every round of its runs.
 
     Parameters
     ----------
@@ -687,6 +687,13 @@ class CustomPathProbe:
     def round(self) -> None:
         """One timed step of each path (every rank calls it, in the same rounds)."""
         self._round(timed=True)
+
+    def drop_rounds(self) -> None:
+        """The rounds timed so far let go: :meth:`result` reads only the rounds stepped from here on, so that the
+        steps judging a prediction were taken in the conditions of the runs it predicts (every rank calls it at the
+        same point)."""
+        for steps in self.steps_s:
+            steps.clear()
 
     def result(self) -> CustomOverhead:
         """Every rank's rounds so far, gathered on the group (every rank calls it; all get the same figure).

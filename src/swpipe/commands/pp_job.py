@@ -19,8 +19,9 @@ Each rank (:func:`run_rank`):
    :func:`~swpipe.pp.calibrate_pp` measures too): before the runs, once in every round of them
    and after them (a shared machine's load moves within seconds); each figure's median; then, per stage count,
    each correction (the runtime's cost per action, the post cost) is kept only where it predicts that count's
-   probe's steps by PyTorch's own class better than without it (:func:`~swpipe.pp.check_pp_corrections`; the
-   report's ``corrections``);
+   probe's steps by PyTorch's own class better than without it (:func:`~swpipe.pp.check_pp_corrections`): for the
+   search, its steps before the runs; for the runs' predictions (the report's ``corrections``), only its steps in
+   their rounds, the conditions the rows ran in;
 3. rank 0 searches a schedule on the costs measured before the runs
    (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, so the
    search keeps one of PyTorch's schedules unless an order beats it by more than that): one of
@@ -330,16 +331,18 @@ def _path_probes(cfg: PPRunConfig, splits: Sequence[int]) -> Dict[int, Dict[int,
 
 
 def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, world: int, cores: Optional[int]
-                   ) -> Tuple[Dict[int, Any], List[Any]]:
+                   ) -> Tuple[Dict[int, Any], List[Any], Dict[int, List[float]]]:
     """Every split's costs with the custom path's cost per action its probe measured, and with each correction kept
     only where it predicts that probe's steps by PyTorch's own class better than without
     (:func:`~swpipe.pp.check_pp_corrections`, decided per stage count: a correction right for 2 stages may be wrong
     for 4, whose schedules post twice the transfers); every rank calls it. A split without a probe (too few
-    micro-batches for its order) has nothing to check its corrections: none is kept."""
+    micro-batches for its order) has nothing to check its corrections: none is kept. Also returns, per split, the
+    held-out steps that judged them (the slowest rank's, seconds)."""
     from swpipe.pp import check_pp_corrections, pp_program
 
     out: Dict[int, Any] = {}
     decisions: List[Any] = []
+    held: Dict[int, List[float]] = {}
     for k, costs in sorted(by_split.items()):
         result = probes[k].result() if k in probes else None
         # without a probe no step judges a program: any that runs on these stages does
@@ -348,7 +351,8 @@ def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, 
                                              key=f"{n_mb} mb, {k} stages")
         out[k] = replace(kept, custom_overhead_s=result.overhead_s if result else 0.0)
         decisions.extend(decided)
-    return out, decisions
+        held[k] = list(result.builtin_steps_s) if result else []
+    return out, decisions, held
 
 
 def _median_on_every_rank(mine: float) -> float:
@@ -368,6 +372,17 @@ def _median_link(links: List[Any]) -> Any:
                    post_s=statistics.median(k.post_s for k in links))
 
 
+class _HeldOutSteps:
+    """Every stage count's :class:`~swpipe.pp.CustomPathProbe` stepped as one more schedule of the runs' rounds."""
+
+    def __init__(self, paths: Dict[int, Any]) -> None:
+        self.paths = paths
+
+    def step(self, timed: bool = True) -> None:
+        for path in self.paths.values():
+            path.round()
+
+
 class _Calibration:
     """The costs measured again in every round of the runs, so that they share the runs' load.
 
@@ -382,10 +397,16 @@ class _Calibration:
         self.cfg, self.n_mb, self.splits, self.busy_bytes = cfg, n_mb, splits, busy_bytes
         self.probe, self.paths = probe, paths
         probe.times.clear()  # its steps from now on, in the rounds
+        for path in paths.values():  # and the held-out steps too: those before the runs fell on other conditions
+            path.drop_rounds()
         self.samples: Dict[int, List[Any]] = {k: [] for k in splits}
         self.links: List[Any] = []
+        #: the probes' held-out steps, one more schedule of each round (their steps judge the rows' corrections)
+        self.held_out = _HeldOutSteps(paths)
         #: every split's costs with every correction kept, unchecked (set by :meth:`costs`): the report's comparison
         self.unchecked: Dict[int, Any] = {}
+        #: per split, the held-out steps that judged its corrections (set by :meth:`costs`)
+        self.held_out_steps: Dict[int, List[float]] = {}
 
     def round(self) -> None:
         from swpipe.pp import measure_p2p
@@ -393,8 +414,6 @@ class _Calibration:
         for k, v in _costs_on_every_rank(self.cfg, self.n_mb, self.splits, repeats=2, warmup=0).items():
             self.samples[k].extend(v)
         _in_turns(self.cfg.cores, self.probe.step)
-        for path in self.paths.values():
-            path.round()
         self.links.append(measure_p2p(repeats=4, busy_bytes=self.busy_bytes))
 
     def costs(self, before: Dict[int, List[Any]], after: Dict[int, List[Any]], links: List[Any]
@@ -409,10 +428,10 @@ class _Calibration:
         costs = {k: _combine(before[k] + self.samples[k] + after[k], link, samples // self.n_mb,
                              "before, during and after the runs") for k in before}
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
-        # the path probe's steps before the runs and in every round
+        # the path probe's steps in every round: the held-out steps that judge the rows' corrections
         self.unchecked = {k: c.with_action_overhead(overhead) for k, c in costs.items()}
-        checked, decisions = _checked_costs(self.unchecked, self.paths, self.n_mb, dist.get_world_size(),
-                                            self.cfg.cores)
+        checked, decisions, self.held_out_steps = _checked_costs(self.unchecked, self.paths, self.n_mb,
+                                                                 dist.get_world_size(), self.cfg.cores)
         return checked, overhead, {k: c.custom_overhead_s for k, c in checked.items()}, decisions
 
 
@@ -490,12 +509,13 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                     path.round()
         checked = {n: _checked_costs({k: c.with_action_overhead(overhead[n]) for k, c in by.items()}, paths[n], n,
                                      world, cfg.cores) for n, by in costs.items()}
-        costs = {n: by for n, (by, _) in checked.items()}
-        before_search = {n: [asdict(d) for d in decided] for n, (_, decided) in checked.items()}
+        costs = {n: by for n, (by, _, _) in checked.items()}
+        before_search = {n: [asdict(d) for d in decided] for n, (_, decided, _) in checked.items()}
         custom = {n: {k: c.custom_overhead_s for k, c in by.items()} for n, by in costs.items()}
         searched = _search(cfg, costs, world) if cfg.search else {}
         results: List[Dict[str, Any]] = []
         corrections: Dict[int, List[Dict[str, Any]]] = {}
+        held_out: Dict[int, Dict[int, List[float]]] = {}
         for n_mb in cfg.microbatches:
             programs, refused = model.programs(world, n_mb)
             names = [n for n in (cfg.schedules or tuple(programs)) if n in programs]
@@ -517,14 +537,18 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             with contextlib.ExitStack() as timing:  # the timed steps' split; entered once, not around each step
                 for t in trainers:
                     timing.enter_context(t.timing)
-                for r in range(cfg.steps):  # rounds: every schedule once per round, so they share the load's swings
-                    for t in round_order(trainers, r):
+                # rounds: every schedule once per round, so they share the load's swings; the held-out steps too,
+                # in the same rotation (steps right after the measurements below ran faster than the rows' on a
+                # loaded machine: ranks that sat in barriers while others measured get the cores first)
+                for r in range(cfg.steps):
+                    for t in round_order([*trainers, calibration.held_out], r):
                         t.step(timed=True)
                     calibration.round()  # and the costs too
             after = _costs_on_every_rank(cfg, n_mb, splits)
             both, overhead[n_mb], custom[n_mb], decided = calibration.costs(
                 samples[n_mb], after, [p2p, measure_p2p(repeats=20, busy_bytes=busy)])
             corrections[n_mb] = [asdict(d) for d in decided]
+            held_out[n_mb] = calibration.held_out_steps
             for path in paths[n_mb].values():
                 path.close()  # its rounds are counted: the snapshot of its model let go
             for t in trainers:
@@ -556,7 +580,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             return None
         report = {"config": asdict(cfg), "world_size": world, "stage_counts": list(splits), "p2p": asdict(p2p),
                   "searched": searched, "action_overhead_s": overhead, "custom_overhead_s": custom,
-                  "corrections": corrections, "search_corrections": before_search,
+                  "corrections": corrections, "search_corrections": before_search, "held_out_steps_s": held_out,
                   "costs": {str(n): {str(k): c.to_dict() for k, c in by.items()} for n, by in costs.items()},
                   "results": results, "torch": torch.__version__, "threads": cfg.threads,
                   "load": os.getloadavg(), "cores": os.cpu_count(),
