@@ -205,3 +205,13 @@ def test_cpsat_makespans_are_labelled_as_its_models(report) -> None:
     (line,) = [line for line in printed if "OPTIMAL" in line]
     assert line.startswith(PPCpsatRun.MEANS + ": ")  # what the figures are, before them
     assert line[len(PPCpsatRun.MEANS) + 2:].split("; ") == ["loop1 n=4 B: OPTIMAL 50.100 ms", "v2 n=4 IW: UNKNOWN"]
+
+
+def test_the_searched_line_carries_the_searchs_margin(report) -> None:
+    with_margin = {**report, "searched": {**report["searched"], "margin_pct": 5.6}}
+    (line,) = [x for x in format_report(with_margin).splitlines() if x.startswith("searched (")]
+    label = line.split(": ")[0]  # "searched (ORIGIN; ... 5.6 % ...)": the origin, then the margin
+    origin, margin = label[len("searched ("):-1].split("; ")
+    assert origin == "cpsat(B) loop2" and "5.6" in margin.split()
+    (plain,) = [x for x in format_report(report).splitlines() if x.startswith("searched (")]
+    assert plain.split(": ")[0] == "searched (cpsat(B) loop2)"  # a report without one: none said

@@ -10,6 +10,7 @@ from autosched.pp.search import pp_search
 from autosched.pp.simulate import pp_simulate
 from autosched.pp.program import parse_action
 from autosched.search.options import Constraints, SolverOptions
+from swpipe_core.engine.options import OptionError
 
 
 def _costs(n_stages: int, scale: float, skew: float = 1.0) -> PPCosts:
@@ -115,3 +116,17 @@ def test_a_custom_order_is_chosen_only_when_it_beats_pytorchs_by_more_than_its_p
     assert kept.best.origin == "PyTorch 1F1B" and kept.best.program == pp_program("1F1B", 2, 4)
     csv_1f1b = next(c for c in kept.candidates if c.origin == "1F1B order as CSV")
     assert csv_1f1b.result.step_s > kept.best.result.step_s  # the same order, its path's cost on top
+
+
+def test_a_custom_order_is_best_only_where_it_beats_pytorchs_best_by_more_than_the_margin() -> None:
+    found = pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"))
+    assert not found.best.origin.startswith("PyTorch ")  # these costs: a custom order predicted faster
+    gain_pct = (found.gain_over_seed - 1) * 100
+    assert gain_pct > 0
+    within = pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"), margin_pct=gain_pct * 2)
+    assert within.best is within.best_seed and within.best.origin == found.best_seed.origin
+    beyond = pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"), margin_pct=gain_pct / 2)
+    assert beyond.best.origin == found.best.origin
+    with pytest.raises(OptionError) as e:
+        pp_search(BY_STAGES, 2, 4, solver=SolverOptions(method="beam"), margin_pct=-1)
+    assert (e.value.given_to, e.value.field) == ("pp_search", "margin_pct")

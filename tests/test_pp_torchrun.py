@@ -11,8 +11,10 @@ import json
 import pytest
 
 from autosched.pp import PP_CORRECTIONS, PPCosts, builtin_programs, pp_program, read_csv
+from autosched.model.corrections import CorrectionDecision
 from autosched.pp.simulate import pp_simulate
 from swpipe.cli import main
+from swpipe.pp import held_out_error_pct
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +138,9 @@ def test_the_searched_row_runs_the_searchs_best_with_its_path_priced(report, tmp
     before = data["search_corrections"]["4"]
     assert {(d["key"], d["correction"]) for d in before} == set(decided)
     assert all(d["steps"] == max(3, data["config"]["cost_repeats"]) for d in before)
+    # the search's margin: the largest held-out error of the costs it ran on (a smaller predicted gain is none)
+    margin = held_out_error_pct([CorrectionDecision(**d) for d in before])
+    assert data["searched"]["margin_pct"] == pytest.approx(margin) and margin > 0
     searched = data["searched"]
     row = next(r for r in data["results"] if r["schedule"] == "swpipe-searched")
     costs = PPCosts.from_dict(data["costs"]["4"][str(row["n_stages"])])

@@ -200,7 +200,8 @@ def search(subject: Any, costs: Any, constraints: Optional[Constraints] = None,
         ``batches=``, ``state=``). A GPipe (``batch=`` needed): the balance, chunks, checkpoint mode and schedule
         of the fastest predicted step (``chunks=``, ``checkpoints=``, ``schedules=``, ``slowdown=``: what to
         try). A program: an action order per rank (and micro-batch count: ``n_microbatches=`` a sequence to
-        try) on its ranks, seeded with PyTorch's schedules (``costs_for_microbatches=``).
+        try) on its ranks, seeded with PyTorch's schedules (``costs_for_microbatches=``; ``margin_pct=``: a custom
+        order only where predicted faster than PyTorch's best by more than that).
     costs : CostModel, LayerModel or PPCosts (or ``{n_stages: PPCosts}``)
     constraints : Constraints, optional
         What the answer may be. A GPipe and a program read ``max_memory_bytes`` (a GPipe's: the step's

@@ -56,6 +56,7 @@ _LAZY = {
     "CustomPathProbe": "rolling",
     "calibrate_pp": "rolling",
     "check_pp_corrections": "rolling",
+    "held_out_error_pct": "rolling",
     "PP_CORRECTIONS": "rolling",
 }
 

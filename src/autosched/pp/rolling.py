@@ -873,6 +873,31 @@ def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, 
     return corrected(tuple(d.correction for d in decisions if d.applied)), tuple(decisions)
 
 
+def held_out_error_pct(decisions: Sequence[Any]) -> float:
+    """The largest error, over the keys decided, of the prediction with the corrections kept on its held-out steps
+    (percent; each decision carries its key's: ``error_with`` when applied, else ``error_without``): the search's
+    margin (``pp_search(..., margin_pct=)``), since a predicted gain smaller than the prediction's own error is none.
+
+    Parameters
+    ----------
+    decisions : sequence of CorrectionDecision
+        :func:`check_pp_corrections`' decisions, of one or several keys.
+
+    Returns
+    -------
+    float
+        Percent; 0 when no decision had held-out steps.
+
+    Examples
+    --------
+    >>> from autosched.model.corrections import CorrectionDecision
+    >>> held_out_error_pct([CorrectionDecision("post cost", "4 mb", True, "closer", 0.2, 0.05, 7),
+    ...                     CorrectionDecision("post cost", "8 mb", False, "farther", 0.08, 0.3, 7)])
+    8.0
+    """
+    return 100 * max((d.error_with if d.applied else d.error_without for d in decisions if d.steps), default=0.0)
+
+
 def calibrate_pp(stages: Sequence[Any], microbatch: Any, target: Any, loss_fn: Callable[..., Any], *,
                  group: Any = None, alone_group: Any = None, n_microbatches: Optional[int] = None,
                  repeats: int = 5) -> Any:

@@ -35,7 +35,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
-from autosched._fields import check_arguments, integer
+from autosched._fields import check_arguments, integer, number
 from autosched.pp import _torch
 from autosched.pp.bounds import pp_lower_bounds
 from autosched.pp.costs import PPCosts
@@ -538,7 +538,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
               n_microbatches: Union[int, Sequence[int]], *, constraints: Optional[Constraints] = None,
               solver: Optional[SolverOptions] = None,
               costs_for_microbatches: Optional[Mapping[int, Mapping[int, PPCosts]]] = None,
-              clock: Callable[[], float] = time.monotonic, **old: Any) -> PPSearchResult:
+              margin_pct: float = 0.0, clock: Callable[[], float] = time.monotonic, **old: Any) -> PPSearchResult:
     """The fastest action order per rank (and micro-batch count) within a memory cap per rank.
 
     The options are the plan search's (``auto_schedule``'s): ``constraints=Constraints(max_memory_bytes=...)``
@@ -573,6 +573,10 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         ``method="beam"``: no CP-SAT.
     costs_for_microbatches : dict, optional
         ``{n_microbatches: {n_stages: PPCosts}}`` measured for each count.
+    margin_pct : float
+        A custom order is ``best`` only where it is predicted faster than PyTorch's fastest schedule (``best_seed``)
+        by more than this percent; else ``best`` is that schedule. Pass the prediction's own error (e.g. on held-out
+        steps, :func:`~autosched.pp.rolling.check_pp_corrections`): a smaller predicted gain is not one.
     clock : callable
         Seconds, monotonic: what the time limit is read on (tests pass a fake clock).
 
@@ -582,7 +586,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         ``rule="memory_cap"`` when no candidate fits the cap (``detail`` gives the least
         peak the bounds allow); ``rule="missing_cost"`` without costs for a stage split;
     OptionError
-        An old keyword that is no option (its ``.home`` names the class of one that is).
+        An old keyword that is no option (its ``.home`` names the class of one that is); ``n_ranks`` or
+        ``margin_pct`` out of range.
 
     Examples
     --------
@@ -598,7 +603,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
     time_limit_s, cpsat_max_actions = solver.time_limit_s, solver.cpsat_max_tasks
     use_cpsat = solver.method != "beam"
     check_arguments("pp_search", {"n_ranks": (n_ranks, integer(1)),
-                                  })
+                                  "margin_pct": (margin_pct, number(0, finite=True))})
     by_stages = {costs.n_stages: costs} if isinstance(costs, PPCosts) else dict(costs)
     counts = [n_microbatches] if isinstance(n_microbatches, int) else list(n_microbatches)
     if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
@@ -673,7 +678,7 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         raise PPError("time_limit", "time_limit_s", time_limit_s,
                       detail=f"no schedule was scored within it (cut in {cut}): give the search more time")
     return _choose(candidates, memory_cap_bytes, tuple(statuses),
-                   _Ended(cut, not_tried, deadline.clock() - deadline.start, time_limit_s))
+                   _Ended(cut, not_tried, deadline.clock() - deadline.start, time_limit_s), margin_pct)
 
 
 #: pp_search's keywords before SolverOptions and Constraints: (the options class, its field, how a value maps)
@@ -752,7 +757,7 @@ _SAME_STEP = 1e-9
 
 
 def _choose(candidates: List[PPCandidate], cap: Optional[float], statuses: Tuple[PPCpsatRun, ...],
-            ended: _Ended) -> PPSearchResult:
+            ended: _Ended, margin_pct: float = 0.0) -> PPSearchResult:
     def fits(c: PPCandidate) -> bool:
         return cap is None or c.result.max_peak_bytes <= cap
 
@@ -772,6 +777,9 @@ def _choose(candidates: List[PPCandidate], cap: Optional[float], statuses: Tuple
     seeds = [c for c in ok if c.origin.startswith("PyTorch ")]
     exported = [c for c in ok if c.program.lowered is not None]
     best_seed = best_of(seeds) if seeds else None
+    margin = 1 + margin_pct / 100
+    if margin_pct > 0 and best_seed is not None and best_seed.result.step_s < best.result.step_s * margin:
+        best = best_seed  # a custom order's predicted gain within the margin is no gain
     bound = pp_lower_bounds(best.costs, best.program.n_microbatches, best.program.stage_to_rank).value
     return PPSearchResult(best, best_seed, best_of(exported) if exported else best, bound, tuple(candidates),
                           cap, statuses, ended.cut, ended.not_tried, ended.elapsed_s, ended.time_limit_s)

@@ -23,8 +23,9 @@ Each rank (:func:`run_rank`):
    search, its steps before the runs; for the runs' predictions (the report's ``corrections``), only its steps in
    their rounds, the conditions the rows ran in;
 3. rank 0 searches a schedule on the costs measured before the runs
-   (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, so the
-   search keeps one of PyTorch's schedules unless an order beats it by more than that): one of
+   (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, and chosen
+   only where predicted faster than PyTorch's best by more than the prediction's largest error on the
+   held-out steps, :func:`~swpipe.pp.held_out_error_pct`, the search's ``margin_pct``): one of
    PyTorch's is run by its own class, a custom order is written as the compute-only CSV every rank
    reads back (:func:`~swpipe.pp.read_csv`, PyTorch's loader) and runs with :func:`~swpipe.pp.schedule_for`;
 4. every schedule trains the same initial weights (SGD), in rounds (each schedule one step
@@ -445,8 +446,9 @@ def _noise(values: Sequence[float]) -> float:
     return (q[2] - q[0]) / statistics.median(values)
 
 
-def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int) -> Dict[str, Any]:
-    """Rank 0 searches; every rank gets the CSV and what was found."""
+def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int, margin_pct: float) -> Dict[str, Any]:
+    """Rank 0 searches (a custom order only where predicted faster than PyTorch's best by more than
+    ``margin_pct``); every rank gets the CSV and what was found."""
     import torch.distributed as dist
 
     from autosched.pp.search import pp_search
@@ -456,7 +458,8 @@ def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int) -> D
     if dist.get_rank() == 0:
         found = pp_search(costs[cfg.microbatches[0]], world, list(cfg.microbatches),
                           constraints=Constraints(max_memory_bytes=cfg.memory_cap_bytes), costs_for_microbatches=costs,
-                          solver=SolverOptions(time_limit_s=cfg.time_limit_s, cpsat_max_tasks=64))
+                          solver=SolverOptions(time_limit_s=cfg.time_limit_s, cpsat_max_tasks=64),
+                          margin_pct=margin_pct)
         best = found.best  # one of PyTorch's schedules where no custom order is predicted faster, its path included
         # what the search predicted is on the costs measured before the runs: the report's rows predict every
         # schedule again on the costs of the whole run, and the command's summary reads those rows only
@@ -465,7 +468,7 @@ def _search(cfg: PPRunConfig, costs: Dict[int, Dict[int, Any]], world: int) -> D
                   "builtin": best.program.schedule if best.program.source == "pytorch" else None,
                   "search_step_s": best.result.step_s, "bound_s": found.bound_s,
                   "cpsat": [asdict(run) for run in found.cpsat], "cut": found.cut,
-                  "not_tried": list(found.not_tried), "elapsed_s": found.elapsed_s,
+                  "not_tried": list(found.not_tried), "elapsed_s": found.elapsed_s, "margin_pct": margin_pct,
                   "time_limit_s": found.time_limit_s}
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -512,7 +515,10 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
         costs = {n: by for n, (by, _, _) in checked.items()}
         before_search = {n: [asdict(d) for d in decided] for n, (_, decided, _) in checked.items()}
         custom = {n: {k: c.custom_overhead_s for k, c in by.items()} for n, by in costs.items()}
-        searched = _search(cfg, costs, world) if cfg.search else {}
+        from swpipe.pp import held_out_error_pct
+
+        margin = held_out_error_pct([d for _, decided, _ in checked.values() for d in decided])
+        searched = _search(cfg, costs, world, margin) if cfg.search else {}
         results: List[Dict[str, Any]] = []
         corrections: Dict[int, List[Dict[str, Any]]] = {}
         held_out: Dict[int, Dict[int, List[float]]] = {}
