@@ -99,7 +99,8 @@ class PPSearchResult:
     Attributes
     ----------
     best : PPCandidate
-        The fastest candidate within the cap (a seed when none beat it, a custom order's path cost included);
+        The fastest candidate within the cap (a seed when none beat it, a custom order's path cost included, or
+        none beat it by more than ``pp_search``'s ``margin_pct``);
         :func:`~autosched.pp.program.schedule_for` of its program runs it.
     best_seed : PPCandidate or None
         The fastest of PyTorch's schedules (as they run) within the cap.
@@ -575,8 +576,8 @@ def pp_search(costs: Union[PPCosts, Mapping[int, PPCosts]], n_ranks: int,
         ``{n_microbatches: {n_stages: PPCosts}}`` measured for each count.
     margin_pct : float
         A custom order is ``best`` only where it is predicted faster than PyTorch's fastest schedule (``best_seed``)
-        by more than this percent; else ``best`` is that schedule. Pass the prediction's own error (e.g. on held-out
-        steps, :func:`~autosched.pp.rolling.check_pp_corrections`): a smaller predicted gain is not one.
+        by more than this percent; else ``best`` is that schedule. Pass the prediction's own error (on held-out
+        steps: :func:`~autosched.pp.rolling.held_out_error_pct`): a smaller predicted gain is not one.
     clock : callable
         Seconds, monotonic: what the time limit is read on (tests pass a fake clock).
 

@@ -379,7 +379,7 @@ class _HeldOutSteps:
     def __init__(self, paths: Dict[int, Any]) -> None:
         self.paths = paths
 
-    def step(self, timed: bool = True) -> None:
+    def step(self, timed: bool = True) -> None:  # a schedule's signature: the probe's steps are always timed
         for path in self.paths.values():
             path.round()
 
@@ -480,7 +480,7 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
     import torch.distributed as dist
 
     from swpipe import simulate
-    from swpipe.pp import measure_p2p, pp_program, read_csv
+    from swpipe.pp import held_out_error_pct, measure_p2p, pp_program, read_csv
 
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
@@ -515,8 +515,6 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
         costs = {n: by for n, (by, _, _) in checked.items()}
         before_search = {n: [asdict(d) for d in decided] for n, (_, decided, _) in checked.items()}
         custom = {n: {k: c.custom_overhead_s for k, c in by.items()} for n, by in costs.items()}
-        from swpipe.pp import held_out_error_pct
-
         margin = held_out_error_pct([d for _, decided, _ in checked.values() for d in decided])
         searched = _search(cfg, costs, world, margin) if cfg.search else {}
         results: List[Dict[str, Any]] = []
@@ -544,8 +542,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
                 for t in trainers:
                     timing.enter_context(t.timing)
                 # rounds: every schedule once per round, so they share the load's swings; the held-out steps too,
-                # in the same rotation (steps right after the measurements below ran faster than the rows' on a
-                # loaded machine: ranks that sat in barriers while others measured get the cores first)
+                # in the same rotation (stepped right after the measurements below, they ran up to a quarter faster
+                # than the same schedule's row on a loaded machine)
                 for r in range(cfg.steps):
                     for t in round_order([*trainers, calibration.held_out], r):
                         t.step(timed=True)
