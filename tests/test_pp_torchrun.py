@@ -129,11 +129,11 @@ def test_the_searched_row_runs_the_searchs_best_with_its_path_priced(report, tmp
         post, per_action = (decided[(f"4 mb, {k} stages", name)] for name in ("post cost", "runtime cost per action"))
         assert post["applied"] or kept.p2p.post_s == 0.0
         assert per_action["applied"] or kept.action_overhead_s == 0.0
-        # judged on the probe's steps in the runs' rounds only (one per round), not on those before the runs; the
-        # report keeps them
+        # the probe's steps in the runs' rounds only (one per round), not those before the runs (the report keeps
+        # them): the post cost fitted on every other one, the corrections judged on the rest
         held = data["held_out_steps_s"]["4"][k]
         assert len(held) == data["config"]["steps"] and all(s > 0 for s in held)
-        assert all(d["steps"] == len(held) for d in (post, per_action))
+        assert all(d["steps"] == len(held[1::2]) for d in (post, per_action))
     # and the decisions the search's costs carried, before the runs (their own steps), on the same keys
     before = data["search_corrections"]["4"]
     assert {(d["key"], d["correction"]) for d in before} == set(decided)

@@ -21,8 +21,8 @@ adds what its dry run lacks (time, transfers, memory):
   an :class:`ActionOverhead`); :func:`measure_custom_overhead` (what a custom order's path adds beyond PyTorch's
   class, on the user's stages in the user's group: a :class:`CustomOverhead`; :class:`CustomPathProbe`, its
   paired rounds one at a time); :func:`calibrate_pp` (stages, link and both overheads at once, each correction kept
-  only where it predicts held-out steps better: :func:`check_pp_corrections`; the prediction's error on them, a
-  search's margin: :func:`held_out_error_pct`,
+  only where it predicts held-out steps better: :func:`check_pp_corrections`, the post cost fitted on half of
+  them: :func:`fitted_post_s`; the prediction's error on them, a search's margin: :func:`held_out_error_pct`,
   in the job's process group); :class:`AdaptiveSchedule` (the schedule and micro-batch count chosen
   again between steps when the measured step drifts, every rank switching at the same step);
 * the prediction and the search: ``swpipe.simulate`` (step, bubble and peak memory per rank),
@@ -58,10 +58,10 @@ from typing import Any
 from autosched.pp import (ActionOverhead, CustomOverhead, CustomPathProbe, LiveTensorBytes, P2PCost, PPBounds,
                           PPCandidate, PPComparison, PPCosts, PPCpsatRun, PPError, PPProgram, PPRefreshed, PPRow,
                           PPScheduleError, PPSearchResult, PPSimResult, PPTorchError, PPWhatIf, RollingStepCosts,
-                          StageCost, StepSplit, builtin_programs, calibrate_pp, check_pp_corrections, held_out_error_pct,
-                          measure_action_overhead, measure_custom_overhead, measure_p2p, measure_stage_costs, pp_program,
-                          program_from_order, read_csv, refreshed_pp_costs, schedule_for, split_module,
-                          validate_program)
+                          StageCost, StepSplit, builtin_programs, calibrate_pp, check_pp_corrections, fitted_post_s,
+                          held_out_error_pct, measure_action_overhead, measure_custom_overhead, measure_p2p,
+                          measure_stage_costs, pp_program, program_from_order, read_csv, refreshed_pp_costs,
+                          schedule_for, split_module, validate_program)
 from autosched.pp import RENAMED, renamed
 from swpipe.commands.pp_model import PPModel
 from swpipe.replan.schedule import AdaptiveSchedule
@@ -70,7 +70,7 @@ __all__ = ["ActionOverhead", "AdaptiveSchedule", "CustomOverhead", "CustomPathPr
            "PPBounds", "PPCandidate", "PPComparison", "PPCosts", "PPCpsatRun", "PPError", "PPModel", "PPProgram",
            "PPRefreshed", "PPRow", "PPScheduleError", "PPSearchResult", "PPSimResult", "PPTorchError", "PPWhatIf",
            "RollingStepCosts", "StageCost", "StepSplit", "builtin_programs", "calibrate_pp", "check_pp_corrections",
-           "held_out_error_pct", "measure_action_overhead", "measure_custom_overhead", "measure_p2p",
+           "fitted_post_s", "held_out_error_pct", "measure_action_overhead", "measure_custom_overhead", "measure_p2p",
            "measure_stage_costs", "pp_program", "program_from_order", "read_csv", "refreshed_pp_costs", "schedule_for",
            "split_module", "validate_program"]
 

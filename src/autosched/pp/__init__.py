@@ -57,6 +57,7 @@ _LAZY = {
     "calibrate_pp": "rolling",
     "check_pp_corrections": "rolling",
     "held_out_error_pct": "rolling",
+    "fitted_post_s": "rolling",
     "PP_CORRECTIONS": "rolling",
 }
 

@@ -802,8 +802,61 @@ def measure_custom_overhead(stages: Sequence[Any], microbatch: Any, target: Any,
 PP_CORRECTIONS = ("runtime cost per action", "post cost")
 
 
+def fitted_post_s(costs: Any, program: Any, steps_s: Sequence[float], *, cores: Optional[int] = None) -> float:
+    """The cost per post at which the prediction of ``program`` meets the median of ``steps_s``.
+
+    The step grows with the post cost, so the answer is found by bisection (to 0.1 % of the post cost); 0 when the
+    prediction without posts' cost already reaches the median, or when the program posts nothing.
+
+    Parameters
+    ----------
+    costs : PPCosts
+        The costs to fit on (their own ``p2p.post_s`` is replaced).
+    program : PPProgram
+        What ran the steps.
+    steps_s : sequence of float
+        Its measured steps, seconds (the slowest rank's), at least one.
+    cores : int, optional
+        The cores the prediction shares.
+
+    Returns
+    -------
+    float
+        Seconds per post.
+
+    Examples
+    --------
+    >>> from autosched.pp.costs import P2PCost, PPCosts, StageCost
+    >>> from autosched.pp.program import pp_program
+    >>> from autosched.pp.simulate import pp_simulate
+    >>> program = pp_program("1F1B", 2, 4)
+    >>> costs = PPCosts((StageCost(0.010, 0.020),) * 2)
+    >>> step = pp_simulate(program, replace(costs, p2p=P2PCost(post_s=0.002))).step_s
+    >>> round(fitted_post_s(costs, program, [step * 0.9, step, step * 1.1]), 5)
+    0.002
+    >>> fitted_post_s(costs, program, [0.001])  # faster than the posts' cost could explain
+    0.0
+    """
+    from autosched.pp.simulate import pp_simulate
+
+    target = statistics.median(steps_s)
+
+    def step(post_s: float) -> float:
+        return pp_simulate(program, replace(costs, p2p=replace(costs.p2p, post_s=post_s)), cores=cores).step_s
+
+    low, high = 0.0, max(target, 1e-6)
+    if step(low) >= target or step(high) <= step(low):  # already there, or nothing posted
+        return 0.0
+    while step(high) < target:
+        high *= 2
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if step(middle) < target else (low, middle)
+    return (low + high) / 2
+
+
 def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, cores: Optional[int] = None,
-                         key: Any = None) -> Tuple[Any, Tuple[Any, ...]]:
+                         key: Any = None, fit_post: bool = False) -> Tuple[Any, Tuple[Any, ...]]:
     """Keep each correction of ``costs`` only where it predicts measured steps of ``program`` better than without.
 
     Both corrections are fitted on measurements of their own (the runtime's cost per action on every stage run
@@ -813,6 +866,12 @@ def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, 
     closest to the steps is kept (the fewest on a tie), each decided by
     :func:`~autosched.model.corrections.decide_corrections` against that set without it (or, left out, with it):
     one is kept only where it brings the prediction closer. One not kept is set to 0.
+
+    With ``fit_post`` the post cost is not the busy exchange's figure but the one at which the prediction (with the
+    runtime's cost per action as given) meets the median of every other step (the first, third, ...;
+    :func:`fitted_post_s`), and the corrections are judged on
+    the steps in between, which fitted nothing: a post's cost inside a pipeline's steps (the peers it wakes, gloo's
+    threads competing for the cores) is not what two ranks exchanging alone cost.
 
     Parameters
     ----------
@@ -826,6 +885,8 @@ def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, 
         The cores the prediction shares (:func:`~autosched.pp.simulate.pp_simulate`'s ``cores``).
     key : hashable, optional
         What the decisions are for (default: the program's micro-batch count).
+    fit_post : bool
+        Fit the post cost on half the steps, judge on the other half (at least two steps; with fewer, as without).
 
     Returns
     -------
@@ -853,6 +914,9 @@ def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, 
 
     key = program.n_microbatches if key is None else key
     plain = replace(costs.with_action_overhead(0.0), p2p=replace(costs.p2p, post_s=0.0))
+    if fit_post and len(steps_s) >= 2:
+        fitted = fitted_post_s(costs, program, steps_s[0::2], cores=cores)  # beside the cost per action as given
+        costs, steps_s = replace(costs, p2p=replace(costs.p2p, post_s=fitted)), steps_s[1::2]
 
     def corrected(kept: Tuple[str, ...]) -> Any:
         out = plain.with_action_overhead(costs.action_overhead_s) if PP_CORRECTIONS[0] in kept else plain

@@ -21,7 +21,8 @@ Each rank (:func:`run_rank`):
    each correction (the runtime's cost per action, the post cost) is kept only where it predicts that count's
    probe's steps by PyTorch's own class better than without it (:func:`~swpipe.pp.check_pp_corrections`): for the
    search, its steps before the runs; for the runs' predictions (the report's ``corrections``), only its steps in
-   their rounds, the conditions the rows ran in;
+   their rounds, the conditions the rows ran in, the post cost fitted on every other one
+   (:func:`~swpipe.pp.fitted_post_s`) and the corrections judged on the rest;
 3. rank 0 searches a schedule on the costs measured before the runs
    (:func:`~swpipe.pp.pp_search`; a custom order predicted with its path's cost per action, and chosen
    only where predicted faster than PyTorch's best by more than the prediction's largest error on the
@@ -331,14 +332,15 @@ def _path_probes(cfg: PPRunConfig, splits: Sequence[int]) -> Dict[int, Dict[int,
     return out
 
 
-def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, world: int, cores: Optional[int]
-                   ) -> Tuple[Dict[int, Any], List[Any], Dict[int, List[float]]]:
+def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, world: int, cores: Optional[int],
+                   fit_post: bool = False) -> Tuple[Dict[int, Any], List[Any], Dict[int, List[float]]]:
     """Every split's costs with the custom path's cost per action its probe measured, and with each correction kept
     only where it predicts that probe's steps by PyTorch's own class better than without
     (:func:`~swpipe.pp.check_pp_corrections`, decided per stage count: a correction right for 2 stages may be wrong
     for 4, whose schedules post twice the transfers); every rank calls it. A split without a probe (too few
-    micro-batches for its order) has nothing to check its corrections: none is kept. Also returns, per split, the
-    held-out steps that judged them (the slowest rank's, seconds)."""
+    micro-batches for its order) has nothing to check its corrections: none is kept. ``fit_post``: the post cost
+    fitted on half the probe's steps, judged on the other half (``check_pp_corrections``' ``fit_post``). Also
+    returns, per split, the held-out steps (the slowest rank's, seconds)."""
     from swpipe.pp import check_pp_corrections, pp_program
 
     out: Dict[int, Any] = {}
@@ -349,7 +351,7 @@ def _checked_costs(by_split: Dict[int, Any], probes: Dict[int, Any], n_mb: int, 
         # without a probe no step judges a program: any that runs on these stages does
         program = result.program if result else pp_program("GPipe", world, n_mb, None if k == world else k // world)
         kept, decided = check_pp_corrections(costs, program, result.builtin_steps_s if result else (), cores=cores,
-                                             key=f"{n_mb} mb, {k} stages")
+                                             key=f"{n_mb} mb, {k} stages", fit_post=fit_post)
         out[k] = replace(kept, custom_overhead_s=result.overhead_s if result else 0.0)
         decisions.extend(decided)
         held[k] = list(result.builtin_steps_s) if result else []
@@ -431,8 +433,10 @@ class _Calibration:
         overhead = _median_on_every_rank(self.probe.overhead_s(costs[self.probe.n_stages]))
         # the path probe's steps in every round: the held-out steps that judge the rows' corrections
         self.unchecked = {k: c.with_action_overhead(overhead) for k, c in costs.items()}
+        # the post cost fitted on half the rounds' held-out steps: a post inside the steps costs what the wake-ups
+        # and gloo's threads take from the cores, which the busy exchange of two ranks alone does not see
         checked, decisions, self.held_out_steps = _checked_costs(self.unchecked, self.paths, self.n_mb,
-                                                                 dist.get_world_size(), self.cfg.cores)
+                                                                 dist.get_world_size(), self.cfg.cores, fit_post=True)
         return checked, overhead, {k: c.custom_overhead_s for k, c in checked.items()}, decisions
 
 
@@ -510,6 +514,8 @@ def run_rank(cfg: PPRunConfig, out_path: Optional[str]) -> Optional[Dict[str, An
             for by_split in paths.values():
                 for path in by_split.values():
                     path.round()
+        # the search's costs keep the busy exchange's post cost: halves of these few steps fit one that moves with the
+        # noise (a run's 4-stage costs fitted on 4 steps once made the search pick a schedule that ran 1.5x 1F1B)
         checked = {n: _checked_costs({k: c.with_action_overhead(overhead[n]) for k, c in by.items()}, paths[n], n,
                                      world, cfg.cores) for n, by in costs.items()}
         costs = {n: by for n, (by, _, _) in checked.items()}
