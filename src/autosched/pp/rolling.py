@@ -869,9 +869,9 @@ def check_pp_corrections(costs: Any, program: Any, steps_s: Sequence[float], *, 
 
     With ``fit_post`` the post cost is not the busy exchange's figure but the one at which the prediction (with the
     runtime's cost per action as given) meets the median of every other step (the first, third, ...;
-    :func:`fitted_post_s`), and the corrections are judged on
-    the steps in between, which fitted nothing: a post's cost inside a pipeline's steps (the peers it wakes, gloo's
-    threads competing for the cores) is not what two ranks exchanging alone cost.
+    :func:`fitted_post_s`), and the corrections are judged on the steps in between, which fitted nothing: a post's
+    cost inside a pipeline's steps (the peers it wakes, gloo's threads competing for the cores) is not what two
+    ranks exchanging alone cost.
 
     Parameters
     ----------
