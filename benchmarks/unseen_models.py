@@ -210,8 +210,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                   f"noise {f['searched_noise']:.0%}, bound headroom {f['bound_headroom']:.1%}: {pp_bench.VERDICTS[f['search_verdict']]}")
     if "unet" in out:
         u = out["unet"]
+        chunks = ", ".join(str(r["chunks"]) for r in u["rows"])
         print(f"conv net with skips (GPipe): median |step error| {u['step_median_abs_error']:.1%} (per micro-batch the "
-              f"closer checked slowdown, chunks {', '.join(str(r['chunks']) for r in u['rows'])}); with profile_corun's "
+              f"closer checked slowdown, chunks {chunks}); with profile_corun's "
               f"alone {u['step_median_abs_error_profile_corun']:.1%}, with the slowdown read from its own steps alone "
               f"{u['step_median_abs_error_in_steps']:.1%}")
     if args.json:

@@ -385,7 +385,8 @@ def format_summary(report: Dict[str, Any]) -> str:
              f"measured, {_ms(s.measured_fastest['predicted_step_s'])} ms predicted"]
     found = report.get("searched") or {}
     if s.searched is not None:
-        margin = f"; a custom order only if predicted {found['margin_pct']:.1f} % faster" if "margin_pct" in found else ""
+        margin = (f"; a custom order only if predicted {found['margin_pct']:.1f} % faster" if "margin_pct" in found
+                  else "")
         line = (f"searched ({found.get('origin', '?')}{margin}): {_row(s.searched)}: "
                 f"{_ms(s.searched['predicted_step_s'])} ms predicted, {_ms(s.searched['measured_step_s'])} ms measured")
         if s.fastest_pytorch is not None:
